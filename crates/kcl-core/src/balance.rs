@@ -1,0 +1,188 @@
+//! The balancing decision: a pure function from one scan's view of the
+//! table to the leases this worker should take or steal.
+//!
+//! The lease taker gathers the view (one scan per tick) and applies the
+//! decision; everything about *what* to do lives here, where it is tested
+//! with tables of cases and property tests.
+//!
+//! The rules:
+//! - Live workers are the owners of unexpired leases, plus this worker, which
+//!   counts itself even while it holds nothing (otherwise a new worker would
+//!   compute a target of zero and never get its share).
+//! - `target = min(ceil(leases / live workers), max_leases_per_worker)`.
+//! - Take every available lease (unowned or expired) this worker is owed, in
+//!   one tick, the longest-unrenewed first.
+//! - Only when nothing is available, steal from the most loaded worker
+//!   `min(target - mine, (victim - mine) / 2)` leases, capped by
+//!   `max_leases_to_steal`. Stealing half the gap at most means the thief
+//!   never ends above its victim, so steals never flip-flop; a lead of a
+//!   single lease is never worth a steal.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+/// One lease as this worker sees it at the end of a scan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseView<'a> {
+    /// The lease key.
+    pub key: &'a str,
+    /// The owner recorded in the table.
+    pub owner: Option<&'a str>,
+    /// True when this worker has seen the counter stand still for the lease
+    /// duration (judged on its own monotonic clock).
+    pub expired: bool,
+    /// How long this worker has seen the counter stand still.
+    pub unrenewed_for: Duration,
+    /// True when this worker holds the lease right now.
+    pub held_here: bool,
+}
+
+/// The inputs of one decision.
+#[derive(Debug, Clone)]
+pub struct BalanceInput<'a> {
+    /// This worker's id.
+    pub me: &'a str,
+    /// Every lease that needs an owner (finished leases left out).
+    pub leases: Vec<LeaseView<'a>>,
+    /// Upper bound on leases one worker holds.
+    pub max_leases_per_worker: usize,
+    /// Upper bound on leases stolen in one decision (0 disables stealing).
+    pub max_leases_to_steal: usize,
+}
+
+/// What the lease taker should do this tick.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Decision {
+    /// Leases the table says are ours but that we do not hold (a take whose
+    /// response was lost, or a restart under the same worker id): take them
+    /// back under the counter guard.
+    pub reclaim: Vec<String>,
+    /// Unowned or expired leases to take, most urgent first.
+    pub take: Vec<String>,
+    /// Leases to steal, all from `victim`.
+    pub steal: Vec<String>,
+    /// The worker being stolen from, when `steal` is not empty.
+    pub victim: Option<String>,
+    /// The target this worker computed (for logs and metrics).
+    pub target: usize,
+    /// Live workers counted, this one included.
+    pub live_workers: usize,
+}
+
+/// Decides what this worker takes and steals, from one view of the table.
+pub fn decide(input: &BalanceInput<'_>) -> Decision {
+    let me = input.me;
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    counts.insert(me, 0);
+    let mut reclaim = Vec::new();
+    for lease in &input.leases {
+        match lease.owner {
+            Some(owner) if owner == me => {
+                *counts.entry(me).or_default() += 1;
+                if !lease.held_here {
+                    reclaim.push(lease.key.to_owned());
+                }
+            }
+            Some(owner) if !lease.expired => *counts.entry(owner).or_default() += 1,
+            _ => {}
+        }
+    }
+    let live_workers = counts.len();
+    let total = input.leases.len();
+    let target = total
+        .div_ceil(live_workers)
+        .min(input.max_leases_per_worker);
+    let mine = counts[me];
+    let mut decision = Decision {
+        reclaim,
+        target,
+        live_workers,
+        ..Decision::default()
+    };
+    if mine >= target {
+        return decision;
+    }
+    let owed = target - mine;
+
+    let mut available: Vec<&LeaseView<'_>> = input
+        .leases
+        .iter()
+        .filter(|l| l.owner.is_none() || (l.expired && l.owner != Some(me)))
+        .collect();
+    if !available.is_empty() {
+        // Unowned leases first (nobody will renew them), then the longest
+        // unrenewed; ties broken by a per-worker hash so that workers starting
+        // together try different leases first.
+        available.sort_by_key(|l| {
+            (
+                l.owner.is_some(),
+                std::cmp::Reverse(l.unrenewed_for),
+                spread(me, l.key),
+            )
+        });
+        decision.take = available
+            .iter()
+            .take(owed)
+            .map(|l| l.key.to_owned())
+            .collect();
+        return decision;
+    }
+
+    // Most loaded worker; ties broken by name so every tick picks the same.
+    let Some((&victim, &victim_count)) = counts
+        .iter()
+        .filter(|(w, _)| **w != me)
+        .max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0)))
+    else {
+        return decision;
+    };
+    let lead = victim_count.saturating_sub(mine);
+    if lead <= 1 {
+        return decision;
+    }
+    let count = owed.min(lead / 2).min(input.max_leases_to_steal);
+    if count == 0 {
+        return decision;
+    }
+    let mut candidates: Vec<&LeaseView<'_>> = input
+        .leases
+        .iter()
+        .filter(|l| l.owner == Some(victim) && !l.expired)
+        .collect();
+    // Thieves stealing from the same victim at the same time pick different
+    // leases (per-thief order), so their conditional writes rarely collide.
+    candidates.sort_by_key(|l| spread(me, l.key));
+    decision.steal = candidates
+        .iter()
+        .take(count)
+        .map(|l| l.key.to_owned())
+        .collect();
+    decision.victim = Some(victim.to_owned());
+    decision
+}
+
+/// A stable per-(worker, lease) ordering key (FNV-1a), so that the
+/// decision stays a pure function of its input.
+fn spread(me: &str, key: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in me.bytes().chain([0xff]).chain(key.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// Leases per worker in a view, counting only unexpired owners; a helper
+/// for logs, metrics and tests.
+pub fn owner_counts<'a>(leases: &[LeaseView<'a>]) -> HashMap<&'a str, usize> {
+    let mut counts = HashMap::new();
+    for l in leases {
+        if let (Some(owner), false) = (l.owner, l.expired) {
+            *counts.entry(owner).or_default() += 1;
+        }
+    }
+    counts
+}
+
+#[cfg(test)]
+mod tests;

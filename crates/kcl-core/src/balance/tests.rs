@@ -1,0 +1,354 @@
+use std::collections::HashSet;
+
+use proptest::prelude::*;
+
+use super::*;
+
+/// A fleet in the model: `owners[i]` is the worker index owning lease i.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Fleet {
+    workers: usize,
+    owners: Vec<Option<usize>>,
+}
+
+fn name(w: usize) -> String {
+    format!("worker-{w}")
+}
+
+impl Fleet {
+    /// A fleet where worker i holds `counts[i]` leases.
+    fn with_counts(counts: &[usize]) -> Self {
+        let owners = counts
+            .iter()
+            .enumerate()
+            .flat_map(|(w, &n)| std::iter::repeat_n(Some(w), n))
+            .collect();
+        Fleet {
+            workers: counts.len(),
+            owners,
+        }
+    }
+
+    fn counts(&self) -> Vec<usize> {
+        let mut c = vec![0; self.workers];
+        for o in self.owners.iter().flatten() {
+            c[*o] += 1;
+        }
+        c
+    }
+
+    fn spread(&self) -> usize {
+        let c = self.counts();
+        c.iter().max().unwrap_or(&0) - c.iter().min().unwrap_or(&0)
+    }
+
+    fn balanced(&self) -> bool {
+        self.owners.iter().all(Option::is_some) && self.spread() <= 1
+    }
+
+    /// One worker's decision on the current table (every owner alive).
+    fn decide_for(&self, w: usize, max_steal: usize) -> Decision {
+        let names: Vec<String> = (0..self.workers).map(name).collect();
+        let keys: Vec<String> = (0..self.owners.len())
+            .map(|i| format!("shard-{i:03}"))
+            .collect();
+        let me = name(w);
+        let leases = self
+            .owners
+            .iter()
+            .enumerate()
+            .map(|(i, o)| LeaseView {
+                key: &keys[i],
+                owner: o.map(|o| names[o].as_str()),
+                expired: false,
+                unrenewed_for: Duration::ZERO,
+                held_here: *o == Some(w),
+            })
+            .collect();
+        decide(&BalanceInput {
+            me: &me,
+            leases,
+            max_leases_per_worker: usize::MAX,
+            max_leases_to_steal: max_steal,
+        })
+    }
+
+    /// Applies a decision as the store would (sequential rounds never race).
+    fn apply(&mut self, w: usize, d: &Decision) {
+        if let Some(v) = &d.victim {
+            assert_ne!(v, &name(w), "a worker never steals from itself");
+        }
+        for key in d.take.iter().chain(&d.steal) {
+            let i: usize = key["shard-".len()..].parse().expect("test key");
+            self.owners[i] = Some(w);
+        }
+    }
+
+    /// One round: every worker decides once, in `order`, each on the table
+    /// as the previous one left it.
+    fn round(&mut self, order: &[usize], max_steal: usize) {
+        for &w in order {
+            let d = self.decide_for(w, max_steal);
+            self.apply(w, &d);
+        }
+    }
+}
+
+/// Runs rounds until balanced; returns the rounds it took. Fails if a state
+/// repeats before balance (an oscillation) or if balance is not stable.
+fn rounds_to_balance(mut fleet: Fleet, max_steal: usize, orders: &[Vec<usize>]) -> usize {
+    let mut seen = HashSet::new();
+    let mut rounds = 0;
+    while !fleet.balanced() {
+        assert!(
+            seen.insert(fleet.clone()),
+            "state repeated (oscillation): {:?}",
+            fleet.counts()
+        );
+        let order = &orders[rounds % orders.len()];
+        fleet.round(order, max_steal);
+        rounds += 1;
+        assert!(
+            rounds <= 1000,
+            "no balance after 1000 rounds: {:?}",
+            fleet.counts()
+        );
+    }
+    let settled = fleet.clone();
+    for order in orders.iter().take(3) {
+        fleet.round(order, max_steal);
+        assert_eq!(fleet, settled, "a balanced fleet kept moving leases");
+    }
+    rounds
+}
+
+/// The bound we promise: balanced within ceil(L / (2 * cap)) + 3 rounds from
+/// any start. A round is one tick of every worker; a steal moves at most
+/// `cap` leases and the deepest imbalance needs about L/2 of them moved
+/// into the emptiest worker. Proven on the sampled space below, with worker
+/// order shuffled every round.
+fn round_bound(leases: usize, max_steal: usize) -> usize {
+    leases.div_ceil(2 * max_steal) + 3
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn any_fleet_balances_without_oscillating(
+        workers in 2usize..=8,
+        leases in 0usize..=64,
+        max_steal in 1usize..=8,
+        seed_owners in prop::collection::vec(any::<u8>(), 64),
+        orders in prop::collection::vec(Just(()).prop_perturb(|_, mut rng| rng.random::<u64>()), 8),
+    ) {
+        let owners = (0..leases)
+            .map(|i| {
+                let v = seed_owners[i] as usize % (workers + 1);
+                (v < workers).then_some(v)
+            })
+            .collect();
+        let fleet = Fleet { workers, owners };
+        // Shuffled worker order per round, derived from the drawn seeds.
+        let orders: Vec<Vec<usize>> = orders
+            .iter()
+            .map(|seed| {
+                let mut order: Vec<usize> = (0..workers).collect();
+                let mut s = *seed | 1;
+                for i in (1..workers).rev() {
+                    s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+                    order.swap(i, (s % (i as u64 + 1)) as usize);
+                }
+                order
+            })
+            .collect();
+        let rounds = rounds_to_balance(fleet, max_steal, &orders);
+        prop_assert!(
+            rounds <= round_bound(leases, max_steal),
+            "took {rounds} rounds, bound {}", round_bound(leases, max_steal)
+        );
+    }
+}
+
+fn counts_after_rounds(counts: &[usize], max_steal: usize, rounds: usize) -> Vec<usize> {
+    let mut fleet = Fleet::with_counts(counts);
+    let order: Vec<usize> = (0..counts.len()).collect();
+    for _ in 0..rounds {
+        fleet.round(&order, max_steal);
+    }
+    fleet.counts()
+}
+
+#[test]
+fn two_four_four_at_cap_two() {
+    let fleet = Fleet::with_counts(&[2, 4, 4]);
+    let d = fleet.decide_for(0, 2);
+    assert_eq!(d.target, 4);
+    assert_eq!(d.steal.len(), 1, "half the lead of 2 is 1: {d:?}");
+    assert_eq!(
+        d.victim.as_deref(),
+        Some("worker-1"),
+        "ties pick the first victim by name"
+    );
+    let after = counts_after_rounds(&[2, 4, 4], 2, 5);
+    assert_eq!(
+        after.iter().max().unwrap() - after.iter().min().unwrap(),
+        1,
+        "{after:?}"
+    );
+}
+
+#[test]
+fn five_five_zero_at_cap_four() {
+    let fleet = Fleet::with_counts(&[5, 5, 0]);
+    let d = fleet.decide_for(2, 4);
+    assert_eq!(d.target, 4);
+    assert_eq!(d.steal.len(), 2, "min(owed 4, lead 5 / 2) = 2: {d:?}");
+    let after = counts_after_rounds(&[5, 5, 0], 4, 5);
+    let mut sorted = after.clone();
+    sorted.sort();
+    assert_eq!(sorted, vec![3, 3, 4], "{after:?}");
+}
+
+#[test]
+fn four_zero_at_cap_three() {
+    let d = Fleet::with_counts(&[4, 0]).decide_for(1, 3);
+    assert_eq!((d.target, d.steal.len()), (2, 2), "{d:?}");
+    assert_eq!(counts_after_rounds(&[4, 0], 3, 3), vec![2, 2]);
+}
+
+#[test]
+fn four_four_zero() {
+    let d = Fleet::with_counts(&[4, 4, 0]).decide_for(2, 8);
+    assert_eq!((d.target, d.steal.len()), (3, 2), "{d:?}");
+    let mut after = counts_after_rounds(&[4, 4, 0], 8, 5);
+    after.sort();
+    assert_eq!(after, vec![2, 3, 3]);
+}
+
+#[test]
+fn seven_on_two_stays_four_three() {
+    for cap in 1..=8 {
+        for w in 0..2 {
+            let d = Fleet::with_counts(&[4, 3]).decide_for(w, cap);
+            assert!(
+                d.steal.is_empty() && d.take.is_empty(),
+                "cap {cap} worker {w}: {d:?}"
+            );
+        }
+        assert_eq!(counts_after_rounds(&[4, 3], cap, 10), vec![4, 3]);
+    }
+}
+
+#[test]
+fn lead_of_one_is_never_stolen() {
+    let d = Fleet::with_counts(&[3, 2, 2]).decide_for(1, 8);
+    assert!(d.steal.is_empty(), "{d:?}");
+}
+
+#[test]
+fn zero_lease_worker_counts_itself() {
+    let d = Fleet::with_counts(&[6, 0]).decide_for(1, 8);
+    assert_eq!(d.live_workers, 2);
+    assert_eq!(d.target, 3);
+    assert_eq!(d.steal.len(), 3);
+}
+
+fn view<'a>(key: &'a str, owner: Option<&'a str>, expired: bool, secs: u64) -> LeaseView<'a> {
+    LeaseView {
+        key,
+        owner,
+        expired,
+        unrenewed_for: Duration::from_secs(secs),
+        held_here: false,
+    }
+}
+
+#[test]
+fn takes_everything_owed_in_one_decision_longest_unrenewed_first() {
+    let leases = vec![
+        view("a", Some("dead"), true, 12),
+        view("b", Some("dead"), true, 30),
+        view("c", None, false, 0),
+        view("d", Some("alive"), false, 1),
+        view("e", Some("dead"), true, 20),
+    ];
+    let d = decide(&BalanceInput {
+        me: "me",
+        leases,
+        max_leases_per_worker: usize::MAX,
+        max_leases_to_steal: 1,
+    });
+    // Live: me, alive. 5 leases -> target 3, all owed in this one tick.
+    assert_eq!(d.target, 3);
+    assert_eq!(d.take, vec!["c", "b", "e"]);
+    assert!(d.steal.is_empty(), "never steal while leases are available");
+}
+
+#[test]
+fn expired_owners_are_not_live_workers() {
+    let leases = vec![
+        view("a", Some("dead"), true, 12),
+        view("b", Some("dead"), true, 12),
+        view("c", Some("dead"), true, 12),
+    ];
+    let d = decide(&BalanceInput {
+        me: "me",
+        leases,
+        max_leases_per_worker: usize::MAX,
+        max_leases_to_steal: 1,
+    });
+    assert_eq!((d.live_workers, d.target, d.take.len()), (1, 3, 3));
+}
+
+#[test]
+fn max_leases_per_worker_caps_the_target() {
+    let leases = (0..10).map(|i| format!("s{i}")).collect::<Vec<_>>();
+    let views = leases.iter().map(|k| view(k, None, false, 0)).collect();
+    let d = decide(&BalanceInput {
+        me: "me",
+        leases: views,
+        max_leases_per_worker: 4,
+        max_leases_to_steal: 1,
+    });
+    assert_eq!((d.target, d.take.len()), (4, 4));
+}
+
+#[test]
+fn owned_but_not_held_is_reclaimed_and_counted() {
+    let mut a = view("a", Some("me"), false, 0);
+    a.held_here = false;
+    let mut b = view("b", Some("me"), false, 0);
+    b.held_here = true;
+    let d = decide(&BalanceInput {
+        me: "me",
+        leases: vec![
+            a,
+            b,
+            view("c", Some("other"), false, 0),
+            view("d", Some("other"), false, 0),
+        ],
+        max_leases_per_worker: usize::MAX,
+        max_leases_to_steal: 4,
+    });
+    assert_eq!(d.reclaim, vec!["a"]);
+    assert!(
+        d.take.is_empty() && d.steal.is_empty(),
+        "2 of 4 is our share: {d:?}"
+    );
+}
+
+#[test]
+fn stealing_can_be_disabled() {
+    let d = Fleet::with_counts(&[8, 0]).decide_for(1, 0);
+    assert!(d.steal.is_empty());
+}
+
+#[test]
+fn concurrent_thieves_pick_different_leases() {
+    let fleet = Fleet::with_counts(&[8, 0, 0]);
+    let a = fleet.decide_for(1, 2);
+    let b = fleet.decide_for(2, 2);
+    assert_eq!((a.steal.len(), b.steal.len()), (2, 2));
+    assert!(a.steal.iter().any(|k| !b.steal.contains(k)), "{a:?} {b:?}");
+}

@@ -1,0 +1,265 @@
+//! Lease engine settings, validated at `build()`.
+
+use std::time::Duration;
+
+/// An impossible setting, named by its field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid lease configuration: `{field}` {reason}")]
+pub struct ConfigError {
+    /// The offending field, as named on the builder.
+    pub field: &'static str,
+    /// Why the value cannot work.
+    pub reason: String,
+}
+
+/// Settings of the lease taker and renewer. Build with
+/// [`LeaseConfig::builder`].
+///
+/// Defaults follow the Java KCL where it has one: lease duration
+/// (`failoverTimeMillis`) 10 s, renewal every third of it. The taker ticks
+/// every 10 s (the Java KCL's fixed 2 x (failover + epsilon) is 20 s); this
+/// engine makes one scan per tick, so ticking twice as often costs less
+/// than the Java KCL's tick does.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaseConfig {
+    pub(crate) worker_id: String,
+    pub(crate) lease_duration: Duration,
+    pub(crate) renew_interval: Duration,
+    pub(crate) fence_margin: Duration,
+    pub(crate) taker_interval: Duration,
+    pub(crate) jitter: f64,
+    pub(crate) max_leases_per_worker: usize,
+    pub(crate) max_leases_to_steal: usize,
+    pub(crate) renew_concurrency: usize,
+    pub(crate) seed: Option<u64>,
+}
+
+impl LeaseConfig {
+    /// A builder for `worker_id` with default settings.
+    pub fn builder(worker_id: impl Into<String>) -> LeaseConfigBuilder {
+        LeaseConfigBuilder {
+            worker_id: worker_id.into(),
+            lease_duration: Duration::from_secs(10),
+            renew_interval: None,
+            fence_margin: None,
+            taker_interval: Duration::from_secs(10),
+            jitter: 0.25,
+            max_leases_per_worker: usize::MAX,
+            max_leases_to_steal: 4,
+            renew_concurrency: 32,
+            seed: None,
+        }
+    }
+
+    /// This worker's id, written as the owner of the leases it holds.
+    pub fn worker_id(&self) -> &str {
+        &self.worker_id
+    }
+    /// How long a lease's counter must stand still before others take it.
+    pub fn lease_duration(&self) -> Duration {
+        self.lease_duration
+    }
+    /// How often held leases are renewed.
+    pub fn renew_interval(&self) -> Duration {
+        self.renew_interval
+    }
+    /// How long before expiry (as peers judge it) a worker stops using a
+    /// lease it could not renew.
+    pub fn fence_margin(&self) -> Duration {
+        self.fence_margin
+    }
+    /// The mean time between lease-taker ticks.
+    pub fn taker_interval(&self) -> Duration {
+        self.taker_interval
+    }
+    /// Upper bound on leases held by this worker.
+    pub fn max_leases_per_worker(&self) -> usize {
+        self.max_leases_per_worker
+    }
+    /// Upper bound on leases stolen per tick.
+    pub fn max_leases_to_steal(&self) -> usize {
+        self.max_leases_to_steal
+    }
+}
+
+/// Builder of [`LeaseConfig`].
+#[derive(Debug, Clone)]
+pub struct LeaseConfigBuilder {
+    worker_id: String,
+    lease_duration: Duration,
+    renew_interval: Option<Duration>,
+    fence_margin: Option<Duration>,
+    taker_interval: Duration,
+    jitter: f64,
+    max_leases_per_worker: usize,
+    max_leases_to_steal: usize,
+    renew_concurrency: usize,
+    seed: Option<u64>,
+}
+
+impl LeaseConfigBuilder {
+    /// How long a lease's counter must stand still, as seen by a peer,
+    /// before the peer may take it (default 10 s, the Java KCL's
+    /// `failoverTimeMillis`).
+    pub fn lease_duration(mut self, d: Duration) -> Self {
+        self.lease_duration = d;
+        self
+    }
+    /// How often held leases are renewed (default a third of the lease
+    /// duration). Must leave time for at least one retry before fencing.
+    pub fn renew_interval(mut self, d: Duration) -> Self {
+        self.renew_interval = Some(d);
+        self
+    }
+    /// How long before peers could judge a lease expired this worker stops
+    /// using it when renewals fail (default a tenth of the lease duration).
+    pub fn fence_margin(mut self, d: Duration) -> Self {
+        self.fence_margin = Some(d);
+        self
+    }
+    /// Mean time between lease-taker ticks (default 10 s).
+    pub fn taker_interval(mut self, d: Duration) -> Self {
+        self.taker_interval = d;
+        self
+    }
+    /// Relative jitter of the taker interval, in `0.0..1.0` (default 0.25:
+    /// each tick waits interval x [0.75, 1.25]).
+    pub fn jitter(mut self, j: f64) -> Self {
+        self.jitter = j;
+        self
+    }
+    /// Upper bound on leases held by this worker (default unbounded).
+    pub fn max_leases_per_worker(mut self, n: usize) -> Self {
+        self.max_leases_per_worker = n;
+        self
+    }
+    /// Upper bound on leases stolen per tick (default 4; 0 disables
+    /// stealing). The Java KCL steals one per tick, so a worker joining a
+    /// fleet of 64 shards needs 16 ticks to get its share; the balancing
+    /// rule never lets a thief end above its victim, so a larger cap
+    /// cannot make steals flip-flop.
+    pub fn max_leases_to_steal(mut self, n: usize) -> Self {
+        self.max_leases_to_steal = n;
+        self
+    }
+    /// Renewals in flight at once (default 32).
+    pub fn renew_concurrency(mut self, n: usize) -> Self {
+        self.renew_concurrency = n;
+        self
+    }
+    /// Seeds the tick jitter, for reproducible simulations.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Validates the settings.
+    pub fn build(self) -> Result<LeaseConfig, ConfigError> {
+        let err = |field, reason: String| Err(ConfigError { field, reason });
+        if self.worker_id.trim().is_empty() {
+            return err("worker_id", "must not be empty".into());
+        }
+        if self.lease_duration < Duration::from_millis(100) {
+            return err(
+                "lease_duration",
+                format!("is {:?}; it must be at least 100ms", self.lease_duration),
+            );
+        }
+        let renew_interval = self.renew_interval.unwrap_or(self.lease_duration / 3);
+        let fence_margin = self.fence_margin.unwrap_or(self.lease_duration / 10);
+        if fence_margin >= self.lease_duration {
+            return err(
+                "fence_margin",
+                format!(
+                    "is {fence_margin:?}; it must be below lease_duration ({:?})",
+                    self.lease_duration
+                ),
+            );
+        }
+        let usable = self.lease_duration - fence_margin;
+        if renew_interval.is_zero() || renew_interval * 2 > usable {
+            return err(
+                "renew_interval",
+                format!(
+                    "is {renew_interval:?}; it must be above zero and at most half of \
+                     lease_duration - fence_margin ({usable:?}) so a failed renewal is \
+                     retried once before the lease is fenced"
+                ),
+            );
+        }
+        if self.taker_interval.is_zero() {
+            return err("taker_interval", "must be above zero".into());
+        }
+        if !(0.0..1.0).contains(&self.jitter) {
+            return err(
+                "jitter",
+                format!("is {}; it must be in 0.0..1.0", self.jitter),
+            );
+        }
+        if self.max_leases_per_worker == 0 {
+            return err("max_leases_per_worker", "must be at least 1".into());
+        }
+        if self.renew_concurrency == 0 {
+            return err("renew_concurrency", "must be at least 1".into());
+        }
+        Ok(LeaseConfig {
+            worker_id: self.worker_id,
+            lease_duration: self.lease_duration,
+            renew_interval,
+            fence_margin,
+            taker_interval: self.taker_interval,
+            jitter: self.jitter,
+            max_leases_per_worker: self.max_leases_per_worker,
+            max_leases_to_steal: self.max_leases_to_steal,
+            renew_concurrency: self.renew_concurrency,
+            seed: self.seed,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_java_kcl() {
+        let c = LeaseConfig::builder("w").build().unwrap();
+        assert_eq!(c.lease_duration(), Duration::from_secs(10));
+        assert_eq!(c.renew_interval(), Duration::from_secs(10) / 3);
+        // Deliberately above the Java KCL's 1: see `max_leases_to_steal`.
+        assert_eq!(c.max_leases_to_steal(), 4);
+    }
+
+    #[test]
+    fn impossible_settings_name_the_field() {
+        let cases = [
+            (LeaseConfig::builder(""), "worker_id"),
+            (
+                LeaseConfig::builder("w").lease_duration(Duration::ZERO),
+                "lease_duration",
+            ),
+            (
+                LeaseConfig::builder("w").renew_interval(Duration::from_secs(10)),
+                "renew_interval",
+            ),
+            (
+                LeaseConfig::builder("w").fence_margin(Duration::from_secs(10)),
+                "fence_margin",
+            ),
+            (
+                LeaseConfig::builder("w").taker_interval(Duration::ZERO),
+                "taker_interval",
+            ),
+            (LeaseConfig::builder("w").jitter(1.0), "jitter"),
+            (
+                LeaseConfig::builder("w").max_leases_per_worker(0),
+                "max_leases_per_worker",
+            ),
+        ];
+        for (builder, field) in cases {
+            let e = builder.build().unwrap_err();
+            assert_eq!(e.field, field);
+            assert!(e.to_string().contains(field), "{e}");
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! Expiry judged on this worker's own monotonic clock (invariant 3).
+//!
+//! A lease is expired when this worker has seen its counter stand still for
+//! the lease duration. Wall clocks of different hosts are never compared: a
+//! peer's clock could be minutes off. The price is that a worker that just
+//! started must watch a lease for one lease duration before judging it.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::lease::Lease;
+
+#[derive(Debug, Clone)]
+struct Seen {
+    counter: u64,
+    owner: Option<String>,
+    since: Instant,
+}
+
+/// Remembers, per lease, when this worker last saw its counter change.
+#[derive(Debug, Default)]
+pub struct ExpiryTracker {
+    seen: HashMap<String, Seen>,
+}
+
+impl ExpiryTracker {
+    /// An empty tracker.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records one scan's leases, observed at `now`, and forgets leases that
+    /// are gone from the table.
+    pub fn observe(&mut self, leases: &[Lease], now: Instant) {
+        let mut next = HashMap::with_capacity(leases.len());
+        for lease in leases {
+            let seen = match self.seen.remove(&lease.key) {
+                Some(s) if s.counter == lease.counter && s.owner == lease.owner => s,
+                _ => Seen {
+                    counter: lease.counter,
+                    owner: lease.owner.clone(),
+                    since: now,
+                },
+            };
+            next.insert(lease.key.clone(), seen);
+        }
+        self.seen = next;
+    }
+
+    /// How long this worker has seen `lease` unchanged, as of `now`.
+    pub fn unchanged_for(&self, lease: &Lease, now: Instant) -> Duration {
+        match self.seen.get(&lease.key) {
+            Some(s) if s.counter == lease.counter && s.owner == lease.owner => {
+                now.saturating_duration_since(s.since)
+            }
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// When `lease` will count as expired if its counter keeps standing
+    /// still; `None` for a lease never observed.
+    pub fn expires_at(&self, lease: &Lease, lease_duration: Duration) -> Option<Instant> {
+        self.seen
+            .get(&lease.key)
+            .filter(|s| s.counter == lease.counter && s.owner == lease.owner)
+            .map(|s| s.since + lease_duration)
+    }
+
+    /// True if `lease` has an owner whose renewals this worker has not seen
+    /// for `lease_duration`.
+    pub fn is_expired(&self, lease: &Lease, lease_duration: Duration, now: Instant) -> bool {
+        lease.owner.is_some() && self.unchanged_for(lease, now) >= lease_duration
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::Checkpoint;
+
+    fn owned(counter: u64) -> Lease {
+        let mut l = Lease::new("s", Checkpoint::TrimHorizon);
+        l.owner = Some("peer".into());
+        l.counter = counter;
+        l
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expiry_restarts_whenever_the_counter_moves() {
+        let d = Duration::from_secs(10);
+        let mut t = ExpiryTracker::new();
+        let t0 = Instant::now();
+        t.observe(&[owned(1)], t0);
+        assert!(!t.is_expired(&owned(1), d, t0 + Duration::from_secs(9)));
+        t.observe(&[owned(2)], t0 + Duration::from_secs(9));
+        assert!(!t.is_expired(&owned(2), d, t0 + Duration::from_secs(18)));
+        assert!(t.is_expired(&owned(2), d, t0 + Duration::from_secs(19)));
+        assert_eq!(
+            t.expires_at(&owned(2), d),
+            Some(t0 + Duration::from_secs(19))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn first_sight_is_never_expired_and_unowned_never_expires() {
+        let d = Duration::from_secs(10);
+        let t = ExpiryTracker::new();
+        assert!(!t.is_expired(&owned(7), d, Instant::now()));
+        let mut t = ExpiryTracker::new();
+        let free = Lease::new("s", Checkpoint::TrimHorizon);
+        t.observe(std::slice::from_ref(&free), Instant::now());
+        assert!(!t.is_expired(&free, d, Instant::now() + d * 5));
+    }
+}

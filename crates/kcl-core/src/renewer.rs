@@ -1,0 +1,105 @@
+//! The lease renewer: renews every held lease each renew interval, in
+//! parallel, and fences leases it could not renew in time (invariant 4).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use futures::StreamExt;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::coordinator::{EndReason, Held, Shared, bump};
+
+pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
+    // Fencing runs beside renewal, not after it: a round stuck on a hung
+    // store must not delay a fence deadline.
+    tokio::select! {
+        _ = stop.cancelled() => {}
+        _ = renew_loop(&shared) => {}
+        _ = fence_loop(&shared) => {}
+    }
+}
+
+async fn renew_loop(shared: &Shared) {
+    let mut next_round = Instant::now() + shared.config.renew_interval;
+    loop {
+        tokio::time::sleep_until(next_round).await;
+        next_round += shared.config.renew_interval;
+        renew_all(shared, next_round).await;
+        // A round that overran (a slow store) does not cause a burst of
+        // catch-up rounds.
+        next_round = next_round.max(Instant::now());
+    }
+}
+
+async fn fence_loop(shared: &Shared) {
+    loop {
+        let now = Instant::now();
+        let mut next = now + shared.config.renew_interval;
+        for (key, held) in shared.held_snapshot() {
+            let deadline = held.valid_until();
+            if deadline <= now {
+                warn!(lease = %key, "no successful renewal in time; fencing the shard off");
+                shared.ended(&key, &held, EndReason::Fenced).await;
+            } else {
+                next = next.min(deadline);
+            }
+        }
+        // Leases acquired meanwhile have later deadlines than any held now,
+        // and renewals only push deadlines later: sleeping until the
+        // earliest one (or one renew interval) misses none.
+        tokio::time::sleep_until(next).await;
+    }
+}
+
+async fn renew_all(shared: &Shared, deadline: Instant) {
+    let held = shared.held_snapshot();
+    futures::stream::iter(held)
+        .for_each_concurrent(shared.config.renew_concurrency, |(key, held)| async move {
+            renew_one(shared, &key, &held, deadline).await;
+        })
+        .await;
+}
+
+/// Renews one lease, retrying transient failures with backoff until the
+/// next round is due or the lease's fence deadline passes.
+async fn renew_one(shared: &Shared, key: &str, held: &Arc<Held>, next_round: Instant) {
+    let me = shared.config.worker_id.as_str();
+    let counter = held.lease().counter;
+    let give_up_at = next_round.min(held.valid_until());
+    let budget = give_up_at.saturating_duration_since(Instant::now());
+    // Validity counts from the first attempt: a retry may succeed only
+    // because an earlier attempt applied (its response lost), and peers saw
+    // the counter move when that earlier attempt landed.
+    let sent = Instant::now();
+    let result = (|| shared.store.renew(key, me, counter))
+        .retry(
+            ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(50))
+                .with_max_delay(budget / 4)
+                .with_total_delay(Some(budget))
+                .without_max_times()
+                .with_jitter(),
+        )
+        .sleep(tokio::time::sleep)
+        .when(|e| e.is_retryable())
+        .notify(|e, after| debug!(lease = %key, error = %e, ?after, "renewal failed; retrying"))
+        .await;
+    match result {
+        Ok(lease) => {
+            bump(&shared.stats.renewals);
+            held.renewed(lease, sent, &shared.config);
+        }
+        Err(e) if e.is_condition_failed() => {
+            warn!(lease = %key, owner = ?e.current().and_then(|l| l.owner.clone()), "lease lost: renewal failed its condition");
+            shared.ended(key, held, EndReason::Lost).await;
+        }
+        Err(e) => {
+            bump(&shared.stats.renew_failures);
+            metrics::counter!("kcl_lease_renewal_failures_total").increment(1);
+            warn!(lease = %key, error = %e, "renewal failed; the lease is fenced if this persists");
+        }
+    }
+}

@@ -1,0 +1,461 @@
+//! The conformance suite every [`LeaseStore`] must pass, unchanged.
+//!
+//! Each case takes a fresh, empty store whose scans return pages of at most
+//! 10 leases. [`lease_store_conformance!`](crate::lease_store_conformance)
+//! turns the whole suite into one test per case for a store factory:
+//!
+//! ```ignore
+//! async fn new_store() -> MyStore { /* empty table, page size <= 10 */ }
+//! kcl_core::lease_store_conformance!(new_store);
+//! ```
+
+use std::collections::HashSet;
+
+use futures::TryStreamExt;
+
+use super::{CheckpointUpdate, LeaseStore, StoreError};
+use crate::lease::{Checkpoint, HashKeyRange, Lease};
+
+/// Rounds of each race case; every round must have exactly one winner.
+pub const RACE_ROUNDS: usize = 40;
+
+/// Generates one `#[tokio::test]` per conformance case for `$factory`, an
+/// async fn returning a fresh, empty store with scan pages of at most 10.
+#[macro_export]
+macro_rules! lease_store_conformance {
+    ($factory:path) => {
+        $crate::lease_store_conformance!(@cases $factory;
+            create_if_absent_is_conditional,
+            get_round_trips_every_field,
+            take_is_guarded_by_counter_and_owner,
+            concurrent_takes_have_one_winner,
+            renew_is_guarded_by_owner_and_counter,
+            steal_racing_renewal_has_one_winner,
+            release_is_guarded_by_owner,
+            checkpoint_is_guarded_by_ownership,
+            checkpoint_after_the_lease_moved_is_rejected,
+            handoff_moves_checkpoint_rights,
+            take_ends_a_handoff,
+            delete_is_guarded_by_counter,
+            scan_pages_through_the_whole_table,
+            replayed_writes_reconcile_as_applied,
+            missing_leases_fail_conditions
+        );
+    };
+    (@cases $factory:path; $($case:ident),+) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let store = $factory().await;
+                $crate::store::conformance::$case(&store).await;
+            }
+        )+
+    };
+}
+
+fn lease(key: &str) -> Lease {
+    Lease::new(key, Checkpoint::TrimHorizon)
+}
+
+async fn created<S: LeaseStore + ?Sized>(store: &S, key: &str) -> Lease {
+    store.create_if_absent(&lease(key)).await.expect("create")
+}
+
+async fn owned_by<S: LeaseStore + ?Sized>(store: &S, key: &str, owner: &str) -> Lease {
+    let l = created(store, key).await;
+    store.take(&l, owner).await.expect("take")
+}
+
+fn assert_condition_failed<T: std::fmt::Debug>(
+    r: Result<T, StoreError>,
+    what: &str,
+) -> Option<Lease> {
+    match r {
+        Err(e) if e.is_condition_failed() => e.current().cloned(),
+        other => panic!("{what}: expected a failed condition, got {other:?}"),
+    }
+}
+
+/// A second create of the same key fails and returns the existing item.
+pub async fn create_if_absent_is_conditional<S: LeaseStore + ?Sized>(store: &S) {
+    let first = created(store, "shardId-000000000001").await;
+    assert_eq!(first.owner, None);
+    let mut other = lease("shardId-000000000001");
+    other.checkpoint = Checkpoint::Latest;
+    let current = assert_condition_failed(store.create_if_absent(&other).await, "second create");
+    if let Some(current) = current {
+        assert_eq!(
+            current.checkpoint,
+            Checkpoint::TrimHorizon,
+            "the first item is kept"
+        );
+    }
+    let stored = store
+        .get("shardId-000000000001")
+        .await
+        .expect("get")
+        .expect("exists");
+    assert_eq!(stored.checkpoint, Checkpoint::TrimHorizon);
+}
+
+/// Every field of the model survives a write and a read.
+pub async fn get_round_trips_every_field<S: LeaseStore + ?Sized>(store: &S) {
+    assert_eq!(store.get("absent").await.expect("get"), None);
+    let mut full = Lease::new_multi_stream(
+        "123456789012:orders:1700000000",
+        "shardId-000000000007",
+        Checkpoint::at(
+            "49590338271490256608559692538361571095921575989136588898",
+            4,
+        ),
+    )
+    .with_parents(["shardId-000000000002", "shardId-000000000003"]);
+    full.owner = Some("worker-a".into());
+    full.counter = 41;
+    full.pending_checkpoint = Some(Checkpoint::at(
+        "49590338271490256608559692538361571095921575989136589000",
+        0,
+    ));
+    full.pending_checkpoint_state = Some(vec![0, 1, 2, 255]);
+    full.owner_switches_since_checkpoint = 3;
+    full.child_shard_ids = ["shardId-000000000009".to_owned()].into();
+    full.hash_key_range = Some(HashKeyRange {
+        starting: "0".into(),
+        ending: "170141183460469231731687303715884105727".into(),
+    });
+    full.checkpoint_owner = Some("worker-b".into());
+    store.create_if_absent(&full).await.expect("create");
+    let read = store.get(&full.key).await.expect("get").expect("exists");
+    assert_eq!(read, full);
+    let scanned: Vec<Lease> = store.scan().try_concat().await.expect("scan");
+    assert_eq!(scanned, vec![full]);
+}
+
+/// A take succeeds only against the counter and owner it read.
+pub async fn take_is_guarded_by_counter_and_owner<S: LeaseStore + ?Sized>(store: &S) {
+    let seen = created(store, "s").await;
+    let mine = store.take(&seen, "a").await.expect("take unowned");
+    assert_eq!(mine.owner.as_deref(), Some("a"));
+    assert_eq!(mine.counter, seen.counter + 1);
+    assert_eq!(mine.owner_switches_since_checkpoint, 1);
+
+    // Another worker with the stale view loses.
+    let current = assert_condition_failed(store.take(&seen, "b").await, "stale take");
+    if let Some(current) = current {
+        assert_eq!(current.owner.as_deref(), Some("a"));
+    }
+    // The right counter but the wrong owner also loses.
+    let mut wrong_owner = mine.clone();
+    wrong_owner.owner = Some("z".into());
+    assert_condition_failed(store.take(&wrong_owner, "b").await, "wrong owner");
+
+    let stolen = store
+        .take(&mine, "b")
+        .await
+        .expect("take with the current view");
+    assert_eq!(stolen.owner.as_deref(), Some("b"));
+    assert_eq!(stolen.counter, mine.counter + 1);
+    assert_eq!(stolen.owner_switches_since_checkpoint, 2);
+}
+
+/// Two workers taking the same lease from the same view: exactly one wins,
+/// every round.
+pub async fn concurrent_takes_have_one_winner<S: LeaseStore + ?Sized>(store: &S) {
+    for round in 0..RACE_ROUNDS {
+        let seen = created(store, &format!("race-{round:03}")).await;
+        let (a, b) = tokio::join!(store.take(&seen, "a"), store.take(&seen, "b"));
+        let winners = [&a, &b].iter().filter(|r| r.is_ok()).count();
+        assert_eq!(winners, 1, "round {round}: {a:?} / {b:?}");
+        let loser = if a.is_ok() { b } else { a };
+        assert_condition_failed(loser, "the loser");
+        let winner_name = store
+            .get(&seen.key)
+            .await
+            .expect("get")
+            .expect("exists")
+            .owner;
+        assert!(winner_name.is_some());
+    }
+}
+
+/// Renewal needs the owner and the counter it last wrote.
+pub async fn renew_is_guarded_by_owner_and_counter<S: LeaseStore + ?Sized>(store: &S) {
+    let l = owned_by(store, "s", "a").await;
+    let renewed = store.renew("s", "a", l.counter).await.expect("renew");
+    assert_eq!(renewed.counter, l.counter + 1);
+    assert_eq!(renewed.owner.as_deref(), Some("a"));
+    let again = store
+        .renew("s", "a", renewed.counter)
+        .await
+        .expect("renew again");
+    // One behind is what a replay looks like (see the reconciliation case);
+    // further behind or ahead is stale.
+    assert_condition_failed(store.renew("s", "a", l.counter).await, "stale counter");
+    assert_condition_failed(
+        store.renew("s", "a", again.counter + 1).await,
+        "future counter",
+    );
+    assert_condition_failed(store.renew("s", "b", again.counter).await, "not the owner");
+}
+
+/// A steal and the victim's renewal from the same counter: exactly one wins.
+pub async fn steal_racing_renewal_has_one_winner<S: LeaseStore + ?Sized>(store: &S) {
+    for round in 0..RACE_ROUNDS {
+        let key = format!("steal-{round:03}");
+        let held = owned_by(store, &key, "victim").await;
+        let (steal, renew) = tokio::join!(
+            store.take(&held, "thief"),
+            store.renew(&key, "victim", held.counter)
+        );
+        assert!(
+            steal.is_ok() != renew.is_ok(),
+            "round {round}: {steal:?} / {renew:?}"
+        );
+        let now = store.get(&key).await.expect("get").expect("exists");
+        let expected = if steal.is_ok() { "thief" } else { "victim" };
+        assert_eq!(now.owner.as_deref(), Some(expected));
+        assert_eq!(now.counter, held.counter + 1);
+    }
+}
+
+/// Only the owner releases; a released lease has no owner.
+pub async fn release_is_guarded_by_owner<S: LeaseStore + ?Sized>(store: &S) {
+    let l = owned_by(store, "s", "a").await;
+    assert_condition_failed(store.release("s", "b").await, "release by another");
+    let released = store.release("s", "a").await.expect("release");
+    assert_eq!(released.owner, None);
+    assert!(released.counter > l.counter);
+    assert_condition_failed(store.release("s", "a").await, "release twice");
+    // A released lease is taken from its new state by anyone.
+    let taken = store.take(&released, "b").await.expect("take released");
+    assert_eq!(taken.owner.as_deref(), Some("b"));
+}
+
+/// The owner checkpoints (without bumping the counter); others cannot.
+pub async fn checkpoint_is_guarded_by_ownership<S: LeaseStore + ?Sized>(store: &S) {
+    let l = owned_by(store, "s", "a").await;
+    let pending = CheckpointUpdate {
+        checkpoint: Checkpoint::at("100", 0),
+        pending: Some(Checkpoint::at("200", 3)),
+        pending_state: Some(b"prepared".to_vec()),
+    };
+    let c = store
+        .checkpoint("s", "a", &pending)
+        .await
+        .expect("checkpoint");
+    assert_eq!(c.checkpoint, Checkpoint::at("100", 0));
+    assert_eq!(c.pending_checkpoint, Some(Checkpoint::at("200", 3)));
+    assert_eq!(
+        c.pending_checkpoint_state.as_deref(),
+        Some(&b"prepared"[..])
+    );
+    assert_eq!(c.owner_switches_since_checkpoint, 0);
+    assert_eq!(c.counter, l.counter, "a checkpoint must not race renewals");
+
+    let done = store
+        .checkpoint("s", "a", &CheckpointUpdate::to(Checkpoint::at("200", 3)))
+        .await
+        .expect("commit");
+    assert_eq!(done.checkpoint, Checkpoint::at("200", 3));
+    assert_eq!(done.pending_checkpoint, None);
+    assert_eq!(done.pending_checkpoint_state, None);
+
+    assert_condition_failed(
+        store
+            .checkpoint("s", "b", &CheckpointUpdate::to(Checkpoint::ShardEnd))
+            .await,
+        "checkpoint by a non-owner",
+    );
+    let after = store.get("s").await.expect("get").expect("exists");
+    assert_eq!(after.checkpoint, Checkpoint::at("200", 3));
+}
+
+/// A worker whose lease was taken cannot checkpoint any more.
+pub async fn checkpoint_after_the_lease_moved_is_rejected<S: LeaseStore + ?Sized>(store: &S) {
+    let l = owned_by(store, "s", "a").await;
+    store.take(&l, "b").await.expect("steal");
+    assert_condition_failed(
+        store
+            .checkpoint("s", "a", &CheckpointUpdate::to(Checkpoint::at("5", 0)))
+            .await,
+        "checkpoint by the old owner",
+    );
+    let c = store
+        .checkpoint("s", "b", &CheckpointUpdate::to(Checkpoint::at("6", 0)))
+        .await
+        .expect("new owner checkpoints");
+    assert_eq!(c.checkpoint, Checkpoint::at("6", 0));
+}
+
+/// During a handoff the previous owner alone may checkpoint; completing it
+/// gives that right to the new owner.
+pub async fn handoff_moves_checkpoint_rights<S: LeaseStore + ?Sized>(store: &S) {
+    let l = owned_by(store, "s", "a").await;
+    assert_condition_failed(
+        store.start_handoff("s", "a", l.counter + 7, "b").await,
+        "stale counter",
+    );
+    assert_condition_failed(
+        store.start_handoff("s", "z", l.counter, "b").await,
+        "not the owner",
+    );
+    let h = store
+        .start_handoff("s", "a", l.counter, "b")
+        .await
+        .expect("start handoff");
+    assert_eq!(h.owner.as_deref(), Some("b"));
+    assert_eq!(h.checkpoint_owner.as_deref(), Some("a"));
+    assert_eq!(h.counter, l.counter + 1);
+    assert_condition_failed(
+        store.start_handoff("s", "b", h.counter, "c").await,
+        "second handoff",
+    );
+
+    let cp = CheckpointUpdate::to(Checkpoint::at("42", 0));
+    store
+        .checkpoint("s", "a", &cp)
+        .await
+        .expect("previous owner checkpoints");
+    assert_condition_failed(
+        store.checkpoint("s", "b", &cp).await,
+        "new owner before completion",
+    );
+    // The new owner keeps the lease alive meanwhile.
+    let renewed = store
+        .renew("s", "b", h.counter)
+        .await
+        .expect("new owner renews");
+
+    assert_condition_failed(
+        store.complete_handoff("s", "b").await,
+        "completion by the new owner",
+    );
+    let done = store.complete_handoff("s", "a").await.expect("complete");
+    assert_eq!(done.checkpoint_owner, None);
+    assert_eq!(done.owner.as_deref(), Some("b"));
+    assert_eq!(done.checkpoint, Checkpoint::at("42", 0));
+    assert!(done.counter > renewed.counter);
+    assert_condition_failed(
+        store.checkpoint("s", "a", &cp).await,
+        "old owner after completion",
+    );
+    store
+        .checkpoint("s", "b", &cp)
+        .await
+        .expect("new owner after completion");
+}
+
+/// Taking a lease (a forced handoff after its deadline) clears the
+/// checkpoint owner.
+pub async fn take_ends_a_handoff<S: LeaseStore + ?Sized>(store: &S) {
+    let l = owned_by(store, "s", "a").await;
+    let h = store
+        .start_handoff("s", "a", l.counter, "b")
+        .await
+        .expect("start");
+    let forced = store.take(&h, "b").await.expect("force");
+    assert_eq!(forced.checkpoint_owner, None);
+    assert_eq!(forced.owner.as_deref(), Some("b"));
+    assert_condition_failed(
+        store
+            .checkpoint("s", "a", &CheckpointUpdate::to(Checkpoint::at("1", 0)))
+            .await,
+        "old owner after a forced handoff",
+    );
+}
+
+/// Delete needs the counter it read.
+pub async fn delete_is_guarded_by_counter<S: LeaseStore + ?Sized>(store: &S) {
+    let l = owned_by(store, "s", "a").await;
+    assert_condition_failed(store.delete("s", l.counter - 1).await, "stale delete");
+    store.delete("s", l.counter).await.expect("delete");
+    assert_eq!(store.get("s").await.expect("get"), None);
+    assert_condition_failed(store.delete("s", l.counter).await, "delete twice");
+}
+
+/// A scan follows continuation to the end over many pages, each lease once.
+pub async fn scan_pages_through_the_whole_table<S: LeaseStore + ?Sized>(store: &S) {
+    assert_eq!(store.scan().try_concat().await.expect("empty scan"), vec![]);
+    for i in 0..25 {
+        created(store, &format!("shardId-{i:012}")).await;
+    }
+    let pages: Vec<Vec<Lease>> = store.scan().try_collect().await.expect("scan");
+    assert!(
+        pages.len() >= 3,
+        "25 leases in pages of at most 10 make at least 3 pages, got {}",
+        pages.len()
+    );
+    assert!(pages.iter().all(|p| p.len() <= 10));
+    let keys: HashSet<String> = pages.into_iter().flatten().map(|l| l.key).collect();
+    assert_eq!(keys.len(), 25);
+}
+
+/// A write applied whose response was lost is retried by the SDK or the
+/// caller; the retry fails its condition and must reconcile to success when
+/// the item shows our write, and only then.
+pub async fn replayed_writes_reconcile_as_applied<S: LeaseStore + ?Sized>(store: &S) {
+    let seen = created(store, "s").await;
+    let first = store.take(&seen, "a").await.expect("take");
+    let replay = store
+        .take(&seen, "a")
+        .await
+        .expect("replayed take reconciles");
+    assert_eq!(replay, first);
+    assert_condition_failed(store.take(&seen, "b").await, "someone else's replay");
+
+    let renewed = store.renew("s", "a", first.counter).await.expect("renew");
+    let replay = store
+        .renew("s", "a", first.counter)
+        .await
+        .expect("replayed renew reconciles");
+    assert_eq!(replay, renewed);
+
+    let h = store
+        .start_handoff("s", "a", renewed.counter, "b")
+        .await
+        .expect("handoff");
+    let replay = store
+        .start_handoff("s", "a", renewed.counter, "b")
+        .await
+        .expect("replayed handoff reconciles");
+    assert_eq!(replay, h);
+
+    // Once the state moves on, the replay is a lost race again.
+    store.renew("s", "b", h.counter).await.expect("renew by b");
+    assert_condition_failed(
+        store.renew("s", "a", first.counter).await,
+        "replay after a later write",
+    );
+    assert_condition_failed(
+        store.take(&seen, "a").await,
+        "take replay after a later write",
+    );
+}
+
+/// Every conditional write on a missing key fails its condition.
+pub async fn missing_leases_fail_conditions<S: LeaseStore + ?Sized>(store: &S) {
+    let ghost = lease("ghost");
+    assert_condition_failed(store.take(&ghost, "a").await, "take");
+    assert_condition_failed(store.renew("ghost", "a", 0).await, "renew");
+    assert_condition_failed(store.release("ghost", "a").await, "release");
+    assert_condition_failed(
+        store
+            .checkpoint("ghost", "a", &CheckpointUpdate::to(Checkpoint::ShardEnd))
+            .await,
+        "checkpoint",
+    );
+    assert_condition_failed(
+        store.start_handoff("ghost", "a", 0, "b").await,
+        "start_handoff",
+    );
+    assert_condition_failed(
+        store.complete_handoff("ghost", "a").await,
+        "complete_handoff",
+    );
+    assert_condition_failed(store.delete("ghost", 0).await, "delete");
+    assert_eq!(
+        store.get("ghost").await.expect("get"),
+        None,
+        "no write may create an item"
+    );
+}

@@ -1,0 +1,491 @@
+//! An in-memory [`LeaseStore`] with the same semantics as the DynamoDB one,
+//! plus fault injection, for tests, benchmarks and deterministic simulation.
+//!
+//! Several workers share one table by holding [`InMemoryLeaseStore::handle`]s
+//! of it; each handle has its own fault plan, so one worker can be made slow,
+//! paused or unlucky while its peers are not.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::stream::{self, BoxStream, StreamExt};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+
+use super::{CheckpointUpdate, ErrorKind, Intent, LeaseStore, Page, StoreError, StoreOp};
+use crate::lease::Lease;
+
+/// A fault to inject into one store call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fault {
+    /// Fail before applying, with an error of this kind.
+    Error(ErrorKind),
+    /// Apply the write, then fail as if the response was lost in transit.
+    LostResponse,
+    /// Wait this long before applying (a slow request).
+    Delay(Duration),
+    /// Apply, then wait this long before answering (a slow response).
+    SlowResponse(Duration),
+}
+
+/// Random faults drawn for every call of a handle.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RandomFaults {
+    /// Seed of the handle's random generator, for reproducible runs.
+    pub seed: u64,
+    /// Probability that a call fails before applying (retryable).
+    pub error_rate: f64,
+    /// Probability that a write applies but its response is lost.
+    pub lost_response_rate: f64,
+    /// Upper bound of a uniformly drawn latency added to every call.
+    pub max_latency: Duration,
+}
+
+/// A change of owner, as recorded by the store for later checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnerChange {
+    /// When the change was applied.
+    pub at: Instant,
+    /// The lease.
+    pub key: String,
+    /// The owner before.
+    pub from: Option<String>,
+    /// The owner after.
+    pub to: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    leases: BTreeMap<String, Lease>,
+    owner_changes: Vec<OwnerChange>,
+}
+
+#[derive(Debug, Default)]
+struct FaultPlan {
+    scripted: HashMap<StoreOp, VecDeque<Fault>>,
+    any_op: VecDeque<Fault>,
+    random: Option<(RandomFaults, SmallRng)>,
+    paused_until: Option<Instant>,
+}
+
+/// The in-memory lease table. Cloning shares the table and the fault plan;
+/// [`InMemoryLeaseStore::handle`] shares the table with a fresh fault plan.
+#[derive(Debug, Clone)]
+pub struct InMemoryLeaseStore {
+    table: Arc<Mutex<Table>>,
+    faults: Arc<Mutex<FaultPlan>>,
+    page_size: usize,
+}
+
+impl Default for InMemoryLeaseStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl InMemoryLeaseStore {
+    /// An empty table with scan pages of 100 leases.
+    pub fn new() -> Self {
+        InMemoryLeaseStore {
+            table: Arc::default(),
+            faults: Arc::default(),
+            page_size: 100,
+        }
+    }
+
+    /// Sets the number of leases per scan page (at least 1).
+    pub fn with_page_size(mut self, page_size: usize) -> Self {
+        self.page_size = page_size.max(1);
+        self
+    }
+
+    /// Another view of the same table, with its own (empty) fault plan.
+    pub fn handle(&self) -> Self {
+        InMemoryLeaseStore {
+            table: Arc::clone(&self.table),
+            faults: Arc::default(),
+            page_size: self.page_size,
+        }
+    }
+
+    /// Makes the next call of `op` on this handle suffer `fault`.
+    pub fn inject(&self, op: StoreOp, fault: Fault) {
+        self.plan().scripted.entry(op).or_default().push_back(fault);
+    }
+
+    /// Makes the next call of any operation on this handle suffer `fault`.
+    pub fn inject_next(&self, fault: Fault) {
+        self.plan().any_op.push_back(fault);
+    }
+
+    /// Draws random faults for every later call on this handle.
+    pub fn set_random_faults(&self, faults: Option<RandomFaults>) {
+        self.plan().random = faults.map(|f| {
+            let rng = SmallRng::seed_from_u64(f.seed);
+            (f, rng)
+        });
+    }
+
+    /// Holds every call on this handle until `until`, as if the process were
+    /// stopped (SIGSTOP, a long GC pause): requests sit unsent until then.
+    pub fn pause_until(&self, until: Instant) {
+        self.plan().paused_until = Some(until);
+    }
+
+    /// A copy of every lease, in key order.
+    pub fn snapshot(&self) -> Vec<Lease> {
+        self.lock().leases.values().cloned().collect()
+    }
+
+    /// Every owner change applied so far, in order.
+    pub fn owner_changes(&self) -> Vec<OwnerChange> {
+        self.lock().owner_changes.clone()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        // A panic while holding the lock can only come from a test assertion;
+        // the table is still consistent, so keep going.
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn plan(&self) -> MutexGuard<'_, FaultPlan> {
+        self.faults.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn next_fault(&self, op: StoreOp) -> (Option<Instant>, Vec<Fault>) {
+        let mut plan = self.plan();
+        let paused = plan.paused_until;
+        let mut faults = Vec::new();
+        if let Some(f) = plan.any_op.pop_front() {
+            faults.push(f);
+        }
+        if let Some(f) = plan.scripted.get_mut(&op).and_then(VecDeque::pop_front) {
+            faults.push(f);
+        }
+        if let Some((cfg, rng)) = plan.random.as_mut() {
+            if !cfg.max_latency.is_zero() {
+                let nanos = rng.random_range(0..=cfg.max_latency.as_nanos() as u64);
+                faults.push(Fault::Delay(Duration::from_nanos(nanos)));
+            }
+            let roll: f64 = rng.random();
+            if roll < cfg.error_rate {
+                faults.push(Fault::Error(ErrorKind::Retryable));
+            } else if op != StoreOp::ScanPage
+                && op != StoreOp::Get
+                && roll < cfg.error_rate + cfg.lost_response_rate
+            {
+                faults.push(Fault::LostResponse);
+            }
+        }
+        (paused, faults)
+    }
+
+    /// Runs one call: injects its faults around `apply`, which runs under
+    /// the table lock.
+    async fn call<T>(
+        &self,
+        op: StoreOp,
+        apply: impl FnOnce(&mut Table) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let (paused, faults) = self.next_fault(op);
+        if let Some(until) = paused {
+            tokio::time::sleep_until(until).await;
+        }
+        let mut after = Duration::ZERO;
+        let mut lose_response = false;
+        for fault in faults {
+            match fault {
+                Fault::Delay(d) => tokio::time::sleep(d).await,
+                Fault::SlowResponse(d) => after += d,
+                Fault::LostResponse => lose_response = true,
+                Fault::Error(kind) => return Err(injected_error(op, kind)),
+            }
+        }
+        let result = apply(&mut self.lock());
+        if !after.is_zero() {
+            tokio::time::sleep(after).await;
+        }
+        if lose_response {
+            return Err(StoreError::retryable(
+                op,
+                InjectedFault("response lost after the write applied"),
+            ));
+        }
+        result
+    }
+
+    /// Applies a guarded update of one lease: `guard` decides whether the
+    /// condition holds, `update` changes the lease. On a failed condition a
+    /// state matching `intent` counts as success (a retried write whose
+    /// first attempt applied).
+    fn update(
+        table: &mut Table,
+        key: &str,
+        intent: Option<Intent<'_>>,
+        guard: impl FnOnce(&Lease) -> bool,
+        update: impl FnOnce(&mut Lease),
+    ) -> Result<Lease, StoreError> {
+        let Some(lease) = table.leases.get_mut(key) else {
+            return Err(StoreError::ConditionFailed {
+                key: key.to_owned(),
+                current: None,
+            });
+        };
+        if !guard(lease) {
+            if intent.is_some_and(|i| i.applied_in(lease)) {
+                return Ok(lease.clone());
+            }
+            return Err(StoreError::ConditionFailed {
+                key: key.to_owned(),
+                current: Some(Box::new(lease.clone())),
+            });
+        }
+        let before = lease.owner.clone();
+        update(lease);
+        let after = lease.clone();
+        if before != after.owner {
+            table.owner_changes.push(OwnerChange {
+                at: Instant::now(),
+                key: key.to_owned(),
+                from: before,
+                to: after.owner.clone(),
+            });
+        }
+        Ok(after)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("injected fault: {0}")]
+struct InjectedFault(&'static str);
+
+fn injected_error(op: StoreOp, kind: ErrorKind) -> StoreError {
+    match kind {
+        ErrorKind::Throttled => StoreError::Throttled {
+            op,
+            source: Box::new(InjectedFault("throttled")),
+        },
+        ErrorKind::Fatal => StoreError::Fatal {
+            op,
+            message: "injected fatal error".into(),
+            source: None,
+        },
+        ErrorKind::ConditionFailed => StoreError::ConditionFailed {
+            key: String::new(),
+            current: None,
+        },
+        _ => StoreError::retryable(op, InjectedFault("request failed")),
+    }
+}
+
+#[async_trait]
+impl LeaseStore for InMemoryLeaseStore {
+    async fn create_if_absent(&self, lease: &Lease) -> Result<Lease, StoreError> {
+        self.call(StoreOp::Create, |t| {
+            if let Some(existing) = t.leases.get(&lease.key) {
+                return Err(StoreError::ConditionFailed {
+                    key: lease.key.clone(),
+                    current: Some(Box::new(existing.clone())),
+                });
+            }
+            t.leases.insert(lease.key.clone(), lease.clone());
+            Ok(lease.clone())
+        })
+        .await
+    }
+
+    fn scan(&self) -> BoxStream<'_, Result<Page, StoreError>> {
+        // `None` = not started, `Some(None)` = done, `Some(Some(k))` = resume after k.
+        stream::unfold(Some(None::<String>), move |state| async move {
+            let after = state?;
+            let page = self
+                .call(StoreOp::ScanPage, |t| {
+                    let range = match &after {
+                        Some(k) => t.leases.range::<String, _>((
+                            std::ops::Bound::Excluded(k.clone()),
+                            std::ops::Bound::Unbounded,
+                        )),
+                        None => t.leases.range::<String, _>(..),
+                    };
+                    Ok(range
+                        .take(self.page_size)
+                        .map(|(_, l)| l.clone())
+                        .collect::<Vec<_>>())
+                })
+                .await;
+            match page {
+                Ok(page) if page.len() < self.page_size => Some((Ok(page), None)),
+                Ok(page) => {
+                    let last = page.last().map(|l| l.key.clone());
+                    Some((Ok(page), Some(last)))
+                }
+                // A failed page ends the scan: callers see the error and retry
+                // the whole scan on their next tick.
+                Err(e) => Some((Err(e), None)),
+            }
+        })
+        .boxed()
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Lease>, StoreError> {
+        self.call(StoreOp::Get, |t| Ok(t.leases.get(key).cloned()))
+            .await
+    }
+
+    async fn take(&self, seen: &Lease, new_owner: &str) -> Result<Lease, StoreError> {
+        let intent = Intent::Own {
+            owner: new_owner,
+            counter: seen.counter + 1,
+        };
+        self.call(StoreOp::Take, |t| {
+            Self::update(
+                t,
+                &seen.key,
+                Some(intent),
+                |l| l.counter == seen.counter && l.owner == seen.owner,
+                |l| {
+                    if !l.is_owned_by(new_owner) {
+                        l.owner_switches_since_checkpoint += 1;
+                    }
+                    l.owner = Some(new_owner.to_owned());
+                    l.counter += 1;
+                    l.checkpoint_owner = None;
+                },
+            )
+        })
+        .await
+    }
+
+    async fn renew(&self, key: &str, owner: &str, counter: u64) -> Result<Lease, StoreError> {
+        let intent = Intent::Own {
+            owner,
+            counter: counter + 1,
+        };
+        self.call(StoreOp::Renew, |t| {
+            Self::update(
+                t,
+                key,
+                Some(intent),
+                |l| l.is_owned_by(owner) && l.counter == counter,
+                |l| l.counter += 1,
+            )
+        })
+        .await
+    }
+
+    async fn release(&self, key: &str, owner: &str) -> Result<Lease, StoreError> {
+        self.call(StoreOp::Release, |t| {
+            Self::update(
+                t,
+                key,
+                None,
+                |l| l.is_owned_by(owner),
+                |l| {
+                    l.owner = None;
+                    l.checkpoint_owner = None;
+                    l.counter += 1;
+                },
+            )
+        })
+        .await
+    }
+
+    async fn checkpoint(
+        &self,
+        key: &str,
+        owner: &str,
+        update: &CheckpointUpdate,
+    ) -> Result<Lease, StoreError> {
+        self.call(StoreOp::Checkpoint, |t| {
+            Self::update(
+                t,
+                key,
+                None,
+                |l| match &l.checkpoint_owner {
+                    Some(cp_owner) => cp_owner == owner,
+                    None => l.is_owned_by(owner),
+                },
+                |l| {
+                    l.checkpoint = update.checkpoint.clone();
+                    l.pending_checkpoint = update.pending.clone();
+                    l.pending_checkpoint_state = update.pending_state.clone();
+                    l.owner_switches_since_checkpoint = 0;
+                },
+            )
+        })
+        .await
+    }
+
+    async fn start_handoff(
+        &self,
+        key: &str,
+        from: &str,
+        counter: u64,
+        to: &str,
+    ) -> Result<Lease, StoreError> {
+        let intent = Intent::HandoffStarted {
+            from,
+            to,
+            counter: counter + 1,
+        };
+        self.call(StoreOp::StartHandoff, |t| {
+            Self::update(
+                t,
+                key,
+                Some(intent),
+                |l| l.is_owned_by(from) && l.counter == counter && l.checkpoint_owner.is_none(),
+                |l| {
+                    l.owner = Some(to.to_owned());
+                    l.checkpoint_owner = Some(from.to_owned());
+                    l.owner_switches_since_checkpoint += 1;
+                    l.counter += 1;
+                },
+            )
+        })
+        .await
+    }
+
+    async fn complete_handoff(&self, key: &str, from: &str) -> Result<Lease, StoreError> {
+        self.call(StoreOp::CompleteHandoff, |t| {
+            Self::update(
+                t,
+                key,
+                None,
+                |l| l.checkpoint_owner.as_deref() == Some(from),
+                |l| {
+                    l.checkpoint_owner = None;
+                    l.counter += 1;
+                },
+            )
+        })
+        .await
+    }
+
+    async fn delete(&self, key: &str, counter: u64) -> Result<(), StoreError> {
+        self.call(StoreOp::Delete, |t| match t.leases.get(key) {
+            Some(l) if l.counter == counter => {
+                t.leases.remove(key);
+                Ok(())
+            }
+            other => Err(StoreError::ConditionFailed {
+                key: key.to_owned(),
+                current: other.cloned().map(Box::new),
+            }),
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod conformance_tests {
+    use super::InMemoryLeaseStore;
+
+    async fn new_store() -> InMemoryLeaseStore {
+        InMemoryLeaseStore::new().with_page_size(10)
+    }
+
+    crate::lease_store_conformance!(new_store);
+}

@@ -1,0 +1,208 @@
+//! A fleet of lease coordinators sharing one in-memory table, for tests
+//! under a paused tokio clock.
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kcl_core::store::memory::InMemoryLeaseStore;
+use kcl_core::store::metered::{MeteredStore, StoreStats};
+use kcl_core::{
+    Checkpoint, Lease, LeaseConfig, LeaseCoordinator, LeaseEvent, LeaseStore, ShutdownMode,
+};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+pub const LEASE: Duration = Duration::from_secs(10);
+pub const TICK: Duration = Duration::from_secs(10);
+
+/// The latest a jittered tick can come (jitter 0.25).
+pub fn tick_max() -> Duration {
+    TICK.mul_f64(1.25)
+}
+
+pub fn config(id: &str, seed: u64) -> kcl_core::config::LeaseConfigBuilder {
+    LeaseConfig::builder(id)
+        .lease_duration(LEASE)
+        .taker_interval(TICK)
+        .seed(seed)
+}
+
+/// One simulated worker process.
+pub struct SimWorker {
+    pub id: String,
+    pub store: InMemoryLeaseStore,
+    pub stats: Arc<StoreStats>,
+    pub coordinator: Option<LeaseCoordinator>,
+    drain: Option<JoinHandle<Vec<String>>>,
+}
+
+impl SimWorker {
+    pub fn start(table: &InMemoryLeaseStore, config: LeaseConfig) -> Self {
+        let store = table.handle();
+        let metered = MeteredStore::new(store.clone());
+        let stats = Arc::clone(metered.stats());
+        let id = config.worker_id().to_owned();
+        let (coordinator, events) = LeaseCoordinator::start(Arc::new(metered), config);
+        SimWorker {
+            id,
+            store,
+            stats,
+            coordinator: Some(coordinator),
+            drain: Some(tokio::spawn(drain(events))),
+        }
+    }
+
+    pub fn coordinator(&self) -> &LeaseCoordinator {
+        self.coordinator.as_ref().expect("running")
+    }
+
+    /// Keys this worker holds and believes valid right now.
+    pub fn valid_keys(&self) -> Vec<String> {
+        let Some(c) = &self.coordinator else {
+            return vec![];
+        };
+        c.held_keys()
+            .into_iter()
+            .filter(|k| c.handle(k).is_some_and(|h| h.is_valid()))
+            .collect()
+    }
+
+    /// Stops like a SIGKILL: no release, leases left to expire.
+    pub async fn kill(&mut self) {
+        if let Some(c) = self.coordinator.take() {
+            c.shutdown(ShutdownMode::Abandon).await;
+        }
+        if let Some(d) = self.drain.take() {
+            let _ = d.await;
+        }
+    }
+
+    pub async fn stop_gracefully(&mut self) {
+        if let Some(c) = self.coordinator.take() {
+            c.shutdown(ShutdownMode::Release).await;
+        }
+        if let Some(d) = self.drain.take() {
+            let _ = d.await;
+        }
+    }
+}
+
+/// Consumes events like a worker would; returns the keys that ended.
+async fn drain(mut events: mpsc::Receiver<LeaseEvent>) -> Vec<String> {
+    let mut ended = Vec::new();
+    while let Some(e) = events.recv().await {
+        if let LeaseEvent::Ended { key, .. } = e {
+            ended.push(key);
+        }
+    }
+    ended
+}
+
+pub async fn table_with(n: usize) -> InMemoryLeaseStore {
+    let table = InMemoryLeaseStore::new().with_page_size(25);
+    for i in 0..n {
+        table
+            .create_if_absent(&Lease::new(
+                format!("shardId-{i:012}"),
+                Checkpoint::TrimHorizon,
+            ))
+            .await
+            .unwrap();
+    }
+    table
+}
+
+/// Owners per worker id, from the table.
+pub fn table_counts(table: &InMemoryLeaseStore) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for l in table.snapshot() {
+        if let Some(o) = l.owner {
+            *counts.entry(o).or_default() += 1;
+        }
+    }
+    counts
+}
+
+pub fn spread(counts: &BTreeMap<String, usize>, workers: &[&str]) -> usize {
+    let per: Vec<usize> = workers
+        .iter()
+        .map(|w| counts.get(*w).copied().unwrap_or(0))
+        .collect();
+    per.iter().max().unwrap() - per.iter().min().unwrap()
+}
+
+/// Every lease owned, and no worker more than one lease ahead of another.
+pub fn balanced(table: &InMemoryLeaseStore, workers: &[&str]) -> bool {
+    table.snapshot().iter().all(|l| l.owner.is_some()) && spread(&table_counts(table), workers) <= 1
+}
+
+/// Watches a fleet every `step` and records every moment two workers both
+/// believed the same lease valid.
+#[derive(Debug, Default)]
+pub struct OverlapLog {
+    /// Longest continuous double-validity per lease.
+    pub longest: HashMap<String, Duration>,
+    open: HashMap<String, Instant>,
+    pub samples: u64,
+}
+
+impl OverlapLog {
+    pub fn sample(&mut self, workers: &[SimWorker]) {
+        self.samples += 1;
+        let now = Instant::now();
+        let mut believers: HashMap<String, usize> = HashMap::new();
+        for w in workers {
+            for k in w.valid_keys() {
+                *believers.entry(k).or_default() += 1;
+            }
+        }
+        for (k, n) in &believers {
+            if *n > 1 {
+                self.open.entry(k.clone()).or_insert(now);
+            }
+        }
+        let closed: Vec<String> = self
+            .open
+            .keys()
+            .filter(|k| believers.get(*k).copied().unwrap_or(0) <= 1)
+            .cloned()
+            .collect();
+        for k in closed {
+            self.close(&k, now);
+        }
+        let still: Vec<(String, Instant)> =
+            self.open.iter().map(|(k, t)| (k.clone(), *t)).collect();
+        for (k, since) in still {
+            let d = now - since;
+            let e = self.longest.entry(k).or_default();
+            *e = (*e).max(d);
+        }
+    }
+
+    fn close(&mut self, k: &str, now: Instant) {
+        if let Some(since) = self.open.remove(k) {
+            let e = self.longest.entry(k.to_owned()).or_default();
+            *e = (*e).max(now - since);
+            // A sampled overlap of zero length still counts as one sample.
+            if *e == Duration::ZERO {
+                *e = Duration::from_nanos(1);
+            }
+        }
+    }
+
+    pub fn max(&self) -> Duration {
+        self.longest.values().copied().max().unwrap_or_default()
+    }
+}
+
+/// Advances paused time in `step`s for `total`, sampling overlaps.
+pub async fn run_for(workers: &[SimWorker], log: &mut OverlapLog, total: Duration, step: Duration) {
+    let end = Instant::now() + total;
+    while Instant::now() < end {
+        tokio::time::sleep(step).await;
+        log.sample(workers);
+    }
+}

@@ -1,0 +1,279 @@
+//! Deterministic fleet simulations: several lease coordinators share one
+//! in-memory table under a paused tokio clock. Times below are simulated.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use kcl_core::store::StoreOp;
+use kcl_core::store::memory::RandomFaults;
+use tokio::time::{Instant, sleep};
+
+fn ids(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("worker-{i}")).collect()
+}
+
+/// Invariant 7: every tick is exactly one paginated scan.
+fn assert_one_scan_per_tick(workers: &[SimWorker]) {
+    for w in workers {
+        let Some(c) = &w.coordinator else { continue };
+        let ticks = c.stats().ticks;
+        assert!(ticks > 0);
+        assert_eq!(w.stats.scans(), ticks, "{}: scans per tick", w.id);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn cold_start_claims_everything_in_one_tick_then_balances() {
+    const SHARDS: usize = 64;
+    let table = table_with(SHARDS).await;
+    let names = ids(4);
+    let workers: Vec<SimWorker> = names
+        .iter()
+        .enumerate()
+        .map(|(i, id)| SimWorker::start(&table, config(id, i as u64).build().unwrap()))
+        .collect();
+
+    // Every first tick runs at start; nothing waits for a second tick.
+    sleep(Duration::from_millis(50)).await;
+    let owned: usize = table_counts(&table).values().sum();
+    assert_eq!(owned, SHARDS, "all shards claimed within the first tick");
+
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let started = Instant::now();
+    let mut log = OverlapLog::default();
+    while !balanced(&table, &refs) {
+        run_for(
+            &workers,
+            &mut log,
+            Duration::from_millis(100),
+            Duration::from_millis(10),
+        )
+        .await;
+        assert!(
+            started.elapsed() < tick_max() * 12,
+            "not balanced: {:?}",
+            table_counts(&table)
+        );
+    }
+    let took = started.elapsed();
+    println!(
+        "cold start {SHARDS} shards / 4 workers: balanced after {took:?} ({:.1} ticks), counts {:?}, max steal overlap {:?}",
+        took.as_secs_f64() / TICK.as_secs_f64(),
+        table_counts(&table),
+        log.max()
+    );
+    // Stays balanced: no further ownership changes.
+    let changes = table.owner_changes().len();
+    run_for(&workers, &mut log, TICK * 5, Duration::from_millis(50)).await;
+    assert_eq!(
+        table.owner_changes().len(),
+        changes,
+        "a balanced fleet kept moving leases"
+    );
+    assert!(log.max() <= Duration::from_millis(3333) + Duration::from_millis(20));
+    assert_one_scan_per_tick(&workers);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_killed_workers_leases_are_taken_within_lease_duration_plus_one_tick() {
+    const SHARDS: usize = 32;
+    let table = table_with(SHARDS).await;
+    let names = ids(4);
+    let mut workers: Vec<SimWorker> = names
+        .iter()
+        .enumerate()
+        .map(|(i, id)| SimWorker::start(&table, config(id, 10 + i as u64).build().unwrap()))
+        .collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut log = OverlapLog::default();
+    while !balanced(&table, &refs) {
+        run_for(
+            &workers,
+            &mut log,
+            Duration::from_secs(1),
+            Duration::from_millis(50),
+        )
+        .await;
+    }
+    // Let a few renew rounds pass so the kill lands at a random phase.
+    sleep(Duration::from_millis(7_777)).await;
+
+    let victim_keys: Vec<String> = workers[3].coordinator().held_keys();
+    assert!(!victim_keys.is_empty());
+    let killed_at = Instant::now();
+    workers[3].kill().await;
+    // Balancing above stole leases (bounded overlap, checked elsewhere);
+    // from here on every change is an expiry take, which must not overlap.
+    let mut log = OverlapLog::default();
+
+    let bound = LEASE + tick_max();
+    loop {
+        let snapshot = table.snapshot();
+        let orphaned = snapshot
+            .iter()
+            .filter(|l| victim_keys.contains(&l.key) && l.owner.as_deref() == Some("worker-3"))
+            .count();
+        if orphaned == 0 {
+            break;
+        }
+        assert!(
+            killed_at.elapsed() <= bound,
+            "{orphaned} leases still orphaned after {:?}",
+            killed_at.elapsed()
+        );
+        run_for(
+            &workers,
+            &mut log,
+            Duration::from_millis(100),
+            Duration::from_millis(20),
+        )
+        .await;
+    }
+    println!(
+        "failover: {} leases of a killed worker taken {:?} after the kill (bound {bound:?})",
+        victim_keys.len(),
+        killed_at.elapsed()
+    );
+    assert_eq!(
+        log.max(),
+        Duration::ZERO,
+        "expiry takes never overlap a live holder"
+    );
+    assert_one_scan_per_tick(&workers);
+}
+
+/// Random store errors, lost responses and latency on every worker, a
+/// worker paused for 30 s, a worker killed and restarted under its id:
+/// no lease is ever believed valid by two workers. Stealing is off so that
+/// every ownership change goes through expiry or release, which must never
+/// overlap; the steal window is bounded separately above.
+#[tokio::test(start_paused = true)]
+async fn faults_never_make_two_workers_believe_in_one_lease() {
+    const SHARDS: usize = 24;
+    let table = table_with(SHARDS).await;
+    let names = ids(4);
+    let build = |i: usize| {
+        config(&names[i], 100 + i as u64)
+            .max_leases_to_steal(0)
+            .max_leases_per_worker(8)
+            .build()
+            .unwrap()
+    };
+    let faults = |seed| RandomFaults {
+        seed,
+        error_rate: 0.1,
+        lost_response_rate: 0.05,
+        max_latency: Duration::from_millis(300),
+    };
+    let mut workers: Vec<SimWorker> = (0..4).map(|i| SimWorker::start(&table, build(i))).collect();
+    for (i, w) in workers.iter().enumerate() {
+        w.store.set_random_faults(Some(faults(i as u64)));
+    }
+    let mut log = OverlapLog::default();
+    let step = Duration::from_millis(10);
+    run_for(&workers, &mut log, Duration::from_secs(60), step).await;
+
+    workers[0]
+        .store
+        .pause_until(Instant::now() + Duration::from_secs(30));
+    run_for(&workers, &mut log, Duration::from_secs(60), step).await;
+
+    workers[1].kill().await;
+    run_for(&workers, &mut log, Duration::from_secs(20), step).await;
+    workers[1] = SimWorker::start(&table, build(1));
+    workers[1].store.set_random_faults(Some(faults(11)));
+    run_for(&workers, &mut log, Duration::from_secs(120), step).await;
+
+    // Calm down and check everything is owned by someone who knows it.
+    for w in &workers {
+        w.store.set_random_faults(None);
+    }
+    run_for(&workers, &mut log, LEASE * 3, step).await;
+
+    let stats: Vec<_> = workers.iter().map(|w| w.coordinator().stats()).collect();
+    let injected: u64 = workers
+        .iter()
+        .map(|w| {
+            w.stats
+                .snapshot()
+                .ops
+                .values()
+                .map(|o| o.errors)
+                .sum::<u64>()
+        })
+        .sum();
+    println!(
+        "faults: {injected} failed store calls, {} overlap samples, max overlap {:?}",
+        log.samples,
+        log.max()
+    );
+    for s in &stats {
+        println!("  {s:?}");
+    }
+    assert_eq!(
+        log.max(),
+        Duration::ZERO,
+        "two workers believed one lease valid"
+    );
+    assert!(injected > 100, "the faults were real: {injected}");
+    assert!(
+        stats.iter().map(|s| s.fenced + s.lost).sum::<u64>() > 0,
+        "fencing was exercised"
+    );
+
+    let mut held: Vec<String> = workers.iter().flat_map(SimWorker::valid_keys).collect();
+    held.sort();
+    let before = held.len();
+    held.dedup();
+    assert_eq!(before, held.len(), "a lease held twice");
+    assert_eq!(held.len(), SHARDS, "every lease held once the faults stop");
+    for l in table.snapshot() {
+        let owner = l.owner.expect("owned");
+        let w = workers.iter().find(|w| w.id == owner).unwrap();
+        assert!(
+            w.valid_keys().contains(&l.key),
+            "{owner} owns {} in the table but does not hold it",
+            l.key
+        );
+    }
+    assert_one_scan_per_tick(&workers);
+}
+
+#[tokio::test(start_paused = true)]
+async fn scans_stay_one_per_tick_balanced_or_not() {
+    let table = table_with(40).await;
+    let names = ids(3);
+    let mut workers = vec![SimWorker::start(
+        &table,
+        config(&names[0], 7).build().unwrap(),
+    )];
+    sleep(TICK * 3).await;
+    // Unbalanced: two newcomers steal over several ticks.
+    workers.push(SimWorker::start(
+        &table,
+        config(&names[1], 8).build().unwrap(),
+    ));
+    workers.push(SimWorker::start(
+        &table,
+        config(&names[2], 9).build().unwrap(),
+    ));
+    sleep(TICK * 10).await;
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    assert!(balanced(&table, &refs), "{:?}", table_counts(&table));
+    // Balanced: many idle ticks.
+    sleep(TICK * 10).await;
+    assert_one_scan_per_tick(&workers);
+    for w in &workers {
+        let snap = w.stats.snapshot();
+        // 40 leases in pages of 25: two pages per scan.
+        assert_eq!(
+            snap.op(StoreOp::ScanPage).calls,
+            w.stats.scans() * 2,
+            "{}",
+            w.id
+        );
+    }
+}
