@@ -7,6 +7,7 @@
 //! # Layout
 //!
 //! - [`lease`]: the lease model (owner, counter, checkpoint, lineage).
+//! - [`record`]: the user records handed to processors.
 //! - [`store`]: the `LeaseStore` trait and its typed errors; the metering
 //!   decorator; with `test-util`, the in-memory store with fault injection
 //!   and the conformance suite every store must pass.
@@ -42,6 +43,7 @@ pub mod config;
 pub mod coordinator;
 pub mod expiry;
 pub mod lease;
+pub mod record;
 pub mod store;
 
 mod renewer;
@@ -50,4 +52,5 @@ mod taker;
 pub use config::{ConfigError, LeaseConfig};
 pub use coordinator::{EndReason, LeaseCoordinator, LeaseEvent, LeaseHandle, ShutdownMode};
 pub use lease::{Checkpoint, HashKeyRange, Lease};
+pub use record::Record;
 pub use store::{ErrorKind, LeaseStore, StoreError};
