@@ -1,0 +1,50 @@
+# Developer entry points. `make demo` and `make test` start the local emulators
+# (kinesis-mock + DynamoDB Local, no Docker) and leave them running; `make down`
+# stops them. With KCL_EMULATORS=external the environment is used as is (for
+# example LocalStack from docker-compose.yml with AWS_ENDPOINT_URL set).
+
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+CARGO ?= cargo
+KCL_EMULATORS ?= local
+
+# Runs a command with the emulators' environment: after localstack/up, with the
+# variables it wrote to localstack/.run/env exported; with external emulators,
+# in the caller's environment unchanged.
+ifeq ($(KCL_EMULATORS),external)
+with_emulators = $(1)
+else ifeq ($(KCL_EMULATORS),local)
+with_emulators = localstack/up >/dev/null && . localstack/.run/env && $(1)
+else
+$(error KCL_EMULATORS must be "local" (default) or "external", not "$(KCL_EMULATORS)")
+endif
+
+.PHONY: help
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-6s %s\n", $$1, $$2}'
+
+.PHONY: up
+up: ## start the local emulators (idempotent) and print their environment
+	localstack/up
+
+.PHONY: down
+down: ## stop the local emulators
+	localstack/down
+
+.PHONY: test
+test: ## start the emulators, then cargo test the whole workspace
+	$(call with_emulators,$(CARGO) test --workspace --all-targets --no-fail-fast)
+
+.PHONY: demo
+demo: ## start the emulators, then run the demo (produce and consume a stream)
+	$(call with_emulators,$(CARGO) run -p kcl-examples --bin demo)
+
+.PHONY: fmt
+fmt: ## format the workspace
+	$(CARGO) fmt --all
+
+.PHONY: lint
+lint: ## clippy on every target, warnings as errors
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
