@@ -1,0 +1,89 @@
+//! Maps SDK errors onto the lease store's error kinds.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::types::AttributeValue;
+use aws_smithy_runtime_api::http::Response;
+use kcl_core::store::{StoreError, StoreOp};
+
+/// Error codes DynamoDB uses to ask callers to slow down.
+const THROTTLING: &[&str] = &[
+    "ProvisionedThroughputExceededException",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "Throttling",
+];
+
+/// Error codes worth retrying: the request may succeed as sent.
+const TRANSIENT: &[&str] = &[
+    "InternalServerError",
+    "ServiceUnavailable",
+    "TransactionConflictException",
+    "LimitExceededException",
+];
+
+/// Classifies an SDK error. `conditional` extracts the item returned with a
+/// ConditionalCheckFailedException (ReturnValuesOnConditionCheckFailure).
+pub(crate) fn classify<E>(
+    op: StoreOp,
+    table: &str,
+    key: &str,
+    err: SdkError<E, Response>,
+    conditional: impl FnOnce(&E) -> Option<Option<HashMap<String, AttributeValue>>>,
+) -> ClassifiedError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    if let SdkError::ServiceError(service) = &err {
+        if let Some(item) = conditional(service.err()) {
+            return ClassifiedError::ConditionFailed(item);
+        }
+        let code = service.err().code().unwrap_or_default().to_owned();
+        let status = service.raw().status().as_u16();
+        if THROTTLING.contains(&code.as_str()) {
+            return ClassifiedError::Store(StoreError::Throttled {
+                op,
+                source: Box::new(err),
+            });
+        }
+        if TRANSIENT.contains(&code.as_str()) || status >= 500 {
+            return ClassifiedError::Store(StoreError::retryable(op, err));
+        }
+        let message = match code.as_str() {
+            "ResourceNotFoundException" => format!(
+                "table {table:?} does not exist (create it with the worker's table settings, \
+                 or check the region and endpoint)"
+            ),
+            "AccessDeniedException" | "UnrecognizedClientException" => format!(
+                "access to table {table:?} was denied ({code}); check the credentials and the \
+                 IAM policy"
+            ),
+            _ => format!("{op} on {key:?} in table {table:?} failed with {code} (HTTP {status})"),
+        };
+        return ClassifiedError::Store(StoreError::Fatal {
+            op,
+            message,
+            source: Some(Box::new(err)),
+        });
+    }
+    match err {
+        // No answer, or an unreadable one: the request may have applied.
+        SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
+            ClassifiedError::Store(StoreError::retryable(op, err))
+        }
+        other => ClassifiedError::Store(StoreError::Fatal {
+            op,
+            message: format!("{op} on {key:?} in table {table:?} could not be sent"),
+            source: Some(Box::new(other)),
+        }),
+    }
+}
+
+/// An SDK error sorted for the store.
+pub(crate) enum ClassifiedError {
+    /// The condition failed; the item as DynamoDB saw it, when returned.
+    ConditionFailed(Option<HashMap<String, AttributeValue>>),
+    /// Any other failure.
+    Store(StoreError),
+}

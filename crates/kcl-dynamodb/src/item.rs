@@ -1,0 +1,275 @@
+//! The lease item layout, compatible with the Java KCL 2.x/3.x.
+//!
+//! | attribute | type | model field |
+//! |---|---|---|
+//! | `leaseKey` | S | `key` (hash key) |
+//! | `leaseOwner` | S | `owner` (absent when unowned) |
+//! | `leaseCounter` | N | `counter` |
+//! | `checkpoint` | S | sequence number or sentinel |
+//! | `checkpointSubSequenceNumber` | N | sub-sequence of the checkpoint |
+//! | `pendingCheckpoint` | S | prepared checkpoint |
+//! | `pendingCheckpointSubSequenceNumber` | N | its sub-sequence |
+//! | `pendingCheckpointState` | B | application state of the prepared checkpoint |
+//! | `ownerSwitchesSinceCheckpoint` | N | |
+//! | `parentShardId` | SS | parent shards |
+//! | `childShardIds` | SS | child shards |
+//! | `startingHashKey`, `endingHashKey` | S | hash-key range |
+//! | `checkpointOwner` | S | previous owner during a graceful handoff |
+//! | `streamName`, `shardId` | S | multi-stream leases: stream identifier and shard |
+//!
+//! Multi-stream keys are `account:stream:creationEpoch:shardId`. Newer Java
+//! KCLs also keep non-lease entities in the table (marked by `entityType`);
+//! those are not leases and are skipped without complaint.
+
+use std::collections::{BTreeSet, HashMap};
+
+use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::AttributeValue;
+use kcl_core::{Checkpoint, HashKeyRange, Lease};
+
+/// Attribute names, as the Java KCL spells them.
+pub mod attr {
+    /// The hash key.
+    pub const LEASE_KEY: &str = "leaseKey";
+    /// The owner's worker id.
+    pub const LEASE_OWNER: &str = "leaseOwner";
+    /// The lease counter.
+    pub const LEASE_COUNTER: &str = "leaseCounter";
+    /// The checkpoint's sequence number or sentinel.
+    pub const CHECKPOINT: &str = "checkpoint";
+    /// The checkpoint's sub-sequence number.
+    pub const CHECKPOINT_SUB: &str = "checkpointSubSequenceNumber";
+    /// The pending checkpoint's sequence number.
+    pub const PENDING_CHECKPOINT: &str = "pendingCheckpoint";
+    /// The pending checkpoint's sub-sequence number.
+    pub const PENDING_CHECKPOINT_SUB: &str = "pendingCheckpointSubSequenceNumber";
+    /// The pending checkpoint's application state.
+    pub const PENDING_CHECKPOINT_STATE: &str = "pendingCheckpointState";
+    /// Owner changes since the last checkpoint.
+    pub const OWNER_SWITCHES: &str = "ownerSwitchesSinceCheckpoint";
+    /// Parent shard ids.
+    pub const PARENT_SHARD_IDS: &str = "parentShardId";
+    /// Child shard ids.
+    pub const CHILD_SHARD_IDS: &str = "childShardIds";
+    /// First hash key of the shard.
+    pub const STARTING_HASH_KEY: &str = "startingHashKey";
+    /// Last hash key of the shard.
+    pub const ENDING_HASH_KEY: &str = "endingHashKey";
+    /// The previous owner during a graceful handoff.
+    pub const CHECKPOINT_OWNER: &str = "checkpointOwner";
+    /// Multi-stream: the stream identifier (named `streamName` for legacy
+    /// reasons in the Java KCL).
+    pub const STREAM_NAME: &str = "streamName";
+    /// Multi-stream: the shard id.
+    pub const SHARD_ID: &str = "shardId";
+    /// Marks non-lease entities written by newer Java KCLs.
+    pub const ENTITY_TYPE: &str = "entityType";
+}
+
+/// Why an item could not be read as a lease.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed lease item {key:?}: {reason}")]
+pub struct ItemError {
+    /// The item's `leaseKey`, or `"<missing>"`.
+    pub key: String,
+    /// What is wrong, naming the attribute.
+    pub reason: String,
+}
+
+/// The result of reading one table item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadItem {
+    /// A lease.
+    Lease(Box<Lease>),
+    /// Not a lease (a Java KCL worker-metrics or leader-lock entity).
+    NotALease,
+}
+
+/// Writes every model field as its attribute; absent options are omitted.
+pub fn to_item(lease: &Lease) -> HashMap<String, AttributeValue> {
+    let mut item = HashMap::new();
+    let s = |v: &str| AttributeValue::S(v.to_owned());
+    let n = |v: u64| AttributeValue::N(v.to_string());
+    item.insert(attr::LEASE_KEY.into(), s(&lease.key));
+    item.insert(attr::LEASE_COUNTER.into(), n(lease.counter));
+    if let Some(owner) = &lease.owner {
+        item.insert(attr::LEASE_OWNER.into(), s(owner));
+    }
+    item.insert(
+        attr::OWNER_SWITCHES.into(),
+        n(lease.owner_switches_since_checkpoint),
+    );
+    item.insert(attr::CHECKPOINT.into(), s(lease.checkpoint.as_str()));
+    item.insert(
+        attr::CHECKPOINT_SUB.into(),
+        n(lease.checkpoint.sub_sequence()),
+    );
+    if let Some(p) = &lease.pending_checkpoint {
+        item.insert(attr::PENDING_CHECKPOINT.into(), s(p.as_str()));
+        item.insert(attr::PENDING_CHECKPOINT_SUB.into(), n(p.sub_sequence()));
+    }
+    if let Some(state) = &lease.pending_checkpoint_state {
+        item.insert(
+            attr::PENDING_CHECKPOINT_STATE.into(),
+            AttributeValue::B(Blob::new(state.clone())),
+        );
+    }
+    // DynamoDB rejects empty sets: an empty set is an absent attribute.
+    if !lease.parent_shard_ids.is_empty() {
+        item.insert(
+            attr::PARENT_SHARD_IDS.into(),
+            string_set(&lease.parent_shard_ids),
+        );
+    }
+    if !lease.child_shard_ids.is_empty() {
+        item.insert(
+            attr::CHILD_SHARD_IDS.into(),
+            string_set(&lease.child_shard_ids),
+        );
+    }
+    if let Some(range) = &lease.hash_key_range {
+        item.insert(attr::STARTING_HASH_KEY.into(), s(&range.starting));
+        item.insert(attr::ENDING_HASH_KEY.into(), s(&range.ending));
+    }
+    if let Some(cp_owner) = &lease.checkpoint_owner {
+        item.insert(attr::CHECKPOINT_OWNER.into(), s(cp_owner));
+    }
+    if let Some(stream) = &lease.stream {
+        item.insert(attr::STREAM_NAME.into(), s(stream));
+        item.insert(attr::SHARD_ID.into(), s(&lease.shard_id));
+    }
+    item
+}
+
+/// A string set attribute.
+pub fn string_set(values: &BTreeSet<String>) -> AttributeValue {
+    AttributeValue::Ss(values.iter().cloned().collect())
+}
+
+/// Reads an item. Every attribute but `leaseKey` and `leaseCounter` may be
+/// missing (the Java KCL omits empty ones); present attributes must have
+/// the right type.
+pub fn from_item(item: &HashMap<String, AttributeValue>) -> Result<ReadItem, ItemError> {
+    let key = match item.get(attr::LEASE_KEY) {
+        Some(AttributeValue::S(k)) => k.clone(),
+        _ => {
+            return Err(ItemError {
+                key: "<missing>".into(),
+                reason: format!("`{}` is missing or not a string", attr::LEASE_KEY),
+            });
+        }
+    };
+    if item.contains_key(attr::ENTITY_TYPE) {
+        return Ok(ReadItem::NotALease);
+    }
+    let r = Reader { item, key: &key };
+    let counter = r
+        .number(attr::LEASE_COUNTER)?
+        .ok_or_else(|| r.err(format!("`{}` is missing", attr::LEASE_COUNTER)))?;
+    let checkpoint = match r.string(attr::CHECKPOINT)? {
+        Some(cp) => {
+            let sub = r.number(attr::CHECKPOINT_SUB)?.unwrap_or(0);
+            Checkpoint::parse(cp, sub).map_err(|e| r.err(format!("`{}`: {e}", attr::CHECKPOINT)))?
+        }
+        None => return Err(r.err(format!("`{}` is missing", attr::CHECKPOINT))),
+    };
+    let pending_checkpoint = match r.string(attr::PENDING_CHECKPOINT)? {
+        Some(p) if !p.is_empty() => {
+            let sub = r.number(attr::PENDING_CHECKPOINT_SUB)?.unwrap_or(0);
+            Some(
+                Checkpoint::parse(p, sub)
+                    .map_err(|e| r.err(format!("`{}`: {e}", attr::PENDING_CHECKPOINT)))?,
+            )
+        }
+        _ => None,
+    };
+    let pending_checkpoint_state = match item.get(attr::PENDING_CHECKPOINT_STATE) {
+        None | Some(AttributeValue::Null(_)) => None,
+        Some(AttributeValue::B(b)) => Some(b.as_ref().to_vec()),
+        Some(_) => {
+            return Err(r.err(format!(
+                "`{}` is not binary",
+                attr::PENDING_CHECKPOINT_STATE
+            )));
+        }
+    };
+    let hash_key_range = match (
+        r.string(attr::STARTING_HASH_KEY)?,
+        r.string(attr::ENDING_HASH_KEY)?,
+    ) {
+        (Some(a), Some(b)) if !a.is_empty() && !b.is_empty() => Some(HashKeyRange {
+            starting: a.to_owned(),
+            ending: b.to_owned(),
+        }),
+        _ => None,
+    };
+    let stream = r.string(attr::STREAM_NAME)?.map(str::to_owned);
+    let shard_id = match (&stream, r.string(attr::SHARD_ID)?) {
+        (Some(_), Some(shard)) => shard.to_owned(),
+        (Some(_), None) => {
+            return Err(r.err(format!("multi-stream lease without `{}`", attr::SHARD_ID)));
+        }
+        (None, _) => key.clone(),
+    };
+    Ok(ReadItem::Lease(Box::new(Lease {
+        owner: r.string(attr::LEASE_OWNER)?.map(str::to_owned),
+        counter,
+        checkpoint,
+        pending_checkpoint,
+        pending_checkpoint_state,
+        owner_switches_since_checkpoint: r.number(attr::OWNER_SWITCHES)?.unwrap_or(0),
+        parent_shard_ids: r.string_set(attr::PARENT_SHARD_IDS)?,
+        child_shard_ids: r.string_set(attr::CHILD_SHARD_IDS)?,
+        hash_key_range,
+        checkpoint_owner: r.string(attr::CHECKPOINT_OWNER)?.map(str::to_owned),
+        stream,
+        shard_id,
+        key,
+    })))
+}
+
+struct Reader<'a> {
+    item: &'a HashMap<String, AttributeValue>,
+    key: &'a str,
+}
+
+impl<'a> Reader<'a> {
+    fn err(&self, reason: String) -> ItemError {
+        ItemError {
+            key: self.key.to_owned(),
+            reason,
+        }
+    }
+
+    fn string(&self, name: &str) -> Result<Option<&'a str>, ItemError> {
+        match self.item.get(name) {
+            None | Some(AttributeValue::Null(_)) => Ok(None),
+            Some(AttributeValue::S(s)) => Ok(Some(s)),
+            Some(_) => Err(self.err(format!("`{name}` is not a string"))),
+        }
+    }
+
+    fn number(&self, name: &str) -> Result<Option<u64>, ItemError> {
+        match self.item.get(name) {
+            None | Some(AttributeValue::Null(_)) => Ok(None),
+            Some(AttributeValue::N(n)) => n
+                .parse()
+                .map(Some)
+                .map_err(|_| self.err(format!("`{name}` is {n:?}, not a non-negative integer"))),
+            Some(_) => Err(self.err(format!("`{name}` is not a number"))),
+        }
+    }
+
+    fn string_set(&self, name: &str) -> Result<BTreeSet<String>, ItemError> {
+        match self.item.get(name) {
+            None | Some(AttributeValue::Null(_)) => Ok(BTreeSet::new()),
+            Some(AttributeValue::Ss(v)) => Ok(v.iter().cloned().collect()),
+            // Some KCL ports wrote a single parent as a plain string.
+            Some(AttributeValue::S(s)) => Ok([s.clone()].into()),
+            Some(_) => Err(self.err(format!("`{name}` is not a string set"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,268 @@
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::AttributeValue;
+use base64::Engine;
+use proptest::prelude::*;
+
+use super::*;
+
+/// Reads DynamoDB JSON (the `aws dynamodb scan` format) into items.
+fn fixture(json: &str) -> Vec<HashMap<String, AttributeValue>> {
+    let items: Vec<HashMap<String, serde_json::Value>> = serde_json::from_str(json).unwrap();
+    items
+        .into_iter()
+        .map(|item| item.into_iter().map(|(k, v)| (k, attribute(&v))).collect())
+        .collect()
+}
+
+fn attribute(v: &serde_json::Value) -> AttributeValue {
+    let (ty, val) = v.as_object().unwrap().iter().next().unwrap();
+    match ty.as_str() {
+        "S" => AttributeValue::S(val.as_str().unwrap().into()),
+        "N" => AttributeValue::N(val.as_str().unwrap().into()),
+        "SS" => AttributeValue::Ss(
+            val.as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s.as_str().unwrap().into())
+                .collect(),
+        ),
+        "B" => AttributeValue::B(Blob::new(
+            base64::engine::general_purpose::STANDARD
+                .decode(val.as_str().unwrap())
+                .unwrap(),
+        )),
+        other => panic!("fixture type {other}"),
+    }
+}
+
+fn lease(item: &HashMap<String, AttributeValue>) -> Lease {
+    match from_item(item).unwrap() {
+        ReadItem::Lease(l) => *l,
+        ReadItem::NotALease => panic!("not a lease"),
+    }
+}
+
+#[test]
+fn reads_java_kcl_single_stream_items() {
+    let items = fixture(include_str!(
+        "../../tests/fixtures/java_kcl_single_stream.json"
+    ));
+
+    let parent = lease(&items[0]);
+    assert_eq!(parent.key, "shardId-000000000000");
+    assert_eq!(parent.shard_id, "shardId-000000000000");
+    assert_eq!(parent.stream, None);
+    assert_eq!(
+        parent.owner.as_deref(),
+        Some("ip-10-0-1-17.ec2.internal:6f0b1a1e-3c1f-4e32-9d57-2a1f4d2f9b10")
+    );
+    assert_eq!(parent.counter, 1523);
+    assert_eq!(parent.checkpoint, Checkpoint::ShardEnd);
+    assert_eq!(
+        parent.child_shard_ids,
+        [
+            "shardId-000000000002".to_owned(),
+            "shardId-000000000003".to_owned()
+        ]
+        .into()
+    );
+    assert_eq!(
+        parent.hash_key_range,
+        Some(HashKeyRange {
+            starting: "0".into(),
+            ending: "340282366920938463463374607431768211455".into()
+        })
+    );
+
+    let child = lease(&items[1]);
+    assert_eq!(child.counter, 88);
+    assert_eq!(
+        child.checkpoint,
+        Checkpoint::at(
+            "49651538401220946287154431546713870925640718925419724802",
+            7
+        )
+    );
+    assert_eq!(child.owner_switches_since_checkpoint, 2);
+    assert_eq!(
+        child.parent_shard_ids,
+        ["shardId-000000000000".to_owned()].into()
+    );
+
+    let unowned = lease(&items[2]);
+    assert_eq!(unowned.owner, None);
+    assert_eq!(unowned.checkpoint, Checkpoint::TrimHorizon);
+
+    let handoff = lease(&items[3]);
+    assert_eq!(handoff.owner.as_deref(), Some("worker-b"));
+    assert_eq!(handoff.checkpoint_owner.as_deref(), Some("worker-a"));
+    assert_eq!(
+        handoff.pending_checkpoint,
+        Some(Checkpoint::at(
+            "49651538401220946287154431546713870925640718925419725000",
+            3
+        ))
+    );
+    assert_eq!(handoff.pending_checkpoint_state, Some(vec![0, 1, 2, 255]));
+
+    assert_eq!(from_item(&items[4]), Ok(ReadItem::NotALease));
+}
+
+#[test]
+fn reads_java_kcl_multi_stream_items() {
+    let items = fixture(include_str!(
+        "../../tests/fixtures/java_kcl_multi_stream.json"
+    ));
+    let a = lease(&items[0]);
+    assert_eq!(a.key, "123456789012:orders:1700000000:shardId-000000000001");
+    assert_eq!(a.stream.as_deref(), Some("123456789012:orders:1700000000"));
+    assert_eq!(a.shard_id, "shardId-000000000001");
+    assert_eq!(
+        (a.owner.as_deref(), a.counter, &a.checkpoint),
+        (Some("worker-a"), 42, &Checkpoint::Latest)
+    );
+    let b = lease(&items[1]);
+    assert_eq!(b.checkpoint, Checkpoint::AtTimestamp);
+    assert_eq!(b.owner, None);
+}
+
+#[test]
+fn java_items_survive_a_round_trip_through_our_layout() {
+    for json in [
+        include_str!("../../tests/fixtures/java_kcl_single_stream.json"),
+        include_str!("../../tests/fixtures/java_kcl_multi_stream.json"),
+    ] {
+        for item in fixture(json) {
+            let ReadItem::Lease(l) = from_item(&item).unwrap() else {
+                continue;
+            };
+            let written = to_item(&l);
+            // Everything we write is what the Java KCL wrote (unknown
+            // attributes such as throughputKBps are kept by updates, not here).
+            for (name, value) in &written {
+                assert_eq!(item.get(name), Some(value), "{}: attribute {name}", l.key);
+            }
+            assert_eq!(lease(&written), *l);
+        }
+    }
+}
+
+type Breaker = Box<dyn Fn(&mut HashMap<String, AttributeValue>)>;
+
+#[test]
+fn malformed_items_are_errors_that_name_key_and_attribute() {
+    let base = || {
+        fixture(include_str!(
+            "../../tests/fixtures/java_kcl_single_stream.json"
+        ))
+        .remove(1)
+    };
+    let cases: Vec<(&str, Breaker)> = vec![
+        (
+            "leaseCounter",
+            Box::new(|i| {
+                i.remove("leaseCounter");
+            }),
+        ),
+        (
+            "leaseCounter",
+            Box::new(|i| {
+                i.insert("leaseCounter".into(), AttributeValue::S("7".into()));
+            }),
+        ),
+        (
+            "leaseCounter",
+            Box::new(|i| {
+                i.insert("leaseCounter".into(), AttributeValue::N("-1".into()));
+            }),
+        ),
+        (
+            "checkpoint",
+            Box::new(|i| {
+                i.insert("checkpoint".into(), AttributeValue::S("SHARD_BEGIN".into()));
+            }),
+        ),
+        (
+            "checkpoint",
+            Box::new(|i| {
+                i.remove("checkpoint");
+            }),
+        ),
+        (
+            "leaseOwner",
+            Box::new(|i| {
+                i.insert("leaseOwner".into(), AttributeValue::N("1".into()));
+            }),
+        ),
+        (
+            "parentShardId",
+            Box::new(|i| {
+                i.insert("parentShardId".into(), AttributeValue::N("1".into()));
+            }),
+        ),
+        (
+            "pendingCheckpointState",
+            Box::new(|i| {
+                i.insert(
+                    "pendingCheckpointState".into(),
+                    AttributeValue::S("x".into()),
+                );
+            }),
+        ),
+    ];
+    for (attribute, break_it) in cases {
+        let mut item = base();
+        break_it(&mut item);
+        let err = from_item(&item).unwrap_err();
+        assert_eq!(err.key, "shardId-000000000002");
+        assert!(err.reason.contains(attribute), "{attribute}: {err}");
+    }
+    let mut keyless = base();
+    keyless.remove("leaseKey");
+    assert_eq!(from_item(&keyless).unwrap_err().key, "<missing>");
+}
+
+fn arb_checkpoint() -> impl Strategy<Value = Checkpoint> {
+    prop_oneof![
+        Just(Checkpoint::TrimHorizon),
+        Just(Checkpoint::Latest),
+        Just(Checkpoint::AtTimestamp),
+        Just(Checkpoint::ShardEnd),
+        ("[1-9][0-9]{0,55}", any::<u64>()).prop_map(|(s, sub)| Checkpoint::at(s, sub)),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn any_lease_reads_back_identically(
+        shard in "shardId-[0-9]{12}",
+        stream in proptest::option::of("[0-9]{12}:[a-z-]{1,20}:[0-9]{10}"),
+        owner in proptest::option::of("[a-z0-9:.-]{1,40}"),
+        counter in any::<u64>(),
+        checkpoint in arb_checkpoint(),
+        pending in proptest::option::of(arb_checkpoint()),
+        state in proptest::option::of(proptest::collection::vec(any::<u8>(), 0..16)),
+        switches in any::<u64>(),
+        parents in proptest::collection::btree_set("shardId-[0-9]{12}", 0..3),
+        children in proptest::collection::btree_set("shardId-[0-9]{12}", 0..3),
+        range in proptest::option::of(("[0-9]{1,39}", "[0-9]{1,39}")),
+        cp_owner in proptest::option::of("[a-z0-9-]{1,20}"),
+    ) {
+        let mut l = match stream {
+            Some(s) => Lease::new_multi_stream(s, shard, checkpoint),
+            None => Lease::new(shard, checkpoint),
+        };
+        l.owner = owner;
+        l.counter = counter;
+        l.pending_checkpoint = pending;
+        l.pending_checkpoint_state = state;
+        l.owner_switches_since_checkpoint = switches;
+        l.parent_shard_ids = parents;
+        l.child_shard_ids = children;
+        l.hash_key_range = range.map(|(starting, ending)| HashKeyRange { starting, ending });
+        l.checkpoint_owner = cp_owner;
+        prop_assert_eq!(lease(&to_item(&l)), l);
+    }
+}

@@ -1,0 +1,22 @@
+//! kcl's lease store on DynamoDB.
+//!
+//! # Layout
+//!
+//! - [`item`]: the lease item layout, compatible with the Java KCL 2.x/3.x
+//!   (single- and multi-stream), and its mapping to [`kcl_core::Lease`].
+//! - [`store`]: [`DynamoDbLeaseStore`], every write conditional, every read
+//!   a strongly consistent paginated scan or get.
+//! - [`table`]: creating the table if missing and checking an existing one.
+//!
+//! The store passes the same conformance suite as the in-memory store
+//! (`kcl_core::store::conformance`), run against DynamoDB Local by the
+//! workspace's end-to-end tests.
+#![warn(missing_docs)]
+
+mod error;
+pub mod item;
+pub mod store;
+pub mod table;
+
+pub use store::DynamoDbLeaseStore;
+pub use table::{Capacity, ensure_table};

@@ -1,0 +1,531 @@
+//! [`DynamoDbLeaseStore`]: the lease table on DynamoDB.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::{
+    AttributeValue, ConsumedCapacity, ReturnConsumedCapacity, ReturnValue,
+    ReturnValuesOnConditionCheckFailure,
+};
+use futures::stream::{self, BoxStream, StreamExt};
+use kcl_core::Lease;
+use kcl_core::store::metered::StoreStats;
+use kcl_core::store::{CheckpointUpdate, Intent, LeaseStore, Page, StoreError, StoreOp};
+use tracing::warn;
+
+use crate::error::{ClassifiedError, classify};
+use crate::item::{ReadItem, attr, from_item, to_item};
+
+/// A [`LeaseStore`] on a DynamoDB table with the Java KCL's item layout.
+///
+/// Every write is a conditional `UpdateItem`/`PutItem`/`DeleteItem` that
+/// names only the attributes it changes, so attributes this store does not
+/// know (written by another KCL) survive. A failed condition returns the
+/// item as DynamoDB saw it (`ReturnValuesOnConditionCheckFailure=ALL_OLD`):
+/// if it shows our own write, the write was applied by an earlier attempt
+/// whose response was lost, and the call succeeds without an extra read.
+/// Scans are strongly consistent and follow `LastEvaluatedKey` to the end.
+#[derive(Debug, Clone)]
+pub struct DynamoDbLeaseStore {
+    client: Client,
+    table: String,
+    page_size: Option<i32>,
+    stats: Option<Arc<StoreStats>>,
+}
+
+impl DynamoDbLeaseStore {
+    /// A store on `table` (see [`crate::table::ensure_table`] to create it).
+    pub fn new(client: Client, table: impl Into<String>) -> Self {
+        DynamoDbLeaseStore {
+            client,
+            table: table.into(),
+            page_size: None,
+            stats: None,
+        }
+    }
+
+    /// Caps the items per scan page (DynamoDB's own 1 MB page limit applies
+    /// either way). Values below 1 are raised to 1.
+    pub fn with_page_size(mut self, items: i32) -> Self {
+        self.page_size = Some(items.max(1));
+        self
+    }
+
+    /// Reports consumed capacity into `stats` (share it with a
+    /// [`kcl_core::store::metered::MeteredStore`] to see cost per operation).
+    pub fn with_stats(mut self, stats: Arc<StoreStats>) -> Self {
+        self.stats = Some(stats);
+        self
+    }
+
+    /// The table name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// The DynamoDB client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    fn record_capacity(&self, op: StoreOp, capacity: Option<&ConsumedCapacity>) {
+        if let (Some(stats), Some(units)) = (
+            &self.stats,
+            capacity.and_then(ConsumedCapacity::capacity_units),
+        ) {
+            stats.add_capacity(op, units);
+        }
+    }
+
+    fn key(key: &str) -> HashMap<String, AttributeValue> {
+        HashMap::from([(
+            attr::LEASE_KEY.to_owned(),
+            AttributeValue::S(key.to_owned()),
+        )])
+    }
+
+    fn parse(&self, item: &HashMap<String, AttributeValue>) -> Result<Lease, StoreError> {
+        match from_item(item) {
+            Ok(ReadItem::Lease(l)) => Ok(*l),
+            Ok(ReadItem::NotALease) => Err(StoreError::Fatal {
+                op: StoreOp::Get,
+                message: format!("item in table {:?} is not a lease", self.table),
+                source: None,
+            }),
+            Err(e) => Err(StoreError::Fatal {
+                op: StoreOp::Get,
+                message: e.to_string(),
+                source: Some(Box::new(e)),
+            }),
+        }
+    }
+
+    /// Runs one conditional update and turns its outcome into the store's
+    /// terms, reconciling a failed condition against `intent`.
+    async fn update(
+        &self,
+        op: StoreOp,
+        key: &str,
+        update: Update,
+        intent: Option<Intent<'_>>,
+    ) -> Result<Lease, StoreError> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::key(key)))
+            .update_expression(update.expression)
+            .condition_expression(update.condition)
+            .set_expression_attribute_names(Some(update.names))
+            .set_expression_attribute_values(Some(update.values).filter(|v| !v.is_empty()))
+            .return_values(ReturnValue::AllNew)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .send()
+            .await;
+        match result {
+            Ok(out) => {
+                self.record_capacity(op, out.consumed_capacity());
+                let item = out.attributes().ok_or_else(|| StoreError::Fatal {
+                    op,
+                    message: format!("{op} on {key:?} returned no attributes"),
+                    source: None,
+                })?;
+                self.parse(item)
+            }
+            Err(e) => {
+                let classified = classify(op, &self.table, key, e, |e: &UpdateItemError| match e {
+                    UpdateItemError::ConditionalCheckFailedException(c) => Some(c.item().cloned()),
+                    _ => None,
+                });
+                self.condition_failed(key, classified, intent)
+            }
+        }
+    }
+
+    fn condition_failed(
+        &self,
+        key: &str,
+        classified: ClassifiedError,
+        intent: Option<Intent<'_>>,
+    ) -> Result<Lease, StoreError> {
+        match classified {
+            ClassifiedError::Store(e) => Err(e),
+            ClassifiedError::ConditionFailed(item) => {
+                let current = item.as_ref().map(|i| self.parse(i)).transpose()?;
+                if let (Some(intent), Some(current)) = (intent, &current)
+                    && intent.applied_in(current)
+                {
+                    return Ok(current.clone());
+                }
+                Err(StoreError::ConditionFailed {
+                    key: key.to_owned(),
+                    current: current.map(Box::new),
+                })
+            }
+        }
+    }
+}
+
+/// One UpdateItem's expressions, built with placeholders so attribute names
+/// never clash with DynamoDB's reserved words.
+#[derive(Debug, Default)]
+struct Update {
+    expression: String,
+    condition: String,
+    names: HashMap<String, String>,
+    values: HashMap<String, AttributeValue>,
+}
+
+impl Update {
+    fn new(expression: &str, condition: &str) -> Self {
+        let mut u = Update {
+            expression: expression.to_owned(),
+            condition: condition.to_owned(),
+            ..Update::default()
+        };
+        // Every expression below names attributes as #attributeName.
+        for a in [
+            attr::LEASE_KEY,
+            attr::LEASE_OWNER,
+            attr::LEASE_COUNTER,
+            attr::CHECKPOINT,
+            attr::CHECKPOINT_SUB,
+            attr::PENDING_CHECKPOINT,
+            attr::PENDING_CHECKPOINT_SUB,
+            attr::PENDING_CHECKPOINT_STATE,
+            attr::OWNER_SWITCHES,
+            attr::CHECKPOINT_OWNER,
+        ] {
+            let placeholder = format!("#{a}");
+            if uses(&u.expression, &placeholder) || uses(&u.condition, &placeholder) {
+                u.names.insert(placeholder, a.to_owned());
+            }
+        }
+        u
+    }
+
+    fn s(mut self, name: &str, v: &str) -> Self {
+        self.values
+            .insert(name.to_owned(), AttributeValue::S(v.to_owned()));
+        self
+    }
+
+    fn n(mut self, name: &str, v: u64) -> Self {
+        self.values
+            .insert(name.to_owned(), AttributeValue::N(v.to_string()));
+        self
+    }
+}
+
+/// True if `expr` uses `placeholder` as a whole token (`#checkpoint` is not
+/// used by `#checkpointOwner`): DynamoDB rejects unused names.
+fn uses(expr: &str, placeholder: &str) -> bool {
+    expr.match_indices(placeholder).any(|(i, m)| {
+        !expr[i + m.len()..]
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+    })
+}
+
+fn owner_condition(owner: Option<&str>) -> &'static str {
+    match owner {
+        Some(_) => "#leaseOwner = :old",
+        None => "attribute_not_exists(#leaseOwner)",
+    }
+}
+
+#[async_trait]
+impl LeaseStore for DynamoDbLeaseStore {
+    async fn create_if_absent(&self, lease: &Lease) -> Result<Lease, StoreError> {
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(to_item(lease)))
+            .condition_expression("attribute_not_exists(#k)")
+            .expression_attribute_names("#k", attr::LEASE_KEY)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .send()
+            .await;
+        match result {
+            Ok(out) => {
+                self.record_capacity(StoreOp::Create, out.consumed_capacity());
+                Ok(lease.clone())
+            }
+            Err(e) => {
+                use aws_sdk_dynamodb::operation::put_item::PutItemError;
+                let c = classify(
+                    StoreOp::Create,
+                    &self.table,
+                    &lease.key,
+                    e,
+                    |e: &PutItemError| match e {
+                        PutItemError::ConditionalCheckFailedException(c) => Some(c.item().cloned()),
+                        _ => None,
+                    },
+                );
+                self.condition_failed(&lease.key, c, None)
+            }
+        }
+    }
+
+    fn scan(&self) -> BoxStream<'_, Result<Page, StoreError>> {
+        // `None` = done; `Some(None)` = first page; `Some(Some(k))` = resume.
+        stream::unfold(
+            Some(None),
+            move |state: Option<Option<HashMap<String, AttributeValue>>>| async move {
+                let start = state?;
+                let result = self
+                    .client
+                    .scan()
+                    .table_name(&self.table)
+                    .consistent_read(true)
+                    .set_limit(self.page_size)
+                    .set_exclusive_start_key(start)
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                    .send()
+                    .await;
+                match result {
+                    Ok(out) => {
+                        self.record_capacity(StoreOp::ScanPage, out.consumed_capacity());
+                        let page = out
+                            .items()
+                            .iter()
+                            .filter_map(|item| read_scanned(&self.table, item))
+                            .collect();
+                        let next = out.last_evaluated_key().filter(|k| !k.is_empty()).cloned();
+                        Some((Ok(page), next.map(Some)))
+                    }
+                    Err(e) => {
+                        let c = classify(StoreOp::ScanPage, &self.table, "", e, |_| None);
+                        let err = match c {
+                            ClassifiedError::Store(e) => e,
+                            ClassifiedError::ConditionFailed(_) => StoreError::Fatal {
+                                op: StoreOp::ScanPage,
+                                message: "scan reported a failed condition".into(),
+                                source: None,
+                            },
+                        };
+                        // A failed page ends the scan; the caller retries it whole.
+                        Some((Err(err), None))
+                    }
+                }
+            },
+        )
+        .boxed()
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Lease>, StoreError> {
+        let result = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::key(key)))
+            .consistent_read(true)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .send()
+            .await;
+        match result {
+            Ok(out) => {
+                self.record_capacity(StoreOp::Get, out.consumed_capacity());
+                out.item().map(|i| self.parse(i)).transpose()
+            }
+            Err(e) => match classify(StoreOp::Get, &self.table, key, e, |_| None) {
+                ClassifiedError::Store(e) => Err(e),
+                ClassifiedError::ConditionFailed(_) => Ok(None),
+            },
+        }
+    }
+
+    async fn take(&self, seen: &Lease, new_owner: &str) -> Result<Lease, StoreError> {
+        let switch = if seen.is_owned_by(new_owner) { 0 } else { 1 };
+        let mut update = Update::new(
+            "SET #leaseOwner = :new, #leaseCounter = :next, \
+             #ownerSwitchesSinceCheckpoint = if_not_exists(#ownerSwitchesSinceCheckpoint, :zero) + :switch \
+             REMOVE #checkpointOwner",
+            &format!("#leaseCounter = :counter AND {}", owner_condition(seen.owner.as_deref())),
+        )
+        .s(":new", new_owner)
+        .n(":next", seen.counter + 1)
+        .n(":counter", seen.counter)
+        .n(":zero", 0)
+        .n(":switch", switch);
+        if let Some(old) = &seen.owner {
+            update = update.s(":old", old);
+        }
+        let intent = Intent::Own {
+            owner: new_owner,
+            counter: seen.counter + 1,
+        };
+        self.update(StoreOp::Take, &seen.key, update, Some(intent))
+            .await
+    }
+
+    async fn renew(&self, key: &str, owner: &str, counter: u64) -> Result<Lease, StoreError> {
+        let update = Update::new(
+            "SET #leaseCounter = :next",
+            "#leaseOwner = :owner AND #leaseCounter = :counter",
+        )
+        .s(":owner", owner)
+        .n(":counter", counter)
+        .n(":next", counter + 1);
+        let intent = Intent::Own {
+            owner,
+            counter: counter + 1,
+        };
+        self.update(StoreOp::Renew, key, update, Some(intent)).await
+    }
+
+    async fn release(&self, key: &str, owner: &str) -> Result<Lease, StoreError> {
+        let update = Update::new(
+            "REMOVE #leaseOwner, #checkpointOwner SET #leaseCounter = #leaseCounter + :one",
+            "#leaseOwner = :owner",
+        )
+        .s(":owner", owner)
+        .n(":one", 1);
+        self.update(StoreOp::Release, key, update, None).await
+    }
+
+    async fn checkpoint(
+        &self,
+        key: &str,
+        owner: &str,
+        update: &CheckpointUpdate,
+    ) -> Result<Lease, StoreError> {
+        let mut set = vec![
+            "#checkpoint = :cp",
+            "#checkpointSubSequenceNumber = :sub",
+            "#ownerSwitchesSinceCheckpoint = :zero",
+        ];
+        let mut remove = Vec::new();
+        let mut u = Update::default();
+        if let Some(p) = &update.pending {
+            set.push("#pendingCheckpoint = :pcp");
+            set.push("#pendingCheckpointSubSequenceNumber = :psub");
+            u = u.s(":pcp", p.as_str()).n(":psub", p.sub_sequence());
+        } else {
+            remove.push("#pendingCheckpoint");
+            remove.push("#pendingCheckpointSubSequenceNumber");
+        }
+        if let Some(state) = &update.pending_state {
+            set.push("#pendingCheckpointState = :pstate");
+            u.values.insert(
+                ":pstate".into(),
+                AttributeValue::B(Blob::new(state.clone())),
+            );
+        } else {
+            remove.push("#pendingCheckpointState");
+        }
+        let mut expression = format!("SET {}", set.join(", "));
+        if !remove.is_empty() {
+            expression.push_str(&format!(" REMOVE {}", remove.join(", ")));
+        }
+        let mut full = Update::new(
+            &expression,
+            "#checkpointOwner = :owner OR (attribute_not_exists(#checkpointOwner) AND #leaseOwner = :owner)",
+        )
+        .s(":owner", owner)
+        .s(":cp", update.checkpoint.as_str())
+        .n(":sub", update.checkpoint.sub_sequence())
+        .n(":zero", 0);
+        full.values.extend(u.values);
+        self.update(StoreOp::Checkpoint, key, full, None).await
+    }
+
+    async fn start_handoff(
+        &self,
+        key: &str,
+        from: &str,
+        counter: u64,
+        to: &str,
+    ) -> Result<Lease, StoreError> {
+        let update = Update::new(
+            "SET #leaseOwner = :to, #checkpointOwner = :from, #leaseCounter = :next, \
+             #ownerSwitchesSinceCheckpoint = if_not_exists(#ownerSwitchesSinceCheckpoint, :zero) + :one",
+            "#leaseOwner = :from AND #leaseCounter = :counter AND attribute_not_exists(#checkpointOwner)",
+        )
+        .s(":to", to)
+        .s(":from", from)
+        .n(":counter", counter)
+        .n(":next", counter + 1)
+        .n(":zero", 0)
+        .n(":one", 1);
+        let intent = Intent::HandoffStarted {
+            from,
+            to,
+            counter: counter + 1,
+        };
+        self.update(StoreOp::StartHandoff, key, update, Some(intent))
+            .await
+    }
+
+    async fn complete_handoff(&self, key: &str, from: &str) -> Result<Lease, StoreError> {
+        let update = Update::new(
+            "REMOVE #checkpointOwner SET #leaseCounter = #leaseCounter + :one",
+            "#checkpointOwner = :from",
+        )
+        .s(":from", from)
+        .n(":one", 1);
+        self.update(StoreOp::CompleteHandoff, key, update, None)
+            .await
+    }
+
+    async fn delete(&self, key: &str, counter: u64) -> Result<(), StoreError> {
+        let result = self
+            .client
+            .delete_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::key(key)))
+            .condition_expression("#leaseCounter = :counter")
+            .expression_attribute_names("#leaseCounter", attr::LEASE_COUNTER)
+            .expression_attribute_values(":counter", AttributeValue::N(counter.to_string()))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .send()
+            .await;
+        match result {
+            Ok(out) => {
+                self.record_capacity(StoreOp::Delete, out.consumed_capacity());
+                Ok(())
+            }
+            Err(e) => {
+                use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
+                let c = classify(
+                    StoreOp::Delete,
+                    &self.table,
+                    key,
+                    e,
+                    |e: &DeleteItemError| match e {
+                        DeleteItemError::ConditionalCheckFailedException(c) => {
+                            Some(c.item().cloned())
+                        }
+                        _ => None,
+                    },
+                );
+                self.condition_failed(key, c, None).map(|_| ())
+            }
+        }
+    }
+}
+
+/// Reads one scanned item; malformed items are skipped with a warning and
+/// a metric naming the key, so one bad item never stops a scan.
+fn read_scanned(table: &str, item: &HashMap<String, AttributeValue>) -> Option<Lease> {
+    match from_item(item) {
+        Ok(ReadItem::Lease(l)) => Some(*l),
+        Ok(ReadItem::NotALease) => None,
+        Err(e) => {
+            warn!(table, lease = %e.key, reason = %e.reason, "skipping a malformed lease item");
+            metrics::counter!("kcl_lease_items_malformed_total", "lease" => e.key.clone())
+                .increment(1);
+            None
+        }
+    }
+}

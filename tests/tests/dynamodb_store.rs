@@ -1,0 +1,280 @@
+//! The DynamoDB lease store against DynamoDB Local: the shared conformance
+//! suite, unchanged, plus what only a real table can show (table checks,
+//! foreign attributes kept, Java KCL items read, malformed items skipped,
+//! consumed capacity reported).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use futures::TryStreamExt;
+use kcl_core::store::metered::MeteredStore;
+use kcl_core::store::{CheckpointUpdate, LeaseStore, StoreOp};
+use kcl_core::{Checkpoint, Lease};
+use kcl_dynamodb::{Capacity, DynamoDbLeaseStore, ensure_table};
+use kcl_tests::{TestEnv, unique_name};
+
+async fn env() -> TestEnv {
+    match TestEnv::connect().await {
+        Ok(env) => env,
+        Err(e) => panic!("{e:#}"),
+    }
+}
+
+/// A fresh lease table with scan pages of 10, as the conformance suite asks.
+async fn new_store() -> DynamoDbLeaseStore {
+    let env = env().await;
+    let table = unique_name("kcl-conformance");
+    ensure_table(env.dynamodb(), &table, Capacity::OnDemand)
+        .await
+        .expect("create table");
+    DynamoDbLeaseStore::new(env.dynamodb().clone(), table).with_page_size(10)
+}
+
+kcl_core::lease_store_conformance!(new_store);
+
+#[tokio::test]
+async fn ensure_table_is_idempotent_and_rejects_a_foreign_schema() {
+    let env = env().await;
+    let table = unique_name("kcl-ensure");
+    ensure_table(env.dynamodb(), &table, Capacity::OnDemand)
+        .await
+        .expect("create");
+    ensure_table(env.dynamodb(), &table, Capacity::OnDemand)
+        .await
+        .expect("exists: no-op");
+
+    let foreign = unique_name("kcl-foreign");
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+    };
+    env.dynamodb()
+        .create_table()
+        .table_name(&foreign)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name("id")
+                .attribute_type(ScalarAttributeType::N)
+                .build()
+                .unwrap(),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name("id")
+                .key_type(KeyType::Hash)
+                .build()
+                .unwrap(),
+        )
+        .billing_mode(BillingMode::PayPerRequest)
+        .send()
+        .await
+        .unwrap();
+    let err = ensure_table(env.dynamodb(), &foreign, Capacity::OnDemand)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(&foreign), "names the table: {err}");
+    assert!(
+        err.contains("id (HASH)") && err.contains("leaseKey"),
+        "names the mismatch: {err}"
+    );
+
+    let provisioned = unique_name("kcl-provisioned");
+    ensure_table(
+        env.dynamodb(),
+        &provisioned,
+        Capacity::Provisioned { read: 5, write: 5 },
+    )
+    .await
+    .expect("provisioned");
+}
+
+async fn put_raw(store: &DynamoDbLeaseStore, item: HashMap<String, AttributeValue>) {
+    store
+        .client()
+        .put_item()
+        .table_name(store.table())
+        .set_item(Some(item))
+        .send()
+        .await
+        .expect("PutItem");
+}
+
+fn s(v: &str) -> AttributeValue {
+    AttributeValue::S(v.into())
+}
+fn n(v: u64) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+#[tokio::test]
+async fn updates_keep_attributes_this_store_does_not_know() {
+    let store = new_store().await;
+    let mut item =
+        kcl_dynamodb::item::to_item(&Lease::new("shardId-000000000000", Checkpoint::TrimHorizon));
+    item.insert("throughputKBps".into(), AttributeValue::N("12.5".into()));
+    item.insert("someOtherKclField".into(), s("keep me"));
+    put_raw(&store, item).await;
+
+    let seen = store.get("shardId-000000000000").await.unwrap().unwrap();
+    let l = store.take(&seen, "a").await.unwrap();
+    let l = store.renew(&l.key, "a", l.counter).await.unwrap();
+    store
+        .checkpoint(&l.key, "a", &CheckpointUpdate::to(Checkpoint::at("17", 0)))
+        .await
+        .unwrap();
+    let h = store
+        .start_handoff(&l.key, "a", l.counter, "b")
+        .await
+        .unwrap();
+    store.complete_handoff(&h.key, "a").await.unwrap();
+    store.release(&h.key, "b").await.unwrap();
+
+    let raw = store
+        .client()
+        .get_item()
+        .table_name(store.table())
+        .key("leaseKey", s("shardId-000000000000"))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item
+        .unwrap();
+    assert_eq!(
+        raw.get("throughputKBps"),
+        Some(&AttributeValue::N("12.5".into()))
+    );
+    assert_eq!(raw.get("someOtherKclField"), Some(&s("keep me")));
+    assert_eq!(raw.get("checkpoint"), Some(&s("17")));
+}
+
+#[tokio::test]
+async fn reads_items_written_by_the_java_kcl_and_skips_malformed_ones() {
+    let store = new_store().await;
+    // As the Java KCL 2.x writes a lease mid-stream, and a 3.x handoff.
+    put_raw(
+        &store,
+        HashMap::from([
+            ("leaseKey".into(), s("shardId-000000000002")),
+            ("leaseOwner".into(), s("java-worker-1")),
+            ("leaseCounter".into(), n(88)),
+            (
+                "checkpoint".into(),
+                s("49651538401220946287154431546713870925640718925419724802"),
+            ),
+            ("checkpointSubSequenceNumber".into(), n(7)),
+            ("ownerSwitchesSinceCheckpoint".into(), n(2)),
+            (
+                "parentShardId".into(),
+                AttributeValue::Ss(vec!["shardId-000000000000".into()]),
+            ),
+        ]),
+    )
+    .await;
+    put_raw(
+        &store,
+        HashMap::from([
+            (
+                "leaseKey".into(),
+                s("123456789012:orders:1700000000:shardId-000000000001"),
+            ),
+            ("streamName".into(), s("123456789012:orders:1700000000")),
+            ("shardId".into(), s("shardId-000000000001")),
+            ("leaseOwner".into(), s("java-worker-2")),
+            ("checkpointOwner".into(), s("java-worker-1")),
+            ("leaseCounter".into(), n(5)),
+            ("checkpoint".into(), s("LATEST")),
+            ("checkpointSubSequenceNumber".into(), n(0)),
+        ]),
+    )
+    .await;
+    // Malformed: no counter; an unknown sentinel; a worker-metrics entity.
+    put_raw(
+        &store,
+        HashMap::from([
+            ("leaseKey".into(), s("bad-1")),
+            ("checkpoint".into(), s("LATEST")),
+        ]),
+    )
+    .await;
+    put_raw(
+        &store,
+        HashMap::from([
+            ("leaseKey".into(), s("bad-2")),
+            ("leaseCounter".into(), n(1)),
+            ("checkpoint".into(), s("SHARD_BEGIN")),
+        ]),
+    )
+    .await;
+    put_raw(
+        &store,
+        HashMap::from([
+            ("leaseKey".into(), s("worker-x")),
+            ("entityType".into(), s("WORKER_METRIC_STATS")),
+        ]),
+    )
+    .await;
+
+    let mut leases: Vec<Lease> = store
+        .scan()
+        .try_concat()
+        .await
+        .expect("a scan survives malformed items");
+    leases.sort_by(|a, b| a.key.cmp(&b.key));
+    assert_eq!(leases.len(), 2, "{leases:?}");
+    let multi = &leases[0];
+    assert_eq!(
+        multi.stream.as_deref(),
+        Some("123456789012:orders:1700000000")
+    );
+    assert_eq!(multi.shard_id, "shardId-000000000001");
+    assert_eq!(multi.checkpoint_owner.as_deref(), Some("java-worker-1"));
+    assert_eq!((multi.counter, &multi.checkpoint), (5, &Checkpoint::Latest));
+    let single = &leases[1];
+    assert_eq!(single.owner.as_deref(), Some("java-worker-1"));
+    assert_eq!(single.counter, 88);
+    assert_eq!(
+        single.checkpoint,
+        Checkpoint::at(
+            "49651538401220946287154431546713870925640718925419724802",
+            7
+        )
+    );
+    assert_eq!(single.parent_shard_ids.len(), 1);
+
+    // A Java-written lease can be taken over by this store.
+    let taken = store.take(single, "rust-worker").await.unwrap();
+    assert_eq!(taken.owner_switches_since_checkpoint, 3);
+}
+
+#[tokio::test]
+async fn consumed_capacity_is_reported_per_operation() {
+    let inner = new_store().await;
+    let metered = MeteredStore::new(inner.clone());
+    let store = MeteredStore::with_stats(
+        inner.with_stats(Arc::clone(metered.stats())),
+        Arc::clone(metered.stats()),
+    );
+    let l = store
+        .create_if_absent(&Lease::new("s", Checkpoint::TrimHorizon))
+        .await
+        .unwrap();
+    let l = store.take(&l, "a").await.unwrap();
+    store.renew("s", "a", l.counter).await.unwrap();
+    let _: Vec<Lease> = store.scan().try_concat().await.unwrap();
+    let snap = store.stats().snapshot();
+    for op in [
+        StoreOp::Create,
+        StoreOp::Take,
+        StoreOp::Renew,
+        StoreOp::ScanPage,
+    ] {
+        assert_eq!(snap.op(op).calls, 1, "{op}");
+        assert!(
+            snap.op(op).capacity > 0.0,
+            "{op} reported no capacity: {snap:?}"
+        );
+    }
+    assert_eq!(snap.scans, 1);
+}
