@@ -162,6 +162,30 @@ impl LeaseHandle {
     pub fn ended(&self) -> WaitForCancellationFutureOwned {
         self.held.ended.clone().cancelled_owned()
     }
+
+    /// A handle not backed by a coordinator, valid for `valid_for` from now
+    /// or until [`LeaseHandle::end_for_test`], for testing readers and
+    /// consumers in isolation.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn detached(lease: Lease, valid_for: std::time::Duration) -> Self {
+        LeaseHandle {
+            key: lease.key.clone(),
+            held: Arc::new(Held {
+                inner: Mutex::new(HeldInner {
+                    lease,
+                    valid_until: Instant::now() + valid_for,
+                    ended: None,
+                }),
+                ended: CancellationToken::new(),
+            }),
+        }
+    }
+
+    /// Ends a [`LeaseHandle::detached`] handle as the coordinator would.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn end_for_test(&self, reason: EndReason) {
+        self.held.end(reason);
+    }
 }
 
 /// Counters of the coordinator's work, for tests, benchmarks and logs.

@@ -11,6 +11,8 @@
 //! - [`store`]: the `LeaseStore` trait and its typed errors; the metering
 //!   decorator; with `test-util`, the in-memory store with fault injection
 //!   and the conformance suite every store must pass.
+//! - [`source`]: the `ShardSource` trait (shards, lineage, readers); with
+//!   `test-util`, an in-memory source with splits, merges and read faults.
 //! - [`balance`]: the pure balancing decision over one scan's view.
 //! - [`expiry`]: expiry judged on this worker's monotonic clock.
 //! - [`config`]: lease settings, validated at `build()`.
@@ -44,6 +46,7 @@ pub mod coordinator;
 pub mod expiry;
 pub mod lease;
 pub mod record;
+pub mod source;
 pub mod store;
 
 mod renewer;
