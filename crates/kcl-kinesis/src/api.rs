@@ -1,0 +1,124 @@
+//! The Kinesis calls the source makes, behind a small trait.
+//!
+//! The trait is the seam where tests inject the service's real error
+//! variants (expired iterators, throttling) that the emulator never
+//! produces; see `crate::faults`. It takes and returns the SDK's own types so
+//! the fault wrapper and the production path go through exactly the same
+//! classification code.
+
+use std::fmt;
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use aws_sdk_kinesis::error::SdkError;
+use aws_sdk_kinesis::operation::get_records::{GetRecordsError, GetRecordsOutput};
+use aws_sdk_kinesis::operation::get_shard_iterator::{
+    GetShardIteratorError, GetShardIteratorOutput,
+};
+use aws_sdk_kinesis::operation::list_shards::{ListShardsError, ListShardsOutput};
+use aws_sdk_kinesis::primitives::DateTime;
+use aws_sdk_kinesis::types::{ShardFilter, ShardIteratorType};
+
+/// One `ListShards` request.
+#[derive(Debug, Clone)]
+pub(crate) enum ListShardsPage<'a> {
+    /// The first page: names the stream (and an optional filter).
+    First {
+        stream: &'a str,
+        filter: Option<ShardFilter>,
+    },
+    /// A later page. Kinesis rejects a request that names the stream (or a
+    /// filter) together with a `NextToken`, so this variant cannot.
+    Next { token: &'a str },
+}
+
+/// Where a shard iterator starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum IteratorStart {
+    TrimHorizon,
+    Latest,
+    AtTimestamp(SystemTime),
+    AtSequence(String),
+    AfterSequence(String),
+}
+
+/// The Kinesis operations a [`crate::KinesisShardSource`] uses.
+#[async_trait]
+pub(crate) trait KinesisApi: Send + Sync + fmt::Debug {
+    async fn list_shards(
+        &self,
+        page: ListShardsPage<'_>,
+        max_results: Option<i32>,
+    ) -> Result<ListShardsOutput, SdkError<ListShardsError>>;
+
+    async fn get_shard_iterator(
+        &self,
+        stream: &str,
+        shard_id: &str,
+        start: &IteratorStart,
+    ) -> Result<GetShardIteratorOutput, SdkError<GetShardIteratorError>>;
+
+    async fn get_records(
+        &self,
+        iterator: &str,
+        limit: i32,
+    ) -> Result<GetRecordsOutput, SdkError<GetRecordsError>>;
+}
+
+#[async_trait]
+impl KinesisApi for aws_sdk_kinesis::Client {
+    async fn list_shards(
+        &self,
+        page: ListShardsPage<'_>,
+        max_results: Option<i32>,
+    ) -> Result<ListShardsOutput, SdkError<ListShardsError>> {
+        let request = match page {
+            ListShardsPage::First { stream, filter } => self
+                .list_shards()
+                .stream_name(stream)
+                .set_shard_filter(filter),
+            ListShardsPage::Next { token } => self.list_shards().next_token(token),
+        };
+        request.set_max_results(max_results).send().await
+    }
+
+    async fn get_shard_iterator(
+        &self,
+        stream: &str,
+        shard_id: &str,
+        start: &IteratorStart,
+    ) -> Result<GetShardIteratorOutput, SdkError<GetShardIteratorError>> {
+        let request = self
+            .get_shard_iterator()
+            .stream_name(stream)
+            .shard_id(shard_id);
+        let request = match start {
+            IteratorStart::TrimHorizon => {
+                request.shard_iterator_type(ShardIteratorType::TrimHorizon)
+            }
+            IteratorStart::Latest => request.shard_iterator_type(ShardIteratorType::Latest),
+            IteratorStart::AtTimestamp(t) => request
+                .shard_iterator_type(ShardIteratorType::AtTimestamp)
+                .timestamp(DateTime::from(*t)),
+            IteratorStart::AtSequence(seq) => request
+                .shard_iterator_type(ShardIteratorType::AtSequenceNumber)
+                .starting_sequence_number(seq),
+            IteratorStart::AfterSequence(seq) => request
+                .shard_iterator_type(ShardIteratorType::AfterSequenceNumber)
+                .starting_sequence_number(seq),
+        };
+        request.send().await
+    }
+
+    async fn get_records(
+        &self,
+        iterator: &str,
+        limit: i32,
+    ) -> Result<GetRecordsOutput, SdkError<GetRecordsError>> {
+        self.get_records()
+            .shard_iterator(iterator)
+            .limit(limit)
+            .send()
+            .await
+    }
+}

@@ -1,0 +1,291 @@
+//! Fault injection for tests: makes chosen Kinesis calls fail with the
+//! service's real error variants, which the emulator never produces
+//! (throttling, expired iterators, internal failures, timeouts).
+//!
+//! A [`FaultInjector`] is handed to
+//! [`KinesisShardSourceBuilder::fault_injector`](crate::KinesisShardSourceBuilder::fault_injector);
+//! the source then wraps its client so that each call first consults the
+//! injector. An injected fault replaces the call: nothing reaches the
+//! service, exactly as when the real service rejects a request.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use aws_sdk_kinesis::error::{ErrorMetadata, SdkError};
+use aws_sdk_kinesis::operation::get_records::{GetRecordsError, GetRecordsOutput};
+use aws_sdk_kinesis::operation::get_shard_iterator::{
+    GetShardIteratorError, GetShardIteratorOutput,
+};
+use aws_sdk_kinesis::operation::list_shards::{ListShardsError, ListShardsOutput};
+use aws_sdk_kinesis::types::error::{
+    ExpiredIteratorException, ExpiredNextTokenException, InternalFailureException,
+    KmsThrottlingException, LimitExceededException, ProvisionedThroughputExceededException,
+};
+use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
+use aws_smithy_runtime_api::http::StatusCode;
+use aws_smithy_types::body::SdkBody;
+
+use crate::api::{IteratorStart, KinesisApi, ListShardsPage};
+
+/// A Kinesis operation the source calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Call {
+    /// `ListShards`.
+    ListShards,
+    /// `GetShardIterator`.
+    GetShardIterator,
+    /// `GetRecords`.
+    GetRecords,
+}
+
+/// An error to return instead of making a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fault {
+    /// `ExpiredIteratorException` (GetRecords only; other calls get an
+    /// unmodeled error with that code).
+    ExpiredIterator,
+    /// `ProvisionedThroughputExceededException`.
+    ProvisionedThroughputExceeded,
+    /// `LimitExceededException`.
+    LimitExceeded,
+    /// `KMSThrottlingException`.
+    KmsThrottling,
+    /// `ExpiredNextTokenException`.
+    ExpiredNextToken,
+    /// `InternalFailureException` with HTTP 500.
+    InternalFailure,
+    /// The call timed out (no response).
+    Timeout,
+}
+
+impl Fault {
+    fn code(self) -> &'static str {
+        match self {
+            Fault::ExpiredIterator => "ExpiredIteratorException",
+            Fault::ProvisionedThroughputExceeded => "ProvisionedThroughputExceededException",
+            Fault::LimitExceeded => "LimitExceededException",
+            Fault::KmsThrottling => "KMSThrottlingException",
+            Fault::ExpiredNextToken => "ExpiredNextTokenException",
+            Fault::InternalFailure => "InternalFailureException",
+            Fault::Timeout => "Timeout",
+        }
+    }
+
+    fn status(self) -> u16 {
+        match self {
+            Fault::InternalFailure => 500,
+            _ => 400,
+        }
+    }
+
+    fn meta(self) -> ErrorMetadata {
+        ErrorMetadata::builder()
+            .code(self.code())
+            .message("injected by kcl_kinesis::faults")
+            .build()
+    }
+}
+
+#[derive(Debug, Default)]
+struct Plan {
+    queued: HashMap<Call, VecDeque<Fault>>,
+    calls: HashMap<Call, u64>,
+    injected: HashMap<Call, u64>,
+}
+
+/// A script of faults per call, shared by every clone.
+#[derive(Debug, Clone, Default)]
+pub struct FaultInjector {
+    plan: Arc<Mutex<Plan>>,
+}
+
+impl FaultInjector {
+    /// An injector with nothing scheduled.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Plan> {
+        self.plan.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes the next call of `call` that has no earlier fault queued fail
+    /// with `fault`. Faults queue up in order.
+    pub fn inject(&self, call: Call, fault: Fault) {
+        self.lock().queued.entry(call).or_default().push_back(fault);
+    }
+
+    /// Calls of `call` made so far, faulted or not.
+    pub fn calls(&self, call: Call) -> u64 {
+        self.lock().calls.get(&call).copied().unwrap_or(0)
+    }
+
+    /// Faults of `call` returned so far.
+    pub fn injected(&self, call: Call) -> u64 {
+        self.lock().injected.get(&call).copied().unwrap_or(0)
+    }
+
+    /// Faults still queued for `call`.
+    pub fn pending(&self, call: Call) -> usize {
+        self.lock().queued.get(&call).map_or(0, VecDeque::len)
+    }
+
+    /// Counts a call and takes its fault, if one is queued.
+    fn next(&self, call: Call) -> Option<Fault> {
+        let mut plan = self.lock();
+        *plan.calls.entry(call).or_default() += 1;
+        let fault = plan.queued.get_mut(&call).and_then(VecDeque::pop_front);
+        if fault.is_some() {
+            *plan.injected.entry(call).or_default() += 1;
+        }
+        fault
+    }
+}
+
+/// A response as the SDK hands it to error handling: a status and an empty
+/// body.
+pub(crate) fn raw_response(status: u16) -> HttpResponse {
+    // Every u16 from 100 to 999 is a valid status; anything else falls back
+    // to a plain 400 rather than panicking.
+    let status = StatusCode::try_from(status)
+        .or_else(|_| StatusCode::try_from(400))
+        .unwrap_or_else(|_| HttpResponse::new(200u16.try_into().unwrap_or_else(|_| unreachable_status()), SdkBody::empty()).status());
+    HttpResponse::new(status, SdkBody::empty())
+}
+
+/// Never reached: 200 is a valid status. Kept as a function so the
+/// fallback chain above stays free of `unwrap`.
+fn unreachable_status() -> StatusCode {
+    StatusCode::from(http::StatusCode::OK)
+}
+
+fn service_error<E>(fault: Fault, err: E) -> SdkError<E> {
+    SdkError::service_error(err, raw_response(fault.status()))
+}
+
+fn get_records_error(fault: Fault) -> SdkError<GetRecordsError> {
+    let meta = fault.meta();
+    let err = match fault {
+        Fault::Timeout => return SdkError::timeout_error("injected timeout"),
+        Fault::ExpiredIterator => GetRecordsError::ExpiredIteratorException(
+            ExpiredIteratorException::builder()
+                .message("injected: iterator expired")
+                .meta(meta)
+                .build(),
+        ),
+        Fault::ProvisionedThroughputExceeded => {
+            GetRecordsError::ProvisionedThroughputExceededException(
+                ProvisionedThroughputExceededException::builder()
+                    .message("injected: rate exceeded")
+                    .meta(meta)
+                    .build(),
+            )
+        }
+        Fault::KmsThrottling => GetRecordsError::KmsThrottlingException(
+            KmsThrottlingException::builder()
+                .message("injected: KMS throttled")
+                .meta(meta)
+                .build(),
+        ),
+        Fault::InternalFailure => GetRecordsError::InternalFailureException(
+            InternalFailureException::builder()
+                .message("injected: internal failure")
+                .meta(meta)
+                .build(),
+        ),
+        Fault::LimitExceeded | Fault::ExpiredNextToken => GetRecordsError::generic(meta),
+    };
+    service_error(fault, err)
+}
+
+fn get_shard_iterator_error(fault: Fault) -> SdkError<GetShardIteratorError> {
+    let meta = fault.meta();
+    let err = match fault {
+        Fault::Timeout => return SdkError::timeout_error("injected timeout"),
+        Fault::ProvisionedThroughputExceeded => {
+            GetShardIteratorError::ProvisionedThroughputExceededException(
+                ProvisionedThroughputExceededException::builder()
+                    .message("injected: rate exceeded")
+                    .meta(meta)
+                    .build(),
+            )
+        }
+        Fault::InternalFailure => GetShardIteratorError::InternalFailureException(
+            InternalFailureException::builder()
+                .message("injected: internal failure")
+                .meta(meta)
+                .build(),
+        ),
+        _ => GetShardIteratorError::generic(meta),
+    };
+    service_error(fault, err)
+}
+
+fn list_shards_error(fault: Fault) -> SdkError<ListShardsError> {
+    let meta = fault.meta();
+    let err = match fault {
+        Fault::Timeout => return SdkError::timeout_error("injected timeout"),
+        Fault::LimitExceeded => ListShardsError::LimitExceededException(
+            LimitExceededException::builder()
+                .message("injected: limit exceeded")
+                .meta(meta)
+                .build(),
+        ),
+        Fault::ExpiredNextToken => ListShardsError::ExpiredNextTokenException(
+            ExpiredNextTokenException::builder()
+                .message("injected: next token expired")
+                .meta(meta)
+                .build(),
+        ),
+        _ => ListShardsError::generic(meta),
+    };
+    service_error(fault, err)
+}
+
+/// A [`KinesisApi`] that fails the calls its injector says, and passes the
+/// rest to `inner`.
+#[derive(Debug)]
+pub(crate) struct Faulty {
+    pub(crate) inner: Arc<dyn KinesisApi>,
+    pub(crate) faults: FaultInjector,
+}
+
+#[async_trait]
+impl KinesisApi for Faulty {
+    async fn list_shards(
+        &self,
+        page: ListShardsPage<'_>,
+        max_results: Option<i32>,
+    ) -> Result<ListShardsOutput, SdkError<ListShardsError>> {
+        match self.faults.next(Call::ListShards) {
+            Some(fault) => Err(list_shards_error(fault)),
+            None => self.inner.list_shards(page, max_results).await,
+        }
+    }
+
+    async fn get_shard_iterator(
+        &self,
+        stream: &str,
+        shard_id: &str,
+        start: &IteratorStart,
+    ) -> Result<GetShardIteratorOutput, SdkError<GetShardIteratorError>> {
+        match self.faults.next(Call::GetShardIterator) {
+            Some(fault) => Err(get_shard_iterator_error(fault)),
+            None => self.inner.get_shard_iterator(stream, shard_id, start).await,
+        }
+    }
+
+    async fn get_records(
+        &self,
+        iterator: &str,
+        limit: i32,
+    ) -> Result<GetRecordsOutput, SdkError<GetRecordsError>> {
+        match self.faults.next(Call::GetRecords) {
+            Some(fault) => Err(get_records_error(fault)),
+            None => self.inner.get_records(iterator, limit).await,
+        }
+    }
+}

@@ -1,0 +1,223 @@
+//! Skipping what a checkpoint already covers.
+//!
+//! A checkpoint inside an aggregate is (sequence number, sub-sequence
+//! number). Kinesis can only resume at a whole record, so a consumer
+//! restarting from (S, 2) asks for `AT_SEQUENCE_NUMBER` S, gets the whole
+//! aggregate again, and must drop sub-records 0, 1 and 2 itself
+//! (architecture invariant 6).
+
+use std::cmp::Ordering;
+
+use kcl_core::{Checkpoint, Record};
+
+/// Whether the checkpoint already covers `record`, i.e. the processor
+/// checkpointed at it or past it.
+///
+/// For a `Checkpoint::Sequence { seq, sub }` that is: the record's
+/// (sequence number, sub-sequence number) is at or before (`seq`, `sub`),
+/// comparing sequence numbers as integers, then sub-sequence numbers, like
+/// the Java KCL's extended sequence numbers. So a record with the
+/// checkpoint's sequence number is covered when its sub-sequence is at or
+/// below `sub`, and a record from before the checkpoint (a re-delivered
+/// batch) is covered whatever its sub-sequence.
+///
+/// If either sequence number is not a decimal integer they cannot be
+/// ordered, and only an equal sequence number counts. Sentinel checkpoints
+/// (`TRIM_HORIZON`, `LATEST`, ...) cover nothing: when in doubt, deliver
+/// (at-least-once).
+pub fn is_checkpointed(record: &Record, checkpoint: &Checkpoint) -> bool {
+    let Checkpoint::Sequence { seq, sub } = checkpoint else {
+        return false;
+    };
+    let by_seq = match cmp_decimal(&record.sequence_number, seq) {
+        Some(order) => order,
+        None if record.sequence_number == *seq => Ordering::Equal,
+        None => return false,
+    };
+    match by_seq {
+        Ordering::Less => true,
+        Ordering::Equal => record.sub_sequence_number <= *sub,
+        Ordering::Greater => false,
+    }
+}
+
+/// Drops from `records` every record the checkpoint already covers (see
+/// [`is_checkpointed`]), keeping the order of the rest; returns how many
+/// were dropped.
+///
+/// Called on the first batch after resuming `AT_SEQUENCE_NUMBER` from a
+/// checkpoint: with a checkpoint at (S, 2) and an aggregate S of five
+/// sub-records, only sub-records 3 and 4 remain.
+pub fn skip_checkpointed(records: &mut Vec<Record>, checkpoint: &Checkpoint) -> usize {
+    let before = records.len();
+    records.retain(|r| !is_checkpointed(r, checkpoint));
+    before - records.len()
+}
+
+/// Compares two non-negative decimal integers of any length; `None` unless
+/// both are non-empty strings of ASCII digits.
+///
+/// Sequence numbers can exceed 128 bits' worth of digits in principle (the
+/// stored form allows 129 characters), so no integer parse: strip leading
+/// zeros, then the longer number is larger, and equal lengths compare
+/// lexicographically.
+fn cmp_decimal(a: &str, b: &str) -> Option<Ordering> {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit());
+    if !digits(a) || !digits(b) {
+        return None;
+    }
+    let a = a.trim_start_matches('0');
+    let b = b.trim_start_matches('0');
+    Some(a.len().cmp(&b.len()).then_with(|| a.cmp(b)))
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::super::{RawRecord, UserRecord, aggregate, deaggregate};
+    use super::*;
+
+    const SEQ: &str = "49590338271490256608559692538361571095921575989136588898";
+
+    /// A fetched batch: a plain record before, the five-record aggregate at
+    /// `SEQ`, and a plain record after.
+    fn batch() -> Vec<Record> {
+        let fetched = |seq: &str, data: Bytes| RawRecord {
+            data,
+            partition_key: "pk".to_owned(),
+            explicit_hash_key: None,
+            sequence_number: seq.to_owned(),
+            approximate_arrival: None,
+        };
+        let subs: Vec<UserRecord> = (0..5)
+            .map(|i| UserRecord {
+                partition_key: format!("pk-{i}"),
+                explicit_hash_key: None,
+                data: Bytes::from(format!("sub {i}")),
+            })
+            .collect();
+        let mut out = Vec::new();
+        for raw in [
+            fetched(
+                "49590338271490256608559692538361571095921575989136588897",
+                Bytes::from_static(b"before"),
+            ),
+            fetched(SEQ, aggregate(&subs)),
+            fetched(
+                "49590338271490256608559692538361571095921575989136588899",
+                Bytes::from_static(b"after"),
+            ),
+        ] {
+            let d = deaggregate(raw);
+            assert_eq!(d.malformed, None);
+            out.extend(d.records);
+        }
+        assert_eq!(out.len(), 7);
+        out
+    }
+
+    fn positions(records: &[Record]) -> Vec<(&str, u64)> {
+        records
+            .iter()
+            .map(|r| {
+                (
+                    &r.sequence_number[r.sequence_number.len() - 3..],
+                    r.sub_sequence_number,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn resume_inside_an_aggregate_skips_the_done_sub_records() {
+        let mut records = batch();
+        let skipped = skip_checkpointed(&mut records, &Checkpoint::at(SEQ, 2));
+        assert_eq!(skipped, 4, "the record before, and subs 0, 1, 2");
+        assert_eq!(
+            positions(&records),
+            vec![("898", 3), ("898", 4), ("899", 0)]
+        );
+        assert_eq!(&records[0].data[..], b"sub 3");
+        assert_eq!(&records[1].data[..], b"sub 4");
+    }
+
+    #[test]
+    fn checkpoint_at_the_last_sub_record_skips_the_whole_aggregate() {
+        let mut records = batch();
+        skip_checkpointed(&mut records, &Checkpoint::at(SEQ, 4));
+        assert_eq!(positions(&records), vec![("899", 0)]);
+    }
+
+    #[test]
+    fn checkpoint_at_an_earlier_sequence_skips_nothing_of_later_records() {
+        let mut records = batch();
+        let earlier = "49590338271490256608559692538361571095921575989136588000";
+        assert_eq!(
+            skip_checkpointed(&mut records, &Checkpoint::at(earlier, 9)),
+            0
+        );
+        assert_eq!(records, batch());
+    }
+
+    #[test]
+    fn checkpoint_at_a_plain_record_skips_it_and_nothing_after() {
+        let mut records = batch();
+        let before = "49590338271490256608559692538361571095921575989136588897";
+        assert_eq!(
+            skip_checkpointed(&mut records, &Checkpoint::at(before, 0)),
+            1
+        );
+        assert_eq!(records.len(), 6);
+        assert_eq!(records[0].sub_sequence_number, 0);
+        assert_eq!(records[0].sequence_number, SEQ);
+    }
+
+    #[test]
+    fn sentinels_skip_nothing() {
+        for cp in [
+            Checkpoint::TrimHorizon,
+            Checkpoint::Latest,
+            Checkpoint::AtTimestamp,
+            Checkpoint::ShardEnd,
+        ] {
+            let mut records = batch();
+            assert_eq!(skip_checkpointed(&mut records, &cp), 0, "{cp}");
+        }
+    }
+
+    #[test]
+    fn unorderable_sequence_numbers_only_match_exactly() {
+        let mut records = batch();
+        for r in &mut records {
+            r.sequence_number = format!("x{}", r.sequence_number);
+        }
+        let odd = format!("x{SEQ}");
+        assert_eq!(skip_checkpointed(&mut records, &Checkpoint::at(odd, 1)), 2);
+        assert_eq!(records.len(), 5);
+        assert!(
+            records
+                .iter()
+                .all(|r| !(r.sequence_number.ends_with("898") && r.sub_sequence_number <= 1))
+        );
+    }
+
+    #[test]
+    fn cmp_decimal_orders_by_value() {
+        use Ordering::*;
+        assert_eq!(cmp_decimal("9", "10"), Some(Less));
+        assert_eq!(cmp_decimal("10", "9"), Some(Greater));
+        assert_eq!(cmp_decimal("0010", "10"), Some(Equal));
+        assert_eq!(cmp_decimal("0", "000"), Some(Equal));
+        assert_eq!(
+            cmp_decimal(
+                "49590338271490256608559692538361571095921575989136588898",
+                "49590338271490256608559692538361571095921575989136588899"
+            ),
+            Some(Less)
+        );
+        assert_eq!(cmp_decimal("", "1"), None);
+        assert_eq!(cmp_decimal("1a", "1"), None);
+        assert_eq!(cmp_decimal("1", "-1"), None);
+    }
+}
