@@ -35,6 +35,9 @@ pub struct LeaseView<'a> {
     pub unrenewed_for: Duration,
     /// True when this worker holds the lease right now.
     pub held_here: bool,
+    /// True while a graceful handoff of the lease runs; it is never stolen
+    /// again before it completes.
+    pub in_handoff: bool,
 }
 
 /// The inputs of one decision.
@@ -147,7 +150,7 @@ pub fn decide(input: &BalanceInput<'_>) -> Decision {
     let mut candidates: Vec<&LeaseView<'_>> = input
         .leases
         .iter()
-        .filter(|l| l.owner == Some(victim) && !l.expired)
+        .filter(|l| l.owner == Some(victim) && !l.expired && !l.in_handoff)
         .collect();
     // Thieves stealing from the same victim at the same time pick different
     // leases (per-thief order), so their conditional writes rarely collide.

@@ -31,6 +31,7 @@ pub struct LeaseConfig {
     pub(crate) max_leases_per_worker: usize,
     pub(crate) max_leases_to_steal: usize,
     pub(crate) renew_concurrency: usize,
+    pub(crate) handoff_timeout: Duration,
     pub(crate) seed: Option<u64>,
 }
 
@@ -47,6 +48,7 @@ impl LeaseConfig {
             max_leases_per_worker: usize::MAX,
             max_leases_to_steal: 4,
             renew_concurrency: 32,
+            handoff_timeout: None,
             seed: None,
         }
     }
@@ -80,6 +82,11 @@ impl LeaseConfig {
     pub fn max_leases_to_steal(&self) -> usize {
         self.max_leases_to_steal
     }
+    /// How long a thief waits for the previous owner to hand a lease over
+    /// before it forces the handoff.
+    pub fn handoff_timeout(&self) -> Duration {
+        self.handoff_timeout
+    }
 }
 
 /// Builder of [`LeaseConfig`].
@@ -94,6 +101,7 @@ pub struct LeaseConfigBuilder {
     max_leases_per_worker: usize,
     max_leases_to_steal: usize,
     renew_concurrency: usize,
+    handoff_timeout: Option<Duration>,
     seed: Option<u64>,
 }
 
@@ -147,6 +155,15 @@ impl LeaseConfigBuilder {
         self.renew_concurrency = n;
         self
     }
+    /// How long a thief waits for the previous owner to finish its batch,
+    /// checkpoint and hand a stolen lease over before forcing the handoff
+    /// (default: the lease duration, which is also the minimum: by then
+    /// the previous owner's own validity has run out, so a forced handoff
+    /// never overlaps a worker that still believes in the lease).
+    pub fn handoff_timeout(mut self, d: Duration) -> Self {
+        self.handoff_timeout = Some(d);
+        self
+    }
     /// Seeds the tick jitter, for reproducible simulations.
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
@@ -196,6 +213,17 @@ impl LeaseConfigBuilder {
                 format!("is {}; it must be in 0.0..1.0", self.jitter),
             );
         }
+        let handoff_timeout = self.handoff_timeout.unwrap_or(self.lease_duration);
+        if handoff_timeout < self.lease_duration {
+            return err(
+                "handoff_timeout",
+                format!(
+                    "is {handoff_timeout:?}; it must be at least lease_duration ({:?}) so a \
+                     forced handoff never overlaps the previous owner",
+                    self.lease_duration
+                ),
+            );
+        }
         if self.max_leases_per_worker == 0 {
             return err("max_leases_per_worker", "must be at least 1".into());
         }
@@ -212,6 +240,7 @@ impl LeaseConfigBuilder {
             max_leases_per_worker: self.max_leases_per_worker,
             max_leases_to_steal: self.max_leases_to_steal,
             renew_concurrency: self.renew_concurrency,
+            handoff_timeout,
             seed: self.seed,
         })
     }

@@ -36,6 +36,9 @@ pub enum EndReason {
     Fenced,
     /// This worker released the lease (graceful shutdown or hand-back).
     Released,
+    /// This worker handed the lease to the worker that asked for it, after
+    /// its processor had the chance to checkpoint.
+    HandedOff,
     /// The coordinator shut down without releasing (the lease will expire).
     Abandoned,
 }
@@ -46,6 +49,7 @@ impl fmt::Display for EndReason {
             EndReason::Lost => "lost",
             EndReason::Fenced => "fenced",
             EndReason::Released => "released",
+            EndReason::HandedOff => "handed_off",
             EndReason::Abandoned => "abandoned",
         })
     }
@@ -66,11 +70,31 @@ pub enum LeaseEvent {
     },
 }
 
+/// Where a held lease stands in a graceful handoff.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Ours to process.
+    Active,
+    /// We asked `from` to hand the lease over: we own and renew it in the
+    /// table, but do not process until `from` completes the handoff (its
+    /// processor checkpoints first) or until `force_at`.
+    Awaiting {
+        /// The previous owner, still the checkpoint owner.
+        from: String,
+        /// When the handoff is forced if `from` has not completed it.
+        force_at: Instant,
+    },
+    /// Another worker asked for the lease: stop fetching, let the processor
+    /// checkpoint, then complete the handoff.
+    HandingOff,
+}
+
 #[derive(Debug)]
 struct HeldInner {
     lease: Lease,
     valid_until: Instant,
     ended: Option<EndReason>,
+    phase: Phase,
 }
 
 /// The shared state behind a [`LeaseHandle`].
@@ -78,11 +102,58 @@ struct HeldInner {
 pub(crate) struct Held {
     inner: Mutex<HeldInner>,
     ended: CancellationToken,
+    handoff: CancellationToken,
+    /// Serialises this lease's writes (renewal, handoff progress, force).
+    pub(crate) writing: tokio::sync::Mutex<()>,
 }
 
 impl Held {
+    fn new(lease: Lease, valid_until: Instant, phase: Phase) -> Self {
+        Held {
+            inner: Mutex::new(HeldInner {
+                lease,
+                valid_until,
+                ended: None,
+                phase,
+            }),
+            ended: CancellationToken::new(),
+            handoff: CancellationToken::new(),
+            writing: tokio::sync::Mutex::new(()),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, HeldInner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn phase(&self) -> Phase {
+        self.lock().phase.clone()
+    }
+
+    /// Adopts the table's view of a lease that is still ours (a counter
+    /// moved by a handoff step) without extending validity.
+    pub(crate) fn adopt(&self, lease: Lease) {
+        let mut inner = self.lock();
+        if inner.ended.is_none() {
+            inner.lease = lease;
+        }
+    }
+
+    /// Another worker asked for this lease; returns false if the lease
+    /// already ended or was already handing off.
+    pub(crate) fn request_handoff(&self) -> bool {
+        let mut inner = self.lock();
+        if inner.ended.is_some() || inner.phase == Phase::HandingOff {
+            return false;
+        }
+        inner.phase = Phase::HandingOff;
+        drop(inner);
+        self.handoff.cancel();
+        true
+    }
+
+    fn activate(&self) {
+        self.lock().phase = Phase::Active;
     }
 
     /// The lease as last written by this worker.
@@ -140,12 +211,29 @@ impl LeaseHandle {
         self.held.lease()
     }
 
-    /// True while this worker may act on the lease: it has not ended and
-    /// the last successful renewal is recent enough that no peer can have
-    /// judged it expired (invariant 4).
+    /// True while this worker may fetch and process the shard: the lease
+    /// has not ended, no other worker asked for it, and the last successful
+    /// renewal is recent enough that no peer can have judged it expired
+    /// (invariant 4).
     pub fn is_valid(&self) -> bool {
         let inner = self.held.lock();
-        inner.ended.is_none() && Instant::now() < inner.valid_until
+        inner.ended.is_none() && inner.phase == Phase::Active && Instant::now() < inner.valid_until
+    }
+
+    /// True while this worker may still checkpoint: as [`Self::is_valid`],
+    /// and also while handing the lease off (the previous owner
+    /// checkpoints before it lets go).
+    pub fn may_checkpoint(&self) -> bool {
+        let inner = self.held.lock();
+        inner.ended.is_none()
+            && !matches!(inner.phase, Phase::Awaiting { .. })
+            && Instant::now() < inner.valid_until
+    }
+
+    /// Completes when another worker asks for this lease: stop fetching,
+    /// let the processor checkpoint, then complete the handoff.
+    pub fn handoff_requested(&self) -> WaitForCancellationFutureOwned {
+        self.held.handoff.clone().cancelled_owned()
     }
 
     /// The instant this worker fences itself unless a renewal succeeds.
@@ -170,14 +258,7 @@ impl LeaseHandle {
     pub fn detached(lease: Lease, valid_for: std::time::Duration) -> Self {
         LeaseHandle {
             key: lease.key.clone(),
-            held: Arc::new(Held {
-                inner: Mutex::new(HeldInner {
-                    lease,
-                    valid_until: Instant::now() + valid_for,
-                    ended: None,
-                }),
-                ended: CancellationToken::new(),
-            }),
+            held: Arc::new(Held::new(lease, Instant::now() + valid_for, Phase::Active)),
         }
     }
 
@@ -185,6 +266,13 @@ impl LeaseHandle {
     #[cfg(any(test, feature = "test-util"))]
     pub fn end_for_test(&self, reason: EndReason) {
         self.held.end(reason);
+    }
+
+    /// Asks a [`LeaseHandle::detached`] handle to hand off, as the
+    /// coordinator would when another worker steals it.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn request_handoff_for_test(&self) {
+        self.held.request_handoff();
     }
 }
 
@@ -195,6 +283,9 @@ pub struct CoordinatorStats {
     pub(crate) scan_failures: AtomicU64,
     pub(crate) taken: AtomicU64,
     pub(crate) stolen: AtomicU64,
+    pub(crate) handoffs_completed: AtomicU64,
+    pub(crate) handoffs_forced: AtomicU64,
+    pub(crate) handed_off: AtomicU64,
     pub(crate) reclaimed: AtomicU64,
     pub(crate) take_conflicts: AtomicU64,
     pub(crate) take_failures: AtomicU64,
@@ -213,6 +304,9 @@ pub struct StatsSnapshot {
     pub scan_failures: u64,
     pub taken: u64,
     pub stolen: u64,
+    pub handoffs_completed: u64,
+    pub handoffs_forced: u64,
+    pub handed_off: u64,
     pub reclaimed: u64,
     pub take_conflicts: u64,
     pub take_failures: u64,
@@ -232,6 +326,9 @@ impl CoordinatorStats {
             scan_failures: l(&self.scan_failures),
             taken: l(&self.taken),
             stolen: l(&self.stolen),
+            handoffs_completed: l(&self.handoffs_completed),
+            handoffs_forced: l(&self.handoffs_forced),
+            handed_off: l(&self.handed_off),
             reclaimed: l(&self.reclaimed),
             take_conflicts: l(&self.take_conflicts),
             take_failures: l(&self.take_failures),
@@ -248,17 +345,36 @@ pub(crate) fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
+/// Decides which leases of the table this worker competes for (a
+/// multi-stream worker ignores leases of streams it was not configured for).
+pub type LeaseFilter = Arc<dyn Fn(&Lease) -> bool + Send + Sync>;
+
 /// State shared by the coordinator and its tasks.
-#[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) config: LeaseConfig,
     pub(crate) store: Arc<dyn LeaseStore>,
+    pub(crate) filter: Option<LeaseFilter>,
     held: Mutex<HashMap<String, Arc<Held>>>,
     events: mpsc::Sender<LeaseEvent>,
     pub(crate) stats: CoordinatorStats,
 }
 
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("config", &self.config)
+            .field("store", &self.store)
+            .field("filtered", &self.filter.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Shared {
+    /// True if this worker competes for `lease`.
+    pub(crate) fn accepts(&self, lease: &Lease) -> bool {
+        self.filter.as_ref().is_none_or(|f| f(lease))
+    }
+
     fn held_map(&self) -> MutexGuard<'_, HashMap<String, Arc<Held>>> {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -277,14 +393,8 @@ impl Shared {
     /// Starts holding `lease`, written at `sent`; tells the worker.
     pub(crate) async fn acquired(&self, lease: Lease, sent: Instant) {
         let key = lease.key.clone();
-        let held = Arc::new(Held {
-            inner: Mutex::new(HeldInner {
-                lease,
-                valid_until: sent + self.config.lease_duration - self.config.fence_margin,
-                ended: None,
-            }),
-            ended: CancellationToken::new(),
-        });
+        let valid_until = sent + self.config.lease_duration - self.config.fence_margin;
+        let held = Arc::new(Held::new(lease, valid_until, Phase::Active));
         let previous = self.held_map().insert(key.clone(), Arc::clone(&held));
         if let Some(previous) = previous {
             // Only a reclaim can replace an entry, after the old one ended.
@@ -297,6 +407,40 @@ impl Shared {
         let _ = self
             .events
             .send(LeaseEvent::Acquired(LeaseHandle { key, held }))
+            .await;
+    }
+
+    /// Starts waiting for `from` to hand over a lease we now own in the
+    /// table (a steal, or a reclaim found mid-handoff). No consumer starts
+    /// until [`Shared::activate`].
+    pub(crate) fn awaiting(&self, lease: Lease, from: String, sent: Instant) {
+        let key = lease.key.clone();
+        let valid_until = sent + self.config.lease_duration - self.config.fence_margin;
+        // Forcing no earlier than a lease duration after our write means the
+        // previous owner's own validity (from a renewal that landed before
+        // our write) has run out by then: no two workers process at once.
+        let force_at = sent + self.config.handoff_timeout;
+        let held = Arc::new(Held::new(
+            lease,
+            valid_until,
+            Phase::Awaiting { from, force_at },
+        ));
+        if let Some(previous) = self.held_map().insert(key, held) {
+            previous.end(EndReason::Lost);
+        }
+    }
+
+    /// The previous owner completed the handoff (or it was forced): start
+    /// consuming.
+    pub(crate) async fn activate(&self, key: &str, held: &Arc<Held>, lease: Lease, sent: Instant) {
+        held.renewed(lease, sent, &self.config);
+        held.activate();
+        let _ = self
+            .events
+            .send(LeaseEvent::Acquired(LeaseHandle {
+                key: key.to_owned(),
+                held: Arc::clone(held),
+            }))
             .await;
     }
 
@@ -315,19 +459,27 @@ impl Shared {
                 EndReason::Lost => &self.stats.lost,
                 EndReason::Fenced => &self.stats.fenced,
                 EndReason::Released => &self.stats.released,
+                EndReason::HandedOff => &self.stats.handed_off,
                 EndReason::Abandoned => return,
             };
             bump(counter);
             metrics::counter!("kcl_leases_ended_total", "reason" => reason.to_string())
                 .increment(1);
-            let _ = self
-                .events
-                .send(LeaseEvent::Ended {
-                    key: key.to_owned(),
-                    reason,
-                })
-                .await;
+            // Never wait here: the renewer calls this, and a worker slow to
+            // read events must not delay renewals. The handle already told
+            // the consumer; the event is for bookkeeping.
+            let _ = self.events.try_send(LeaseEvent::Ended {
+                key: key.to_owned(),
+                reason,
+            });
         }
+    }
+}
+
+impl Drop for LeaseCoordinator {
+    fn drop(&mut self) {
+        self.taker_stop.cancel();
+        self.renewer_stop.cancel();
     }
 }
 
@@ -348,6 +500,9 @@ const RELEASE_CONCURRENCY: usize = 16;
 const EVENT_CAPACITY: usize = 1024;
 
 /// Runs the lease taker and renewer of one worker.
+///
+/// Dropping it without [`LeaseCoordinator::shutdown`] stops both tasks and
+/// leaves the leases to expire, as a crash would.
 #[derive(Debug)]
 pub struct LeaseCoordinator {
     shared: Arc<Shared>,
@@ -363,10 +518,21 @@ impl LeaseCoordinator {
         store: Arc<dyn LeaseStore>,
         config: LeaseConfig,
     ) -> (LeaseCoordinator, mpsc::Receiver<LeaseEvent>) {
+        Self::start_filtered(store, config, None)
+    }
+
+    /// Like [`LeaseCoordinator::start`], competing only for the leases
+    /// `filter` accepts.
+    pub fn start_filtered(
+        store: Arc<dyn LeaseStore>,
+        config: LeaseConfig,
+        filter: Option<LeaseFilter>,
+    ) -> (LeaseCoordinator, mpsc::Receiver<LeaseEvent>) {
         let (events, rx) = mpsc::channel(EVENT_CAPACITY);
         let shared = Arc::new(Shared {
             config,
             store,
+            filter,
             held: Mutex::default(),
             events,
             stats: CoordinatorStats::default(),
@@ -441,6 +607,30 @@ impl LeaseCoordinator {
         }
     }
 
+    /// Completes the handoff of a lease another worker asked for, once its
+    /// processor had the chance to checkpoint. Returns false if this worker
+    /// was not handing it off.
+    pub async fn complete_handoff(&self, key: &str) -> Result<bool, StoreError> {
+        let Some(held) = self.shared.held_map().get(key).cloned() else {
+            return Ok(false);
+        };
+        if held.phase() != Phase::HandingOff {
+            return Ok(false);
+        }
+        self.shared.ended(key, &held, EndReason::HandedOff).await;
+        match self
+            .shared
+            .store
+            .complete_handoff(key, &self.shared.config.worker_id)
+            .await
+        {
+            Ok(_) => Ok(true),
+            // Forced or taken already: the new owner has it either way.
+            Err(e) if e.is_condition_failed() => Ok(true),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Stops both tasks and waits for them; held leases are released or
     /// abandoned as `mode` says.
     pub async fn shutdown(self, mode: ShutdownMode) {
@@ -452,6 +642,14 @@ impl LeaseCoordinator {
             .for_each_concurrent(RELEASE_CONCURRENCY, |(key, held)| async move {
                 match mode {
                     ShutdownMode::Abandon => shared.ended(&key, &held, EndReason::Abandoned).await,
+                    ShutdownMode::Release if held.phase() == Phase::HandingOff => {
+                        shared.ended(&key, &held, EndReason::HandedOff).await;
+                        if let Err(e) = shared.store.complete_handoff(&key, &shared.config.worker_id).await
+                            && !e.is_condition_failed()
+                        {
+                            warn!(lease = %key, error = %e, "completing a handoff at shutdown failed; it will be forced");
+                        }
+                    }
                     ShutdownMode::Release => {
                         // The consumer stops before peers can see the lease free.
                         shared.ended(&key, &held, EndReason::Released).await;

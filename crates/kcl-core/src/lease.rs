@@ -215,6 +215,52 @@ impl Lease {
     }
 }
 
+/// How a stream's lease keys are formed.
+///
+/// A single-stream application keys leases by shard id; a multi-stream
+/// application prefixes the stream identifier, as the Java KCL does.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum LeaseLayout {
+    /// Key = shard id.
+    SingleStream,
+    /// Key = `identifier:shardId`, where `identifier` is the Java KCL's
+    /// `account:stream:creationEpoch`.
+    MultiStream {
+        /// The stream identifier.
+        identifier: String,
+    },
+}
+
+impl LeaseLayout {
+    /// The lease key of `shard_id`.
+    pub fn key(&self, shard_id: &str) -> String {
+        match self {
+            LeaseLayout::SingleStream => shard_id.to_owned(),
+            LeaseLayout::MultiStream { identifier } => format!("{identifier}:{shard_id}"),
+        }
+    }
+
+    /// A new, unowned lease for `shard_id` in this layout.
+    pub fn new_lease(&self, shard_id: &str, checkpoint: Checkpoint) -> Lease {
+        match self {
+            LeaseLayout::SingleStream => Lease::new(shard_id, checkpoint),
+            LeaseLayout::MultiStream { identifier } => {
+                Lease::new_multi_stream(identifier.clone(), shard_id, checkpoint)
+            }
+        }
+    }
+
+    /// True if `lease` belongs to this layout's stream.
+    pub fn owns(&self, lease: &Lease) -> bool {
+        match self {
+            LeaseLayout::SingleStream => lease.stream.is_none(),
+            LeaseLayout::MultiStream { identifier } => {
+                lease.stream.as_deref() == Some(identifier.as_str())
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,6 +287,21 @@ mod tests {
             let err = Checkpoint::parse(bad, 0).unwrap_err();
             assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
         }
+    }
+
+    #[test]
+    fn layouts_key_like_the_java_kcl() {
+        let multi = LeaseLayout::MultiStream {
+            identifier: "123456789012:orders:1700000000".into(),
+        };
+        assert_eq!(
+            multi.key("shardId-1"),
+            "123456789012:orders:1700000000:shardId-1"
+        );
+        let l = multi.new_lease("shardId-1", Checkpoint::Latest);
+        assert_eq!(l.key, multi.key("shardId-1"));
+        assert!(multi.owns(&l) && !LeaseLayout::SingleStream.owns(&l));
+        assert_eq!(LeaseLayout::SingleStream.key("shardId-1"), "shardId-1");
     }
 
     #[test]

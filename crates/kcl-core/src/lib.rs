@@ -13,6 +13,8 @@
 //!   and the conformance suite every store must pass.
 //! - [`source`]: the `ShardSource` trait (shards, lineage, readers); with
 //!   `test-util`, an in-memory source with splits, merges and read faults.
+//! - [`shard_sync`]: which shards get a lease, at which position (a pure
+//!   plan over one listing and one scan), and the sync that creates them.
 //! - [`balance`]: the pure balancing decision over one scan's view.
 //! - [`expiry`]: expiry judged on this worker's monotonic clock.
 //! - [`config`]: lease settings, validated at `build()`.
@@ -41,19 +43,25 @@
 #![warn(missing_docs)]
 
 pub mod balance;
+pub mod checkpointer;
 pub mod config;
 pub mod coordinator;
 pub mod expiry;
 pub mod lease;
+pub mod processor;
 pub mod record;
+pub mod shard_sync;
 pub mod source;
 pub mod store;
+pub mod worker;
+
+mod consumer;
 
 mod renewer;
 mod taker;
 
 pub use config::{ConfigError, LeaseConfig};
 pub use coordinator::{EndReason, LeaseCoordinator, LeaseEvent, LeaseHandle, ShutdownMode};
-pub use lease::{Checkpoint, HashKeyRange, Lease};
+pub use lease::{Checkpoint, HashKeyRange, Lease, LeaseLayout};
 pub use record::Record;
 pub use store::{ErrorKind, LeaseStore, StoreError};

@@ -8,9 +8,9 @@ use backon::{ExponentialBuilder, Retryable};
 use futures::StreamExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
-use crate::coordinator::{EndReason, Held, Shared, bump};
+use crate::coordinator::{EndReason, Held, Phase, Shared, bump};
 
 pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     // Fencing runs beside renewal, not after it: a round stuck on a hung
@@ -19,6 +19,82 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
         _ = stop.cancelled() => {}
         _ = renew_loop(&shared) => {}
         _ = fence_loop(&shared) => {}
+        _ = handoff_loop(&shared) => {}
+    }
+}
+
+/// How often a thief checks whether a handoff it asked for completed: a
+/// cheap read of each lease it awaits, only while it awaits any.
+const HANDOFF_POLL: Duration = Duration::from_millis(250);
+
+async fn handoff_loop(shared: &Shared) {
+    loop {
+        tokio::time::sleep(HANDOFF_POLL).await;
+        for (key, held) in shared.held_snapshot() {
+            if let Phase::Awaiting { from, force_at } = held.phase() {
+                progress_handoff(shared, &key, &held, &from, force_at).await;
+            }
+        }
+    }
+}
+
+/// Activates an awaited lease once its previous owner completed the
+/// handoff, or forces it at the deadline.
+async fn progress_handoff(
+    shared: &Shared,
+    key: &str,
+    held: &Arc<Held>,
+    from: &str,
+    force_at: Instant,
+) {
+    let _writing = held.writing.lock().await;
+    if !matches!(held.phase(), Phase::Awaiting { .. }) {
+        return;
+    }
+    let me = shared.config.worker_id.as_str();
+    let current = match shared.store.get(key).await {
+        Ok(Some(current)) => current,
+        Ok(None) => {
+            shared.ended(key, held, EndReason::Lost).await;
+            return;
+        }
+        Err(e) => {
+            debug!(lease = %key, error = %e, "reading an awaited lease failed; retrying");
+            return;
+        }
+    };
+    if !current.is_owned_by(me) {
+        shared.ended(key, held, EndReason::Lost).await;
+        return;
+    }
+    if current.checkpoint_owner.is_none() {
+        // Completed: a fresh renewal gives the new owner its validity.
+        let sent = Instant::now();
+        match shared.store.renew(key, me, current.counter).await {
+            Ok(lease) => {
+                bump(&shared.stats.handoffs_completed);
+                metrics::counter!("kcl_handoffs_total", "outcome" => "completed").increment(1);
+                info!(lease = %key, from, "handoff completed");
+                shared.activate(key, held, lease, sent).await;
+            }
+            Err(e) => {
+                debug!(lease = %key, error = %e, "renewing a handed-over lease failed; retrying")
+            }
+        }
+        return;
+    }
+    held.adopt(current.clone());
+    if Instant::now() >= force_at {
+        let sent = Instant::now();
+        match shared.store.take(&current, me).await {
+            Ok(lease) => {
+                bump(&shared.stats.handoffs_forced);
+                metrics::counter!("kcl_handoffs_total", "outcome" => "forced").increment(1);
+                warn!(lease = %key, from, "previous owner did not hand over in time; handoff forced");
+                shared.activate(key, held, lease, sent).await;
+            }
+            Err(e) => debug!(lease = %key, error = %e, "forcing a handoff failed; retrying"),
+        }
     }
 }
 
@@ -66,6 +142,12 @@ async fn renew_all(shared: &Shared, deadline: Instant) {
 /// Renews one lease, retrying transient failures with backoff until the
 /// next round is due or the lease's fence deadline passes.
 async fn renew_one(shared: &Shared, key: &str, held: &Arc<Held>, next_round: Instant) {
+    // A lease being handed off is no longer ours to renew: the new owner
+    // renews it while our processor checkpoints.
+    if held.phase() == Phase::HandingOff {
+        return;
+    }
+    let _writing = held.writing.lock().await;
     let me = shared.config.worker_id.as_str();
     let counter = held.lease().counter;
     let give_up_at = next_round.min(held.valid_until());
@@ -92,10 +174,24 @@ async fn renew_one(shared: &Shared, key: &str, held: &Arc<Held>, next_round: Ins
             bump(&shared.stats.renewals);
             held.renewed(lease, sent, &shared.config);
         }
-        Err(e) if e.is_condition_failed() => {
-            warn!(lease = %key, owner = ?e.current().and_then(|l| l.owner.clone()), "lease lost: renewal failed its condition");
-            shared.ended(key, held, EndReason::Lost).await;
-        }
+        Err(e) if e.is_condition_failed() => match e.current() {
+            // Still ours, the counter moved by a handoff step: renew from it.
+            Some(current) if current.is_owned_by(me) => {
+                held.adopt(current.clone());
+                debug!(lease = %key, "lease counter moved under us; renewing from the new value");
+            }
+            // Another worker asked for it gracefully: drain and hand over.
+            Some(current) if current.checkpoint_owner.as_deref() == Some(me) => {
+                if held.request_handoff() {
+                    info!(lease = %key, to = ?current.owner, "handoff requested; draining the shard");
+                    metrics::counter!("kcl_handoffs_requested_total").increment(1);
+                }
+            }
+            current => {
+                warn!(lease = %key, owner = ?current.and_then(|l| l.owner.clone()), "lease lost: renewal failed its condition");
+                shared.ended(key, held, EndReason::Lost).await;
+            }
+        },
         Err(e) => {
             bump(&shared.stats.renew_failures);
             metrics::counter!("kcl_lease_renewal_failures_total").increment(1);

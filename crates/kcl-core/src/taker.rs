@@ -67,7 +67,10 @@ async fn tick(shared: &Shared, tracker: &mut ExpiryTracker) -> Option<Instant> {
     let me = config.worker_id.as_str();
 
     // Finished shards need no owner; they stay in the table for lineage.
-    let active: Vec<&Lease> = leases.iter().filter(|l| !l.is_finished()).collect();
+    let active: Vec<&Lease> = leases
+        .iter()
+        .filter(|l| !l.is_finished() && shared.accepts(l))
+        .collect();
     let views = active
         .iter()
         .map(|l| LeaseView {
@@ -76,6 +79,7 @@ async fn tick(shared: &Shared, tracker: &mut ExpiryTracker) -> Option<Instant> {
             expired: tracker.is_expired(l, config.lease_duration, now),
             unrenewed_for: tracker.unchanged_for(l, now),
             held_here: shared.is_held(&l.key),
+            in_handoff: l.in_handoff(),
         })
         .collect();
     let decision = decide(&BalanceInput {
@@ -88,6 +92,7 @@ async fn tick(shared: &Shared, tracker: &mut ExpiryTracker) -> Option<Instant> {
         debug!(?decision, "lease taker decision");
     }
     apply(shared, &leases, &decision).await;
+    finish_orphaned_handoffs(shared, &leases).await;
 
     // A renewing owner moves the counter every renew interval; one that
     // missed two renewals is suspect: look again right when it would expire.
@@ -100,6 +105,23 @@ async fn tick(shared: &Shared, tracker: &mut ExpiryTracker) -> Option<Instant> {
         .filter(|at| *at > now)
         .min()
         .map(|at| at + Duration::from_millis(1))
+}
+
+/// Leases another worker asked this one for, that this worker does not
+/// hold (it restarted since): nothing here is processing them, so the
+/// handoff completes at once instead of waiting to be forced.
+async fn finish_orphaned_handoffs(shared: &Shared, leases: &[Lease]) {
+    let me = shared.config.worker_id.as_str();
+    for lease in leases {
+        if lease.checkpoint_owner.as_deref() == Some(me) && !shared.is_held(&lease.key) {
+            match shared.store.complete_handoff(&lease.key, me).await {
+                Ok(_) => info!(lease = %lease.key, "completed a handoff left over from a restart"),
+                Err(e) => {
+                    debug!(lease = %lease.key, error = %e, "completing a leftover handoff failed")
+                }
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,9 +150,38 @@ async fn apply(shared: &Shared, leases: &[Lease], decision: &Decision) {
 async fn take_one(shared: &Shared, kind: Kind, seen: &Lease) {
     let me = shared.config.worker_id.as_str();
     let mut seen = seen.clone();
+    // Ours in the table but mid-handoff from another worker (our handoff
+    // start applied, its response lost): keep waiting for that worker
+    // rather than take it from under its processor.
+    if kind == Kind::Reclaim
+        && let Some(from) = seen.checkpoint_owner.clone().filter(|f| f != me)
+    {
+        bump(&shared.stats.reclaimed);
+        shared.awaiting(seen, from, Instant::now());
+        return;
+    }
     for attempt in 0..2 {
         let sent = Instant::now();
-        match shared.store.take(&seen, me).await {
+        // A steal is a graceful handoff: the victim drains and checkpoints
+        // before this worker starts, so no two workers process the shard.
+        let write = match (kind, seen.owner.as_deref()) {
+            (Kind::Steal, Some(victim)) => {
+                shared
+                    .store
+                    .start_handoff(&seen.key, victim, seen.counter, me)
+                    .await
+            }
+            _ => shared.store.take(&seen, me).await,
+        };
+        match write {
+            Ok(lease) if kind == Kind::Steal => {
+                bump(&shared.stats.stolen);
+                metrics::counter!("kcl_leases_acquired_total", "how" => "stolen").increment(1);
+                let from = seen.owner.clone().unwrap_or_default();
+                info!(lease = %lease.key, from = %from, "handoff started");
+                shared.awaiting(lease, from, sent);
+                return;
+            }
             Ok(lease) => {
                 let (counter, what) = match kind {
                     Kind::Reclaim => (&shared.stats.reclaimed, "reclaimed"),

@@ -63,6 +63,7 @@ impl Fleet {
                 expired: false,
                 unrenewed_for: Duration::ZERO,
                 held_here: *o == Some(w),
+                in_handoff: false,
             })
             .collect();
         decide(&BalanceInput {
@@ -261,6 +262,7 @@ fn view<'a>(key: &'a str, owner: Option<&'a str>, expired: bool, secs: u64) -> L
         expired,
         unrenewed_for: Duration::from_secs(secs),
         held_here: false,
+        in_handoff: false,
     }
 }
 

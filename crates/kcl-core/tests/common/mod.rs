@@ -35,8 +35,8 @@ pub struct SimWorker {
     pub id: String,
     pub store: InMemoryLeaseStore,
     pub stats: Arc<StoreStats>,
-    pub coordinator: Option<LeaseCoordinator>,
-    drain: Option<JoinHandle<Vec<String>>>,
+    pub coordinator: Option<Arc<LeaseCoordinator>>,
+    drain: Option<JoinHandle<()>>,
 }
 
 impl SimWorker {
@@ -46,12 +46,13 @@ impl SimWorker {
         let stats = Arc::clone(metered.stats());
         let id = config.worker_id().to_owned();
         let (coordinator, events) = LeaseCoordinator::start(Arc::new(metered), config);
+        let coordinator = Arc::new(coordinator);
         SimWorker {
             id,
             store,
             stats,
+            drain: Some(tokio::spawn(drain(events, Arc::clone(&coordinator)))),
             coordinator: Some(coordinator),
-            drain: Some(tokio::spawn(drain(events))),
         }
     }
 
@@ -70,35 +71,47 @@ impl SimWorker {
             .collect()
     }
 
-    /// Stops like a SIGKILL: no release, leases left to expire.
-    pub async fn kill(&mut self) {
-        if let Some(c) = self.coordinator.take() {
-            c.shutdown(ShutdownMode::Abandon).await;
-        }
+    async fn stop(&mut self, mode: ShutdownMode) {
         if let Some(d) = self.drain.take() {
+            d.abort();
             let _ = d.await;
         }
+        if let Some(c) = self.coordinator.take() {
+            let Ok(c) = Arc::try_unwrap(c) else {
+                panic!("the drain task held the last other reference");
+            };
+            c.shutdown(mode).await;
+        }
+    }
+
+    /// Stops like a SIGKILL: no release, leases left to expire.
+    pub async fn kill(&mut self) {
+        self.stop(ShutdownMode::Abandon).await;
     }
 
     pub async fn stop_gracefully(&mut self) {
-        if let Some(c) = self.coordinator.take() {
-            c.shutdown(ShutdownMode::Release).await;
-        }
-        if let Some(d) = self.drain.take() {
-            let _ = d.await;
-        }
+        self.stop(ShutdownMode::Release).await;
     }
 }
 
-/// Consumes events like a worker would; returns the keys that ended.
-async fn drain(mut events: mpsc::Receiver<LeaseEvent>) -> Vec<String> {
-    let mut ended = Vec::new();
+/// Plays the worker's part: every acquired lease gets a stand-in consumer
+/// that hands the lease over as soon as another worker asks for it.
+async fn drain(mut events: mpsc::Receiver<LeaseEvent>, coordinator: Arc<LeaseCoordinator>) {
+    let mut consumers = tokio::task::JoinSet::new();
     while let Some(e) = events.recv().await {
-        if let LeaseEvent::Ended { key, .. } = e {
-            ended.push(key);
+        if let LeaseEvent::Acquired(handle) = e {
+            let coordinator = Arc::clone(&coordinator);
+            consumers.spawn(async move {
+                tokio::select! {
+                    _ = handle.handoff_requested() => {
+                        let _ = coordinator.complete_handoff(handle.key()).await;
+                    }
+                    _ = handle.ended() => {}
+                }
+            });
         }
+        while consumers.try_join_next().is_some() {}
     }
-    ended
 }
 
 pub async fn table_with(n: usize) -> InMemoryLeaseStore {

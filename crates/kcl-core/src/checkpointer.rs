@@ -1,0 +1,368 @@
+//! The checkpointer handed to processors: every write conditional on
+//! ownership, every position validated.
+
+use std::cmp::Ordering;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use crate::coordinator::LeaseHandle;
+use crate::lease::Checkpoint;
+use crate::record::Record;
+use crate::store::{CheckpointUpdate, LeaseStore, StoreError};
+
+/// Why a checkpoint was not written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckpointError {
+    /// This worker no longer owns the shard; the shard's consumer stops.
+    #[error("lease {key:?} is no longer held by this worker")]
+    LeaseLost {
+        /// The lease key.
+        key: String,
+    },
+    /// The position is not between the last checkpoint and the last record
+    /// delivered.
+    #[error(
+        "checkpoint {requested} is out of range: it must be after the last checkpoint \
+         ({last_checkpoint}) and at or before the last delivered record ({last_delivered})"
+    )]
+    OutOfRange {
+        /// The position asked for.
+        requested: String,
+        /// The last checkpoint written.
+        last_checkpoint: String,
+        /// The last record delivered, or "nothing".
+        last_delivered: String,
+    },
+    /// The lease store failed even after retries.
+    #[error("checkpoint could not be written")]
+    Store(#[source] StoreError),
+}
+
+/// Writes checkpoints for one shard. Given to the processor with each batch.
+pub struct Checkpointer {
+    store: Arc<dyn LeaseStore>,
+    worker_id: String,
+    lease: LeaseHandle,
+    last_checkpoint: Checkpoint,
+    last_delivered: Option<(String, u64)>,
+    shard_ended: bool,
+    lost: CancellationToken,
+}
+
+impl fmt::Debug for Checkpointer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Checkpointer")
+            .field("lease", &self.lease.key())
+            .field("last_checkpoint", &self.last_checkpoint)
+            .field("last_delivered", &self.last_delivered)
+            .field("shard_ended", &self.shard_ended)
+            .finish()
+    }
+}
+
+impl Checkpointer {
+    pub(crate) fn new(
+        store: Arc<dyn LeaseStore>,
+        worker_id: String,
+        lease: LeaseHandle,
+        starting: Checkpoint,
+        lost: CancellationToken,
+    ) -> Self {
+        Checkpointer {
+            store,
+            worker_id,
+            lease,
+            last_checkpoint: starting,
+            last_delivered: None,
+            shard_ended: false,
+            lost,
+        }
+    }
+
+    /// A checkpointer not tied to a running worker, for testing processors.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn for_test(store: Arc<dyn LeaseStore>, worker_id: &str, lease: LeaseHandle) -> Self {
+        let starting = lease.lease().checkpoint;
+        Self::new(
+            store,
+            worker_id.to_owned(),
+            lease,
+            starting,
+            CancellationToken::new(),
+        )
+    }
+
+    /// Records that `record` was handed to the processor.
+    pub(crate) fn delivered(&mut self, record: &Record) {
+        self.last_delivered = Some((record.sequence_number.clone(), record.sub_sequence_number));
+    }
+
+    /// Records that `(seq, sub)` was handed to the processor.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn delivered_for_test(&mut self, seq: &str, sub: u64) {
+        self.last_delivered = Some((seq.to_owned(), sub));
+    }
+
+    pub(crate) fn set_shard_ended(&mut self) {
+        self.shard_ended = true;
+    }
+
+    /// The last checkpoint written (or the one processing started from).
+    pub fn last_checkpoint(&self) -> &Checkpoint {
+        &self.last_checkpoint
+    }
+
+    /// Checkpoints the last record delivered; in `shard_ended`, records
+    /// SHARD_END so the shard's children can start.
+    pub async fn checkpoint(&mut self) -> Result<(), CheckpointError> {
+        let target = if self.shard_ended {
+            Checkpoint::ShardEnd
+        } else {
+            match &self.last_delivered {
+                Some((seq, sub)) => Checkpoint::at(seq.clone(), *sub),
+                // Nothing delivered: nothing new to record.
+                None => return Ok(()),
+            }
+        };
+        self.write(CheckpointUpdate::to(target)).await
+    }
+
+    /// Checkpoints `record`: it and everything before it are done.
+    pub async fn checkpoint_record(&mut self, record: &Record) -> Result<(), CheckpointError> {
+        self.checkpoint_at(&record.sequence_number, record.sub_sequence_number)
+            .await
+    }
+
+    /// Checkpoints at `(seq, sub)`, which must lie after the last checkpoint
+    /// and at or before the last record delivered.
+    pub async fn checkpoint_at(&mut self, seq: &str, sub: u64) -> Result<(), CheckpointError> {
+        let target = self.validate(seq, sub)?;
+        self.write(CheckpointUpdate::to(target)).await
+    }
+
+    /// Prepares a checkpoint at `(seq, sub)` with optional application
+    /// state, without moving the checkpoint: the next owner sees it in
+    /// [`crate::processor::InitializeInput::pending_checkpoint`]. Commit it
+    /// with a later `checkpoint_at`.
+    pub async fn prepare_checkpoint(
+        &mut self,
+        seq: &str,
+        sub: u64,
+        state: Option<Vec<u8>>,
+    ) -> Result<(), CheckpointError> {
+        let pending = self.validate(seq, sub)?;
+        self.write(CheckpointUpdate {
+            checkpoint: self.last_checkpoint.clone(),
+            pending: Some(pending),
+            pending_state: state,
+        })
+        .await
+    }
+
+    fn validate(&self, seq: &str, sub: u64) -> Result<Checkpoint, CheckpointError> {
+        let out_of_range = || CheckpointError::OutOfRange {
+            requested: format!("{seq}/{sub}"),
+            last_checkpoint: self.last_checkpoint.to_string(),
+            last_delivered: self
+                .last_delivered
+                .as_ref()
+                .map_or("nothing".to_owned(), |(s, n)| format!("{s}/{n}")),
+        };
+        let target = Checkpoint::parse(seq, sub).map_err(|_| out_of_range())?;
+        if target.is_sentinel() {
+            return Err(out_of_range());
+        }
+        let Some((dseq, dsub)) = &self.last_delivered else {
+            return Err(out_of_range());
+        };
+        if compare(seq, sub, dseq, *dsub) == Ordering::Greater {
+            return Err(out_of_range());
+        }
+        match &self.last_checkpoint {
+            Checkpoint::Sequence {
+                seq: cseq,
+                sub: csub,
+            } if compare(seq, sub, cseq, *csub) == Ordering::Less => Err(out_of_range()),
+            Checkpoint::ShardEnd => Err(out_of_range()),
+            _ => Ok(target),
+        }
+    }
+
+    async fn write(&mut self, update: CheckpointUpdate) -> Result<(), CheckpointError> {
+        let key = self.lease.key().to_owned();
+        if !self.lease.may_checkpoint() {
+            self.lost.cancel();
+            return Err(CheckpointError::LeaseLost { key });
+        }
+        let result = (|| self.store.checkpoint(&key, &self.worker_id, &update))
+            .retry(
+                ExponentialBuilder::default()
+                    .with_min_delay(Duration::from_millis(50))
+                    .with_max_delay(Duration::from_secs(1))
+                    .with_max_times(5)
+                    .with_jitter(),
+            )
+            .sleep(tokio::time::sleep)
+            .when(StoreError::is_retryable)
+            .await;
+        match result {
+            Ok(_) => {
+                metrics::counter!("kcl_checkpoints_total").increment(1);
+                if update.pending.is_none() {
+                    self.last_checkpoint = update.checkpoint;
+                }
+                Ok(())
+            }
+            Err(e) if e.is_condition_failed() => {
+                warn!(lease = %key, "checkpoint rejected: another worker owns the shard; stopping");
+                // The consumer stops at once: the new owner is processing.
+                self.lost.cancel();
+                Err(CheckpointError::LeaseLost { key })
+            }
+            Err(e) => Err(CheckpointError::Store(e)),
+        }
+    }
+}
+
+/// Orders two (sequence, sub-sequence) positions. Sequence numbers are
+/// decimal strings of up to 129 digits: compared by length once leading
+/// zeros are gone, then digit by digit.
+pub(crate) fn compare(a: &str, a_sub: u64, b: &str, b_sub: u64) -> Ordering {
+    let a = a.trim_start_matches('0');
+    let b = b.trim_start_matches('0');
+    a.len()
+        .cmp(&b.len())
+        .then_with(|| a.cmp(b))
+        .then(a_sub.cmp(&b_sub))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::Lease;
+    use crate::store::memory::InMemoryLeaseStore;
+
+    #[test]
+    fn sequence_numbers_compare_as_numbers() {
+        assert_eq!(compare("9", 0, "10", 0), Ordering::Less);
+        assert_eq!(compare("0010", 0, "10", 0), Ordering::Equal);
+        assert_eq!(compare("10", 2, "10", 1), Ordering::Greater);
+        assert_eq!(
+            compare(
+                "49590338271490256608559692538361571095921575989136588898",
+                0,
+                "49590338271490256608559692538361571095921575989136588899",
+                0
+            ),
+            Ordering::Less
+        );
+    }
+
+    async fn setup() -> (InMemoryLeaseStore, Checkpointer) {
+        let store = InMemoryLeaseStore::new();
+        let lease = store
+            .create_if_absent(&Lease::new("s", Checkpoint::TrimHorizon))
+            .await
+            .unwrap();
+        let lease = store.take(&lease, "me").await.unwrap();
+        let handle = LeaseHandle::detached(lease, Duration::from_secs(60));
+        let cp = Checkpointer::for_test(Arc::new(store.clone()), "me", handle);
+        (store, cp)
+    }
+
+    #[tokio::test]
+    async fn checkpoint_means_the_last_delivered_record() {
+        let (store, mut cp) = setup().await;
+        cp.checkpoint().await.unwrap();
+        assert_eq!(
+            store.get("s").await.unwrap().unwrap().checkpoint,
+            Checkpoint::TrimHorizon,
+            "nothing delivered"
+        );
+        cp.delivered_for_test("100", 3);
+        cp.checkpoint().await.unwrap();
+        assert_eq!(
+            store.get("s").await.unwrap().unwrap().checkpoint,
+            Checkpoint::at("100", 3)
+        );
+        cp.set_shard_ended();
+        cp.checkpoint().await.unwrap();
+        assert_eq!(
+            store.get("s").await.unwrap().unwrap().checkpoint,
+            Checkpoint::ShardEnd
+        );
+    }
+
+    #[tokio::test]
+    async fn checkpoint_at_is_validated() {
+        let (_, mut cp) = setup().await;
+        assert!(
+            matches!(
+                cp.checkpoint_at("5", 0).await,
+                Err(CheckpointError::OutOfRange { .. })
+            ),
+            "nothing delivered yet"
+        );
+        cp.delivered_for_test("100", 0);
+        cp.checkpoint_at("50", 0).await.unwrap();
+        for (seq, sub) in [
+            ("101", 0),
+            ("100", 1),
+            ("49", 0),
+            ("abc", 0),
+            ("SHARD_END", 0),
+        ] {
+            let e = cp.checkpoint_at(seq, sub).await.unwrap_err();
+            assert!(
+                matches!(e, CheckpointError::OutOfRange { .. }),
+                "{seq}/{sub}: {e}"
+            );
+            assert!(
+                e.to_string().contains("50/0"),
+                "names the last checkpoint: {e}"
+            );
+        }
+        cp.checkpoint_at("50", 0).await.unwrap();
+        cp.checkpoint_at("100", 0).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_moved_lease_is_lease_lost_and_stops_the_consumer() {
+        let (store, mut cp) = setup().await;
+        let current = store.get("s").await.unwrap().unwrap();
+        store.take(&current, "thief").await.unwrap();
+        cp.delivered_for_test("7", 0);
+        let e = cp.checkpoint().await.unwrap_err();
+        assert!(matches!(e, CheckpointError::LeaseLost { .. }), "{e}");
+        assert!(cp.lost.is_cancelled());
+        assert_eq!(
+            store.get("s").await.unwrap().unwrap().checkpoint,
+            Checkpoint::TrimHorizon
+        );
+    }
+
+    #[tokio::test]
+    async fn pending_checkpoints_are_stored_without_moving_the_checkpoint() {
+        let (store, mut cp) = setup().await;
+        cp.delivered_for_test("9", 0);
+        cp.prepare_checkpoint("9", 0, Some(b"txn-42".to_vec()))
+            .await
+            .unwrap();
+        let l = store.get("s").await.unwrap().unwrap();
+        assert_eq!(l.checkpoint, Checkpoint::TrimHorizon);
+        assert_eq!(l.pending_checkpoint, Some(Checkpoint::at("9", 0)));
+        assert_eq!(l.pending_checkpoint_state.as_deref(), Some(&b"txn-42"[..]));
+        cp.checkpoint_at("9", 0).await.unwrap();
+        let l = store.get("s").await.unwrap().unwrap();
+        assert_eq!(
+            (l.checkpoint, l.pending_checkpoint),
+            (Checkpoint::at("9", 0), None)
+        );
+    }
+}

@@ -1,0 +1,512 @@
+//! One shard consumer per held lease:
+//! WaitingOnParents -> Initializing -> Processing -> ShuttingDown -> Done.
+//!
+//! The consumer owns the shard's processor and reader. It stops fetching
+//! the moment the lease ends (lost, fenced, released) or a checkpoint is
+//! rejected; the batch already in the processor's hands is the only
+//! overlap with a new owner (invariant 1).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use crate::checkpointer::Checkpointer;
+use crate::coordinator::LeaseHandle;
+use crate::lease::{Checkpoint, LeaseLayout};
+use crate::processor::{
+    FailurePolicy, InitializeInput, ProcessorFactory, RecordBatch, RecordProcessor, ShardContext,
+};
+use crate::source::{
+    Batch, ChildShard, InitialPosition, OpenShard, ShardReader, ShardSource, SourceError,
+    StartPosition,
+};
+use crate::store::LeaseStore;
+
+/// Everything a consumer needs besides its lease; shared by all consumers
+/// of one stream.
+#[derive(Clone)]
+pub(crate) struct ConsumerSetup {
+    pub(crate) store: Arc<dyn LeaseStore>,
+    pub(crate) source: Arc<dyn ShardSource>,
+    pub(crate) factory: Arc<dyn ProcessorFactory>,
+    pub(crate) stream: String,
+    pub(crate) layout: LeaseLayout,
+    pub(crate) worker_id: String,
+    pub(crate) initial: InitialPosition,
+    pub(crate) policy: FailurePolicy,
+    pub(crate) parent_poll_interval: Duration,
+    pub(crate) max_backoff: Duration,
+}
+
+impl std::fmt::Debug for ConsumerSetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsumerSetup")
+            .field("stream", &self.stream)
+            .field("layout", &self.layout)
+            .field("worker_id", &self.worker_id)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a consumer ended; the worker acts on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ConsumerExit {
+    /// Every record was processed and SHARD_END checkpointed: release the
+    /// lease, nobody needs to own it.
+    ShardEnded,
+    /// The lease ended under the consumer.
+    LeaseLost,
+    /// Graceful shutdown completed (the processor had its chance to
+    /// checkpoint); the worker releases the lease.
+    ShutDown,
+    /// The failure policy gave the shard up: release the lease.
+    Release,
+    /// Another worker asked for the shard; the processor had its chance to
+    /// checkpoint: complete the handoff.
+    HandedOff,
+}
+
+enum Stop {
+    LeaseLost,
+    Shutdown,
+    Release,
+    Handoff,
+}
+
+/// Doubling backoff from 100 ms up to `max`, for loops that must go on
+/// until the lease or the worker stops them.
+struct Backoff {
+    next: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    fn new(max: Duration) -> Self {
+        Backoff {
+            next: Duration::from_millis(100),
+            max,
+        }
+    }
+    fn step(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(self.max);
+        d
+    }
+    fn reset(&mut self) {
+        self.next = Duration::from_millis(100);
+    }
+}
+
+struct Consumer {
+    setup: Arc<ConsumerSetup>,
+    lease: LeaseHandle,
+    shutdown: CancellationToken,
+    /// Cancelled by the checkpointer when a checkpoint is rejected.
+    lost: CancellationToken,
+    ctx: ShardContext,
+}
+
+impl Consumer {
+    /// Waits `d` unless the lease ends or shutdown is requested first.
+    async fn pause(&self, d: Duration) -> Result<(), Stop> {
+        tokio::select! {
+            _ = self.lease.ended() => Err(Stop::LeaseLost),
+            _ = self.lost.cancelled() => Err(Stop::LeaseLost),
+            _ = self.lease.handoff_requested() => Err(Stop::Handoff),
+            _ = self.shutdown.cancelled() => Err(Stop::Shutdown),
+            _ = tokio::time::sleep(d) => Ok(()),
+        }
+    }
+
+    fn still_ours(&self) -> Result<(), Stop> {
+        if self.lost.is_cancelled() {
+            Err(Stop::LeaseLost)
+        } else if self.lease.may_checkpoint() && !self.lease.is_valid() {
+            Err(Stop::Handoff)
+        } else if !self.lease.is_valid() {
+            Err(Stop::LeaseLost)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Runs one shard to its end, its lease's end, or shutdown.
+pub(crate) async fn run(
+    setup: Arc<ConsumerSetup>,
+    lease: LeaseHandle,
+    shutdown: CancellationToken,
+) -> ConsumerExit {
+    let held = lease.lease();
+    let ctx = ShardContext {
+        stream: setup.stream.clone(),
+        shard_id: held.shard_id.clone(),
+        lease_key: held.key.clone(),
+        worker_id: setup.worker_id.clone(),
+    };
+    let c = Consumer {
+        setup,
+        lease,
+        shutdown,
+        lost: CancellationToken::new(),
+        ctx,
+    };
+    // WaitingOnParents: no processor exists yet, so nothing to tell it.
+    match wait_for_parents(&c).await {
+        Ok(()) => {}
+        Err(Stop::Shutdown) => return ConsumerExit::ShutDown,
+        Err(Stop::Release) => return ConsumerExit::Release,
+        Err(Stop::LeaseLost) => return ConsumerExit::LeaseLost,
+        Err(Stop::Handoff) => return ConsumerExit::HandedOff,
+    }
+    // Initializing: the checkpoint is read fresh, not from the acquisition
+    // snapshot: a previous owner may have checkpointed since.
+    let current = loop {
+        match c.setup.store.get(&c.ctx.lease_key).await {
+            Ok(Some(l)) => break l,
+            Ok(None) => {
+                warn!("lease vanished from the table; stopping");
+                return ConsumerExit::LeaseLost;
+            }
+            Err(e) => {
+                warn!(error = %e, "reading the lease failed; retrying");
+                if let Err(stop) = c.pause(Duration::from_millis(500)).await {
+                    return exit_without_processor(stop);
+                }
+            }
+        }
+    };
+    if current.checkpoint == Checkpoint::ShardEnd {
+        debug!("shard already finished");
+        return ConsumerExit::ShardEnded;
+    }
+    let mut processor = c.setup.factory.create(&c.ctx);
+    let mut checkpointer = Checkpointer::new(
+        Arc::clone(&c.setup.store),
+        c.setup.worker_id.clone(),
+        c.lease.clone(),
+        current.checkpoint.clone(),
+        c.lost.clone(),
+    );
+    let input = InitializeInput {
+        shard: c.ctx.clone(),
+        checkpoint: current.checkpoint.clone(),
+        pending_checkpoint: current.pending_checkpoint.clone(),
+    };
+    let outcome = match initialize(&c, processor.as_mut(), &input).await {
+        Ok(()) => {
+            process(
+                &c,
+                processor.as_mut(),
+                &mut checkpointer,
+                &current.checkpoint,
+            )
+            .await
+        }
+        Err(stop) => Err(stop),
+    };
+    // ShuttingDown: exactly one of the three endings reaches the processor.
+    match outcome {
+        Ok(()) => ConsumerExit::ShardEnded,
+        Err(Stop::LeaseLost) => {
+            info!("lease lost; stopping the processor");
+            processor.lease_lost().await;
+            ConsumerExit::LeaseLost
+        }
+        Err(Stop::Shutdown) => {
+            if let Err(e) = processor.shutdown_requested(&mut checkpointer).await {
+                warn!(error = %e, "processor failed in shutdown_requested");
+            }
+            ConsumerExit::ShutDown
+        }
+        Err(Stop::Handoff) => {
+            info!("handing the shard over; the processor may checkpoint");
+            if let Err(e) = processor.shutdown_requested(&mut checkpointer).await {
+                warn!(error = %e, "processor failed in shutdown_requested");
+            }
+            ConsumerExit::HandedOff
+        }
+        Err(Stop::Release) => {
+            processor.lease_lost().await;
+            ConsumerExit::Release
+        }
+    }
+}
+
+fn exit_without_processor(stop: Stop) -> ConsumerExit {
+    match stop {
+        Stop::LeaseLost => ConsumerExit::LeaseLost,
+        Stop::Shutdown => ConsumerExit::ShutDown,
+        Stop::Release => ConsumerExit::Release,
+        Stop::Handoff => ConsumerExit::HandedOff,
+    }
+}
+
+/// Invariant 5: a child starts only once every parent reached SHARD_END.
+/// A parent with no lease counts as done: it was finished and cleaned up,
+/// or deliberately never leased (an application starting at LATEST).
+async fn wait_for_parents(c: &Consumer) -> Result<(), Stop> {
+    let parents = c.lease.lease().parent_shard_ids;
+    if parents.is_empty() {
+        return Ok(());
+    }
+    let mut logged = false;
+    loop {
+        let mut waiting = Vec::new();
+        for parent in &parents {
+            match c.setup.store.get(&c.setup.layout.key(parent)).await {
+                Ok(None) => {}
+                Ok(Some(l)) if l.is_finished() => {}
+                Ok(Some(_)) => waiting.push(parent.as_str()),
+                Err(e) => {
+                    debug!(error = %e, parent, "reading a parent lease failed; retrying");
+                    waiting.push(parent.as_str());
+                }
+            }
+        }
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        if !logged {
+            info!(?waiting, "waiting for parent shards to finish");
+            logged = true;
+        }
+        c.pause(c.setup.parent_poll_interval).await?;
+    }
+}
+
+async fn initialize(
+    c: &Consumer,
+    processor: &mut dyn RecordProcessor,
+    input: &InitializeInput,
+) -> Result<(), Stop> {
+    let mut backoff = Backoff::new(c.setup.max_backoff);
+    loop {
+        match processor.initialize(input).await {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                processor_error("initialize", &c.ctx, &*e);
+                if c.setup.policy == FailurePolicy::ReleaseShard {
+                    return Err(Stop::Release);
+                }
+                c.pause(backoff.step()).await?;
+            }
+        }
+    }
+}
+
+fn processor_error(
+    stage: &'static str,
+    ctx: &ShardContext,
+    e: &(dyn std::error::Error + Send + Sync),
+) {
+    error!(stage, error = %e, "processor failed");
+    metrics::counter!("kcl_processor_errors_total", "stream" => ctx.stream.clone(), "shard" => ctx.shard_id.clone(), "stage" => stage)
+        .increment(1);
+}
+
+async fn open_reader(c: &Consumer, position: StartPosition) -> Result<Box<dyn ShardReader>, Stop> {
+    let mut backoff = Backoff::new(c.setup.max_backoff);
+    loop {
+        c.still_ours()?;
+        let request = OpenShard {
+            stream: c.setup.stream.clone(),
+            shard_id: c.ctx.shard_id.clone(),
+            position: position.clone(),
+            lease: c.lease.clone(),
+        };
+        match c.setup.source.open(request).await {
+            Ok(reader) => return Ok(reader),
+            Err(SourceError::LeaseLost { .. }) => return Err(Stop::LeaseLost),
+            Err(e) => {
+                warn!(error = %e, "opening the shard failed; retrying");
+                c.pause(backoff.step()).await?;
+            }
+        }
+    }
+}
+
+/// Processing: fetch, de-aggregated by the reader, hand to the processor.
+/// `Ok` once SHARD_END is checkpointed.
+async fn process(
+    c: &Consumer,
+    processor: &mut dyn RecordProcessor,
+    checkpointer: &mut Checkpointer,
+    start: &Checkpoint,
+) -> Result<(), Stop> {
+    let Some(mut position) = StartPosition::from_checkpoint(start, c.setup.initial) else {
+        return Ok(());
+    };
+    let mut reader = open_reader(c, position.clone()).await?;
+    let mut read_backoff = Backoff::new(c.setup.max_backoff);
+    let mut failed_reads = 0u32;
+    let labels = [
+        ("stream", c.ctx.stream.clone()),
+        ("shard", c.ctx.shard_id.clone()),
+    ];
+    loop {
+        let fetched = tokio::select! {
+            biased;
+            _ = c.lease.ended() => return Err(Stop::LeaseLost),
+            _ = c.lost.cancelled() => return Err(Stop::LeaseLost),
+            _ = c.lease.handoff_requested() => return Err(Stop::Handoff),
+            _ = c.shutdown.cancelled() => return Err(Stop::Shutdown),
+            fetched = reader.next_batch() => fetched,
+        };
+        let batch: Batch = match fetched {
+            Ok(batch) => {
+                read_backoff.reset();
+                failed_reads = 0;
+                batch
+            }
+            Err(SourceError::LeaseLost { .. }) => {
+                return Err(c.still_ours().err().unwrap_or(Stop::LeaseLost));
+            }
+            Err(e) if e.is_retryable() => {
+                warn!(error = %e, "reading the shard failed; retrying");
+                c.pause(read_backoff.step()).await?;
+                continue;
+            }
+            Err(e) => {
+                // The reader cannot go on (the shard was trimmed or the
+                // stream deleted): reopen from the last delivered record a
+                // few times, then give the shard back.
+                failed_reads += 1;
+                error!(error = %e, attempt = failed_reads, "shard reader failed");
+                if failed_reads >= 5 {
+                    return Err(Stop::Release);
+                }
+                c.pause(read_backoff.step()).await?;
+                reader = open_reader(c, position.clone()).await?;
+                continue;
+            }
+        };
+        if let Some(last) = batch.records.last() {
+            checkpointer.delivered(last);
+            position = StartPosition::AfterCheckpoint {
+                seq: last.sequence_number.clone(),
+                sub: last.sub_sequence_number,
+            };
+            let bytes: usize = batch.records.iter().map(|r| r.data.len()).sum();
+            metrics::counter!("kcl_records_processed_total", &labels)
+                .increment(batch.records.len() as u64);
+            metrics::counter!("kcl_bytes_processed_total", &labels).increment(bytes as u64);
+            metrics::histogram!("kcl_records_per_batch", &labels)
+                .record(batch.records.len() as f64);
+            if let Some(ms) = batch.millis_behind_latest {
+                metrics::gauge!("kcl_millis_behind_latest", &labels).set(ms as f64);
+            }
+            let records = RecordBatch {
+                records: batch.records,
+                millis_behind_latest: batch.millis_behind_latest,
+            };
+            let started = Instant::now();
+            deliver(c, processor, checkpointer, &records).await?;
+            metrics::histogram!("kcl_batch_processing_seconds", &labels)
+                .record(started.elapsed().as_secs_f64());
+        } else if let Some(ms) = batch.millis_behind_latest {
+            metrics::gauge!("kcl_millis_behind_latest", &labels).set(ms as f64);
+        }
+        if let Some(children) = batch.shard_end {
+            return finish_shard(c, processor, checkpointer, &children).await;
+        }
+    }
+}
+
+/// Hands one batch to the processor, applying the failure policy.
+async fn deliver(
+    c: &Consumer,
+    processor: &mut dyn RecordProcessor,
+    checkpointer: &mut Checkpointer,
+    batch: &RecordBatch,
+) -> Result<(), Stop> {
+    let mut backoff = Backoff::new(c.setup.max_backoff);
+    loop {
+        match processor.process_records(batch, checkpointer).await {
+            Ok(()) => return c.still_ours_after_checkpoint(),
+            Err(e) => {
+                processor_error("process_records", &c.ctx, &*e);
+                c.still_ours()?;
+                match c.setup.policy {
+                    FailurePolicy::Retry => c.pause(backoff.step()).await?,
+                    FailurePolicy::Skip => {
+                        metrics::counter!("kcl_processor_batches_skipped_total").increment(1);
+                        warn!(
+                            records = batch.records.len(),
+                            "skipping the failed batch, as configured"
+                        );
+                        return Ok(());
+                    }
+                    FailurePolicy::ReleaseShard => return Err(Stop::Release),
+                }
+            }
+        }
+    }
+}
+
+impl Consumer {
+    /// After a processor returns: a checkpoint it attempted may have found
+    /// the lease gone, in which case the consumer stops at once.
+    fn still_ours_after_checkpoint(&self) -> Result<(), Stop> {
+        if self.lost.is_cancelled() {
+            Err(Stop::LeaseLost)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// ShuttingDown at SHARD_END: create the children's leases (so they start
+/// without waiting for a shard sync), then let the processor checkpoint
+/// SHARD_END, retrying until it does.
+async fn finish_shard(
+    c: &Consumer,
+    processor: &mut dyn RecordProcessor,
+    checkpointer: &mut Checkpointer,
+    children: &[ChildShard],
+) -> Result<(), Stop> {
+    for child in children {
+        let mut lease = c
+            .setup
+            .layout
+            .new_lease(&child.shard_id, Checkpoint::TrimHorizon);
+        lease.parent_shard_ids = child.parent_shard_ids.iter().cloned().collect();
+        lease.hash_key_range = Some(child.hash_key_range.clone());
+        match c.setup.store.create_if_absent(&lease).await {
+            Ok(_) => info!(child = %child.shard_id, "created the child shard's lease"),
+            Err(e) if e.is_condition_failed() => {}
+            // Shard sync creates it later; the child cannot start before
+            // this parent's SHARD_END anyway.
+            Err(e) => warn!(child = %child.shard_id, error = %e, "creating a child lease failed"),
+        }
+    }
+    checkpointer.set_shard_ended();
+    let mut backoff = Backoff::new(c.setup.max_backoff);
+    loop {
+        match processor.shard_ended(checkpointer).await {
+            Ok(()) if *checkpointer.last_checkpoint() == Checkpoint::ShardEnd => {
+                info!("shard finished");
+                return Ok(());
+            }
+            Ok(()) => {
+                c.still_ours_after_checkpoint()?;
+                error!(
+                    "the processor returned from shard_ended without checkpointing; the shard's children cannot start until it does"
+                );
+                metrics::counter!("kcl_shard_end_not_checkpointed_total").increment(1);
+            }
+            Err(e) => {
+                processor_error("shard_ended", &c.ctx, &*e);
+                c.still_ours()?;
+                if c.setup.policy == FailurePolicy::ReleaseShard {
+                    return Err(Stop::Release);
+                }
+            }
+        }
+        c.pause(backoff.step()).await?;
+    }
+}

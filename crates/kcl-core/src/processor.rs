@@ -1,0 +1,133 @@
+//! The application's side: `RecordProcessor`, one per shard, made by a
+//! `ProcessorFactory`.
+
+use async_trait::async_trait;
+
+use crate::checkpointer::Checkpointer;
+use crate::lease::Checkpoint;
+use crate::record::Record;
+
+/// An error returned by a processor; what happens next is decided by the
+/// worker's [`FailurePolicy`].
+pub type ProcessorError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Which shard a processor works on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardContext {
+    /// The stream name.
+    pub stream: String,
+    /// The shard id.
+    pub shard_id: String,
+    /// The lease key in the lease table.
+    pub lease_key: String,
+    /// This worker's id.
+    pub worker_id: String,
+}
+
+/// What [`RecordProcessor::initialize`] is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InitializeInput {
+    /// The shard.
+    pub shard: ShardContext,
+    /// Where processing resumes: records after this one are delivered.
+    pub checkpoint: Checkpoint,
+    /// A checkpoint prepared but not committed by a previous owner, if
+    /// any; the processor decides whether its side effects happened.
+    pub pending_checkpoint: Option<Checkpoint>,
+}
+
+/// One batch of records for [`RecordProcessor::process_records`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordBatch {
+    /// User records in shard order (KPL aggregates already split).
+    pub records: Vec<Record>,
+    /// How far behind the tip of the shard this batch is, when known.
+    pub millis_behind_latest: Option<u64>,
+}
+
+/// The application's code for one shard.
+///
+/// The worker calls these methods from one task per shard, never
+/// concurrently, in this order: `initialize`, then `process_records` for
+/// each batch, then exactly one of `shard_ended`, `shutdown_requested` or
+/// `lease_lost`.
+///
+/// Delivery is at-least-once: after a crash or a lost lease, records after
+/// the last checkpoint are delivered again, possibly to another worker.
+#[async_trait]
+pub trait RecordProcessor: Send {
+    /// Called once before the first batch. Return an error to let the
+    /// failure policy decide (the default retries).
+    async fn initialize(&mut self, input: &InitializeInput) -> Result<(), ProcessorError> {
+        let _ = input;
+        Ok(())
+    }
+
+    /// Processes one batch. Checkpoint with `checkpointer` when the batch's
+    /// effects are durable; an error leaves the batch to the failure
+    /// policy (by default the same batch is retried with backoff, so
+    /// nothing is ever skipped silently).
+    async fn process_records(
+        &mut self,
+        batch: &RecordBatch,
+        checkpointer: &mut Checkpointer,
+    ) -> Result<(), ProcessorError>;
+
+    /// Every record of a closed shard was delivered. The processor MUST
+    /// checkpoint here (`checkpointer.checkpoint()` records SHARD_END), or
+    /// the shard's children never start; the default does exactly that.
+    async fn shard_ended(&mut self, checkpointer: &mut Checkpointer) -> Result<(), ProcessorError> {
+        checkpointer.checkpoint().await?;
+        Ok(())
+    }
+
+    /// The worker is shutting down gracefully, or handing the shard to
+    /// another worker: checkpoint what is done so the next owner resumes
+    /// right after it. Keep it short; the worker waits up to its shutdown
+    /// timeout. The default does not checkpoint.
+    async fn shutdown_requested(
+        &mut self,
+        checkpointer: &mut Checkpointer,
+    ) -> Result<(), ProcessorError> {
+        let _ = checkpointer;
+        Ok(())
+    }
+
+    /// Another worker owns the shard now (or this worker could not renew
+    /// its lease in time). Checkpointing is no longer possible; release
+    /// resources and stop side effects.
+    async fn lease_lost(&mut self) {}
+}
+
+/// Makes one processor per shard.
+pub trait ProcessorFactory: Send + Sync + 'static {
+    /// A processor for `shard`.
+    fn create(&self, shard: &ShardContext) -> Box<dyn RecordProcessor>;
+}
+
+impl<F, P> ProcessorFactory for F
+where
+    F: Fn(&ShardContext) -> P + Send + Sync + 'static,
+    P: RecordProcessor + 'static,
+{
+    fn create(&self, shard: &ShardContext) -> Box<dyn RecordProcessor> {
+        Box::new(self(shard))
+    }
+}
+
+/// What the worker does when a processor returns an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum FailurePolicy {
+    /// Deliver the same batch again after a backoff (capped exponential),
+    /// until it succeeds or the lease is lost. Nothing is skipped. The
+    /// default.
+    #[default]
+    Retry,
+    /// Log the error, count it (`kcl_processor_batches_skipped_total`) and
+    /// move on to the next batch.
+    Skip,
+    /// Stop processing the shard and release its lease, so that another
+    /// worker (or this one, later) starts again from the last checkpoint.
+    ReleaseShard,
+}

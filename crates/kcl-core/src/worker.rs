@@ -1,0 +1,548 @@
+//! The worker engine: the lease coordinator, the shard sync loop and one
+//! consumer per held lease, with a graceful shutdown.
+//!
+//! Store- and source-agnostic: the `kcl` crate wires it to DynamoDB and
+//! Kinesis; tests wire it to the in-memory store and source.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+use tracing::{Instrument, error, info, info_span, warn};
+
+use crate::config::{ConfigError, LeaseConfig};
+use crate::consumer::{self, ConsumerExit, ConsumerSetup};
+use crate::coordinator::{LeaseCoordinator, LeaseEvent, LeaseFilter, ShutdownMode, StatsSnapshot};
+use crate::lease::{Lease, LeaseLayout};
+use crate::processor::{FailurePolicy, ProcessorFactory};
+use crate::shard_sync;
+use crate::source::{InitialPosition, ShardSource, SourceError};
+use crate::store::{LeaseStore, StoreError};
+
+/// One stream a worker consumes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamSpec {
+    /// The stream name.
+    pub name: String,
+    /// How its lease keys are formed.
+    pub layout: LeaseLayout,
+}
+
+/// Settings of a [`Worker`]; build with [`WorkerConfig::builder`].
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub(crate) lease: LeaseConfig,
+    pub(crate) streams: Vec<StreamSpec>,
+    pub(crate) initial_position: InitialPosition,
+    pub(crate) failure_policy: FailurePolicy,
+    pub(crate) shard_sync_interval: Duration,
+    pub(crate) parent_poll_interval: Duration,
+    pub(crate) shutdown_timeout: Duration,
+    pub(crate) max_backoff: Duration,
+}
+
+impl WorkerConfig {
+    /// A builder for the given lease settings (which carry the worker id).
+    pub fn builder(lease: LeaseConfig) -> WorkerConfigBuilder {
+        WorkerConfigBuilder {
+            config: WorkerConfig {
+                lease,
+                streams: Vec::new(),
+                initial_position: InitialPosition::Latest,
+                failure_policy: FailurePolicy::Retry,
+                shard_sync_interval: Duration::from_secs(60),
+                parent_poll_interval: Duration::from_secs(10),
+                shutdown_timeout: Duration::from_secs(25),
+                max_backoff: Duration::from_secs(30),
+            },
+        }
+    }
+
+    /// The lease settings.
+    pub fn lease(&self) -> &LeaseConfig {
+        &self.lease
+    }
+
+    /// The streams consumed.
+    pub fn streams(&self) -> &[StreamSpec] {
+        &self.streams
+    }
+}
+
+/// Builder of [`WorkerConfig`].
+#[derive(Debug, Clone)]
+pub struct WorkerConfigBuilder {
+    config: WorkerConfig,
+}
+
+impl WorkerConfigBuilder {
+    /// Adds a stream.
+    pub fn stream(mut self, spec: StreamSpec) -> Self {
+        self.config.streams.push(spec);
+        self
+    }
+    /// Where shards without a checkpoint start (default LATEST, as the Java
+    /// KCL).
+    pub fn initial_position(mut self, p: InitialPosition) -> Self {
+        self.config.initial_position = p;
+        self
+    }
+    /// What happens when a processor fails (default: retry the batch).
+    pub fn failure_policy(mut self, p: FailurePolicy) -> Self {
+        self.config.failure_policy = p;
+        self
+    }
+    /// How often shards are listed to create leases for new ones (default
+    /// 60 s, jittered by +/-25%).
+    pub fn shard_sync_interval(mut self, d: Duration) -> Self {
+        self.config.shard_sync_interval = d;
+        self
+    }
+    /// How often a child shard checks whether its parents finished
+    /// (default 10 s, as the Java KCL's `parentShardPollIntervalMillis`).
+    pub fn parent_poll_interval(mut self, d: Duration) -> Self {
+        self.config.parent_poll_interval = d;
+        self
+    }
+    /// How long a graceful shutdown waits for processors to finish before
+    /// it stops them and releases the leases anyway (default 25 s, inside
+    /// the 30 s that ECS and Kubernetes give by default).
+    pub fn shutdown_timeout(mut self, d: Duration) -> Self {
+        self.config.shutdown_timeout = d;
+        self
+    }
+    /// Longest pause between retries of a failing processor or read
+    /// (default 30 s).
+    pub fn max_backoff(mut self, d: Duration) -> Self {
+        self.config.max_backoff = d;
+        self
+    }
+
+    /// Validates the settings.
+    pub fn build(self) -> Result<WorkerConfig, ConfigError> {
+        let c = self.config;
+        let err = |field, reason: &str| {
+            Err(ConfigError {
+                field,
+                reason: reason.to_owned(),
+            })
+        };
+        if c.streams.is_empty() {
+            return err("streams", "must name at least one stream");
+        }
+        for (i, s) in c.streams.iter().enumerate() {
+            if s.name.trim().is_empty() {
+                return err("streams", "contains an empty stream name");
+            }
+            if c.streams[..i].iter().any(|o| o.name == s.name) {
+                return Err(ConfigError {
+                    field: "streams",
+                    reason: format!("names {:?} twice", s.name),
+                });
+            }
+        }
+        if c.streams.len() > 1
+            && c.streams
+                .iter()
+                .any(|s| s.layout == LeaseLayout::SingleStream)
+        {
+            return err("streams", "several streams need multi-stream lease keys");
+        }
+        if c.shard_sync_interval.is_zero() {
+            return err("shard_sync_interval", "must be above zero");
+        }
+        if c.parent_poll_interval.is_zero() {
+            return err("parent_poll_interval", "must be above zero");
+        }
+        if c.max_backoff < Duration::from_millis(100) {
+            return err("max_backoff", "must be at least 100ms");
+        }
+        Ok(c)
+    }
+}
+
+/// Why a worker could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkerError {
+    /// A configured stream does not exist.
+    #[error("stream {stream:?} does not exist (check the name, the region and the endpoint)")]
+    StreamNotFound {
+        /// The stream.
+        stream: String,
+    },
+    /// Listing a stream failed at startup.
+    #[error("cannot list the shards of stream {stream:?}")]
+    Source {
+        /// The stream.
+        stream: String,
+        /// The failure.
+        #[source]
+        source: SourceError,
+    },
+    /// The lease table could not be used at startup.
+    #[error("the lease table is not usable")]
+    Store(#[source] StoreError),
+}
+
+/// What a running worker is doing, for probes and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerStatus {
+    /// True once the startup checks and first shard sync succeeded.
+    pub ready: bool,
+    /// Lease keys with a running consumer.
+    pub consuming: Vec<String>,
+    /// The lease coordinator's counters.
+    pub leases: StatsSnapshot,
+    /// Shards whose records were all processed by this worker.
+    pub shards_finished: u64,
+}
+
+/// A cloneable handle to a running worker: asks for a graceful shutdown and
+/// reads its status.
+#[derive(Debug, Clone)]
+pub struct WorkerHandle {
+    shutdown: CancellationToken,
+    status: Arc<Mutex<WorkerStatus>>,
+}
+
+impl WorkerHandle {
+    /// Asks the worker to stop gracefully: stop taking leases, let every
+    /// processor checkpoint in `shutdown_requested`, release every lease.
+    pub fn shutdown(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// The worker's current status.
+    pub fn status(&self) -> WorkerStatus {
+        self.status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn update(&self, f: impl FnOnce(&mut WorkerStatus)) {
+        f(&mut self.status.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+}
+
+/// Consumes every shard of its streams together with the other workers of
+/// the same application.
+pub struct Worker {
+    config: WorkerConfig,
+    store: Arc<dyn LeaseStore>,
+    source: Arc<dyn ShardSource>,
+    factory: Arc<dyn ProcessorFactory>,
+    handle: WorkerHandle,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("worker_id", &self.config.lease.worker_id())
+            .field("streams", &self.config.streams)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Worker {
+    /// A worker on the given store, source and processor factory.
+    pub fn new(
+        config: WorkerConfig,
+        store: Arc<dyn LeaseStore>,
+        source: Arc<dyn ShardSource>,
+        factory: Arc<dyn ProcessorFactory>,
+    ) -> Self {
+        Worker {
+            config,
+            store,
+            source,
+            factory,
+            handle: WorkerHandle {
+                shutdown: CancellationToken::new(),
+                status: Arc::default(),
+            },
+        }
+    }
+
+    /// A handle to ask for shutdown and read the status.
+    pub fn handle(&self) -> WorkerHandle {
+        self.handle.clone()
+    }
+
+    /// Runs until [`WorkerHandle::shutdown`] is called or `signal`
+    /// completes, then shuts down gracefully.
+    pub async fn run_until(
+        self,
+        signal: impl Future<Output = ()> + Send,
+    ) -> Result<(), WorkerError> {
+        let handle = self.handle.clone();
+        let shutdown = self.handle.shutdown.clone();
+        tokio::pin!(signal);
+        let run = self.run();
+        tokio::pin!(run);
+        tokio::select! {
+            result = &mut run => return result,
+            _ = &mut signal => handle.shutdown(),
+            _ = shutdown.cancelled() => {}
+        }
+        run.await
+    }
+
+    /// Runs until [`WorkerHandle::shutdown`] is called.
+    pub async fn run(self) -> Result<(), WorkerError> {
+        let span = info_span!("worker", worker = %self.config.lease.worker_id());
+        self.run_inner().instrument(span).await
+    }
+
+    async fn run_inner(self) -> Result<(), WorkerError> {
+        let config = &self.config;
+        // Startup checks: every stream exists, and the first sync creates the
+        // leases before the taker's first tick looks for them.
+        for spec in &config.streams {
+            self.sync(spec).await.map_err(|e| match e {
+                SyncFailure::Source(SourceError::StreamNotFound { stream }) => {
+                    WorkerError::StreamNotFound { stream }
+                }
+                SyncFailure::Source(source) => WorkerError::Source {
+                    stream: spec.name.clone(),
+                    source,
+                },
+                SyncFailure::Store(e) => WorkerError::Store(e),
+            })?;
+        }
+        let layouts: Vec<LeaseLayout> = config.streams.iter().map(|s| s.layout.clone()).collect();
+        let filter: LeaseFilter =
+            Arc::new(move |l: &Lease| layouts.iter().any(|layout| layout.owns(l)));
+        let (coordinator, mut events) = LeaseCoordinator::start_filtered(
+            Arc::clone(&self.store),
+            config.lease.clone(),
+            Some(filter),
+        );
+        self.handle.update(|s| s.ready = true);
+        info!(streams = ?config.streams.iter().map(|s| &s.name).collect::<Vec<_>>(), "worker started");
+
+        let sync_stop = CancellationToken::new();
+        // Aborted if this future is dropped, like every task the worker owns.
+        let sync_task = AbortOnDropHandle::new(tokio::spawn(
+            self.sync_loop(sync_stop.clone()).in_current_span(),
+        ));
+
+        let setups: Vec<Arc<ConsumerSetup>> = config
+            .streams
+            .iter()
+            .map(|spec| {
+                Arc::new(ConsumerSetup {
+                    store: Arc::clone(&self.store),
+                    source: Arc::clone(&self.source),
+                    factory: Arc::clone(&self.factory),
+                    stream: spec.name.clone(),
+                    layout: spec.layout.clone(),
+                    worker_id: config.lease.worker_id().to_owned(),
+                    initial: config.initial_position,
+                    policy: config.failure_policy,
+                    parent_poll_interval: config.parent_poll_interval,
+                    max_backoff: config.max_backoff,
+                })
+            })
+            .collect();
+        let mut consumers: JoinSet<(String, ConsumerExit)> = JoinSet::new();
+        let mut running = Running::default();
+        let shutdown = self.handle.shutdown.clone();
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                event = events.recv() => match event {
+                    Some(LeaseEvent::Acquired(lease)) => {
+                        let held = lease.lease();
+                        let Some(setup) = setups.iter().find(|s| s.layout.owns(&held)) else {
+                            continue;
+                        };
+                        let key = lease.key().to_owned();
+                        let stop = CancellationToken::new();
+                        let span = info_span!("shard", stream = %setup.stream, shard = %held.shard_id);
+                        let setup = Arc::clone(setup);
+                        let (task_key, task_stop) = (key.clone(), stop.clone());
+                        let task = consumers.spawn(
+                            async move { (task_key, consumer::run(setup, lease, task_stop).await) }
+                                .instrument(span),
+                        );
+                        running.insert(task.id(), key, stop);
+                        self.publish(&coordinator, &running);
+                    }
+                    Some(_) => self.publish(&coordinator, &running),
+                    None => break,
+                },
+                Some(done) = consumers.join_next_with_id() => {
+                    self.consumer_done(&coordinator, &mut running, done).await;
+                }
+            }
+        }
+
+        // Graceful shutdown: no new leases, then every processor gets its
+        // chance to checkpoint while the leases are still renewed, then the
+        // leases are released so peers take them on their next tick.
+        info!("shutting down: stopping the lease taker and the processors");
+        coordinator.stop_taking();
+        sync_stop.cancel();
+        running.stop_all();
+        let deadline = tokio::time::sleep(config.shutdown_timeout);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                done = consumers.join_next_with_id() => match done {
+                    Some(done) => self.consumer_done(&coordinator, &mut running, done).await,
+                    None => break,
+                },
+                _ = &mut deadline => {
+                    warn!(remaining = consumers.len(), "processors did not finish within the shutdown timeout; stopping them");
+                    consumers.shutdown().await;
+                    break;
+                }
+                // Keep the event channel flowing so no coordinator task waits on it.
+                Some(_) = events.recv() => {}
+            }
+        }
+        let _ = sync_task.await;
+        coordinator.shutdown(ShutdownMode::Release).await;
+        self.handle.update(|s| {
+            s.ready = false;
+            s.consuming.clear();
+        });
+        info!("worker stopped");
+        Ok(())
+    }
+
+    async fn consumer_done(
+        &self,
+        coordinator: &LeaseCoordinator,
+        running: &mut Running,
+        done: Result<(tokio::task::Id, (String, ConsumerExit)), tokio::task::JoinError>,
+    ) {
+        match done {
+            Ok((id, (key, exit))) => {
+                running.remove(id);
+                match exit {
+                    ConsumerExit::ShardEnded => {
+                        self.handle.update(|s| s.shards_finished += 1);
+                        release(coordinator, &key).await;
+                    }
+                    ConsumerExit::Release => release(coordinator, &key).await,
+                    ConsumerExit::HandedOff => {
+                        if let Err(e) = coordinator.complete_handoff(&key).await {
+                            warn!(lease = %key, error = %e, "completing the handoff failed; the new owner will force it");
+                        }
+                    }
+                    ConsumerExit::LeaseLost | ConsumerExit::ShutDown => {}
+                }
+            }
+            Err(e) => {
+                // A processor panicked. Its shard is given back, to be
+                // retried from the last checkpoint, rather than left held
+                // and unprocessed.
+                if let Some(key) = running.remove(e.id()) {
+                    error!(lease = %key, error = %e, "a shard consumer panicked; releasing its lease");
+                    metrics::counter!("kcl_consumer_panics_total").increment(1);
+                    release(coordinator, &key).await;
+                }
+            }
+        }
+        self.publish(coordinator, running);
+    }
+
+    fn publish(&self, coordinator: &LeaseCoordinator, running: &Running) {
+        let consuming = running.keys();
+        let leases = coordinator.stats();
+        self.handle.update(|s| {
+            s.consuming = consuming;
+            s.leases = leases;
+        });
+    }
+
+    async fn sync(&self, spec: &StreamSpec) -> Result<(), SyncFailure> {
+        match shard_sync::sync_shards(
+            self.source.as_ref(),
+            self.store.as_ref(),
+            &spec.name,
+            &spec.layout,
+            self.config.initial_position,
+        )
+        .await
+        {
+            Ok(_) => Ok(()),
+            Err(shard_sync::SyncError::Source(e)) => Err(SyncFailure::Source(e)),
+            Err(shard_sync::SyncError::Store(e)) => Err(SyncFailure::Store(e)),
+        }
+    }
+
+    fn sync_loop(&self, stop: CancellationToken) -> impl Future<Output = ()> + Send + 'static {
+        let source = Arc::clone(&self.source);
+        let store = Arc::clone(&self.store);
+        let streams = self.config.streams.clone();
+        let interval = self.config.shard_sync_interval;
+        let initial = self.config.initial_position;
+        async move {
+            loop {
+                let jittered = interval.mul_f64(rand::rng().random_range(0.75..=1.25));
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(jittered) => {}
+                }
+                for spec in &streams {
+                    if let Err(e) = shard_sync::sync_shards(
+                        source.as_ref(),
+                        store.as_ref(),
+                        &spec.name,
+                        &spec.layout,
+                        initial,
+                    )
+                    .await
+                    {
+                        warn!(stream = %spec.name, error = %e, "shard sync failed; retrying next interval");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The running consumers: task id to lease key, and each one's stop token.
+#[derive(Debug, Default)]
+struct Running {
+    by_task: HashMap<tokio::task::Id, (String, CancellationToken)>,
+}
+
+impl Running {
+    fn insert(&mut self, id: tokio::task::Id, key: String, stop: CancellationToken) {
+        self.by_task.insert(id, (key, stop));
+    }
+    fn remove(&mut self, id: tokio::task::Id) -> Option<String> {
+        self.by_task.remove(&id).map(|(key, _)| key)
+    }
+    fn stop_all(&self) {
+        for (_, stop) in self.by_task.values() {
+            stop.cancel();
+        }
+    }
+    fn keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self.by_task.values().map(|(k, _)| k.clone()).collect();
+        keys.sort();
+        keys
+    }
+}
+
+enum SyncFailure {
+    Source(SourceError),
+    Store(StoreError),
+}
+
+async fn release(coordinator: &LeaseCoordinator, key: &str) {
+    if let Err(e) = coordinator.release(key).await {
+        warn!(lease = %key, error = %e, "releasing the lease failed; it will expire instead");
+    }
+}
