@@ -153,11 +153,15 @@ mod tests {
         LimitExceededException, ProvisionedThroughputExceededException,
     };
 
+    use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
+    use aws_smithy_runtime_api::http::StatusCode;
+    use aws_smithy_types::body::SdkBody;
+
     use super::*;
-    use crate::faults::raw_response;
 
     fn service<E>(err: E, status: u16) -> SdkError<E> {
-        SdkError::service_error(err, raw_response(status))
+        let status = StatusCode::try_from(status).expect("valid status");
+        SdkError::service_error(err, HttpResponse::new(status, SdkBody::empty()))
     }
 
     #[test]
@@ -209,10 +213,7 @@ mod tests {
                 Class::Fatal,
             ),
             (
-                classify(service(
-                    GetRecordsError::unhandled("boom"),
-                    503,
-                )),
+                classify(service(GetRecordsError::unhandled("boom"), 503)),
                 Class::Transient,
             ),
             (

@@ -92,6 +92,7 @@ impl Fault {
 #[derive(Debug, Default)]
 struct Plan {
     queued: HashMap<Call, VecDeque<Fault>>,
+    at: HashMap<(Call, u64), Fault>,
     calls: HashMap<Call, u64>,
     injected: HashMap<Call, u64>,
 }
@@ -118,6 +119,13 @@ impl FaultInjector {
         self.lock().queued.entry(call).or_default().push_back(fault);
     }
 
+    /// Makes the `nth` call of `call` (counting from 1 since the injector
+    /// was created, faulted calls included) fail with `fault`. Takes
+    /// precedence over faults queued with [`FaultInjector::inject`].
+    pub fn inject_at(&self, call: Call, nth: u64, fault: Fault) {
+        self.lock().at.insert((call, nth), fault);
+    }
+
     /// Calls of `call` made so far, faulted or not.
     pub fn calls(&self, call: Call) -> u64 {
         self.lock().calls.get(&call).copied().unwrap_or(0)
@@ -136,8 +144,13 @@ impl FaultInjector {
     /// Counts a call and takes its fault, if one is queued.
     fn next(&self, call: Call) -> Option<Fault> {
         let mut plan = self.lock();
-        *plan.calls.entry(call).or_default() += 1;
-        let fault = plan.queued.get_mut(&call).and_then(VecDeque::pop_front);
+        let count = plan.calls.entry(call).or_default();
+        *count += 1;
+        let nth = *count;
+        let fault = match plan.at.remove(&(call, nth)) {
+            Some(fault) => Some(fault),
+            None => plan.queued.get_mut(&call).and_then(VecDeque::pop_front),
+        };
         if fault.is_some() {
             *plan.injected.entry(call).or_default() += 1;
         }
@@ -145,25 +158,14 @@ impl FaultInjector {
     }
 }
 
-/// A response as the SDK hands it to error handling: a status and an empty
-/// body.
-pub(crate) fn raw_response(status: u16) -> HttpResponse {
-    // Every u16 from 100 to 999 is a valid status; anything else falls back
-    // to a plain 400 rather than panicking.
-    let status = StatusCode::try_from(status)
-        .or_else(|_| StatusCode::try_from(400))
-        .unwrap_or_else(|_| HttpResponse::new(200u16.try_into().unwrap_or_else(|_| unreachable_status()), SdkBody::empty()).status());
-    HttpResponse::new(status, SdkBody::empty())
-}
-
-/// Never reached: 200 is a valid status. Kept as a function so the
-/// fallback chain above stays free of `unwrap`.
-fn unreachable_status() -> StatusCode {
-    StatusCode::from(http::StatusCode::OK)
-}
-
+/// The error as the SDK would return it for a response with the fault's
+/// status and an empty body.
 fn service_error<E>(fault: Fault, err: E) -> SdkError<E> {
-    SdkError::service_error(err, raw_response(fault.status()))
+    match StatusCode::try_from(fault.status()) {
+        Ok(status) => SdkError::service_error(err, HttpResponse::new(status, SdkBody::empty())),
+        // Not reached (400 and 500 are valid statuses), but no panic if it were.
+        Err(e) => SdkError::construction_failure(e),
+    }
 }
 
 fn get_records_error(fault: Fault) -> SdkError<GetRecordsError> {

@@ -1,0 +1,254 @@
+//! Settings of polling retrieval, validated at `build()`.
+
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+
+use crate::error::ConfigError;
+
+/// Most records one `GetRecords` call may return (a Kinesis limit).
+pub const MAX_GET_RECORDS_LIMIT: i32 = 10_000;
+
+/// How a polling reader fetches. Build with [`PollingConfig::builder`].
+///
+/// Defaults follow the Java KCL where it has one: up to 10 000 records per
+/// `GetRecords`, 1 s between calls when the shard is caught up, none when
+/// a full batch says more is waiting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PollingConfig {
+    pub(crate) max_records: i32,
+    pub(crate) idle_time_between_reads: Duration,
+    pub(crate) max_prefetch_records: usize,
+    pub(crate) max_prefetch_bytes: usize,
+    pub(crate) retry_min_delay: Duration,
+    pub(crate) retry_max_delay: Duration,
+    pub(crate) max_transient_retries: u32,
+}
+
+impl Default for PollingConfig {
+    fn default() -> Self {
+        PollingConfig {
+            max_records: MAX_GET_RECORDS_LIMIT,
+            idle_time_between_reads: Duration::from_secs(1),
+            max_prefetch_records: 10_000,
+            // One full GetRecords response can reach 10 MiB; 8 MiB per shard
+            // keeps a few hundred shards within a few GiB even when every
+            // processor stalls, and a single oversized response still
+            // passes (it takes the whole budget).
+            max_prefetch_bytes: 8 * 1024 * 1024,
+            retry_min_delay: Duration::from_millis(100),
+            retry_max_delay: Duration::from_secs(10),
+            max_transient_retries: 10,
+        }
+    }
+}
+
+impl PollingConfig {
+    /// A builder starting from the defaults.
+    pub fn builder() -> PollingConfigBuilder {
+        PollingConfigBuilder {
+            config: PollingConfig::default(),
+        }
+    }
+
+    /// Records asked for per `GetRecords` call.
+    pub fn max_records(&self) -> i32 {
+        self.max_records
+    }
+
+    /// Wait after a batch that did not fill `max_records`.
+    pub fn idle_time_between_reads(&self) -> Duration {
+        self.idle_time_between_reads
+    }
+
+    /// Most user records fetched ahead of the processor.
+    pub fn max_prefetch_records(&self) -> usize {
+        self.max_prefetch_records
+    }
+
+    /// Most payload bytes fetched ahead of the processor.
+    pub fn max_prefetch_bytes(&self) -> usize {
+        self.max_prefetch_bytes
+    }
+
+    /// The delays between retries of a throttled or failed call:
+    /// exponential from `retry_min_delay` to `retry_max_delay`, with
+    /// jitter so that many shards throttled at once do not retry in step.
+    pub(crate) fn backoff(&self) -> impl Iterator<Item = std::time::Duration> + use<> {
+        ExponentialBuilder::default()
+            .with_min_delay(self.retry_min_delay)
+            .with_max_delay(self.retry_max_delay)
+            .with_factor(2.0)
+            .with_jitter()
+            .without_max_times()
+            .build()
+    }
+}
+
+/// Builds a [`PollingConfig`].
+#[derive(Debug, Clone)]
+pub struct PollingConfigBuilder {
+    config: PollingConfig,
+}
+
+impl PollingConfigBuilder {
+    /// Records asked for per `GetRecords` call, 1 to 10 000 (default
+    /// 10 000).
+    pub fn max_records(mut self, n: i32) -> Self {
+        self.config.max_records = n;
+        self
+    }
+
+    /// Wait after a batch that did not fill `max_records` (default 1 s). A
+    /// full batch is followed at once: more records are waiting.
+    pub fn idle_time_between_reads(mut self, d: Duration) -> Self {
+        self.config.idle_time_between_reads = d;
+        self
+    }
+
+    /// Most user records fetched ahead of the processor (default 10 000).
+    pub fn max_prefetch_records(mut self, n: usize) -> Self {
+        self.config.max_prefetch_records = n;
+        self
+    }
+
+    /// Most payload bytes fetched ahead of the processor (default 8 MiB).
+    /// A single response larger than this still passes, alone.
+    pub fn max_prefetch_bytes(mut self, n: usize) -> Self {
+        self.config.max_prefetch_bytes = n;
+        self
+    }
+
+    /// First retry delay after a throttled or failed call (default 100 ms).
+    pub fn retry_min_delay(mut self, d: Duration) -> Self {
+        self.config.retry_min_delay = d;
+        self
+    }
+
+    /// Longest retry delay (default 10 s).
+    pub fn retry_max_delay(mut self, d: Duration) -> Self {
+        self.config.retry_max_delay = d;
+        self
+    }
+
+    /// Consecutive transient failures (timeouts, 5xx) after which the
+    /// reader reports [`kcl_core::source::SourceError::Retryable`] to its
+    /// caller; it keeps retrying after that (default 10). Throttling is
+    /// retried indefinitely without being reported: it is the service
+    /// pacing us, not a failure.
+    pub fn max_transient_retries(mut self, n: u32) -> Self {
+        self.config.max_transient_retries = n;
+        self
+    }
+
+    /// Validates the settings.
+    pub fn build(self) -> Result<PollingConfig, ConfigError> {
+        let c = self.config;
+        let err = |field, reason: String| Err(ConfigError { field, reason });
+        if !(1..=MAX_GET_RECORDS_LIMIT).contains(&c.max_records) {
+            return err(
+                "max_records",
+                format!(
+                    "is {}; GetRecords accepts 1 to {MAX_GET_RECORDS_LIMIT}",
+                    c.max_records
+                ),
+            );
+        }
+        if c.max_prefetch_records == 0 {
+            return err("max_prefetch_records", "must be at least 1".into());
+        }
+        if c.max_prefetch_bytes == 0 || c.max_prefetch_bytes > u32::MAX as usize {
+            return err(
+                "max_prefetch_bytes",
+                format!("is {}; it must be 1 to {}", c.max_prefetch_bytes, u32::MAX),
+            );
+        }
+        if c.max_prefetch_records > u32::MAX as usize {
+            return err(
+                "max_prefetch_records",
+                format!(
+                    "is {}; it must be at most {}",
+                    c.max_prefetch_records,
+                    u32::MAX
+                ),
+            );
+        }
+        if c.retry_min_delay.is_zero() {
+            return err(
+                "retry_min_delay",
+                "must be above zero, or throttled calls retry in a tight loop".into(),
+            );
+        }
+        if c.retry_max_delay < c.retry_min_delay {
+            return err(
+                "retry_max_delay",
+                format!(
+                    "is {:?}; it must not be below retry_min_delay ({:?})",
+                    c.retry_max_delay, c.retry_min_delay
+                ),
+            );
+        }
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        let c = PollingConfig::builder().build().expect("defaults");
+        assert_eq!(c, PollingConfig::default());
+        assert_eq!(c.max_records(), 10_000);
+        assert_eq!(c.idle_time_between_reads(), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn invalid_settings_name_their_field() {
+        let cases: Vec<(PollingConfigBuilder, &str)> = vec![
+            (PollingConfig::builder().max_records(0), "max_records"),
+            (PollingConfig::builder().max_records(10_001), "max_records"),
+            (
+                PollingConfig::builder().max_prefetch_records(0),
+                "max_prefetch_records",
+            ),
+            (
+                PollingConfig::builder().max_prefetch_bytes(0),
+                "max_prefetch_bytes",
+            ),
+            (
+                PollingConfig::builder().retry_min_delay(Duration::ZERO),
+                "retry_min_delay",
+            ),
+            (
+                PollingConfig::builder()
+                    .retry_min_delay(Duration::from_secs(2))
+                    .retry_max_delay(Duration::from_secs(1)),
+                "retry_max_delay",
+            ),
+        ];
+        for (builder, field) in cases {
+            let e = builder.build().expect_err(field);
+            assert_eq!(e.field, field);
+            assert!(e.to_string().contains(field), "{e}");
+        }
+    }
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let c = PollingConfig::builder()
+            .retry_min_delay(Duration::from_millis(10))
+            .retry_max_delay(Duration::from_millis(80))
+            .build()
+            .expect("config");
+        let delays: Vec<Duration> = c.backoff().take(20).collect();
+        assert_eq!(delays.len(), 20, "never runs out");
+        // Jitter adds up to one more delay on top of the capped one.
+        assert!(
+            delays.iter().all(|d| *d <= Duration::from_millis(160)),
+            "{delays:?}"
+        );
+        assert!(delays[0] >= Duration::from_millis(10));
+    }
+}

@@ -1,0 +1,637 @@
+//! Polling retrieval: `GetShardIterator` once, then `GetRecords` in a loop,
+//! in a background task owned by the reader.
+//!
+//! # Concurrency model
+//!
+//! Each [`PollingReader`] owns one fetch task (its `JoinHandle` and a
+//! `CancellationToken`; dropping the reader cancels and aborts it). The task
+//! sends batches on a bounded channel of [`PREFETCH_BATCHES`]; each batch
+//! carries permits of two semaphores, one counting user records and one
+//! counting payload bytes, which the reader releases when it hands the
+//! batch out. The task waits for free permits before each `GetRecords` and
+//! asks for no more records than are free, so a stalled processor stops
+//! the fetching: per shard, memory stays within the prefetch budget plus
+//! the one response being admitted.
+//!
+//! The lease is checked before every `GetRecords` (and `GetShardIterator`)
+//! call; when it is no longer valid the task sends
+//! [`SourceError::LeaseLost`] and ends. The reader also checks it before
+//! handing out each batch and wakes the moment the lease ends, so a batch
+//! prefetched under a lease is never delivered after it.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use aws_sdk_kinesis::operation::get_records::GetRecordsOutput;
+use bytes::Bytes;
+use kcl_core::coordinator::LeaseHandle;
+use kcl_core::source::{Batch, ChildShard, OpenShard, ShardReader, SourceError, StartPosition};
+use kcl_core::{Checkpoint, HashKeyRange};
+use metrics::{Counter, Gauge};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::api::IteratorStart;
+use crate::error::{Class, classify};
+use crate::kpl::{self, Deaggregator, RawRecord, ShardHashRange};
+use crate::source::{Failure, Op, Shared, list_after, retryable, retrying};
+
+/// Batches the fetch task may have waiting for the reader. The record and
+/// byte budgets are the real bound; this only caps how many small batches
+/// queue up.
+pub(crate) const PREFETCH_BATCHES: usize = 4;
+
+/// What the fetch task hands the reader.
+type Message = Result<Prefetched, SourceError>;
+
+/// A fetched batch and the prefetch budget it holds until handed out.
+#[derive(Debug)]
+struct Prefetched {
+    batch: Batch,
+    _records: OwnedSemaphorePermit,
+    _bytes: OwnedSemaphorePermit,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Reading,
+    /// The shard-end batch was handed out.
+    Ended,
+    /// A non-retryable error was handed out; the fetch task is gone.
+    Stopped,
+}
+
+/// A [`ShardReader`] on one shard, fed by a background `GetRecords` loop.
+#[derive(Debug)]
+pub(crate) struct PollingReader {
+    stream: String,
+    shard_id: String,
+    lease: LeaseHandle,
+    rx: mpsc::Receiver<Message>,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+    state: State,
+}
+
+impl PollingReader {
+    /// Gets the first shard iterator (so a missing shard or stream fails
+    /// here) and starts the fetch task.
+    pub(crate) async fn open(shared: Shared, request: OpenShard) -> Result<Self, SourceError> {
+        let OpenShard {
+            stream,
+            shard_id,
+            position,
+            lease,
+        } = request;
+        let (start, skip) = match position {
+            StartPosition::TrimHorizon => (IteratorStart::TrimHorizon, None),
+            StartPosition::Latest => (IteratorStart::Latest, None),
+            StartPosition::AtTimestamp(t) => (IteratorStart::AtTimestamp(t), None),
+            // Kinesis resumes only at whole records: re-read the checkpointed
+            // one and drop the sub-records the checkpoint covers.
+            StartPosition::AfterCheckpoint { seq, sub } => (
+                IteratorStart::AtSequence(seq.clone()),
+                Some(Checkpoint::at(seq, sub)),
+            ),
+        };
+        let deaggregator = match lease
+            .lease()
+            .hash_key_range
+            .as_ref()
+            .map(ShardHashRange::parse)
+        {
+            Some(Ok(range)) => Deaggregator::for_shard(range),
+            Some(Err(e)) => {
+                warn!(%stream, shard = %shard_id, error = %e,
+                    "lease has an invalid hash-key range; sub-records are not checked against it");
+                Deaggregator::new()
+            }
+            None => Deaggregator::new(),
+        };
+        let meters = Meters::new(&stream, &shard_id);
+        let ctx = Ctx {
+            shared,
+            stream,
+            shard_id,
+            lease,
+            meters,
+        };
+        let iterator = ctx
+            .get_iterator(&start)
+            .await
+            .map_err(|f| f.into_source_error(&ctx.stream, &ctx.shard_id))?;
+
+        let (tx, rx) = mpsc::channel(PREFETCH_BATCHES);
+        let stop = CancellationToken::new();
+        let polling = &ctx.shared.polling;
+        let fetcher = Fetcher {
+            records: Arc::new(Semaphore::new(polling.max_prefetch_records)),
+            bytes: Arc::new(Semaphore::new(polling.max_prefetch_bytes)),
+            tx,
+            start,
+            skip,
+            last_sequence: None,
+            iterator,
+            deaggregator,
+            ctx: ctx.clone(),
+        };
+        let task = tokio::spawn(fetcher.run(stop.clone()));
+        debug!(stream = %ctx.stream, shard = %ctx.shard_id, "polling reader started");
+        Ok(PollingReader {
+            stream: ctx.stream,
+            shard_id: ctx.shard_id,
+            lease: ctx.lease,
+            rx,
+            stop,
+            task,
+            state: State::Reading,
+        })
+    }
+
+    fn lease_lost(&mut self) -> SourceError {
+        self.state = State::Stopped;
+        self.stop.cancel();
+        SourceError::LeaseLost {
+            shard: self.shard_id.clone(),
+        }
+    }
+
+    fn fatal(&self, message: &str) -> SourceError {
+        SourceError::Fatal {
+            stream: self.stream.clone(),
+            message: format!("shard {}: {message}", self.shard_id),
+            source: None,
+        }
+    }
+}
+
+impl Drop for PollingReader {
+    fn drop(&mut self) {
+        // Cancel lets the task see it at its next await; abort makes sure
+        // it is gone even if it is not polled again. Either way no task
+        // outlives its reader.
+        self.stop.cancel();
+        self.task.abort();
+    }
+}
+
+#[async_trait]
+impl ShardReader for PollingReader {
+    async fn next_batch(&mut self) -> Result<Batch, SourceError> {
+        match self.state {
+            State::Reading => {}
+            State::Ended => return Err(self.fatal("already reached its end")),
+            State::Stopped => return Err(self.fatal("reader stopped after an error")),
+        }
+        if !self.lease.is_valid() {
+            return Err(self.lease_lost());
+        }
+        let ended = self.lease.ended();
+        let message = tokio::select! {
+            biased;
+            () = ended => return Err(self.lease_lost()),
+            message = self.rx.recv() => message,
+        };
+        match message {
+            Some(Ok(prefetched)) => {
+                // The permits drop here: the budget is free for the next fetch.
+                let batch = prefetched.batch;
+                if batch.shard_end.is_some() {
+                    self.state = State::Ended;
+                }
+                Ok(batch)
+            }
+            Some(Err(e)) => {
+                if !e.is_retryable() {
+                    self.state = State::Stopped;
+                }
+                Err(e)
+            }
+            None => {
+                self.state = State::Stopped;
+                Err(self.fatal("fetch task stopped"))
+            }
+        }
+    }
+}
+
+/// Metric handles of one reader, registered once.
+#[derive(Debug, Clone)]
+struct Meters {
+    get_records: Counter,
+    records: Counter,
+    bytes: Counter,
+    expired_iterators: Counter,
+    millis_behind_latest: Gauge,
+}
+
+impl Meters {
+    fn new(stream: &str, shard: &str) -> Self {
+        let s = || stream.to_owned();
+        Meters {
+            get_records: metrics::counter!("kcl_kinesis_get_records_calls_total", "stream" => s()),
+            records: metrics::counter!("kcl_kinesis_records_fetched_total", "stream" => s()),
+            bytes: metrics::counter!("kcl_kinesis_bytes_fetched_total", "stream" => s()),
+            expired_iterators: metrics::counter!(
+                "kcl_kinesis_expired_iterators_total", "stream" => s()
+            ),
+            millis_behind_latest: metrics::gauge!(
+                "kcl_kinesis_millis_behind_latest", "stream" => s(), "shard" => shard.to_owned()
+            ),
+        }
+    }
+}
+
+/// What the reader and its fetch task both know.
+#[derive(Debug, Clone)]
+struct Ctx {
+    shared: Shared,
+    stream: String,
+    shard_id: String,
+    lease: LeaseHandle,
+    meters: Meters,
+}
+
+impl Ctx {
+    async fn get_iterator(&self, start: &IteratorStart) -> Result<String, Failure> {
+        let attempt = || {
+            self.shared.stats.get_shard_iterator_call();
+            async {
+                self.shared
+                    .api
+                    .get_shard_iterator(&self.stream, &self.shard_id, start)
+                    .await
+                    .map_err(classify)
+            }
+        };
+        let out = retrying(
+            &self.shared,
+            Op::GetShardIterator,
+            &self.stream,
+            Some(&self.lease),
+            attempt,
+        )
+        .await?;
+        match out.shard_iterator {
+            Some(it) if !it.is_empty() => Ok(it),
+            _ => Err(Failure::Classified(crate::error::Classified {
+                class: Class::Fatal,
+                code: None,
+                error: "GetShardIterator returned no iterator".into(),
+            })),
+        }
+    }
+
+    fn error(&self, failure: Failure) -> SourceError {
+        failure.into_source_error(&self.stream, &self.shard_id)
+    }
+}
+
+/// What the fetch loop does after a batch.
+enum Flow {
+    Continue,
+    Stop,
+}
+
+/// The state of the fetch task.
+#[derive(Debug)]
+struct Fetcher {
+    ctx: Ctx,
+    tx: mpsc::Sender<Message>,
+    records: Arc<Semaphore>,
+    bytes: Arc<Semaphore>,
+    /// Where the reader started, for a new iterator before any record.
+    start: IteratorStart,
+    /// A resume checkpoint whose covered sub-records are still to drop.
+    skip: Option<Checkpoint>,
+    /// The last Kinesis record fetched (and queued for the reader).
+    last_sequence: Option<String>,
+    iterator: String,
+    deaggregator: Deaggregator,
+}
+
+impl Fetcher {
+    async fn run(mut self, stop: CancellationToken) {
+        let tx = self.tx.clone();
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => {}
+            () = async {
+                if let Err(e) = self.fetch().await {
+                    // If the reader is gone nobody needs the error.
+                    let _ = tx.send(Err(e)).await;
+                }
+            } => {}
+        }
+    }
+
+    async fn fetch(&mut self) -> Result<(), SourceError> {
+        // Iterators that expired with no successful read in between. A fresh
+        // iterator should not expire; if they keep doing so (a skewed clock,
+        // a misbehaving endpoint), back off instead of spinning.
+        let mut expired_in_a_row: u32 = 0;
+        loop {
+            let Some(limit) = self.wait_for_budget().await else {
+                return Ok(());
+            };
+            let out = match self.get_records(limit).await {
+                Ok(out) => {
+                    expired_in_a_row = 0;
+                    out
+                }
+                Err(Failure::Classified(c)) if c.class == Class::ExpiredIterator => {
+                    if expired_in_a_row > 0 {
+                        let polling = &self.ctx.shared.polling;
+                        let delay = polling
+                            .retry_min_delay
+                            .saturating_mul(1 << expired_in_a_row.min(16))
+                            .min(polling.retry_max_delay);
+                        tokio::time::sleep(delay).await;
+                    }
+                    expired_in_a_row = expired_in_a_row.saturating_add(1);
+                    self.replace_iterator().await?;
+                    continue;
+                }
+                Err(Failure::Exhausted(c)) => {
+                    // Tell the consumer and keep trying from the same place.
+                    let e = retryable(&self.ctx.stream, &self.ctx.shard_id, c.error);
+                    if !self.report(e).await {
+                        return Ok(());
+                    }
+                    continue;
+                }
+                Err(f) => return Err(self.ctx.error(f)),
+            };
+            let full = out.records.len() >= usize::try_from(limit).unwrap_or(usize::MAX);
+            match self.deliver(out).await? {
+                Flow::Continue => {}
+                Flow::Stop => return Ok(()),
+            }
+            if !full {
+                self.idle().await;
+            }
+        }
+    }
+
+    /// Waits until some prefetch budget is free; returns how many records
+    /// to ask for. `None` if the budget was closed (never, in practice).
+    async fn wait_for_budget(&self) -> Option<i32> {
+        // Taking and returning one permit of each waits for free budget
+        // without holding any.
+        drop(self.records.acquire().await.ok()?);
+        drop(self.bytes.acquire().await.ok()?);
+        let free = self.records.available_permits().max(1);
+        let max = self.ctx.shared.polling.max_records;
+        Some(i32::try_from(free).map_or(max, |free| free.min(max)))
+    }
+
+    async fn get_records(&self, limit: i32) -> Result<GetRecordsOutput, Failure> {
+        let ctx = &self.ctx;
+        let iterator = self.iterator.as_str();
+        let attempt = || {
+            ctx.shared.stats.get_records_call();
+            ctx.meters.get_records.increment(1);
+            async move {
+                ctx.shared
+                    .api
+                    .get_records(iterator, limit)
+                    .await
+                    .map_err(classify)
+            }
+        };
+        retrying(
+            &ctx.shared,
+            Op::GetRecords,
+            &ctx.stream,
+            Some(&ctx.lease),
+            attempt,
+        )
+        .await
+    }
+
+    /// Replaces an expired iterator: right after the last record fetched,
+    /// or where the reader started if none was. Nothing is lost or
+    /// repeated. (From `LATEST` with nothing fetched yet, "latest" moves
+    /// on: records written meanwhile are not read, as in the Java KCL.)
+    async fn replace_iterator(&mut self) -> Result<(), SourceError> {
+        self.ctx.shared.stats.expired_iterator();
+        self.ctx.meters.expired_iterators.increment(1);
+        let start = match &self.last_sequence {
+            Some(seq) => IteratorStart::AfterSequence(seq.clone()),
+            None => self.start.clone(),
+        };
+        debug!(stream = %self.ctx.stream, shard = %self.ctx.shard_id, ?start,
+            "shard iterator expired; getting a new one");
+        loop {
+            match self.ctx.get_iterator(&start).await {
+                Ok(it) => {
+                    self.iterator = it;
+                    return Ok(());
+                }
+                Err(Failure::Exhausted(c)) => {
+                    let e = retryable(&self.ctx.stream, &self.ctx.shard_id, c.error);
+                    if !self.report(e).await {
+                        return Ok(());
+                    }
+                }
+                Err(f) => return Err(self.ctx.error(f)),
+            }
+        }
+    }
+
+    /// Sends a retryable error to the reader; false if the reader is gone.
+    async fn report(&self, e: SourceError) -> bool {
+        warn!(stream = %self.ctx.stream, shard = %self.ctx.shard_id, error = %e,
+            "Kinesis keeps failing; still retrying");
+        self.tx.send(Err(e)).await.is_ok()
+    }
+
+    /// De-aggregates a response and queues it for the reader.
+    async fn deliver(&mut self, out: GetRecordsOutput) -> Result<Flow, SourceError> {
+        let GetRecordsOutput {
+            records,
+            next_shard_iterator,
+            millis_behind_latest,
+            child_shards,
+            ..
+        } = out;
+        let fetched = records.len();
+        if let Some(last) = records.last() {
+            self.last_sequence = Some(last.sequence_number.clone());
+        }
+        let bytes: usize = records.iter().map(|r| r.data.as_ref().len()).sum();
+        let mut user = self
+            .deaggregator
+            .deaggregate_batch(records.into_iter().map(raw_record));
+        self.ctx
+            .shared
+            .stats
+            .fetched(user.len() as u64, bytes as u64);
+        self.ctx.meters.records.increment(user.len() as u64);
+        self.ctx.meters.bytes.increment(bytes as u64);
+        if let Some(checkpoint) = &self.skip {
+            kpl::skip_checkpointed(&mut user, checkpoint);
+            // Everything after the checkpointed record is new: once a
+            // record survives, or the batch went past it, stop checking.
+            let past = self.last_sequence.as_deref() != Some(checkpoint.as_str());
+            if !user.is_empty() || (fetched > 0 && past) {
+                self.skip = None;
+            }
+        }
+        let behind = millis_behind_latest.map(|m| u64::try_from(m).unwrap_or(0));
+        if let Some(ms) = behind {
+            self.ctx.meters.millis_behind_latest.set(ms as f64);
+        }
+        let shard_end = match next_shard_iterator {
+            Some(it) if !it.is_empty() => {
+                self.iterator = it;
+                None
+            }
+            // No next iterator: the shard is closed and this was its end.
+            _ => match self.children(child_shards).await? {
+                Some(children) => Some(children),
+                None => return Ok(Flow::Stop),
+            },
+        };
+        let end = shard_end.is_some();
+        if user.is_empty() && !end && self.tx.capacity() < self.tx.max_capacity() {
+            // A batch is already waiting; an empty one would say nothing new.
+            return Ok(Flow::Continue);
+        }
+        let Some((records, bytes)) = self.reserve(user.len(), bytes).await else {
+            return Ok(Flow::Stop);
+        };
+        let batch = Batch {
+            records: user,
+            millis_behind_latest: behind,
+            shard_end,
+        };
+        let sent = self
+            .tx
+            .send(Ok(Prefetched {
+                batch,
+                _records: records,
+                _bytes: bytes,
+            }))
+            .await;
+        Ok(if sent.is_err() || end {
+            Flow::Stop
+        } else {
+            Flow::Continue
+        })
+    }
+
+    /// Takes budget for a batch, waiting while the reader drains earlier
+    /// ones. A batch larger than the whole budget takes all of it.
+    async fn reserve(
+        &self,
+        records: usize,
+        bytes: usize,
+    ) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
+        let polling = &self.ctx.shared.polling;
+        // Both budgets fit in u32 (validated at build()).
+        let n = |v: usize, max: usize| u32::try_from(v.min(max)).unwrap_or(u32::MAX);
+        let r = Arc::clone(&self.records)
+            .acquire_many_owned(n(records, polling.max_prefetch_records))
+            .await
+            .ok()?;
+        let b = Arc::clone(&self.bytes)
+            .acquire_many_owned(n(bytes, polling.max_prefetch_bytes))
+            .await
+            .ok()?;
+        Some((r, b))
+    }
+
+    /// The children of the closed shard: from the response's `ChildShards`,
+    /// or, when those are missing or incomplete, from `ListShards`. `None`
+    /// if the reader went away while retrying.
+    async fn children(
+        &self,
+        from_response: Option<Vec<aws_sdk_kinesis::types::ChildShard>>,
+    ) -> Result<Option<Vec<ChildShard>>, SourceError> {
+        let listed: Option<Vec<ChildShard>> = from_response
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| {
+                Some(ChildShard {
+                    hash_key_range: c.hash_key_range.map(|r| HashKeyRange {
+                        starting: r.starting_hash_key,
+                        ending: r.ending_hash_key,
+                    })?,
+                    shard_id: c.shard_id,
+                    parent_shard_ids: c.parent_shards,
+                })
+            })
+            .collect();
+        if let Some(children) = listed.filter(|c| !c.is_empty()) {
+            return Ok(Some(children));
+        }
+        debug!(stream = %self.ctx.stream, shard = %self.ctx.shard_id,
+            "shard ended without ChildShards; looking its children up");
+        loop {
+            if !self.ctx.lease.is_valid() {
+                return Err(SourceError::LeaseLost {
+                    shard: self.ctx.shard_id.clone(),
+                });
+            }
+            match list_after(&self.ctx.shared, &self.ctx.stream, &self.ctx.shard_id).await {
+                Ok(shards) => {
+                    let children = shards
+                        .into_iter()
+                        .filter(|s| s.parents().any(|p| p == self.ctx.shard_id))
+                        .map(|s| ChildShard {
+                            parent_shard_ids: s.parents().map(str::to_owned).collect(),
+                            shard_id: s.shard_id,
+                            hash_key_range: s.hash_key_range,
+                        })
+                        .collect::<Vec<_>>();
+                    if children.is_empty() {
+                        warn!(stream = %self.ctx.stream, shard = %self.ctx.shard_id,
+                            "closed shard has no children in ListShards");
+                    }
+                    return Ok(Some(children));
+                }
+                Err(e) if e.is_retryable() => {
+                    if !self.report(e).await {
+                        return Ok(None);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Waits before the next call after a batch that did not fill the
+    /// request: the shard is (nearly) caught up. Wakes early if the lease
+    /// ends, so the task stops promptly.
+    async fn idle(&self) {
+        let idle = self.ctx.shared.polling.idle_time_between_reads;
+        if idle.is_zero() {
+            tokio::task::yield_now().await;
+            return;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(idle) => {}
+            () = self.ctx.lease.ended() => {}
+        }
+    }
+}
+
+/// The kpl module's view of a fetched record (no copy of the payload).
+fn raw_record(r: aws_sdk_kinesis::types::Record) -> RawRecord {
+    RawRecord {
+        data: Bytes::from(r.data.into_inner()),
+        partition_key: r.partition_key.unwrap_or_default(),
+        explicit_hash_key: None,
+        sequence_number: r.sequence_number,
+        approximate_arrival: r
+            .approximate_arrival_timestamp
+            .and_then(|t| SystemTime::try_from(t).ok()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

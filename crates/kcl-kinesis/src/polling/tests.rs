@@ -1,0 +1,471 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kcl_core::coordinator::{EndReason, LeaseHandle};
+use kcl_core::source::{OpenShard, ShardReader, ShardSource, SourceError, StartPosition};
+use kcl_core::{Checkpoint, Lease, Record};
+
+use crate::api::KinesisApi;
+use crate::fake::FakeKinesis;
+use crate::faults::{Call, Fault, FaultInjector, Faulty};
+use crate::kpl::{UserRecord, aggregate};
+use crate::{KinesisShardSource, PollingConfig};
+
+const STREAM: &str = "orders";
+
+fn polling() -> crate::PollingConfigBuilder {
+    PollingConfig::builder()
+        .max_records(10)
+        .idle_time_between_reads(Duration::from_millis(100))
+        .retry_min_delay(Duration::from_millis(10))
+        .retry_max_delay(Duration::from_millis(100))
+}
+
+struct Setup {
+    fake: Arc<FakeKinesis>,
+    faults: FaultInjector,
+    source: KinesisShardSource,
+    shard: String,
+}
+
+fn setup(config: PollingConfig) -> Setup {
+    let fake = Arc::new(FakeKinesis::default());
+    let shard = fake.create_stream(STREAM, 1).remove(0);
+    let faults = FaultInjector::new();
+    let api: Arc<dyn KinesisApi> = Arc::new(Faulty {
+        inner: Arc::clone(&fake) as Arc<dyn KinesisApi>,
+        faults: faults.clone(),
+    });
+    Setup {
+        source: KinesisShardSource::with_api(api, config),
+        fake,
+        faults,
+        shard,
+    }
+}
+
+fn put_plain(s: &Setup, n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            s.fake
+                .put(STREAM, &s.shard, &format!("pk-{i}"), format!("r{i}"))
+        })
+        .collect()
+}
+
+fn handle(shard: &str, valid_for: Duration) -> LeaseHandle {
+    LeaseHandle::detached(Lease::new(shard, Checkpoint::TrimHorizon), valid_for)
+}
+
+async fn open(s: &Setup, position: StartPosition, lease: LeaseHandle) -> Box<dyn ShardReader> {
+    s.source
+        .open(OpenShard {
+            stream: STREAM.to_owned(),
+            shard_id: s.shard.clone(),
+            position,
+            lease,
+        })
+        .await
+        .expect("open")
+}
+
+/// Reads until `n` records arrived; returns them and the retryable errors
+/// seen on the way.
+async fn read_n(reader: &mut dyn ShardReader, n: usize) -> (Vec<Record>, usize) {
+    let mut records = Vec::new();
+    let mut errors = 0;
+    let read = async {
+        while records.len() < n {
+            match reader.next_batch().await {
+                Ok(batch) => records.extend(batch.records),
+                Err(e) if e.is_retryable() => errors += 1,
+                Err(e) => panic!("read failed: {e}"),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(600), read)
+        .await
+        .expect("read timed out");
+    (records, errors)
+}
+
+fn payloads(records: &[Record]) -> Vec<String> {
+    records
+        .iter()
+        .map(|r| String::from_utf8_lossy(&r.data).into_owned())
+        .collect()
+}
+
+fn expected(range: std::ops::Range<usize>) -> Vec<String> {
+    range.map(|i| format!("r{i}")).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn reads_every_record_in_order_across_batches() {
+    let s = setup(polling().build().expect("config"));
+    let seqs = put_plain(&s, 25);
+    let mut reader = open(
+        &s,
+        StartPosition::TrimHorizon,
+        handle(&s.shard, Duration::from_secs(3600)),
+    )
+    .await;
+    let (records, errors) = read_n(reader.as_mut(), 25).await;
+    assert_eq!(errors, 0);
+    assert_eq!(payloads(&records), expected(0..25));
+    let got: Vec<&str> = records.iter().map(|r| r.sequence_number.as_str()).collect();
+    assert_eq!(got, seqs.iter().map(String::as_str).collect::<Vec<_>>());
+    // Caught up: an empty batch that says so.
+    let batch = reader.next_batch().await.expect("empty batch");
+    assert!(batch.records.is_empty());
+    assert_eq!(batch.millis_behind_latest, Some(0));
+    assert_eq!(batch.shard_end, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn latest_reads_only_new_records() {
+    let s = setup(polling().build().expect("config"));
+    put_plain(&s, 5);
+    let mut reader = open(
+        &s,
+        StartPosition::Latest,
+        handle(&s.shard, Duration::from_secs(3600)),
+    )
+    .await;
+    s.fake.put(STREAM, &s.shard, "pk", "new");
+    let (records, _) = read_n(reader.as_mut(), 1).await;
+    assert_eq!(payloads(&records), ["new"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn expired_iterator_mid_read_loses_and_repeats_nothing() {
+    // A prefetch budget of one batch keeps the fetcher from running ahead,
+    // so the fault lands in the middle of the shard.
+    let s = setup(polling().max_prefetch_records(10).build().expect("config"));
+    put_plain(&s, 45);
+    let mut reader = open(
+        &s,
+        StartPosition::TrimHorizon,
+        handle(&s.shard, Duration::from_secs(3600)),
+    )
+    .await;
+    let (mut records, _) = read_n(reader.as_mut(), 10).await;
+    s.faults.inject(Call::GetRecords, Fault::ExpiredIterator);
+    let (rest, errors) = read_n(reader.as_mut(), 35).await;
+    records.extend(rest);
+    assert_eq!(errors, 0);
+    assert_eq!(payloads(&records), expected(0..45));
+    assert_eq!(s.faults.injected(Call::GetRecords), 1);
+    let stats = s.source.stats();
+    assert_eq!(stats.expired_iterators, 1);
+    // One iterator to open, one to replace the expired one.
+    assert_eq!(stats.get_shard_iterator_calls, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn expired_iterator_before_any_record_restarts_at_the_checkpoint() {
+    let s = setup(polling().build().expect("config"));
+    let seqs = put_plain(&s, 6);
+    s.faults.inject(Call::GetRecords, Fault::ExpiredIterator);
+    let mut reader = open(
+        &s,
+        StartPosition::AfterCheckpoint {
+            seq: seqs[2].clone(),
+            sub: 0,
+        },
+        handle(&s.shard, Duration::from_secs(3600)),
+    )
+    .await;
+    let (records, _) = read_n(reader.as_mut(), 3).await;
+    assert_eq!(payloads(&records), expected(3..6));
+}
+
+#[tokio::test(start_paused = true)]
+async fn throttling_backs_off_retries_and_is_counted() {
+    let s = setup(polling().max_prefetch_records(10).build().expect("config"));
+    put_plain(&s, 30);
+    let mut reader = open(
+        &s,
+        StartPosition::TrimHorizon,
+        handle(&s.shard, Duration::from_secs(3600)),
+    )
+    .await;
+    let (mut records, _) = read_n(reader.as_mut(), 10).await;
+    for fault in [
+        Fault::ProvisionedThroughputExceeded,
+        Fault::ProvisionedThroughputExceeded,
+        Fault::KmsThrottling,
+        Fault::ProvisionedThroughputExceeded,
+    ] {
+        s.faults.inject(Call::GetRecords, fault);
+    }
+    let started = tokio::time::Instant::now();
+    let (rest, errors) = read_n(reader.as_mut(), 20).await;
+    records.extend(rest);
+    assert_eq!(errors, 0, "throttling is not an error for the consumer");
+    assert_eq!(payloads(&records), expected(0..30));
+    let stats = s.source.stats();
+    assert_eq!(stats.throttles, 4);
+    assert_eq!(stats.retries, 4);
+    // Backed off: at least the minimum delay each time.
+    assert!(started.elapsed() >= Duration::from_millis(40));
+}
+
+#[tokio::test(start_paused = true)]
+async fn transient_failures_are_reported_after_the_limit_and_reading_goes_on() {
+    let s = setup(
+        polling()
+            .max_transient_retries(2)
+            .max_prefetch_records(10)
+            .build()
+            .expect("config"),
+    );
+    put_plain(&s, 20);
+    let mut reader = open(
+        &s,
+        StartPosition::TrimHorizon,
+        handle(&s.shard, Duration::from_secs(3600)),
+    )
+    .await;
+    let (mut records, _) = read_n(reader.as_mut(), 10).await;
+    for fault in [
+        Fault::InternalFailure,
+        Fault::Timeout,
+        Fault::InternalFailure,
+    ] {
+        s.faults.inject(Call::GetRecords, fault);
+    }
+    let (rest, errors) = read_n(reader.as_mut(), 10).await;
+    records.extend(rest);
+    assert_eq!(errors, 1, "reported once, after max_transient_retries");
+    assert_eq!(payloads(&records), expected(0..20));
+    assert_eq!(s.source.stats().retries, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn lease_lost_stops_without_another_get_records() {
+    let s = setup(polling().build().expect("config"));
+    put_plain(&s, 5);
+    let lease = handle(&s.shard, Duration::from_secs(3600));
+    let mut reader = open(&s, StartPosition::TrimHorizon, lease.clone()).await;
+    read_n(reader.as_mut(), 5).await;
+    lease.end_for_test(EndReason::Lost);
+    let calls = s.fake.get_records_calls();
+    let err = reader.next_batch().await.expect_err("lease lost");
+    assert!(matches!(err, SourceError::LeaseLost { .. }), "{err:?}");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        s.fake.get_records_calls(),
+        calls,
+        "no GetRecords after the lease ended"
+    );
+    // The reader stays stopped.
+    assert!(reader.next_batch().await.is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn lease_expiry_stops_the_fetcher_by_itself() {
+    let s = setup(polling().build().expect("config"));
+    put_plain(&s, 3);
+    let lease = handle(&s.shard, Duration::from_secs(2));
+    let mut reader = open(&s, StartPosition::TrimHorizon, lease).await;
+    read_n(reader.as_mut(), 3).await;
+    // The fetcher polls every 100 ms while the lease lasts, then stops.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let calls = s.fake.get_records_calls();
+    assert!((15..=25).contains(&calls), "{calls} calls in 2 s");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(s.fake.get_records_calls(), calls);
+    let err = reader.next_batch().await.expect_err("lease expired");
+    assert!(matches!(err, SourceError::LeaseLost { .. }), "{err:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn resume_inside_an_aggregate_skips_the_done_sub_records() {
+    let s = setup(polling().build().expect("config"));
+    s.fake.put(STREAM, &s.shard, "pk", "before");
+    let subs: Vec<UserRecord> = (0..5)
+        .map(|i| UserRecord {
+            partition_key: format!("pk-{i}"),
+            explicit_hash_key: None,
+            data: Bytes::from(format!("sub {i}")),
+        })
+        .collect();
+    let seq = s.fake.put(STREAM, &s.shard, "pk-0", aggregate(&subs));
+    s.fake.put(STREAM, &s.shard, "pk", "after");
+    let mut reader = open(
+        &s,
+        StartPosition::AfterCheckpoint {
+            seq: seq.clone(),
+            sub: 2,
+        },
+        handle(&s.shard, Duration::from_secs(3600)),
+    )
+    .await;
+    let (records, _) = read_n(reader.as_mut(), 3).await;
+    assert_eq!(payloads(&records), ["sub 3", "sub 4", "after"]);
+    assert_eq!(
+        records
+            .iter()
+            .map(|r| (r.sequence_number.as_str(), r.sub_sequence_number))
+            .take(2)
+            .collect::<Vec<_>>(),
+        [(seq.as_str(), 3), (seq.as_str(), 4)]
+    );
+    assert!(records[0].aggregated);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shard_end_names_the_children() {
+    for report_children in [true, false] {
+        let s = setup(polling().build().expect("config"));
+        put_plain(&s, 3);
+        let kids = s.fake.split(STREAM, &s.shard, report_children);
+        let mut reader = open(
+            &s,
+            StartPosition::TrimHorizon,
+            handle(&s.shard, Duration::from_secs(3600)),
+        )
+        .await;
+        let batch = reader.next_batch().await.expect("last batch");
+        assert_eq!(payloads(&batch.records), expected(0..3));
+        let children = batch.shard_end.expect("shard end");
+        let ids: Vec<&str> = children.iter().map(|c| c.shard_id.as_str()).collect();
+        assert_eq!(ids, kids.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(
+            children
+                .iter()
+                .all(|c| c.parent_shard_ids == [s.shard.clone()])
+        );
+        let err = reader.next_batch().await.expect_err("after the end");
+        assert!(matches!(err, SourceError::Fatal { .. }));
+        let lookups = s
+            .fake
+            .list_requests()
+            .into_iter()
+            .filter(|r| r.after_shard.as_deref() == Some(s.shard.as_str()))
+            .count();
+        assert_eq!(
+            lookups,
+            usize::from(!report_children),
+            "report_children={report_children}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn prefetch_is_bounded_in_records() {
+    let s = setup(polling().max_prefetch_records(20).build().expect("config"));
+    put_plain(&s, 100);
+    let mut reader = open(
+        &s,
+        StartPosition::TrimHorizon,
+        handle(&s.shard, Duration::from_secs(3600)),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    // Two 10-record responses fill the budget; the fetcher then waits for
+    // free budget before calling again, however long the consumer stalls.
+    assert_eq!(s.fake.get_records_calls(), 2);
+    let (records, _) = read_n(reader.as_mut(), 100).await;
+    assert_eq!(payloads(&records), expected(0..100));
+}
+
+#[tokio::test(start_paused = true)]
+async fn prefetch_is_bounded_in_bytes() {
+    let s = setup(polling().max_prefetch_bytes(3000).build().expect("config"));
+    for i in 0..50 {
+        s.fake.put(STREAM, &s.shard, "pk", vec![b'x'; 1000 + i]);
+    }
+    let mut reader = open(
+        &s,
+        StartPosition::TrimHorizon,
+        handle(&s.shard, Duration::from_secs(3600)),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    // A 10-record response (>10 kB) takes the whole 3 kB budget; the next
+    // call waits for it to be handed out.
+    assert_eq!(s.fake.get_records_calls(), 1);
+    let (records, _) = read_n(reader.as_mut(), 50).await;
+    assert_eq!(records.len(), 50);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_reader_stops_its_task() {
+    let s = setup(polling().build().expect("config"));
+    put_plain(&s, 3);
+    let mut reader = open(
+        &s,
+        StartPosition::TrimHorizon,
+        handle(&s.shard, Duration::from_secs(3600)),
+    )
+    .await;
+    read_n(reader.as_mut(), 3).await;
+    drop(reader);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let calls = s.fake.get_records_calls();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(s.fake.get_records_calls(), calls);
+}
+
+#[tokio::test(start_paused = true)]
+async fn opening_a_missing_shard_fails_at_open() {
+    let s = setup(polling().build().expect("config"));
+    let err = s
+        .source
+        .open(OpenShard {
+            stream: STREAM.to_owned(),
+            shard_id: "shardId-999".to_owned(),
+            position: StartPosition::TrimHorizon,
+            lease: handle("shardId-999", Duration::from_secs(60)),
+        })
+        .await
+        .expect_err("no such shard");
+    assert!(matches!(err, SourceError::Fatal { .. }), "{err:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn opening_with_a_lost_lease_makes_no_call() {
+    let s = setup(polling().build().expect("config"));
+    let lease = handle(&s.shard, Duration::from_secs(60));
+    lease.end_for_test(EndReason::Lost);
+    let err = s
+        .source
+        .open(OpenShard {
+            stream: STREAM.to_owned(),
+            shard_id: s.shard.clone(),
+            position: StartPosition::TrimHorizon,
+            lease,
+        })
+        .await
+        .expect_err("lease lost");
+    assert!(matches!(err, SourceError::LeaseLost { .. }), "{err:?}");
+    assert_eq!(s.source.stats().get_shard_iterator_calls, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn iterators_that_keep_expiring_are_replaced_with_backoff() {
+    let s = setup(polling().build().expect("config"));
+    put_plain(&s, 5);
+    for _ in 0..3 {
+        s.faults.inject(Call::GetRecords, Fault::ExpiredIterator);
+    }
+    let started = tokio::time::Instant::now();
+    let mut reader = open(
+        &s,
+        StartPosition::TrimHorizon,
+        handle(&s.shard, Duration::from_secs(3600)),
+    )
+    .await;
+    let (records, errors) = read_n(reader.as_mut(), 5).await;
+    assert_eq!((payloads(&records), errors), (expected(0..5), 0));
+    assert_eq!(s.source.stats().expired_iterators, 3);
+    // No wait before the first replacement, then 20 ms and 40 ms.
+    assert!(
+        started.elapsed() >= Duration::from_millis(60),
+        "{:?}",
+        started.elapsed()
+    );
+}
