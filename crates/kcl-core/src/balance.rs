@@ -110,7 +110,9 @@ pub fn decide(input: &BalanceInput<'_>) -> Decision {
     let mut available: Vec<&LeaseView<'_>> = input
         .leases
         .iter()
-        .filter(|l| l.owner.is_none() || (l.expired && l.owner != Some(me)))
+        // An unowned lease whose previous owner still hands it off (its
+        // thief left) is not free until that owner completes or expires.
+        .filter(|l| (l.owner.is_none() && !l.in_handoff) || (l.expired && l.owner != Some(me)))
         .collect();
     if !available.is_empty() {
         // Unowned leases first (nobody will renew them), then the longest

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 /// An impossible setting, named by its field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid lease configuration: `{field}` {reason}")]
+#[error("invalid configuration: `{field}` {reason}")]
 pub struct ConfigError {
     /// The offending field, as named on the builder.
     pub field: &'static str,

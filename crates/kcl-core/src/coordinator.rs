@@ -356,7 +356,7 @@ pub(crate) struct Shared {
     pub(crate) filter: Option<LeaseFilter>,
     held: Mutex<HashMap<String, Arc<Held>>>,
     events: mpsc::Sender<LeaseEvent>,
-    pub(crate) stats: CoordinatorStats,
+    pub(crate) stats: Arc<CoordinatorStats>,
 }
 
 impl fmt::Debug for Shared {
@@ -535,7 +535,7 @@ impl LeaseCoordinator {
             filter,
             held: Mutex::default(),
             events,
-            stats: CoordinatorStats::default(),
+            stats: Arc::default(),
         });
         let taker_stop = CancellationToken::new();
         let renewer_stop = CancellationToken::new();
@@ -580,6 +580,11 @@ impl LeaseCoordinator {
         self.shared.stats.snapshot()
     }
 
+    /// The live counters, for readers that outlive a call (status probes).
+    pub fn stats_source(&self) -> Arc<CoordinatorStats> {
+        Arc::clone(&self.shared.stats)
+    }
+
     /// Stops taking and stealing leases; held leases stay renewed.
     pub fn stop_taking(&self) {
         self.taker_stop.cancel();
@@ -604,6 +609,23 @@ impl LeaseCoordinator {
             // Someone else owns it already: nothing left to release.
             Err(e) if e.is_condition_failed() => Ok(true),
             Err(e) => Err(e),
+        }
+    }
+
+    /// Lets handoffs this worker asked for finish before it releases them
+    /// (bounded by the lease duration): released mid-handoff, a lease stays
+    /// unavailable to peers until its previous owner finishes draining,
+    /// while released after, peers take it on their next tick.
+    async fn settle_handoffs(&self) {
+        let deadline = Instant::now() + self.shared.config.lease_duration;
+        while Instant::now() < deadline
+            && self
+                .shared
+                .held_snapshot()
+                .iter()
+                .any(|(_, h)| matches!(h.phase(), Phase::Awaiting { .. }))
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     }
 
@@ -635,6 +657,9 @@ impl LeaseCoordinator {
     /// abandoned as `mode` says.
     pub async fn shutdown(self, mode: ShutdownMode) {
         self.taker_stop.cancel();
+        if mode == ShutdownMode::Release {
+            self.settle_handoffs().await;
+        }
         self.renewer_stop.cancel();
         self.tasks.wait().await;
         let shared = &self.shared;

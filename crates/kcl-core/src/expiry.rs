@@ -68,10 +68,12 @@ impl ExpiryTracker {
             .map(|s| s.since + lease_duration)
     }
 
-    /// True if `lease` has an owner whose renewals this worker has not seen
-    /// for `lease_duration`.
+    /// True if `lease` has an owner (or a previous owner still handing it
+    /// off) and this worker has not seen its counter move for
+    /// `lease_duration`.
     pub fn is_expired(&self, lease: &Lease, lease_duration: Duration, now: Instant) -> bool {
-        lease.owner.is_some() && self.unchanged_for(lease, now) >= lease_duration
+        (lease.owner.is_some() || lease.checkpoint_owner.is_some())
+            && self.unchanged_for(lease, now) >= lease_duration
     }
 }
 

@@ -17,7 +17,9 @@ use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::config::{ConfigError, LeaseConfig};
 use crate::consumer::{self, ConsumerExit, ConsumerSetup};
-use crate::coordinator::{LeaseCoordinator, LeaseEvent, LeaseFilter, ShutdownMode, StatsSnapshot};
+use crate::coordinator::{
+    CoordinatorStats, LeaseCoordinator, LeaseEvent, LeaseFilter, ShutdownMode, StatsSnapshot,
+};
 use crate::lease::{Lease, LeaseLayout};
 use crate::processor::{FailurePolicy, ProcessorFactory};
 use crate::shard_sync;
@@ -71,6 +73,20 @@ impl WorkerConfig {
     /// The streams consumed.
     pub fn streams(&self) -> &[StreamSpec] {
         &self.streams
+    }
+
+    /// The same settings without streams, for callers that validate the
+    /// stream list first and resolve lease layouts later (they need the
+    /// stream service). Add them back with [`WorkerConfig::with_stream`].
+    pub fn without_streams(mut self) -> Self {
+        self.streams.clear();
+        self
+    }
+
+    /// Adds a stream to validated settings.
+    pub fn with_stream(mut self, spec: StreamSpec) -> Self {
+        self.streams.push(spec);
+        self
     }
 }
 
@@ -209,9 +225,27 @@ pub struct WorkerStatus {
 pub struct WorkerHandle {
     shutdown: CancellationToken,
     status: Arc<Mutex<WorkerStatus>>,
+    /// The running coordinator's counters, read live by `status()`.
+    leases: Arc<Mutex<Option<Arc<CoordinatorStats>>>>,
+}
+
+impl Default for WorkerHandle {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl WorkerHandle {
+    /// A handle not yet attached to a worker (see [`Worker::with_handle`]),
+    /// for callers that need it before the worker exists.
+    pub fn new() -> Self {
+        WorkerHandle {
+            shutdown: CancellationToken::new(),
+            status: Arc::default(),
+            leases: Arc::default(),
+        }
+    }
+
     /// Asks the worker to stop gracefully: stop taking leases, let every
     /// processor checkpoint in `shutdown_requested`, release every lease.
     pub fn shutdown(&self) {
@@ -220,10 +254,20 @@ impl WorkerHandle {
 
     /// The worker's current status.
     pub fn status(&self) -> WorkerStatus {
-        self.status
+        let mut status = self
+            .status
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone()
+            .clone();
+        if let Some(live) = self
+            .leases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            status.leases = live.snapshot();
+        }
+        status
     }
 
     fn update(&self, f: impl FnOnce(&mut WorkerStatus)) {
@@ -263,11 +307,15 @@ impl Worker {
             store,
             source,
             factory,
-            handle: WorkerHandle {
-                shutdown: CancellationToken::new(),
-                status: Arc::default(),
-            },
+            handle: WorkerHandle::new(),
         }
+    }
+
+    /// Uses `handle` (made earlier with [`WorkerHandle::new`]) instead of a
+    /// fresh one.
+    pub fn with_handle(mut self, handle: WorkerHandle) -> Self {
+        self.handle = handle;
+        self
     }
 
     /// A handle to ask for shutdown and read the status.
@@ -324,6 +372,8 @@ impl Worker {
             config.lease.clone(),
             Some(filter),
         );
+        *self.handle.leases.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(coordinator.stats_source());
         self.handle.update(|s| s.ready = true);
         info!(streams = ?config.streams.iter().map(|s| &s.name).collect::<Vec<_>>(), "worker started");
 

@@ -309,6 +309,15 @@ async fn three_workers_process_every_record_once_in_order_without_overlap() {
     }
     fleet.wait_for(12 * 600, Duration::from_secs(600)).await;
     let counts: Vec<usize> = (0..3).map(|i| fleet.consuming(i)).collect();
+    // Status reads the coordinator's counters live, not as of the last
+    // lease event.
+    let ticks = fleet.workers[0].0.status().leases.ticks;
+    sleep(TICK * 3).await;
+    let later = fleet.workers[0].0.status().leases.ticks;
+    assert!(
+        later >= ticks + 2,
+        "status counters are stale: {ticks} then {later}"
+    );
     for i in 0..3 {
         fleet.stop(i).await;
     }

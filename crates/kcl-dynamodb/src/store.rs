@@ -385,7 +385,7 @@ impl LeaseStore for DynamoDbLeaseStore {
 
     async fn release(&self, key: &str, owner: &str) -> Result<Lease, StoreError> {
         let update = Update::new(
-            "REMOVE #leaseOwner, #checkpointOwner SET #leaseCounter = #leaseCounter + :one",
+            "REMOVE #leaseOwner SET #leaseCounter = #leaseCounter + :one",
             "#leaseOwner = :owner",
         )
         .s(":owner", owner)

@@ -341,6 +341,21 @@ fn owned_but_not_held_is_reclaimed_and_counted() {
 }
 
 #[test]
+fn an_unowned_lease_mid_handoff_waits_for_its_previous_owner() {
+    let mut draining = view("a", None, false, 3);
+    draining.in_handoff = true;
+    let mut abandoned = view("b", None, true, 30);
+    abandoned.in_handoff = true;
+    let d = decide(&BalanceInput {
+        me: "me",
+        leases: vec![draining, abandoned],
+        max_leases_per_worker: usize::MAX,
+        max_leases_to_steal: 4,
+    });
+    assert_eq!(d.take, vec!["b"], "only the expired one: {d:?}");
+}
+
+#[test]
 fn stealing_can_be_disabled() {
     let d = Fleet::with_counts(&[8, 0]).decide_for(1, 0);
     assert!(d.steal.is_empty());

@@ -32,6 +32,7 @@ macro_rules! lease_store_conformance {
             renew_is_guarded_by_owner_and_counter,
             steal_racing_renewal_has_one_winner,
             release_is_guarded_by_owner,
+            release_keeps_a_handoff_in_progress,
             checkpoint_is_guarded_by_ownership,
             checkpoint_after_the_lease_moved_is_rejected,
             handoff_moves_checkpoint_rights,
@@ -229,6 +230,29 @@ pub async fn release_is_guarded_by_owner<S: LeaseStore + ?Sized>(store: &S) {
     // A released lease is taken from its new state by anyone.
     let taken = store.take(&released, "b").await.expect("take released");
     assert_eq!(taken.owner.as_deref(), Some("b"));
+}
+
+/// A thief that releases a lease while the previous owner still drains it
+/// leaves the previous owner's right to checkpoint and complete intact.
+pub async fn release_keeps_a_handoff_in_progress<S: LeaseStore + ?Sized>(store: &S) {
+    let l = owned_by(store, "s", "victim").await;
+    store
+        .start_handoff("s", "victim", l.counter, "thief")
+        .await
+        .expect("start");
+    let released = store.release("s", "thief").await.expect("release");
+    assert_eq!(released.owner, None);
+    assert_eq!(released.checkpoint_owner.as_deref(), Some("victim"));
+    store
+        .checkpoint("s", "victim", &CheckpointUpdate::to(Checkpoint::at("9", 0)))
+        .await
+        .expect("the previous owner still checkpoints");
+    let done = store
+        .complete_handoff("s", "victim")
+        .await
+        .expect("complete");
+    assert_eq!((done.owner, done.checkpoint_owner), (None, None));
+    assert_eq!(done.checkpoint, Checkpoint::at("9", 0));
 }
 
 /// The owner checkpoints (without bumping the counter); others cannot.

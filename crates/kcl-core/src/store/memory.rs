@@ -385,7 +385,6 @@ impl LeaseStore for InMemoryLeaseStore {
                 |l| l.is_owned_by(owner),
                 |l| {
                     l.owner = None;
-                    l.checkpoint_owner = None;
                     l.counter += 1;
                 },
             )

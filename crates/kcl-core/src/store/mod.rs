@@ -73,7 +73,9 @@ pub trait LeaseStore: Send + Sync + fmt::Debug {
 
     /// Removes the owner so that any worker may take the lease at once.
     /// Condition: `owner` owns it. Used for graceful release and, with the
-    /// observed owner, for evicting a lease by hand.
+    /// observed owner, for evicting a lease by hand. A handoff in progress
+    /// is kept: the previous owner may still checkpoint and complete it,
+    /// and nobody takes the lease before that (or before it expires).
     async fn release(&self, key: &str, owner: &str) -> Result<Lease, StoreError>;
 
     /// Writes a checkpoint. Condition: `owner` may checkpoint the lease: it
