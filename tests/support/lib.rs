@@ -24,6 +24,8 @@
 //! has its own runtime, and an SDK client's connection pool must not outlive the
 //! runtime that created it, so clients are not shared through statics.
 
+pub mod e2e;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 

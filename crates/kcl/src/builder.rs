@@ -1,0 +1,532 @@
+//! `Worker::builder`: every setting, validated at `build()`, wired to
+//! DynamoDB and Kinesis at `run()`.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_config::SdkConfig;
+use kcl_core::config::LeaseConfig;
+use kcl_core::processor::{FailurePolicy, ProcessorFactory};
+use kcl_core::source::{InitialPosition, ShardSource};
+use kcl_core::store::LeaseStore;
+use kcl_core::store::metered::{MeteredStore, StoreStats};
+use kcl_core::worker::{StreamSpec, WorkerConfig, WorkerError, WorkerHandle};
+use kcl_core::{ConfigError, LeaseLayout};
+use kcl_dynamodb::{Capacity, DynamoDbLeaseStore, ensure_table};
+use kcl_kinesis::{KinesisShardSource, PollingConfig};
+use tracing::info;
+
+/// Why a worker could not be built or could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A setting is impossible; the message names the field.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A configured stream does not exist.
+    #[error("stream {stream:?} does not exist (check the name, the region and the endpoint)")]
+    StreamNotFound {
+        /// The stream name.
+        stream: String,
+    },
+    /// Describing a stream failed.
+    #[error("cannot describe stream {stream:?}")]
+    DescribeStream {
+        /// The stream name.
+        stream: String,
+        /// The SDK error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The lease table could not be created or is not a lease table.
+    #[error("lease table {table:?} cannot be used")]
+    LeaseTable {
+        /// The table name.
+        table: String,
+        /// What went wrong.
+        #[source]
+        source: kcl_core::StoreError,
+    },
+    /// The worker stopped with an error.
+    #[error(transparent)]
+    Worker(#[from] WorkerError),
+}
+
+/// A kcl worker: consumes its streams' shards together with the other
+/// workers of the same application name.
+pub struct Worker {
+    app: String,
+    table: String,
+    streams: Vec<String>,
+    multi_stream: bool,
+    kinesis: aws_sdk_kinesis::Client,
+    dynamodb: aws_sdk_dynamodb::Client,
+    capacity: Capacity,
+    config: WorkerConfig,
+    polling: PollingConfig,
+    factory: Arc<dyn ProcessorFactory>,
+    handle: WorkerHandle,
+    store_stats: Arc<StoreStats>,
+}
+
+impl fmt::Debug for Worker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Worker")
+            .field("application", &self.app)
+            .field("table", &self.table)
+            .field("streams", &self.streams)
+            .field("worker_id", &self.config.lease().worker_id())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Worker {
+    /// Starts configuring a worker for `application_name`, which also names
+    /// the lease table unless [`WorkerBuilder::table_name`] says otherwise.
+    pub fn builder(application_name: impl Into<String>) -> WorkerBuilder {
+        WorkerBuilder::new(application_name.into())
+    }
+
+    /// A handle to stop the worker gracefully and read its status.
+    pub fn handle(&self) -> WorkerHandle {
+        self.handle.clone()
+    }
+
+    /// This worker's id, as written in the lease table.
+    pub fn worker_id(&self) -> &str {
+        self.config.lease().worker_id()
+    }
+
+    /// Counters of the worker's lease-table calls (calls, errors, consumed
+    /// capacity per operation).
+    pub fn store_stats(&self) -> Arc<StoreStats> {
+        Arc::clone(&self.store_stats)
+    }
+
+    /// Runs until [`WorkerHandle::shutdown`] is called.
+    pub async fn run(self) -> Result<(), Error> {
+        self.run_until(std::future::pending()).await
+    }
+
+    /// Runs until `signal` completes (for example [`crate::shutdown_signal`])
+    /// or [`WorkerHandle::shutdown`] is called, then shuts down gracefully:
+    /// processors checkpoint in `shutdown_requested`, leases are released.
+    pub async fn run_until(self, signal: impl Future<Output = ()> + Send) -> Result<(), Error> {
+        // Streams first: a misspelt stream must not leave an empty table.
+        let mut identifiers = Vec::with_capacity(self.streams.len());
+        for stream in &self.streams {
+            identifiers.push(stream_identifier(&self.kinesis, stream).await?);
+        }
+        ensure_table(&self.dynamodb, &self.table, self.capacity)
+            .await
+            .map_err(|source| Error::LeaseTable {
+                table: self.table.clone(),
+                source,
+            })?;
+        let mut config = self.config;
+        for (stream, identifier) in self.streams.iter().zip(identifiers) {
+            let layout = if self.multi_stream {
+                LeaseLayout::MultiStream { identifier }
+            } else {
+                LeaseLayout::SingleStream
+            };
+            config = config.with_stream(StreamSpec {
+                name: stream.clone(),
+                layout,
+            });
+        }
+        let store: Arc<dyn LeaseStore> = Arc::new(MeteredStore::with_stats(
+            DynamoDbLeaseStore::new(self.dynamodb.clone(), &self.table)
+                .with_stats(Arc::clone(&self.store_stats)),
+            Arc::clone(&self.store_stats),
+        ));
+        let source: Arc<dyn ShardSource> = Arc::new(
+            KinesisShardSource::builder(self.kinesis.clone())
+                .polling(self.polling.clone())
+                .build()
+                .map_err(|e| ConfigError {
+                    field: e.field,
+                    reason: e.reason,
+                })?,
+        );
+        info!(application = %self.app, table = %self.table, worker = %config.lease().worker_id(), "starting kcl worker");
+        let worker = kcl_core::worker::Worker::new(config, store, source, self.factory)
+            .with_handle(self.handle);
+        worker.run_until(signal).await.map_err(|e| match e {
+            WorkerError::StreamNotFound { stream } => Error::StreamNotFound { stream },
+            other => Error::Worker(other),
+        })
+    }
+}
+
+/// The Java KCL's multi-stream identifier: `account:stream:creationEpoch`.
+async fn stream_identifier(
+    kinesis: &aws_sdk_kinesis::Client,
+    stream: &str,
+) -> Result<String, Error> {
+    let out = kinesis
+        .describe_stream_summary()
+        .stream_name(stream)
+        .send()
+        .await
+        .map_err(|e| {
+            if e.as_service_error()
+                .is_some_and(|s| s.is_resource_not_found_exception())
+            {
+                Error::StreamNotFound {
+                    stream: stream.to_owned(),
+                }
+            } else {
+                Error::DescribeStream {
+                    stream: stream.to_owned(),
+                    source: Box::new(e),
+                }
+            }
+        })?;
+    let summary = out
+        .stream_description_summary()
+        .ok_or_else(|| Error::DescribeStream {
+            stream: stream.to_owned(),
+            source: "DescribeStreamSummary returned no summary".into(),
+        })?;
+    // arn:aws:kinesis:REGION:ACCOUNT:stream/NAME
+    let account = summary
+        .stream_arn()
+        .split(':')
+        .nth(4)
+        .unwrap_or_default()
+        .to_owned();
+    let epoch = summary.stream_creation_timestamp().secs();
+    Ok(format!("{account}:{stream}:{epoch}"))
+}
+
+/// Configures a [`Worker`]. Every setting has a default except the streams,
+/// the AWS configuration and the processor; `build()` rejects impossible
+/// combinations with an error naming the field.
+pub struct WorkerBuilder {
+    app: String,
+    streams: Vec<String>,
+    multi_stream: bool,
+    kinesis: Option<aws_sdk_kinesis::Client>,
+    dynamodb: Option<aws_sdk_dynamodb::Client>,
+    table: Option<String>,
+    capacity: Capacity,
+    worker_id: Option<String>,
+    lease_duration: Option<Duration>,
+    renew_interval: Option<Duration>,
+    taker_interval: Option<Duration>,
+    max_leases_per_worker: Option<usize>,
+    max_leases_to_steal: Option<usize>,
+    handoff_timeout: Option<Duration>,
+    initial_position: InitialPosition,
+    failure_policy: FailurePolicy,
+    max_records: Option<i32>,
+    idle_time_between_reads: Option<Duration>,
+    shard_sync_interval: Option<Duration>,
+    parent_poll_interval: Option<Duration>,
+    shutdown_timeout: Option<Duration>,
+    factory: Option<Arc<dyn ProcessorFactory>>,
+}
+
+impl fmt::Debug for WorkerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkerBuilder")
+            .field("application", &self.app)
+            .field("streams", &self.streams)
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
+
+macro_rules! setter {
+    ($(#[$doc:meta])* $name:ident: $ty:ty) => {
+        $(#[$doc])*
+        pub fn $name(mut self, value: $ty) -> Self {
+            self.$name = Some(value);
+            self
+        }
+    };
+}
+
+impl WorkerBuilder {
+    fn new(app: String) -> Self {
+        WorkerBuilder {
+            app,
+            streams: Vec::new(),
+            multi_stream: false,
+            kinesis: None,
+            dynamodb: None,
+            table: None,
+            capacity: Capacity::OnDemand,
+            worker_id: None,
+            lease_duration: None,
+            renew_interval: None,
+            taker_interval: None,
+            max_leases_per_worker: None,
+            max_leases_to_steal: None,
+            handoff_timeout: None,
+            initial_position: InitialPosition::Latest,
+            failure_policy: FailurePolicy::Retry,
+            max_records: None,
+            idle_time_between_reads: None,
+            shard_sync_interval: None,
+            parent_poll_interval: None,
+            shutdown_timeout: None,
+            factory: None,
+        }
+    }
+
+    /// Adds a stream to consume. Several streams use the Java KCL's
+    /// multi-stream lease keys.
+    pub fn stream(mut self, name: impl Into<String>) -> Self {
+        self.streams.push(name.into());
+        self
+    }
+
+    /// Uses multi-stream lease keys even for a single stream (to adopt a
+    /// Java KCL multi-stream application's table).
+    pub fn multi_stream(mut self, on: bool) -> Self {
+        self.multi_stream = on;
+        self
+    }
+
+    /// Builds the Kinesis and DynamoDB clients from an SDK configuration
+    /// (region, credentials, and `AWS_ENDPOINT_URL_KINESIS` /
+    /// `AWS_ENDPOINT_URL_DYNAMODB` overrides).
+    pub fn sdk_config(mut self, config: &SdkConfig) -> Self {
+        self.kinesis = Some(aws_sdk_kinesis::Client::new(config));
+        self.dynamodb = Some(aws_sdk_dynamodb::Client::new(config));
+        self
+    }
+
+    /// Uses these clients.
+    pub fn clients(
+        mut self,
+        kinesis: aws_sdk_kinesis::Client,
+        dynamodb: aws_sdk_dynamodb::Client,
+    ) -> Self {
+        self.kinesis = Some(kinesis);
+        self.dynamodb = Some(dynamodb);
+        self
+    }
+
+    /// The processor factory: called once per shard this worker takes.
+    pub fn processor(mut self, factory: impl ProcessorFactory) -> Self {
+        self.factory = Some(Arc::new(factory));
+        self
+    }
+
+    /// The lease table (default: the application name).
+    pub fn table_name(mut self, name: impl Into<String>) -> Self {
+        self.table = Some(name.into());
+        self
+    }
+
+    /// Billing of the lease table if this worker creates it (default
+    /// on-demand).
+    pub fn table_capacity(mut self, capacity: Capacity) -> Self {
+        self.capacity = capacity;
+        self
+    }
+
+    /// This worker's id in the lease table (default: the host name and a
+    /// random suffix). Keep it unique per process.
+    pub fn worker_id(mut self, id: impl Into<String>) -> Self {
+        self.worker_id = Some(id.into());
+        self
+    }
+
+    /// Where shards without a checkpoint start (default LATEST).
+    pub fn initial_position(mut self, position: InitialPosition) -> Self {
+        self.initial_position = position;
+        self
+    }
+
+    /// What happens when a processor returns an error (default: retry the
+    /// same batch with backoff).
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.failure_policy = policy;
+        self
+    }
+
+    setter!(
+        /// Lease duration (default 10 s): how long peers wait for a silent
+        /// worker's leases.
+        lease_duration: Duration
+    );
+    setter!(
+        /// Renewal interval (default a third of the lease duration).
+        renew_interval: Duration
+    );
+    setter!(
+        /// Mean lease-taker interval (default 10 s, jittered +/-25%).
+        taker_interval: Duration
+    );
+    setter!(
+        /// Most leases this worker holds (default unbounded).
+        max_leases_per_worker: usize
+    );
+    setter!(
+        /// Most leases stolen per tick (default 4; 0 disables stealing).
+        max_leases_to_steal: usize
+    );
+    setter!(
+        /// How long a graceful handoff may take before it is forced
+        /// (default and minimum: the lease duration).
+        handoff_timeout: Duration
+    );
+    setter!(
+        /// Records per GetRecords call (default 10000, the service maximum).
+        max_records: i32
+    );
+    setter!(
+        /// Pause after an empty GetRecords (default 1 s).
+        idle_time_between_reads: Duration
+    );
+    setter!(
+        /// Shard listing interval (default 60 s).
+        shard_sync_interval: Duration
+    );
+    setter!(
+        /// How often a child shard checks its parents (default 10 s).
+        parent_poll_interval: Duration
+    );
+    setter!(
+        /// How long a graceful shutdown waits for processors (default 25 s).
+        shutdown_timeout: Duration
+    );
+
+    /// Validates every setting and returns the worker.
+    pub fn build(self) -> Result<Worker, Error> {
+        let invalid =
+            |field: &'static str, reason: String| Error::Config(ConfigError { field, reason });
+        let table = self.table.clone().unwrap_or_else(|| self.app.clone());
+        let table_field = if self.table.is_some() {
+            "table_name"
+        } else {
+            "application_name"
+        };
+        if !valid_table_name(&table) {
+            return Err(invalid(
+                table_field,
+                format!(
+                    "is {table:?}; a DynamoDB table name is 3-255 characters of a-z, A-Z, 0-9, '_', '-', '.'"
+                ),
+            ));
+        }
+        if self.streams.is_empty() {
+            return Err(invalid(
+                "stream",
+                "no stream given; call .stream(name)".into(),
+            ));
+        }
+        let (Some(kinesis), Some(dynamodb)) = (self.kinesis, self.dynamodb) else {
+            return Err(invalid(
+                "sdk_config",
+                "no AWS configuration; call .sdk_config(&config) or .clients(..)".into(),
+            ));
+        };
+        let Some(factory) = self.factory else {
+            return Err(invalid(
+                "processor",
+                "no processor factory; call .processor(..)".into(),
+            ));
+        };
+        let worker_id = self.worker_id.unwrap_or_else(default_worker_id);
+        let mut lease = LeaseConfig::builder(worker_id);
+        if let Some(d) = self.lease_duration {
+            lease = lease.lease_duration(d);
+        }
+        if let Some(d) = self.renew_interval {
+            lease = lease.renew_interval(d);
+        }
+        if let Some(d) = self.taker_interval {
+            lease = lease.taker_interval(d);
+        }
+        if let Some(n) = self.max_leases_per_worker {
+            lease = lease.max_leases_per_worker(n);
+        }
+        if let Some(n) = self.max_leases_to_steal {
+            lease = lease.max_leases_to_steal(n);
+        }
+        if let Some(d) = self.handoff_timeout {
+            lease = lease.handoff_timeout(d);
+        }
+        let mut polling = PollingConfig::builder();
+        if let Some(n) = self.max_records {
+            polling = polling.max_records(n);
+        }
+        if let Some(d) = self.idle_time_between_reads {
+            polling = polling.idle_time_between_reads(d);
+        }
+        let polling = polling.build().map_err(|e| invalid(e.field, e.reason))?;
+        let mut config = WorkerConfig::builder(lease.build()?)
+            .initial_position(self.initial_position)
+            .failure_policy(self.failure_policy);
+        if let Some(d) = self.shard_sync_interval {
+            config = config.shard_sync_interval(d);
+        }
+        if let Some(d) = self.parent_poll_interval {
+            config = config.parent_poll_interval(d);
+        }
+        if let Some(d) = self.shutdown_timeout {
+            config = config.shutdown_timeout(d);
+        }
+        // Streams are validated here (names, duplicates); their lease keys
+        // are resolved at run(), which can ask Kinesis.
+        let multi_stream = self.multi_stream || self.streams.len() > 1;
+        for name in &self.streams {
+            let layout = if multi_stream {
+                LeaseLayout::MultiStream {
+                    identifier: format!("pending:{name}"),
+                }
+            } else {
+                LeaseLayout::SingleStream
+            };
+            config = config.stream(StreamSpec {
+                name: name.clone(),
+                layout,
+            });
+        }
+        let config = config.build()?.without_streams();
+        Ok(Worker {
+            app: self.app,
+            table,
+            streams: self.streams,
+            multi_stream,
+            kinesis,
+            dynamodb,
+            capacity: self.capacity,
+            config,
+            polling,
+            factory,
+            handle: WorkerHandle::new(),
+            store_stats: Arc::default(),
+        })
+    }
+}
+
+fn valid_table_name(name: &str) -> bool {
+    (3..=255).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+/// The host name (the pod name in Kubernetes) plus a random suffix: unique
+/// per process, recognisable in `kcl leases`.
+fn default_worker_id() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "kcl-worker".to_owned());
+    format!("{host}-{:08x}", rand::random::<u32>())
+}

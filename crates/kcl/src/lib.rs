@@ -1,0 +1,67 @@
+//! kcl: consume every shard of one or more Kinesis streams across a fleet
+//! of processes, coordinated through a DynamoDB lease table compatible with
+//! the Java KCL's.
+//!
+//! ```no_run
+//! use kcl::{Checkpointer, ProcessorError, RecordBatch, RecordProcessor, ShardContext, Worker};
+//!
+//! struct Printer;
+//!
+//! #[kcl::async_trait]
+//! impl RecordProcessor for Printer {
+//!     async fn process_records(
+//!         &mut self,
+//!         batch: &RecordBatch,
+//!         checkpointer: &mut Checkpointer,
+//!     ) -> Result<(), ProcessorError> {
+//!         for record in &batch.records {
+//!             println!("{} {:?}", record.partition_key, record.data);
+//!         }
+//!         checkpointer.checkpoint().await?;
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # async fn run() -> Result<(), kcl::Error> {
+//! let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+//! let worker = Worker::builder("my-app")
+//!     .stream("orders")
+//!     .sdk_config(&sdk)
+//!     .processor(|_shard: &ShardContext| Printer)
+//!     .build()?;
+//! worker.run_until(kcl::shutdown_signal()).await
+//! # }
+//! ```
+//!
+//! # Layout
+//!
+//! - [`Worker`] and [`WorkerBuilder`]: the application's entry point; every
+//!   setting validated at `build()`.
+//! - [`shutdown_signal`]: SIGTERM/SIGINT as a future, for ECS and Kubernetes.
+//! - Re-exports of the processor API from `kcl-core`.
+//!
+//! The engine lives in `kcl-core` (no AWS dependency), the lease table in
+//! `kcl-dynamodb`, and retrieval in `kcl-kinesis`.
+#![warn(missing_docs)]
+
+mod builder;
+mod signal;
+
+pub use async_trait::async_trait;
+pub use builder::{Error, Worker, WorkerBuilder};
+pub use kcl_core::checkpointer::{CheckpointError, Checkpointer};
+pub use kcl_core::processor::{
+    FailurePolicy, InitializeInput, ProcessorError, ProcessorFactory, RecordBatch, RecordProcessor,
+    ShardContext,
+};
+pub use kcl_core::source::InitialPosition;
+pub use kcl_core::worker::{WorkerHandle, WorkerStatus};
+pub use kcl_core::{Checkpoint, ConfigError, Record};
+pub use kcl_kinesis::PollingConfig;
+pub use signal::shutdown_signal;
+
+/// The building blocks, for applications that wire their own store or
+/// source.
+pub mod core {
+    pub use kcl_core::*;
+}

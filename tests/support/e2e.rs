@@ -1,0 +1,251 @@
+//! The acceptance scenarios' shared parts: what a processor records about
+//! each batch, the verdict over all of them (loss, duplicates, per-key
+//! order, two workers on one shard at once), and worker processes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+use serde::{Deserialize, Serialize};
+use tokio::process::{Child, Command};
+
+use crate::TestRecord;
+
+/// One batch as a processor handled it. Times are wall-clock nanoseconds:
+/// every worker of a test runs on this host, so they share the clock.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BatchLog {
+    /// The worker id.
+    pub worker: String,
+    /// The shard id.
+    pub shard: String,
+    /// When `process_records` started.
+    pub start_ns: u128,
+    /// When it returned.
+    pub end_ns: u128,
+    /// `(key, counter)` of each record, in delivery order.
+    pub records: Vec<(u32, u64)>,
+}
+
+/// Wall-clock nanoseconds since the epoch.
+pub fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+impl BatchLog {
+    /// A log entry for `records` (payloads that do not parse are dropped).
+    pub fn new(worker: &str, shard: &str, start_ns: u128, records: &[kcl::Record]) -> Self {
+        BatchLog {
+            worker: worker.to_owned(),
+            shard: shard.to_owned(),
+            start_ns,
+            end_ns: now_ns(),
+            records: records
+                .iter()
+                .filter_map(|r| TestRecord::parse(&r.data))
+                .map(|t| (t.key, t.counter))
+                .collect(),
+        }
+    }
+}
+
+/// What the batches of a run show.
+#[derive(Debug, Default)]
+pub struct Verdict {
+    /// Records produced and never processed.
+    pub missing: Vec<(u32, u64)>,
+    /// Deliveries of records already processed.
+    pub duplicates: usize,
+    /// Records first processed out of order within their key.
+    pub order_violations: Vec<String>,
+    /// Moments two workers processed the same shard at once.
+    pub overlaps: Vec<String>,
+    /// Records processed per worker.
+    pub per_worker: BTreeMap<String, usize>,
+}
+
+impl Verdict {
+    /// Fails with the details unless nothing was lost, order held and no
+    /// shard was processed by two workers at once.
+    pub fn assert_correct(&self) {
+        assert!(
+            self.missing.is_empty(),
+            "{} records lost, first: {:?}",
+            self.missing.len(),
+            &self.missing[..self.missing.len().min(10)]
+        );
+        assert!(
+            self.order_violations.is_empty(),
+            "per-key order broken: {:?}",
+            &self.order_violations[..self.order_violations.len().min(10)]
+        );
+        assert!(
+            self.overlaps.is_empty(),
+            "shards processed by two workers at once: {:?}",
+            self.overlaps
+        );
+    }
+}
+
+/// Checks `batches` against the records produced: `keys` keys with
+/// counters `0..per_key`.
+pub fn verify(batches: &[BatchLog], keys: u32, per_key: u64) -> Verdict {
+    let mut verdict = Verdict::default();
+    let mut ordered: Vec<&BatchLog> = batches.iter().collect();
+    ordered.sort_by_key(|b| (b.start_ns, b.end_ns));
+
+    // Per key: each record's first delivery must be the next expected one;
+    // a replay after a crash (from the last checkpoint) counts as duplicates.
+    let mut next: HashMap<u32, u64> = HashMap::new();
+    for b in &ordered {
+        *verdict.per_worker.entry(b.worker.clone()).or_default() += b.records.len();
+        for &(key, counter) in &b.records {
+            let expected = next.entry(key).or_default();
+            if counter == *expected {
+                *expected += 1;
+            } else if counter < *expected {
+                verdict.duplicates += 1;
+            } else {
+                verdict.order_violations.push(format!(
+                    "pk-{key}: {counter} before {expected} (worker {}, shard {})",
+                    b.worker, b.shard
+                ));
+                *expected = counter + 1;
+            }
+        }
+    }
+    for key in 0..keys {
+        let done = next.get(&key).copied().unwrap_or(0);
+        verdict.missing.extend((done..per_key).map(|c| (key, c)));
+    }
+
+    let mut by_shard: HashMap<&str, Vec<&BatchLog>> = HashMap::new();
+    for b in &ordered {
+        by_shard.entry(&b.shard).or_default().push(b);
+    }
+    for (shard, list) in by_shard {
+        let mut busy_until: Option<(&str, u128)> = None;
+        for b in list {
+            if let Some((worker, until)) = busy_until
+                && worker != b.worker
+                && b.start_ns < until
+            {
+                verdict.overlaps.push(format!(
+                    "{shard}: {} started {} ms before {worker} finished",
+                    b.worker,
+                    (until - b.start_ns) / 1_000_000
+                ));
+            }
+            if busy_until.is_none_or(|(_, until)| b.end_ns > until) {
+                busy_until = Some((&b.worker, b.end_ns));
+            }
+        }
+    }
+    verdict
+}
+
+/// Reads every batch log line from the files in `dir`.
+pub fn read_logs(dir: &Path) -> anyhow::Result<Vec<BatchLog>> {
+    let mut batches = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        let text = std::fs::read_to_string(&path)?;
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            // A process killed mid-write leaves at most one torn last line.
+            if let Ok(b) = serde_json::from_str(line) {
+                batches.push(b);
+            }
+        }
+    }
+    Ok(batches)
+}
+
+/// How an `e2e-worker` process checkpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointMode {
+    /// After every batch (and on shutdown).
+    EveryBatch,
+    /// Only in `shutdown_requested` (and at shard end).
+    OnShutdown,
+}
+
+/// Settings of the `e2e-worker` processes of one test.
+#[derive(Debug, Clone)]
+pub struct WorkerProcessConfig {
+    /// The path of the `e2e-worker` binary.
+    pub binary: PathBuf,
+    /// Application (and lease table) name.
+    pub app: String,
+    /// The stream.
+    pub stream: String,
+    /// Where each process writes its batch log.
+    pub out_dir: PathBuf,
+    /// Checkpointing.
+    pub checkpoint: CheckpointMode,
+}
+
+/// A running `e2e-worker` process.
+#[derive(Debug)]
+pub struct WorkerProcess {
+    /// The worker id.
+    pub id: String,
+    /// The child process.
+    pub child: Child,
+}
+
+impl WorkerProcessConfig {
+    /// Starts a worker process with id `id`.
+    pub fn spawn(&self, id: &str) -> anyhow::Result<WorkerProcess> {
+        let child = Command::new(&self.binary)
+            .env("KCL_E2E_APP", &self.app)
+            .env("KCL_E2E_STREAM", &self.stream)
+            .env("KCL_E2E_WORKER_ID", id)
+            .env("KCL_E2E_OUT", self.out_dir.join(format!("{id}.jsonl")))
+            .env(
+                "KCL_E2E_CHECKPOINT",
+                match self.checkpoint {
+                    CheckpointMode::EveryBatch => "batch",
+                    CheckpointMode::OnShutdown => "shutdown",
+                },
+            )
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", self.binary.display()))?;
+        Ok(WorkerProcess {
+            id: id.to_owned(),
+            child,
+        })
+    }
+}
+
+impl WorkerProcess {
+    /// Sends SIGTERM and waits for a clean exit (bounded).
+    pub async fn terminate(&mut self, within: Duration) -> anyhow::Result<()> {
+        let pid = self.child.id().context("process already reaped")?;
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()?;
+        if !status.success() {
+            bail!("kill -TERM {pid} failed");
+        }
+        let exit = tokio::time::timeout(within, self.child.wait())
+            .await
+            .with_context(|| format!("{} did not exit within {within:?} of SIGTERM", self.id))??;
+        if !exit.success() {
+            bail!("{} exited with {exit} after SIGTERM", self.id);
+        }
+        Ok(())
+    }
+
+    /// SIGKILL: no shutdown code runs.
+    pub async fn kill(&mut self) -> anyhow::Result<()> {
+        self.child.kill().await?;
+        Ok(())
+    }
+}
