@@ -53,6 +53,8 @@ pub struct Checkpointer {
     last_delivered: Option<(String, u64)>,
     shard_ended: bool,
     lost: CancellationToken,
+    /// `stream` and `shard` labels of this shard's metrics.
+    labels: [(&'static str, String); 2],
 }
 
 impl fmt::Debug for Checkpointer {
@@ -74,7 +76,12 @@ impl Checkpointer {
         starting: Checkpoint,
         lost: CancellationToken,
     ) -> Self {
+        let held = lease.lease();
         Checkpointer {
+            labels: [
+                ("stream", held.stream.unwrap_or_default()),
+                ("shard", held.shard_id),
+            ],
             store,
             worker_id,
             lease,
@@ -83,6 +90,12 @@ impl Checkpointer {
             shard_ended: false,
             lost,
         }
+    }
+
+    /// Labels this shard's metrics with its stream and shard.
+    pub(crate) fn for_shard(mut self, stream: &str, shard: &str) -> Self {
+        self.labels = [("stream", stream.to_owned()), ("shard", shard.to_owned())];
+        self
     }
 
     /// A checkpointer not tied to a running worker, for testing processors.
@@ -213,7 +226,7 @@ impl Checkpointer {
             .await;
         match result {
             Ok(_) => {
-                metrics::counter!("kcl_checkpoints_total").increment(1);
+                metrics::counter!("kcl_checkpoints_total", &self.labels).increment(1);
                 if update.pending.is_none() {
                     self.last_checkpoint = update.checkpoint;
                 }

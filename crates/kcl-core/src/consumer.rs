@@ -191,7 +191,8 @@ pub(crate) async fn run(
         c.lease.clone(),
         current.checkpoint.clone(),
         c.lost.clone(),
-    );
+    )
+    .for_shard(&c.ctx.stream, &c.ctx.shard_id);
     let input = InitializeInput {
         shard: c.ctx.clone(),
         checkpoint: current.checkpoint.clone(),
@@ -209,6 +210,15 @@ pub(crate) async fn run(
         }
         Err(stop) => Err(stop),
     };
+    // This worker no longer reads the shard: its lag drops out of the
+    // fleet's max(), where the new owner's own gauge counts instead of a
+    // stale value frozen at the moment the lease moved.
+    metrics::gauge!(
+        "kcl_millis_behind_latest",
+        "stream" => c.ctx.stream.clone(),
+        "shard" => c.ctx.shard_id.clone()
+    )
+    .set(0.0);
     // ShuttingDown: exactly one of the three endings reaches the processor.
     match outcome {
         Ok(()) => ConsumerExit::ShardEnded,
@@ -434,7 +444,12 @@ async fn deliver(
                 match c.setup.policy {
                     FailurePolicy::Retry => c.pause(backoff.step()).await?,
                     FailurePolicy::Skip => {
-                        metrics::counter!("kcl_processor_batches_skipped_total").increment(1);
+                        metrics::counter!(
+                            "kcl_processor_batches_skipped_total",
+                            "stream" => c.ctx.stream.clone(),
+                            "shard" => c.ctx.shard_id.clone()
+                        )
+                        .increment(1);
                         warn!(
                             records = batch.records.len(),
                             "skipping the failed batch, as configured"
@@ -497,7 +512,12 @@ async fn finish_shard(
                 error!(
                     "the processor returned from shard_ended without checkpointing; the shard's children cannot start until it does"
                 );
-                metrics::counter!("kcl_shard_end_not_checkpointed_total").increment(1);
+                metrics::counter!(
+                    "kcl_shard_end_not_checkpointed_total",
+                    "stream" => c.ctx.stream.clone(),
+                    "shard" => c.ctx.shard_id.clone()
+                )
+                .increment(1);
             }
             Err(e) => {
                 processor_error("shard_ended", &c.ctx, &*e);

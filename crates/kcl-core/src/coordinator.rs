@@ -428,6 +428,9 @@ impl Shared {
         if let Some(previous) = self.held_map().insert(key, held) {
             previous.end(EndReason::Lost);
         }
+        // Held in the table (and renewed) while awaiting: counted as held.
+        metrics::gauge!("kcl_leases_held", "worker" => self.config.worker_id.clone())
+            .set(self.held_map().len() as f64);
     }
 
     /// The previous owner completed the handoff (or it was forced): start
@@ -463,8 +466,12 @@ impl Shared {
                 EndReason::Abandoned => return,
             };
             bump(counter);
-            metrics::counter!("kcl_leases_ended_total", "reason" => reason.to_string())
-                .increment(1);
+            metrics::counter!(
+                "kcl_leases_ended_total",
+                "worker" => self.config.worker_id.clone(),
+                "reason" => reason.to_string()
+            )
+            .increment(1);
             // Never wait here: the renewer calls this, and a worker slow to
             // read events must not delay renewals. The handle already told
             // the consumer; the event is for bookkeeping.

@@ -17,6 +17,7 @@
 //!   plan over one listing and one scan), and the sync that creates them.
 //! - [`balance`]: the pure balancing decision over one scan's view.
 //! - [`expiry`]: expiry judged on this worker's monotonic clock.
+//! - [`cleanup`]: deleting finished leases after a retention period.
 //! - [`config`]: lease settings, validated at `build()`.
 //! - [`coordinator`]: the held leases and the tasks that keep them.
 //!
@@ -44,6 +45,7 @@
 
 pub mod balance;
 pub mod checkpointer;
+pub mod cleanup;
 pub mod config;
 pub mod coordinator;
 pub mod expiry;

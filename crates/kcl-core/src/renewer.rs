@@ -73,7 +73,8 @@ async fn progress_handoff(
         match shared.store.renew(key, me, current.counter).await {
             Ok(lease) => {
                 bump(&shared.stats.handoffs_completed);
-                metrics::counter!("kcl_handoffs_total", "outcome" => "completed").increment(1);
+                metrics::counter!("kcl_handoffs_total", "worker" => shared.config.worker_id.clone(), "outcome" => "completed")
+                    .increment(1);
                 info!(lease = %key, from, "handoff completed");
                 shared.activate(key, held, lease, sent).await;
             }
@@ -89,7 +90,8 @@ async fn progress_handoff(
         match shared.store.take(&current, me).await {
             Ok(lease) => {
                 bump(&shared.stats.handoffs_forced);
-                metrics::counter!("kcl_handoffs_total", "outcome" => "forced").increment(1);
+                metrics::counter!("kcl_handoffs_total", "worker" => shared.config.worker_id.clone(), "outcome" => "forced")
+                    .increment(1);
                 warn!(lease = %key, from, "previous owner did not hand over in time; handoff forced");
                 shared.activate(key, held, lease, sent).await;
             }
@@ -184,7 +186,7 @@ async fn renew_one(shared: &Shared, key: &str, held: &Arc<Held>, next_round: Ins
             Some(current) if current.checkpoint_owner.as_deref() == Some(me) => {
                 if held.request_handoff() {
                     info!(lease = %key, to = ?current.owner, "handoff requested; draining the shard");
-                    metrics::counter!("kcl_handoffs_requested_total").increment(1);
+                    metrics::counter!("kcl_handoffs_requested_total", "worker" => shared.config.worker_id.clone()).increment(1);
                 }
             }
             current => {
@@ -194,7 +196,7 @@ async fn renew_one(shared: &Shared, key: &str, held: &Arc<Held>, next_round: Ins
         },
         Err(e) => {
             bump(&shared.stats.renew_failures);
-            metrics::counter!("kcl_lease_renewal_failures_total").increment(1);
+            metrics::counter!("kcl_lease_renewal_failures_total", "worker" => shared.config.worker_id.clone()).increment(1);
             warn!(lease = %key, error = %e, "renewal failed; the lease is fenced if this persists");
         }
     }

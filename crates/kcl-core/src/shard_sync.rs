@@ -260,6 +260,11 @@ pub struct SyncReport {
     pub already_existed: usize,
     /// Hash-key ranges no open shard covers.
     pub holes: Vec<HashKeyHole>,
+    /// The shards listed, for work that follows a sync (lease cleanup)
+    /// without listing again.
+    pub shards: Vec<ShardInfo>,
+    /// The leases the sync's scan saw (before its own creations).
+    pub leases: Vec<Lease>,
 }
 
 /// Why a shard sync stopped.
@@ -318,7 +323,8 @@ pub async fn sync_shards(
         holes: plan.coverage_holes,
         ..SyncReport::default()
     };
-    for lease in &plan.create {
+    let create = plan.create;
+    for lease in &create {
         match store.create_if_absent(lease).await {
             Ok(_) => {
                 debug!(stream, key = %lease.key, checkpoint = %lease.checkpoint, "created lease");
@@ -339,6 +345,8 @@ pub async fn sync_shards(
         }
     }
     record_metrics(stream, &report);
+    report.shards = shards;
+    report.leases = existing;
     Ok(report)
 }
 

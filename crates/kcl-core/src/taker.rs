@@ -56,7 +56,7 @@ async fn tick(shared: &Shared, tracker: &mut ExpiryTracker) -> Option<Instant> {
         Ok(leases) => leases,
         Err(e) => {
             bump(&shared.stats.scan_failures);
-            metrics::counter!("kcl_lease_taker_scan_failures_total").increment(1);
+            metrics::counter!("kcl_lease_taker_scan_failures_total", "worker" => shared.config.worker_id.clone()).increment(1);
             warn!(error = %e, "lease scan failed; retrying next tick");
             return None;
         }
@@ -176,7 +176,8 @@ async fn take_one(shared: &Shared, kind: Kind, seen: &Lease) {
         match write {
             Ok(lease) if kind == Kind::Steal => {
                 bump(&shared.stats.stolen);
-                metrics::counter!("kcl_leases_acquired_total", "how" => "stolen").increment(1);
+                metrics::counter!("kcl_leases_acquired_total", "worker" => shared.config.worker_id.clone(), "how" => "stolen")
+                    .increment(1);
                 let from = seen.owner.clone().unwrap_or_default();
                 info!(lease = %lease.key, from = %from, "handoff started");
                 shared.awaiting(lease, from, sent);
@@ -189,7 +190,8 @@ async fn take_one(shared: &Shared, kind: Kind, seen: &Lease) {
                     Kind::Steal => (&shared.stats.stolen, "stolen"),
                 };
                 bump(counter);
-                metrics::counter!("kcl_leases_acquired_total", "how" => what).increment(1);
+                metrics::counter!("kcl_leases_acquired_total", "worker" => shared.config.worker_id.clone(), "how" => what)
+                    .increment(1);
                 info!(lease = %lease.key, from = ?seen.owner, how = what, "lease acquired");
                 shared.acquired(lease, sent).await;
                 return;

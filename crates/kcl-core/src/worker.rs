@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, error, info, info_span, warn};
 
+use crate::cleanup::LeaseCleanup;
 use crate::config::{ConfigError, LeaseConfig};
 use crate::consumer::{self, ConsumerExit, ConsumerSetup};
 use crate::coordinator::{
@@ -46,6 +47,7 @@ pub struct WorkerConfig {
     pub(crate) parent_poll_interval: Duration,
     pub(crate) shutdown_timeout: Duration,
     pub(crate) max_backoff: Duration,
+    pub(crate) completed_lease_retention: Duration,
 }
 
 impl WorkerConfig {
@@ -61,6 +63,7 @@ impl WorkerConfig {
                 parent_poll_interval: Duration::from_secs(10),
                 shutdown_timeout: Duration::from_secs(25),
                 max_backoff: Duration::from_secs(30),
+                completed_lease_retention: Duration::from_secs(300),
             },
         }
     }
@@ -136,6 +139,14 @@ impl WorkerConfigBuilder {
     /// (default 30 s).
     pub fn max_backoff(mut self, d: Duration) -> Self {
         self.config.max_backoff = d;
+        self
+    }
+
+    /// How long a finished shard's lease stays in the table before shard
+    /// sync deletes it (default 5 min, as the Java KCL's
+    /// `completedLeaseCleanupThreshold`).
+    pub fn completed_lease_retention(mut self, d: Duration) -> Self {
+        self.config.completed_lease_retention = d;
         self
     }
 
@@ -250,6 +261,12 @@ impl WorkerHandle {
     /// processor checkpoint in `shutdown_requested`, release every lease.
     pub fn shutdown(&self) {
         self.shutdown.cancel();
+    }
+
+    /// True once a shutdown was asked for (the worker may still be
+    /// draining): readiness probes report "not ready" from then on.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutdown.is_cancelled()
     }
 
     /// The worker's current status.
@@ -497,7 +514,8 @@ impl Worker {
                 // and unprocessed.
                 if let Some(key) = running.remove(e.id()) {
                     error!(lease = %key, error = %e, "a shard consumer panicked; releasing its lease");
-                    metrics::counter!("kcl_consumer_panics_total").increment(1);
+                    metrics::counter!("kcl_consumer_panics_total", "worker" => self.config.lease.worker_id().to_owned())
+                        .increment(1);
                     release(coordinator, &key).await;
                 }
             }
@@ -536,24 +554,36 @@ impl Worker {
         let streams = self.config.streams.clone();
         let interval = self.config.shard_sync_interval;
         let initial = self.config.initial_position;
+        let retention = self.config.completed_lease_retention;
         async move {
+            let mut cleanups: Vec<LeaseCleanup> = streams
+                .iter()
+                .map(|_| LeaseCleanup::new(retention))
+                .collect();
             loop {
                 let jittered = interval.mul_f64(rand::rng().random_range(0.75..=1.25));
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep(jittered) => {}
                 }
-                for spec in &streams {
-                    if let Err(e) = shard_sync::sync_shards(
+                for (spec, cleanup) in streams.iter().zip(cleanups.iter_mut()) {
+                    let synced = shard_sync::sync_shards(
                         source.as_ref(),
                         store.as_ref(),
                         &spec.name,
                         &spec.layout,
                         initial,
                     )
-                    .await
-                    {
-                        warn!(stream = %spec.name, error = %e, "shard sync failed; retrying next interval");
+                    .await;
+                    match synced {
+                        Ok(report) => {
+                            cleanup
+                                .run(store.as_ref(), &spec.layout, &report.shards, &report.leases)
+                                .await;
+                        }
+                        Err(e) => {
+                            warn!(stream = %spec.name, error = %e, "shard sync failed; retrying next interval")
+                        }
                     }
                 }
             }

@@ -169,6 +169,7 @@ struct Fleet {
     source: InMemoryShardSource,
     log: Arc<Log>,
     workers: Vec<(WorkerHandle, JoinHandle<Result<(), WorkerError>>)>,
+    retention: Duration,
 }
 
 impl Fleet {
@@ -180,10 +181,11 @@ impl Fleet {
             source,
             log: Arc::default(),
             workers: Vec::new(),
+            retention: Duration::from_secs(300),
         }
     }
 
-    fn config(id: &str, policy: FailurePolicy) -> WorkerConfig {
+    fn config(&self, id: &str, policy: FailurePolicy) -> WorkerConfig {
         let lease = LeaseConfig::builder(id)
             .taker_interval(TICK)
             .seed(id.len() as u64 * 31)
@@ -198,6 +200,7 @@ impl Fleet {
             .failure_policy(policy)
             .parent_poll_interval(Duration::from_secs(1))
             .shard_sync_interval(Duration::from_secs(5))
+            .completed_lease_retention(self.retention)
             .build()
             .unwrap()
     }
@@ -216,7 +219,7 @@ impl Fleet {
             b,
         };
         let worker = Worker::new(
-            Self::config(id, policy),
+            self.config(id, policy),
             Arc::new(self.store.handle()),
             Arc::new(self.source.clone()),
             Arc::new(factory),
@@ -596,4 +599,34 @@ async fn leases_end_released_after_every_worker_stops() {
         assert_eq!(l.owner, None, "{l:?}");
     }
     let _: &dyn LeaseStore = &fleet.store;
+}
+
+#[tokio::test(start_paused = true)]
+async fn finished_parents_are_deleted_after_retention_and_never_reread() {
+    let mut fleet = Fleet::new(1);
+    fleet.retention = Duration::from_secs(30);
+    fleet.start("w-a", Behaviour::default(), FailurePolicy::Retry);
+    fleet.produce(4, 0, 20);
+    sleep(Duration::from_secs(2)).await;
+    let parent = fleet.store.snapshot()[0].shard_id.clone();
+    let [c1, c2] = fleet.source.split(STREAM, &parent).unwrap();
+    fleet.produce(4, 20, 20);
+    fleet.wait_for(4 * 40, Duration::from_secs(60)).await;
+    let keys = |f: &Fleet| {
+        f.store
+            .snapshot()
+            .into_iter()
+            .map(|l| l.key)
+            .collect::<Vec<_>>()
+    };
+    assert!(keys(&fleet).contains(&parent), "kept during retention");
+    sleep(Duration::from_secs(45)).await;
+    let left = keys(&fleet);
+    assert!(!left.contains(&parent), "deleted after retention: {left:?}");
+    assert!(left.contains(&c1) && left.contains(&c2));
+    // Later syncs do not recreate it, so nothing is read twice.
+    sleep(Duration::from_secs(30)).await;
+    assert!(!keys(&fleet).contains(&parent));
+    fleet.stop(0).await;
+    assert_eq!(check_complete(&fleet.log, 4, 40), 0);
 }

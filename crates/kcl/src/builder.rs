@@ -227,6 +227,7 @@ pub struct WorkerBuilder {
     shard_sync_interval: Option<Duration>,
     parent_poll_interval: Option<Duration>,
     shutdown_timeout: Option<Duration>,
+    completed_lease_retention: Option<Duration>,
     factory: Option<Arc<dyn ProcessorFactory>>,
 }
 
@@ -274,6 +275,7 @@ impl WorkerBuilder {
             shard_sync_interval: None,
             parent_poll_interval: None,
             shutdown_timeout: None,
+            completed_lease_retention: None,
             factory: None,
         }
     }
@@ -397,6 +399,11 @@ impl WorkerBuilder {
         /// How long a graceful shutdown waits for processors (default 25 s).
         shutdown_timeout: Duration
     );
+    setter!(
+        /// How long a finished shard's lease stays before it is deleted
+        /// (default 5 min).
+        completed_lease_retention: Duration
+    );
 
     /// Validates every setting and returns the worker.
     pub fn build(self) -> Result<Worker, Error> {
@@ -473,6 +480,9 @@ impl WorkerBuilder {
         }
         if let Some(d) = self.shutdown_timeout {
             config = config.shutdown_timeout(d);
+        }
+        if let Some(d) = self.completed_lease_retention {
+            config = config.completed_lease_retention(d);
         }
         // Streams are validated here (names, duplicates); their lease keys
         // are resolved at run(), which can ask Kinesis.
