@@ -5,6 +5,9 @@
 //!
 //! Env: KCL_E2E_APP, KCL_E2E_STREAM, KCL_E2E_WORKER_ID, KCL_E2E_OUT,
 //! KCL_E2E_CHECKPOINT=batch|shutdown, plus the standard AWS_* variables.
+//! Optional: KCL_E2E_HANG_AT=N makes every shard's first batch holding a
+//! record with counter N hang forever (a stuck processor), after appending
+//! a marker line to `<out>.hang`. At exit the worker's lease counters go to `<out>.stats`.
 
 use std::io::Write;
 use std::time::Duration;
@@ -20,6 +23,8 @@ struct Logger {
     ctx: ShardContext,
     out: std::fs::File,
     every_batch: bool,
+    hang_at: Option<u64>,
+    hang_marker: String,
 }
 
 #[kcl::async_trait]
@@ -30,6 +35,23 @@ impl RecordProcessor for Logger {
         cp: &mut Checkpointer,
     ) -> Result<(), ProcessorError> {
         let start = now_ns();
+        if let Some(n) = self.hang_at
+            && batch
+                .records
+                .iter()
+                .filter_map(|r| kcl_tests::TestRecord::parse(&r.data))
+                .any(|t| t.counter == n)
+        {
+            // Each shard's processor hangs once; the rest of the process
+            // (renewals, other shards) stays healthy.
+            let marker = serde_json::json!({ "worker": self.ctx.worker_id, "shard": self.ctx.shard_id, "start_ns": start.to_string() });
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.hang_marker)?;
+            writeln!(f, "{marker}")?;
+            std::future::pending::<()>().await;
+        }
         // A little work, so that two workers on one shard would overlap.
         tokio::time::sleep(Duration::from_millis(20)).await;
         let line = serde_json::to_string(&BatchLog::new(
@@ -65,6 +87,12 @@ async fn main() -> anyhow::Result<()> {
     let worker_id = var("KCL_E2E_WORKER_ID")?;
     let out_path = var("KCL_E2E_OUT")?;
     let every_batch = var("KCL_E2E_CHECKPOINT")? == "batch";
+    let hang_at: Option<u64> = std::env::var("KCL_E2E_HANG_AT")
+        .ok()
+        .map(|v| v.parse())
+        .transpose()?;
+    let hang_marker = format!("{out_path}.hang");
+    let stats_path = format!("{out_path}.stats");
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let worker = Worker::builder(var("KCL_E2E_APP")?)
         .stream(var("KCL_E2E_STREAM")?)
@@ -84,8 +112,19 @@ async fn main() -> anyhow::Result<()> {
                 .open(&out_path)
                 .unwrap_or_else(|e| panic!("cannot open {out_path}: {e}")),
             every_batch,
+            hang_at,
+            hang_marker: hang_marker.clone(),
         })
         .build()?;
-    worker.run_until(kcl::shutdown_signal()).await?;
+    let handle = worker.handle();
+    let result = worker.run_until(kcl::shutdown_signal()).await;
+    let s = handle.status().leases;
+    let stats = serde_json::json!({
+        "taken": s.taken, "stolen": s.stolen, "handoffs_completed": s.handoffs_completed,
+        "handoffs_forced": s.handoffs_forced, "handed_off": s.handed_off, "lost": s.lost,
+        "fenced": s.fenced, "released": s.released,
+    });
+    std::fs::write(&stats_path, stats.to_string())?;
+    result?;
     Ok(())
 }

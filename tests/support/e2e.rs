@@ -2,16 +2,18 @@
 //! each batch, the verdict over all of them (loss, duplicates, per-key
 //! order, two workers on one shard at once), and worker processes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
+use aws_sdk_dynamodb::types::AttributeValue;
 use serde::{Deserialize, Serialize};
 use tokio::process::{Child, Command};
+use tokio::time::Instant;
 
-use crate::TestRecord;
+use crate::{TestEnv, TestRecord, create_stream, put_records, unique_name};
 
 /// One batch as a processor handled it. Times are wall-clock nanoseconds:
 /// every worker of a test runs on this host, so they share the clock.
@@ -187,6 +189,8 @@ pub struct WorkerProcessConfig {
     pub out_dir: PathBuf,
     /// Checkpointing.
     pub checkpoint: CheckpointMode,
+    /// More environment for the processes (`KCL_E2E_HANG_AT`, ...).
+    pub extra_env: Vec<(String, String)>,
 }
 
 /// A running `e2e-worker` process.
@@ -213,6 +217,7 @@ impl WorkerProcessConfig {
                     CheckpointMode::OnShutdown => "shutdown",
                 },
             )
+            .envs(self.extra_env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .spawn()
@@ -247,5 +252,169 @@ impl WorkerProcess {
     pub async fn kill(&mut self) -> anyhow::Result<()> {
         self.child.kill().await?;
         Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Scenarios against the emulators
+// ---------------------------------------------------------------------------
+
+pub const LEASE: Duration = Duration::from_secs(6);
+pub const TICK_MAX: Duration = Duration::from_millis(2500); // 2 s taker interval + 25 % jitter
+pub const KEYS: u32 = 8;
+
+/// One scenario's stream, application name and production counter.
+#[derive(Debug)]
+pub struct Scenario {
+    /// Clients.
+    pub env: TestEnv,
+    /// Application (and lease table) name.
+    pub app: String,
+    /// The stream.
+    pub stream: String,
+    /// Records produced per key so far.
+    pub produced: u64,
+}
+
+impl Scenario {
+    /// A fresh stream with `shards` shards and a fresh application name.
+    pub async fn new(shards: i32) -> Scenario {
+        let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
+        let stream = unique_name("kcl-e2e");
+        create_stream(env.kinesis(), &stream, shards).await.unwrap();
+        Scenario {
+            env,
+            app: unique_name("kcl-e2e-app"),
+            stream,
+            produced: 0,
+        }
+    }
+
+    /// Puts the next `per_key` records of every key.
+    pub async fn produce(&mut self, per_key: u64) {
+        let records: Vec<TestRecord> = (self.produced..self.produced + per_key)
+            .flat_map(|counter| (0..KEYS).map(move |key| TestRecord { key, counter }))
+            .collect();
+        put_records(self.env.kinesis(), &self.stream, &records)
+            .await
+            .unwrap();
+        self.produced += per_key;
+    }
+
+    /// Settings for `e2e-worker` processes (`binary`: its path, from
+    /// `env!("CARGO_BIN_EXE_e2e-worker")` in the test).
+    pub fn processes(
+        &self,
+        binary: &str,
+        out: &std::path::Path,
+        checkpoint: CheckpointMode,
+    ) -> WorkerProcessConfig {
+        WorkerProcessConfig {
+            binary: binary.into(),
+            app: self.app.clone(),
+            stream: self.stream.clone(),
+            out_dir: out.to_owned(),
+            checkpoint,
+            extra_env: Vec::new(),
+        }
+    }
+
+    /// Owners of the lease table's leases, from a consistent scan (none
+    /// while the workers have not created the table yet).
+    pub async fn owners(&self) -> Vec<Option<String>> {
+        let out = match self
+            .env
+            .dynamodb()
+            .scan()
+            .table_name(&self.app)
+            .consistent_read(true)
+            .send()
+            .await
+        {
+            Ok(out) => out,
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_resource_not_found_exception()) =>
+            {
+                return vec![];
+            }
+            Err(e) => panic!("scanning the lease table: {e:?}"),
+        };
+        out.items()
+            .iter()
+            .filter(|i| i.get("checkpoint") != Some(&AttributeValue::S("SHARD_END".into())))
+            .map(|i| match i.get("leaseOwner") {
+                Some(AttributeValue::S(o)) => Some(o.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// A fresh directory for batch logs.
+pub fn out_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(unique_name(name));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Waits until the logs in `dir` (or `batches`) hold every produced record.
+pub async fn wait_complete(
+    load: impl Fn() -> Vec<BatchLog>,
+    per_key: u64,
+    limit: Duration,
+) -> Vec<BatchLog> {
+    let started = Instant::now();
+    loop {
+        let batches = load();
+        if verify(&batches, KEYS, per_key).missing.is_empty() {
+            return batches;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "not every record processed after {limit:?}: {} missing",
+            verify(&batches, KEYS, per_key).missing.len()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Waits until no lease is owned by `gone` and every lease has an owner.
+pub async fn wait_taken_over(s: &Scenario, gone: &str, limit: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let owners = s.owners().await;
+        if owners
+            .iter()
+            .all(|o| o.as_deref().is_some_and(|o| o != gone))
+        {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < limit,
+            "{gone}'s leases not taken over after {limit:?}: {owners:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until each of `workers` owns at least `min_each` leases and every lease has an owner.
+pub async fn wait_all_owned_by(s: &Scenario, workers: &HashSet<&str>, min_each: usize) {
+    let started = Instant::now();
+    loop {
+        let owners = s.owners().await;
+        let ok = !owners.is_empty()
+            && workers
+                .iter()
+                .all(|w| owners.iter().filter(|o| o.as_deref() == Some(*w)).count() >= min_each)
+            && owners.iter().all(|o| o.is_some());
+        if ok {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "fleet never balanced: {owners:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

@@ -581,3 +581,62 @@ mod tests {
         assert!(a.len() <= 128);
     }
 }
+
+/// Splits an open shard at the middle of its hash-key range and waits until
+/// the stream is ACTIVE again. Returns the new children's ids.
+pub async fn split_shard_in_half(
+    kinesis: &aws_sdk_kinesis::Client,
+    stream: &str,
+    shard_id: &str,
+) -> anyhow::Result<Vec<String>> {
+    let shards = list_all_shards(kinesis, stream).await?;
+    let shard = shards
+        .iter()
+        .find(|s| s.shard_id() == shard_id)
+        .with_context(|| format!("shard {shard_id} not in {stream}"))?;
+    let range = shard
+        .hash_key_range()
+        .context("shard without hash key range")?;
+    let lo: u128 = range.starting_hash_key().parse()?;
+    let hi: u128 = range.ending_hash_key().parse()?;
+    kinesis
+        .split_shard()
+        .stream_name(stream)
+        .shard_to_split(shard_id)
+        .new_starting_hash_key((lo + (hi - lo) / 2 + 1).to_string())
+        .send()
+        .await
+        .with_context(|| format!("SplitShard {shard_id}"))?;
+    wait_for_stream_active(kinesis, stream, STATUS_TIMEOUT).await?;
+    let after = list_all_shards(kinesis, stream).await?;
+    Ok(after
+        .iter()
+        .filter(|s| s.parent_shard_id() == Some(shard_id))
+        .map(|s| s.shard_id().to_owned())
+        .collect())
+}
+
+/// Merges two adjacent open shards and waits until the stream is ACTIVE
+/// again. Returns the child's id.
+pub async fn merge_shards(
+    kinesis: &aws_sdk_kinesis::Client,
+    stream: &str,
+    shard: &str,
+    adjacent: &str,
+) -> anyhow::Result<String> {
+    kinesis
+        .merge_shards()
+        .stream_name(stream)
+        .shard_to_merge(shard)
+        .adjacent_shard_to_merge(adjacent)
+        .send()
+        .await
+        .with_context(|| format!("MergeShards {shard} + {adjacent}"))?;
+    wait_for_stream_active(kinesis, stream, STATUS_TIMEOUT).await?;
+    let after = list_all_shards(kinesis, stream).await?;
+    after
+        .iter()
+        .find(|s| s.parent_shard_id() == Some(shard) || s.adjacent_parent_shard_id() == Some(shard))
+        .map(|s| s.shard_id().to_owned())
+        .context("merged child not listed")
+}

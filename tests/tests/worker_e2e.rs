@@ -6,124 +6,18 @@
 // Setup helpers live outside #[test] fns; a failed setup should panic with its error.
 #![allow(clippy::unwrap_used)]
 
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aws_sdk_dynamodb::types::AttributeValue;
 use kcl::{
     Checkpointer, InitialPosition, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
     Worker, WorkerHandle,
 };
 use kcl_tests::e2e::{
-    BatchLog, CheckpointMode, WorkerProcess, WorkerProcessConfig, now_ns, read_logs, verify,
+    BatchLog, CheckpointMode, KEYS, LEASE, Scenario, TICK_MAX, WorkerProcess, now_ns, out_dir,
+    read_logs, verify, wait_all_owned_by, wait_complete, wait_taken_over,
 };
-use kcl_tests::{TestEnv, TestRecord, create_stream, put_records, unique_name};
-use tokio::time::Instant;
-
-const LEASE: Duration = Duration::from_secs(6);
-const TICK_MAX: Duration = Duration::from_millis(2500); // 2 s taker interval + 25 % jitter
-const KEYS: u32 = 8;
-
-struct Scenario {
-    env: TestEnv,
-    app: String,
-    stream: String,
-    produced: u64,
-}
-
-impl Scenario {
-    async fn new(shards: i32) -> Scenario {
-        let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
-        let stream = unique_name("kcl-e2e");
-        create_stream(env.kinesis(), &stream, shards).await.unwrap();
-        Scenario {
-            env,
-            app: unique_name("kcl-e2e-app"),
-            stream,
-            produced: 0,
-        }
-    }
-
-    /// Puts the next `per_key` records of every key.
-    async fn produce(&mut self, per_key: u64) {
-        let records: Vec<TestRecord> = (self.produced..self.produced + per_key)
-            .flat_map(|counter| (0..KEYS).map(move |key| TestRecord { key, counter }))
-            .collect();
-        put_records(self.env.kinesis(), &self.stream, &records)
-            .await
-            .unwrap();
-        self.produced += per_key;
-    }
-
-    fn processes(&self, out: &std::path::Path, checkpoint: CheckpointMode) -> WorkerProcessConfig {
-        WorkerProcessConfig {
-            binary: env!("CARGO_BIN_EXE_e2e-worker").into(),
-            app: self.app.clone(),
-            stream: self.stream.clone(),
-            out_dir: out.to_owned(),
-            checkpoint,
-        }
-    }
-
-    /// Owners of the lease table's leases, from a consistent scan (none
-    /// while the workers have not created the table yet).
-    async fn owners(&self) -> Vec<Option<String>> {
-        let out = match self
-            .env
-            .dynamodb()
-            .scan()
-            .table_name(&self.app)
-            .consistent_read(true)
-            .send()
-            .await
-        {
-            Ok(out) => out,
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|e| e.is_resource_not_found_exception()) =>
-            {
-                return vec![];
-            }
-            Err(e) => panic!("scanning the lease table: {e:?}"),
-        };
-        out.items()
-            .iter()
-            .filter(|i| i.get("checkpoint") != Some(&AttributeValue::S("SHARD_END".into())))
-            .map(|i| match i.get("leaseOwner") {
-                Some(AttributeValue::S(o)) => Some(o.clone()),
-                _ => None,
-            })
-            .collect()
-    }
-}
-
-fn out_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(unique_name(name));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// Waits until the logs in `dir` (or `batches`) hold every produced record.
-async fn wait_complete(
-    load: impl Fn() -> Vec<BatchLog>,
-    per_key: u64,
-    limit: Duration,
-) -> Vec<BatchLog> {
-    let started = Instant::now();
-    loop {
-        let batches = load();
-        if verify(&batches, KEYS, per_key).missing.is_empty() {
-            return batches;
-        }
-        assert!(
-            started.elapsed() < limit,
-            "not every record processed after {limit:?}: {} missing",
-            verify(&batches, KEYS, per_key).missing.len()
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
+use kcl_tests::{TestEnv, unique_name};
 
 struct Recorder {
     ctx: ShardContext,
@@ -224,7 +118,11 @@ async fn three_workers_in_one_process_process_everything_in_order() {
 async fn three_worker_processes_process_everything_in_order() {
     let mut s = Scenario::new(4).await;
     let out = out_dir("kcl-e2e-procs");
-    let cfg = s.processes(&out, CheckpointMode::EveryBatch);
+    let cfg = s.processes(
+        env!("CARGO_BIN_EXE_e2e-worker"),
+        &out,
+        CheckpointMode::EveryBatch,
+    );
     let mut procs: Vec<WorkerProcess> = ["p-1", "p-2", "p-3"]
         .iter()
         .map(|id| cfg.spawn(id).unwrap())
@@ -257,50 +155,15 @@ async fn three_worker_processes_process_everything_in_order() {
     // hashed keys a shard may carry none, so records per process may not.
 }
 
-/// Waits until no lease is owned by `gone` and every lease has an owner.
-async fn wait_taken_over(s: &Scenario, gone: &str, limit: Duration) -> Duration {
-    let started = Instant::now();
-    loop {
-        let owners = s.owners().await;
-        if owners
-            .iter()
-            .all(|o| o.as_deref().is_some_and(|o| o != gone))
-        {
-            return started.elapsed();
-        }
-        assert!(
-            started.elapsed() < limit,
-            "{gone}'s leases not taken over after {limit:?}: {owners:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-async fn wait_all_owned_by(s: &Scenario, workers: &HashSet<&str>, min_each: usize) {
-    let started = Instant::now();
-    loop {
-        let owners = s.owners().await;
-        let ok = !owners.is_empty()
-            && workers
-                .iter()
-                .all(|w| owners.iter().filter(|o| o.as_deref() == Some(*w)).count() >= min_each)
-            && owners.iter().all(|o| o.is_some());
-        if ok {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "fleet never balanced: {owners:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigkilled_process_loses_nothing_and_survivors_take_over_within_lease_plus_tick() {
     let mut s = Scenario::new(4).await;
     let out = out_dir("kcl-e2e-kill");
-    let cfg = s.processes(&out, CheckpointMode::EveryBatch);
+    let cfg = s.processes(
+        env!("CARGO_BIN_EXE_e2e-worker"),
+        &out,
+        CheckpointMode::EveryBatch,
+    );
     let mut procs: Vec<WorkerProcess> = ["k-1", "k-2", "k-3"]
         .iter()
         .map(|id| cfg.spawn(id).unwrap())
@@ -343,7 +206,11 @@ async fn a_sigtermed_process_hands_over_within_a_tick_without_duplicates() {
     let out = out_dir("kcl-e2e-term");
     // Checkpoints only in shutdown_requested: no duplicate may appear, so
     // every move (balancing handoffs and the SIGTERM) must be graceful.
-    let cfg = s.processes(&out, CheckpointMode::OnShutdown);
+    let cfg = s.processes(
+        env!("CARGO_BIN_EXE_e2e-worker"),
+        &out,
+        CheckpointMode::OnShutdown,
+    );
     let mut procs: Vec<WorkerProcess> = ["t-1", "t-2", "t-3"]
         .iter()
         .map(|id| cfg.spawn(id).unwrap())

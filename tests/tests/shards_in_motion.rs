@@ -1,0 +1,441 @@
+//! Shards in motion against the emulators: scale-out under load with
+//! graceful handoffs, a handoff forced past a hung processor, splits and
+//! merges during production, and two streams on one fleet.
+
+// Setup helpers live outside #[test] fns; a failed setup should panic with its error.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kcl::{
+    Checkpointer, InitialPosition, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
+    Worker,
+};
+use kcl_tests::e2e::{
+    BatchLog, CheckpointMode, KEYS, LEASE, Scenario, TICK_MAX, now_ns, out_dir, read_logs, verify,
+    wait_all_owned_by, wait_complete,
+};
+use kcl_tests::{
+    TestRecord, create_stream, list_all_shards, merge_shards, put_records, split_shard_in_half,
+    unique_name,
+};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+const E2E_WORKER: &str = env!("CARGO_BIN_EXE_e2e-worker");
+
+/// Produces the next round of every key every `every` until stopped.
+struct Producer {
+    stop: Arc<AtomicBool>,
+    task: JoinHandle<u64>,
+}
+
+impl Producer {
+    fn start(s: &Scenario, per_round: u64, every: Duration) -> Producer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (kinesis, stream, mut next) = (s.env.kinesis().clone(), s.stream.clone(), s.produced);
+        let flag = Arc::clone(&stop);
+        let task = tokio::spawn(async move {
+            while !flag.load(Ordering::Relaxed) {
+                let records: Vec<TestRecord> = (next..next + per_round)
+                    .flat_map(|counter| (0..KEYS).map(move |key| TestRecord { key, counter }))
+                    .collect();
+                put_records(&kinesis, &stream, &records).await.unwrap();
+                next += per_round;
+                tokio::time::sleep(every).await;
+            }
+            next
+        });
+        Producer { stop, task }
+    }
+
+    /// Stops and returns the records produced per key in total.
+    async fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.unwrap()
+    }
+}
+
+fn owner_counts(owners: &[Option<String>]) -> BTreeMap<String, usize> {
+    let mut m = BTreeMap::new();
+    for o in owners.iter().flatten() {
+        *m.entry(o.clone()).or_default() += 1;
+    }
+    m
+}
+
+fn stats(out: &std::path::Path, id: &str) -> serde_json::Value {
+    let text = std::fs::read_to_string(out.join(format!("{id}.jsonl.stats"))).unwrap_or_default();
+    serde_json::from_str(&text).unwrap_or(serde_json::Value::Null)
+}
+
+fn stat(v: &serde_json::Value, key: &str) -> u64 {
+    v.get(key).and_then(serde_json::Value::as_u64).unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_out_from_one_to_three_processes_under_load_loses_and_repeats_nothing() {
+    let mut s = Scenario::new(8).await;
+    let out = out_dir("kcl-e2e-scale");
+    // Checkpoints only in shutdown_requested: every shard that moves must
+    // move by graceful handoff, or records repeat.
+    let cfg = s.processes(E2E_WORKER, &out, CheckpointMode::OnShutdown);
+    let mut procs = vec![cfg.spawn("s-1").unwrap()];
+    s.produce(5).await;
+    let producer = Producer::start(&s, 2, Duration::from_millis(500));
+    wait_all_owned_by(&s, &["s-1"].into(), 8).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let joined = Instant::now();
+    procs.push(cfg.spawn("s-2").unwrap());
+    procs.push(cfg.spawn("s-3").unwrap());
+    let names = ["s-1", "s-2", "s-3"];
+    let bound = Duration::from_secs(25);
+    let balanced_after = loop {
+        let counts = owner_counts(&s.owners().await);
+        let per: Vec<usize> = names
+            .iter()
+            .map(|n| counts.get(*n).copied().unwrap_or(0))
+            .collect();
+        if per.iter().sum::<usize>() == 8
+            && per.iter().max().unwrap() - per.iter().min().unwrap() <= 1
+        {
+            break joined.elapsed();
+        }
+        assert!(
+            joined.elapsed() < bound,
+            "not balanced within {bound:?}: {counts:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let per_key = producer.stop().await;
+    let batches = wait_complete(
+        || read_logs(&out).unwrap(),
+        per_key,
+        Duration::from_secs(90),
+    )
+    .await;
+    for p in &mut procs {
+        p.terminate(Duration::from_secs(30)).await.unwrap();
+    }
+    let (mut completed, mut forced) = (0, 0);
+    for id in names {
+        let st = stats(&out, id);
+        completed += stat(&st, "handoffs_completed");
+        forced += stat(&st, "handoffs_forced");
+    }
+    let verdict = verify(&batches, KEYS, per_key);
+    println!(
+        "scale-out 1 -> 3 on 8 shards: balanced {balanced_after:?} after the newcomers started (bound {bound:?}); \
+         handoffs completed {completed}, forced {forced}; duplicates {}; per worker {:?}",
+        verdict.duplicates, verdict.per_worker
+    );
+    verdict.assert_correct();
+    assert_eq!(
+        verdict.duplicates, 0,
+        "graceful handoffs must not repeat records"
+    );
+    assert!(
+        completed >= 4,
+        "newcomers got their shards by handoff: {completed}"
+    );
+    assert_eq!(forced, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoff_past_a_hung_processor_is_forced_at_the_deadline_with_bounded_overlap() {
+    let mut s = Scenario::new(2).await;
+    let out = out_dir("kcl-e2e-hung");
+    let mut hung_cfg = s.processes(E2E_WORKER, &out, CheckpointMode::EveryBatch);
+    hung_cfg
+        .extra_env
+        .push(("KCL_E2E_HANG_AT".into(), "5".into()));
+    let mut hung = hung_cfg.spawn("h-1").unwrap();
+    s.produce(20).await;
+    let marker_path = out.join("h-1.jsonl.hang");
+    let started = Instant::now();
+    while std::fs::read_to_string(&marker_path)
+        .map(|m| m.lines().count())
+        .unwrap_or(0)
+        < 2
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "h-1 never hung on both shards"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let markers: Vec<serde_json::Value> = std::fs::read_to_string(&marker_path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let hung_since: HashMap<String, u128> = markers
+        .iter()
+        .map(|m| {
+            (
+                m["shard"].as_str().unwrap().to_owned(),
+                m["start_ns"].as_str().unwrap().parse().unwrap(),
+            )
+        })
+        .collect();
+
+    let joined = now_ns();
+    let mut healthy = s
+        .processes(E2E_WORKER, &out, CheckpointMode::EveryBatch)
+        .spawn("h-2")
+        .unwrap();
+    // h-2 asks for one shard; h-1's processor never answers, so the
+    // handoff is forced after the handoff timeout (the lease duration).
+    let limit = LEASE + TICK_MAX + Duration::from_secs(8);
+    let taken = loop {
+        let batches = read_logs(&out).unwrap();
+        if let Some(b) = batches
+            .iter()
+            .filter(|b| b.worker == "h-2")
+            .min_by_key(|b| b.start_ns)
+        {
+            break b.clone();
+        }
+        assert!(
+            Duration::from_nanos((now_ns() - joined) as u64) < limit,
+            "h-2 never processed a shard"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let waited = Duration::from_nanos((taken.start_ns - joined) as u64);
+    let overlap = Duration::from_nanos((taken.start_ns - hung_since[&taken.shard]) as u64);
+    println!(
+        "hung processor: h-2 started on {} {waited:?} after joining (forced at the {LEASE:?} handoff timeout); \
+         h-1's batch there had hung for {overlap:?} and is the only overlap",
+        taken.shard
+    );
+    assert!(
+        waited >= LEASE - Duration::from_secs(1),
+        "forced before the deadline: {waited:?}"
+    );
+    assert!(waited <= limit);
+    // h-1 fetched nothing more on that shard after its processor hung.
+    let batches = read_logs(&out).unwrap();
+    assert!(
+        !batches.iter().any(|b| b.worker == "h-1"
+            && b.shard == taken.shard
+            && b.start_ns > hung_since[&taken.shard]),
+        "the stuck owner kept processing"
+    );
+    // Let h-2 take the other shard too: the hung worker is killed.
+    hung.kill().await.unwrap();
+    let batches = wait_complete(
+        || read_logs(&out).unwrap(),
+        s.produced,
+        Duration::from_secs(60),
+    )
+    .await;
+    healthy.terminate(Duration::from_secs(30)).await.unwrap();
+    let st = stats(&out, "h-2");
+    println!("hung processor: h-2 stats {st}");
+    assert!(
+        stat(&st, "handoffs_forced") >= 1,
+        "the handoff was forced: {st}"
+    );
+    let verdict = verify(&batches, KEYS, s.produced);
+    assert!(
+        verdict.missing.is_empty() && verdict.order_violations.is_empty(),
+        "{verdict:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn split_and_merge_during_production_keep_order_and_parents_first() {
+    let mut s = Scenario::new(2).await;
+    let out = out_dir("kcl-e2e-reshard");
+    let cfg = s.processes(E2E_WORKER, &out, CheckpointMode::EveryBatch);
+    let mut procs = vec![cfg.spawn("r-1").unwrap(), cfg.spawn("r-2").unwrap()];
+    s.produce(5).await;
+    let producer = Producer::start(&s, 2, Duration::from_millis(300));
+    wait_all_owned_by(&s, &["r-1", "r-2"].into(), 1).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let parent = list_all_shards(s.env.kinesis(), &s.stream).await.unwrap()[0]
+        .shard_id()
+        .to_owned();
+    let children = split_shard_in_half(s.env.kinesis(), &s.stream, &parent)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let merged = merge_shards(s.env.kinesis(), &s.stream, &children[0], &children[1])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let per_key = producer.stop().await;
+    let batches = wait_complete(
+        || read_logs(&out).unwrap(),
+        per_key,
+        Duration::from_secs(120),
+    )
+    .await;
+    for p in &mut procs {
+        p.terminate(Duration::from_secs(30)).await.unwrap();
+    }
+    let verdict = verify(&batches, KEYS, per_key);
+    println!(
+        "split + merge: duplicates {}, per worker {:?}",
+        verdict.duplicates, verdict.per_worker
+    );
+    verdict.assert_correct();
+
+    // No child record before every parent record.
+    let first = |shard: &str| {
+        batches
+            .iter()
+            .filter(|b| b.shard == shard)
+            .map(|b| b.start_ns)
+            .min()
+    };
+    let last = |shard: &str| {
+        batches
+            .iter()
+            .filter(|b| b.shard == shard)
+            .map(|b| b.end_ns)
+            .max()
+    };
+    for (child, parents) in [
+        (&children[0], vec![&parent]),
+        (&children[1], vec![&parent]),
+        (&merged, vec![&children[0], &children[1]]),
+    ] {
+        let Some(started) = first(child) else {
+            continue;
+        };
+        for p in parents {
+            if let Some(ended) = last(p) {
+                assert!(
+                    ended <= started,
+                    "{child} processed before its parent {p} finished"
+                );
+            }
+        }
+    }
+    assert!(first(&merged).is_some(), "the merged child was consumed");
+}
+
+/// Records every batch with its stream.
+struct StreamRecorder {
+    ctx: ShardContext,
+    log: Arc<Mutex<Vec<(String, BatchLog)>>>,
+}
+
+#[kcl::async_trait]
+impl RecordProcessor for StreamRecorder {
+    async fn process_records(
+        &mut self,
+        batch: &RecordBatch,
+        cp: &mut Checkpointer,
+    ) -> Result<(), ProcessorError> {
+        let entry = BatchLog::new(
+            &self.ctx.worker_id,
+            &self.ctx.shard_id,
+            now_ns(),
+            &batch.records,
+        );
+        self.log
+            .lock()
+            .unwrap()
+            .push((self.ctx.stream.clone(), entry));
+        cp.checkpoint().await?;
+        Ok(())
+    }
+    async fn shutdown_requested(&mut self, cp: &mut Checkpointer) -> Result<(), ProcessorError> {
+        cp.checkpoint().await?;
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_streams_on_one_fleet_are_both_consumed_and_balanced() {
+    let a = Scenario::new(3).await;
+    let b_stream = unique_name("kcl-e2e-b");
+    create_stream(a.env.kinesis(), &b_stream, 3).await.unwrap();
+    let per_key = 20;
+    let records: Vec<TestRecord> = (0..per_key)
+        .flat_map(|counter| (0..KEYS).map(move |key| TestRecord { key, counter }))
+        .collect();
+    put_records(a.env.kinesis(), &a.stream, &records)
+        .await
+        .unwrap();
+    put_records(a.env.kinesis(), &b_stream, &records)
+        .await
+        .unwrap();
+
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut running = Vec::new();
+    for id in ["m-1", "m-2"] {
+        let log = Arc::clone(&log);
+        let w = Worker::builder(&a.app)
+            .stream(&a.stream)
+            .stream(&b_stream)
+            .sdk_config(a.env.sdk_config())
+            .worker_id(id)
+            .initial_position(InitialPosition::TrimHorizon)
+            .lease_duration(LEASE)
+            .taker_interval(Duration::from_secs(2))
+            .idle_time_between_reads(Duration::from_millis(200))
+            .processor(move |ctx: &ShardContext| StreamRecorder {
+                ctx: ctx.clone(),
+                log: Arc::clone(&log),
+            })
+            .build()
+            .unwrap();
+        running.push((w.handle(), tokio::spawn(w.run())));
+    }
+    let for_stream = |name: &str| -> Vec<BatchLog> {
+        log.lock()
+            .unwrap()
+            .iter()
+            .filter(|(s, _)| s == name)
+            .map(|(_, b)| b.clone())
+            .collect()
+    };
+    wait_complete(|| for_stream(&a.stream), per_key, Duration::from_secs(60)).await;
+    wait_complete(|| for_stream(&b_stream), per_key, Duration::from_secs(60)).await;
+    // Balanced across both streams: 6 leases, 3 each.
+    let started = Instant::now();
+    let counts = loop {
+        let counts = owner_counts(&a.owners().await);
+        if counts.values().copied().collect::<Vec<_>>() == vec![3, 3] {
+            break counts;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "not balanced: {counts:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for (h, _) in &running {
+        h.shutdown();
+    }
+    for (_, t) in running {
+        t.await.unwrap().unwrap();
+    }
+    for name in [&a.stream, &b_stream] {
+        let verdict = verify(&for_stream(name), KEYS, per_key);
+        verdict.assert_correct();
+        assert_eq!(verdict.duplicates, 0);
+    }
+    println!("two streams: leases per worker {counts:?}");
+    let processed = AtomicU64::new(
+        log.lock()
+            .unwrap()
+            .iter()
+            .map(|(_, b)| b.records.len() as u64)
+            .sum(),
+    );
+    assert_eq!(
+        processed.load(Ordering::Relaxed),
+        2 * u64::from(KEYS) * per_key
+    );
+}
