@@ -5,12 +5,16 @@
 //! Kinesis; tests wire it to the in-memory store and source.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use futures::TryStreamExt;
 use rand::Rng;
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, error, info, info_span, warn};
@@ -48,6 +52,7 @@ pub struct WorkerConfig {
     pub(crate) shutdown_timeout: Duration,
     pub(crate) max_backoff: Duration,
     pub(crate) completed_lease_retention: Duration,
+    pub(crate) removed_stream_policy: RemovedStreamPolicy,
 }
 
 impl WorkerConfig {
@@ -64,6 +69,7 @@ impl WorkerConfig {
                 shutdown_timeout: Duration::from_secs(25),
                 max_backoff: Duration::from_secs(30),
                 completed_lease_retention: Duration::from_secs(300),
+                removed_stream_policy: RemovedStreamPolicy::Keep,
             },
         }
     }
@@ -150,6 +156,14 @@ impl WorkerConfigBuilder {
         self
     }
 
+    /// What happens to the leases of a stream a [`StreamTracker`] stops
+    /// listing (default: keep them, so its checkpoints survive if it comes
+    /// back).
+    pub fn removed_stream_policy(mut self, policy: RemovedStreamPolicy) -> Self {
+        self.config.removed_stream_policy = policy;
+        self
+    }
+
     /// Validates the settings.
     pub fn build(self) -> Result<WorkerConfig, ConfigError> {
         let c = self.config;
@@ -191,6 +205,24 @@ impl WorkerConfigBuilder {
         }
         Ok(c)
     }
+}
+
+/// Supplies the streams a multi-stream worker consumes; polled at every
+/// shard sync, so streams can be added and removed while it runs (the Java
+/// KCL's `MultiStreamTracker`).
+#[async_trait::async_trait]
+pub trait StreamTracker: Send + Sync + fmt::Debug {
+    /// The streams to consume now. An error keeps the current list.
+    async fn streams(&self) -> Result<Vec<StreamSpec>, SourceError>;
+}
+
+/// What happens to the leases of a stream that is no longer consumed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RemovedStreamPolicy {
+    /// Keep them (with their checkpoints) in the table.
+    Keep,
+    /// Delete them once released and this long after the removal was seen.
+    DeleteAfter(Duration),
 }
 
 /// Why a worker could not run.
@@ -300,6 +332,7 @@ pub struct Worker {
     source: Arc<dyn ShardSource>,
     factory: Arc<dyn ProcessorFactory>,
     handle: WorkerHandle,
+    tracker: Option<Arc<dyn StreamTracker>>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -325,7 +358,14 @@ impl Worker {
             source,
             factory,
             handle: WorkerHandle::new(),
+            tracker: None,
         }
+    }
+
+    /// Lets `tracker` add and remove streams while the worker runs.
+    pub fn with_stream_tracker(mut self, tracker: Arc<dyn StreamTracker>) -> Self {
+        self.tracker = Some(tracker);
+        self
     }
 
     /// Uses `handle` (made earlier with [`WorkerHandle::new`]) instead of a
@@ -381,9 +421,12 @@ impl Worker {
                 SyncFailure::Store(e) => WorkerError::Store(e),
             })?;
         }
-        let layouts: Vec<LeaseLayout> = config.streams.iter().map(|s| s.layout.clone()).collect();
+        // The stream list can change at runtime (a tracker); the taker, the
+        // sync loop and consumer setup all read the live list.
+        let live: LiveStreams = Arc::new(RwLock::new(config.streams.clone()));
+        let filter_streams = Arc::clone(&live);
         let filter: LeaseFilter =
-            Arc::new(move |l: &Lease| layouts.iter().any(|layout| layout.owns(l)));
+            Arc::new(move |l: &Lease| read(&filter_streams).iter().any(|s| s.layout.owns(l)));
         let (coordinator, mut events) = LeaseCoordinator::start_filtered(
             Arc::clone(&self.store),
             config.lease.clone(),
@@ -395,29 +438,14 @@ impl Worker {
         info!(streams = ?config.streams.iter().map(|s| &s.name).collect::<Vec<_>>(), "worker started");
 
         let sync_stop = CancellationToken::new();
+        let (removed_tx, mut removed_rx) = mpsc::channel::<StreamSpec>(64);
         // Aborted if this future is dropped, like every task the worker owns.
         let sync_task = AbortOnDropHandle::new(tokio::spawn(
-            self.sync_loop(sync_stop.clone()).in_current_span(),
+            self.sync_loop(sync_stop.clone(), Arc::clone(&live), removed_tx)
+                .in_current_span(),
         ));
 
-        let setups: Vec<Arc<ConsumerSetup>> = config
-            .streams
-            .iter()
-            .map(|spec| {
-                Arc::new(ConsumerSetup {
-                    store: Arc::clone(&self.store),
-                    source: Arc::clone(&self.source),
-                    factory: Arc::clone(&self.factory),
-                    stream: spec.name.clone(),
-                    layout: spec.layout.clone(),
-                    worker_id: config.lease.worker_id().to_owned(),
-                    initial: config.initial_position,
-                    policy: config.failure_policy,
-                    parent_poll_interval: config.parent_poll_interval,
-                    max_backoff: config.max_backoff,
-                })
-            })
-            .collect();
+        let mut setups: HashMap<LeaseLayout, Arc<ConsumerSetup>> = HashMap::new();
         let mut consumers: JoinSet<(String, ConsumerExit)> = JoinSet::new();
         let mut running = Running::default();
         let shutdown = self.handle.shutdown.clone();
@@ -427,9 +455,14 @@ impl Worker {
                 event = events.recv() => match event {
                     Some(LeaseEvent::Acquired(lease)) => {
                         let held = lease.lease();
-                        let Some(setup) = setups.iter().find(|s| s.layout.owns(&held)) else {
+                        let Some(spec) = read(&live).iter().find(|s| s.layout.owns(&held)).cloned() else {
+                            // Its stream was removed since the take: give it back.
+                            release(&coordinator, lease.key()).await;
                             continue;
                         };
+                        let setup = setups
+                            .entry(spec.layout.clone())
+                            .or_insert_with(|| self.consumer_setup(&spec));
                         let key = lease.key().to_owned();
                         let stop = CancellationToken::new();
                         let span = info_span!("shard", stream = %setup.stream, shard = %held.shard_id);
@@ -439,7 +472,7 @@ impl Worker {
                             async move { (task_key, consumer::run(setup, lease, task_stop).await) }
                                 .instrument(span),
                         );
-                        running.insert(task.id(), key, stop);
+                        running.insert(task.id(), key, spec.layout, stop);
                         self.publish(&coordinator, &running);
                     }
                     Some(_) => self.publish(&coordinator, &running),
@@ -447,6 +480,12 @@ impl Worker {
                 },
                 Some(done) = consumers.join_next_with_id() => {
                     self.consumer_done(&coordinator, &mut running, done).await;
+                }
+                Some(spec) = removed_rx.recv() => {
+                    // Processors of a removed stream checkpoint and stop; their
+                    // leases are released when they are done.
+                    let stopped = running.retire(&spec.layout);
+                    info!(stream = %spec.name, consumers = stopped, "stream removed; stopping its consumers");
                 }
             }
         }
@@ -493,8 +532,9 @@ impl Worker {
     ) {
         match done {
             Ok((id, (key, exit))) => {
-                running.remove(id);
+                let retired = running.remove(id).is_some_and(|r| r.retired);
                 match exit {
+                    ConsumerExit::ShutDown if retired => release(coordinator, &key).await,
                     ConsumerExit::ShardEnded => {
                         self.handle.update(|s| s.shards_finished += 1);
                         release(coordinator, &key).await;
@@ -512,7 +552,7 @@ impl Worker {
                 // A processor panicked. Its shard is given back, to be
                 // retried from the last checkpoint, rather than left held
                 // and unprocessed.
-                if let Some(key) = running.remove(e.id()) {
+                if let Some(key) = running.remove(e.id()).map(|r| r.key) {
                     error!(lease = %key, error = %e, "a shard consumer panicked; releasing its lease");
                     metrics::counter!("kcl_consumer_panics_total", "worker" => self.config.lease.worker_id().to_owned())
                         .increment(1);
@@ -521,6 +561,22 @@ impl Worker {
             }
         }
         self.publish(coordinator, running);
+    }
+
+    fn consumer_setup(&self, spec: &StreamSpec) -> Arc<ConsumerSetup> {
+        let config = &self.config;
+        Arc::new(ConsumerSetup {
+            store: Arc::clone(&self.store),
+            source: Arc::clone(&self.source),
+            factory: Arc::clone(&self.factory),
+            stream: spec.name.clone(),
+            layout: spec.layout.clone(),
+            worker_id: config.lease.worker_id().to_owned(),
+            initial: config.initial_position,
+            policy: config.failure_policy,
+            parent_poll_interval: config.parent_poll_interval,
+            max_backoff: config.max_backoff,
+        })
     }
 
     fn publish(&self, coordinator: &LeaseCoordinator, running: &Running) {
@@ -548,25 +604,50 @@ impl Worker {
         }
     }
 
-    fn sync_loop(&self, stop: CancellationToken) -> impl Future<Output = ()> + Send + 'static {
+    fn sync_loop(
+        &self,
+        stop: CancellationToken,
+        live: LiveStreams,
+        removed_tx: mpsc::Sender<StreamSpec>,
+    ) -> impl Future<Output = ()> + Send + 'static {
         let source = Arc::clone(&self.source);
         let store = Arc::clone(&self.store);
-        let streams = self.config.streams.clone();
+        let tracker = self.tracker.clone();
         let interval = self.config.shard_sync_interval;
         let initial = self.config.initial_position;
         let retention = self.config.completed_lease_retention;
+        let policy = self.config.removed_stream_policy;
         async move {
-            let mut cleanups: Vec<LeaseCleanup> = streams
-                .iter()
-                .map(|_| LeaseCleanup::new(retention))
-                .collect();
+            let mut cleanups: HashMap<LeaseLayout, LeaseCleanup> = HashMap::new();
+            let mut removed_at: HashMap<LeaseLayout, (String, Instant)> = HashMap::new();
             loop {
                 let jittered = interval.mul_f64(rand::rng().random_range(0.75..=1.25));
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep(jittered) => {}
                 }
-                for (spec, cleanup) in streams.iter().zip(cleanups.iter_mut()) {
+                if let Some(tracker) = &tracker {
+                    match tracker.streams().await {
+                        Ok(wanted) => {
+                            let removed = update_streams(&live, wanted);
+                            for spec in removed {
+                                removed_at.insert(
+                                    spec.layout.clone(),
+                                    (spec.name.clone(), Instant::now()),
+                                );
+                                let _ = removed_tx.send(spec).await;
+                            }
+                            for spec in read(&live).iter() {
+                                removed_at.remove(&spec.layout);
+                            }
+                        }
+                        Err(e) => {
+                            warn!(error = %e, "the stream tracker failed; keeping the current streams")
+                        }
+                    }
+                }
+                let streams = read(&live).clone();
+                for spec in &streams {
                     let synced = shard_sync::sync_shards(
                         source.as_ref(),
                         store.as_ref(),
@@ -577,6 +658,9 @@ impl Worker {
                     .await;
                     match synced {
                         Ok(report) => {
+                            let cleanup = cleanups
+                                .entry(spec.layout.clone())
+                                .or_insert_with(|| LeaseCleanup::new(retention));
                             cleanup
                                 .run(store.as_ref(), &spec.layout, &report.shards, &report.leases)
                                 .await;
@@ -586,31 +670,132 @@ impl Worker {
                         }
                     }
                 }
+                if let RemovedStreamPolicy::DeleteAfter(delay) = policy {
+                    delete_removed_leases(store.as_ref(), &mut removed_at, delay).await;
+                }
             }
         }
     }
 }
 
-/// The running consumers: task id to lease key, and each one's stop token.
+type LiveStreams = Arc<RwLock<Vec<StreamSpec>>>;
+
+fn read(live: &LiveStreams) -> std::sync::RwLockReadGuard<'_, Vec<StreamSpec>> {
+    live.read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Replaces the live stream list; returns the streams that went away.
+fn update_streams(live: &LiveStreams, wanted: Vec<StreamSpec>) -> Vec<StreamSpec> {
+    let mut current = live.write().unwrap_or_else(|e| e.into_inner());
+    let removed: Vec<StreamSpec> = current
+        .iter()
+        .filter(|s| !wanted.contains(s))
+        .cloned()
+        .collect();
+    for added in wanted.iter().filter(|s| !current.contains(s)) {
+        info!(stream = %added.name, "stream added");
+    }
+    *current = wanted;
+    removed
+}
+
+/// Deletes the released leases of streams removed at least `delay` ago
+/// (each guarded by its counter); leases still held are left for their
+/// holder to release first.
+async fn delete_removed_leases(
+    store: &dyn LeaseStore,
+    removed_at: &mut HashMap<LeaseLayout, (String, Instant)>,
+    delay: Duration,
+) {
+    let due: Vec<(LeaseLayout, String)> = removed_at
+        .iter()
+        .filter(|(_, (_, at))| at.elapsed() >= delay)
+        .map(|(layout, (name, _))| (layout.clone(), name.clone()))
+        .collect();
+    if due.is_empty() {
+        return;
+    }
+    let leases: Vec<Lease> = match store.scan().try_concat().await {
+        Ok(leases) => leases,
+        Err(e) => {
+            warn!(error = %e, "scanning for leases of removed streams failed");
+            return;
+        }
+    };
+    for (layout, name) in due {
+        let mine: Vec<&Lease> = leases.iter().filter(|l| layout.owns(l)).collect();
+        let mut left = 0;
+        for lease in &mine {
+            if lease.owner.is_some() || lease.in_handoff() {
+                left += 1;
+                continue;
+            }
+            match store.delete(&lease.key, lease.counter).await {
+                Ok(()) => {
+                    info!(stream = %name, lease = %lease.key, "deleted a lease of a removed stream")
+                }
+                Err(_) => left += 1,
+            }
+        }
+        if left == 0 {
+            removed_at.remove(&layout);
+        }
+    }
+}
+
+/// The running consumers: task id to lease key, stream, and stop token.
 #[derive(Debug, Default)]
 struct Running {
-    by_task: HashMap<tokio::task::Id, (String, CancellationToken)>,
+    by_task: HashMap<tokio::task::Id, RunningConsumer>,
+}
+
+#[derive(Debug)]
+struct RunningConsumer {
+    key: String,
+    layout: LeaseLayout,
+    stop: CancellationToken,
+    /// Stopped because its stream was removed: release the lease after.
+    retired: bool,
 }
 
 impl Running {
-    fn insert(&mut self, id: tokio::task::Id, key: String, stop: CancellationToken) {
-        self.by_task.insert(id, (key, stop));
+    fn insert(
+        &mut self,
+        id: tokio::task::Id,
+        key: String,
+        layout: LeaseLayout,
+        stop: CancellationToken,
+    ) {
+        self.by_task.insert(
+            id,
+            RunningConsumer {
+                key,
+                layout,
+                stop,
+                retired: false,
+            },
+        );
     }
-    fn remove(&mut self, id: tokio::task::Id) -> Option<String> {
-        self.by_task.remove(&id).map(|(key, _)| key)
+    fn remove(&mut self, id: tokio::task::Id) -> Option<RunningConsumer> {
+        self.by_task.remove(&id)
     }
     fn stop_all(&self) {
-        for (_, stop) in self.by_task.values() {
-            stop.cancel();
+        for c in self.by_task.values() {
+            c.stop.cancel();
         }
     }
+    /// Stops the consumers of one stream; returns how many.
+    fn retire(&mut self, layout: &LeaseLayout) -> usize {
+        let mut n = 0;
+        for c in self.by_task.values_mut().filter(|c| &c.layout == layout) {
+            c.retired = true;
+            c.stop.cancel();
+            n += 1;
+        }
+        n
+    }
     fn keys(&self) -> Vec<String> {
-        let mut keys: Vec<String> = self.by_task.values().map(|(k, _)| k.clone()).collect();
+        let mut keys: Vec<String> = self.by_task.values().map(|c| c.key.clone()).collect();
         keys.sort();
         keys
     }

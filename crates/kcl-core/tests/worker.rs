@@ -630,3 +630,108 @@ async fn finished_parents_are_deleted_after_retention_and_never_reread() {
     fleet.stop(0).await;
     assert_eq!(check_complete(&fleet.log, 4, 40), 0);
 }
+
+#[derive(Debug, Default)]
+struct Tracker(Mutex<Vec<kcl_core::worker::StreamSpec>>);
+
+#[async_trait]
+impl kcl_core::worker::StreamTracker for Tracker {
+    async fn streams(&self) -> Result<Vec<StreamSpec>, kcl_core::source::SourceError> {
+        Ok(self.0.lock().unwrap().clone())
+    }
+}
+
+fn multi(name: &str) -> StreamSpec {
+    StreamSpec {
+        name: name.into(),
+        layout: LeaseLayout::MultiStream {
+            identifier: format!("123456789012:{name}:1700000000"),
+        },
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn streams_added_and_removed_at_runtime() {
+    use kcl_core::worker::RemovedStreamPolicy;
+    let source = InMemoryShardSource::new().with_max_records(50);
+    source.create_stream("a", 2);
+    source.create_stream("b", 2);
+    let store = InMemoryLeaseStore::new();
+    let log: Arc<Log> = Arc::default();
+    let tracker = Arc::new(Tracker(Mutex::new(vec![multi("a")])));
+    let lease = LeaseConfig::builder("w")
+        .taker_interval(TICK)
+        .seed(3)
+        .build()
+        .unwrap();
+    let config = WorkerConfig::builder(lease)
+        .stream(multi("a"))
+        .initial_position(InitialPosition::TrimHorizon)
+        .shard_sync_interval(Duration::from_secs(5))
+        .removed_stream_policy(RemovedStreamPolicy::DeleteAfter(Duration::from_secs(20)))
+        .build()
+        .unwrap();
+    let factory_log = Arc::clone(&log);
+    let worker = Worker::new(
+        config,
+        Arc::new(store.clone()),
+        Arc::new(source.clone()),
+        Arc::new(move |ctx: &ShardContext| Recorder {
+            ctx: ctx.clone(),
+            log: Arc::clone(&factory_log),
+            b: Behaviour::default(),
+        }),
+    )
+    .with_stream_tracker(Arc::clone(&tracker) as Arc<dyn kcl_core::worker::StreamTracker>);
+    let handle = worker.handle();
+    let task = tokio::spawn(worker.run());
+    for n in 0..10 {
+        source.put("a", "pk-0", format!("pk-0:{n}")).unwrap();
+        source.put("b", "pk-1", format!("pk-1:{n}")).unwrap();
+    }
+    sleep(TICK * 2).await;
+    let keys = |store: &InMemoryLeaseStore| {
+        store
+            .snapshot()
+            .into_iter()
+            .map(|l| (l.key, l.owner))
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        keys(&store).iter().all(|(k, _)| k.contains(":a:")),
+        "only a is leased: {:?}",
+        keys(&store)
+    );
+    assert_eq!(log.by_key().get("pk-0").map(Vec::len), Some(10));
+
+    // b added at runtime: leased and consumed.
+    tracker.0.lock().unwrap().push(multi("b"));
+    sleep(TICK * 3).await;
+    assert_eq!(
+        log.by_key().get("pk-1").map(Vec::len),
+        Some(10),
+        "b consumed after it was added"
+    );
+
+    // a removed: its consumers stop, its leases are released, then deleted.
+    tracker.0.lock().unwrap().retain(|s| s.name != "a");
+    sleep(Duration::from_secs(8)).await;
+    let a_leases: Vec<_> = keys(&store)
+        .into_iter()
+        .filter(|(k, _)| k.contains(":a:"))
+        .collect();
+    assert!(
+        !a_leases.is_empty() && a_leases.iter().all(|(_, o)| o.is_none()),
+        "released, kept for now: {a_leases:?}"
+    );
+    assert!(handle.status().consuming.iter().all(|k| k.contains(":b:")));
+    sleep(Duration::from_secs(30)).await;
+    assert!(
+        keys(&store).iter().all(|(k, _)| !k.contains(":a:")),
+        "deleted after the delay: {:?}",
+        keys(&store)
+    );
+    assert_eq!(handle.status().consuming.len(), 2);
+    handle.shutdown();
+    task.await.unwrap().unwrap();
+}
