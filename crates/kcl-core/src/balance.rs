@@ -18,7 +18,7 @@
 //!   never ends above its victim, so steals never flip-flop; a lead of a
 //!   single lease is never worth a steal.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// One lease as this worker sees it at the end of a scan.
@@ -175,18 +175,6 @@ fn spread(me: &str, key: &str) -> u64 {
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
     h
-}
-
-/// Leases per worker in a view, counting only unexpired owners; a helper
-/// for logs, metrics and tests.
-pub fn owner_counts<'a>(leases: &[LeaseView<'a>]) -> HashMap<&'a str, usize> {
-    let mut counts = HashMap::new();
-    for l in leases {
-        if let (Some(owner), false) = (l.owner, l.expired) {
-            *counts.entry(owner).or_default() += 1;
-        }
-    }
-    counts
 }
 
 #[cfg(test)]

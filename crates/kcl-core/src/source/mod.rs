@@ -6,7 +6,8 @@
 //! checkpoint already dropped) in batches, check lease ownership before
 //! every fetch, and report the end of a closed shard with its children.
 //! `kcl-kinesis` implements it on Kinesis (polling and enhanced fan-out);
-//! [`memory`] implements it in memory for tests and benchmarks.
+//! `memory` (feature `test-util`) implements it in memory for tests and
+//! benchmarks.
 
 use std::fmt;
 use std::time::SystemTime;

@@ -49,7 +49,7 @@ impl CheckpointUpdate {
 /// Conditional operations on a lease table.
 ///
 /// Implementations must be exactly as strict as the in-memory store (the
-/// conformance suite in [`conformance`] checks it). On success a mutating
+/// conformance suite in `conformance`, feature `test-util`, checks it). On success a mutating
 /// call returns the lease as it now stands in the table.
 #[async_trait]
 pub trait LeaseStore: Send + Sync + fmt::Debug {
