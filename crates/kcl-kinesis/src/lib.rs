@@ -16,7 +16,8 @@
 //!   and benchmarks.
 //! - [`KinesisShardSource`] (`source`): the `ShardSource` on Kinesis.
 //!   `ListShards` following `NextToken` to the end, with lineage from
-//!   `ParentShardId` / `AdjacentParentShardId`; `open` starts a polling reader.
+//!   `ParentShardId` / `AdjacentParentShardId`; `open` starts a polling or
+//!   a fan-out reader, as [`Retrieval`] says.
 //! - `polling`: the polling reader and its fetch task (`GetShardIterator`,
 //!   `GetRecords`, expired-iterator recovery, throttling backoff, bounded
 //!   prefetch, shard end with the children).
@@ -26,8 +27,12 @@
 //! - `api`: the three Kinesis calls behind a crate-private trait, the seam
 //!   where `faults` (feature `test-util`) injects the service's real
 //!   error variants.
-//!
-//! Enhanced fan-out retrieval is not written yet.
+//! - `fanout`: enhanced fan-out retrieval ([`FanOutConfig`]): the stream
+//!   consumer (found or registered once per stream, waited for until
+//!   ACTIVE, deregistered at shutdown only if [`DeregisterConsumer`] says
+//!   so), and the reader whose task holds one `SubscribeToShard`
+//!   subscription at a time and renews it from the continuation sequence
+//!   number.
 //!
 //! # Concurrency model
 //!
@@ -40,6 +45,10 @@
 //! fills a bounded channel whose batches hold permits of a per-reader
 //! record budget and byte budget, so a stalled processor stops fetching.
 //! See `polling` for the details. Listing shards spawns nothing.
+//!
+//! Each fan-out reader likewise owns one subscription task; it stops
+//! reading the event stream while its channel or byte budget is full, so
+//! the transport's flow control pushes back on the service. See `fanout`.
 #![warn(missing_docs)]
 
 pub mod kpl;
@@ -49,13 +58,18 @@ mod config;
 mod error;
 #[cfg(test)]
 mod fake;
+mod fanout;
 #[cfg(any(test, feature = "test-util"))]
 pub mod faults;
 mod polling;
 mod source;
 mod stats;
+mod task_reader;
 
 pub use config::{MAX_GET_RECORDS_LIMIT, PollingConfig, PollingConfigBuilder};
 pub use error::ConfigError;
-pub use source::{KinesisShardSource, KinesisShardSourceBuilder, MAX_LIST_SHARDS_RESULTS};
+pub use fanout::{DeregisterConsumer, FanOutConfig, FanOutConfigBuilder, MAX_CONSUMER_NAME_LEN};
+pub use source::{
+    KinesisShardSource, KinesisShardSourceBuilder, MAX_LIST_SHARDS_RESULTS, Retrieval,
+};
 pub use stats::{SourceStats, StatsSnapshot};

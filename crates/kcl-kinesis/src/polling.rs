@@ -22,22 +22,21 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use async_trait::async_trait;
 use aws_sdk_kinesis::operation::get_records::GetRecordsOutput;
 use bytes::Bytes;
 use kcl_core::coordinator::LeaseHandle;
-use kcl_core::source::{Batch, ChildShard, OpenShard, ShardReader, SourceError, StartPosition};
+use kcl_core::source::{Batch, ChildShard, OpenShard, SourceError, StartPosition};
 use kcl_core::{Checkpoint, HashKeyRange};
 use metrics::{Counter, Gauge};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{Instrument, debug, warn};
 
 use crate::api::IteratorStart;
 use crate::error::{Class, classify};
 use crate::kpl::{self, Deaggregator, RawRecord, ShardHashRange};
 use crate::source::{Failure, Op, Shared, list_after, retryable, retrying};
+use crate::task_reader::{Delivery, TaskReader};
 
 /// Batches the fetch task may have waiting for the reader. The record and
 /// byte budgets are the real bound; this only caps how many small batches
@@ -49,31 +48,19 @@ type Message = Result<Prefetched, SourceError>;
 
 /// A fetched batch and the prefetch budget it holds until handed out.
 #[derive(Debug)]
-struct Prefetched {
+pub(crate) struct Prefetched {
     batch: Batch,
     _records: OwnedSemaphorePermit,
     _bytes: OwnedSemaphorePermit,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    Reading,
-    /// The shard-end batch was handed out.
-    Ended,
-    /// A non-retryable error was handed out; the fetch task is gone.
-    Stopped,
-}
-
 /// A [`ShardReader`] on one shard, fed by a background `GetRecords` loop.
-#[derive(Debug)]
-pub(crate) struct PollingReader {
-    stream: String,
-    shard_id: String,
-    lease: LeaseHandle,
-    rx: mpsc::Receiver<Message>,
-    stop: CancellationToken,
-    task: JoinHandle<()>,
-    state: State,
+pub(crate) type PollingReader = TaskReader<Prefetched>;
+
+impl Delivery for Prefetched {
+    fn into_batch(self) -> Batch {
+        self.batch
+    }
 }
 
 impl PollingReader {
@@ -138,83 +125,18 @@ impl PollingReader {
             deaggregator,
             ctx: ctx.clone(),
         };
-        let task = tokio::spawn(fetcher.run(stop.clone()));
+        // The fetch task logs under the consumer's span (worker, stream, shard).
+        let task = tokio::spawn(fetcher.run(stop.clone()).in_current_span());
         debug!(stream = %ctx.stream, shard = %ctx.shard_id, "polling reader started");
-        Ok(PollingReader {
-            stream: ctx.stream,
-            shard_id: ctx.shard_id,
-            lease: ctx.lease,
+        Ok(TaskReader::new(
+            ctx.stream,
+            ctx.shard_id,
+            ctx.lease,
             rx,
             stop,
             task,
-            state: State::Reading,
-        })
-    }
-
-    fn lease_lost(&mut self) -> SourceError {
-        self.state = State::Stopped;
-        self.stop.cancel();
-        SourceError::LeaseLost {
-            shard: self.shard_id.clone(),
-        }
-    }
-
-    fn fatal(&self, message: &str) -> SourceError {
-        SourceError::Fatal {
-            stream: self.stream.clone(),
-            message: format!("shard {}: {message}", self.shard_id),
-            source: None,
-        }
-    }
-}
-
-impl Drop for PollingReader {
-    fn drop(&mut self) {
-        // Cancel lets the task see it at its next await; abort makes sure
-        // it is gone even if it is not polled again. Either way no task
-        // outlives its reader.
-        self.stop.cancel();
-        self.task.abort();
-    }
-}
-
-#[async_trait]
-impl ShardReader for PollingReader {
-    async fn next_batch(&mut self) -> Result<Batch, SourceError> {
-        match self.state {
-            State::Reading => {}
-            State::Ended => return Err(self.fatal("already reached its end")),
-            State::Stopped => return Err(self.fatal("reader stopped after an error")),
-        }
-        if !self.lease.is_valid() {
-            return Err(self.lease_lost());
-        }
-        let ended = self.lease.ended();
-        let message = tokio::select! {
-            biased;
-            () = ended => return Err(self.lease_lost()),
-            message = self.rx.recv() => message,
-        };
-        match message {
-            Some(Ok(prefetched)) => {
-                // The permits drop here: the budget is free for the next fetch.
-                let batch = prefetched.batch;
-                if batch.shard_end.is_some() {
-                    self.state = State::Ended;
-                }
-                Ok(batch)
-            }
-            Some(Err(e)) => {
-                if !e.is_retryable() {
-                    self.state = State::Stopped;
-                }
-                Err(e)
-            }
-            None => {
-                self.state = State::Stopped;
-                Err(self.fatal("fetch task stopped"))
-            }
-        }
+            "fetch task",
+        ))
     }
 }
 
@@ -231,12 +153,19 @@ struct Meters {
 impl Meters {
     fn new(stream: &str, shard: &str) -> Self {
         let s = || stream.to_owned();
+        let sh = || shard.to_owned();
         Meters {
-            get_records: metrics::counter!("kcl_kinesis_get_records_calls_total", "stream" => s()),
-            records: metrics::counter!("kcl_kinesis_records_fetched_total", "stream" => s()),
-            bytes: metrics::counter!("kcl_kinesis_bytes_fetched_total", "stream" => s()),
+            get_records: metrics::counter!(
+                "kcl_kinesis_get_records_calls_total", "stream" => s(), "shard" => sh()
+            ),
+            records: metrics::counter!(
+                "kcl_kinesis_records_fetched_total", "stream" => s(), "shard" => sh()
+            ),
+            bytes: metrics::counter!(
+                "kcl_kinesis_bytes_fetched_total", "stream" => s(), "shard" => sh()
+            ),
             expired_iterators: metrics::counter!(
-                "kcl_kinesis_expired_iterators_total", "stream" => s()
+                "kcl_kinesis_expired_iterators_total", "stream" => s(), "shard" => sh()
             ),
             millis_behind_latest: metrics::gauge!(
                 "kcl_kinesis_millis_behind_latest", "stream" => s(), "shard" => shard.to_owned()
@@ -326,6 +255,10 @@ impl Fetcher {
                 }
             } => {}
         }
+        // No longer read here: drop out of the fleet's max() rather than
+        // freeze at the last value (the next reader, here or on another
+        // worker, reports its own).
+        self.ctx.meters.millis_behind_latest.set(0.0);
     }
 
     async fn fetch(&mut self) -> Result<(), SourceError> {

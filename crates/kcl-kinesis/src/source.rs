@@ -13,6 +13,7 @@ use tracing::{debug, warn};
 use crate::api::{KinesisApi, ListShardsPage};
 use crate::config::PollingConfig;
 use crate::error::{Class, Classified, ConfigError, classify};
+use crate::fanout::{FanOut, FanOutApi, FanOutConfig, FanOutReader};
 use crate::polling::PollingReader;
 use crate::stats::{SourceStats, StatsSnapshot};
 
@@ -26,8 +27,28 @@ const MAX_LIST_PAGES: usize = 100_000;
 /// How often a listing restarts after its `NextToken` expired.
 const MAX_LIST_RESTARTS: u32 = 3;
 
+/// How readers get records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Retrieval {
+    /// `GetRecords` in a loop (the default): shares the shard's 2 MB/s and
+    /// five reads per second with every other polling application.
+    Polling(PollingConfig),
+    /// Enhanced fan-out: `SubscribeToShard` through a registered stream
+    /// consumer, with its own 2 MB/s per shard and records pushed as they
+    /// arrive.
+    FanOut(FanOutConfig),
+}
+
+impl Default for Retrieval {
+    fn default() -> Self {
+        Retrieval::Polling(PollingConfig::default())
+    }
+}
+
 /// A [`ShardSource`] on Amazon Kinesis: `ListShards` for discovery and
-/// lineage, polling `GetRecords` readers.
+/// lineage, polling `GetRecords` or enhanced fan-out readers (see
+/// [`Retrieval`]).
 ///
 /// Cloning shares the client, the settings and the [`SourceStats`].
 #[derive(Debug, Clone)]
@@ -42,6 +63,8 @@ pub(crate) struct Shared {
     pub(crate) polling: PollingConfig,
     pub(crate) max_results: Option<i32>,
     pub(crate) stats: Arc<SourceStats>,
+    /// Set in fan-out mode.
+    pub(crate) fanout: Option<Arc<FanOut>>,
 }
 
 impl KinesisShardSource {
@@ -54,6 +77,7 @@ impl KinesisShardSource {
                 polling: PollingConfig::default(),
                 max_results: None,
                 stats: Arc::default(),
+                fanout: None,
             },
         }
     }
@@ -61,6 +85,8 @@ impl KinesisShardSource {
     /// A builder for a source with non-default settings.
     pub fn builder(client: aws_sdk_kinesis::Client) -> KinesisShardSourceBuilder {
         KinesisShardSourceBuilder {
+            fanout_api: Arc::new(client.clone()),
+            fan_out: None,
             api: Arc::new(client),
             polling: PollingConfig::default(),
             max_results: None,
@@ -74,9 +100,53 @@ impl KinesisShardSource {
         self.shared.stats.snapshot()
     }
 
+    /// The live counters, for reading them after the source was handed to
+    /// a worker.
+    pub fn stats_handle(&self) -> Arc<SourceStats> {
+        Arc::clone(&self.shared.stats)
+    }
+
     /// The polling settings readers use.
     pub fn polling_config(&self) -> &PollingConfig {
         &self.shared.polling
+    }
+
+    /// How readers get records.
+    pub fn retrieval(&self) -> Retrieval {
+        match &self.shared.fanout {
+            Some(fanout) => Retrieval::FanOut(fanout.config.clone()),
+            None => Retrieval::Polling(self.shared.polling.clone()),
+        }
+    }
+
+    /// Call once the worker using this source stopped. In fan-out mode
+    /// with [`crate::DeregisterConsumer::OnShutdown`], deregisters the
+    /// stream consumers the readers used and returns how many; otherwise
+    /// does nothing.
+    pub async fn shutdown(&self) -> Result<usize, SourceError> {
+        match &self.shared.fanout {
+            Some(fanout) => fanout.shutdown(&self.shared).await,
+            None => Ok(0),
+        }
+    }
+
+    /// A fan-out source on fakes, for unit tests.
+    #[cfg(test)]
+    pub(crate) fn with_fan_out(
+        api: Arc<dyn KinesisApi>,
+        fanout_api: Arc<dyn FanOutApi>,
+        config: FanOutConfig,
+    ) -> Self {
+        let name = config.consumer_name().unwrap_or("test-consumer").to_owned();
+        KinesisShardSource {
+            shared: Shared {
+                api,
+                polling: PollingConfig::default(),
+                max_results: None,
+                stats: Arc::default(),
+                fanout: Some(Arc::new(FanOut::new(config, name, fanout_api))),
+            },
+        }
     }
 
     /// A source on any [`KinesisApi`], for unit tests.
@@ -88,6 +158,7 @@ impl KinesisShardSource {
                 polling,
                 max_results: None,
                 stats: Arc::default(),
+                fanout: None,
             },
         }
     }
@@ -97,6 +168,8 @@ impl KinesisShardSource {
 #[derive(Debug)]
 pub struct KinesisShardSourceBuilder {
     api: Arc<dyn KinesisApi>,
+    fanout_api: Arc<dyn FanOutApi>,
+    fan_out: Option<FanOutConfig>,
     polling: PollingConfig,
     max_results: Option<i32>,
     #[cfg(any(test, feature = "test-util"))]
@@ -111,9 +184,20 @@ impl KinesisShardSourceBuilder {
         self
     }
 
-    /// How readers poll.
+    /// How readers poll (and polling rather than fan-out).
     pub fn polling(mut self, polling: PollingConfig) -> Self {
         self.polling = polling;
+        self.fan_out = None;
+        self
+    }
+
+    /// How readers get records (default: polling with default settings).
+    /// Fan-out needs a consumer name.
+    pub fn retrieval(mut self, retrieval: Retrieval) -> Self {
+        match retrieval {
+            Retrieval::Polling(polling) => return self.polling(polling),
+            Retrieval::FanOut(fan_out) => self.fan_out = Some(fan_out),
+        }
         self
     }
 
@@ -144,12 +228,25 @@ impl KinesisShardSourceBuilder {
         };
         #[cfg(not(any(test, feature = "test-util")))]
         let api = self.api;
+        let fanout = match self.fan_out {
+            Some(config) => {
+                let Some(name) = config.consumer_name().map(str::to_owned) else {
+                    return Err(ConfigError {
+                        field: "consumer_name",
+                        reason: "is not set; enhanced fan-out subscribes through a named stream consumer (the kcl facade uses the application name)".into(),
+                    });
+                };
+                Some(Arc::new(FanOut::new(config, name, self.fanout_api)))
+            }
+            None => None,
+        };
         Ok(KinesisShardSource {
             shared: Shared {
                 api,
                 polling: self.polling,
                 max_results: self.max_results,
                 stats: Arc::default(),
+                fanout,
             },
         })
     }
@@ -163,6 +260,11 @@ impl ShardSource for KinesisShardSource {
     }
 
     async fn open(&self, request: OpenShard) -> Result<Box<dyn ShardReader>, SourceError> {
+        if let Some(fanout) = &self.shared.fanout {
+            let reader =
+                FanOutReader::open(self.shared.clone(), Arc::clone(fanout), request).await?;
+            return Ok(Box::new(reader));
+        }
         let reader = PollingReader::open(self.shared.clone(), request).await?;
         Ok(Box::new(reader))
     }
@@ -297,6 +399,10 @@ pub(crate) enum Op {
     ListShards,
     GetShardIterator,
     GetRecords,
+    DescribeStreamSummary,
+    DescribeStreamConsumer,
+    RegisterStreamConsumer,
+    DeregisterStreamConsumer,
 }
 
 impl Op {
@@ -305,6 +411,10 @@ impl Op {
             Op::ListShards => "list_shards",
             Op::GetShardIterator => "get_shard_iterator",
             Op::GetRecords => "get_records",
+            Op::DescribeStreamSummary => "describe_stream_summary",
+            Op::DescribeStreamConsumer => "describe_stream_consumer",
+            Op::RegisterStreamConsumer => "register_stream_consumer",
+            Op::DeregisterStreamConsumer => "deregister_stream_consumer",
         }
     }
 }

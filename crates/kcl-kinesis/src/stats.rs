@@ -17,6 +17,11 @@ pub struct SourceStats {
     expired_iterators: AtomicU64,
     records: AtomicU64,
     bytes: AtomicU64,
+    consumer_calls: AtomicU64,
+    subscribe_calls: AtomicU64,
+    resubscribes: AtomicU64,
+    events: AtomicU64,
+    subscription_errors: AtomicU64,
 }
 
 /// A point-in-time copy of [`SourceStats`].
@@ -39,6 +44,19 @@ pub struct StatsSnapshot {
     pub records: u64,
     /// Payload bytes fetched.
     pub bytes: u64,
+    /// Stream-consumer calls of enhanced fan-out (`DescribeStreamSummary`,
+    /// `DescribeStreamConsumer`, `RegisterStreamConsumer`,
+    /// `DeregisterStreamConsumer`), including failed ones.
+    pub consumer_calls: u64,
+    /// `SubscribeToShard` calls, including failed ones.
+    pub subscribe_calls: u64,
+    /// Subscriptions a fan-out reader opened after its first one (after the
+    /// service or the configured lifetime ended one, or after an error).
+    pub resubscribes: u64,
+    /// `SubscribeToShard` events received.
+    pub events: u64,
+    /// Failed subscriptions (the call or the event stream).
+    pub subscription_errors: u64,
 }
 
 impl SourceStats {
@@ -54,6 +72,11 @@ impl SourceStats {
             expired_iterators: get(&self.expired_iterators),
             records: get(&self.records),
             bytes: get(&self.bytes),
+            consumer_calls: get(&self.consumer_calls),
+            subscribe_calls: get(&self.subscribe_calls),
+            resubscribes: get(&self.resubscribes),
+            events: get(&self.events),
+            subscription_errors: get(&self.subscription_errors),
         }
     }
 
@@ -85,5 +108,25 @@ impl SourceStats {
     pub(crate) fn fetched(&self, records: u64, bytes: u64) {
         self.records.fetch_add(records, Ordering::Relaxed);
         self.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub(crate) fn consumer_call(&self) {
+        self.consumer_calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn subscribe_call(&self) {
+        self.subscribe_calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn resubscribe(&self) {
+        self.resubscribes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn event(&self) {
+        self.events.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn subscription_error(&self) {
+        self.subscription_errors.fetch_add(1, Ordering::Relaxed);
     }
 }

@@ -1,0 +1,374 @@
+//! Settings of enhanced fan-out retrieval, validated at `build()`.
+
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+
+use crate::error::ConfigError;
+
+/// Longest stream-consumer name Kinesis accepts.
+pub const MAX_CONSUMER_NAME_LEN: usize = 128;
+
+/// What happens to the stream consumer when the source shuts down.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeregisterConsumer {
+    /// Leave it registered (the default). Every worker of the application
+    /// subscribes through the same consumer, so one worker stopping (a
+    /// deploy, a scale-in) must not pull it from under the others; a
+    /// consumer costs nothing while nobody subscribes.
+    #[default]
+    Never,
+    /// Deregister the consumers this source used when
+    /// [`crate::KinesisShardSource::shutdown`] is called. Only for the last
+    /// worker of an application that is going away for good: the other
+    /// workers' subscriptions end with the consumer.
+    OnShutdown,
+}
+
+/// How an enhanced fan-out reader subscribes. Build with
+/// [`FanOutConfig::builder`].
+///
+/// Each held shard gets one `SubscribeToShard` subscription through a
+/// registered stream consumer, which receives its own 2 MB/s per shard and
+/// records pushed as they arrive instead of polled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FanOutConfig {
+    pub(crate) consumer_name: Option<String>,
+    pub(crate) subscription_lifetime: Option<Duration>,
+    pub(crate) consumer_active_timeout: Duration,
+    pub(crate) max_buffered_batches: usize,
+    pub(crate) max_buffered_bytes: usize,
+    pub(crate) retry_min_delay: Duration,
+    pub(crate) retry_max_delay: Duration,
+    pub(crate) max_transient_retries: u32,
+    pub(crate) closed_shard_check_interval: Option<Duration>,
+    pub(crate) deregister: DeregisterConsumer,
+}
+
+impl Default for FanOutConfig {
+    fn default() -> Self {
+        FanOutConfig {
+            consumer_name: None,
+            subscription_lifetime: None,
+            // Registration usually takes seconds; the API allows five
+            // registrations per second per account, so a large fleet
+            // starting at once may wait its turn.
+            consumer_active_timeout: Duration::from_secs(120),
+            max_buffered_batches: 4,
+            // One event carries at most what the shard pushed in about a
+            // second (2 MB/s per consumer per shard); 8 MiB holds a few
+            // seconds of a saturated shard, as the polling prefetch does.
+            max_buffered_bytes: 8 * 1024 * 1024,
+            retry_min_delay: Duration::from_millis(100),
+            retry_max_delay: Duration::from_secs(10),
+            max_transient_retries: 10,
+            closed_shard_check_interval: Some(Duration::from_secs(30)),
+            deregister: DeregisterConsumer::Never,
+        }
+    }
+}
+
+impl FanOutConfig {
+    /// A builder starting from the defaults.
+    pub fn builder() -> FanOutConfigBuilder {
+        FanOutConfigBuilder {
+            config: FanOutConfig::default(),
+        }
+    }
+
+    /// The stream consumer's name, if set (the `kcl` facade defaults it to
+    /// the application name).
+    pub fn consumer_name(&self) -> Option<&str> {
+        self.consumer_name.as_deref()
+    }
+
+    /// How long a subscription lasts before the reader renews it; `None`
+    /// lets the service end it (after 5 minutes on AWS).
+    pub fn subscription_lifetime(&self) -> Option<Duration> {
+        self.subscription_lifetime
+    }
+
+    /// How long opening a shard waits for the consumer to become ACTIVE.
+    pub fn consumer_active_timeout(&self) -> Duration {
+        self.consumer_active_timeout
+    }
+
+    /// Most batches received ahead of the processor.
+    pub fn max_buffered_batches(&self) -> usize {
+        self.max_buffered_batches
+    }
+
+    /// Most payload bytes received ahead of the processor.
+    pub fn max_buffered_bytes(&self) -> usize {
+        self.max_buffered_bytes
+    }
+
+    /// How often a caught-up reader checks whether its shard was closed,
+    /// for endpoints that never announce the end; `None` never checks.
+    pub fn closed_shard_check_interval(&self) -> Option<Duration> {
+        self.closed_shard_check_interval
+    }
+
+    /// What happens to the consumer at shutdown.
+    pub fn deregister(&self) -> DeregisterConsumer {
+        self.deregister
+    }
+
+    /// The same settings with `name` as the consumer name, validated. For
+    /// callers that fill in a default (the `kcl` facade uses the
+    /// application name).
+    pub fn with_consumer_name(mut self, name: impl Into<String>) -> Result<Self, ConfigError> {
+        let name = name.into();
+        validate_consumer_name(&name)?;
+        self.consumer_name = Some(name);
+        Ok(self)
+    }
+
+    /// Delays between retries of a failed subscription: exponential, capped,
+    /// with jitter so that many shards failing together do not retry in step.
+    pub(crate) fn backoff(&self) -> impl Iterator<Item = Duration> + Send + use<> {
+        ExponentialBuilder::default()
+            .with_min_delay(self.retry_min_delay)
+            .with_max_delay(self.retry_max_delay)
+            .with_factor(2.0)
+            .with_jitter()
+            .without_max_times()
+            .build()
+    }
+}
+
+fn validate_consumer_name(name: &str) -> Result<(), ConfigError> {
+    let valid = (1..=MAX_CONSUMER_NAME_LEN).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if valid {
+        Ok(())
+    } else {
+        Err(ConfigError {
+            field: "consumer_name",
+            reason: format!(
+                "is {name:?}; a stream consumer name is 1-{MAX_CONSUMER_NAME_LEN} characters of a-z, A-Z, 0-9, '_', '-', '.'"
+            ),
+        })
+    }
+}
+
+/// Builds a [`FanOutConfig`].
+#[derive(Debug, Clone)]
+pub struct FanOutConfigBuilder {
+    config: FanOutConfig,
+}
+
+impl FanOutConfigBuilder {
+    /// The stream consumer to register (or reuse) and subscribe through.
+    /// All workers of one application must use the same name. Required
+    /// when the source is built directly; the `kcl` facade defaults it to
+    /// the application name.
+    pub fn consumer_name(mut self, name: impl Into<String>) -> Self {
+        self.config.consumer_name = Some(name.into());
+        self
+    }
+
+    /// Renew each subscription after this long (default: never; the
+    /// service ends it after 5 minutes and the reader resubscribes).
+    /// Tests set a few seconds to exercise resubscription.
+    pub fn subscription_lifetime(mut self, lifetime: Duration) -> Self {
+        self.config.subscription_lifetime = Some(lifetime);
+        self
+    }
+
+    /// How long opening a shard waits for a new consumer to become ACTIVE
+    /// (default 120 s).
+    pub fn consumer_active_timeout(mut self, timeout: Duration) -> Self {
+        self.config.consumer_active_timeout = timeout;
+        self
+    }
+
+    /// Most batches received ahead of the processor (default 4). When
+    /// they are all waiting, the reader stops reading the event stream and
+    /// the transport's flow control slows the service down.
+    pub fn max_buffered_batches(mut self, n: usize) -> Self {
+        self.config.max_buffered_batches = n;
+        self
+    }
+
+    /// Most payload bytes received ahead of the processor (default 8 MiB).
+    /// A single event larger than this still passes, alone.
+    pub fn max_buffered_bytes(mut self, n: usize) -> Self {
+        self.config.max_buffered_bytes = n;
+        self
+    }
+
+    /// First retry delay after a failed subscription (default 100 ms).
+    pub fn retry_min_delay(mut self, d: Duration) -> Self {
+        self.config.retry_min_delay = d;
+        self
+    }
+
+    /// Longest retry delay (default 10 s).
+    pub fn retry_max_delay(mut self, d: Duration) -> Self {
+        self.config.retry_max_delay = d;
+        self
+    }
+
+    /// Consecutive transient failures (timeouts, 5xx, dropped connections)
+    /// after which the reader reports
+    /// [`kcl_core::source::SourceError::Retryable`]; it keeps
+    /// resubscribing after that (default 10). Throttling, and another
+    /// subscription still holding the shard, are waited out without being
+    /// reported.
+    pub fn max_transient_retries(mut self, n: u32) -> Self {
+        self.config.max_transient_retries = n;
+        self
+    }
+
+    /// How often a caught-up reader checks (with one `GetShardIterator`
+    /// and one `GetRecords`) whether its shard was closed, or `None` to
+    /// never check (default 30 s). Kinesis announces the end of a shard in
+    /// the last event, so on AWS this is only a safety net; emulators that
+    /// never announce it (kinesis-mock) need it to follow a reshard.
+    pub fn closed_shard_check_interval(mut self, interval: Option<Duration>) -> Self {
+        self.config.closed_shard_check_interval = interval;
+        self
+    }
+
+    /// What happens to the consumer at shutdown (default: it stays; see
+    /// [`DeregisterConsumer`] for why).
+    pub fn deregister(mut self, deregister: DeregisterConsumer) -> Self {
+        self.config.deregister = deregister;
+        self
+    }
+
+    /// Validates the settings.
+    pub fn build(self) -> Result<FanOutConfig, ConfigError> {
+        let c = self.config;
+        let err = |field, reason: String| Err(ConfigError { field, reason });
+        if let Some(name) = &c.consumer_name {
+            validate_consumer_name(name)?;
+        }
+        if let Some(lifetime) = c.subscription_lifetime
+            && lifetime < Duration::from_secs(1)
+        {
+            return err(
+                "subscription_lifetime",
+                format!(
+                    "is {lifetime:?}; Kinesis allows one subscription per second per shard, so it must be at least 1 s"
+                ),
+            );
+        }
+        if c.consumer_active_timeout.is_zero() {
+            return err("consumer_active_timeout", "must be above zero".into());
+        }
+        if c.max_buffered_batches == 0 {
+            return err("max_buffered_batches", "must be at least 1".into());
+        }
+        if c.max_buffered_bytes == 0 || c.max_buffered_bytes > u32::MAX as usize {
+            return err(
+                "max_buffered_bytes",
+                format!("is {}; it must be 1 to {}", c.max_buffered_bytes, u32::MAX),
+            );
+        }
+        if c.retry_min_delay.is_zero() {
+            return err(
+                "retry_min_delay",
+                "must be above zero, or failed subscriptions retry in a tight loop".into(),
+            );
+        }
+        if c.retry_max_delay < c.retry_min_delay {
+            return err(
+                "retry_max_delay",
+                format!(
+                    "is {:?}; it must not be below retry_min_delay ({:?})",
+                    c.retry_max_delay, c.retry_min_delay
+                ),
+            );
+        }
+        if c.closed_shard_check_interval.is_some_and(|d| d.is_zero()) {
+            return err(
+                "closed_shard_check_interval",
+                "must be above zero (or None to never check)".into(),
+            );
+        }
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        let c = FanOutConfig::builder().build().expect("defaults");
+        assert_eq!(c, FanOutConfig::default());
+        assert_eq!(c.subscription_lifetime(), None);
+        assert_eq!(c.deregister(), DeregisterConsumer::Never);
+        assert_eq!(c.consumer_name(), None);
+    }
+
+    #[test]
+    fn invalid_settings_name_their_field() {
+        let cases: Vec<(FanOutConfigBuilder, &str)> = vec![
+            (FanOutConfig::builder().consumer_name(""), "consumer_name"),
+            (
+                FanOutConfig::builder().consumer_name("has space"),
+                "consumer_name",
+            ),
+            (
+                FanOutConfig::builder().consumer_name("x".repeat(129)),
+                "consumer_name",
+            ),
+            (
+                FanOutConfig::builder().subscription_lifetime(Duration::from_millis(500)),
+                "subscription_lifetime",
+            ),
+            (
+                FanOutConfig::builder().consumer_active_timeout(Duration::ZERO),
+                "consumer_active_timeout",
+            ),
+            (
+                FanOutConfig::builder().max_buffered_batches(0),
+                "max_buffered_batches",
+            ),
+            (
+                FanOutConfig::builder().max_buffered_bytes(0),
+                "max_buffered_bytes",
+            ),
+            (
+                FanOutConfig::builder().retry_min_delay(Duration::ZERO),
+                "retry_min_delay",
+            ),
+            (
+                FanOutConfig::builder()
+                    .retry_min_delay(Duration::from_secs(2))
+                    .retry_max_delay(Duration::from_secs(1)),
+                "retry_max_delay",
+            ),
+            (
+                FanOutConfig::builder().closed_shard_check_interval(Some(Duration::ZERO)),
+                "closed_shard_check_interval",
+            ),
+        ];
+        for (builder, field) in cases {
+            let e = builder.build().expect_err(field);
+            assert_eq!(e.field, field);
+            assert!(e.to_string().contains(field), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_default_consumer_name_is_validated_too() {
+        let c = FanOutConfig::default();
+        assert_eq!(
+            c.clone()
+                .with_consumer_name("my-app.v2")
+                .expect("valid")
+                .consumer_name(),
+            Some("my-app.v2")
+        );
+        let e = c.with_consumer_name("my app").expect_err("space");
+        assert_eq!(e.field, "consumer_name");
+    }
+}

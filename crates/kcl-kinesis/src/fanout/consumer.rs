@@ -1,0 +1,272 @@
+//! The stream consumer every fan-out reader subscribes through: found or
+//! registered once per stream, shared by all readers of the source.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use aws_sdk_kinesis::types::ConsumerStatus;
+use kcl_core::source::SourceError;
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::api::{FanOutApi, IN_USE};
+use super::config::{DeregisterConsumer, FanOutConfig};
+use crate::error::{Class, Classified, classify};
+use crate::source::{Failure, Op, Shared, retrying};
+
+/// How often a consumer that is not ACTIVE yet is described again, at
+/// first; the interval doubles up to [`MAX_STATUS_POLL`]. Registration
+/// takes seconds on AWS and a fraction of one on the emulators.
+const FIRST_STATUS_POLL: Duration = Duration::from_millis(100);
+const MAX_STATUS_POLL: Duration = Duration::from_secs(2);
+
+/// Fan-out settings, the calls, and the consumer of each stream, shared by
+/// the source and all its readers.
+#[derive(Debug)]
+pub(crate) struct FanOut {
+    pub(crate) config: FanOutConfig,
+    pub(crate) api: Arc<dyn FanOutApi>,
+    /// The consumer name (validated when the source was built).
+    name: String,
+    /// One cell per stream, so that concurrent opens of one stream's
+    /// shards wait for a single registration.
+    consumers: Mutex<HashMap<String, Arc<OnceCell<String>>>>,
+}
+
+impl FanOut {
+    pub(crate) fn new(config: FanOutConfig, name: String, api: Arc<dyn FanOutApi>) -> Self {
+        FanOut {
+            config,
+            api,
+            name,
+            consumers: Mutex::default(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<OnceCell<String>>>> {
+        self.consumers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The ARN of `stream`'s consumer, ACTIVE: looked up (or registered
+    /// and waited for) on the first call per stream, remembered after.
+    pub(crate) async fn consumer_arn(
+        &self,
+        shared: &Shared,
+        stream: &str,
+    ) -> Result<String, SourceError> {
+        let cell = Arc::clone(self.lock().entry(stream.to_owned()).or_default());
+        cell.get_or_try_init(|| self.ensure(shared, stream))
+            .await
+            .cloned()
+    }
+
+    /// Forgets `stream`'s consumer if it is still `arn`, so the next open
+    /// looks it up again (after the service said it does not exist).
+    pub(crate) fn forget(&self, stream: &str, arn: &str) {
+        let mut consumers = self.lock();
+        if consumers
+            .get(stream)
+            .and_then(|cell| cell.get())
+            .is_some_and(|known| known == arn)
+        {
+            consumers.remove(stream);
+        }
+    }
+
+    /// Deregisters the consumers this source used, if configured to.
+    /// Returns how many it deregistered.
+    pub(crate) async fn shutdown(&self, shared: &Shared) -> Result<usize, SourceError> {
+        if self.config.deregister != DeregisterConsumer::OnShutdown {
+            return Ok(0);
+        }
+        let known: Vec<(String, String)> = self
+            .lock()
+            .drain()
+            .filter_map(|(stream, cell)| cell.get().map(|arn| (stream, arn.clone())))
+            .collect();
+        let mut done = 0;
+        for (stream, arn) in known {
+            let out = retrying(shared, Op::DeregisterStreamConsumer, &stream, None, || {
+                shared.stats.consumer_call();
+                let arn = arn.as_str();
+                async move {
+                    self.api
+                        .deregister_stream_consumer(arn)
+                        .await
+                        .map_err(classify)
+                }
+            })
+            .await;
+            match out {
+                Ok(_) => {
+                    info!(%stream, consumer = %self.name, "stream consumer deregistered");
+                    done += 1;
+                }
+                // Someone else deregistered it already.
+                Err(Failure::Classified(c)) if c.class == Class::NotFound => {}
+                Err(f) => return Err(self.error(&stream, f, "deregistering the stream consumer")),
+            }
+        }
+        Ok(done)
+    }
+
+    /// Finds or registers the consumer and waits until it is ACTIVE.
+    async fn ensure(&self, shared: &Shared, stream: &str) -> Result<String, SourceError> {
+        let timeout = self.config.consumer_active_timeout;
+        let deadline = Instant::now() + timeout;
+        let stream_arn = self.stream_arn(shared, stream).await?;
+        let mut poll = FIRST_STATUS_POLL;
+        let mut last_status: Option<ConsumerStatus> = None;
+        loop {
+            let described = retrying(shared, Op::DescribeStreamConsumer, stream, None, || {
+                shared.stats.consumer_call();
+                let stream_arn = stream_arn.as_str();
+                async move {
+                    self.api
+                        .describe_stream_consumer(stream_arn, &self.name)
+                        .await
+                        .map_err(classify)
+                }
+            })
+            .await;
+            match described {
+                Ok(out) => {
+                    if let Some(c) = out.consumer_description {
+                        if c.consumer_status == ConsumerStatus::Active {
+                            info!(%stream, consumer = %self.name, arn = %c.consumer_arn,
+                                "using stream consumer");
+                            return Ok(c.consumer_arn);
+                        }
+                        debug!(%stream, consumer = %self.name, status = c.consumer_status.as_str(),
+                            "waiting for the stream consumer");
+                        last_status = Some(c.consumer_status);
+                    }
+                }
+                Err(Failure::Classified(c)) if c.class == Class::NotFound => {
+                    self.register(shared, stream, &stream_arn).await?;
+                }
+                Err(f) => return Err(self.error(stream, f, "describing the stream consumer")),
+            }
+            if Instant::now() >= deadline {
+                return Err(SourceError::Fatal {
+                    stream: stream.to_owned(),
+                    message: format!(
+                        "stream consumer {:?} is not ACTIVE after {timeout:?} (status: {}); raise `consumer_active_timeout` or check the consumer with DescribeStreamConsumer",
+                        self.name,
+                        last_status
+                            .as_ref()
+                            .map_or("not registered", ConsumerStatus::as_str)
+                    ),
+                    source: None,
+                });
+            }
+            tokio::time::sleep(poll.min(deadline - Instant::now())).await;
+            poll = (poll * 2).min(MAX_STATUS_POLL);
+        }
+    }
+
+    /// Registers the consumer. Another worker registering the same name at
+    /// the same moment is not an error: either way the consumer exists
+    /// (or is on its way), and the caller waits for it to be ACTIVE.
+    async fn register(
+        &self,
+        shared: &Shared,
+        stream: &str,
+        stream_arn: &str,
+    ) -> Result<(), SourceError> {
+        let out = retrying(shared, Op::RegisterStreamConsumer, stream, None, || {
+            shared.stats.consumer_call();
+            async move {
+                self.api
+                    .register_stream_consumer(stream_arn, &self.name)
+                    .await
+                    .map_err(|e| {
+                        let mut c = classify(e);
+                        // In use means registered by someone else (or
+                        // being deleted): a fact to act on, not a
+                        // failure to retry.
+                        if c.code.as_deref() == Some(IN_USE) {
+                            c.class = Class::Fatal;
+                        }
+                        c
+                    })
+            }
+        })
+        .await;
+        match out {
+            Ok(_) => {
+                info!(%stream, consumer = %self.name, "registered stream consumer");
+                metrics::counter!(
+                    "kcl_kinesis_fanout_consumers_registered_total",
+                    "stream" => stream.to_owned()
+                )
+                .increment(1);
+                Ok(())
+            }
+            Err(Failure::Classified(c)) if c.code.as_deref() == Some(IN_USE) => {
+                debug!(%stream, consumer = %self.name,
+                    "stream consumer registered by another worker (or being deleted)");
+                Ok(())
+            }
+            Err(f) => Err(self.error(stream, f, "registering the stream consumer")),
+        }
+    }
+
+    async fn stream_arn(&self, shared: &Shared, stream: &str) -> Result<String, SourceError> {
+        let out = retrying(shared, Op::DescribeStreamSummary, stream, None, || {
+            shared.stats.consumer_call();
+            async move {
+                self.api
+                    .describe_stream_summary(stream)
+                    .await
+                    .map_err(classify)
+            }
+        })
+        .await;
+        match out {
+            Ok(out) => match out.stream_description_summary {
+                Some(summary) if !summary.stream_arn.is_empty() => Ok(summary.stream_arn),
+                _ => Err(SourceError::Fatal {
+                    stream: stream.to_owned(),
+                    message: "DescribeStreamSummary returned no stream ARN".to_owned(),
+                    source: None,
+                }),
+            },
+            Err(Failure::Classified(c)) if c.class == Class::NotFound => {
+                Err(SourceError::StreamNotFound {
+                    stream: stream.to_owned(),
+                })
+            }
+            Err(f) => Err(self.error(stream, f, "describing the stream")),
+        }
+    }
+
+    fn error(&self, stream: &str, failure: Failure, what: &str) -> SourceError {
+        match failure {
+            Failure::LeaseLost => SourceError::Fatal {
+                stream: stream.to_owned(),
+                message: format!("{what}: unexpected lease loss"),
+                source: None,
+            },
+            Failure::Exhausted(c) => {
+                warn!(%stream, consumer = %self.name, error = %c.error, "{what} keeps failing");
+                SourceError::Retryable {
+                    stream: stream.to_owned(),
+                    shard: format!("consumer {}", self.name),
+                    source: c.error,
+                }
+            }
+            Failure::Classified(Classified { code, error, .. }) => SourceError::Fatal {
+                stream: stream.to_owned(),
+                message: format!(
+                    "{what} {:?} failed ({})",
+                    self.name,
+                    code.as_deref().unwrap_or("no error code")
+                ),
+                source: Some(error),
+            },
+        }
+    }
+}

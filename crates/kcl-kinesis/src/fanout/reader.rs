@@ -1,0 +1,825 @@
+//! The fan-out reader and its subscription task.
+
+use std::cmp::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use aws_sdk_kinesis::types::{SubscribeToShardEvent, SubscribeToShardEventStream};
+use bytes::Bytes;
+use kcl_core::coordinator::LeaseHandle;
+use kcl_core::source::{Batch, ChildShard, OpenShard, SourceError, StartPosition};
+use kcl_core::{Checkpoint, HashKeyRange};
+use metrics::{Counter, Gauge};
+use tokio::sync::mpsc::{self, OwnedPermit};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::FanOut;
+use super::api::{EventStream, IN_USE, classify_stream};
+use crate::api::IteratorStart;
+use crate::error::{Class, Classified, classify};
+use crate::kpl::{self, Deaggregator, RawRecord, ShardHashRange};
+use crate::source::{Failure, Op, Shared, list_after, retryable, retrying};
+use crate::task_reader::{Delivery, TaskReader};
+
+/// Kinesis accepts one `SubscribeToShard` per second per consumer and
+/// shard; a reader never subscribes faster.
+pub(crate) const SUBSCRIBE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long a `SubscribeToShard` call may take to answer. AWS answers at
+/// once (the initial response); an endpoint that holds the call longer is
+/// treated as a dropped connection and the call is made again.
+const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a subscription may wait for room before it is let go. While
+/// it waits, its unread data holds HTTP/2 flow-control window, of its
+/// stream and of the connection all subscriptions to the endpoint share:
+/// a few stalled shards must not starve the others. Ending it releases
+/// the window; a new subscription resumes once there is room.
+const MAX_STALL: Duration = Duration::from_secs(10);
+
+/// What the subscription task hands the reader.
+type Message = Result<Buffered, SourceError>;
+
+/// A received batch and the byte budget it holds until handed out.
+#[derive(Debug)]
+pub(crate) struct Buffered {
+    batch: Batch,
+    _bytes: OwnedSemaphorePermit,
+}
+
+/// A [`ShardReader`] on one shard, fed by `SubscribeToShard` events.
+pub(crate) type FanOutReader = TaskReader<Buffered>;
+
+impl Delivery for Buffered {
+    fn into_batch(self) -> Batch {
+        self.batch
+    }
+}
+
+impl FanOutReader {
+    /// Makes sure the stream consumer exists and is ACTIVE (registering it
+    /// if needed, so a missing stream or a consumer that never becomes
+    /// ACTIVE fails here), then starts the subscription task.
+    pub(crate) async fn open(
+        shared: Shared,
+        fanout: Arc<FanOut>,
+        request: OpenShard,
+    ) -> Result<Self, SourceError> {
+        let OpenShard {
+            stream,
+            shard_id,
+            position,
+            lease,
+        } = request;
+        if !lease.is_valid() {
+            return Err(SourceError::LeaseLost { shard: shard_id });
+        }
+        let consumer_arn = fanout.consumer_arn(&shared, &stream).await?;
+        let (start, skip, floor) = match position {
+            StartPosition::TrimHorizon => (IteratorStart::TrimHorizon, None, None),
+            StartPosition::Latest => (IteratorStart::Latest, None, None),
+            StartPosition::AtTimestamp(t) => (IteratorStart::AtTimestamp(t), None, None),
+            // Kinesis resumes only at whole records: re-read the
+            // checkpointed one and drop the sub-records it covers.
+            StartPosition::AfterCheckpoint { seq, sub } => (
+                IteratorStart::AtSequence(seq.clone()),
+                Some(Checkpoint::at(seq.clone(), sub)),
+                Some(seq),
+            ),
+        };
+        let deaggregator = match lease
+            .lease()
+            .hash_key_range
+            .as_ref()
+            .map(ShardHashRange::parse)
+        {
+            Some(Ok(range)) => Deaggregator::for_shard(range),
+            Some(Err(e)) => {
+                warn!(%stream, shard = %shard_id, error = %e,
+                    "lease has an invalid hash-key range; sub-records are not checked against it");
+                Deaggregator::new()
+            }
+            None => Deaggregator::new(),
+        };
+        let config = &fanout.config;
+        let (tx, rx) = mpsc::channel(config.max_buffered_batches);
+        let stop = CancellationToken::new();
+        let subscriber = Subscriber {
+            meters: Meters::new(&stream, &shard_id),
+            bytes: Arc::new(Semaphore::new(config.max_buffered_bytes)),
+            transient_failures: 0,
+            received_event: false,
+            tx,
+            start,
+            skip,
+            floor,
+            last_record: None,
+            continuation: None,
+            last_subscribe: None,
+            // The first check waits an interval too: a reader that just
+            // caught up on an open shard (the usual case) need not ask.
+            last_closed_check: Instant::now(),
+            subscriptions: 0,
+            deaggregator,
+            consumer_arn,
+            stream: stream.clone(),
+            shard_id: shard_id.clone(),
+            lease: lease.clone(),
+            shared,
+            fanout,
+        };
+        let task = tokio::spawn(subscriber.run(stop.clone()));
+        debug!(%stream, shard = %shard_id, "fan-out reader started");
+        Ok(TaskReader::new(
+            stream,
+            shard_id,
+            lease,
+            rx,
+            stop,
+            task,
+            "subscription task",
+        ))
+    }
+}
+
+/// Metric handles of one reader, registered once.
+#[derive(Debug, Clone)]
+struct Meters {
+    subscriptions: Counter,
+    resubscribes: Counter,
+    events: Counter,
+    records: Counter,
+    bytes: Counter,
+    repeated: Counter,
+    closed_checks: Counter,
+    millis_behind_latest: Gauge,
+    stream: String,
+}
+
+impl Meters {
+    fn new(stream: &str, shard: &str) -> Self {
+        let s = || stream.to_owned();
+        Meters {
+            subscriptions: metrics::counter!("kcl_kinesis_fanout_subscriptions_total", "stream" => s()),
+            resubscribes: metrics::counter!("kcl_kinesis_fanout_resubscribes_total", "stream" => s()),
+            events: metrics::counter!("kcl_kinesis_fanout_events_total", "stream" => s()),
+            records: metrics::counter!("kcl_kinesis_records_fetched_total", "stream" => s()),
+            bytes: metrics::counter!("kcl_kinesis_bytes_fetched_total", "stream" => s()),
+            repeated: metrics::counter!(
+                "kcl_kinesis_fanout_repeated_records_total", "stream" => s()
+            ),
+            closed_checks: metrics::counter!(
+                "kcl_kinesis_fanout_closed_shard_checks_total", "stream" => s()
+            ),
+            millis_behind_latest: metrics::gauge!(
+                "kcl_kinesis_millis_behind_latest", "stream" => s(), "shard" => shard.to_owned()
+            ),
+            stream: s(),
+        }
+    }
+
+    fn error(&self, c: &Classified) {
+        let kind = match c.class {
+            Class::Throttled => "throttled",
+            Class::Transient if c.code.as_deref() == Some(IN_USE) => "in_use",
+            Class::Transient => "transient",
+            Class::NotFound => "not_found",
+            _ => "fatal",
+        };
+        metrics::counter!(
+            "kcl_kinesis_fanout_errors_total",
+            "stream" => self.stream.clone(),
+            "kind" => kind
+        )
+        .increment(1);
+    }
+}
+
+/// Why a subscription ended.
+enum Ended {
+    /// The configured lifetime passed.
+    Lifetime,
+    /// The processor was behind for [`MAX_STALL`].
+    Stalled,
+    /// The service closed the event stream (every 5 minutes on AWS).
+    ByService,
+    /// The call or the stream failed.
+    Failed(Classified),
+    /// The shard-end batch was queued.
+    ShardEnd,
+    /// The reader was dropped.
+    ReaderGone,
+}
+
+/// What the read loop does after an event.
+enum Flow {
+    Continue,
+    ShardEnd,
+    ReaderGone,
+}
+
+/// The state of the subscription task.
+struct Subscriber {
+    shared: Shared,
+    fanout: Arc<FanOut>,
+    stream: String,
+    shard_id: String,
+    lease: LeaseHandle,
+    consumer_arn: String,
+    tx: mpsc::Sender<Message>,
+    bytes: Arc<Semaphore>,
+    /// Where the reader started, for a subscription before any event.
+    start: IteratorStart,
+    /// A resume checkpoint whose covered sub-records are still to drop.
+    skip: Option<Checkpoint>,
+    /// Until a record arrives: records before this sequence number (the
+    /// resume checkpoint's) are not delivered, whatever the endpoint sends.
+    floor: Option<String>,
+    /// The last Kinesis record received (and queued for the reader).
+    last_record: Option<String>,
+    /// The continuation sequence number of the last event.
+    continuation: Option<String>,
+    deaggregator: Deaggregator,
+    meters: Meters,
+    transient_failures: u32,
+    /// Set by each event, so the loop knows the last subscription worked.
+    received_event: bool,
+    last_subscribe: Option<Instant>,
+    /// When the closed-shard check last ran (or the reader started).
+    last_closed_check: Instant,
+    /// Subscriptions this reader opened.
+    subscriptions: u64,
+}
+
+impl std::fmt::Debug for Subscriber {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscriber")
+            .field("stream", &self.stream)
+            .field("shard_id", &self.shard_id)
+            .field("continuation", &self.continuation)
+            .field("subscriptions", &self.subscriptions)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Subscriber {
+    async fn run(mut self, stop: CancellationToken) {
+        let tx = self.tx.clone();
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => {}
+            () = async {
+                if let Err(e) = self.subscribe_loop().await {
+                    // If the reader is gone nobody needs the error.
+                    let _ = tx.send(Err(e)).await;
+                }
+            } => {}
+        }
+    }
+
+    fn lease_lost(&self) -> SourceError {
+        SourceError::LeaseLost {
+            shard: self.shard_id.clone(),
+        }
+    }
+
+    fn fatal(&self, c: Classified, what: &str) -> SourceError {
+        SourceError::Fatal {
+            stream: self.stream.clone(),
+            message: format!(
+                "{}: {what} ({})",
+                self.shard_id,
+                c.code.as_deref().unwrap_or("no error code")
+            ),
+            source: Some(c.error),
+        }
+    }
+
+    /// Subscribes, reads, and subscribes again from where the last event
+    /// left off, until the shard ends, the lease is lost or the reader
+    /// goes away.
+    async fn subscribe_loop(&mut self) -> Result<(), SourceError> {
+        // A local, not a field: the jittered iterator is not `Sync`.
+        let mut backoff = self.fanout.config.backoff();
+        loop {
+            if !self.lease.is_valid() {
+                return Err(self.lease_lost());
+            }
+            self.pace().await?;
+            let ended = match self.subscribe().await? {
+                Ok(events) => {
+                    self.subscribed();
+                    self.read(events).await?
+                }
+                Err(c) => Ended::Failed(c),
+            };
+            if std::mem::take(&mut self.received_event) {
+                // The subscription worked: failures before it no longer
+                // count.
+                backoff = self.fanout.config.backoff();
+                self.transient_failures = 0;
+            }
+            match ended {
+                Ended::ShardEnd | Ended::ReaderGone => return Ok(()),
+                Ended::Lifetime | Ended::ByService => {
+                    debug!(stream = %self.stream, shard = %self.shard_id,
+                        continuation = ?self.continuation, "subscription ended; subscribing again");
+                }
+                Ended::Stalled => {
+                    debug!(stream = %self.stream, shard = %self.shard_id,
+                        "processor behind; subscribing again once it catches up");
+                    let room = tokio::select! {
+                        biased;
+                        () = self.lease.ended() => return Err(self.lease_lost()),
+                        room = self.room() => room,
+                    };
+                    if room.is_none() {
+                        return Ok(());
+                    }
+                }
+                Ended::Failed(c) => {
+                    if !self.failed(c, &mut backoff).await? {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits until a subscription is allowed: one per second per shard.
+    async fn pace(&mut self) -> Result<(), SourceError> {
+        if let Some(last) = self.last_subscribe {
+            self.sleep_until(last + SUBSCRIBE_INTERVAL).await?;
+        }
+        self.last_subscribe = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Sleeps, waking early (with an error) if the lease ends.
+    async fn sleep_until(&self, at: Instant) -> Result<(), SourceError> {
+        tokio::select! {
+            biased;
+            () = self.lease.ended() => Err(self.lease_lost()),
+            () = tokio::time::sleep_until(at) => Ok(()),
+        }
+    }
+
+    /// Where the next subscription starts: after the last event, or where
+    /// the reader started if no event arrived yet.
+    fn position(&self) -> IteratorStart {
+        match (&self.continuation, &self.last_record) {
+            (Some(seq), _) | (None, Some(seq)) => IteratorStart::AfterSequence(seq.clone()),
+            (None, None) => self.start.clone(),
+        }
+    }
+
+    /// One `SubscribeToShard` call. The outer error ends the reader (the
+    /// lease ended); the inner one is a failed call to handle.
+    async fn subscribe(&self) -> Result<Result<Box<dyn EventStream>, Classified>, SourceError> {
+        let position = self.position();
+        self.shared.stats.subscribe_call();
+        debug!(stream = %self.stream, shard = %self.shard_id, ?position, "subscribing");
+        let call =
+            self.fanout
+                .api
+                .subscribe_to_shard(&self.consumer_arn, &self.shard_id, &position);
+        let answer = tokio::select! {
+            biased;
+            () = self.lease.ended() => return Err(self.lease_lost()),
+            answer = tokio::time::timeout(SUBSCRIBE_TIMEOUT, call) => answer,
+        };
+        Ok(match answer {
+            Ok(Ok(events)) => Ok(events),
+            Ok(Err(e)) => Err(classify(e)),
+            Err(_) => Err(Classified {
+                class: Class::Transient,
+                code: None,
+                error: format!("SubscribeToShard did not answer within {SUBSCRIBE_TIMEOUT:?}")
+                    .into(),
+            }),
+        })
+    }
+
+    fn subscribed(&mut self) {
+        self.meters.subscriptions.increment(1);
+        if self.subscriptions > 0 {
+            self.shared.stats.resubscribe();
+            self.meters.resubscribes.increment(1);
+        }
+        self.subscriptions += 1;
+    }
+
+    /// Handles a failed subscription: waits before the next one, reports
+    /// persistent transient failures, ends the reader on fatal ones.
+    /// `Ok(false)` if the reader went away.
+    async fn failed(
+        &mut self,
+        c: Classified,
+        backoff: &mut (impl Iterator<Item = Duration> + Send),
+    ) -> Result<bool, SourceError> {
+        self.shared.stats.subscription_error();
+        self.meters.error(&c);
+        let in_use = c.code.as_deref() == Some(IN_USE);
+        match c.class {
+            Class::Throttled => {
+                self.shared.stats.throttle();
+                metrics::counter!(
+                    "kcl_kinesis_throttles_total",
+                    "stream" => self.stream.clone(),
+                    "call" => "subscribe_to_shard"
+                )
+                .increment(1);
+            }
+            // Another subscription of this consumer still holds the shard:
+            // the previous owner's (AWS lets a new one take over after 5 s,
+            // kinesis-mock once the old connection is gone) or our own
+            // previous one, not yet torn down. Waiting it out is the only
+            // remedy, and it is not a failure worth reporting.
+            Class::Transient if in_use => {}
+            Class::Transient => {
+                self.transient_failures += 1;
+                if self.transient_failures > self.fanout.config.max_transient_retries {
+                    self.transient_failures = 0;
+                    let e = retryable(&self.stream, &self.shard_id, c.error);
+                    warn!(stream = %self.stream, shard = %self.shard_id, error = %e,
+                        "subscriptions keep failing; still retrying");
+                    if self.tx.send(Err(e)).await.is_err() {
+                        return Ok(false);
+                    }
+                    return self.back_off(backoff).await.map(|()| true);
+                }
+            }
+            Class::NotFound => {
+                // The consumer was deregistered (or the shard is gone):
+                // the next open registers it again.
+                self.fanout.forget(&self.stream, &self.consumer_arn);
+                return Err(self.fatal(c, "the stream consumer or the shard does not exist"));
+            }
+            _ => return Err(self.fatal(c, "Kinesis rejected the subscription")),
+        }
+        debug!(stream = %self.stream, shard = %self.shard_id, code = ?c.code, error = %c.error,
+            "subscription failed; subscribing again");
+        self.back_off(backoff).await.map(|()| true)
+    }
+
+    async fn back_off(
+        &self,
+        backoff: &mut (impl Iterator<Item = Duration> + Send),
+    ) -> Result<(), SourceError> {
+        let delay = backoff.next().unwrap_or(self.fanout.config.retry_max_delay);
+        self.sleep_until(Instant::now() + delay).await
+    }
+
+    /// Reads one subscription until it ends.
+    async fn read(&mut self, mut events: Box<dyn EventStream>) -> Result<Ended, SourceError> {
+        let lifetime = self.fanout.config.subscription_lifetime;
+        let expired = async move {
+            match lifetime {
+                Some(lifetime) => tokio::time::sleep(lifetime).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(expired);
+        loop {
+            // Room first: while the processor is behind, the event stream
+            // is not read, so the transport's flow control (HTTP/2 windows,
+            // TCP) holds the service back instead of our memory.
+            let room = tokio::select! {
+                biased;
+                () = self.lease.ended() => return Err(self.lease_lost()),
+                () = &mut expired => return Ok(Ended::Lifetime),
+                room = self.room() => room,
+                () = tokio::time::sleep(MAX_STALL) => return Ok(Ended::Stalled),
+            };
+            let Some(slot) = room else {
+                return Ok(Ended::ReaderGone);
+            };
+            if !self.lease.is_valid() {
+                return Err(self.lease_lost());
+            }
+            let next = tokio::select! {
+                biased;
+                () = self.lease.ended() => return Err(self.lease_lost()),
+                () = &mut expired => return Ok(Ended::Lifetime),
+                next = events.recv() => next,
+            };
+            match next {
+                Ok(Some(SubscribeToShardEventStream::SubscribeToShardEvent(event))) => {
+                    match self.on_event(event, slot).await? {
+                        Flow::Continue => {}
+                        Flow::ShardEnd => return Ok(Ended::ShardEnd),
+                        Flow::ReaderGone => return Ok(Ended::ReaderGone),
+                    }
+                }
+                Ok(Some(other)) => {
+                    debug!(stream = %self.stream, shard = %self.shard_id, ?other,
+                        "ignoring an event type this version does not know");
+                }
+                Ok(None) => return Ok(Ended::ByService),
+                Err(e) => return Ok(Ended::Failed(classify_stream(e))),
+            }
+        }
+    }
+
+    /// Waits for a free slot in the channel and some free byte budget.
+    /// `None` once the reader is gone.
+    async fn room(&self) -> Option<OwnedPermit<Message>> {
+        let slot = self.tx.clone().reserve_owned().await.ok()?;
+        // Taking and returning one permit waits for free budget without
+        // holding any.
+        drop(self.bytes.acquire().await.ok()?);
+        Some(slot)
+    }
+
+    /// True unless the record was already received, or lies before the
+    /// resume checkpoint.
+    fn is_new(&self, seq: &str) -> bool {
+        if let Some(last) = &self.last_record {
+            return compare_sequence(seq, last) == Ordering::Greater;
+        }
+        if let Some(floor) = &self.floor {
+            return compare_sequence(seq, floor) != Ordering::Less;
+        }
+        true
+    }
+
+    /// De-aggregates an event and queues it for the reader in `slot`.
+    async fn on_event(
+        &mut self,
+        event: SubscribeToShardEvent,
+        slot: OwnedPermit<Message>,
+    ) -> Result<Flow, SourceError> {
+        self.shared.stats.event();
+        self.meters.events.increment(1);
+        self.received_event = true;
+
+        let SubscribeToShardEvent {
+            records,
+            continuation_sequence_number: continuation,
+            millis_behind_latest,
+            child_shards,
+            ..
+        } = event;
+        let received = records.len();
+        let records: Vec<_> = records
+            .into_iter()
+            .filter(|r| self.is_new(&r.sequence_number))
+            .collect();
+        if records.len() < received {
+            // A resubscription may start before records already received
+            // (an endpoint that treats an unknown sequence number as
+            // TRIM_HORIZON, say); delivering them again would break order.
+            let repeated = received - records.len();
+            self.meters.repeated.increment(repeated as u64);
+            debug!(stream = %self.stream, shard = %self.shard_id, repeated,
+                "dropped records received before");
+        }
+        let fetched = records.len();
+        if let Some(last) = records.last() {
+            self.last_record = Some(last.sequence_number.clone());
+            self.floor = None;
+        }
+        if !continuation.is_empty() {
+            self.continuation = Some(continuation.clone());
+        }
+        let bytes: usize = records.iter().map(|r| r.data.as_ref().len()).sum();
+        let mut user = self
+            .deaggregator
+            .deaggregate_batch(records.into_iter().map(raw_record));
+        self.shared.stats.fetched(user.len() as u64, bytes as u64);
+        self.meters.records.increment(user.len() as u64);
+        self.meters.bytes.increment(bytes as u64);
+        if let Some(checkpoint) = &self.skip {
+            kpl::skip_checkpointed(&mut user, checkpoint);
+            // Everything after the checkpointed record is new: once a
+            // record survives, or the event went past it, stop checking.
+            let past = self.last_record.as_deref() != Some(checkpoint.as_str());
+            if !user.is_empty() || (fetched > 0 && past) {
+                self.skip = None;
+            }
+        }
+        let behind = u64::try_from(millis_behind_latest).ok();
+        if let Some(ms) = behind {
+            self.meters.millis_behind_latest.set(ms as f64);
+        }
+
+        // Kinesis ends a shard's last event with its children and without
+        // a continuation sequence number.
+        let announced =
+            continuation.is_empty() || child_shards.as_ref().is_some_and(|c| !c.is_empty());
+        let shard_end = if announced {
+            match self.children(child_shards).await? {
+                Some(children) => Some(children),
+                None => return Ok(Flow::ReaderGone),
+            }
+        } else if fetched == 0 && behind == Some(0) && self.closed_check_due() {
+            match self.check_closed().await? {
+                Closed::No => None,
+                Closed::Yes(children) => Some(children),
+                Closed::ReaderGone => return Ok(Flow::ReaderGone),
+            }
+        } else {
+            None
+        };
+
+        // The event may have waited in the transport while the lease ran
+        // out: nothing read under a lease is queued after it.
+        if !self.lease.is_valid() {
+            return Err(self.lease_lost());
+        }
+        let end = shard_end.is_some();
+        // Our own slot counts as taken: anything less than the full
+        // capacity beyond it means a batch is already waiting, and an
+        // empty batch would say nothing new.
+        if user.is_empty() && !end && self.tx.capacity() + 1 < self.tx.max_capacity() {
+            return Ok(Flow::Continue);
+        }
+        let max = self.fanout.config.max_buffered_bytes;
+        // The budget fits in u32 (validated at build()); a batch larger
+        // than the whole budget takes all of it.
+        let wanted = u32::try_from(bytes.min(max)).unwrap_or(u32::MAX);
+        let Ok(budget) = Arc::clone(&self.bytes).acquire_many_owned(wanted).await else {
+            return Ok(Flow::ReaderGone);
+        };
+        slot.send(Ok(Buffered {
+            batch: Batch {
+                records: user,
+                millis_behind_latest: behind,
+                shard_end,
+            },
+            _bytes: budget,
+        }));
+        Ok(if end { Flow::ShardEnd } else { Flow::Continue })
+    }
+
+    fn closed_check_due(&self) -> bool {
+        let Some(interval) = self.fanout.config.closed_shard_check_interval else {
+            return false;
+        };
+        self.last_closed_check.elapsed() >= interval
+    }
+
+    /// Asks with `GetShardIterator` + `GetRecords` whether the shard is
+    /// closed and nothing follows the last record received: for endpoints
+    /// that never announce the end in an event. Best effort: a failed
+    /// check is tried again at the next interval.
+    async fn check_closed(&mut self) -> Result<Closed, SourceError> {
+        self.last_closed_check = Instant::now();
+        self.meters.closed_checks.increment(1);
+        let start = match &self.last_record {
+            Some(seq) => IteratorStart::AfterSequence(seq.clone()),
+            None => self.start.clone(),
+        };
+        let shared = &self.shared;
+        let (stream, shard) = (self.stream.as_str(), self.shard_id.as_str());
+        let iterator = retrying(
+            shared,
+            Op::GetShardIterator,
+            stream,
+            Some(&self.lease),
+            || {
+                shared.stats.get_shard_iterator_call();
+                let start = &start;
+                async move {
+                    shared
+                        .api
+                        .get_shard_iterator(stream, shard, start)
+                        .await
+                        .map_err(classify)
+                }
+            },
+        )
+        .await;
+        let iterator = match iterator {
+            Ok(out) => match out.shard_iterator {
+                Some(it) if !it.is_empty() => it,
+                _ => return Ok(Closed::No),
+            },
+            Err(Failure::LeaseLost) => return Err(self.lease_lost()),
+            Err(Failure::Classified(c) | Failure::Exhausted(c)) => {
+                debug!(stream = %self.stream, shard = %self.shard_id, error = %c.error,
+                    "closed-shard check failed; trying again later");
+                return Ok(Closed::No);
+            }
+        };
+        let out = retrying(shared, Op::GetRecords, stream, Some(&self.lease), || {
+            shared.stats.get_records_call();
+            let iterator = iterator.as_str();
+            async move { shared.api.get_records(iterator, 1).await.map_err(classify) }
+        })
+        .await;
+        let out = match out {
+            Ok(out) => out,
+            Err(Failure::LeaseLost) => return Err(self.lease_lost()),
+            Err(Failure::Classified(c) | Failure::Exhausted(c)) => {
+                debug!(stream = %self.stream, shard = %self.shard_id, error = %c.error,
+                    "closed-shard check failed; trying again later");
+                return Ok(Closed::No);
+            }
+        };
+        let open = out
+            .next_shard_iterator
+            .as_deref()
+            .is_some_and(|it| !it.is_empty());
+        if open || !out.records.is_empty() {
+            // Open, or records still to come: the subscription brings them.
+            return Ok(Closed::No);
+        }
+        info!(stream = %self.stream, shard = %self.shard_id,
+            "shard is closed and fully read, though no event said so");
+        Ok(match self.children(out.child_shards).await? {
+            Some(children) => Closed::Yes(children),
+            None => Closed::ReaderGone,
+        })
+    }
+
+    /// The children of the closed shard: as reported, or, when those are
+    /// missing or incomplete, from `ListShards`. `None` if the reader went
+    /// away while retrying.
+    async fn children(
+        &self,
+        reported: Option<Vec<aws_sdk_kinesis::types::ChildShard>>,
+    ) -> Result<Option<Vec<ChildShard>>, SourceError> {
+        let listed: Option<Vec<ChildShard>> = reported
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| {
+                Some(ChildShard {
+                    hash_key_range: c.hash_key_range.map(|r| HashKeyRange {
+                        starting: r.starting_hash_key,
+                        ending: r.ending_hash_key,
+                    })?,
+                    shard_id: c.shard_id,
+                    parent_shard_ids: c.parent_shards,
+                })
+            })
+            .collect();
+        if let Some(children) = listed.filter(|c| !c.is_empty()) {
+            return Ok(Some(children));
+        }
+        debug!(stream = %self.stream, shard = %self.shard_id,
+            "shard ended without child shards; looking its children up");
+        loop {
+            if !self.lease.is_valid() {
+                return Err(self.lease_lost());
+            }
+            match list_after(&self.shared, &self.stream, &self.shard_id).await {
+                Ok(shards) => {
+                    let children = shards
+                        .into_iter()
+                        .filter(|s| s.parents().any(|p| p == self.shard_id))
+                        .map(|s| ChildShard {
+                            parent_shard_ids: s.parents().map(str::to_owned).collect(),
+                            shard_id: s.shard_id,
+                            hash_key_range: s.hash_key_range,
+                        })
+                        .collect::<Vec<_>>();
+                    if children.is_empty() {
+                        warn!(stream = %self.stream, shard = %self.shard_id,
+                            "closed shard has no children in ListShards");
+                    }
+                    return Ok(Some(children));
+                }
+                Err(e) if e.is_retryable() => {
+                    warn!(stream = %self.stream, shard = %self.shard_id, error = %e,
+                        "listing the children keeps failing; still retrying");
+                    if self.tx.send(Err(e)).await.is_err() {
+                        return Ok(None);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// What a closed-shard check found.
+enum Closed {
+    No,
+    Yes(Vec<ChildShard>),
+    ReaderGone,
+}
+
+/// Orders Kinesis sequence numbers: decimal strings of up to 128 bits,
+/// compared by value (a longer number is larger; leading zeros ignored).
+pub(crate) fn compare_sequence(a: &str, b: &str) -> Ordering {
+    let a = a.trim_start_matches('0');
+    let b = b.trim_start_matches('0');
+    a.len().cmp(&b.len()).then_with(|| a.cmp(b))
+}
+
+/// The kpl module's view of a received record (no copy of the payload).
+fn raw_record(r: aws_sdk_kinesis::types::Record) -> RawRecord {
+    RawRecord {
+        data: Bytes::from(r.data.into_inner()),
+        partition_key: r.partition_key.unwrap_or_default(),
+        explicit_hash_key: None,
+        sequence_number: r.sequence_number,
+        approximate_arrival: r
+            .approximate_arrival_timestamp
+            .and_then(|t| SystemTime::try_from(t).ok()),
+    }
+}

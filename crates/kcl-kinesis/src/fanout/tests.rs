@@ -1,0 +1,711 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kcl_core::coordinator::{EndReason, LeaseHandle};
+use kcl_core::source::{OpenShard, ShardReader, ShardSource, SourceError, StartPosition};
+use kcl_core::{Checkpoint, Lease, Record};
+
+use super::fake::{FakeFanOut, StreamFault, SubscribeFault};
+use super::reader::compare_sequence;
+use super::{DeregisterConsumer, FanOutConfig, FanOutConfigBuilder};
+use crate::KinesisShardSource;
+use crate::api::{IteratorStart, KinesisApi};
+use crate::fake::FakeKinesis;
+use crate::kpl::{UserRecord, aggregate};
+
+const STREAM: &str = "orders";
+
+fn config() -> FanOutConfigBuilder {
+    FanOutConfig::builder()
+        .consumer_name("app")
+        .retry_min_delay(Duration::from_millis(10))
+        .retry_max_delay(Duration::from_millis(100))
+        .closed_shard_check_interval(None)
+}
+
+struct Setup {
+    kinesis: Arc<FakeKinesis>,
+    fake: FakeFanOut,
+    source: KinesisShardSource,
+    shard: String,
+}
+
+fn setup(config: FanOutConfig) -> Setup {
+    setup_shards(config, 1)
+}
+
+fn setup_shards(config: FanOutConfig, shards: usize) -> Setup {
+    let kinesis = Arc::new(FakeKinesis::default());
+    let shard = kinesis.create_stream(STREAM, shards).remove(0);
+    let fake = FakeFanOut::new(Arc::clone(&kinesis));
+    let source = KinesisShardSource::with_fan_out(
+        Arc::clone(&kinesis) as Arc<dyn KinesisApi>,
+        Arc::new(fake.clone()),
+        config,
+    );
+    Setup {
+        kinesis,
+        fake,
+        source,
+        shard,
+    }
+}
+
+fn put_plain(s: &Setup, range: std::ops::Range<usize>) -> Vec<String> {
+    range
+        .map(|i| {
+            s.kinesis
+                .put(STREAM, &s.shard, &format!("pk-{i}"), format!("r{i}"))
+        })
+        .collect()
+}
+
+fn handle(shard: &str, valid_for: Duration) -> LeaseHandle {
+    LeaseHandle::detached(Lease::new(shard, Checkpoint::TrimHorizon), valid_for)
+}
+
+fn held(shard: &str) -> LeaseHandle {
+    handle(shard, Duration::from_secs(3600))
+}
+
+async fn open_at(
+    s: &Setup,
+    shard: &str,
+    position: StartPosition,
+    lease: LeaseHandle,
+) -> Result<Box<dyn ShardReader>, SourceError> {
+    s.source
+        .open(OpenShard {
+            stream: STREAM.to_owned(),
+            shard_id: shard.to_owned(),
+            position,
+            lease,
+        })
+        .await
+}
+
+async fn open(s: &Setup, position: StartPosition) -> Box<dyn ShardReader> {
+    open_at(s, &s.shard, position, held(&s.shard))
+        .await
+        .expect("open")
+}
+
+/// Reads until `n` records arrived; returns them and the retryable errors
+/// seen on the way.
+async fn read_n(reader: &mut dyn ShardReader, n: usize) -> (Vec<Record>, usize) {
+    let mut records = Vec::new();
+    let mut errors = 0;
+    let read = async {
+        while records.len() < n {
+            match reader.next_batch().await {
+                Ok(batch) => records.extend(batch.records),
+                Err(e) if e.is_retryable() => errors += 1,
+                Err(e) => panic!("read failed: {e}"),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(600), read)
+        .await
+        .expect("read timed out");
+    (records, errors)
+}
+
+fn payloads(records: &[Record]) -> Vec<String> {
+    records
+        .iter()
+        .map(|r| String::from_utf8_lossy(&r.data).into_owned())
+        .collect()
+}
+
+fn expected(range: std::ops::Range<usize>) -> Vec<String> {
+    range.map(|i| format!("r{i}")).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn reads_every_record_in_order_through_one_subscription() {
+    let s = setup(config().build().expect("config"));
+    let seqs = put_plain(&s, 0..25);
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    let (records, errors) = read_n(reader.as_mut(), 25).await;
+    assert_eq!(errors, 0);
+    assert_eq!(payloads(&records), expected(0..25));
+    let got: Vec<&str> = records.iter().map(|r| r.sequence_number.as_str()).collect();
+    assert_eq!(got, seqs.iter().map(String::as_str).collect::<Vec<_>>());
+    // Records pushed later arrive on the same subscription.
+    put_plain(&s, 25..30);
+    let (more, _) = read_n(reader.as_mut(), 5).await;
+    assert_eq!(payloads(&more), expected(25..30));
+    let stats = s.source.stats();
+    assert_eq!((stats.subscribe_calls, stats.resubscribes), (1, 0));
+    assert_eq!(stats.records, 30);
+    assert!(stats.events >= 2, "{stats:?}");
+    assert_eq!(s.fake.registrations(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn latest_reads_only_new_records() {
+    let s = setup(config().build().expect("config"));
+    put_plain(&s, 0..5);
+    let mut reader = open(&s, StartPosition::Latest).await;
+    // Let the subscription start before the new record is written.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    s.kinesis.put(STREAM, &s.shard, "pk", "new");
+    let (records, _) = read_n(reader.as_mut(), 1).await;
+    assert_eq!(payloads(&records), ["new"]);
+    assert_eq!(
+        s.fake.subscriptions()[0].1,
+        IteratorStart::Latest,
+        "{:?}",
+        s.fake.subscriptions()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_opens_register_the_consumer_once_and_later_sources_reuse_it() {
+    let s = setup_shards(config().build().expect("config"), 3);
+    let shards: Vec<String> = (0..3).map(|i| format!("shardId-{i:012}")).collect();
+    s.fake.creating_for(3);
+    let opens = shards
+        .iter()
+        .map(|shard| open_at(&s, shard, StartPosition::TrimHorizon, held(shard)));
+    let readers = futures::future::join_all(opens).await;
+    assert!(readers.iter().all(Result::is_ok));
+    assert_eq!(s.fake.registrations(), 1);
+
+    // Another worker (another source) finds the consumer and registers
+    // nothing.
+    let other = KinesisShardSource::with_fan_out(
+        Arc::clone(&s.kinesis) as Arc<dyn KinesisApi>,
+        Arc::new(s.fake.clone()),
+        config().build().expect("config"),
+    );
+    let reader = other
+        .open(OpenShard {
+            stream: STREAM.to_owned(),
+            shard_id: shards[0].clone(),
+            position: StartPosition::TrimHorizon,
+            lease: held(&shards[0]),
+        })
+        .await;
+    assert!(reader.is_ok());
+    assert_eq!(s.fake.registrations(), 1);
+    assert_eq!(s.fake.consumers(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn losing_the_registration_race_is_not_an_error() {
+    let s = setup(config().build().expect("config"));
+    s.fake.register_races(1);
+    put_plain(&s, 0..3);
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    let (records, _) = read_n(reader.as_mut(), 3).await;
+    assert_eq!(payloads(&records), expected(0..3));
+    assert_eq!(s.fake.registrations(), 0, "the other worker registered it");
+    assert_eq!(s.fake.consumers(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_consumer_that_never_becomes_active_fails_open_with_a_clear_error() {
+    let s = setup(
+        config()
+            .consumer_active_timeout(Duration::from_secs(5))
+            .build()
+            .expect("config"),
+    );
+    s.fake.creating_for(u32::MAX);
+    let started = tokio::time::Instant::now();
+    let err = open_at(&s, &s.shard, StartPosition::TrimHorizon, held(&s.shard))
+        .await
+        .expect_err("never active");
+    let text = err.to_string();
+    assert!(matches!(err, SourceError::Fatal { .. }), "{err:?}");
+    assert!(
+        text.contains("not ACTIVE") && text.contains("CREATING"),
+        "{text}"
+    );
+    assert!(started.elapsed() >= Duration::from_secs(5));
+    assert!(started.elapsed() < Duration::from_secs(8));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_missing_stream_is_stream_not_found() {
+    let s = setup(config().build().expect("config"));
+    let err = s
+        .source
+        .open(OpenShard {
+            stream: "nope".to_owned(),
+            shard_id: "shardId-000000000000".to_owned(),
+            position: StartPosition::TrimHorizon,
+            lease: held("shardId-000000000000"),
+        })
+        .await
+        .expect_err("missing");
+    assert!(matches!(err, SourceError::StreamNotFound { stream } if stream == "nope"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_subscription_is_renewed_after_its_lifetime_without_loss_or_repeat() {
+    let s = setup(
+        config()
+            .subscription_lifetime(Duration::from_secs(2))
+            .build()
+            .expect("config"),
+    );
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    let mut records = Vec::new();
+    // Produce while reading, across several lifetimes.
+    for round in 0..8 {
+        put_plain(&s, round * 10..round * 10 + 10);
+        let (got, errors) = read_n(reader.as_mut(), 10).await;
+        assert_eq!(errors, 0);
+        records.extend(got);
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    assert_eq!(payloads(&records), expected(0..80));
+    let stats = s.source.stats();
+    assert!(stats.resubscribes >= 2, "{stats:?}");
+    let subscriptions = s.fake.subscriptions();
+    // Every renewal continues after the last event.
+    assert!(
+        subscriptions[1..]
+            .iter()
+            .all(|(_, start)| matches!(start, IteratorStart::AfterSequence(_))),
+        "{subscriptions:?}"
+    );
+    // At most one subscription per second.
+    for pair in subscriptions.windows(2) {
+        assert!(
+            pair[1].0 - pair[0].0 >= Duration::from_secs(1),
+            "{subscriptions:?}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_subscription_the_service_ends_is_renewed() {
+    let s = setup(config().build().expect("config"));
+    s.fake.end_after_events(1);
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    let mut records = Vec::new();
+    for round in 0..4 {
+        put_plain(&s, round * 5..round * 5 + 5);
+        let (got, _) = read_n(reader.as_mut(), 5).await;
+        records.extend(got);
+    }
+    assert_eq!(payloads(&records), expected(0..20));
+    assert!(s.source.stats().resubscribes >= 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_use_and_throttling_are_waited_out_without_errors() {
+    let s = setup(config().build().expect("config"));
+    for fault in [
+        SubscribeFault::InUse,
+        SubscribeFault::InUse,
+        SubscribeFault::LimitExceeded,
+        SubscribeFault::InUse,
+    ] {
+        s.fake.fail_subscribe(fault);
+    }
+    put_plain(&s, 0..5);
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    let (records, errors) = read_n(reader.as_mut(), 5).await;
+    assert_eq!((payloads(&records), errors), (expected(0..5), 0));
+    let stats = s.source.stats();
+    assert_eq!((stats.subscribe_calls, stats.subscription_errors), (5, 4));
+    assert_eq!(stats.throttles, 1);
+    assert_eq!(stats.resubscribes, 0, "one subscription was ever opened");
+}
+
+#[tokio::test(start_paused = true)]
+async fn stream_failures_resume_after_the_last_event_and_are_reported_past_the_limit() {
+    let s = setup(config().max_transient_retries(2).build().expect("config"));
+    put_plain(&s, 0..10);
+    // The first subscription fails after one event (a reset connection),
+    // then two calls fail: three failures in a row exceed the limit of
+    // two. The next subscription fails at once (an exception event), and
+    // the one after works.
+    s.fake.fail_stream_after(1, StreamFault::ConnectionReset);
+    s.fake.fail_stream_after(0, StreamFault::InternalFailure);
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    let (mut records, errors) = read_n(reader.as_mut(), 10).await;
+    assert_eq!(errors, 0);
+    for _ in 0..2 {
+        s.fake.fail_subscribe(SubscribeFault::InternalFailure);
+    }
+    put_plain(&s, 10..20);
+    let (more, errors) = read_n(reader.as_mut(), 10).await;
+    records.extend(more);
+    assert_eq!(payloads(&records), expected(0..20));
+    assert_eq!(errors, 1, "reported once, after max_transient_retries");
+    let stats = s.source.stats();
+    assert_eq!((stats.subscribe_calls, stats.subscription_errors), (5, 4));
+    let subscriptions = s.fake.subscriptions();
+    assert!(
+        subscriptions[1..]
+            .iter()
+            .all(|(_, start)| matches!(start, IteratorStart::AfterSequence(_))),
+        "{subscriptions:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn records_sent_again_are_dropped() {
+    let s = setup(
+        config()
+            .subscription_lifetime(Duration::from_secs(2))
+            .build()
+            .expect("config"),
+    );
+    put_plain(&s, 0..10);
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    let (mut records, _) = read_n(reader.as_mut(), 10).await;
+    // The next subscription starts over at TRIM_HORIZON (as kinesis-mock
+    // does for a sequence number it does not know).
+    s.fake.restart_from_trim_horizon();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    put_plain(&s, 10..15);
+    let (more, _) = read_n(reader.as_mut(), 5).await;
+    records.extend(more);
+    assert_eq!(payloads(&records), expected(0..15));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deleted_consumer_is_fatal_and_looked_up_again_on_the_next_open() {
+    let s = setup(config().build().expect("config"));
+    put_plain(&s, 0..3);
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    read_n(reader.as_mut(), 3).await;
+    drop(reader);
+    s.fake.fail_subscribe(SubscribeFault::NotFound);
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    let err = loop {
+        match reader.next_batch().await {
+            Ok(_) => {}
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, SourceError::Fatal { .. }), "{err:?}");
+    let before = s.source.stats().consumer_calls;
+    let _reader = open(&s, StartPosition::TrimHorizon).await;
+    assert!(
+        s.source.stats().consumer_calls > before,
+        "the consumer is looked up again"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn lease_loss_stops_the_subscription() {
+    let s = setup(config().build().expect("config"));
+    put_plain(&s, 0..5);
+    let lease = held(&s.shard);
+    let mut reader = open_at(&s, &s.shard, StartPosition::TrimHorizon, lease.clone())
+        .await
+        .expect("open");
+    read_n(reader.as_mut(), 5).await;
+    assert_eq!(s.fake.active(), 1);
+    lease.end_for_test(EndReason::Lost);
+    let err = reader.next_batch().await.expect_err("lease lost");
+    assert!(matches!(err, SourceError::LeaseLost { .. }), "{err:?}");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(s.fake.active(), 0, "the subscription ended with the lease");
+    let calls = s.source.stats().subscribe_calls;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(s.source.stats().subscribe_calls, calls);
+    assert!(
+        reader.next_batch().await.is_err(),
+        "the reader stays stopped"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn lease_expiry_stops_the_task_by_itself() {
+    let s = setup(config().build().expect("config"));
+    put_plain(&s, 0..3);
+    let lease = handle(&s.shard, Duration::from_secs(2));
+    let mut reader = open_at(&s, &s.shard, StartPosition::TrimHorizon, lease)
+        .await
+        .expect("open");
+    read_n(reader.as_mut(), 3).await;
+    // Empty events arrive every second; the first one after the lease ran
+    // out stops the task.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(s.fake.active(), 0);
+    let err = reader.next_batch().await.expect_err("lease expired");
+    assert!(matches!(err, SourceError::LeaseLost { .. }), "{err:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn opening_with_a_lost_lease_makes_no_call() {
+    let s = setup(config().build().expect("config"));
+    let lease = held(&s.shard);
+    lease.end_for_test(EndReason::Lost);
+    let err = open_at(&s, &s.shard, StartPosition::TrimHorizon, lease)
+        .await
+        .expect_err("lease lost");
+    assert!(matches!(err, SourceError::LeaseLost { .. }), "{err:?}");
+    let stats = s.source.stats();
+    assert_eq!((stats.consumer_calls, stats.subscribe_calls), (0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_processor_stops_the_event_stream() {
+    let s = setup(config().max_buffered_batches(2).build().expect("config"));
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    // One record per event: each put while the subscription polls.
+    for i in 0..20 {
+        s.kinesis.put(STREAM, &s.shard, "pk", format!("r{i}"));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    // Two batches wait in the channel, and one more event was read and
+    // waits for room; the rest stay unread at the service.
+    let events = s.fake.events();
+    assert!(events <= 3, "{events} events read while nobody consumed");
+    let (records, _) = read_n(reader.as_mut(), 20).await;
+    assert_eq!(payloads(&records), expected(0..20));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_long_stall_lets_the_subscription_go_and_resumes_after_it() {
+    let s = setup(config().max_buffered_batches(1).build().expect("config"));
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    for i in 0..10 {
+        s.kinesis.put(STREAM, &s.shard, "pk", format!("r{i}"));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Nobody reads: after the stall limit the subscription is let go, so
+    // its unread data no longer holds the connection's window.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert_eq!(s.fake.active(), 0, "the stalled subscription ended");
+    let calls = s.source.stats().subscribe_calls;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(
+        s.source.stats().subscribe_calls,
+        calls,
+        "no new subscription while there is no room"
+    );
+    put_plain(&s, 10..15);
+    let (records, _) = read_n(reader.as_mut(), 15).await;
+    assert_eq!(payloads(&records), expected(0..15));
+    assert!(s.source.stats().resubscribes >= 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_byte_budget_bounds_what_is_buffered() {
+    let s = setup(config().max_buffered_bytes(3000).build().expect("config"));
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    for i in 0..5 {
+        s.kinesis.put(STREAM, &s.shard, "pk", vec![b'x'; 2000 + i]);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    // The first 2 kB event fits, the second waits for budget holding its
+    // slot: two events read, the rest unread.
+    let events = s.fake.events();
+    assert!(events <= 2, "{events} events read");
+    let (records, _) = read_n(reader.as_mut(), 5).await;
+    assert_eq!(records.len(), 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn resume_inside_an_aggregate_skips_the_done_sub_records() {
+    let s = setup(config().build().expect("config"));
+    s.kinesis.put(STREAM, &s.shard, "pk", "before");
+    let subs: Vec<UserRecord> = (0..5)
+        .map(|i| UserRecord {
+            partition_key: format!("pk-{i}"),
+            explicit_hash_key: None,
+            data: Bytes::from(format!("sub {i}")),
+        })
+        .collect();
+    let seq = s.kinesis.put(STREAM, &s.shard, "pk-0", aggregate(&subs));
+    s.kinesis.put(STREAM, &s.shard, "pk", "after");
+    let mut reader = open(
+        &s,
+        StartPosition::AfterCheckpoint {
+            seq: seq.clone(),
+            sub: 2,
+        },
+    )
+    .await;
+    let (records, _) = read_n(reader.as_mut(), 3).await;
+    assert_eq!(payloads(&records), ["sub 3", "sub 4", "after"]);
+    assert_eq!(
+        (
+            records[0].sequence_number.as_str(),
+            records[0].sub_sequence_number
+        ),
+        (seq.as_str(), 3)
+    );
+    assert_eq!(
+        s.fake.subscriptions()[0].1,
+        IteratorStart::AtSequence(seq.clone())
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn records_before_the_resume_checkpoint_are_never_delivered() {
+    let s = setup(config().build().expect("config"));
+    let seqs = put_plain(&s, 0..6);
+    // An endpoint that starts over at TRIM_HORIZON for the first
+    // subscription still delivers nothing before the checkpoint.
+    s.fake.restart_from_trim_horizon();
+    let mut reader = open(
+        &s,
+        StartPosition::AfterCheckpoint {
+            seq: seqs[2].clone(),
+            sub: 0,
+        },
+    )
+    .await;
+    let (records, _) = read_n(reader.as_mut(), 3).await;
+    assert_eq!(payloads(&records), expected(3..6));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_announced_shard_end_names_the_children() {
+    let s = setup(config().build().expect("config"));
+    put_plain(&s, 0..3);
+    let kids = s.kinesis.split(STREAM, &s.shard, true);
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    let batch = reader.next_batch().await.expect("last batch");
+    assert_eq!(payloads(&batch.records), expected(0..3));
+    let children = batch.shard_end.expect("shard end");
+    let ids: Vec<&str> = children.iter().map(|c| c.shard_id.as_str()).collect();
+    assert_eq!(ids, kids.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(
+        children
+            .iter()
+            .all(|c| c.parent_shard_ids == [s.shard.clone()])
+    );
+    let err = reader.next_batch().await.expect_err("after the end");
+    assert!(matches!(err, SourceError::Fatal { .. }));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(s.fake.active(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unannounced_shard_end_is_found_by_the_closed_shard_check() {
+    let s = setup(
+        config()
+            .closed_shard_check_interval(Some(Duration::from_secs(2)))
+            .build()
+            .expect("config"),
+    );
+    s.fake.silent_end();
+    put_plain(&s, 0..3);
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    let (records, _) = read_n(reader.as_mut(), 3).await;
+    assert_eq!(payloads(&records), expected(0..3));
+    // While the shard is open the checks find nothing.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    put_plain(&s, 3..5);
+    let kids = s.kinesis.split(STREAM, &s.shard, false);
+    let read = async {
+        let mut records = Vec::new();
+        loop {
+            let batch = reader.next_batch().await.expect("batch");
+            records.extend(batch.records);
+            if let Some(children) = batch.shard_end {
+                return (records, children);
+            }
+        }
+    };
+    let (rest, children) = tokio::time::timeout(Duration::from_secs(30), read)
+        .await
+        .expect("shard end found");
+    assert_eq!(payloads(&rest), expected(3..5));
+    let ids: Vec<String> = children.into_iter().map(|c| c.shard_id).collect();
+    assert_eq!(ids, kids);
+    let stats = s.source.stats();
+    assert!(stats.get_records_calls >= 2, "{stats:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_the_check_an_unannounced_end_is_never_reported() {
+    let s = setup(config().build().expect("config"));
+    s.fake.silent_end();
+    put_plain(&s, 0..3);
+    s.kinesis.split(STREAM, &s.shard, true);
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    let watch = async {
+        loop {
+            let batch = reader.next_batch().await.expect("batch");
+            assert!(batch.shard_end.is_none());
+        }
+    };
+    assert!(
+        tokio::time::timeout(Duration::from_secs(20), watch)
+            .await
+            .is_err()
+    );
+    assert_eq!(s.source.stats().get_records_calls, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_reader_ends_the_subscription() {
+    let s = setup(config().build().expect("config"));
+    put_plain(&s, 0..3);
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    read_n(reader.as_mut(), 3).await;
+    assert_eq!(s.fake.active(), 1);
+    drop(reader);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(s.fake.active(), 0);
+    let events = s.fake.events();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(s.fake.events(), events);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_deregisters_only_when_asked() {
+    for (deregister, expected) in [
+        (DeregisterConsumer::Never, 0),
+        (DeregisterConsumer::OnShutdown, 1),
+    ] {
+        let s = setup(config().deregister(deregister).build().expect("config"));
+        let reader = open(&s, StartPosition::TrimHorizon).await;
+        drop(reader);
+        let done = s.source.shutdown().await.expect("shutdown");
+        assert_eq!(done, expected, "{deregister:?}");
+        assert_eq!(s.fake.deregistrations() as usize, expected);
+        assert_eq!(s.fake.consumers(), 1 - expected);
+    }
+}
+
+#[test]
+fn a_fan_out_source_needs_a_consumer_name() {
+    let client = aws_sdk_kinesis::Client::from_conf(
+        aws_sdk_kinesis::Config::builder()
+            .behavior_version(aws_sdk_kinesis::config::BehaviorVersion::latest())
+            .region(aws_sdk_kinesis::config::Region::new("us-east-1"))
+            .build(),
+    );
+    let err = KinesisShardSource::builder(client.clone())
+        .retrieval(crate::Retrieval::FanOut(FanOutConfig::default()))
+        .build()
+        .expect_err("no name");
+    assert_eq!(err.field, "consumer_name");
+    let source = KinesisShardSource::builder(client)
+        .retrieval(crate::Retrieval::FanOut(config().build().expect("config")))
+        .build()
+        .expect("named");
+    assert!(matches!(source.retrieval(), crate::Retrieval::FanOut(_)));
+}
+
+#[test]
+fn sequence_numbers_compare_by_value() {
+    use std::cmp::Ordering::*;
+    assert_eq!(compare_sequence("9", "10"), Less);
+    assert_eq!(compare_sequence("0010", "10"), Equal);
+    assert_eq!(
+        compare_sequence(
+            "49590338271490256608559692538361571095921575989136588898",
+            "49590338271490256608559692538361571095921575989136588899"
+        ),
+        Less
+    );
+    assert_eq!(compare_sequence("2", "1"), Greater);
+}

@@ -1,0 +1,129 @@
+//! The consumer-facing half of a reader whose fetching runs in a task of
+//! its own (the polling loop or the fan-out subscription): batches arrive on
+//! a bounded channel holding budget permits, the lease is checked before
+//! each hand-out, and the task never outlives the reader.
+
+use async_trait::async_trait;
+use kcl_core::coordinator::LeaseHandle;
+use kcl_core::source::{Batch, ShardReader, SourceError};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// What a fetching task hands over: a batch plus whatever budget permits
+/// it holds (dropped, so the budget frees, when the batch is handed out).
+pub(crate) trait Delivery: Send + 'static {
+    fn into_batch(self) -> Batch;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Reading,
+    /// The shard-end batch was handed out.
+    Ended,
+    /// A non-retryable error was handed out; the task is gone.
+    Stopped,
+}
+
+/// A [`ShardReader`] fed by a background task through a bounded channel.
+#[derive(Debug)]
+pub(crate) struct TaskReader<D> {
+    stream: String,
+    shard_id: String,
+    lease: LeaseHandle,
+    rx: mpsc::Receiver<Result<D, SourceError>>,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+    state: State,
+    /// Names the task in errors ("fetch task", "subscription task").
+    task_name: &'static str,
+}
+
+impl<D: Delivery> TaskReader<D> {
+    /// Wraps a started task; `stop` must stop it.
+    pub(crate) fn new(
+        stream: String,
+        shard_id: String,
+        lease: LeaseHandle,
+        rx: mpsc::Receiver<Result<D, SourceError>>,
+        stop: CancellationToken,
+        task: JoinHandle<()>,
+        task_name: &'static str,
+    ) -> Self {
+        TaskReader {
+            stream,
+            shard_id,
+            lease,
+            rx,
+            stop,
+            task,
+            state: State::Reading,
+            task_name,
+        }
+    }
+
+    fn lease_lost(&mut self) -> SourceError {
+        self.state = State::Stopped;
+        self.stop.cancel();
+        SourceError::LeaseLost {
+            shard: self.shard_id.clone(),
+        }
+    }
+
+    fn fatal(&self, message: &str) -> SourceError {
+        SourceError::Fatal {
+            stream: self.stream.clone(),
+            message: format!("shard {}: {message}", self.shard_id),
+            source: None,
+        }
+    }
+}
+
+impl<D> Drop for TaskReader<D> {
+    fn drop(&mut self) {
+        // Cancel lets the task see it at its next await; abort makes sure
+        // it is gone even if it is not polled again (for fan-out, dropping
+        // the task drops its subscription). No task outlives its reader.
+        self.stop.cancel();
+        self.task.abort();
+    }
+}
+
+#[async_trait]
+impl<D: Delivery + std::fmt::Debug> ShardReader for TaskReader<D> {
+    async fn next_batch(&mut self) -> Result<Batch, SourceError> {
+        match self.state {
+            State::Reading => {}
+            State::Ended => return Err(self.fatal("already reached its end")),
+            State::Stopped => return Err(self.fatal("reader stopped after an error")),
+        }
+        if !self.lease.is_valid() {
+            return Err(self.lease_lost());
+        }
+        let ended = self.lease.ended();
+        let message = tokio::select! {
+            biased;
+            () = ended => return Err(self.lease_lost()),
+            message = self.rx.recv() => message,
+        };
+        match message {
+            Some(Ok(delivery)) => {
+                let batch = delivery.into_batch();
+                if batch.shard_end.is_some() {
+                    self.state = State::Ended;
+                }
+                Ok(batch)
+            }
+            Some(Err(e)) => {
+                if !e.is_retryable() {
+                    self.state = State::Stopped;
+                }
+                Err(e)
+            }
+            None => {
+                self.state = State::Stopped;
+                Err(self.fatal(&format!("{} stopped", self.task_name)))
+            }
+        }
+    }
+}
