@@ -213,17 +213,30 @@ impl Checkpointer {
             self.lost.cancel();
             return Err(CheckpointError::LeaseLost { key });
         }
-        let result = (|| self.store.checkpoint(&key, &self.worker_id, &update))
-            .retry(
-                ExponentialBuilder::default()
-                    .with_min_delay(Duration::from_millis(50))
-                    .with_max_delay(Duration::from_secs(1))
-                    .with_max_times(5)
-                    .with_jitter(),
-            )
-            .sleep(tokio::time::sleep)
-            .when(StoreError::is_retryable)
-            .await;
+        let (store, lease, worker_id) = (&self.store, &self.lease, &self.worker_id);
+        let result = (|| async {
+            // No attempt once the lease has ended: the checkpoint's
+            // condition is the owner only, so a retry that outlives this
+            // tenure would pass under the next one of this same worker and
+            // move its checkpoint backwards.
+            if !lease.may_checkpoint() {
+                return Err(StoreError::ConditionFailed {
+                    key: key.clone(),
+                    current: None,
+                });
+            }
+            store.checkpoint(&key, worker_id, &update).await
+        })
+        .retry(
+            ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(50))
+                .with_max_delay(Duration::from_secs(1))
+                .with_max_times(5)
+                .with_jitter(),
+        )
+        .sleep(tokio::time::sleep)
+        .when(StoreError::is_retryable)
+        .await;
         match result {
             Ok(_) => {
                 metrics::counter!("kcl_checkpoints_total", &self.labels).increment(1);

@@ -39,6 +39,8 @@ pub(crate) struct ConsumerSetup {
     pub(crate) policy: FailurePolicy,
     pub(crate) parent_poll_interval: Duration,
     pub(crate) max_backoff: Duration,
+    /// One consumer per shard at a time in this worker (see [`ShardSlots`]).
+    pub(crate) slots: Arc<ShardSlots>,
 }
 
 impl std::fmt::Debug for ConsumerSetup {
@@ -49,6 +51,34 @@ impl std::fmt::Debug for ConsumerSetup {
             .field("worker_id", &self.worker_id)
             .field("policy", &self.policy)
             .finish_non_exhaustive()
+    }
+}
+
+/// How long a new consumer waits for the previous consumer of its shard in
+/// this worker to finish before it starts anyway (a processor that never
+/// returns must not stall the shard forever).
+const PREVIOUS_CONSUMER_GRACE: Duration = Duration::from_secs(30);
+
+/// One consumer per shard at a time in this worker. When the worker takes a
+/// lease again (a fence during a store outage, then a reclaim), the
+/// consumer of its previous tenure may still be inside a processor call,
+/// retrying a checkpoint. Checkpoints are conditional on the owner only, so
+/// such a write, landing after the new tenure's checkpoints, would move the
+/// checkpoint backwards. The new consumer waits for the old one, reads the
+/// checkpoint after the old one's last write, and two processors of one
+/// shard never run in one worker.
+#[derive(Debug, Default)]
+pub(crate) struct ShardSlots {
+    slots: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl ShardSlots {
+    fn slot(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        // Slots nobody holds or waits for go, so the map stays as small as
+        // the set of shards in use.
+        slots.retain(|k, slot| k == key || Arc::strong_count(slot) > 1);
+        Arc::clone(slots.entry(key.to_owned()).or_default())
     }
 }
 
@@ -154,6 +184,19 @@ pub(crate) async fn run(
         shutdown,
         lost: CancellationToken::new(),
         ctx,
+    };
+    // Held until this consumer returns: the next consumer of the shard in
+    // this worker starts after it (see ShardSlots).
+    let slot = c.setup.slots.slot(&c.ctx.lease_key);
+    let _slot = tokio::select! {
+        guard = slot.lock_owned() => Some(guard),
+        _ = tokio::time::sleep(PREVIOUS_CONSUMER_GRACE) => {
+            warn!(grace = ?PREVIOUS_CONSUMER_GRACE, "the previous consumer of this shard has not finished; starting anyway");
+            None
+        }
+        _ = c.lease.ended() => return ConsumerExit::LeaseLost,
+        _ = c.lease.handoff_requested() => return ConsumerExit::HandedOff,
+        _ = c.shutdown.cancelled() => return ConsumerExit::ShutDown,
     };
     // WaitingOnParents: no processor exists yet, so nothing to tell it.
     match wait_for_parents(&c).await {
@@ -395,6 +438,12 @@ async fn process(
                 continue;
             }
         };
+        // The reader checked the lease when it was asked for this batch,
+        // but the batch can arrive much later (the process was paused with
+        // the batch prefetched, and resumes after a peer took the lease):
+        // nothing reaches the processor unless the lease is still ours
+        // (invariant 1).
+        c.still_ours()?;
         if let Some(last) = batch.records.last() {
             checkpointer.delivered(last);
             position = StartPosition::AfterCheckpoint {

@@ -397,8 +397,9 @@ impl Shared {
         let held = Arc::new(Held::new(lease, valid_until, Phase::Active));
         let previous = self.held_map().insert(key.clone(), Arc::clone(&held));
         if let Some(previous) = previous {
-            // Only a reclaim can replace an entry, after the old one ended.
-            previous.end(EndReason::Lost);
+            // A re-take replaced an entry whose loss the renewer had not
+            // noticed yet: that loss still counts.
+            self.replaced(&previous);
         }
         metrics::gauge!("kcl_leases_held", "worker" => self.config.worker_id.clone())
             .set(self.held_map().len() as f64);
@@ -408,6 +409,14 @@ impl Shared {
             .events
             .send(LeaseEvent::Acquired(LeaseHandle { key, held }))
             .await;
+    }
+
+    fn replaced(&self, previous: &Held) {
+        if previous.end(EndReason::Lost) {
+            bump(&self.stats.lost);
+            metrics::counter!("kcl_leases_ended_total", "reason" => EndReason::Lost.to_string(), "worker" => self.config.worker_id.clone())
+                .increment(1);
+        }
     }
 
     /// Starts waiting for `from` to hand over a lease we now own in the
@@ -426,7 +435,7 @@ impl Shared {
             Phase::Awaiting { from, force_at },
         ));
         if let Some(previous) = self.held_map().insert(key, held) {
-            previous.end(EndReason::Lost);
+            self.replaced(&previous);
         }
         // Held in the table (and renewed) while awaiting: counted as held.
         metrics::gauge!("kcl_leases_held", "worker" => self.config.worker_id.clone())

@@ -576,6 +576,7 @@ impl Worker {
             policy: config.failure_policy,
             parent_poll_interval: config.parent_poll_interval,
             max_backoff: config.max_backoff,
+            slots: Arc::default(),
         })
     }
 
