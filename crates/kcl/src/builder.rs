@@ -1,22 +1,25 @@
 //! `Worker::builder`: every setting, validated at `build()`, wired to
 //! DynamoDB and Kinesis at `run()`.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_config::SdkConfig;
 use kcl_core::config::LeaseConfig;
 use kcl_core::processor::{FailurePolicy, ProcessorFactory};
-use kcl_core::source::{InitialPosition, ShardSource};
+use kcl_core::source::{InitialPosition, ShardSource, SourceError};
 use kcl_core::store::LeaseStore;
 use kcl_core::store::metered::{MeteredStore, StoreStats};
-use kcl_core::worker::{StreamSpec, WorkerConfig, WorkerError, WorkerHandle};
+use kcl_core::worker::{
+    RemovedStreamPolicy, StreamSpec, StreamTracker, WorkerConfig, WorkerError, WorkerHandle,
+};
 use kcl_core::{ConfigError, LeaseLayout};
 use kcl_dynamodb::{Capacity, DynamoDbLeaseStore, ensure_table};
-use kcl_kinesis::{KinesisShardSource, PollingConfig};
-use tracing::info;
+use kcl_kinesis::{FanOutConfig, KinesisShardSource, PollingConfig, Retrieval};
+use tracing::{info, warn};
 
 /// Why a worker could not be built or could not run.
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +55,17 @@ pub enum Error {
     /// The worker stopped with an error.
     #[error(transparent)]
     Worker(#[from] WorkerError),
+    /// The metrics endpoint's address cannot be bound (in use, or not an
+    /// address of this host).
+    #[cfg(feature = "prometheus")]
+    #[error("cannot serve metrics on {addr}")]
+    MetricsBind {
+        /// The address asked for.
+        addr: std::net::SocketAddr,
+        /// Why binding failed.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// A kcl worker: consumes its streams' shards together with the other
@@ -65,10 +79,15 @@ pub struct Worker {
     dynamodb: aws_sdk_dynamodb::Client,
     capacity: Capacity,
     config: WorkerConfig,
-    polling: PollingConfig,
+    /// Built (and so validated) at `build()`; kept to shut it down after
+    /// the worker stopped.
+    source: KinesisShardSource,
     factory: Arc<dyn ProcessorFactory>,
     handle: WorkerHandle,
     store_stats: Arc<StoreStats>,
+    tracker: Option<StreamNames>,
+    #[cfg(feature = "prometheus")]
+    metrics: Option<crate::observability::Endpoint>,
 }
 
 impl fmt::Debug for Worker {
@@ -105,6 +124,19 @@ impl Worker {
         Arc::clone(&self.store_stats)
     }
 
+    /// The address of the metrics endpoint (see
+    /// [`WorkerBuilder::serve_metrics`]), with the port actually bound.
+    #[cfg(feature = "prometheus")]
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics.as_ref().map(|m| m.local_addr())
+    }
+
+    /// Counters of the worker's Kinesis calls and reads (polling calls,
+    /// fan-out subscriptions and resubscriptions, records).
+    pub fn source_stats(&self) -> Arc<kcl_kinesis::SourceStats> {
+        self.source.stats_handle()
+    }
+
     /// Runs until [`WorkerHandle::shutdown`] is called.
     pub async fn run(self) -> Result<(), Error> {
         self.run_until(std::future::pending()).await
@@ -113,7 +145,33 @@ impl Worker {
     /// Runs until `signal` completes (for example [`crate::shutdown_signal`])
     /// or [`WorkerHandle::shutdown`] is called, then shuts down gracefully:
     /// processors checkpoint in `shutdown_requested`, leases are released.
-    pub async fn run_until(self, signal: impl Future<Output = ()> + Send) -> Result<(), Error> {
+    pub async fn run_until(
+        #[allow(unused_mut)] mut self,
+        signal: impl Future<Output = ()> + Send,
+    ) -> Result<(), Error> {
+        #[cfg(feature = "prometheus")]
+        if let Some(endpoint) = self.metrics.take() {
+            // Served next to the worker, not spawned: it answers from the
+            // first startup check (503) to the end of the drain, and stops
+            // when the worker has.
+            let probe = crate::observability::Probe::new(
+                self.handle.clone(),
+                Arc::clone(&self.store_stats),
+                crate::observability::readiness_window(self.config.lease()),
+            );
+            let stop = tokio_util::sync::CancellationToken::new();
+            let worker = async {
+                let result = self.run_worker(signal).await;
+                stop.cancel();
+                result
+            };
+            let (result, ()) = tokio::join!(worker, endpoint.serve(probe, stop.clone()));
+            return result;
+        }
+        self.run_worker(signal).await
+    }
+
+    async fn run_worker(self, signal: impl Future<Output = ()> + Send) -> Result<(), Error> {
         // Streams first: a misspelt stream must not leave an empty table.
         let mut identifiers = Vec::with_capacity(self.streams.len());
         for stream in &self.streams {
@@ -142,22 +200,84 @@ impl Worker {
                 .with_stats(Arc::clone(&self.store_stats)),
             Arc::clone(&self.store_stats),
         ));
-        let source: Arc<dyn ShardSource> = Arc::new(
-            KinesisShardSource::builder(self.kinesis.clone())
-                .polling(self.polling.clone())
-                .build()
-                .map_err(|e| ConfigError {
-                    field: e.field,
-                    reason: e.reason,
-                })?,
-        );
+        let source: Arc<dyn ShardSource> = Arc::new(self.source.clone());
         info!(application = %self.app, table = %self.table, worker = %config.lease().worker_id(), "starting kcl worker");
-        let worker = kcl_core::worker::Worker::new(config, store, source, self.factory)
+        let mut worker = kcl_core::worker::Worker::new(config, store, source, self.factory)
             .with_handle(self.handle);
-        worker.run_until(signal).await.map_err(|e| match e {
+        if let Some(names) = self.tracker {
+            worker = worker.with_stream_tracker(Arc::new(NameTracker {
+                names,
+                kinesis: self.kinesis.clone(),
+                identifiers: Mutex::default(),
+            }));
+        }
+        let result = worker.run_until(signal).await;
+        // After the worker: no reader subscribes any more.
+        if let Err(e) = self.source.shutdown().await {
+            warn!(error = %e, "deregistering the stream consumer failed; it stays registered");
+        }
+        result.map_err(|e| match e {
             WorkerError::StreamNotFound { stream } => Error::StreamNotFound { stream },
             other => Error::Worker(other),
         })
+    }
+}
+
+/// The stream names an application supplies at runtime.
+type StreamNames = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
+
+/// Turns the application's stream names into lease layouts, asking Kinesis
+/// once per stream for its multi-stream identifier.
+struct NameTracker {
+    names: StreamNames,
+    kinesis: aws_sdk_kinesis::Client,
+    identifiers: Mutex<HashMap<String, String>>,
+}
+
+impl fmt::Debug for NameTracker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NameTracker").finish_non_exhaustive()
+    }
+}
+
+#[async_trait::async_trait]
+impl StreamTracker for NameTracker {
+    async fn streams(&self) -> Result<Vec<StreamSpec>, SourceError> {
+        let mut specs = Vec::new();
+        for name in (self.names)() {
+            let known = self
+                .identifiers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&name)
+                .cloned();
+            let identifier = match known {
+                Some(id) => id,
+                None => match stream_identifier(&self.kinesis, &name).await {
+                    Ok(id) => {
+                        self.identifiers
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(name.clone(), id.clone());
+                        id
+                    }
+                    // A stream not created yet is simply not consumed yet.
+                    Err(Error::StreamNotFound { .. }) => continue,
+                    Err(e) => {
+                        return Err(SourceError::Fatal {
+                            stream: name,
+                            message: e.to_string(),
+                            source: None,
+                        });
+                    }
+                },
+            };
+            specs.push(StreamSpec {
+                name,
+                layout: LeaseLayout::MultiStream { identifier },
+            });
+        }
+        Ok(specs)
     }
 }
 
@@ -224,11 +344,16 @@ pub struct WorkerBuilder {
     failure_policy: FailurePolicy,
     max_records: Option<i32>,
     idle_time_between_reads: Option<Duration>,
+    retrieval: Option<Retrieval>,
     shard_sync_interval: Option<Duration>,
     parent_poll_interval: Option<Duration>,
     shutdown_timeout: Option<Duration>,
     completed_lease_retention: Option<Duration>,
     factory: Option<Arc<dyn ProcessorFactory>>,
+    tracker: Option<StreamNames>,
+    removed_stream_policy: Option<RemovedStreamPolicy>,
+    #[cfg(feature = "prometheus")]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl fmt::Debug for WorkerBuilder {
@@ -272,11 +397,16 @@ impl WorkerBuilder {
             failure_policy: FailurePolicy::Retry,
             max_records: None,
             idle_time_between_reads: None,
+            retrieval: None,
             shard_sync_interval: None,
             parent_poll_interval: None,
             shutdown_timeout: None,
             completed_lease_retention: None,
             factory: None,
+            tracker: None,
+            removed_stream_policy: None,
+            #[cfg(feature = "prometheus")]
+            metrics_addr: None,
         }
     }
 
@@ -284,6 +414,25 @@ impl WorkerBuilder {
     /// multi-stream lease keys.
     pub fn stream(mut self, name: impl Into<String>) -> Self {
         self.streams.push(name.into());
+        self
+    }
+
+    /// Lets the set of streams change while the worker runs: `names` is
+    /// called at every shard sync and its answer replaces the stream list
+    /// (the streams given with [`Self::stream`] are the list at start).
+    /// Uses multi-stream lease keys.
+    pub fn stream_tracker(
+        mut self,
+        names: impl Fn() -> Vec<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.tracker = Some(Arc::new(names));
+        self
+    }
+
+    /// What happens to the leases of a stream the tracker stops listing
+    /// (default: kept, with their checkpoints).
+    pub fn removed_stream_policy(mut self, policy: RemovedStreamPolicy) -> Self {
+        self.removed_stream_policy = Some(policy);
         self
     }
 
@@ -387,6 +536,22 @@ impl WorkerBuilder {
         /// Pause after an empty GetRecords (default 1 s).
         idle_time_between_reads: Duration
     );
+    /// How shards are read (default: polling, tuned with
+    /// [`Self::max_records`] and [`Self::idle_time_between_reads`]). With
+    /// [`Retrieval::FanOut`] and no consumer name, the consumer is named
+    /// after the application, so all its workers share it.
+    pub fn retrieval(mut self, retrieval: Retrieval) -> Self {
+        self.retrieval = Some(retrieval);
+        self
+    }
+
+    /// Enhanced fan-out with default settings, through a stream consumer
+    /// named after the application: short for
+    /// `.retrieval(Retrieval::FanOut(FanOutConfig::default()))`.
+    pub fn enhanced_fan_out(self) -> Self {
+        self.retrieval(Retrieval::FanOut(FanOutConfig::default()))
+    }
+
     setter!(
         /// Shard listing interval (default 60 s).
         shard_sync_interval: Duration
@@ -404,6 +569,18 @@ impl WorkerBuilder {
         /// (default 5 min).
         completed_lease_retention: Duration
     );
+
+    /// Serves Prometheus metrics (`/metrics`) and health probes
+    /// (`/healthz`, `/readyz`) on `addr` while the worker runs (feature
+    /// `prometheus`). Port 0 picks a free port: see
+    /// [`Worker::metrics_addr`]. The address is bound at `build()`, which
+    /// fails if it is taken; the first worker to serve metrics installs
+    /// the process's `metrics` recorder, which must not already be set.
+    #[cfg(feature = "prometheus")]
+    pub fn serve_metrics(mut self, addr: std::net::SocketAddr) -> Self {
+        self.metrics_addr = Some(addr);
+        self
+    }
 
     /// Validates every setting and returns the worker.
     pub fn build(self) -> Result<Worker, Error> {
@@ -469,6 +646,41 @@ impl WorkerBuilder {
             polling = polling.idle_time_between_reads(d);
         }
         let polling = polling.build().map_err(|e| invalid(e.field, e.reason))?;
+        let retrieval = match self.retrieval {
+            None => Retrieval::Polling(polling),
+            Some(retrieval) => {
+                // Two places for one setting would leave one of them
+                // silently ignored.
+                let polling_field = if self.max_records.is_some() {
+                    Some("max_records")
+                } else if self.idle_time_between_reads.is_some() {
+                    Some("idle_time_between_reads")
+                } else {
+                    None
+                };
+                if let Some(field) = polling_field {
+                    return Err(invalid(
+                        field,
+                        "cannot be combined with .retrieval(..): set it on the PollingConfig given there (it does not apply to fan-out)".into(),
+                    ));
+                }
+                match retrieval {
+                    Retrieval::FanOut(fan_out) if fan_out.consumer_name().is_none() => {
+                        Retrieval::FanOut(fan_out.with_consumer_name(&self.app).map_err(|e| {
+                            invalid(
+                                e.field,
+                                format!("{} (it defaults to the application name; set FanOutConfig's consumer_name)", e.reason),
+                            )
+                        })?)
+                    }
+                    other => other,
+                }
+            }
+        };
+        let source = KinesisShardSource::builder(kinesis.clone())
+            .retrieval(retrieval)
+            .build()
+            .map_err(|e| invalid(e.field, e.reason))?;
         let mut config = WorkerConfig::builder(lease.build()?)
             .initial_position(self.initial_position)
             .failure_policy(self.failure_policy);
@@ -484,9 +696,12 @@ impl WorkerBuilder {
         if let Some(d) = self.completed_lease_retention {
             config = config.completed_lease_retention(d);
         }
+        if let Some(p) = self.removed_stream_policy {
+            config = config.removed_stream_policy(p);
+        }
         // Streams are validated here (names, duplicates); their lease keys
         // are resolved at run(), which can ask Kinesis.
-        let multi_stream = self.multi_stream || self.streams.len() > 1;
+        let multi_stream = self.multi_stream || self.streams.len() > 1 || self.tracker.is_some();
         for name in &self.streams {
             let layout = if multi_stream {
                 LeaseLayout::MultiStream {
@@ -510,10 +725,17 @@ impl WorkerBuilder {
             dynamodb,
             capacity: self.capacity,
             config,
-            polling,
+            source,
             factory,
             handle: WorkerHandle::new(),
             store_stats: Arc::default(),
+            tracker: self.tracker,
+            // Last: nothing is bound when another setting is invalid.
+            #[cfg(feature = "prometheus")]
+            metrics: self
+                .metrics_addr
+                .map(crate::observability::Endpoint::bind)
+                .transpose()?,
         })
     }
 }

@@ -38,6 +38,8 @@
 //! - [`Worker`] and [`WorkerBuilder`]: the application's entry point; every
 //!   setting validated at `build()`.
 //! - [`shutdown_signal`]: SIGTERM/SIGINT as a future, for ECS and Kubernetes.
+//! - `observability` (feature `prometheus`): `/metrics`, `/healthz` and
+//!   `/readyz`, served by the worker (`WorkerBuilder::serve_metrics`).
 //! - Re-exports of the processor API from `kcl-core`.
 //!
 //! The engine lives in `kcl-core` (no AWS dependency), the lease table in
@@ -45,6 +47,8 @@
 #![warn(missing_docs)]
 
 mod builder;
+#[cfg(feature = "prometheus")]
+pub mod observability;
 mod signal;
 
 pub use async_trait::async_trait;
@@ -55,9 +59,12 @@ pub use kcl_core::processor::{
     ShardContext,
 };
 pub use kcl_core::source::InitialPosition;
-pub use kcl_core::worker::{WorkerHandle, WorkerStatus};
+pub use kcl_core::worker::{RemovedStreamPolicy, WorkerHandle, WorkerStatus};
 pub use kcl_core::{Checkpoint, ConfigError, Record};
 pub use kcl_kinesis::PollingConfig;
+pub use kcl_kinesis::{
+    DeregisterConsumer, FanOutConfig, FanOutConfigBuilder, Retrieval, SourceStats,
+};
 pub use signal::shutdown_signal;
 
 /// The building blocks, for applications that wire their own store or

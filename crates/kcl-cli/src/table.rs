@@ -1,0 +1,382 @@
+//! Reading a lease table, and the two repairs: `reset` and `release`.
+//!
+//! Reads go through kcl's own `DynamoDbLeaseStore` (strongly consistent,
+//! paginated scans; the same item mapping as the workers). Each repair is
+//! one conditional write on what was just read, so it never races a
+//! worker silently: if the lease moved in between, nothing is written and
+//! the command says what it found.
+
+use std::collections::HashMap;
+
+use anyhow::{Context as _, bail};
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::{
+    AttributeValue, KeyType, ReturnValue, ReturnValuesOnConditionCheckFailure,
+};
+use clap::Args;
+use futures::TryStreamExt as _;
+use kcl::Checkpoint;
+use kcl::core::{Lease, LeaseStore as _};
+use kcl_dynamodb::DynamoDbLeaseStore;
+use kcl_dynamodb::item::{ReadItem, attr, from_item};
+
+use crate::view::{Listing, Row, State, stream_name};
+use crate::{TableArgs, args, aws};
+
+/// A lease table that exists and has a lease table's key.
+pub(crate) struct Table {
+    store: DynamoDbLeaseStore,
+    name: String,
+}
+
+impl Table {
+    /// Checks that the table exists (and that DynamoDB answers at all),
+    /// with advice when it does not.
+    pub(crate) async fn open(args: &TableArgs) -> anyhow::Result<Table> {
+        let sdk = aws::sdk_config(true).await;
+        let client = aws_sdk_dynamodb::Client::new(&sdk);
+        let name = args.table().to_owned();
+        let described = match client.describe_table().table_name(&name).send().await {
+            Ok(out) => out,
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|s| s.is_resource_not_found_exception()) =>
+            {
+                bail!(
+                    "table {name} not found at {}: is {} right? Workers create the lease table \
+                     on their first start (named after the application unless it sets \
+                     table_name)",
+                    aws::endpoint("DYNAMODB"),
+                    args.flag()
+                );
+            }
+            Err(e) => {
+                return Err(aws::sdk_error(
+                    "DYNAMODB",
+                    format!("cannot read table {name}"),
+                    e,
+                ));
+            }
+        };
+        let keys = described
+            .table()
+            .map(|t| t.key_schema())
+            .unwrap_or_default();
+        let is_lease_table = keys.len() == 1
+            && keys[0].attribute_name() == attr::LEASE_KEY
+            && keys[0].key_type() == &KeyType::Hash;
+        if !is_lease_table {
+            bail!(
+                "table {name} is not a kcl lease table: its key is [{}], not the hash key {:?}",
+                keys.iter()
+                    .map(|k| k.attribute_name())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                attr::LEASE_KEY
+            );
+        }
+        Ok(Table {
+            store: DynamoDbLeaseStore::new(client, &name),
+            name,
+        })
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Every lease, from one consistent paginated scan. Malformed items are
+    /// skipped with a warning on stderr, as workers skip them.
+    pub(crate) async fn leases(&self) -> anyhow::Result<Vec<Lease>> {
+        let pages: Vec<Vec<Lease>> = self
+            .store
+            .scan()
+            .try_collect()
+            .await
+            .with_context(|| format!("scanning table {}", self.name))?;
+        Ok(pages.into_iter().flatten().collect())
+    }
+
+    /// The lease of `shard` (a shard id or a lease key), in `stream` when
+    /// the table holds several streams.
+    async fn find(&self, shard: &str, stream: Option<&str>) -> anyhow::Result<Lease> {
+        let leases = self.leases().await?;
+        let matches: Vec<&Lease> = leases
+            .iter()
+            .filter(|l| l.key == shard || l.shard_id == shard)
+            .filter(|l| {
+                stream.is_none_or(|s| {
+                    l.stream
+                        .as_deref()
+                        .is_some_and(|id| id == s || stream_name(id) == s)
+                })
+            })
+            .collect();
+        match matches.as_slice() {
+            [one] => Ok((*one).clone()),
+            [] => {
+                let mut some: Vec<&str> = leases.iter().map(|l| l.shard_id.as_str()).collect();
+                some.sort_unstable();
+                some.dedup();
+                some.truncate(5);
+                bail!(
+                    "no lease for shard {shard}{} in table {} ({} leases{})",
+                    stream
+                        .map(|s| format!(" of stream {s}"))
+                        .unwrap_or_default(),
+                    self.name,
+                    leases.len(),
+                    if some.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; for example {}", some.join(", "))
+                    }
+                )
+            }
+            several => bail!(
+                "shard {shard} has a lease in several streams ({}): add --stream",
+                several
+                    .iter()
+                    .filter_map(|l| l.stream.as_deref())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+}
+
+/// `kcl leases`: prints the listing.
+pub(crate) async fn list(args: &TableArgs, json: bool, wide: bool) -> anyhow::Result<()> {
+    let table = Table::open(args).await?;
+    let leases = table.leases().await?;
+    let rows = leases
+        .iter()
+        .map(|l| Row::new(l, State::of(l, false), None))
+        .collect();
+    let listing = Listing::new(table.name(), rows);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&listing)?);
+    } else {
+        print!("{}", listing.render(wide));
+        if listing.totals.active > 0 {
+            println!(
+                "\n\"active\" means owned: whether an owner is still alive shows over time \
+                 (`kcl leases watch` marks leases whose counter stops moving as expired)."
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Arguments of `kcl leases reset`.
+#[derive(Debug, Args)]
+pub(crate) struct ResetArgs {
+    #[command(flatten)]
+    table: TableArgs,
+    /// The shard (shardId-000000000001), or its lease key.
+    #[arg(long)]
+    shard: String,
+    /// The stream, when the table holds several (multi-stream
+    /// applications).
+    #[arg(long)]
+    stream: Option<String>,
+    /// The new checkpoint: TRIM_HORIZON, LATEST, AT_TIMESTAMP (the
+    /// workers' configured timestamp), or a sequence number with an
+    /// optional /sub-sequence (processing resumes after that record).
+    #[arg(long, value_parser = args::checkpoint)]
+    to: Checkpoint,
+    /// Reset even while a worker holds the lease (evicting it), or when
+    /// the shard is completed.
+    #[arg(long)]
+    force: bool,
+}
+
+/// `kcl leases reset`.
+pub(crate) async fn reset(a: ResetArgs) -> anyhow::Result<()> {
+    let table = Table::open(&a.table).await?;
+    let lease = table.find(&a.shard, a.stream.as_deref()).await?;
+    let shard = &lease.shard_id;
+    if !a.force {
+        if let Some(from) = &lease.checkpoint_owner {
+            bail!(
+                "refusing to reset shard {shard}: a handoff from {from} to {} is in progress \
+                 (counter {}); its workers would overwrite the checkpoint. Stop the application \
+                 first, or pass --force to evict both in the same write",
+                lease.owner.as_deref().unwrap_or("nobody"),
+                lease.counter
+            );
+        }
+        if lease.is_finished() {
+            bail!(
+                "refusing to reset shard {shard}: it is completed (SHARD_END) and its child \
+                 shards may already be processed; pass --force to read it again anyway"
+            );
+        }
+        if let Some(owner) = &lease.owner {
+            bail!(
+                "refusing to reset shard {shard}: it is held by {owner} (counter {}), which \
+                 would overwrite the checkpoint with its next one. Stop the application first, \
+                 or pass --force to evict the owner in the same write (it stops processing the \
+                 shard at its next renewal or checkpoint)",
+                lease.counter
+            );
+        }
+    }
+    let s = |v: &str| AttributeValue::S(v.to_owned());
+    let n = |v: u64| AttributeValue::N(v.to_string());
+    // The counter is bumped like any ownership change: a worker about to
+    // take the lease with the counter it scanned loses that race instead
+    // of taking it with the old checkpoint in hand.
+    let mut condition = "#counter = :seen".to_owned();
+    if !a.force {
+        condition.push_str(" AND attribute_not_exists(#owner) AND attribute_not_exists(#cpOwner)");
+    }
+    let names = HashMap::from(
+        [
+            ("#counter", attr::LEASE_COUNTER),
+            ("#owner", attr::LEASE_OWNER),
+            ("#cpOwner", attr::CHECKPOINT_OWNER),
+            ("#cp", attr::CHECKPOINT),
+            ("#sub", attr::CHECKPOINT_SUB),
+            ("#switches", attr::OWNER_SWITCHES),
+            ("#pcp", attr::PENDING_CHECKPOINT),
+            ("#psub", attr::PENDING_CHECKPOINT_SUB),
+            ("#pstate", attr::PENDING_CHECKPOINT_STATE),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned())),
+    );
+    let values = HashMap::from(
+        [
+            (":seen", n(lease.counter)),
+            (":next", n(lease.counter + 1)),
+            (":cp", s(a.to.as_str())),
+            (":sub", n(a.to.sub_sequence())),
+            (":zero", n(0)),
+        ]
+        .map(|(k, v)| (k.to_owned(), v)),
+    );
+    let result = table
+        .store
+        .client()
+        .update_item()
+        .table_name(table.name())
+        .key(attr::LEASE_KEY, s(&lease.key))
+        .update_expression(
+            "SET #cp = :cp, #sub = :sub, #counter = :next, #switches = :zero \
+             REMOVE #owner, #cpOwner, #pcp, #psub, #pstate",
+        )
+        .condition_expression(condition)
+        .set_expression_attribute_names(Some(names))
+        .set_expression_attribute_values(Some(values))
+        .return_values(ReturnValue::AllNew)
+        .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+        .send()
+        .await;
+    match result {
+        Ok(_) => {
+            println!(
+                "reset shard {shard} of table {} to {} (was {}; counter {} -> {})",
+                table.name(),
+                a.to,
+                lease.checkpoint,
+                lease.counter,
+                lease.counter + 1
+            );
+            if let Some(owner) = &lease.owner {
+                println!(
+                    "evicted {owner}: it stops processing the shard at its next renewal or \
+                     checkpoint; a worker then takes the shard from the new checkpoint"
+                );
+            }
+            Ok(())
+        }
+        Err(e) => {
+            if let Some(UpdateItemError::ConditionalCheckFailedException(failed)) =
+                e.as_service_error()
+            {
+                bail!(
+                    "shard {shard} changed while resetting (it was {}); nothing was written: \
+                     look again and retry",
+                    describe(failed.item())
+                );
+            }
+            Err(aws::sdk_error(
+                "DYNAMODB",
+                format!("resetting shard {shard}"),
+                e,
+            ))
+        }
+    }
+}
+
+/// "owned by w2 at counter 9" for an item returned with a failed
+/// condition.
+fn describe(item: Option<&HashMap<String, AttributeValue>>) -> String {
+    match item.map(from_item) {
+        Some(Ok(ReadItem::Lease(l))) => format!(
+            "{} at counter {}{}",
+            l.owner
+                .as_deref()
+                .map_or("unowned".to_owned(), |o| format!("owned by {o}")),
+            l.counter,
+            l.checkpoint_owner
+                .as_deref()
+                .map(|f| format!(", in a handoff from {f}"))
+                .unwrap_or_default()
+        ),
+        _ => "deleted".to_owned(),
+    }
+}
+
+/// Arguments of `kcl leases release`.
+#[derive(Debug, Args)]
+pub(crate) struct ReleaseArgs {
+    #[command(flatten)]
+    table: TableArgs,
+    /// The shard (shardId-000000000001), or its lease key.
+    #[arg(long)]
+    shard: String,
+    /// The stream, when the table holds several (multi-stream
+    /// applications).
+    #[arg(long)]
+    stream: Option<String>,
+}
+
+/// `kcl leases release`.
+pub(crate) async fn release(a: ReleaseArgs) -> anyhow::Result<()> {
+    let table = Table::open(&a.table).await?;
+    let lease = table.find(&a.shard, a.stream.as_deref()).await?;
+    let shard = &lease.shard_id;
+    let Some(owner) = &lease.owner else {
+        println!("shard {shard} is not owned by any worker; nothing to release");
+        return Ok(());
+    };
+    match table.store.release(&lease.key, owner).await {
+        Ok(now) => {
+            println!(
+                "released shard {shard} (owner was {owner}; counter {} -> {}): a running \
+                 worker takes it on its next lease-taker tick",
+                lease.counter, now.counter
+            );
+            if let Some(from) = &now.checkpoint_owner {
+                println!(
+                    "note: a handoff from {from} is in progress; the shard is taken once {from} \
+                     completes it, or when the lease expires"
+                );
+            }
+            Ok(())
+        }
+        Err(e) if e.is_condition_failed() => {
+            let now = e
+                .current()
+                .map(|l| {
+                    l.owner
+                        .as_deref()
+                        .map_or("unowned".to_owned(), |o| format!("owned by {o}"))
+                })
+                .unwrap_or_else(|| "deleted".into());
+            bail!("shard {shard} changed owner since it was read (now {now}); nothing was written")
+        }
+        Err(e) => Err(anyhow::Error::new(e).context(format!("releasing shard {shard}"))),
+    }
+}

@@ -1,0 +1,332 @@
+//! `kcl leases watch`: the lease list, refreshed in place, with expiry
+//! judged the way workers judge it and owner changes as they happen.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::time::{Duration, SystemTime};
+
+use aws_smithy_types::date_time::{DateTime, Format};
+use clap::Args;
+use kcl::core::Lease;
+use tokio::time::{Instant, MissedTickBehavior};
+
+use crate::table::Table;
+use crate::view::{Listing, Row, State, stream_name};
+use crate::{TableArgs, args, aws};
+
+/// Owner changes kept on screen.
+const MOVES_SHOWN: usize = 12;
+
+/// Arguments of `kcl leases watch`.
+#[derive(Debug, Args)]
+pub(crate) struct WatchArgs {
+    #[command(flatten)]
+    table: TableArgs,
+    /// Time between refreshes.
+    #[arg(long, default_value = "2s", value_parser = args::duration)]
+    interval: Duration,
+    /// The workers' lease duration: an owned lease whose counter has not
+    /// moved for this long (as seen from here) is shown as expired.
+    #[arg(long, default_value = "10s", value_parser = args::duration)]
+    lease_duration: Duration,
+    /// Print checkpoints in full instead of abbreviated.
+    #[arg(long)]
+    wide: bool,
+    /// Stop after this many refreshes (default: until Ctrl-C).
+    #[arg(long)]
+    count: Option<u64>,
+}
+
+/// What the watcher last saw of one lease.
+#[derive(Debug, Clone)]
+struct Seen {
+    owner: Option<String>,
+    counter: u64,
+    /// When the counter was last seen to change, on this process's clock
+    /// (invariant 3: never the owner's wall clock).
+    changed_at: Instant,
+}
+
+/// Remembers leases across refreshes: counter movement for expiry, owners
+/// for moves.
+#[derive(Debug)]
+pub(crate) struct Watcher {
+    lease_duration: Duration,
+    seen: HashMap<String, Seen>,
+    moves: VecDeque<String>,
+    refreshes: u64,
+}
+
+impl Watcher {
+    pub(crate) fn new(lease_duration: Duration) -> Self {
+        Watcher {
+            lease_duration,
+            seen: HashMap::new(),
+            moves: VecDeque::new(),
+            refreshes: 0,
+        }
+    }
+
+    /// Takes in one scan made at `now` (`clock` labels the moves).
+    pub(crate) fn observe(
+        &mut self,
+        table: &str,
+        leases: &[Lease],
+        now: Instant,
+        clock: &str,
+    ) -> Listing {
+        let first = self.refreshes == 0;
+        self.refreshes += 1;
+        let mut rows = Vec::with_capacity(leases.len());
+        let mut present = HashMap::with_capacity(leases.len());
+        for lease in leases {
+            let label = label(lease);
+            let seen = match self.seen.remove(&lease.key) {
+                None => {
+                    if !first {
+                        self.record(format!(
+                            "{clock}  {label}: new lease{}",
+                            lease
+                                .owner
+                                .as_deref()
+                                .map(|o| format!(", owned by {o}"))
+                                .unwrap_or_default()
+                        ));
+                    }
+                    Seen {
+                        owner: lease.owner.clone(),
+                        counter: lease.counter,
+                        changed_at: now,
+                    }
+                }
+                Some(mut seen) => {
+                    if seen.owner != lease.owner {
+                        let how = match (&seen.owner, &lease.owner) {
+                            (Some(a), Some(b)) if lease.checkpoint_owner.as_deref() == Some(a) => {
+                                format!("{a} -> {b} (handoff started)")
+                            }
+                            (Some(a), Some(b)) => format!("{a} -> {b}"),
+                            (Some(a), None) if lease.is_finished() => {
+                                format!("released by {a} (completed)")
+                            }
+                            (Some(a), None) => format!("released by {a}"),
+                            (None, Some(b)) => format!("taken by {b}"),
+                            (None, None) => unreachable!("owners differ"),
+                        };
+                        self.record(format!("{clock}  {label}: {how}"));
+                        seen.owner = lease.owner.clone();
+                    }
+                    if seen.counter != lease.counter {
+                        seen.counter = lease.counter;
+                        seen.changed_at = now;
+                    }
+                    seen
+                }
+            };
+            let unchanged = now.saturating_duration_since(seen.changed_at);
+            let expired = unchanged >= self.lease_duration;
+            rows.push(Row::new(lease, State::of(lease, expired), Some(unchanged)));
+            present.insert(lease.key.clone(), seen);
+        }
+        let mut gone: Vec<String> = self.seen.keys().cloned().collect();
+        gone.sort();
+        for key in gone {
+            self.record(format!("{clock}  {key}: lease deleted"));
+        }
+        self.seen = present;
+        Listing::new(table, rows)
+    }
+
+    fn record(&mut self, event: String) {
+        if self.moves.len() == MOVES_SHOWN {
+            self.moves.pop_front();
+        }
+        self.moves.push_back(event);
+    }
+
+    fn moves(&self) -> impl Iterator<Item = &String> {
+        self.moves.iter()
+    }
+}
+
+/// "shardId-000000000001", with the stream for multi-stream leases.
+fn label(lease: &Lease) -> String {
+    match &lease.stream {
+        Some(id) => format!("{}/{}", stream_name(id), lease.shard_id),
+        None => lease.shard_id.clone(),
+    }
+}
+
+/// HH:MM:SS UTC.
+fn clock(at: SystemTime) -> String {
+    DateTime::from(at)
+        .fmt(Format::DateTime)
+        .ok()
+        .and_then(|t| t.get(11..19).map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// `kcl leases watch`.
+pub(crate) async fn run(a: WatchArgs) -> anyhow::Result<()> {
+    let table = Table::open(&a.table).await?;
+    let mut watcher = Watcher::new(a.lease_duration);
+    let mut ticker = tokio::time::interval(a.interval);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut last: Option<Listing> = None;
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let mut done = 0u64;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = &mut ctrl_c => break,
+        }
+        let now_wall = SystemTime::now();
+        let status = match table.leases().await {
+            Ok(leases) => {
+                last =
+                    Some(watcher.observe(table.name(), &leases, Instant::now(), &clock(now_wall)));
+                String::new()
+            }
+            Err(e) => format!(
+                "refresh failed, showing the last view: {}\n",
+                aws::explain(&e)
+            ),
+        };
+        let mut screen = format!(
+            "kcl leases watch: table {} at {} UTC, every {:?}; expired = counter unchanged for \
+             {:?} (Ctrl-C quits)\n{status}\n",
+            table.name(),
+            clock(now_wall),
+            a.interval,
+            a.lease_duration
+        );
+        if let Some(listing) = &last {
+            screen.push_str(&listing.render(a.wide));
+        }
+        screen.push_str("\nOwner changes (UTC):\n");
+        let mut any = false;
+        for event in watcher.moves() {
+            let _ = writeln!(screen, "  {event}");
+            any = true;
+        }
+        if !any {
+            screen.push_str("  none yet\n");
+        }
+        paint(&screen)?;
+        done += 1;
+        if a.count.is_some_and(|c| done >= c) {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Redraws in place: cursor home, each line cleared to its end, the rest
+/// of the screen cleared; no flicker, no scrollback spam.
+fn paint(screen: &str) -> std::io::Result<()> {
+    let mut out = String::with_capacity(screen.len() + 256);
+    out.push_str("\x1b[H");
+    for line in screen.lines() {
+        out.push_str(line);
+        out.push_str("\x1b[K\n");
+    }
+    out.push_str("\x1b[J");
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(out.as_bytes())?;
+    stdout.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use kcl::Checkpoint;
+
+    use super::*;
+
+    fn lease(shard: &str, owner: Option<&str>, counter: u64) -> Lease {
+        let mut l = Lease::new(shard, Checkpoint::TrimHorizon);
+        l.owner = owner.map(str::to_owned);
+        l.counter = counter;
+        l
+    }
+
+    fn states(l: &Listing) -> Vec<State> {
+        l.leases.iter().map(|r| r.state).collect()
+    }
+
+    #[test]
+    fn expiry_is_judged_by_counter_movement_on_our_clock() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut w = Watcher::new(s(10));
+        // First sight: the counter's age is unknown, so it starts now.
+        let l = w.observe(
+            "t",
+            &[lease("a", Some("w1"), 5), lease("b", Some("w2"), 9)],
+            t0,
+            "00:00:00",
+        );
+        assert_eq!(states(&l), [State::Active, State::Active]);
+        // a renews, b does not.
+        let l = w.observe(
+            "t",
+            &[lease("a", Some("w1"), 6), lease("b", Some("w2"), 9)],
+            t0 + s(6),
+            "00:00:06",
+        );
+        assert_eq!(states(&l), [State::Active, State::Active]);
+        let l = w.observe(
+            "t",
+            &[lease("a", Some("w1"), 7), lease("b", Some("w2"), 9)],
+            t0 + s(10),
+            "00:00:10",
+        );
+        assert_eq!(states(&l), [State::Active, State::Expired]);
+        assert_eq!(l.leases[1].counter_unchanged_secs, Some(10));
+        assert_eq!(l.workers[1].expired, 1);
+        // w1 takes b over: a move, and b is active again.
+        let l = w.observe(
+            "t",
+            &[lease("a", Some("w1"), 8), lease("b", Some("w1"), 10)],
+            t0 + s(12),
+            "00:00:12",
+        );
+        assert_eq!(states(&l), [State::Active, State::Active]);
+        let moves: Vec<&String> = w.moves().collect();
+        assert_eq!(moves, ["00:00:12  b: w2 -> w1"]);
+    }
+
+    #[test]
+    fn moves_name_what_happened() {
+        let t0 = Instant::now();
+        let mut w = Watcher::new(Duration::from_secs(10));
+        w.observe(
+            "t",
+            &[lease("a", Some("w1"), 1), lease("b", None, 1)],
+            t0,
+            "x",
+        );
+        let mut handoff = lease("a", Some("w2"), 2);
+        handoff.checkpoint_owner = Some("w1".into());
+        w.observe(
+            "t",
+            &[handoff, lease("b", Some("w2"), 2), lease("c", None, 0)],
+            t0,
+            "y",
+        );
+        w.observe("t", &[lease("a", None, 4)], t0, "z");
+        let moves: Vec<&str> = w.moves().map(String::as_str).collect();
+        assert_eq!(
+            moves,
+            [
+                "y  a: w1 -> w2 (handoff started)",
+                "y  b: taken by w2",
+                "y  c: new lease",
+                "z  a: released by w2",
+                "z  b: lease deleted",
+                "z  c: lease deleted",
+            ]
+        );
+    }
+}
