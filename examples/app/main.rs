@@ -21,6 +21,7 @@
 //! | `KCL_MAX_LEASES_TO_STEAL` | leases taken from busier workers per balancing round; 0 disables | `4` |
 //! | `KCL_SHUTDOWN_TIMEOUT` | how long processors get to finish on SIGTERM | `25s` |
 //! | `KCL_SUMMARY_INTERVAL` | how often the summary is logged | `30s` |
+//! | `KCL_METRICS_ADDR` | serve Prometheus `/metrics` and the `/healthz`, `/readyz` probes on this address (`0.0.0.0:9090` in a container) | not served |
 //! | `KCL_LOG_FORMAT` | `plain` or `json` | `plain` |
 //! | `RUST_LOG` | log filter (`info`, `kcl=debug`, ...) | `info` |
 //!
@@ -263,6 +264,7 @@ struct Config {
     max_leases_to_steal: Option<usize>,
     shutdown_timeout: Option<Duration>,
     summary_interval: Duration,
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// Every problem found in the environment, each naming its variable.
@@ -345,6 +347,17 @@ impl Config {
                 })
                 .transpose(),
         );
+        let metrics_addr = note(
+            &mut problems,
+            "KCL_METRICS_ADDR",
+            get("KCL_METRICS_ADDR")
+                .map(|v| {
+                    v.trim().parse::<std::net::SocketAddr>().map_err(|_| {
+                        format!("is {v:?}; expected an address and port such as 0.0.0.0:9090")
+                    })
+                })
+                .transpose(),
+        );
 
         match (
             app,
@@ -355,6 +368,7 @@ impl Config {
             shutdown_timeout,
             summary_interval,
             max_leases_to_steal,
+            metrics_addr,
         ) {
             (
                 Some(app),
@@ -365,6 +379,7 @@ impl Config {
                 Some(shutdown_timeout),
                 Some(summary_interval),
                 Some(max_leases_to_steal),
+                Some(metrics_addr),
             ) => Ok(Config {
                 app: app.trim().to_owned(),
                 streams,
@@ -376,6 +391,7 @@ impl Config {
                 max_leases_to_steal,
                 shutdown_timeout,
                 summary_interval: summary_interval.unwrap_or(Duration::from_secs(30)),
+                metrics_addr,
             }),
             _ => Err(BadEnv(problems)),
         }
@@ -406,6 +422,9 @@ impl Config {
         if let Some(d) = self.shutdown_timeout {
             builder = builder.shutdown_timeout(d);
         }
+        if let Some(addr) = self.metrics_addr {
+            builder = builder.serve_metrics(addr);
+        }
         builder
     }
 }
@@ -413,6 +432,9 @@ impl Config {
 /// Turns a setting that `build()` rejected into an error naming the
 /// variable it came from (the builder names its own field).
 fn blame_env(e: kcl::Error) -> anyhow::Error {
+    if let kcl::Error::MetricsBind { .. } = &e {
+        return BadEnv(vec![("KCL_METRICS_ADDR", format!("is rejected: {e}"))]).into();
+    }
     let kcl::Error::Config(c) = &e else {
         return e.into();
     };
@@ -429,6 +451,7 @@ fn blame_env(e: kcl::Error) -> anyhow::Error {
         "taker_interval" => "KCL_TAKER_INTERVAL",
         "max_leases_to_steal" => "KCL_MAX_LEASES_TO_STEAL",
         "shutdown_timeout" => "KCL_SHUTDOWN_TIMEOUT",
+        "serve_metrics" => "KCL_METRICS_ADDR",
         _ => return e.into(),
     };
     BadEnv(vec![(var, format!("is rejected: {e}"))]).into()
