@@ -116,6 +116,17 @@ impl Checkpointer {
         self.last_delivered = Some((record.sequence_number.clone(), record.sub_sequence_number));
     }
 
+    /// The last record handed to the processor, if any.
+    pub(crate) fn delivered_position(&self) -> Option<(String, u64)> {
+        self.last_delivered.clone()
+    }
+
+    /// Takes back a delivery the processor failed: `checkpoint()` must not
+    /// cover records that were not processed.
+    pub(crate) fn rewind(&mut self, to: Option<(String, u64)>) {
+        self.last_delivered = to;
+    }
+
     /// Records that `(seq, sub)` was handed to the processor.
     #[cfg(any(test, feature = "test-util"))]
     pub fn delivered_for_test(&mut self, seq: &str, sub: u64) {
@@ -138,6 +149,14 @@ impl Checkpointer {
             Checkpoint::ShardEnd
         } else {
             match &self.last_delivered {
+                // Already covered (a failed batch was taken back after the
+                // processor checkpointed part of it): never move backwards.
+                Some((seq, sub))
+                    if matches!(&self.last_checkpoint, Checkpoint::Sequence { seq: cs, sub: csub }
+                        if compare(seq, *sub, cs, *csub) != Ordering::Greater) =>
+                {
+                    return Ok(());
+                }
                 Some((seq, sub)) => Checkpoint::at(seq.clone(), *sub),
                 // Nothing delivered: nothing new to record.
                 None => return Ok(()),

@@ -445,7 +445,6 @@ async fn process(
         // (invariant 1).
         c.still_ours()?;
         if let Some(last) = batch.records.last() {
-            checkpointer.delivered(last);
             position = StartPosition::AfterCheckpoint {
                 seq: last.sequence_number.clone(),
                 sub: last.sub_sequence_number,
@@ -484,15 +483,25 @@ async fn deliver(
     batch: &RecordBatch,
 ) -> Result<(), Stop> {
     let mut backoff = Backoff::new(c.setup.max_backoff);
+    let before = checkpointer.delivered_position();
     loop {
+        if let Some(last) = batch.records.last() {
+            checkpointer.delivered(last);
+        }
         match processor.process_records(batch, checkpointer).await {
             Ok(()) => return c.still_ours_after_checkpoint(),
             Err(e) => {
                 processor_error("process_records", &c.ctx, &*e);
+                // Not processed: a checkpoint taken before the retry succeeds
+                // (in shutdown_requested, at a handoff) must not cover it.
+                checkpointer.rewind(before.clone());
                 c.still_ours()?;
                 match c.setup.policy {
                     FailurePolicy::Retry => c.pause(backoff.step()).await?,
                     FailurePolicy::Skip => {
+                        if let Some(last) = batch.records.last() {
+                            checkpointer.delivered(last);
+                        }
                         metrics::counter!(
                             "kcl_processor_batches_skipped_total",
                             "stream" => c.ctx.stream.clone(),

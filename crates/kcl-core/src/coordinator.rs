@@ -95,6 +95,10 @@ struct HeldInner {
     valid_until: Instant,
     ended: Option<EndReason>,
     phase: Phase,
+    /// When we first sent a write expecting the current counter. A later
+    /// write that the store reconciles as applied may in fact be that first
+    /// one, landed late: validity counts from here, never from the retry.
+    first_write: Option<(u64, Instant)>,
 }
 
 /// The shared state behind a [`LeaseHandle`].
@@ -115,6 +119,7 @@ impl Held {
                 valid_until,
                 ended: None,
                 phase,
+                first_write: None,
             }),
             ended: CancellationToken::new(),
             handoff: CancellationToken::new(),
@@ -128,6 +133,19 @@ impl Held {
 
     pub(crate) fn phase(&self) -> Phase {
         self.lock().phase.clone()
+    }
+
+    /// The send time to count validity from for a write expecting
+    /// `counter`, sent now: the first such write's, if there was one.
+    pub(crate) fn write_base(&self, counter: u64, now: Instant) -> Instant {
+        let mut inner = self.lock();
+        match inner.first_write {
+            Some((c, at)) if c == counter => at,
+            _ => {
+                inner.first_write = Some((counter, now));
+                now
+            }
+        }
     }
 
     /// Adopts the table's view of a lease that is still ours (a counter
@@ -391,6 +409,10 @@ impl Shared {
     }
 
     /// Starts holding `lease`, written at `sent`; tells the worker.
+    /// Starts holding `lease`. `sent` must be no later than any write of
+    /// ours that could have produced the lease's current state: a write the
+    /// store reconciled as applied (its response lost) may have landed
+    /// before this call, so takes count from the scan that read the lease.
     pub(crate) async fn acquired(&self, lease: Lease, sent: Instant) {
         let key = lease.key.clone();
         let valid_until = sent + self.config.lease_duration - self.config.fence_margin;
@@ -422,9 +444,12 @@ impl Shared {
     /// Starts waiting for `from` to hand over a lease we now own in the
     /// table (a steal, or a reclaim found mid-handoff). No consumer starts
     /// until [`Shared::activate`].
-    pub(crate) fn awaiting(&self, lease: Lease, from: String, sent: Instant) {
+    /// `valid_from` is no later than the moment the lease was last seen
+    /// unchanged before our write (see [`Shared::acquired`]); `sent` is when
+    /// our handoff write was sent.
+    pub(crate) fn awaiting(&self, lease: Lease, from: String, valid_from: Instant, sent: Instant) {
         let key = lease.key.clone();
-        let valid_until = sent + self.config.lease_duration - self.config.fence_margin;
+        let valid_until = valid_from + self.config.lease_duration - self.config.fence_margin;
         // Forcing no earlier than a lease duration after our write means the
         // previous owner's own validity (from a renewal that landed before
         // our write) has run out by then: no two workers process at once.
@@ -606,12 +631,28 @@ impl LeaseCoordinator {
         self.taker_stop.cancel();
     }
 
+    /// The entry `lease` belongs to, if it is still the current one: a
+    /// consumer of an earlier tenure of the same lease must not end a later
+    /// one.
+    fn tenure(&self, lease: &LeaseHandle) -> Option<Arc<Held>> {
+        self.shared
+            .held_map()
+            .get(lease.key())
+            .filter(|h| Arc::ptr_eq(h, &lease.held))
+            .cloned()
+    }
+
     /// Releases a held lease in the table so that another worker takes it.
     /// Returns false if this worker did not hold it.
-    pub async fn release(&self, key: &str) -> Result<bool, StoreError> {
-        let Some(held) = self.shared.held_map().get(key).cloned() else {
+    pub async fn release(&self, lease: &LeaseHandle) -> Result<bool, StoreError> {
+        let key = lease.key();
+        let Some(held) = self.tenure(lease) else {
             return Ok(false);
         };
+        // Another worker asked for it: hand it to that worker instead.
+        if held.phase() == Phase::HandingOff {
+            return Box::pin(self.complete_handoff(lease)).await;
+        }
         // End the handle first: the consumer must stop before the lease is
         // visible as free to peers.
         self.shared.ended(key, &held, EndReason::Released).await;
@@ -648,8 +689,9 @@ impl LeaseCoordinator {
     /// Completes the handoff of a lease another worker asked for, once its
     /// processor had the chance to checkpoint. Returns false if this worker
     /// was not handing it off.
-    pub async fn complete_handoff(&self, key: &str) -> Result<bool, StoreError> {
-        let Some(held) = self.shared.held_map().get(key).cloned() else {
+    pub async fn complete_handoff(&self, lease: &LeaseHandle) -> Result<bool, StoreError> {
+        let key = lease.key();
+        let Some(held) = self.tenure(lease) else {
             return Ok(false);
         };
         if held.phase() != Phase::HandingOff {

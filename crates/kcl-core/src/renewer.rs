@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::coordinator::{EndReason, Held, Phase, Shared, bump};
+use crate::lease::Lease;
 
 pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     // Fencing runs beside renewal, not after it: a round stuck on a hung
@@ -47,55 +48,73 @@ async fn progress_handoff(
     from: &str,
     force_at: Instant,
 ) {
+    let Some((lease, sent, forced)) = advance_handoff(shared, key, held, force_at).await else {
+        return;
+    };
+    // The write lock is released before the event is sent: a full event
+    // channel must not hold up this lease's renewals.
+    let (counter, outcome) = if forced {
+        (&shared.stats.handoffs_forced, "forced")
+    } else {
+        (&shared.stats.handoffs_completed, "completed")
+    };
+    bump(counter);
+    metrics::counter!("kcl_handoffs_total", "worker" => shared.config.worker_id.clone(), "outcome" => outcome)
+        .increment(1);
+    if forced {
+        warn!(lease = %key, from, "previous owner did not hand over in time; handoff forced");
+    } else {
+        info!(lease = %key, from, "handoff completed");
+    }
+    shared.activate(key, held, lease, sent).await;
+}
+
+/// One step of an awaited handoff under the lease's write lock: the lease
+/// to activate with its validity base, and whether it was forced.
+async fn advance_handoff(
+    shared: &Shared,
+    key: &str,
+    held: &Arc<Held>,
+    force_at: Instant,
+) -> Option<(Lease, Instant, bool)> {
     let _writing = held.writing.lock().await;
     if !matches!(held.phase(), Phase::Awaiting { .. }) {
-        return;
+        return None;
     }
     let me = shared.config.worker_id.as_str();
     let current = match shared.store.get(key).await {
         Ok(Some(current)) => current,
         Ok(None) => {
             shared.ended(key, held, EndReason::Lost).await;
-            return;
+            return None;
         }
         Err(e) => {
             debug!(lease = %key, error = %e, "reading an awaited lease failed; retrying");
-            return;
+            return None;
         }
     };
     if !current.is_owned_by(me) {
         shared.ended(key, held, EndReason::Lost).await;
-        return;
-    }
-    if current.checkpoint_owner.is_none() {
-        // Completed: a fresh renewal gives the new owner its validity.
-        let sent = Instant::now();
-        match shared.store.renew(key, me, current.counter).await {
-            Ok(lease) => {
-                bump(&shared.stats.handoffs_completed);
-                metrics::counter!("kcl_handoffs_total", "worker" => shared.config.worker_id.clone(), "outcome" => "completed")
-                    .increment(1);
-                info!(lease = %key, from, "handoff completed");
-                shared.activate(key, held, lease, sent).await;
-            }
-            Err(e) => {
-                debug!(lease = %key, error = %e, "renewing a handed-over lease failed; retrying")
-            }
-        }
-        return;
+        return None;
     }
     held.adopt(current.clone());
-    if Instant::now() >= force_at {
-        let sent = Instant::now();
-        match shared.store.take(&current, me).await {
-            Ok(lease) => {
-                bump(&shared.stats.handoffs_forced);
-                metrics::counter!("kcl_handoffs_total", "worker" => shared.config.worker_id.clone(), "outcome" => "forced")
-                    .increment(1);
-                warn!(lease = %key, from, "previous owner did not hand over in time; handoff forced");
-                shared.activate(key, held, lease, sent).await;
-            }
-            Err(e) => debug!(lease = %key, error = %e, "forcing a handoff failed; retrying"),
+    let completed = current.checkpoint_owner.is_none();
+    if !completed && Instant::now() < force_at {
+        return None;
+    }
+    // Completed: a fresh renewal gives the new owner its validity; past the
+    // deadline: a take clears the previous owner's right to checkpoint.
+    let sent = held.write_base(current.counter, Instant::now());
+    let written = if completed {
+        shared.store.renew(key, me, current.counter).await
+    } else {
+        shared.store.take(&current, me).await
+    };
+    match written {
+        Ok(lease) => Some((lease, sent, !completed)),
+        Err(e) => {
+            debug!(lease = %key, error = %e, "advancing a handoff failed; retrying");
+            None
         }
     }
 }
@@ -154,10 +173,11 @@ async fn renew_one(shared: &Shared, key: &str, held: &Arc<Held>, next_round: Ins
     let counter = held.lease().counter;
     let give_up_at = next_round.min(held.valid_until());
     let budget = give_up_at.saturating_duration_since(Instant::now());
-    // Validity counts from the first attempt: a retry may succeed only
-    // because an earlier attempt applied (its response lost), and peers saw
-    // the counter move when that earlier attempt landed.
-    let sent = Instant::now();
+    // Validity counts from the first write expecting this counter, in this
+    // call or an earlier one: a retry may succeed only because an earlier
+    // attempt applied late (its response lost), and peers saw the counter
+    // move when that attempt landed.
+    let sent = held.write_base(counter, Instant::now());
     let result = (|| shared.store.renew(key, me, counter))
         .retry(
             ExponentialBuilder::default()
@@ -177,8 +197,13 @@ async fn renew_one(shared: &Shared, key: &str, held: &Arc<Held>, next_round: Ins
             held.renewed(lease, sent, &shared.config);
         }
         Err(e) if e.is_condition_failed() => match e.current() {
-            // Still ours, the counter moved by a handoff step: renew from it.
-            Some(current) if current.is_owned_by(me) => {
+            // Still ours while we await a handoff, the counter moved by the
+            // previous owner's completion: renew from it. (While active, a
+            // counter moved under us means another process with our worker
+            // id took the lease: lost.)
+            Some(current)
+                if current.is_owned_by(me) && matches!(held.phase(), Phase::Awaiting { .. }) =>
+            {
                 held.adopt(current.clone());
                 debug!(lease = %key, "lease counter moved under us; renewing from the new value");
             }

@@ -8,7 +8,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
+use std::collections::HashMap;
+
+use futures::StreamExt;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
@@ -52,8 +54,13 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
 /// takes the lease duration plus at most one tick rather than two.
 async fn tick(shared: &Shared, tracker: &mut ExpiryTracker) -> Option<Instant> {
     bump(&shared.stats.ticks);
-    let leases: Vec<Lease> = match shared.store.scan().try_concat().await {
-        Ok(leases) => leases,
+    // Validity of what this tick takes counts from when the scan asked for
+    // the page that held the lease: a take the store reconciles as applied
+    // may be an older write of ours that landed after that page was read,
+    // never before it was asked for.
+    let scanned = scan_timed(shared).await;
+    let (leases, asked_at) = match scanned {
+        Ok(scanned) => scanned,
         Err(e) => {
             bump(&shared.stats.scan_failures);
             metrics::counter!("kcl_lease_taker_scan_failures_total", "worker" => shared.config.worker_id.clone()).increment(1);
@@ -91,7 +98,7 @@ async fn tick(shared: &Shared, tracker: &mut ExpiryTracker) -> Option<Instant> {
     if !decision.take.is_empty() || !decision.steal.is_empty() || !decision.reclaim.is_empty() {
         debug!(?decision, "lease taker decision");
     }
-    apply(shared, &leases, &decision).await;
+    apply(shared, &leases, &decision, &asked_at).await;
     finish_orphaned_handoffs(shared, &leases).await;
 
     // A renewing owner moves the counter every renew interval; one that
@@ -131,7 +138,31 @@ enum Kind {
     Steal,
 }
 
-async fn apply(shared: &Shared, leases: &[Lease], decision: &Decision) {
+/// One paginated scan; each lease with the time its page was asked for.
+async fn scan_timed(shared: &Shared) -> Result<(Vec<Lease>, HashMap<String, Instant>), StoreError> {
+    let mut pages = shared.store.scan();
+    let (mut leases, mut asked_at) = (Vec::new(), HashMap::new());
+    loop {
+        let asked = Instant::now();
+        match pages.next().await {
+            Some(Ok(page)) => {
+                for lease in page {
+                    asked_at.insert(lease.key.clone(), asked);
+                    leases.push(lease);
+                }
+            }
+            Some(Err(e)) => return Err(e),
+            None => return Ok((leases, asked_at)),
+        }
+    }
+}
+
+async fn apply(
+    shared: &Shared,
+    leases: &[Lease],
+    decision: &Decision,
+    asked_at: &HashMap<String, Instant>,
+) {
     let find = |key: &String| leases.iter().find(|l| &l.key == key);
     let work = decision
         .reclaim
@@ -142,12 +173,20 @@ async fn apply(shared: &Shared, leases: &[Lease], decision: &Decision) {
         .filter_map(|(kind, key)| find(key).map(|l| (kind, l)));
     futures::stream::iter(work)
         .for_each_concurrent(TAKE_CONCURRENCY, |(kind, seen)| {
-            take_one(shared, kind, seen)
+            take_one(
+                shared,
+                kind,
+                seen,
+                asked_at
+                    .get(&seen.key)
+                    .copied()
+                    .unwrap_or_else(Instant::now),
+            )
         })
         .await;
 }
 
-async fn take_one(shared: &Shared, kind: Kind, seen: &Lease) {
+async fn take_one(shared: &Shared, kind: Kind, seen: &Lease, read_from: Instant) {
     let me = shared.config.worker_id.as_str();
     let mut seen = seen.clone();
     // Ours in the table but mid-handoff from another worker (our handoff
@@ -157,7 +196,7 @@ async fn take_one(shared: &Shared, kind: Kind, seen: &Lease) {
         && let Some(from) = seen.checkpoint_owner.clone().filter(|f| f != me)
     {
         bump(&shared.stats.reclaimed);
-        shared.awaiting(seen, from, Instant::now());
+        shared.awaiting(seen, from, read_from, Instant::now());
         return;
     }
     for attempt in 0..2 {
@@ -180,7 +219,7 @@ async fn take_one(shared: &Shared, kind: Kind, seen: &Lease) {
                     .increment(1);
                 let from = seen.owner.clone().unwrap_or_default();
                 info!(lease = %lease.key, from = %from, "handoff started");
-                shared.awaiting(lease, from, sent);
+                shared.awaiting(lease, from, read_from, sent);
                 return;
             }
             Ok(lease) => {
@@ -193,7 +232,7 @@ async fn take_one(shared: &Shared, kind: Kind, seen: &Lease) {
                 metrics::counter!("kcl_leases_acquired_total", "worker" => shared.config.worker_id.clone(), "how" => what)
                     .increment(1);
                 info!(lease = %lease.key, from = ?seen.owner, how = what, "lease acquired");
-                shared.acquired(lease, sent).await;
+                shared.acquired(lease, read_from).await;
                 return;
             }
             Err(StoreError::ConditionFailed { current, .. }) => {

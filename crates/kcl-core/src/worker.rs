@@ -23,7 +23,8 @@ use crate::cleanup::LeaseCleanup;
 use crate::config::{ConfigError, LeaseConfig};
 use crate::consumer::{self, ConsumerExit, ConsumerSetup};
 use crate::coordinator::{
-    CoordinatorStats, LeaseCoordinator, LeaseEvent, LeaseFilter, ShutdownMode, StatsSnapshot,
+    CoordinatorStats, LeaseCoordinator, LeaseEvent, LeaseFilter, LeaseHandle, ShutdownMode,
+    StatsSnapshot,
 };
 use crate::lease::{Lease, LeaseLayout};
 use crate::processor::{FailurePolicy, ProcessorFactory};
@@ -457,7 +458,7 @@ impl Worker {
                         let held = lease.lease();
                         let Some(spec) = read(&live).iter().find(|s| s.layout.owns(&held)).cloned() else {
                             // Its stream was removed since the take: give it back.
-                            release(&coordinator, lease.key()).await;
+                            release(&coordinator, &lease).await;
                             continue;
                         };
                         let setup = setups
@@ -467,12 +468,12 @@ impl Worker {
                         let stop = CancellationToken::new();
                         let span = info_span!("shard", stream = %setup.stream, shard = %held.shard_id);
                         let setup = Arc::clone(setup);
-                        let (task_key, task_stop) = (key.clone(), stop.clone());
+                        let (task_key, task_stop, tenure) = (key.clone(), stop.clone(), lease.clone());
                         let task = consumers.spawn(
                             async move { (task_key, consumer::run(setup, lease, task_stop).await) }
                                 .instrument(span),
                         );
-                        running.insert(task.id(), key, spec.layout, stop);
+                        running.insert(task.id(), tenure, spec.layout, stop);
                         self.publish(&coordinator, &running);
                     }
                     Some(_) => self.publish(&coordinator, &running),
@@ -532,16 +533,21 @@ impl Worker {
     ) {
         match done {
             Ok((id, (key, exit))) => {
-                let retired = running.remove(id).is_some_and(|r| r.retired);
+                // Every action below applies to the tenure this consumer ran
+                // with, not to a later one of the same lease.
+                let Some(entry) = running.remove(id) else {
+                    return;
+                };
+                let lease = &entry.lease;
                 match exit {
-                    ConsumerExit::ShutDown if retired => release(coordinator, &key).await,
+                    ConsumerExit::ShutDown if entry.retired => release(coordinator, lease).await,
                     ConsumerExit::ShardEnded => {
                         self.handle.update(|s| s.shards_finished += 1);
-                        release(coordinator, &key).await;
+                        release(coordinator, lease).await;
                     }
-                    ConsumerExit::Release => release(coordinator, &key).await,
+                    ConsumerExit::Release => release(coordinator, lease).await,
                     ConsumerExit::HandedOff => {
-                        if let Err(e) = coordinator.complete_handoff(&key).await {
+                        if let Err(e) = coordinator.complete_handoff(lease).await {
                             warn!(lease = %key, error = %e, "completing the handoff failed; the new owner will force it");
                         }
                     }
@@ -552,11 +558,11 @@ impl Worker {
                 // A processor panicked. Its shard is given back, to be
                 // retried from the last checkpoint, rather than left held
                 // and unprocessed.
-                if let Some(key) = running.remove(e.id()).map(|r| r.key) {
-                    error!(lease = %key, error = %e, "a shard consumer panicked; releasing its lease");
+                if let Some(entry) = running.remove(e.id()) {
+                    error!(lease = %entry.lease.key(), error = %e, "a shard consumer panicked; releasing its lease");
                     metrics::counter!("kcl_consumer_panics_total", "worker" => self.config.lease.worker_id().to_owned())
                         .increment(1);
-                    release(coordinator, &key).await;
+                    release(coordinator, &entry.lease).await;
                 }
             }
         }
@@ -752,7 +758,7 @@ struct Running {
 
 #[derive(Debug)]
 struct RunningConsumer {
-    key: String,
+    lease: LeaseHandle,
     layout: LeaseLayout,
     stop: CancellationToken,
     /// Stopped because its stream was removed: release the lease after.
@@ -763,14 +769,14 @@ impl Running {
     fn insert(
         &mut self,
         id: tokio::task::Id,
-        key: String,
+        lease: LeaseHandle,
         layout: LeaseLayout,
         stop: CancellationToken,
     ) {
         self.by_task.insert(
             id,
             RunningConsumer {
-                key,
+                lease,
                 layout,
                 stop,
                 retired: false,
@@ -796,7 +802,11 @@ impl Running {
         n
     }
     fn keys(&self) -> Vec<String> {
-        let mut keys: Vec<String> = self.by_task.values().map(|c| c.key.clone()).collect();
+        let mut keys: Vec<String> = self
+            .by_task
+            .values()
+            .map(|c| c.lease.key().to_owned())
+            .collect();
         keys.sort();
         keys
     }
@@ -807,8 +817,8 @@ enum SyncFailure {
     Store(StoreError),
 }
 
-async fn release(coordinator: &LeaseCoordinator, key: &str) {
-    if let Err(e) = coordinator.release(key).await {
-        warn!(lease = %key, error = %e, "releasing the lease failed; it will expire instead");
+async fn release(coordinator: &LeaseCoordinator, lease: &LeaseHandle) {
+    if let Err(e) = coordinator.release(lease).await {
+        warn!(lease = %lease.key(), error = %e, "releasing the lease failed; it will expire instead");
     }
 }

@@ -735,3 +735,34 @@ async fn streams_added_and_removed_at_runtime() {
     handle.shutdown();
     task.await.unwrap().unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_during_retries_never_checkpoints_past_the_failing_batch() {
+    let mut fleet = Fleet::new(1);
+    // Fails on the batch holding record 7 until the budget runs out, and
+    // checkpoints in shutdown_requested as the docs recommend.
+    let stubborn = Behaviour {
+        failures: 1_000,
+        ..Behaviour::default()
+    };
+    fleet.start("w-a", stubborn, FailurePolicy::Retry);
+    fleet.produce(1, 0, 5);
+    sleep(Duration::from_secs(1)).await;
+    fleet.produce(1, 5, 5);
+    sleep(Duration::from_secs(5)).await;
+    fleet.stop(0).await;
+    assert!(
+        !fleet.log.by_key()["pk-0"].contains(&7),
+        "the failing batch never succeeded"
+    );
+
+    fleet.log.failures_left.store(0, Ordering::Relaxed);
+    fleet.start("w-b", Behaviour::default(), FailurePolicy::Retry);
+    fleet.wait_for(10, Duration::from_secs(60)).await;
+    fleet.stop(1).await;
+    assert_eq!(
+        check_complete(&fleet.log, 1, 10),
+        0,
+        "the batch that failed is processed by the next owner"
+    );
+}

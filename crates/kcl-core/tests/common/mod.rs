@@ -104,7 +104,7 @@ async fn drain(mut events: mpsc::Receiver<LeaseEvent>, coordinator: Arc<LeaseCoo
             consumers.spawn(async move {
                 tokio::select! {
                     _ = handle.handoff_requested() => {
-                        let _ = coordinator.complete_handoff(handle.key()).await;
+                        let _ = coordinator.complete_handoff(&handle).await;
                     }
                     _ = handle.ended() => {}
                 }
