@@ -41,6 +41,12 @@ test: ## start the emulators, then cargo test the whole workspace
 demo: ## start the emulators, then run the demo (produce and consume a stream)
 	$(call with_emulators,$(CARGO) run -p kcl-examples --bin demo)
 
+.PHONY: bench
+bench: ## start the emulators, run every benchmark (release), write docs/BENCHMARKS.md
+	$(CARGO) build --release -p kcl-tests --bin latency-bench \
+		|| echo "latency-bench did not build: its section of the report says so"
+	$(call with_emulators,$(CARGO) run --release -p kcl-tests --bin kcl-bench)
+
 .PHONY: fmt
 fmt: ## format the workspace
 	$(CARGO) fmt --all

@@ -5,6 +5,7 @@
 //!
 //! Env: KCL_E2E_APP, KCL_E2E_STREAM, KCL_E2E_WORKER_ID, KCL_E2E_OUT,
 //! KCL_E2E_CHECKPOINT=batch|shutdown, plus the standard AWS_* variables.
+//! Optional: KCL_E2E_RETRIEVAL=polling|fanout (default polling).
 //! Optional: KCL_E2E_HANG_AT=N makes every shard's first batch holding a
 //! record with counter N hang forever (a stuck processor), after appending
 //! a marker line to `<out>.hang`. At exit the worker's lease counters go to `<out>.stats`.
@@ -49,7 +50,7 @@ impl RecordProcessor for Logger {
                 .create(true)
                 .append(true)
                 .open(&self.hang_marker)?;
-            writeln!(f, "{marker}")?;
+            f.write_all(format!("{marker}\n").as_bytes())?;
             std::future::pending::<()>().await;
         }
         // A little work, so that two workers on one shard would overlap.
@@ -60,7 +61,10 @@ impl RecordProcessor for Logger {
             start,
             &batch.records,
         ))?;
-        writeln!(self.out, "{line}")?;
+        // One write per line: every shard's processor appends to this file,
+        // and `writeln!` writes the text and the newline separately, so two
+        // shards' lines could interleave into one unparsable line.
+        self.out.write_all(format!("{line}\n").as_bytes())?;
         self.out.flush()?;
         if self.every_batch {
             cp.checkpoint().await?;
@@ -93,17 +97,32 @@ async fn main() -> anyhow::Result<()> {
         .transpose()?;
     let hang_marker = format!("{out_path}.hang");
     let stats_path = format!("{out_path}.stats");
+    let fan_out = match std::env::var("KCL_E2E_RETRIEVAL").as_deref() {
+        Err(_) | Ok("polling") => false,
+        Ok("fanout") => true,
+        Ok(other) => anyhow::bail!("KCL_E2E_RETRIEVAL={other}: expected polling or fanout"),
+    };
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let worker = Worker::builder(var("KCL_E2E_APP")?)
+    let builder = Worker::builder(var("KCL_E2E_APP")?)
         .stream(var("KCL_E2E_STREAM")?)
         .sdk_config(&sdk)
         .worker_id(&worker_id)
         .initial_position(InitialPosition::TrimHorizon)
         .lease_duration(Duration::from_secs(6))
         .taker_interval(Duration::from_secs(2))
-        .idle_time_between_reads(Duration::from_millis(200))
         .parent_poll_interval(Duration::from_secs(1))
-        .shard_sync_interval(Duration::from_secs(10))
+        .shard_sync_interval(Duration::from_secs(10));
+    let builder = if fan_out {
+        // kinesis-mock never announces a shard's end over fan-out: look for
+        // it every 2 s so resharding tests end in reasonable time.
+        let config = kcl::FanOutConfig::builder()
+            .closed_shard_check_interval(Some(Duration::from_secs(2)))
+            .build()?;
+        builder.retrieval(kcl::Retrieval::FanOut(config))
+    } else {
+        builder.idle_time_between_reads(Duration::from_millis(200))
+    };
+    let worker = builder
         .processor(move |ctx: &ShardContext| Logger {
             ctx: ctx.clone(),
             out: std::fs::OpenOptions::new()

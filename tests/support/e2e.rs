@@ -281,7 +281,9 @@ impl Scenario {
     pub async fn new(shards: i32) -> Scenario {
         let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
         let stream = unique_name("kcl-e2e");
-        create_stream(env.kinesis(), &stream, shards).await.unwrap();
+        if let Err(e) = create_stream(env.kinesis(), &stream, shards).await {
+            panic!("creating stream {stream}: {e:#}");
+        }
         Scenario {
             env,
             app: unique_name("kcl-e2e-app"),
@@ -295,9 +297,9 @@ impl Scenario {
         let records: Vec<TestRecord> = (self.produced..self.produced + per_key)
             .flat_map(|counter| (0..KEYS).map(move |key| TestRecord { key, counter }))
             .collect();
-        put_records(self.env.kinesis(), &self.stream, &records)
-            .await
-            .unwrap();
+        if let Err(e) = put_records(self.env.kinesis(), &self.stream, &records).await {
+            panic!("producing to {}: {e:#}", self.stream);
+        }
         self.produced += per_key;
     }
 
@@ -354,7 +356,9 @@ impl Scenario {
 /// A fresh directory for batch logs.
 pub fn out_dir(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(unique_name(name));
-    std::fs::create_dir_all(&dir).unwrap();
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        panic!("creating {}: {e}", dir.display());
+    }
     dir
 }
 
@@ -416,5 +420,82 @@ pub async fn wait_all_owned_by(s: &Scenario, workers: &HashSet<&str>, min_each: 
             "fleet never balanced: {owners:?}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// An in-process recording processor
+// ---------------------------------------------------------------------------
+
+/// Batches recorded by [`Recorder`]s of one test, with their stream.
+#[derive(Debug, Clone, Default)]
+pub struct RecordedBatches(std::sync::Arc<std::sync::Mutex<Vec<(String, BatchLog)>>>);
+
+impl RecordedBatches {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(String, BatchLog)>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every batch recorded so far.
+    pub fn all(&self) -> Vec<BatchLog> {
+        self.lock().iter().map(|(_, b)| b.clone()).collect()
+    }
+
+    /// The batches of one stream.
+    pub fn of_stream(&self, stream: &str) -> Vec<BatchLog> {
+        self.lock()
+            .iter()
+            .filter(|(s, _)| s == stream)
+            .map(|(_, b)| b.clone())
+            .collect()
+    }
+
+    /// A processor factory whose processors record here.
+    pub fn factory(
+        &self,
+    ) -> impl Fn(&kcl::ShardContext) -> Recorder + Clone + Send + Sync + 'static {
+        let log = self.clone();
+        move |ctx: &kcl::ShardContext| Recorder {
+            ctx: ctx.clone(),
+            log: log.clone(),
+        }
+    }
+}
+
+/// A processor that records every batch after 20 ms of "work" (so two
+/// workers on one shard would overlap visibly), checkpointing after each
+/// batch and in `shutdown_requested`.
+#[derive(Debug)]
+pub struct Recorder {
+    ctx: kcl::ShardContext,
+    log: RecordedBatches,
+}
+
+#[kcl::async_trait]
+impl kcl::RecordProcessor for Recorder {
+    async fn process_records(
+        &mut self,
+        batch: &kcl::RecordBatch,
+        cp: &mut kcl::Checkpointer,
+    ) -> Result<(), kcl::ProcessorError> {
+        let start = now_ns();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let entry = BatchLog::new(
+            &self.ctx.worker_id,
+            &self.ctx.shard_id,
+            start,
+            &batch.records,
+        );
+        self.log.lock().push((self.ctx.stream.clone(), entry));
+        cp.checkpoint().await?;
+        Ok(())
+    }
+
+    async fn shutdown_requested(
+        &mut self,
+        cp: &mut kcl::Checkpointer,
+    ) -> Result<(), kcl::ProcessorError> {
+        cp.checkpoint().await?;
+        Ok(())
     }
 }

@@ -25,6 +25,7 @@
 //! runtime that created it, so clients are not shared through statics.
 
 pub mod e2e;
+pub mod fault_proxy;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -543,45 +544,6 @@ pub async fn delete_table(dynamodb: &aws_sdk_dynamodb::Client, table: &str) -> a
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn payload_round_trips() {
-        let record = TestRecord {
-            key: 3,
-            counter: 17,
-        };
-        assert_eq!(record.partition_key(), "pk-3");
-        assert_eq!(record.payload(), "pk-3:17");
-        assert_eq!(TestRecord::parse(b"pk-3:17"), Some(record));
-        assert_eq!(TestRecord::parse(b"pk-3"), None);
-        assert_eq!(TestRecord::parse(b"xx-3:1"), None);
-        assert_eq!(TestRecord::parse(&[0xff, 0xfe]), None);
-    }
-
-    #[test]
-    fn sequenced_records_interleave_keys() {
-        let records = sequenced_records(2, 2);
-        let payloads: Vec<String> = records.iter().map(TestRecord::payload).collect();
-        assert_eq!(payloads, ["pk-0:0", "pk-1:0", "pk-0:1", "pk-1:1"]);
-    }
-
-    #[test]
-    fn unique_names_differ_and_are_valid() {
-        let a = unique_name("kcl-test");
-        let b = unique_name("kcl-test");
-        assert_ne!(a, b);
-        assert!(a.starts_with("kcl-test-"));
-        assert!(
-            a.chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-        );
-        assert!(a.len() <= 128);
-    }
-}
-
 /// Splits an open shard at the middle of its hash-key range and waits until
 /// the stream is ACTIVE again. Returns the new children's ids.
 pub async fn split_shard_in_half(
@@ -639,4 +601,43 @@ pub async fn merge_shards(
         .find(|s| s.parent_shard_id() == Some(shard) || s.adjacent_parent_shard_id() == Some(shard))
         .map(|s| s.shard_id().to_owned())
         .context("merged child not listed")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_round_trips() {
+        let record = TestRecord {
+            key: 3,
+            counter: 17,
+        };
+        assert_eq!(record.partition_key(), "pk-3");
+        assert_eq!(record.payload(), "pk-3:17");
+        assert_eq!(TestRecord::parse(b"pk-3:17"), Some(record));
+        assert_eq!(TestRecord::parse(b"pk-3"), None);
+        assert_eq!(TestRecord::parse(b"xx-3:1"), None);
+        assert_eq!(TestRecord::parse(&[0xff, 0xfe]), None);
+    }
+
+    #[test]
+    fn sequenced_records_interleave_keys() {
+        let records = sequenced_records(2, 2);
+        let payloads: Vec<String> = records.iter().map(TestRecord::payload).collect();
+        assert_eq!(payloads, ["pk-0:0", "pk-1:0", "pk-0:1", "pk-1:1"]);
+    }
+
+    #[test]
+    fn unique_names_differ_and_are_valid() {
+        let a = unique_name("kcl-test");
+        let b = unique_name("kcl-test");
+        assert_ne!(a, b);
+        assert!(a.starts_with("kcl-test-"));
+        assert!(
+            a.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        );
+        assert!(a.len() <= 128);
+    }
 }

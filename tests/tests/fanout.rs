@@ -1,15 +1,49 @@
-//! Enhanced fan-out against the emulators.
+//! Enhanced fan-out against the emulators: what kinesis-mock's
+//! `SubscribeToShard` does, then whole workers in fan-out mode (every
+//! record of several shards, resubscriptions mid-stream, a split followed
+//! from parent to children), checked with the acceptance verifier.
+
+// Setup helpers live outside #[test] fns; a failed setup should panic with its error.
+#![allow(clippy::unwrap_used)]
 
 use std::time::Duration;
 
-use anyhow::{Context, ensure};
+use anyhow::{Context, bail, ensure};
 use aws_sdk_kinesis::types::{
     ConsumerStatus, ShardIteratorType, StartingPosition, SubscribeToShardEventStream,
 };
-use kcl_tests::{TestEnv, create_stream, delete_stream, list_all_shards, put_sequenced_records, unique_name};
+use kcl::{FanOutConfig, InitialPosition, Retrieval, Worker, WorkerHandle};
+use kcl_tests::e2e::{BatchLog, KEYS, LEASE, RecordedBatches, Scenario, verify, wait_complete};
+use kcl_tests::{
+    TestEnv, create_stream, delete_stream, list_all_shards, put_sequenced_records,
+    split_shard_in_half, unique_name,
+};
 
+// ---------------------------------------------------------------------------
+// The emulator
+// ---------------------------------------------------------------------------
+
+/// Subscribes to `shard` from `position`.
+async fn subscribe(
+    kinesis: &aws_sdk_kinesis::Client,
+    consumer_arn: &str,
+    shard: &str,
+    position: ShardIteratorType,
+) -> anyhow::Result<aws_sdk_kinesis::operation::subscribe_to_shard::SubscribeToShardOutput> {
+    Ok(kinesis
+        .subscribe_to_shard()
+        .consumer_arn(consumer_arn)
+        .shard_id(shard)
+        .starting_position(StartingPosition::builder().r#type(position).build()?)
+        .send()
+        .await?)
+}
+
+/// What kcl's fan-out reader relies on, and the ways kinesis-mock differs
+/// from AWS (see the comments): if this fails, fix the emulator setup
+/// before debugging kcl.
 #[tokio::test]
-async fn probe_subscribe_to_shard_on_the_emulator() -> anyhow::Result<()> {
+async fn the_emulator_serves_subscribe_to_shard_over_plain_http() -> anyhow::Result<()> {
     let env = TestEnv::connect().await?;
     let kinesis = env.kinesis();
     let stream = unique_name("fo-probe");
@@ -24,104 +58,364 @@ async fn probe_subscribe_to_shard_on_the_emulator() -> anyhow::Result<()> {
         .context("summary")?
         .stream_arn()
         .to_owned();
-    let reg = kinesis
+
+    // Registration: CREATING, then ACTIVE; a second one is ResourceInUse.
+    let registered = kinesis
         .register_stream_consumer()
         .stream_arn(&arn)
         .consumer_name("probe")
         .send()
         .await?;
-    let consumer = reg.consumer().context("consumer")?;
-    println!("registered {:?}", consumer);
-    let consumer_arn = consumer.consumer_arn().to_owned();
-    loop {
-        let d = kinesis
-            .describe_stream_consumer()
-            .consumer_arn(&consumer_arn)
-            .send()
-            .await?;
-        let status = d.consumer_description().map(|c| c.consumer_status().clone());
-        println!("status {status:?}");
-        if status == Some(ConsumerStatus::Active) {
-            break;
+    let consumer_arn = registered
+        .consumer()
+        .context("consumer")?
+        .consumer_arn()
+        .to_owned();
+    let active = async {
+        loop {
+            let d = kinesis
+                .describe_stream_consumer()
+                .stream_arn(&arn)
+                .consumer_name("probe")
+                .send()
+                .await?;
+            if d.consumer_description().map(|c| c.consumer_status())
+                == Some(&ConsumerStatus::Active)
+            {
+                return anyhow::Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    };
+    tokio::time::timeout(Duration::from_secs(10), active).await??;
     let again = kinesis
         .register_stream_consumer()
         .stream_arn(&arn)
         .consumer_name("probe")
         .send()
         .await;
-    println!("register again: {again:?}");
-    let list = kinesis.list_stream_consumers().stream_arn(&arn).send().await?;
-    println!("list: {list:?}");
+    ensure!(
+        again
+            .as_ref()
+            .err()
+            .and_then(|e| e.as_service_error())
+            .is_some_and(|e| e.is_resource_in_use_exception()),
+        "registering twice: {again:?}"
+    );
+
     let shard = list_all_shards(kinesis, &stream).await?.remove(0);
-    let started = std::time::Instant::now();
-    let mut out = kinesis
-        .subscribe_to_shard()
-        .consumer_arn(&consumer_arn)
-        .shard_id(shard.shard_id())
-        .starting_position(
-            StartingPosition::builder()
-                .r#type(ShardIteratorType::TrimHorizon)
-                .build()?,
-        )
-        .send()
-        .await?;
+    let shard = shard.shard_id();
+    let started = tokio::time::Instant::now();
+    let mut first = subscribe(
+        kinesis,
+        &consumer_arn,
+        shard,
+        ShardIteratorType::TrimHorizon,
+    )
+    .await?;
+    // kinesis-mock sends no initial-response: `send()` returns with its
+    // first event, a tick (1 s) after the call. AWS answers at once.
     println!("subscribed after {:?}", started.elapsed());
-    let second = kinesis
-        .subscribe_to_shard()
-        .consumer_arn(&consumer_arn)
-        .shard_id(shard.shard_id())
-        .starting_position(
-            StartingPosition::builder()
-                .r#type(ShardIteratorType::TrimHorizon)
-                .build()?,
-        )
-        .send()
-        .await;
-    match second {
-        Ok(mut o) => println!("second subscribe: first recv {:?}", o.event_stream.recv().await),
-        Err(e) => println!("second subscribe: {e:?}"),
+
+    // A second subscription of the same consumer and shard fails with
+    // ResourceInUse, sent as an exception *inside* an HTTP 200 event
+    // stream (AWS: HTTP 400 within 5 s of the first, a takeover after).
+    let mut second = subscribe(
+        kinesis,
+        &consumer_arn,
+        shard,
+        ShardIteratorType::TrimHorizon,
+    )
+    .await?;
+    match second.event_stream.recv().await {
+        Err(e)
+            if e.as_service_error()
+                .is_some_and(|e| e.is_resource_in_use_exception()) => {}
+        other => bail!("second subscription: {other:?}"),
     }
-    let mut n = 0;
-    for _ in 0..4 {
-        match out.event_stream.recv().await {
-            Ok(Some(SubscribeToShardEventStream::SubscribeToShardEvent(e))) => {
-                n += e.records().len();
-                println!(
-                    "{:?}: {} records, cont {:?}, behind {}, children {:?}",
-                    started.elapsed(),
-                    e.records().len(),
-                    e.continuation_sequence_number(),
-                    e.millis_behind_latest(),
-                    e.child_shards()
-                );
+
+    // Events: records, a continuation sequence number, one per second
+    // even when empty; never child shards (see the split test).
+    let mut records = 0;
+    let mut continuation = String::new();
+    for _ in 0..3 {
+        match first.event_stream.recv().await? {
+            Some(SubscribeToShardEventStream::SubscribeToShardEvent(e)) => {
+                records += e.records().len();
+                ensure!(!e.continuation_sequence_number().is_empty(), "{e:?}");
+                ensure!(e.child_shards().is_empty(), "{e:?}");
+                continuation = e.continuation_sequence_number().to_owned();
             }
-            other => println!("{other:?}"),
+            other => bail!("unexpected event {other:?}"),
         }
     }
-    ensure!(n == 10, "{n}");
-    drop(out);
-    let list2 = kinesis.list_stream_consumers().stream_arn(&arn).next_token("probe").send().await;
-    println!("list page 2: {list2:?}");
-    for wait in [300u64, 700, 1000, 1000, 2000] {
-    tokio::time::sleep(Duration::from_millis(wait)).await;
-    let third = kinesis
-        .subscribe_to_shard()
-        .consumer_arn(&consumer_arn)
-        .shard_id(shard.shard_id())
-        .starting_position(
-            StartingPosition::builder()
-                .r#type(ShardIteratorType::Latest)
-                .build()?,
-        )
-        .send()
-        .await;
-    match third {
-        Ok(mut o) => println!("after drop +{wait}: first recv {:?}", o.event_stream.recv().await.map(|e| e.is_some())),
-        Err(e) => println!("after drop: {e:?}"),
-    }
-    }
+    ensure!(records == 10, "read {records} of 10 records");
+
+    // The subscription is released when the client goes away, but only
+    // once the emulator next writes to the dead connection (within about
+    // a second): until then a new one is ResourceInUse.
+    drop(first);
+    let after = async {
+        loop {
+            let mut out = kinesis
+                .subscribe_to_shard()
+                .consumer_arn(&consumer_arn)
+                .shard_id(shard)
+                .starting_position(
+                    StartingPosition::builder()
+                        .r#type(ShardIteratorType::AfterSequenceNumber)
+                        .sequence_number(&continuation)
+                        .build()?,
+                )
+                .send()
+                .await?;
+            match out.event_stream.recv().await {
+                Ok(Some(SubscribeToShardEventStream::SubscribeToShardEvent(e))) => {
+                    return anyhow::Ok(e.records().len());
+                }
+                Err(e)
+                    if e.as_service_error()
+                        .is_some_and(|e| e.is_resource_in_use_exception()) => {}
+                other => bail!("resubscribing: {other:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    };
+    let released = tokio::time::Instant::now();
+    let repeated = tokio::time::timeout(Duration::from_secs(10), after).await??;
+    println!(
+        "resubscribed {:?} after dropping the first",
+        released.elapsed()
+    );
+    ensure!(
+        repeated == 0,
+        "AFTER the continuation repeated {repeated} records"
+    );
+
     delete_stream(kinesis, &stream).await
+}
+
+// ---------------------------------------------------------------------------
+// Workers in fan-out mode
+// ---------------------------------------------------------------------------
+
+type Running = (
+    WorkerHandle,
+    tokio::task::JoinHandle<Result<(), kcl::Error>>,
+);
+
+fn fan_out_worker(s: &Scenario, id: &str, log: &RecordedBatches, fan_out: FanOutConfig) -> Worker {
+    Worker::builder(&s.app)
+        .stream(&s.stream)
+        .sdk_config(s.env.sdk_config())
+        .worker_id(id)
+        .initial_position(InitialPosition::TrimHorizon)
+        .lease_duration(LEASE)
+        .taker_interval(Duration::from_secs(2))
+        .parent_poll_interval(Duration::from_secs(1))
+        .retrieval(Retrieval::FanOut(fan_out))
+        .processor(log.factory())
+        .build()
+        .unwrap()
+}
+
+async fn stop(running: Vec<Running>) {
+    for (h, _) in &running {
+        h.shutdown();
+    }
+    for (_, t) in running {
+        t.await.unwrap().unwrap();
+    }
+}
+
+/// The application's consumer as the emulator lists it.
+async fn consumer_status(s: &Scenario) -> Option<ConsumerStatus> {
+    let arn = s
+        .env
+        .kinesis()
+        .describe_stream_summary()
+        .stream_name(&s.stream)
+        .send()
+        .await
+        .unwrap()
+        .stream_description_summary()
+        .unwrap()
+        .stream_arn()
+        .to_owned();
+    let out = s
+        .env
+        .kinesis()
+        .describe_stream_consumer()
+        .stream_arn(arn)
+        .consumer_name(&s.app)
+        .send()
+        .await
+        .ok()?;
+    out.consumer_description()
+        .map(|c| c.consumer_status().clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fan_out_worker_processes_every_record_of_several_shards() {
+    let mut s = Scenario::new(4).await;
+    s.produce(30).await;
+    let log = RecordedBatches::default();
+    // No closed-shard checks: they would be the only GetRecords calls.
+    let fan_out = FanOutConfig::builder()
+        .closed_shard_check_interval(None)
+        .build()
+        .unwrap();
+    let worker = fan_out_worker(&s, "f-1", &log, fan_out);
+    let stats = worker.source_stats();
+    let running = vec![(worker.handle(), tokio::spawn(worker.run()))];
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        s.produce(20).await;
+    }
+    let per_key = s.produced;
+    let batches = wait_complete(|| log.all(), per_key, Duration::from_secs(90)).await;
+    stop(running).await;
+    let verdict = verify(&batches, KEYS, per_key);
+    let stats = stats.snapshot();
+    println!(
+        "fan-out, 4 shards: {} records, duplicates {}, {stats:?}",
+        per_key * u64::from(KEYS),
+        verdict.duplicates
+    );
+    verdict.assert_correct();
+    assert_eq!(verdict.duplicates, 0);
+    assert!(stats.subscribe_calls >= 4, "{stats:?}");
+    assert_eq!(stats.get_records_calls, 0, "fan-out reads no GetRecords");
+    assert!(stats.records >= per_key * u64::from(KEYS));
+    // Named after the application, and left registered for the other
+    // workers.
+    assert_eq!(consumer_status(&s).await, Some(ConsumerStatus::Active));
+    assert!(s.owners().await.iter().all(Option::is_none));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_forced_resubscribe_mid_stream_loses_and_repeats_nothing() {
+    let mut s = Scenario::new(2).await;
+    let log = RecordedBatches::default();
+    let fan_out = FanOutConfig::builder()
+        .subscription_lifetime(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let worker = fan_out_worker(&s, "r-1", &log, fan_out);
+    let stats = worker.source_stats();
+    let running = vec![(worker.handle(), tokio::spawn(worker.run()))];
+    // Produce for about four lifetimes, so subscriptions end mid-stream.
+    for _ in 0..24 {
+        s.produce(1).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let per_key = s.produced;
+    let batches = wait_complete(|| log.all(), per_key, Duration::from_secs(90)).await;
+    stop(running).await;
+    let verdict = verify(&batches, KEYS, per_key);
+    let stats = stats.snapshot();
+    println!(
+        "resubscribing every 3 s: duplicates {}, {stats:?}",
+        verdict.duplicates
+    );
+    verdict.assert_correct();
+    assert_eq!(verdict.duplicates, 0, "a resubscription repeats nothing");
+    assert!(stats.resubscribes > 0, "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_split_during_fan_out_is_followed_from_parent_to_children() {
+    let mut s = Scenario::new(1).await;
+    let log = RecordedBatches::default();
+    // kinesis-mock never announces a shard's end in an event: the
+    // closed-shard check finds it.
+    let fan_out = FanOutConfig::builder()
+        .closed_shard_check_interval(Some(Duration::from_secs(1)))
+        .build()
+        .unwrap();
+    let worker = fan_out_worker(&s, "x-1", &log, fan_out);
+    let stats = worker.source_stats();
+    let running = vec![(worker.handle(), tokio::spawn(worker.run()))];
+    for _ in 0..4 {
+        s.produce(5).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let parent = list_all_shards(s.env.kinesis(), &s.stream).await.unwrap()[0]
+        .shard_id()
+        .to_owned();
+    let children = split_shard_in_half(s.env.kinesis(), &s.stream, &parent)
+        .await
+        .unwrap();
+    assert_eq!(children.len(), 2);
+    for _ in 0..4 {
+        s.produce(5).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let per_key = s.produced;
+    let batches = wait_complete(|| log.all(), per_key, Duration::from_secs(120)).await;
+    stop(running).await;
+    let verdict = verify(&batches, KEYS, per_key);
+    println!(
+        "fan-out split: duplicates {}, {:?}",
+        verdict.duplicates,
+        stats.snapshot()
+    );
+    verdict.assert_correct();
+    assert_eq!(verdict.duplicates, 0);
+
+    // Parent first: no child batch starts before the parent's last one.
+    let parent_last = batches
+        .iter()
+        .filter(|b| b.shard == parent)
+        .map(|b| b.end_ns)
+        .max()
+        .unwrap();
+    let child_batches: Vec<&BatchLog> = batches
+        .iter()
+        .filter(|b| children.contains(&b.shard) && !b.records.is_empty())
+        .collect();
+    assert!(!child_batches.is_empty(), "the children were read");
+    assert!(
+        child_batches.iter().all(|b| b.start_ns >= parent_last),
+        "a child was processed before its parent's end"
+    );
+}
+
+#[test]
+fn fan_out_settings_are_validated_at_build() {
+    let conf = aws_config::SdkConfig::builder()
+        .behavior_version(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new("us-east-1"))
+        .build();
+    let builder = |app: &str| {
+        Worker::builder(app)
+            .stream("s")
+            .sdk_config(&conf)
+            .processor(RecordedBatches::default().factory())
+    };
+    let cases: Vec<(kcl::WorkerBuilder, &str)> = vec![
+        // A polling knob next to fan-out would be silently ignored.
+        (
+            builder("ok-app").enhanced_fan_out().max_records(10),
+            "max_records",
+        ),
+        (
+            builder("ok-app")
+                .retrieval(Retrieval::Polling(kcl::PollingConfig::default()))
+                .idle_time_between_reads(Duration::from_millis(10)),
+            "idle_time_between_reads",
+        ),
+        // The consumer is named after the application by default; a table
+        // name may be longer than a consumer name.
+        (
+            builder(&"a".repeat(200)).enhanced_fan_out(),
+            "consumer_name",
+        ),
+    ];
+    for (builder, field) in cases {
+        let err = builder.build().unwrap_err().to_string();
+        assert!(err.contains(field), "error should name `{field}`: {err}");
+    }
+    let worker = builder("ok-app").enhanced_fan_out().build().unwrap();
+    assert_eq!(worker.source_stats().snapshot().subscribe_calls, 0);
 }

@@ -6,17 +6,14 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kcl::{
-    Checkpointer, InitialPosition, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
-    Worker,
-};
+use kcl::{InitialPosition, Worker};
 use kcl_tests::e2e::{
-    BatchLog, CheckpointMode, KEYS, LEASE, Scenario, TICK_MAX, now_ns, out_dir, read_logs, verify,
-    wait_all_owned_by, wait_complete,
+    CheckpointMode, KEYS, LEASE, RecordedBatches, Scenario, TICK_MAX, now_ns, out_dir, read_logs,
+    verify, wait_all_owned_by, wait_complete,
 };
 use kcl_tests::{
     TestRecord, create_stream, list_all_shards, merge_shards, put_records, split_shard_in_half,
@@ -210,13 +207,19 @@ async fn a_handoff_past_a_hung_processor_is_forced_at_the_deadline_with_bounded_
     let waited = Duration::from_nanos((taken.start_ns - joined) as u64);
     let overlap = Duration::from_nanos((taken.start_ns - hung_since[&taken.shard]) as u64);
     println!(
-        "hung processor: h-2 started on {} {waited:?} after joining (forced at the {LEASE:?} handoff timeout); \
-         h-1's batch there had hung for {overlap:?} and is the only overlap",
+        "hung processor: h-2 started on {} {waited:?} after joining (forced at the {LEASE:?} handoff timeout, or once \
+         the stuck owner fenced itself); h-1's batch there had hung for {overlap:?} and is the only overlap",
         taken.shard
     );
+    // Two safe ways out: h-1 (which no longer renews) fences itself when its
+    // validity runs out, at lease duration - margin after its last renewal,
+    // and then completes the handoff itself; or h-2 forces it at the
+    // handoff timeout. Either way h-2 never starts while h-1 could still
+    // believe in the lease: no earlier than lease - margin - renew interval.
+    let earliest = LEASE - LEASE / 10 - LEASE / 3;
     assert!(
-        waited >= LEASE - Duration::from_secs(1),
-        "forced before the deadline: {waited:?}"
+        waited >= earliest,
+        "h-2 started {waited:?} after joining, before h-1's validity could end"
     );
     assert!(waited <= limit);
     // h-1 fetched nothing more on that shard after its processor hung.
@@ -239,8 +242,8 @@ async fn a_handoff_past_a_hung_processor_is_forced_at_the_deadline_with_bounded_
     let st = stats(&out, "h-2");
     println!("hung processor: h-2 stats {st}");
     assert!(
-        stat(&st, "handoffs_forced") >= 1,
-        "the handoff was forced: {st}"
+        stat(&st, "handoffs_forced") + stat(&st, "handoffs_completed") >= 1,
+        "the handoff ended by force or after the stuck owner fenced itself: {st}"
     );
     let verdict = verify(&batches, KEYS, s.produced);
     assert!(
@@ -251,9 +254,20 @@ async fn a_handoff_past_a_hung_processor_is_forced_at_the_deadline_with_bounded_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn split_and_merge_during_production_keep_order_and_parents_first() {
+    split_and_merge("polling").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn split_and_merge_during_production_keep_order_and_parents_first_with_fan_out() {
+    split_and_merge("fanout").await;
+}
+
+async fn split_and_merge(retrieval: &str) {
     let mut s = Scenario::new(2).await;
     let out = out_dir("kcl-e2e-reshard");
-    let cfg = s.processes(E2E_WORKER, &out, CheckpointMode::EveryBatch);
+    let mut cfg = s.processes(E2E_WORKER, &out, CheckpointMode::EveryBatch);
+    cfg.extra_env
+        .push(("KCL_E2E_RETRIEVAL".into(), retrieval.into()));
     let mut procs = vec![cfg.spawn("r-1").unwrap(), cfg.spawn("r-2").unwrap()];
     s.produce(5).await;
     let producer = Producer::start(&s, 2, Duration::from_millis(300));
@@ -283,7 +297,7 @@ async fn split_and_merge_during_production_keep_order_and_parents_first() {
     }
     let verdict = verify(&batches, KEYS, per_key);
     println!(
-        "split + merge: duplicates {}, per worker {:?}",
+        "split + merge ({retrieval}): duplicates {}, per worker {:?}",
         verdict.duplicates, verdict.per_worker
     );
     verdict.assert_correct();
@@ -323,38 +337,6 @@ async fn split_and_merge_during_production_keep_order_and_parents_first() {
     assert!(first(&merged).is_some(), "the merged child was consumed");
 }
 
-/// Records every batch with its stream.
-struct StreamRecorder {
-    ctx: ShardContext,
-    log: Arc<Mutex<Vec<(String, BatchLog)>>>,
-}
-
-#[kcl::async_trait]
-impl RecordProcessor for StreamRecorder {
-    async fn process_records(
-        &mut self,
-        batch: &RecordBatch,
-        cp: &mut Checkpointer,
-    ) -> Result<(), ProcessorError> {
-        let entry = BatchLog::new(
-            &self.ctx.worker_id,
-            &self.ctx.shard_id,
-            now_ns(),
-            &batch.records,
-        );
-        self.log
-            .lock()
-            .unwrap()
-            .push((self.ctx.stream.clone(), entry));
-        cp.checkpoint().await?;
-        Ok(())
-    }
-    async fn shutdown_requested(&mut self, cp: &mut Checkpointer) -> Result<(), ProcessorError> {
-        cp.checkpoint().await?;
-        Ok(())
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_streams_on_one_fleet_are_both_consumed_and_balanced() {
     let a = Scenario::new(3).await;
@@ -371,10 +353,9 @@ async fn two_streams_on_one_fleet_are_both_consumed_and_balanced() {
         .await
         .unwrap();
 
-    let log = Arc::new(Mutex::new(Vec::new()));
+    let log = RecordedBatches::default();
     let mut running = Vec::new();
     for id in ["m-1", "m-2"] {
-        let log = Arc::clone(&log);
         let w = Worker::builder(&a.app)
             .stream(&a.stream)
             .stream(&b_stream)
@@ -384,22 +365,12 @@ async fn two_streams_on_one_fleet_are_both_consumed_and_balanced() {
             .lease_duration(LEASE)
             .taker_interval(Duration::from_secs(2))
             .idle_time_between_reads(Duration::from_millis(200))
-            .processor(move |ctx: &ShardContext| StreamRecorder {
-                ctx: ctx.clone(),
-                log: Arc::clone(&log),
-            })
+            .processor(log.factory())
             .build()
             .unwrap();
         running.push((w.handle(), tokio::spawn(w.run())));
     }
-    let for_stream = |name: &str| -> Vec<BatchLog> {
-        log.lock()
-            .unwrap()
-            .iter()
-            .filter(|(s, _)| s == name)
-            .map(|(_, b)| b.clone())
-            .collect()
-    };
+    let for_stream = |name: &str| log.of_stream(name);
     wait_complete(|| for_stream(&a.stream), per_key, Duration::from_secs(60)).await;
     wait_complete(|| for_stream(&b_stream), per_key, Duration::from_secs(60)).await;
     // Balanced across both streams: 6 leases, 3 each.
@@ -427,15 +398,43 @@ async fn two_streams_on_one_fleet_are_both_consumed_and_balanced() {
         assert_eq!(verdict.duplicates, 0);
     }
     println!("two streams: leases per worker {counts:?}");
-    let processed = AtomicU64::new(
-        log.lock()
-            .unwrap()
-            .iter()
-            .map(|(_, b)| b.records.len() as u64)
-            .sum(),
-    );
-    assert_eq!(
-        processed.load(Ordering::Relaxed),
-        2 * u64::from(KEYS) * per_key
-    );
+    let processed: u64 = log.all().iter().map(|b| b.records.len() as u64).sum();
+    assert_eq!(processed, 2 * u64::from(KEYS) * per_key);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_added_at_runtime_is_picked_up_by_the_tracker() {
+    let a = Scenario::new(1).await;
+    let b_stream = unique_name("kcl-e2e-late");
+    let wanted = Arc::new(Mutex::new(vec![a.stream.clone()]));
+    let log = RecordedBatches::default();
+    let names = Arc::clone(&wanted);
+    let w = Worker::builder(&a.app)
+        .stream(&a.stream)
+        .stream_tracker(move || names.lock().unwrap().clone())
+        .sdk_config(a.env.sdk_config())
+        .worker_id("t-1")
+        .initial_position(InitialPosition::TrimHorizon)
+        .shard_sync_interval(Duration::from_secs(1))
+        .taker_interval(Duration::from_secs(1))
+        .idle_time_between_reads(Duration::from_millis(200))
+        .processor(log.factory())
+        .build()
+        .unwrap();
+    let handle = w.handle();
+    let task = tokio::spawn(w.run());
+    // Created and added while the worker runs.
+    create_stream(a.env.kinesis(), &b_stream, 1).await.unwrap();
+    let records: Vec<TestRecord> = (0..10)
+        .flat_map(|counter| (0..KEYS).map(move |key| TestRecord { key, counter }))
+        .collect();
+    put_records(a.env.kinesis(), &b_stream, &records)
+        .await
+        .unwrap();
+    wanted.lock().unwrap().push(b_stream.clone());
+    let for_b = || log.of_stream(&b_stream);
+    let batches = wait_complete(for_b, 10, Duration::from_secs(60)).await;
+    handle.shutdown();
+    task.await.unwrap().unwrap();
+    verify(&batches, KEYS, 10).assert_correct();
 }

@@ -6,79 +6,58 @@
 // Setup helpers live outside #[test] fns; a failed setup should panic with its error.
 #![allow(clippy::unwrap_used)]
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kcl::{
-    Checkpointer, InitialPosition, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
-    Worker, WorkerHandle,
-};
+use kcl::{InitialPosition, Worker, WorkerHandle};
 use kcl_tests::e2e::{
-    BatchLog, CheckpointMode, KEYS, LEASE, Scenario, TICK_MAX, WorkerProcess, now_ns, out_dir,
+    CheckpointMode, KEYS, LEASE, RecordedBatches, Scenario, TICK_MAX, WorkerProcess, out_dir,
     read_logs, verify, wait_all_owned_by, wait_complete, wait_taken_over,
 };
 use kcl_tests::{TestEnv, unique_name};
 
-struct Recorder {
-    ctx: ShardContext,
-    log: Arc<Mutex<Vec<BatchLog>>>,
+/// How the in-process workers read their shards.
+#[derive(Debug, Clone, Copy)]
+enum Mode {
+    Polling,
+    FanOut,
 }
 
-#[kcl::async_trait]
-impl RecordProcessor for Recorder {
-    async fn process_records(
-        &mut self,
-        batch: &RecordBatch,
-        cp: &mut Checkpointer,
-    ) -> Result<(), ProcessorError> {
-        let start = now_ns();
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let entry = BatchLog::new(
-            &self.ctx.worker_id,
-            &self.ctx.shard_id,
-            start,
-            &batch.records,
-        );
-        self.log.lock().unwrap().push(entry);
-        cp.checkpoint().await?;
-        Ok(())
-    }
-    async fn shutdown_requested(&mut self, cp: &mut Checkpointer) -> Result<(), ProcessorError> {
-        cp.checkpoint().await?;
-        Ok(())
-    }
-}
-
-fn in_process_worker(s: &Scenario, id: &str, log: &Arc<Mutex<Vec<BatchLog>>>) -> Worker {
-    let log = Arc::clone(log);
-    Worker::builder(&s.app)
+fn in_process_worker(s: &Scenario, id: &str, log: &RecordedBatches, mode: Mode) -> Worker {
+    let builder = Worker::builder(&s.app)
         .stream(&s.stream)
         .sdk_config(s.env.sdk_config())
         .worker_id(id)
         .initial_position(InitialPosition::TrimHorizon)
         .lease_duration(LEASE)
         .taker_interval(Duration::from_secs(2))
-        .idle_time_between_reads(Duration::from_millis(200))
-        .parent_poll_interval(Duration::from_secs(1))
-        .processor(move |ctx: &ShardContext| Recorder {
-            ctx: ctx.clone(),
-            log: Arc::clone(&log),
-        })
-        .build()
-        .unwrap()
+        .parent_poll_interval(Duration::from_secs(1));
+    let builder = match mode {
+        Mode::Polling => builder.idle_time_between_reads(Duration::from_millis(200)),
+        Mode::FanOut => builder.enhanced_fan_out(),
+    };
+    builder.processor(log.factory()).build().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_workers_in_one_process_process_everything_in_order() {
+    three_workers_in_one_process(Mode::Polling).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_workers_in_one_process_process_everything_in_order_with_fan_out() {
+    three_workers_in_one_process(Mode::FanOut).await;
+}
+
+async fn three_workers_in_one_process(mode: Mode) {
     let mut s = Scenario::new(4).await;
     s.produce(40).await;
-    let log = Arc::new(Mutex::new(Vec::new()));
+    let log = RecordedBatches::default();
     let mut running: Vec<(
         WorkerHandle,
         tokio::task::JoinHandle<Result<(), kcl::Error>>,
     )> = Vec::new();
     for id in ["w-1", "w-2", "w-3"] {
-        let w = in_process_worker(&s, id, &log);
+        let w = in_process_worker(&s, id, &log, mode);
         running.push((w.handle(), tokio::spawn(w.run())));
     }
     for _ in 0..3 {
@@ -86,12 +65,7 @@ async fn three_workers_in_one_process_process_everything_in_order() {
         s.produce(20).await;
     }
     let per_key = s.produced;
-    let batches = wait_complete(
-        || log.lock().unwrap().clone(),
-        per_key,
-        Duration::from_secs(90),
-    )
-    .await;
+    let batches = wait_complete(|| log.all(), per_key, Duration::from_secs(90)).await;
     for (h, _) in &running {
         h.shutdown();
     }
@@ -100,7 +74,7 @@ async fn three_workers_in_one_process_process_everything_in_order() {
     }
     let verdict = verify(&batches, KEYS, per_key);
     println!(
-        "in-process: per worker {:?}, duplicates {}",
+        "in-process ({mode:?}): per worker {:?}, duplicates {}",
         verdict.per_worker, verdict.duplicates
     );
     verdict.assert_correct();
@@ -116,13 +90,26 @@ async fn three_workers_in_one_process_process_everything_in_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_worker_processes_process_everything_in_order() {
+    three_worker_processes(Mode::Polling).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_worker_processes_process_everything_in_order_with_fan_out() {
+    three_worker_processes(Mode::FanOut).await;
+}
+
+async fn three_worker_processes(mode: Mode) {
     let mut s = Scenario::new(4).await;
     let out = out_dir("kcl-e2e-procs");
-    let cfg = s.processes(
+    let mut cfg = s.processes(
         env!("CARGO_BIN_EXE_e2e-worker"),
         &out,
         CheckpointMode::EveryBatch,
     );
+    if let Mode::FanOut = mode {
+        cfg.extra_env
+            .push(("KCL_E2E_RETRIEVAL".into(), "fanout".into()));
+    }
     let mut procs: Vec<WorkerProcess> = ["p-1", "p-2", "p-3"]
         .iter()
         .map(|id| cfg.spawn(id).unwrap())
@@ -253,19 +240,18 @@ async fn a_sigtermed_process_hands_over_within_a_tick_without_duplicates() {
 #[tokio::test]
 async fn bad_configuration_and_a_missing_stream_are_clear_errors() {
     let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
-    let factory = |ctx: &ShardContext| Recorder {
-        ctx: ctx.clone(),
-        log: Arc::default(),
-    };
+    let factory = RecordedBatches::default().factory();
     let cases: Vec<(kcl::WorkerBuilder, &str)> = vec![
         (
             Worker::builder("ok-app")
                 .sdk_config(env.sdk_config())
-                .processor(factory),
+                .processor(factory.clone()),
             "stream",
         ),
         (
-            Worker::builder("ok-app").stream("s").processor(factory),
+            Worker::builder("ok-app")
+                .stream("s")
+                .processor(factory.clone()),
             "sdk_config",
         ),
         (
@@ -278,14 +264,14 @@ async fn bad_configuration_and_a_missing_stream_are_clear_errors() {
             Worker::builder("a b")
                 .stream("s")
                 .sdk_config(env.sdk_config())
-                .processor(factory),
+                .processor(factory.clone()),
             "application_name",
         ),
         (
             Worker::builder("ok-app")
                 .stream("s")
                 .sdk_config(env.sdk_config())
-                .processor(factory)
+                .processor(factory.clone())
                 .renew_interval(Duration::from_secs(60)),
             "renew_interval",
         ),
@@ -293,7 +279,7 @@ async fn bad_configuration_and_a_missing_stream_are_clear_errors() {
             Worker::builder("ok-app")
                 .stream("s")
                 .sdk_config(env.sdk_config())
-                .processor(factory)
+                .processor(factory.clone())
                 .max_records(0),
             "max_records",
         ),
@@ -302,7 +288,7 @@ async fn bad_configuration_and_a_missing_stream_are_clear_errors() {
                 .stream("s")
                 .stream("s")
                 .sdk_config(env.sdk_config())
-                .processor(factory),
+                .processor(factory.clone()),
             "streams",
         ),
     ];
@@ -316,7 +302,7 @@ async fn bad_configuration_and_a_missing_stream_are_clear_errors() {
     let worker = Worker::builder(&app)
         .stream(&missing)
         .sdk_config(env.sdk_config())
-        .processor(factory)
+        .processor(factory.clone())
         .build()
         .unwrap();
     let err = worker.run().await.unwrap_err();

@@ -1,0 +1,338 @@
+//! `kcl-bench`: runs kcl's benchmark scenarios against the emulators (and
+//! in memory) and writes `docs/BENCHMARKS.md` from scratch: one table per
+//! scenario with its figures, the settings used next to the production
+//! defaults, a comparison with the Java KCL where one is meaningful, what
+//! limits the figure on this machine, and the machine itself.
+//!
+//! Usage (`make bench` does the first):
+//!
+//! ```text
+//! cargo run --release -p kcl-tests --bin kcl-bench                # every scenario
+//! cargo run --release -p kcl-tests --bin kcl-bench -- --only cold-start,failover
+//! cargo run --release -p kcl-tests --bin kcl-bench -- --out /tmp/b.md
+//! ```
+//!
+//! With `--only`, the report goes to stdout unless `--out` is given, so a
+//! partial run never overwrites the full report.
+//!
+//! # Layout
+//!
+//! - this file: options, the report and the machine description;
+//! - `bench_local.rs`: in-process scenarios: per-record CPU on the
+//!   in-memory source, de-aggregation, end-to-end throughput against a bare
+//!   `GetRecords` loop, and the DynamoDB cost of an idle fleet;
+//! - `bench_fleet.rs`: scenarios with worker processes (this binary
+//!   re-executed as `kcl-bench worker`): cold start, scale-out, failover,
+//!   graceful stop, peak RSS; and the fan-out helper's latency bench.
+//!
+//! # Concurrency model
+//!
+//! Scenarios run one after another, never overlapping, so that each has
+//! the emulators and both cores to itself. The CPU-bound ones run first,
+//! on a current-thread runtime of their own; the rest share one
+//! multi-threaded runtime. Worker processes are children of this process
+//! (killed on drop), and every wait is bounded.
+
+mod bench_fleet;
+mod bench_local;
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+
+/// One scenario's part of the report.
+#[derive(Debug, Default)]
+pub(crate) struct Section {
+    /// Heading.
+    pub(crate) title: String,
+    /// What is measured, and how.
+    pub(crate) what: String,
+    /// `(figure, value)` rows.
+    pub(crate) rows: Vec<(String, String)>,
+    /// The settings of the run, next to the production defaults.
+    pub(crate) settings: String,
+    /// The Java KCL's defaults, where a comparison means something.
+    pub(crate) java: String,
+    /// What limits the figure here.
+    pub(crate) limits: String,
+    /// A check that failed (records lost, ...): the bench exits non-zero.
+    pub(crate) failed: Option<String>,
+    /// Text printed as is after the table (another program's table).
+    pub(crate) extra: String,
+    /// One line for the summary at the top.
+    pub(crate) headline: String,
+}
+
+impl Section {
+    pub(crate) fn new(title: &str) -> Section {
+        Section {
+            title: title.to_owned(),
+            ..Section::default()
+        }
+    }
+
+    pub(crate) fn row(&mut self, figure: &str, value: impl Into<String>) {
+        self.rows.push((figure.to_owned(), value.into()));
+    }
+
+    fn render(&self, out: &mut String, seconds: f64) {
+        let _ = writeln!(out, "## {}\n", self.title);
+        if !self.what.is_empty() {
+            let _ = writeln!(out, "{}\n", self.what);
+        }
+        if let Some(f) = &self.failed {
+            let _ = writeln!(out, "**FAILED: {f}**\n");
+        }
+        if !self.rows.is_empty() {
+            let _ = writeln!(out, "| figure | value |\n|---|---:|");
+            for (figure, value) in &self.rows {
+                let _ = writeln!(out, "| {figure} | {value} |");
+            }
+            out.push('\n');
+        }
+        if !self.extra.is_empty() {
+            let _ = writeln!(out, "{}\n", self.extra.trim_end());
+        }
+        for (label, text) in [
+            ("Settings", &self.settings),
+            ("Java KCL", &self.java),
+            ("What limits it here", &self.limits),
+        ] {
+            if !text.is_empty() {
+                let _ = writeln!(out, "- **{label}:** {text}");
+            }
+        }
+        let _ = writeln!(out, "- *Scenario took {seconds:.0} s.*\n");
+    }
+}
+
+/// The scenarios, in the order they run.
+const SCENARIOS: &[&str] = &[
+    "cpu",
+    "deaggregation",
+    "cold-start",
+    "scale-out",
+    "failover",
+    "graceful-stop",
+    "throughput",
+    "rss",
+    "cost",
+    "latency",
+];
+
+struct Options {
+    only: Option<Vec<String>>,
+    out: Option<PathBuf>,
+}
+
+fn options() -> anyhow::Result<Options> {
+    let mut only = None;
+    let mut out = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--only" => {
+                let list: Vec<String> = args
+                    .next()
+                    .context("--only needs a comma-separated list")?
+                    .split(',')
+                    .map(str::to_owned)
+                    .collect();
+                for s in &list {
+                    if !SCENARIOS.contains(&s.as_str()) {
+                        bail!(
+                            "unknown scenario {s:?}; the scenarios: {}",
+                            SCENARIOS.join(", ")
+                        );
+                    }
+                }
+                only = Some(list);
+            }
+            "--out" => out = Some(PathBuf::from(args.next().context("--out needs a path")?)),
+            "-h" | "--help" => {
+                println!(
+                    "kcl-bench [--only SCENARIO,...] [--out PATH]\nscenarios: {}",
+                    SCENARIOS.join(", ")
+                );
+                std::process::exit(0);
+            }
+            other => bail!("unknown argument {other:?} (see --help)"),
+        }
+    }
+    if only.is_none() && out.is_none() {
+        out = Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/BENCHMARKS.md"));
+    }
+    Ok(Options { only, out })
+}
+
+/// `nproc`, memory, CPU model, kernel, date, rustc.
+fn machine() -> Vec<(String, String)> {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cpuinfo = read("/proc/cpuinfo");
+    let model = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_owned())
+        .unwrap_or_else(|| "unknown".into());
+    let mem_kb: u64 = read("/proc/meminfo")
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let cmd = |program: &str, args: &[&str]| {
+        std::process::Command::new(program)
+            .args(args)
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_else(|| "unknown".into())
+    };
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    vec![
+        ("nproc".into(), cores.to_string()),
+        (
+            "memory".into(),
+            format!("{:.1} GiB", mem_kb as f64 / 1024.0 / 1024.0),
+        ),
+        ("CPU".into(), model),
+        ("kernel".into(), cmd("uname", &["-sr"])),
+        ("date".into(), cmd("date", &["-u", "+%Y-%m-%d %H:%M UTC"])),
+        ("rustc".into(), cmd("rustc", &["--version"])),
+        (
+            "emulators".into(),
+            "kinesis-mock (npm kinesis-local 0.6.2), DynamoDB Local 1.25.1, on the same host"
+                .into(),
+        ),
+    ]
+}
+
+fn render(sections: &[(Section, f64)], total: f64, partial: bool) -> String {
+    let mut out = String::new();
+    out.push_str(
+        "# Benchmarks\n\n\
+         <!-- generated by `make bench` (tests/bench/bench.rs); edits are overwritten -->\n\n\
+         Figures from `make bench`: kcl against the local emulators (kinesis-mock and \
+         DynamoDB Local) and in memory, on the machine below. The emulators share the \
+         machine's cores with the workers, so every time here includes emulator work \
+         that AWS does elsewhere; the figures compare kcl's behaviour (how many ticks, \
+         how many requests, how much CPU per record), not AWS latencies.\n\n\
+         The fleet scenarios run with short lease settings so that they finish in \
+         seconds; each section states them next to the defaults a production \
+         application uses (lease 10 s, renewal every 3.33 s, a lease-taker tick every \
+         10 s +/-25 %, an idle pause of 1 s between empty `GetRecords`).\n\n",
+    );
+    if partial {
+        out.push_str("*Partial run (`--only`).*\n\n");
+    }
+    out.push_str("## Machine\n\n| | |\n|---|---|\n");
+    for (k, v) in machine() {
+        let _ = writeln!(out, "| {k} | {v} |");
+    }
+    let _ = writeln!(out, "| total bench time | {:.1} min |\n", total / 60.0);
+    out.push_str("## Summary\n\n| scenario | headline |\n|---|---|\n");
+    for (s, _) in sections {
+        let headline = match &s.failed {
+            Some(f) => format!("**FAILED:** {f}"),
+            None => s.headline.clone(),
+        };
+        let anchor: String = s
+            .title
+            .to_lowercase()
+            .chars()
+            .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+            .map(|c| if c == ' ' { '-' } else { c })
+            .collect();
+        let _ = writeln!(out, "| [{}](#{anchor}) | {headline} |", s.title);
+    }
+    out.push('\n');
+    for (s, secs) in sections {
+        s.render(&mut out, *secs);
+    }
+    out
+}
+
+fn main() -> anyhow::Result<()> {
+    if std::env::args().nth(1).as_deref() == Some("worker") {
+        return bench_fleet::worker_main();
+    }
+    let opts = options()?;
+    let wanted = |name: &str| {
+        opts.only
+            .as_ref()
+            .is_none_or(|l| l.iter().any(|s| s == name))
+    };
+    let started = Instant::now();
+    let mut sections: Vec<(Section, f64)> = Vec::new();
+    let mut run = |name: &str, f: &mut dyn FnMut() -> anyhow::Result<Section>| {
+        if !wanted(name) {
+            return;
+        }
+        eprintln!("== {name}");
+        let t = Instant::now();
+        let section = f().unwrap_or_else(|e| {
+            let mut s = Section::new(name);
+            s.failed = Some(format!("{e:#}"));
+            s
+        });
+        let secs = t.elapsed().as_secs_f64();
+        eprintln!(
+            "   {name}: {secs:.0} s{}",
+            match &section.failed {
+                Some(f) => format!(", FAILED: {f}"),
+                None => String::new(),
+            }
+        );
+        for (k, v) in &section.rows {
+            eprintln!("   {k}: {v}");
+        }
+        sections.push((section, secs));
+    };
+
+    // CPU-bound scenarios first, each on a runtime of its own.
+    run("cpu", &mut bench_local::cpu_per_record);
+    run("deaggregation", &mut || Ok(bench_local::deaggregation()));
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let exe = std::env::current_exe()?;
+    run("cold-start", &mut || {
+        rt.block_on(bench_fleet::cold_start(&exe))
+    });
+    run("scale-out", &mut || {
+        rt.block_on(bench_fleet::scale_out(&exe))
+    });
+    run("failover", &mut || {
+        rt.block_on(bench_fleet::lose_a_worker(&exe, bench_fleet::Loss::Kill))
+    });
+    run("graceful-stop", &mut || {
+        rt.block_on(bench_fleet::lose_a_worker(&exe, bench_fleet::Loss::Term))
+    });
+    run("throughput", &mut || rt.block_on(bench_local::throughput()));
+    run("rss", &mut || rt.block_on(bench_fleet::peak_rss(&exe)));
+    run("cost", &mut || rt.block_on(bench_local::idle_fleet_cost()));
+    run("latency", &mut || rt.block_on(bench_fleet::latency(&exe)));
+
+    let total = started.elapsed().as_secs_f64();
+    let report = render(&sections, total, opts.only.is_some());
+    match &opts.out {
+        Some(path) => {
+            std::fs::write(path, &report).with_context(|| format!("writing {}", path.display()))?;
+            eprintln!("wrote {} after {:.1} min", path.display(), total / 60.0);
+        }
+        None => println!("{report}"),
+    }
+    let failed: Vec<&str> = sections
+        .iter()
+        .filter(|(s, _)| s.failed.is_some())
+        .map(|(s, _)| s.title.as_str())
+        .collect();
+    if !failed.is_empty() {
+        bail!("scenarios failed: {}", failed.join(", "));
+    }
+    Ok(())
+}

@@ -1,0 +1,1056 @@
+//! Scenarios with worker processes: this binary re-executed as
+//! `kcl-bench worker` (a kcl::Worker whose processor logs every batch as a
+//! `kcl_tests::e2e::BatchLog` line), observed through the lease table
+//! (consistent scans every 100 ms) and the batch logs. Times are
+//! wall-clock, shared by every process on this host.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, bail, ensure};
+use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_kinesis::primitives::Blob;
+use aws_sdk_kinesis::types::PutRecordsRequestEntry;
+use kcl::{
+    Checkpointer, InitialPosition, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
+};
+use kcl_tests::e2e::{BatchLog, now_ns, read_logs, verify};
+use kcl_tests::{
+    TestEnv, TestRecord, create_stream, delete_stream, delete_table, list_all_shards, unique_name,
+};
+use tokio::process::{Child, Command};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::Section;
+
+// ---------------------------------------------------------------------------
+// The worker process
+// ---------------------------------------------------------------------------
+
+struct Logger {
+    ctx: ShardContext,
+    out: std::fs::File,
+    checkpoint: bool,
+}
+
+#[kcl::async_trait]
+impl RecordProcessor for Logger {
+    async fn process_records(
+        &mut self,
+        batch: &RecordBatch,
+        cp: &mut Checkpointer,
+    ) -> Result<(), ProcessorError> {
+        let start = now_ns();
+        let line = serde_json::to_string(&BatchLog::new(
+            &self.ctx.worker_id,
+            &self.ctx.shard_id,
+            start,
+            &batch.records,
+        ))?;
+        // One write per line: the shards' processors share the file.
+        self.out.write_all(format!("{line}\n").as_bytes())?;
+        if self.checkpoint {
+            cp.checkpoint().await?;
+        }
+        Ok(())
+    }
+
+    async fn shutdown_requested(&mut self, cp: &mut Checkpointer) -> Result<(), ProcessorError> {
+        cp.checkpoint().await?;
+        Ok(())
+    }
+}
+
+/// How the worker processes of a scenario are configured.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WorkerSettings {
+    lease: Duration,
+    taker: Duration,
+    idle: Duration,
+}
+
+/// The emulator settings of the fleet scenarios.
+const FAST: WorkerSettings = WorkerSettings {
+    lease: Duration::from_secs(6),
+    taker: Duration::from_secs(2),
+    idle: Duration::from_millis(200),
+};
+
+fn env_ms(name: &str) -> anyhow::Result<Duration> {
+    let v = std::env::var(name).with_context(|| format!("{name} is not set"))?;
+    Ok(Duration::from_millis(
+        v.parse().with_context(|| format!("{name}={v}"))?,
+    ))
+}
+
+/// `kcl-bench worker`: one worker, configured by `KCL_BENCH_*`; stops
+/// gracefully on SIGTERM and writes its lease counters to `<out>.stats`.
+pub(crate) fn worker_main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "error".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let var = |n: &str| std::env::var(n).with_context(|| format!("{n} is not set"));
+    let out_path = var("KCL_BENCH_OUT")?;
+    let checkpoint = var("KCL_BENCH_CHECKPOINT")? == "batch";
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+        let path = out_path.clone();
+        let worker = kcl::Worker::builder(var("KCL_BENCH_APP")?)
+            .stream(var("KCL_BENCH_STREAM")?)
+            .sdk_config(&sdk)
+            .worker_id(var("KCL_BENCH_WORKER_ID")?)
+            .initial_position(InitialPosition::TrimHorizon)
+            .lease_duration(env_ms("KCL_BENCH_LEASE_MS")?)
+            .taker_interval(env_ms("KCL_BENCH_TAKER_MS")?)
+            .idle_time_between_reads(env_ms("KCL_BENCH_IDLE_MS")?)
+            .processor(move |ctx: &ShardContext| Logger {
+                ctx: ctx.clone(),
+                out: std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)
+                    .unwrap_or_else(|e| panic!("cannot open {path}: {e}")),
+                checkpoint,
+            })
+            .build()?;
+        let handle = worker.handle();
+        let result = worker.run_until(kcl::shutdown_signal()).await;
+        let s = handle.status().leases;
+        let stats = serde_json::json!({
+            "taken": s.taken, "stolen": s.stolen, "reclaimed": s.reclaimed,
+            "handoffs_completed": s.handoffs_completed, "handoffs_forced": s.handoffs_forced,
+            "handed_off": s.handed_off, "lost": s.lost, "fenced": s.fenced, "released": s.released,
+        });
+        std::fs::write(format!("{out_path}.stats"), stats.to_string())?;
+        result?;
+        anyhow::Ok(())
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Fleets, streams, production
+// ---------------------------------------------------------------------------
+
+struct Process {
+    id: String,
+    child: Child,
+}
+
+/// A stream, an application and its worker processes.
+struct Fleet {
+    env: TestEnv,
+    exe: PathBuf,
+    app: String,
+    stream: String,
+    /// `(shard id, starting hash key)`, by shard id.
+    shards: Vec<(String, String)>,
+    out: PathBuf,
+    settings: WorkerSettings,
+    procs: Vec<Process>,
+}
+
+impl Fleet {
+    async fn new(exe: &Path, shards: i32, settings: WorkerSettings) -> anyhow::Result<Fleet> {
+        let env = TestEnv::connect().await?;
+        let stream = unique_name("kcl-bench");
+        create_stream(env.kinesis(), &stream, shards).await?;
+        let mut list: Vec<(String, String)> = list_all_shards(env.kinesis(), &stream)
+            .await?
+            .iter()
+            .map(|s| {
+                let hash = s
+                    .hash_key_range()
+                    .map(|r| r.starting_hash_key().to_owned())
+                    .unwrap_or_default();
+                (s.shard_id().to_owned(), hash)
+            })
+            .collect();
+        list.sort();
+        let out = std::env::temp_dir().join(unique_name("kcl-bench"));
+        std::fs::create_dir_all(&out)?;
+        Ok(Fleet {
+            env,
+            exe: exe.to_owned(),
+            app: unique_name("kcl-bench-app"),
+            stream,
+            shards: list,
+            out,
+            settings,
+            procs: Vec::new(),
+        })
+    }
+
+    fn spawn(&mut self, id: &str) -> anyhow::Result<()> {
+        let ms = |d: Duration| d.as_millis().to_string();
+        let child = Command::new(&self.exe)
+            .arg("worker")
+            .env("KCL_BENCH_APP", &self.app)
+            .env("KCL_BENCH_STREAM", &self.stream)
+            .env("KCL_BENCH_WORKER_ID", id)
+            .env("KCL_BENCH_OUT", self.out.join(format!("{id}.jsonl")))
+            .env("KCL_BENCH_CHECKPOINT", "batch")
+            .env("KCL_BENCH_LEASE_MS", ms(self.settings.lease))
+            .env("KCL_BENCH_TAKER_MS", ms(self.settings.taker))
+            .env("KCL_BENCH_IDLE_MS", ms(self.settings.idle))
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {} worker", self.exe.display()))?;
+        self.procs.push(Process {
+            id: id.to_owned(),
+            child,
+        });
+        Ok(())
+    }
+
+    fn pid(&self, id: &str) -> Option<u32> {
+        self.procs.iter().find(|p| p.id == id)?.child.id()
+    }
+
+    async fn kill(&mut self, id: &str) -> anyhow::Result<()> {
+        let i = self
+            .procs
+            .iter()
+            .position(|p| p.id == id)
+            .context("no such worker")?;
+        let mut p = self.procs.remove(i);
+        p.child.kill().await?;
+        Ok(())
+    }
+
+    fn sigterm(&self, id: &str) -> anyhow::Result<()> {
+        let pid = self.pid(id).context("no such worker")?;
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()?;
+        ensure!(status.success(), "kill -TERM {pid} failed");
+        Ok(())
+    }
+
+    /// SIGTERM to every process, and a bounded wait for each to exit.
+    async fn stop_all(&mut self) -> anyhow::Result<()> {
+        for p in &self.procs {
+            self.sigterm(&p.id)?;
+        }
+        for mut p in self.procs.drain(..) {
+            let status = tokio::time::timeout(Duration::from_secs(40), p.child.wait())
+                .await
+                .with_context(|| format!("{} did not exit within 40 s of SIGTERM", p.id))??;
+            ensure!(status.success(), "{} exited with {status}", p.id);
+        }
+        Ok(())
+    }
+
+    fn batches(&self) -> anyhow::Result<Vec<BatchLog>> {
+        read_logs(&self.out)
+    }
+
+    /// Sums each lease counter over the `.stats` files of graceful exits.
+    fn stats(&self) -> BTreeMap<String, u64> {
+        let mut sums = BTreeMap::new();
+        for entry in std::fs::read_dir(&self.out).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.extension().is_some_and(|e| e == "stats")
+                && let Ok(text) = std::fs::read_to_string(&path)
+                && let Ok(serde_json::Value::Object(map)) = serde_json::from_str(&text)
+            {
+                for (k, v) in map {
+                    *sums.entry(k).or_default() += v.as_u64().unwrap_or(0);
+                }
+            }
+        }
+        sums
+    }
+
+    /// Leases and their owners (`None` when unowned); a lease in a graceful
+    /// handoff counts as not yet moved (`checkpointOwner` still set).
+    async fn leases(&self) -> anyhow::Result<BTreeMap<String, Option<String>>> {
+        let mut leases = BTreeMap::new();
+        let mut start: Option<HashMap<String, AttributeValue>> = None;
+        loop {
+            let out = match self
+                .env
+                .dynamodb()
+                .scan()
+                .table_name(&self.app)
+                .consistent_read(true)
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+            {
+                Ok(out) => out,
+                Err(e)
+                    if e.as_service_error()
+                        .is_some_and(|e| e.is_resource_not_found_exception()) =>
+                {
+                    return Ok(leases);
+                }
+                Err(e) => return Err(e).context("scanning the lease table"),
+            };
+            for item in out.items() {
+                let s = |n: &str| item.get(n).and_then(|v| v.as_s().ok()).cloned();
+                if let Some(key) = s("leaseKey") {
+                    let owner = if s("checkpointOwner").is_some() {
+                        s("checkpointOwner").map(|o| format!("{o} (handing off)"))
+                    } else {
+                        s("leaseOwner")
+                    };
+                    leases.insert(key, owner);
+                }
+            }
+            match out.last_evaluated_key() {
+                Some(k) if !k.is_empty() => start = Some(k.clone()),
+                _ => return Ok(leases),
+            }
+        }
+    }
+
+    /// One record on every shard: key = shard index, counter = `round`.
+    async fn put_round(&self, round: u64) -> anyhow::Result<()> {
+        put_round(&self.env, &self.stream, &self.shards, round).await
+    }
+
+    async fn cleanup(mut self) {
+        let _ = self.stop_all().await;
+        let _ = delete_stream(self.env.kinesis(), &self.stream).await;
+        let _ = delete_table(self.env.dynamodb(), &self.app).await;
+        let _ = std::fs::remove_dir_all(&self.out);
+    }
+}
+
+async fn put_round(
+    env: &TestEnv,
+    stream: &str,
+    shards: &[(String, String)],
+    round: u64,
+) -> anyhow::Result<()> {
+    for (chunk_index, chunk) in shards.chunks(500).enumerate() {
+        let mut pending: Vec<usize> = (0..chunk.len()).collect();
+        for attempt in 0.. {
+            ensure!(attempt < 10, "PutRecords kept rejecting records");
+            let entries = pending
+                .iter()
+                .map(|&i| {
+                    let key = (chunk_index * 500 + i) as u32;
+                    let r = TestRecord {
+                        key,
+                        counter: round,
+                    };
+                    PutRecordsRequestEntry::builder()
+                        .partition_key(r.partition_key())
+                        .explicit_hash_key(&chunk[i].1)
+                        .data(Blob::new(r.payload()))
+                        .build()
+                        .context("PutRecordsRequestEntry")
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let out = env
+                .kinesis()
+                .put_records()
+                .stream_name(stream)
+                .set_records(Some(entries))
+                .send()
+                .await
+                .context("PutRecords")?;
+            pending = pending
+                .iter()
+                .zip(out.records())
+                .filter(|(_, r)| r.error_code().is_some())
+                .map(|(&i, _)| i)
+                .collect();
+            if pending.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    Ok(())
+}
+
+/// Puts a round on every shard every `every` until stopped.
+struct Producer {
+    stop: Arc<AtomicBool>,
+    task: JoinHandle<anyhow::Result<u64>>,
+}
+
+impl Producer {
+    fn start(fleet: &Fleet, first_round: u64, every: Duration) -> Producer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let (env, stream, shards) = (
+            fleet.env.clone(),
+            fleet.stream.clone(),
+            fleet.shards.clone(),
+        );
+        let task = tokio::spawn(async move {
+            let mut round = first_round;
+            while !flag.load(Ordering::Relaxed) {
+                put_round(&env, &stream, &shards, round).await?;
+                round += 1;
+                tokio::time::sleep(every).await;
+            }
+            Ok(round)
+        });
+        Producer { stop, task }
+    }
+
+    /// Stops; returns the rounds produced (records per key).
+    async fn stop(self) -> anyhow::Result<u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await?
+    }
+}
+
+/// Owners' lease counts, for the workers in `ids` (zero included).
+fn counts(leases: &BTreeMap<String, Option<String>>, ids: &[&str]) -> Vec<usize> {
+    ids.iter()
+        .map(|id| {
+            leases
+                .values()
+                .filter(|o| o.as_deref() == Some(*id))
+                .count()
+        })
+        .collect()
+}
+
+fn balanced(leases: &BTreeMap<String, Option<String>>, ids: &[&str], total: usize) -> bool {
+    let c = counts(leases, ids);
+    leases.len() == total
+        && c.iter().sum::<usize>() == total
+        && c.iter().max().unwrap_or(&0) - c.iter().min().unwrap_or(&0) <= 1
+}
+
+/// Counts lease moves between two samples: a lease whose owner changed
+/// from one worker to another.
+fn moves(
+    before: &BTreeMap<String, Option<String>>,
+    after: &BTreeMap<String, Option<String>>,
+) -> usize {
+    let bare = |o: &Option<String>| {
+        o.as_deref()
+            .map(|o| o.trim_end_matches(" (handing off)").to_owned())
+    };
+    after
+        .iter()
+        .filter(|(k, o)| {
+            matches!((before.get(*k).and_then(bare), bare(o)), (Some(a), Some(b)) if a != b)
+        })
+        .count()
+}
+
+fn secs(ns: u128) -> String {
+    format!("{:.1} s", ns as f64 / 1e9)
+}
+
+/// Waits until every record of `keys` x `0..per_key` is in the logs.
+async fn wait_complete(
+    fleet: &Fleet,
+    keys: u32,
+    per_key: u64,
+    limit: Duration,
+) -> anyhow::Result<Vec<BatchLog>> {
+    let started = Instant::now();
+    loop {
+        let batches = fleet.batches()?;
+        let missing = verify(&batches, keys, per_key).missing.len();
+        if missing == 0 {
+            return Ok(batches);
+        }
+        ensure!(
+            started.elapsed() < limit,
+            "{missing} records not processed within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn fast_settings_text(extra: &str) -> String {
+    format!(
+        "Emulator settings: lease 6 s (renewal every 2 s), taker tick 2 s +/-25 %, idle pause \
+         200 ms{extra}; processors checkpoint after every batch. Production defaults: lease \
+         10 s (renewal 3.33 s), taker tick 10 s +/-25 %, idle pause 1 s: the lease-bound \
+         times scale accordingly (x 1.7 for the lease, x 5 for the tick)."
+    )
+}
+
+// ---------------------------------------------------------------------------
+// Cold start
+// ---------------------------------------------------------------------------
+
+pub(crate) async fn cold_start(exe: &Path) -> anyhow::Result<Section> {
+    const SHARDS: usize = 64;
+    const WORKERS: usize = 4;
+    let creating = Instant::now();
+    let mut fleet = Fleet::new(exe, SHARDS as i32, FAST).await?;
+    let create_secs = creating.elapsed().as_secs_f64();
+    // Every shard has a record waiting, so "delivered" means "consumed".
+    fleet.put_round(0).await?;
+    let ids: Vec<String> = (1..=WORKERS).map(|i| format!("w-{i}")).collect();
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let t0 = now_ns();
+    for id in &ids {
+        fleet.spawn(id)?;
+    }
+    let (mut all_leased, mut all_delivered, mut balanced_at) = (None, None, None);
+    let mut moved = 0;
+    let mut last = BTreeMap::new();
+    let started = Instant::now();
+    loop {
+        let leases = fleet.leases().await?;
+        let now = now_ns() - t0;
+        moved += moves(&last, &leases);
+        if all_leased.is_none() && leases.len() == SHARDS && leases.values().all(Option::is_some) {
+            all_leased = Some(now);
+        }
+        if balanced_at.is_none() && balanced(&leases, &refs, SHARDS) {
+            balanced_at = Some(now);
+        }
+        if all_delivered.is_none() {
+            let batches = fleet.batches()?;
+            let mut first: HashMap<&str, u128> = HashMap::new();
+            for b in batches.iter().filter(|b| !b.records.is_empty()) {
+                let e = first.entry(&b.shard).or_insert(b.start_ns);
+                *e = (*e).min(b.start_ns);
+            }
+            if first.len() == SHARDS {
+                all_delivered = first.values().max().map(|t| t - t0);
+            }
+        }
+        last = leases;
+        // Watch a few ticks past balance: a balanced fleet must stay put.
+        if let Some(b) = balanced_at
+            && all_delivered.is_some()
+            && now > b + 3 * FAST.taker.as_nanos()
+        {
+            break;
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(120),
+            "cold start incomplete after 120 s: leased {all_leased:?}, delivered {all_delivered:?}, balanced {balanced_at:?}, counts {:?}",
+            counts(&last, &refs)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let final_counts = counts(&last, &refs);
+    fleet.stop_all().await?;
+    let stats = fleet.stats();
+    let stat = |k: &str| stats.get(k).copied().unwrap_or(0);
+    let mut s = Section::new("Cold start: 64 shards, 4 worker processes started together");
+    s.what = format!(
+        "A 64-shard stream with one record waiting on every shard (explicit hash keys); \
+         four worker processes started at the same moment against an empty lease table. \
+         Times from the start of the processes, read from the lease table (consistent \
+         scans every 100 ms) and from the processors' logs; the stream itself took \
+         {create_secs:.1} s to create."
+    );
+    s.row("every shard leased", secs(all_leased.unwrap_or_default()));
+    s.row(
+        "every shard delivered its record",
+        secs(all_delivered.unwrap_or_default()),
+    );
+    s.row(
+        "balanced (max - min <= 1 leases per worker)",
+        format!(
+            "{} ({final_counts:?})",
+            secs(balanced_at.unwrap_or_default())
+        ),
+    );
+    s.row(
+        "lease acquisitions (taken from nobody / by handoff)",
+        format!("{} / {}", stat("taken") + stat("reclaimed"), stat("stolen")),
+    );
+    s.row(
+        "leases moved between workers (seen in the table)",
+        moved.to_string(),
+    );
+    s.headline = format!(
+        "64 shards leased in {}, all delivering in {}, balanced {:?} in {} (taker tick 2 s)",
+        secs(all_leased.unwrap_or_default()),
+        secs(all_delivered.unwrap_or_default()),
+        final_counts,
+        secs(balanced_at.unwrap_or_default())
+    );
+    s.settings = fast_settings_text("");
+    s.java = "The Java KCL also takes every unowned lease it needs in its first taker run, \
+              but steals at most one lease per run (maxLeasesToStealAtOneTime = 1) every \
+              taker interval (2 x (failoverTimeMillis + epsilon), about 20 s), and older \
+              versions took one lease per run at startup; workers that start together \
+              and grab unevenly need one run per stolen lease to balance. This engine \
+              steals up to 4 per tick, as a graceful handoff."
+        .into();
+    s.limits = "The taker tick (2 s here) and, for the first records, the node.js emulator \
+                answering 64 shards' first `GetShardIterator`/`GetRecords` on a machine \
+                of 2 cores shared with four worker processes."
+        .into();
+    fleet.cleanup().await;
+    Ok(s)
+}
+
+// ---------------------------------------------------------------------------
+// Scale-out 1 -> 4
+// ---------------------------------------------------------------------------
+
+const LOAD_SHARDS: usize = 16;
+const LOAD_EVERY: Duration = Duration::from_millis(100);
+
+pub(crate) async fn scale_out(exe: &Path) -> anyhow::Result<Section> {
+    let mut fleet = Fleet::new(exe, LOAD_SHARDS as i32, FAST).await?;
+    let producer = Producer::start(&fleet, 0, LOAD_EVERY);
+    fleet.spawn("w-1")?;
+    let started = Instant::now();
+    loop {
+        let leases = fleet.leases().await?;
+        if balanced(&leases, &["w-1"], LOAD_SHARDS) {
+            break;
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(60),
+            "w-1 never held every lease"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let ids = ["w-1", "w-2", "w-3", "w-4"];
+    let t0 = now_ns();
+    for id in &ids[1..] {
+        fleet.spawn(id)?;
+    }
+    let mut moved = 0;
+    let mut last = fleet.leases().await?;
+    let balanced_after = loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let leases = fleet.leases().await?;
+        moved += moves(&last, &leases);
+        last = leases;
+        if balanced(&last, &ids, LOAD_SHARDS) {
+            break now_ns() - t0;
+        }
+        ensure!(
+            now_ns() - t0 < 90_000_000_000,
+            "not balanced 90 s after scale-out: {:?}",
+            counts(&last, &ids)
+        );
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let per_key = producer.stop().await?;
+    let batches =
+        wait_complete(&fleet, LOAD_SHARDS as u32, per_key, Duration::from_secs(90)).await?;
+    fleet.stop_all().await?;
+    let verdict = verify(&batches, LOAD_SHARDS as u32, per_key);
+    let stats = fleet.stats();
+    let stat = |k: &str| stats.get(k).copied().unwrap_or(0);
+    let mut s = Section::new("Scale-out under load: 1 -> 4 worker processes");
+    s.what = format!(
+        "{LOAD_SHARDS} shards, one record per shard every {} ms throughout. One worker holds \
+         every lease; three more start together. Time from their start until every worker \
+         holds 4 leases (no handoff pending).",
+        LOAD_EVERY.as_millis()
+    );
+    s.row("balanced after", secs(balanced_after));
+    s.row(
+        "handoffs (completed / forced at the deadline)",
+        format!(
+            "{} / {}",
+            stat("handoffs_completed"),
+            stat("handoffs_forced")
+        ),
+    );
+    s.row("leases moved (seen in the table)", moved.to_string());
+    s.row(
+        "records produced / lost / duplicates",
+        format!(
+            "{} / {} / {}",
+            u64::from(LOAD_SHARDS as u32) * per_key,
+            verdict.missing.len(),
+            verdict.duplicates
+        ),
+    );
+    if !verdict.missing.is_empty() || !verdict.order_violations.is_empty() {
+        s.failed = Some(format!(
+            "{} records lost, {} order violations",
+            verdict.missing.len(),
+            verdict.order_violations.len()
+        ));
+    }
+    s.headline = format!(
+        "balanced {} after 3 workers joined 1 (16 shards, taker tick 2 s), {} graceful handoffs, {} duplicates",
+        secs(balanced_after),
+        stat("handoffs_completed"),
+        verdict.duplicates
+    );
+    s.settings = fast_settings_text("");
+    s.java = "Java KCL: each newcomer steals at most one lease per taker run (about 20 s at \
+              defaults), so 12 leases moving to 3 newcomers take 4 runs each, over a \
+              minute; a stolen lease's old owner learns of it at its next renewal and \
+              the records since its last checkpoint are processed twice. Here the \
+              newcomers' ticks steal up to 4 leases each as graceful handoffs: the old \
+              owner checkpoints first, so nothing repeats."
+        .into();
+    s.limits = "The taker tick: one to two ticks (2 s each here) plus the handoff \
+                (the old owner's next renewal, every 2 s, sees the request)."
+        .into();
+    fleet.cleanup().await;
+    Ok(s)
+}
+
+// ---------------------------------------------------------------------------
+// Failover (SIGKILL) and graceful stop (SIGTERM)
+// ---------------------------------------------------------------------------
+
+/// How one worker of four leaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Loss {
+    /// SIGKILL: nothing released, peers wait for the leases to expire.
+    Kill,
+    /// SIGTERM: graceful shutdown, leases released after a checkpoint.
+    Term,
+}
+
+pub(crate) async fn lose_a_worker(exe: &Path, loss: Loss) -> anyhow::Result<Section> {
+    let mut fleet = Fleet::new(exe, LOAD_SHARDS as i32, FAST).await?;
+    let producer = Producer::start(&fleet, 0, LOAD_EVERY);
+    let ids = ["w-1", "w-2", "w-3", "w-4"];
+    for id in ids {
+        fleet.spawn(id)?;
+    }
+    let started = Instant::now();
+    let leases = loop {
+        let leases = fleet.leases().await?;
+        if balanced(&leases, &ids, LOAD_SHARDS) {
+            break leases;
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(90),
+            "the fleet never balanced: {:?}",
+            counts(&leases, &ids)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let victim = "w-4";
+    let victim_shards: BTreeSet<String> = leases
+        .iter()
+        .filter(|(_, o)| o.as_deref() == Some(victim))
+        .map(|(k, _)| k.clone())
+        .collect();
+    let t0 = now_ns();
+    let mut exit_after = None;
+    match loss {
+        Loss::Kill => fleet.kill(victim).await?,
+        Loss::Term => fleet.sigterm(victim)?,
+    }
+    // Until every one of the victim's shards delivered a batch from
+    // another worker.
+    let mut taken_over = None;
+    let resumed: Vec<u128> = loop {
+        if loss == Loss::Term && exit_after.is_none() {
+            let i = fleet
+                .procs
+                .iter()
+                .position(|p| p.id == victim)
+                .context("victim")?;
+            if let Some(status) = fleet.procs[i].child.try_wait()? {
+                ensure!(
+                    status.success(),
+                    "{victim} exited with {status} after SIGTERM"
+                );
+                exit_after = Some(now_ns() - t0);
+                fleet.procs.remove(i);
+            }
+        }
+        if taken_over.is_none() {
+            let leases = fleet.leases().await?;
+            if victim_shards.iter().all(|k| {
+                leases
+                    .get(k)
+                    .is_some_and(|o| o.as_deref().is_some_and(|o| !o.starts_with(victim)))
+            }) {
+                taken_over = Some(now_ns() - t0);
+            }
+        }
+        let batches = fleet.batches()?;
+        let firsts: Vec<u128> = victim_shards
+            .iter()
+            .filter_map(|shard| {
+                batches
+                    .iter()
+                    .filter(|b| {
+                        b.shard == *shard
+                            && b.worker != victim
+                            && b.start_ns > t0
+                            && !b.records.is_empty()
+                    })
+                    .map(|b| b.start_ns - t0)
+                    .min()
+            })
+            .collect();
+        if firsts.len() == victim_shards.len() && (loss == Loss::Kill || exit_after.is_some()) {
+            break firsts;
+        }
+        ensure!(
+            now_ns() - t0 < 60_000_000_000,
+            "{victim}'s shards did not resume within 60 s ({} of {})",
+            firsts.len(),
+            victim_shards.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let per_key = producer.stop().await?;
+    let batches =
+        wait_complete(&fleet, LOAD_SHARDS as u32, per_key, Duration::from_secs(90)).await?;
+    fleet.stop_all().await?;
+    let verdict = verify(&batches, LOAD_SHARDS as u32, per_key);
+    let slowest = resumed.iter().max().copied().unwrap_or_default();
+    let fastest = resumed.iter().min().copied().unwrap_or_default();
+    let mut s = match loss {
+        Loss::Kill => Section::new("Failover: SIGKILL one of 4 worker processes"),
+        Loss::Term => Section::new("Graceful stop: SIGTERM one of 4 worker processes"),
+    };
+    s.what = format!(
+        "{LOAD_SHARDS} shards, 4 balanced workers, one record per shard every {} ms \
+         throughout; one worker (holding {} leases) gets {}. Times from the signal until \
+         each of its shards delivered a batch from another worker.",
+        LOAD_EVERY.as_millis(),
+        victim_shards.len(),
+        match loss {
+            Loss::Kill => "SIGKILL",
+            Loss::Term => "SIGTERM",
+        }
+    );
+    if let Some(e) = exit_after {
+        s.row("the stopped process exited after", secs(e));
+    }
+    s.row(
+        "its leases owned by survivors after",
+        secs(taken_over.unwrap_or_default()),
+    );
+    s.row(
+        "its shards delivering again after (first / last shard)",
+        format!("{} / {}", secs(fastest), secs(slowest)),
+    );
+    s.row(
+        "records produced / lost / duplicates",
+        format!(
+            "{} / {} / {}",
+            u64::from(LOAD_SHARDS as u32) * per_key,
+            verdict.missing.len(),
+            verdict.duplicates
+        ),
+    );
+    if !verdict.missing.is_empty() || !verdict.order_violations.is_empty() {
+        s.failed = Some(format!(
+            "{} records lost, {} order violations",
+            verdict.missing.len(),
+            verdict.order_violations.len()
+        ));
+    }
+    s.headline = format!(
+        "its shards delivering again {}-{} after {} ({}), {} lost, {} duplicates",
+        secs(fastest),
+        secs(slowest),
+        match loss {
+            Loss::Kill => "SIGKILL",
+            Loss::Term => "SIGTERM",
+        },
+        match loss {
+            Loss::Kill => "bound: lease 6 s + tick 2.5 s",
+            Loss::Term => "bound: one tick, 2.5 s",
+        },
+        verdict.missing.len(),
+        verdict.duplicates
+    );
+    match loss {
+        Loss::Kill => {
+            s.settings = fast_settings_text(
+                "; the bound is lease + one tick (6 s + 2.5 s here, 10 s + 12.5 s at the defaults)",
+            );
+            s.java = "Java KCL at its defaults: failoverTimeMillis (10 s) for the lease to \
+                      expire, plus up to one taker interval (about 20 s) before a peer takes \
+                      it: 10-30 s, against 10-22.5 s here at the defaults."
+                .into();
+            s.limits = "The lease duration and the taker tick, by design; the duplicates are \
+                        the batches in flight (after processing, before their checkpoint) \
+                        when the process died."
+                .into();
+        }
+        Loss::Term => {
+            s.settings = fast_settings_text(
+                "; shutdown checkpoints in `shutdown_requested` and releases every lease",
+            );
+            s.java = "Java KCL 1.x/2.x: a stopped worker's leases are not released but \
+                      expire, so peers wait as for a crash (failoverTimeMillis + a taker \
+                      interval, 10-30 s); KCL 3.x hands them over gracefully. Here the \
+                      released leases are taken at each peer's next tick."
+                .into();
+            s.limits = "The peers' next taker tick (at most 2.5 s here, 12.5 s at the \
+                        defaults) after the release."
+                .into();
+        }
+    }
+    fleet.cleanup().await;
+    Ok(s)
+}
+
+// ---------------------------------------------------------------------------
+// Peak RSS with 200 shards
+// ---------------------------------------------------------------------------
+
+fn proc_status(pid: u32) -> BTreeMap<String, String> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
+        .collect()
+}
+
+pub(crate) async fn peak_rss(exe: &Path) -> anyhow::Result<Section> {
+    const SHARDS: usize = 200;
+    let settings = WorkerSettings {
+        lease: Duration::from_secs(10),
+        taker: Duration::from_secs(2),
+        idle: Duration::from_secs(1),
+    };
+    let creating = Instant::now();
+    let mut fleet = Fleet::new(exe, SHARDS as i32, settings).await?;
+    let create_secs = creating.elapsed().as_secs_f64();
+    fleet.put_round(0).await?;
+    fleet.spawn("w-1")?;
+    let pid = fleet.pid("w-1").context("pid")?;
+    let t0 = now_ns();
+    let started = Instant::now();
+    loop {
+        let batches = fleet.batches()?;
+        let shards: BTreeSet<&str> = batches.iter().map(|b| b.shard.as_str()).collect();
+        if shards.len() == SHARDS {
+            break;
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(180),
+            "only {} of {SHARDS} shards delivered after 180 s",
+            shards.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let all_delivered = now_ns() - t0;
+    // Hold the shards for a while: renewals, idle polls, another record.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    fleet.put_round(1).await?;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let status = proc_status(pid);
+    let leases = fleet.leases().await?;
+    let held = leases
+        .values()
+        .filter(|o| o.as_deref() == Some("w-1"))
+        .count();
+    fleet.stop_all().await?;
+    let field = |k: &str| status.get(k).cloned().unwrap_or_else(|| "?".into());
+    let mut s = Section::new("Memory: one worker process holding 200 shards");
+    s.what = format!(
+        "One worker process takes all {SHARDS} leases of a {SHARDS}-shard stream (created in \
+         {create_secs:.1} s) with a record waiting on each, consumes them (all delivered \
+         after {}), then polls for 15 s more; peak and current resident memory from \
+         /proc/<pid>/status.",
+        secs(all_delivered)
+    );
+    let mib = |k: &str| {
+        let kb: f64 = field(k)
+            .trim_end_matches(" kB")
+            .trim()
+            .parse()
+            .unwrap_or(0.0);
+        format!("{:.1} MiB", kb / 1024.0)
+    };
+    s.row("leases held", held.to_string());
+    s.row("peak RSS (VmHWM)", mib("VmHWM"));
+    s.row("RSS at the end (VmRSS)", mib("VmRSS"));
+    s.headline = format!(
+        "{} peak RSS for one worker process holding {held} shards",
+        mib("VmHWM")
+    );
+    s.row("threads", field("Threads"));
+    s.settings = "Lease 10 s and idle pause 1 s (the defaults), taker tick 2 s; release build; \
+                  the SDK's default HTTP client and tokio's multi-threaded runtime (one \
+                  thread per core)."
+        .into();
+    s.java =
+        "No like-for-like figure: a JVM's footprint is set mostly by its heap settings.".into();
+    s.limits = "Per-shard state is a consumer task, a reader with a bounded prefetch and \
+                the processor; with 200 shards polling every second the emulator, not \
+                memory, is the bottleneck on 2 cores."
+        .into();
+    fleet.cleanup().await;
+    Ok(s)
+}
+
+// ---------------------------------------------------------------------------
+// Latency (the fan-out helper's latency-bench)
+// ---------------------------------------------------------------------------
+
+pub(crate) async fn latency(exe: &Path) -> anyhow::Result<Section> {
+    let mut s = Section::new("Latency put -> process_records: polling vs enhanced fan-out");
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("bench/latency.rs");
+    let binary = exe.with_file_name("latency-bench");
+    s.what = "Measured by `latency-bench` (tests/bench/latency.rs), run as a separate \
+              program; its output follows as printed."
+        .into();
+    if !source.exists() {
+        s.row(
+            "latency",
+            "pending: tests/bench/latency.rs does not exist yet",
+        );
+        return Ok(s);
+    }
+    if !binary.exists() {
+        s.row(
+            "latency",
+            format!(
+                "pending: {} is not built (`make bench` builds it)",
+                binary.display()
+            ),
+        );
+        return Ok(s);
+    }
+    let run = Command::new(&binary)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let output = match tokio::time::timeout(Duration::from_secs(600), run).await {
+        Ok(out) => out?,
+        Err(_) => bail!("latency-bench did not finish within 600 s"),
+    };
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        s.row(
+            "latency",
+            format!(
+                "pending: latency-bench exited with {}: {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or("")
+            ),
+        );
+        return Ok(s);
+    }
+    s.extra = format!("```text\n{}\n```", stdout.trim_end());
+    s.headline = "p50 / p99 per retrieval mode in the table (fan-out on kinesis-mock is bound by its one push a second)".into();
+    s.settings = "As latency-bench sets them (see its header).".into();
+    s.limits = "kinesis-mock pushes fan-out events about once a second per subscription, \
+                where AWS pushes records as they arrive; polling latency is bounded by the \
+                idle pause between empty reads."
+        .into();
+    Ok(s)
+}

@@ -1,0 +1,255 @@
+//! Delivery latency, put → `process_records`, of polling and enhanced
+//! fan-out side by side, against the emulators the environment points at.
+//!
+//! For each retrieval mode: a fresh stream and application, one worker, a
+//! warm-up record to make sure every shard is being read, then RECORDS
+//! single-record puts spaced INTERVAL_MS apart. Each payload carries its
+//! wall-clock put time; the processor takes the difference when the batch
+//! arrives. Prints p50 / p90 / p99 / max per mode.
+//!
+//! Usage: `cargo run --release -p kcl-tests --bin latency-bench -- [RECORDS] [INTERVAL_MS]`
+//! (default 200 records, 100 ms apart).
+//!
+//! On kinesis-mock, fan-out latency is dominated by the emulator pushing
+//! one event per second per subscription (about 0.5 s on average); AWS
+//! pushes records as they arrive (typically ~70 ms).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+use aws_sdk_kinesis::primitives::Blob;
+use kcl::{
+    Checkpointer, FanOutConfig, InitialPosition, PollingConfig, ProcessorError, RecordBatch,
+    RecordProcessor, Retrieval, ShardContext, Worker,
+};
+use kcl_tests::{TestEnv, create_stream, delete_stream, unique_name};
+use tokio::time::Instant;
+
+const SHARDS: i32 = 2;
+
+/// Wall-clock nanoseconds: put and process run on this host, so they share
+/// the clock.
+fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+/// Latencies seen by the processors, and the warm-up records seen.
+#[derive(Debug, Default)]
+struct Seen {
+    latencies: Vec<Duration>,
+    warm: usize,
+}
+
+struct Timer {
+    seen: Arc<Mutex<Seen>>,
+}
+
+#[kcl::async_trait]
+impl RecordProcessor for Timer {
+    async fn process_records(
+        &mut self,
+        batch: &RecordBatch,
+        cp: &mut Checkpointer,
+    ) -> Result<(), ProcessorError> {
+        let now = now_ns();
+        {
+            let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+            for record in &batch.records {
+                let text = std::str::from_utf8(&record.data).unwrap_or_default();
+                if text.starts_with("warm:") {
+                    seen.warm += 1;
+                } else if let Some(Ok(put)) = text.strip_prefix("lat:").map(str::parse::<u128>) {
+                    let ns = u64::try_from(now.saturating_sub(put)).unwrap_or(u64::MAX);
+                    seen.latencies.push(Duration::from_nanos(ns));
+                }
+            }
+        }
+        cp.checkpoint().await?;
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+struct Report {
+    mode: &'static str,
+    samples: usize,
+    p50: Duration,
+    p90: Duration,
+    p99: Duration,
+    max: Duration,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+async fn put(
+    kinesis: &aws_sdk_kinesis::Client,
+    stream: &str,
+    key: &str,
+    payload: String,
+) -> anyhow::Result<()> {
+    kinesis
+        .put_record()
+        .stream_name(stream)
+        .partition_key(key)
+        .data(Blob::new(payload))
+        .send()
+        .await
+        .with_context(|| format!("PutRecord {stream}"))?;
+    Ok(())
+}
+
+async fn measure(
+    env: &TestEnv,
+    mode: &'static str,
+    retrieval: Retrieval,
+    records: usize,
+    interval: Duration,
+) -> anyhow::Result<Report> {
+    let kinesis = env.kinesis();
+    let stream = unique_name("kcl-latency");
+    create_stream(kinesis, &stream, SHARDS).await?;
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let for_factory = Arc::clone(&seen);
+    let worker = Worker::builder(unique_name("kcl-latency-app"))
+        .stream(&stream)
+        .sdk_config(env.sdk_config())
+        .initial_position(InitialPosition::TrimHorizon)
+        .lease_duration(Duration::from_secs(6))
+        .taker_interval(Duration::from_secs(1))
+        .retrieval(retrieval)
+        .processor(move |_: &ShardContext| Timer {
+            seen: Arc::clone(&for_factory),
+        })
+        .build()?;
+    let handle = worker.handle();
+    let running = tokio::spawn(worker.run());
+
+    // Warm up: one record per key until some arrived on every shard's
+    // reader (keys spread over both shards), so no measured record waits
+    // for a lease or a first subscription.
+    let keys: Vec<String> = (0..16).map(|k| format!("pk-{k}")).collect();
+    let warm_deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        for key in &keys {
+            put(kinesis, &stream, key, format!("warm:{}", now_ns())).await?;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let warm = seen.lock().unwrap_or_else(|e| e.into_inner()).warm;
+        if warm >= 2 * keys.len() {
+            break;
+        }
+        if Instant::now() > warm_deadline {
+            bail!("{mode}: the worker did not start reading within 120 s");
+        }
+    }
+
+    for i in 0..records {
+        let key = &keys[i % keys.len()];
+        put(kinesis, &stream, key, format!("lat:{}", now_ns())).await?;
+        tokio::time::sleep(interval).await;
+    }
+    let done_deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let n = seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .latencies
+            .len();
+        if n >= records {
+            break;
+        }
+        if Instant::now() > done_deadline {
+            bail!("{mode}: {n} of {records} records processed after 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    handle.shutdown();
+    running.await??;
+    delete_stream(kinesis, &stream).await?;
+
+    let mut latencies =
+        std::mem::take(&mut seen.lock().unwrap_or_else(|e| e.into_inner()).latencies);
+    latencies.sort();
+    Ok(Report {
+        mode,
+        samples: latencies.len(),
+        p50: percentile(&latencies, 50.0),
+        p90: percentile(&latencies, 90.0),
+        p99: percentile(&latencies, 99.0),
+        max: latencies.last().copied().unwrap_or_default(),
+    })
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let records: usize = args
+        .next()
+        .map(|s| s.parse())
+        .transpose()
+        .context("RECORDS")?
+        .unwrap_or(200);
+    let interval = Duration::from_millis(
+        args.next()
+            .map(|s| s.parse())
+            .transpose()
+            .context("INTERVAL_MS")?
+            .unwrap_or(100),
+    );
+    let env = TestEnv::connect().await?;
+    let modes: Vec<(&'static str, Retrieval)> = vec![
+        (
+            "polling, idle_time_between_reads 1 s (default)",
+            Retrieval::Polling(PollingConfig::default()),
+        ),
+        (
+            "polling, idle_time_between_reads 200 ms",
+            Retrieval::Polling(
+                PollingConfig::builder()
+                    .idle_time_between_reads(Duration::from_millis(200))
+                    .build()?,
+            ),
+        ),
+        (
+            "enhanced fan-out",
+            Retrieval::FanOut(FanOutConfig::default()),
+        ),
+    ];
+    println!(
+        "delivery latency put -> process_records, {records} records {interval:?} apart, {SHARDS} shards, endpoint {}",
+        std::env::var("AWS_ENDPOINT_URL_KINESIS").unwrap_or_else(|_| "(AWS)".into())
+    );
+    let mut reports = Vec::new();
+    for (mode, retrieval) in modes {
+        let report = measure(&env, mode, retrieval, records, interval).await?;
+        eprintln!("{report:?}");
+        reports.push(report);
+    }
+    println!(
+        "{:<48} {:>7} {:>9} {:>9} {:>9} {:>9}",
+        "mode", "samples", "p50", "p90", "p99", "max"
+    );
+    let ms = |d: Duration| format!("{:.0} ms", d.as_secs_f64() * 1000.0);
+    for r in &reports {
+        println!(
+            "{:<48} {:>7} {:>9} {:>9} {:>9} {:>9}",
+            r.mode,
+            r.samples,
+            ms(r.p50),
+            ms(r.p90),
+            ms(r.p99),
+            ms(r.max)
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,719 @@
+//! The `kcl` command against the emulators: listing every lease state (as
+//! a table and as JSON), reset refused while held and forced, release
+//! seen by a running worker, friendly errors, and `kcl consume` shared by
+//! two processes, exactly once, resuming from its checkpoints.
+
+// Setup helpers live outside #[test] fns; a failed setup should panic with its error.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use kcl::core::{Checkpoint, Lease, LeaseStore};
+use kcl::{
+    Checkpointer, InitialPosition, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
+    Worker,
+};
+use kcl_dynamodb::DynamoDbLeaseStore;
+use kcl_tests::{
+    SentRecord, TestEnv, TestRecord, create_lease_table, create_stream, put_records, unique_name,
+};
+use serde_json::Value;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+const KCL: &str = env!("CARGO_BIN_EXE_kcl-for-tests");
+const SEQ: &str = "49590338271490256608559692538361571095921575989136588898";
+
+/// Runs `kcl args...` to completion with the test environment (plus
+/// `env` overrides).
+async fn kcl(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(KCL);
+    cmd.args(args).kill_on_drop(true);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .unwrap_or_else(|_| panic!("kcl {args:?} did not finish within 60s"))
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+fn failed(out: &Output) -> String {
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "expected exit 1\nstdout: {}\nstderr: {}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stderr)
+}
+
+fn lease(shard: &str, owner: Option<&str>, counter: u64, checkpoint: Checkpoint) -> Lease {
+    let mut l = Lease::new(shard, checkpoint);
+    l.owner = owner.map(str::to_owned);
+    l.counter = counter;
+    l
+}
+
+/// A lease table with one lease in each state a single listing can tell:
+/// active (0), unowned (1), completed (2), handoff from w1 to w2 (3).
+async fn table_in_every_state(env: &TestEnv) -> (String, DynamoDbLeaseStore) {
+    let table = unique_name("kcl-cli");
+    create_lease_table(env.dynamodb(), &table).await.unwrap();
+    let store = DynamoDbLeaseStore::new(env.dynamodb().clone(), &table);
+    let mut completed = lease("shardId-000000000002", Some("w1"), 11, Checkpoint::ShardEnd);
+    completed.child_shard_ids = ["shardId-000000000003".to_owned()].into();
+    let mut handoff = lease(
+        "shardId-000000000003",
+        Some("w2"),
+        4,
+        Checkpoint::TrimHorizon,
+    )
+    .with_parents(["shardId-000000000002"]);
+    handoff.checkpoint_owner = Some("w1".into());
+    for l in [
+        lease(
+            "shardId-000000000000",
+            Some("w1"),
+            5,
+            Checkpoint::at(SEQ, 2),
+        ),
+        lease("shardId-000000000001", None, 3, Checkpoint::TrimHorizon),
+        completed,
+        handoff,
+    ] {
+        store.create_if_absent(&l).await.unwrap();
+    }
+    (table, store)
+}
+
+#[tokio::test]
+async fn lists_every_state_as_a_table_and_as_json() {
+    let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
+    let (table, _) = table_in_every_state(&env).await;
+
+    let listing = ok(&kcl(&["leases", "--table", &table], &[]).await);
+    let line = |shard: &str| -> String {
+        listing
+            .lines()
+            .find(|l| l.contains(shard))
+            .unwrap_or_else(|| panic!("no row for {shard}:\n{listing}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert_eq!(
+        line("shardId-000000000000"),
+        "- shardId-000000000000 w1 5 495903…588898/2 - active"
+    );
+    assert_eq!(
+        line("shardId-000000000001"),
+        "- shardId-000000000001 - 3 TRIM_HORIZON - unowned"
+    );
+    assert_eq!(
+        line("shardId-000000000002 "),
+        "- shardId-000000000002 w1 11 SHARD_END - completed"
+    );
+    assert_eq!(
+        line("shardId-000000000003 "),
+        "- shardId-000000000003 w2 4 TRIM_HORIZON shardId-000000000002 handoff (from w1)"
+    );
+    assert!(
+        listing.contains("4 leases: 1 active, 0 expired, 1 in handoff, 1 unowned, 1 completed"),
+        "{listing}"
+    );
+    // The per-worker summary: w1 owns shard 0 (its completed shard does
+    // not count) and hands 3 over; w2 owns 3, awaiting it.
+    let summary: Vec<String> = listing
+        .lines()
+        .skip_while(|l| !l.starts_with("WORKER"))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .take(3)
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            "WORKER LEASES HANDOFFS IN HANDOFFS OUT EXPIRED",
+            "w1 1 0 1 0",
+            "w2 1 1 0 0"
+        ]
+    );
+
+    let json: Value =
+        serde_json::from_str(&ok(
+            &kcl(&["leases", "--table", &table, "--json"], &[]).await
+        ))
+        .unwrap();
+    assert_eq!(json["table"], table.as_str());
+    let leases = json["leases"].as_array().unwrap();
+    assert_eq!(leases.len(), 4);
+    let by_shard: HashMap<&str, &Value> = leases
+        .iter()
+        .map(|l| (l["shard"].as_str().unwrap(), l))
+        .collect();
+    let l0 = by_shard["shardId-000000000000"];
+    assert_eq!(l0["owner"], "w1");
+    assert_eq!(l0["counter"], 5);
+    assert_eq!(l0["checkpoint"], SEQ);
+    assert_eq!(l0["sub_sequence"], 2);
+    assert_eq!(l0["state"], "active");
+    assert_eq!(l0["key"], "shardId-000000000000");
+    assert_eq!(l0["stream"], Value::Null);
+    let l1 = by_shard["shardId-000000000001"];
+    assert_eq!(
+        (&l1["owner"], &l1["state"]),
+        (&Value::Null, &"unowned".into())
+    );
+    let l2 = by_shard["shardId-000000000002"];
+    assert_eq!(l2["state"], "completed");
+    assert_eq!(l2["children"], serde_json::json!(["shardId-000000000003"]));
+    let l3 = by_shard["shardId-000000000003"];
+    assert_eq!(l3["state"], "handoff");
+    assert_eq!(l3["handoff_from"], "w1");
+    assert_eq!(l3["owner"], "w2");
+    assert_eq!(l3["parents"], serde_json::json!(["shardId-000000000002"]));
+    assert_eq!(
+        json["totals"],
+        serde_json::json!({"leases": 4, "active": 1, "expired": 0, "handoff": 1, "unowned": 1, "completed": 1})
+    );
+    assert_eq!(
+        json["workers"],
+        serde_json::json!([
+            {"worker": "w1", "leases": 1, "handoffs_in": 0, "handoffs_out": 1, "expired": 0},
+            {"worker": "w2", "leases": 1, "handoffs_in": 1, "handoffs_out": 0, "expired": 0},
+        ])
+    );
+}
+
+#[tokio::test]
+async fn reset_is_refused_while_held_and_done_with_force() {
+    let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
+    let (table, store) = table_in_every_state(&env).await;
+    let get = |key: &'static str| {
+        let store = store.clone();
+        async move { store.get(key).await.unwrap().unwrap() }
+    };
+
+    // Held: refused, nothing written.
+    let err = failed(
+        &kcl(
+            &[
+                "leases",
+                "reset",
+                "--table",
+                &table,
+                "--shard",
+                "shardId-000000000000",
+                "--to",
+                "TRIM_HORIZON",
+            ],
+            &[],
+        )
+        .await,
+    );
+    assert!(
+        err.contains("held by w1") && err.contains("--force"),
+        "{err}"
+    );
+    let l0 = get("shardId-000000000000").await;
+    assert_eq!((l0.counter, &l0.checkpoint), (5, &Checkpoint::at(SEQ, 2)));
+
+    // In a handoff, or completed: refused too.
+    let err = failed(
+        &kcl(
+            &[
+                "leases",
+                "reset",
+                "--table",
+                &table,
+                "--shard",
+                "shardId-000000000003",
+                "--to",
+                "LATEST",
+            ],
+            &[],
+        )
+        .await,
+    );
+    assert!(err.contains("handoff from w1 to w2"), "{err}");
+    let err = failed(
+        &kcl(
+            &[
+                "leases",
+                "reset",
+                "--table",
+                &table,
+                "--shard",
+                "shardId-000000000002",
+                "--to",
+                "LATEST",
+            ],
+            &[],
+        )
+        .await,
+    );
+    assert!(err.contains("completed"), "{err}");
+
+    // Unowned: done, to a sequence number with a sub-sequence, the
+    // counter bumped.
+    let out = ok(&kcl(
+        &[
+            "leases",
+            "reset",
+            "--table",
+            &table,
+            "--shard",
+            "shardId-000000000001",
+            "--to",
+            "1234/5",
+        ],
+        &[],
+    )
+    .await);
+    assert!(out.contains("reset shard shardId-000000000001"), "{out}");
+    let l1 = get("shardId-000000000001").await;
+    assert_eq!(
+        (l1.counter, &l1.checkpoint, &l1.owner),
+        (4, &Checkpoint::at("1234", 5), &None)
+    );
+
+    // Held, with --force: the owner is evicted in the same write.
+    let out = ok(&kcl(
+        &[
+            "leases",
+            "reset",
+            "--table",
+            &table,
+            "--shard",
+            "shardId-000000000000",
+            "--to",
+            "LATEST",
+            "--force",
+        ],
+        &[],
+    )
+    .await);
+    assert!(out.contains("evicted w1"), "{out}");
+    let l0 = get("shardId-000000000000").await;
+    assert_eq!(
+        (l0.counter, &l0.checkpoint, &l0.owner),
+        (6, &Checkpoint::Latest, &None)
+    );
+
+    // A handoff, forced: both owners evicted.
+    ok(&kcl(
+        &[
+            "leases",
+            "reset",
+            "--table",
+            &table,
+            "--shard",
+            "shardId-000000000003",
+            "--to",
+            "TRIM_HORIZON",
+            "--force",
+        ],
+        &[],
+    )
+    .await);
+    let l3 = get("shardId-000000000003").await;
+    assert_eq!((&l3.owner, &l3.checkpoint_owner), (&None, &None));
+
+    // Unknown shard, bad position.
+    let err = failed(
+        &kcl(
+            &[
+                "leases",
+                "reset",
+                "--table",
+                &table,
+                "--shard",
+                "shardId-9",
+                "--to",
+                "LATEST",
+            ],
+            &[],
+        )
+        .await,
+    );
+    assert!(err.contains("no lease for shard shardId-9"), "{err}");
+    let out = kcl(
+        &[
+            "leases",
+            "reset",
+            "--table",
+            &table,
+            "--shard",
+            "shardId-000000000001",
+            "--to",
+            "EARLIEST",
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "usage error: {}",
+        text(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn friendly_errors_for_a_missing_table_and_an_unreachable_endpoint() {
+    let _env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
+    let missing = unique_name("kcl-cli-missing");
+    let err = failed(&kcl(&["leases", "--app", &missing], &[]).await);
+    assert!(
+        err.contains(&format!("table {missing} not found"))
+            && err.contains("is --app right?")
+            && err.contains("create the lease table on their first start"),
+        "{err}"
+    );
+    let err = failed(&kcl(&["leases", "watch", "--table", &missing], &[]).await);
+    assert!(err.contains("is --table right?"), "{err}");
+
+    // A loopback port nobody listens on.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let endpoint = format!("http://127.0.0.1:{closed}");
+    let started = Instant::now();
+    let err = failed(
+        &kcl(
+            &["leases", "--app", "anything"],
+            &[("AWS_ENDPOINT_URL_DYNAMODB", &endpoint)],
+        )
+        .await,
+    );
+    assert!(
+        err.contains(&format!("cannot reach DynamoDB at {endpoint}"))
+            && err.contains("AWS_ENDPOINT_URL_DYNAMODB"),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+/// Checkpoints every batch.
+struct Quiet;
+
+#[kcl::async_trait]
+impl RecordProcessor for Quiet {
+    async fn process_records(
+        &mut self,
+        _: &RecordBatch,
+        checkpointer: &mut Checkpointer,
+    ) -> Result<(), ProcessorError> {
+        checkpointer.checkpoint().await?;
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_lease_is_taken_again_within_a_tick() {
+    let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
+    let stream = unique_name("kcl-cli-release");
+    let app = unique_name("kcl-cli-release-app");
+    create_stream(env.kinesis(), &stream, 2).await.unwrap();
+    let worker = Worker::builder(&app)
+        .stream(&stream)
+        .sdk_config(env.sdk_config())
+        .worker_id("w-release")
+        .initial_position(InitialPosition::TrimHorizon)
+        .lease_duration(Duration::from_secs(6))
+        .taker_interval(Duration::from_secs(1))
+        .idle_time_between_reads(Duration::from_millis(200))
+        .processor(|_: &ShardContext| Quiet)
+        .build()
+        .unwrap();
+    let handle = worker.handle();
+    let run = tokio::spawn(worker.run());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while handle.status().consuming.len() < 2 {
+        assert!(Instant::now() < deadline, "{:?}", handle.status());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let before = handle.status().leases;
+
+    let out = ok(&kcl(
+        &[
+            "leases",
+            "release",
+            "--app",
+            &app,
+            "--shard",
+            "shardId-000000000000",
+        ],
+        &[],
+    )
+    .await);
+    assert!(
+        out.contains("released shard shardId-000000000000 (owner was w-release"),
+        "{out}"
+    );
+    let released = Instant::now();
+    // The worker takes it back at its next tick (1 s +/- 25%), whether
+    // its renewer noticed the loss first (every 2 s) or not: either way
+    // the shard's consumer restarts from the checkpoint.
+    loop {
+        let status = handle.status();
+        if status.leases.taken > before.taken && status.consuming.len() == 2 {
+            break;
+        }
+        assert!(
+            released.elapsed() < Duration::from_secs(10),
+            "not taken again: before {before:?}, now {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let json: Value =
+        serde_json::from_str(&ok(&kcl(&["leases", "--app", &app, "--json"], &[]).await)).unwrap();
+    let owners: Vec<&Value> = json["leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| &l["owner"])
+        .collect();
+    assert_eq!(
+        owners,
+        [&Value::from("w-release"), &Value::from("w-release")]
+    );
+
+    // Releasing an unowned lease is a no-op that says so.
+    handle.shutdown();
+    tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let out = ok(&kcl(
+        &[
+            "leases",
+            "release",
+            "--app",
+            &app,
+            "--shard",
+            "shardId-000000000001",
+        ],
+        &[],
+    )
+    .await);
+    assert!(out.contains("not owned by any worker"), "{out}");
+}
+
+// ---------------------------------------------------------------------------
+// kcl consume
+// ---------------------------------------------------------------------------
+
+const KEYS: u32 = 8;
+
+/// A `kcl consume` process writing to files.
+struct Consumer {
+    child: Child,
+    stdout: PathBuf,
+    stderr: PathBuf,
+}
+
+impl Consumer {
+    fn spawn(dir: &Path, id: &str, app: &str, stream: &str) -> Consumer {
+        let stdout = dir.join(format!("{id}.jsonl"));
+        let stderr = dir.join(format!("{id}.log"));
+        let child = Command::new(KCL)
+            .args([
+                "consume",
+                "--app",
+                app,
+                "--stream",
+                stream,
+                "--position",
+                "TRIM_HORIZON",
+                "--worker-id",
+                id,
+                "--lease-duration",
+                "6s",
+                "--taker-interval",
+                "1s",
+                "--idle-time-between-reads",
+                "200ms",
+                "--shutdown-timeout",
+                "10s",
+            ])
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&stdout).unwrap())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        Consumer {
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    fn lines(&self) -> Vec<Value> {
+        let text = std::fs::read_to_string(&self.stdout).unwrap_or_default();
+        // A line being written may be incomplete; complete lines parse.
+        text.lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// SIGTERM, then a clean exit within `within`.
+    async fn terminate(mut self, within: Duration) -> Vec<Value> {
+        let pid = self.child.id().unwrap().to_string();
+        let killed = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let status = tokio::time::timeout(within, self.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("not stopped within {within:?} of SIGTERM"))
+            .unwrap();
+        let log = std::fs::read_to_string(&self.stderr).unwrap_or_default();
+        assert!(status.success(), "exit {status:?}; stderr:\n{log}");
+        self.lines()
+    }
+}
+
+/// Owners of the app's leases, through `kcl leases --json`, once no lease
+/// is unowned or in a handoff.
+async fn settled_owners(app: &str) -> Option<BTreeMap<String, usize>> {
+    let out = kcl(&["leases", "--app", app, "--json"], &[]).await;
+    if !out.status.success() {
+        return None; // the table is not there yet
+    }
+    let json: Value = serde_json::from_str(&text(&out.stdout)).ok()?;
+    let leases = json["leases"].as_array()?;
+    if leases.is_empty() || leases.iter().any(|l| l["state"] != "active") {
+        return None;
+    }
+    let mut owners = BTreeMap::new();
+    for l in leases {
+        *owners.entry(l["owner"].as_str()?.to_owned()).or_default() += 1;
+    }
+    Some(owners)
+}
+
+/// Waits until both copies hold leases, none in a handoff.
+async fn balanced(app: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let owners = settled_owners(app).await;
+        if owners.as_ref().is_some_and(|o| o.len() == 2) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "not balanced: {owners:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn records(from: u64, to: u64) -> Vec<TestRecord> {
+    (from..to)
+        .flat_map(|counter| (0..KEYS).map(move |key| TestRecord { key, counter }))
+        .collect()
+}
+
+/// Checks the lines of both copies against what was sent: every record
+/// exactly once, with the right fields.
+fn exactly_once(lines: &[Value], sent: &[SentRecord], stream: &str) {
+    let by_payload: HashMap<String, &SentRecord> =
+        sent.iter().map(|s| (s.record.payload(), s)).collect();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for line in lines {
+        let data = line["data"].as_str().unwrap().to_owned();
+        let s = by_payload
+            .get(&data)
+            .unwrap_or_else(|| panic!("a record that was not produced now: {line}"));
+        assert_eq!(line["stream"], stream);
+        assert_eq!(line["shard"], s.shard_id.as_str(), "{line}");
+        assert_eq!(line["sequence"], s.sequence_number.as_str(), "{line}");
+        assert_eq!(line["sub_sequence"], 0);
+        assert_eq!(line["partition_key"], s.record.partition_key().as_str());
+        assert_eq!(line["data_encoding"], "utf-8");
+        assert!(
+            line["arrival"].as_str().is_some_and(|a| a.ends_with('Z')),
+            "{line}"
+        );
+        *seen.entry(data).or_default() += 1;
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "printed more than once: {twice:?}");
+    let missing: Vec<_> = by_payload
+        .keys()
+        .filter(|p| !seen.contains_key(*p))
+        .collect();
+    assert!(missing.is_empty(), "never printed: {missing:?}");
+}
+
+async fn wait_for_lines(copies: &[&Consumer], n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let got: usize = copies.iter().map(|c| c.lines().len()).sum();
+        if got >= n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{got} of {n} lines");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_consumers_share_a_stream_exactly_once_and_resume() {
+    let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
+    let stream = unique_name("kcl-cli-consume");
+    let app = unique_name("kcl-cli-consume-app");
+    create_stream(env.kinesis(), &stream, 4).await.unwrap();
+    let dir = std::env::temp_dir().join(unique_name("kcl-cli-consume"));
+    std::fs::create_dir_all(&dir).unwrap();
+
+    // Round 1: both copies share the shards, then the records come.
+    let a = Consumer::spawn(&dir, "c1", &app, &stream);
+    let b = Consumer::spawn(&dir, "c2", &app, &stream);
+    balanced(&app).await;
+    let first = put_records(env.kinesis(), &stream, &records(0, 10))
+        .await
+        .unwrap();
+    wait_for_lines(&[&a, &b], first.len()).await;
+    let mut lines = a.terminate(Duration::from_secs(30)).await;
+    lines.extend(b.terminate(Duration::from_secs(30)).await);
+    exactly_once(&lines, &first, &stream);
+
+    // Round 2: more records while stopped; restarted copies print only
+    // those, from their checkpoints.
+    let second = put_records(env.kinesis(), &stream, &records(10, 20))
+        .await
+        .unwrap();
+    let a = Consumer::spawn(&dir, "c1-again", &app, &stream);
+    let b = Consumer::spawn(&dir, "c2-again", &app, &stream);
+    wait_for_lines(&[&a, &b], second.len()).await;
+    // Let the second copy get its share (handoffs drain gracefully), and
+    // make sure nothing old shows up meanwhile.
+    balanced(&app).await;
+    let mut lines = a.terminate(Duration::from_secs(30)).await;
+    lines.extend(b.terminate(Duration::from_secs(30)).await);
+    exactly_once(&lines, &second, &stream);
+    let _ = std::fs::remove_dir_all(&dir);
+}
