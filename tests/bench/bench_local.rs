@@ -602,7 +602,7 @@ pub(crate) async fn throughput() -> anyhow::Result<Section> {
 }
 
 // ---------------------------------------------------------------------------
-// DynamoDB cost of an idle fleet (as tests/bench/idle_fleet_cost.rs)
+// DynamoDB cost of an idle fleet
 // ---------------------------------------------------------------------------
 
 const COST_WORKERS: usize = 4;

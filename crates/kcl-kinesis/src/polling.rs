@@ -24,9 +24,9 @@ use std::time::SystemTime;
 
 use aws_sdk_kinesis::operation::get_records::GetRecordsOutput;
 use bytes::Bytes;
+use kcl_core::Checkpoint;
 use kcl_core::coordinator::LeaseHandle;
 use kcl_core::source::{Batch, ChildShard, OpenShard, SourceError, StartPosition};
-use kcl_core::{Checkpoint, HashKeyRange};
 use metrics::{Counter, Gauge};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -36,6 +36,7 @@ use crate::api::IteratorStart;
 use crate::error::{Class, classify};
 use crate::kpl::{self, Deaggregator, RawRecord, ShardHashRange};
 use crate::source::{Failure, Op, Shared, list_after, retryable, retrying};
+use crate::source::{children_in, reported_children};
 use crate::task_reader::{Delivery, TaskReader};
 
 /// Batches the fetch task may have waiting for the reader. The record and
@@ -485,21 +486,7 @@ impl Fetcher {
         &self,
         from_response: Option<Vec<aws_sdk_kinesis::types::ChildShard>>,
     ) -> Result<Option<Vec<ChildShard>>, SourceError> {
-        let listed: Option<Vec<ChildShard>> = from_response
-            .unwrap_or_default()
-            .into_iter()
-            .map(|c| {
-                Some(ChildShard {
-                    hash_key_range: c.hash_key_range.map(|r| HashKeyRange {
-                        starting: r.starting_hash_key,
-                        ending: r.ending_hash_key,
-                    })?,
-                    shard_id: c.shard_id,
-                    parent_shard_ids: c.parent_shards,
-                })
-            })
-            .collect();
-        if let Some(children) = listed.filter(|c| !c.is_empty()) {
+        if let Some(children) = reported_children(from_response) {
             return Ok(Some(children));
         }
         debug!(stream = %self.ctx.stream, shard = %self.ctx.shard_id,
@@ -512,15 +499,7 @@ impl Fetcher {
             }
             match list_after(&self.ctx.shared, &self.ctx.stream, &self.ctx.shard_id).await {
                 Ok(shards) => {
-                    let children = shards
-                        .into_iter()
-                        .filter(|s| s.parents().any(|p| p == self.ctx.shard_id))
-                        .map(|s| ChildShard {
-                            parent_shard_ids: s.parents().map(str::to_owned).collect(),
-                            shard_id: s.shard_id,
-                            hash_key_range: s.hash_key_range,
-                        })
-                        .collect::<Vec<_>>();
+                    let children = children_in(shards, &self.ctx.shard_id);
                     if children.is_empty() {
                         warn!(stream = %self.ctx.stream, shard = %self.ctx.shard_id,
                             "closed shard has no children in ListShards");

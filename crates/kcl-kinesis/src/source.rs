@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use aws_sdk_kinesis::types::{Shard, ShardFilter, ShardFilterType};
 use kcl_core::HashKeyRange;
 use kcl_core::coordinator::LeaseHandle;
-use kcl_core::source::{OpenShard, ShardInfo, ShardReader, ShardSource, SourceError};
+use kcl_core::source::{ChildShard, OpenShard, ShardInfo, ShardReader, ShardSource, SourceError};
 use tracing::{debug, warn};
 
 use crate::api::{KinesisApi, ListShardsPage};
@@ -268,6 +268,42 @@ impl ShardSource for KinesisShardSource {
         let reader = PollingReader::open(self.shared.clone(), request).await?;
         Ok(Box::new(reader))
     }
+}
+
+/// The children a closed shard's last response reported, or `None` when
+/// they are missing or incomplete (a range absent): then `ListShards` must
+/// say. Shared by the polling and fan-out readers.
+pub(crate) fn reported_children(
+    reported: Option<Vec<aws_sdk_kinesis::types::ChildShard>>,
+) -> Option<Vec<ChildShard>> {
+    reported
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| {
+            Some(ChildShard {
+                hash_key_range: c.hash_key_range.map(|r| HashKeyRange {
+                    starting: r.starting_hash_key,
+                    ending: r.ending_hash_key,
+                })?,
+                shard_id: c.shard_id,
+                parent_shard_ids: c.parent_shards,
+            })
+        })
+        .collect::<Option<Vec<_>>>()
+        .filter(|c| !c.is_empty())
+}
+
+/// The children of `parent` in a shard listing.
+pub(crate) fn children_in(shards: Vec<ShardInfo>, parent: &str) -> Vec<ChildShard> {
+    shards
+        .into_iter()
+        .filter(|s| s.parents().any(|p| p == parent))
+        .map(|s| ChildShard {
+            parent_shard_ids: s.parents().map(str::to_owned).collect(),
+            shard_id: s.shard_id,
+            hash_key_range: s.hash_key_range,
+        })
+        .collect()
 }
 
 /// The shards that follow `shard_id` (the only ones that can be its

@@ -6,9 +6,9 @@ use std::time::{Duration, SystemTime};
 
 use aws_sdk_kinesis::types::{SubscribeToShardEvent, SubscribeToShardEventStream};
 use bytes::Bytes;
+use kcl_core::Checkpoint;
 use kcl_core::coordinator::LeaseHandle;
 use kcl_core::source::{Batch, ChildShard, OpenShard, SourceError, StartPosition};
-use kcl_core::{Checkpoint, HashKeyRange};
 use metrics::{Counter, Gauge};
 use tokio::sync::mpsc::{self, OwnedPermit};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -22,6 +22,7 @@ use crate::api::IteratorStart;
 use crate::error::{Class, Classified, classify};
 use crate::kpl::{self, Deaggregator, RawRecord, ShardHashRange};
 use crate::source::{Failure, Op, Shared, list_after, retryable, retrying};
+use crate::source::{children_in, reported_children};
 use crate::task_reader::{Delivery, TaskReader};
 
 /// Kinesis accepts one `SubscribeToShard` per second per consumer and
@@ -743,21 +744,7 @@ impl Subscriber {
         &self,
         reported: Option<Vec<aws_sdk_kinesis::types::ChildShard>>,
     ) -> Result<Option<Vec<ChildShard>>, SourceError> {
-        let listed: Option<Vec<ChildShard>> = reported
-            .unwrap_or_default()
-            .into_iter()
-            .map(|c| {
-                Some(ChildShard {
-                    hash_key_range: c.hash_key_range.map(|r| HashKeyRange {
-                        starting: r.starting_hash_key,
-                        ending: r.ending_hash_key,
-                    })?,
-                    shard_id: c.shard_id,
-                    parent_shard_ids: c.parent_shards,
-                })
-            })
-            .collect();
-        if let Some(children) = listed.filter(|c| !c.is_empty()) {
+        if let Some(children) = reported_children(reported) {
             return Ok(Some(children));
         }
         debug!(stream = %self.stream, shard = %self.shard_id,
@@ -768,15 +755,7 @@ impl Subscriber {
             }
             match list_after(&self.shared, &self.stream, &self.shard_id).await {
                 Ok(shards) => {
-                    let children = shards
-                        .into_iter()
-                        .filter(|s| s.parents().any(|p| p == self.shard_id))
-                        .map(|s| ChildShard {
-                            parent_shard_ids: s.parents().map(str::to_owned).collect(),
-                            shard_id: s.shard_id,
-                            hash_key_range: s.hash_key_range,
-                        })
-                        .collect::<Vec<_>>();
+                    let children = children_in(shards, &self.shard_id);
                     if children.is_empty() {
                         warn!(stream = %self.stream, shard = %self.shard_id,
                             "closed shard has no children in ListShards");
