@@ -9,7 +9,7 @@ use std::sync::Arc;
 use aws_sdk_dynamodb::types::AttributeValue;
 use futures::TryStreamExt;
 use kcl_core::store::metered::MeteredStore;
-use kcl_core::store::{CheckpointUpdate, LeaseStore, StoreOp};
+use kcl_core::store::{CheckpointUpdate, Holder, LeaseStore, StoreOp};
 use kcl_core::{Checkpoint, Lease};
 use kcl_dynamodb::{Capacity, DynamoDbLeaseStore, ensure_table};
 use kcl_tests::{TestEnv, unique_name};
@@ -117,18 +117,17 @@ async fn updates_keep_attributes_this_store_does_not_know() {
     put_raw(&store, item).await;
 
     let seen = store.get("shardId-000000000000").await.unwrap().unwrap();
-    let l = store.take(&seen, "a").await.unwrap();
-    let l = store.renew(&l.key, "a", l.counter).await.unwrap();
+    let (a, b) = (Holder::new("a", "t-a"), Holder::new("b", "t-b"));
+    let l = store.take(&seen, a).await.unwrap();
+    let l = store.renew(&l.key, a, l.counter).await.unwrap();
     store
-        .checkpoint(&l.key, "a", &CheckpointUpdate::to(Checkpoint::at("17", 0)))
+        .checkpoint(&l.key, a, &CheckpointUpdate::to(Checkpoint::at("17", 0)))
         .await
         .unwrap();
-    let h = store
-        .start_handoff(&l.key, "a", l.counter, "b")
-        .await
-        .unwrap();
-    store.complete_handoff(&h.key, "a").await.unwrap();
-    store.release(&h.key, "b").await.unwrap();
+    let l = store.reclaim(&l, a).await.unwrap();
+    let h = store.start_handoff(&l, b).await.unwrap();
+    store.complete_handoff(&h.key, a).await.unwrap();
+    store.release(&h.key, b).await.unwrap();
 
     let raw = store
         .client()
@@ -244,7 +243,10 @@ async fn reads_items_written_by_the_java_kcl_and_skips_malformed_ones() {
     assert_eq!(single.parent_shard_ids.len(), 1);
 
     // A Java-written lease can be taken over by this store.
-    let taken = store.take(single, "rust-worker").await.unwrap();
+    let taken = store
+        .take(single, Holder::new("rust-worker", "t-1"))
+        .await
+        .unwrap();
     assert_eq!(taken.owner_switches_since_checkpoint, 3);
 }
 
@@ -260,8 +262,9 @@ async fn consumed_capacity_is_reported_per_operation() {
         .create_if_absent(&Lease::new("s", Checkpoint::TrimHorizon))
         .await
         .unwrap();
-    let l = store.take(&l, "a").await.unwrap();
-    store.renew("s", "a", l.counter).await.unwrap();
+    let a = Holder::new("a", "t-a");
+    let l = store.take(&l, a).await.unwrap();
+    store.renew("s", a, l.counter).await.unwrap();
     let _: Vec<Lease> = store.scan().try_concat().await.unwrap();
     let snap = store.stats().snapshot();
     for op in [

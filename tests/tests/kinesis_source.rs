@@ -10,7 +10,7 @@ use anyhow::{Context, bail, ensure};
 use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::PutRecordsRequestEntry;
 use bytes::Bytes;
-use kcl_core::coordinator::{EndReason, LeaseHandle};
+use kcl_core::leases::{EndReason, LeaseHandle};
 use kcl_core::shard_sync::{SyncReport, sync_shards};
 use kcl_core::source::{
     InitialPosition, OpenShard, ShardInfo, ShardReader, ShardSource, SourceError, StartPosition,

@@ -16,7 +16,7 @@ use aws_sdk_dynamodb::types::{
 use clap::Args;
 use futures::TryStreamExt as _;
 use kcl::Checkpoint;
-use kcl::core::{Lease, LeaseStore as _};
+use kcl::core::{Holder, Lease, LeaseStore as _};
 use kcl_dynamodb::DynamoDbLeaseStore;
 use kcl_dynamodb::item::{ReadItem, attr, from_item};
 
@@ -226,7 +226,9 @@ pub(crate) async fn reset(a: ResetArgs) -> anyhow::Result<()> {
     let n = |v: u64| AttributeValue::N(v.to_string());
     // The counter is bumped like any ownership change: a worker about to
     // take the lease with the counter it scanned loses that race instead
-    // of taking it with the old checkpoint in hand.
+    // of taking it with the old checkpoint in hand. Removing the tenures
+    // ends every holder's tenure: an evicted owner's checkpoint still in
+    // flight fails its condition instead of overwriting the reset.
     let mut condition = "#counter = :seen".to_owned();
     if !a.force {
         condition.push_str(" AND attribute_not_exists(#owner) AND attribute_not_exists(#cpOwner)");
@@ -242,6 +244,8 @@ pub(crate) async fn reset(a: ResetArgs) -> anyhow::Result<()> {
             ("#pcp", attr::PENDING_CHECKPOINT),
             ("#psub", attr::PENDING_CHECKPOINT_SUB),
             ("#pstate", attr::PENDING_CHECKPOINT_STATE),
+            ("#tenure", attr::TENURE),
+            ("#cpTenure", attr::CHECKPOINT_OWNER_TENURE),
         ]
         .map(|(k, v)| (k.to_owned(), v.to_owned())),
     );
@@ -263,7 +267,7 @@ pub(crate) async fn reset(a: ResetArgs) -> anyhow::Result<()> {
         .key(attr::LEASE_KEY, s(&lease.key))
         .update_expression(
             "SET #cp = :cp, #sub = :sub, #counter = :next, #switches = :zero \
-             REMOVE #owner, #cpOwner, #pcp, #psub, #pstate",
+             REMOVE #owner, #cpOwner, #pcp, #psub, #pstate, #tenure, #cpTenure",
         )
         .condition_expression(condition)
         .set_expression_attribute_names(Some(names))
@@ -347,11 +351,13 @@ pub(crate) async fn release(a: ReleaseArgs) -> anyhow::Result<()> {
     let table = Table::open(&a.table).await?;
     let lease = table.find(&a.shard, a.stream.as_deref()).await?;
     let shard = &lease.shard_id;
-    let Some(owner) = &lease.owner else {
+    let (Some(owner), Some(holder)) = (&lease.owner, Holder::owner_of(&lease)) else {
         println!("shard {shard} is not owned by any worker; nothing to release");
         return Ok(());
     };
-    match table.store.release(&lease.key, owner).await {
+    // Pinned to the tenure read above: if the worker re-took the lease
+    // since (a new tenure), nothing is released.
+    match table.store.release(&lease.key, holder).await {
         Ok(now) => {
             println!(
                 "released shard {shard} (owner was {owner}; counter {} -> {}): a running \

@@ -1,5 +1,7 @@
-//! The checkpointer handed to processors: every write conditional on
-//! ownership, every position validated.
+//! The checkpointer handed to processors: every write conditional on the
+//! lease's tenure (the worker id alone would let a write of an earlier
+//! tenure, or of another process under the same id, land), every position
+//! validated.
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -10,8 +12,8 @@ use backon::{ExponentialBuilder, Retryable};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::coordinator::LeaseHandle;
 use crate::lease::Checkpoint;
+use crate::leases::LeaseHandle;
 use crate::record::Record;
 use crate::store::{CheckpointUpdate, LeaseStore, StoreError};
 
@@ -47,7 +49,6 @@ pub enum CheckpointError {
 /// Writes checkpoints for one shard. Given to the processor with each batch.
 pub struct Checkpointer {
     store: Arc<dyn LeaseStore>,
-    worker_id: String,
     lease: LeaseHandle,
     last_checkpoint: Checkpoint,
     last_delivered: Option<(String, u64)>,
@@ -71,7 +72,6 @@ impl fmt::Debug for Checkpointer {
 impl Checkpointer {
     pub(crate) fn new(
         store: Arc<dyn LeaseStore>,
-        worker_id: String,
         lease: LeaseHandle,
         starting: Checkpoint,
         lost: CancellationToken,
@@ -83,7 +83,6 @@ impl Checkpointer {
                 ("shard", held.shard_id),
             ],
             store,
-            worker_id,
             lease,
             last_checkpoint: starting,
             last_delivered: None,
@@ -98,17 +97,12 @@ impl Checkpointer {
         self
     }
 
-    /// A checkpointer not tied to a running worker, for testing processors.
+    /// A checkpointer not tied to a running worker, for testing processors
+    /// (its writes are conditional on `lease`'s owner and tenure).
     #[cfg(any(test, feature = "test-util"))]
-    pub fn for_test(store: Arc<dyn LeaseStore>, worker_id: &str, lease: LeaseHandle) -> Self {
+    pub fn for_test(store: Arc<dyn LeaseStore>, lease: LeaseHandle) -> Self {
         let starting = lease.lease().checkpoint;
-        Self::new(
-            store,
-            worker_id.to_owned(),
-            lease,
-            starting,
-            CancellationToken::new(),
-        )
+        Self::new(store, lease, starting, CancellationToken::new())
     }
 
     /// Records that `record` was handed to the processor.
@@ -135,6 +129,14 @@ impl Checkpointer {
 
     pub(crate) fn set_shard_ended(&mut self) {
         self.shard_ended = true;
+    }
+
+    /// The tenure this worker holds the shard's lease under: every
+    /// checkpoint is conditional on it, and a later take of the same lease
+    /// (by any process, this worker's id included) starts another. Useful
+    /// in logs, and to fence the application's own writes.
+    pub fn lease_tenure(&self) -> &str {
+        self.lease.tenure()
     }
 
     /// The last checkpoint written (or the one processing started from).
@@ -232,19 +234,18 @@ impl Checkpointer {
             self.lost.cancel();
             return Err(CheckpointError::LeaseLost { key });
         }
-        let (store, lease, worker_id) = (&self.store, &self.lease, &self.worker_id);
+        let (store, lease) = (&self.store, &self.lease);
         let result = (|| async {
-            // No attempt once the lease has ended: the checkpoint's
-            // condition is the owner only, so a retry that outlives this
-            // tenure would pass under the next one of this same worker and
-            // move its checkpoint backwards.
+            // No attempt once this worker stopped believing in the lease:
+            // the tenure condition keeps a late write out of a later
+            // tenure, and this keeps one out of a handoff's thief as well.
             if !lease.may_checkpoint() {
                 return Err(StoreError::ConditionFailed {
                     key: key.clone(),
                     current: None,
                 });
             }
-            store.checkpoint(&key, worker_id, &update).await
+            store.checkpoint(&key, lease.holder(), &update).await
         })
         .retry(
             ExponentialBuilder::default()
@@ -315,9 +316,12 @@ mod tests {
             .create_if_absent(&Lease::new("s", Checkpoint::TrimHorizon))
             .await
             .unwrap();
-        let lease = store.take(&lease, "me").await.unwrap();
+        let lease = store
+            .take(&lease, crate::store::Holder::new("me", "t1"))
+            .await
+            .unwrap();
         let handle = LeaseHandle::detached(lease, Duration::from_secs(60));
-        let cp = Checkpointer::for_test(Arc::new(store.clone()), "me", handle);
+        let cp = Checkpointer::for_test(Arc::new(store.clone()), handle);
         (store, cp)
     }
 
@@ -381,11 +385,33 @@ mod tests {
     async fn a_moved_lease_is_lease_lost_and_stops_the_consumer() {
         let (store, mut cp) = setup().await;
         let current = store.get("s").await.unwrap().unwrap();
-        store.take(&current, "thief").await.unwrap();
+        store
+            .take(&current, crate::store::Holder::new("thief", "t2"))
+            .await
+            .unwrap();
         cp.delivered_for_test("7", 0);
         let e = cp.checkpoint().await.unwrap_err();
         assert!(matches!(e, CheckpointError::LeaseLost { .. }), "{e}");
         assert!(cp.lost.is_cancelled());
+        assert_eq!(
+            store.get("s").await.unwrap().unwrap().checkpoint,
+            Checkpoint::TrimHorizon
+        );
+    }
+
+    #[tokio::test]
+    async fn a_write_of_an_earlier_tenure_of_this_worker_is_rejected() {
+        let (store, mut cp) = setup().await;
+        // The same worker id took the lease again in a new tenure (a
+        // restart, or another process under the same id).
+        let current = store.get("s").await.unwrap().unwrap();
+        store
+            .reclaim(&current, crate::store::Holder::new("me", "t-later"))
+            .await
+            .unwrap();
+        cp.delivered_for_test("7", 0);
+        let e = cp.checkpoint().await.unwrap_err();
+        assert!(matches!(e, CheckpointError::LeaseLost { .. }), "{e}");
         assert_eq!(
             store.get("s").await.unwrap().unwrap().checkpoint,
             Checkpoint::TrimHorizon

@@ -32,6 +32,8 @@ pub struct LeaseConfig {
     pub(crate) max_leases_to_steal: usize,
     pub(crate) renew_concurrency: usize,
     pub(crate) handoff_timeout: Duration,
+    pub(crate) store_timeout: Duration,
+    pub(crate) release_on_drop: bool,
     pub(crate) seed: Option<u64>,
 }
 
@@ -49,6 +51,8 @@ impl LeaseConfig {
             max_leases_to_steal: 4,
             renew_concurrency: 32,
             handoff_timeout: None,
+            store_timeout: None,
+            release_on_drop: true,
             seed: None,
         }
     }
@@ -87,6 +91,12 @@ impl LeaseConfig {
     pub fn handoff_timeout(&self) -> Duration {
         self.handoff_timeout
     }
+    /// The longest one lease-table call may take before it counts as
+    /// failed (its write may still have applied, which every caller
+    /// reconciles).
+    pub fn store_timeout(&self) -> Duration {
+        self.store_timeout
+    }
 }
 
 /// Builder of [`LeaseConfig`].
@@ -102,6 +112,8 @@ pub struct LeaseConfigBuilder {
     max_leases_to_steal: usize,
     renew_concurrency: usize,
     handoff_timeout: Option<Duration>,
+    store_timeout: Option<Duration>,
+    release_on_drop: bool,
     seed: Option<u64>,
 }
 
@@ -164,6 +176,23 @@ impl LeaseConfigBuilder {
         self.handoff_timeout = Some(d);
         self
     }
+    /// The longest one lease-table call may take (default: half the renew
+    /// interval, at most 5 s, so a renewal stuck on a dead connection is
+    /// retried within the same round). It must be below the renew
+    /// interval.
+    pub fn store_timeout(mut self, d: Duration) -> Self {
+        self.store_timeout = Some(d);
+        self
+    }
+    /// Whether a coordinator dropped without
+    /// [`crate::LeaseCoordinator::shutdown`] (a panic unwinding the
+    /// application, a runtime shut down under the worker) releases its
+    /// leases, best effort and within two seconds, instead of leaving them
+    /// to expire (default true). Turn it off only to simulate a crash.
+    pub fn release_on_drop(mut self, on: bool) -> Self {
+        self.release_on_drop = on;
+        self
+    }
     /// Seeds the tick jitter, for reproducible simulations.
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
@@ -224,6 +253,18 @@ impl LeaseConfigBuilder {
                 ),
             );
         }
+        let store_timeout = self
+            .store_timeout
+            .unwrap_or((renew_interval / 2).min(Duration::from_secs(5)));
+        if store_timeout.is_zero() || store_timeout >= renew_interval {
+            return err(
+                "store_timeout",
+                format!(
+                    "is {store_timeout:?}; it must be above zero and below renew_interval \
+                     ({renew_interval:?}) so a stuck renewal is retried before the next round"
+                ),
+            );
+        }
         if self.max_leases_per_worker == 0 {
             return err("max_leases_per_worker", "must be at least 1".into());
         }
@@ -241,6 +282,8 @@ impl LeaseConfigBuilder {
             max_leases_to_steal: self.max_leases_to_steal,
             renew_concurrency: self.renew_concurrency,
             handoff_timeout,
+            store_timeout,
+            release_on_drop: self.release_on_drop,
             seed: self.seed,
         })
     }
@@ -280,6 +323,10 @@ mod tests {
                 "taker_interval",
             ),
             (LeaseConfig::builder("w").jitter(1.0), "jitter"),
+            (
+                LeaseConfig::builder("w").store_timeout(Duration::from_secs(4)),
+                "store_timeout",
+            ),
             (
                 LeaseConfig::builder("w").max_leases_per_worker(0),
                 "max_leases_per_worker",

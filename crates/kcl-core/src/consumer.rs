@@ -14,8 +14,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::checkpointer::Checkpointer;
-use crate::coordinator::LeaseHandle;
 use crate::lease::{Checkpoint, LeaseLayout};
+use crate::leases::LeaseHandle;
 use crate::processor::{
     FailurePolicy, InitializeInput, ProcessorFactory, RecordBatch, RecordProcessor, ShardContext,
 };
@@ -41,6 +41,9 @@ pub(crate) struct ConsumerSetup {
     pub(crate) max_backoff: Duration,
     /// One consumer per shard at a time in this worker (see [`ShardSlots`]).
     pub(crate) slots: Arc<ShardSlots>,
+    /// Asks the worker's shard sync to run now (a merge child waits for a
+    /// lease only the sync can create).
+    pub(crate) sync_now: Arc<tokio::sync::Notify>,
 }
 
 impl std::fmt::Debug for ConsumerSetup {
@@ -61,12 +64,11 @@ const PREVIOUS_CONSUMER_GRACE: Duration = Duration::from_secs(30);
 
 /// One consumer per shard at a time in this worker. When the worker takes a
 /// lease again (a fence during a store outage, then a reclaim), the
-/// consumer of its previous tenure may still be inside a processor call,
-/// retrying a checkpoint. Checkpoints are conditional on the owner only, so
-/// such a write, landing after the new tenure's checkpoints, would move the
-/// checkpoint backwards. The new consumer waits for the old one, reads the
-/// checkpoint after the old one's last write, and two processors of one
-/// shard never run in one worker.
+/// consumer of its previous tenure may still be inside a processor call.
+/// Its checkpoints can no longer land (they are conditional on its tenure),
+/// but its side effects would overlap the new tenure's: the new consumer
+/// waits for the old one, reads the checkpoint after it, and two processors
+/// of one shard never run in one worker.
 #[derive(Debug, Default)]
 pub(crate) struct ShardSlots {
     slots: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -230,7 +232,6 @@ pub(crate) async fn run(
     let mut processor = c.setup.factory.create(&c.ctx);
     let mut checkpointer = Checkpointer::new(
         Arc::clone(&c.setup.store),
-        c.setup.worker_id.clone(),
         c.lease.clone(),
         current.checkpoint.clone(),
         c.lost.clone(),
@@ -300,8 +301,15 @@ fn exit_without_processor(stop: Stop) -> ConsumerExit {
 }
 
 /// Invariant 5: a child starts only once every parent reached SHARD_END.
-/// A parent with no lease counts as done: it was finished and cleaned up,
-/// or deliberately never leased (an application starting at LATEST).
+///
+/// A parent with no lease counts as done. That is sound because a child's
+/// lease is only ever created once each of its parents has a lease or is
+/// deliberately never read: shard sync creates parents first (and skips
+/// only closed roots under LATEST and shards trimmed away), and a parent's
+/// consumer creates a merge child only once the other parent's lease
+/// exists (see [`create_children`]). So a parent missing now was finished
+/// and cleaned up (cleanup needs every child leased), or was never to be
+/// read.
 async fn wait_for_parents(c: &Consumer) -> Result<(), Stop> {
     let parents = c.lease.lease().parent_shard_ids;
     if parents.is_empty() {
@@ -542,21 +550,7 @@ async fn finish_shard(
     checkpointer: &mut Checkpointer,
     children: &[ChildShard],
 ) -> Result<(), Stop> {
-    for child in children {
-        let mut lease = c
-            .setup
-            .layout
-            .new_lease(&child.shard_id, Checkpoint::TrimHorizon);
-        lease.parent_shard_ids = child.parent_shard_ids.iter().cloned().collect();
-        lease.hash_key_range = Some(child.hash_key_range.clone());
-        match c.setup.store.create_if_absent(&lease).await {
-            Ok(_) => info!(child = %child.shard_id, "created the child shard's lease"),
-            Err(e) if e.is_condition_failed() => {}
-            // Shard sync creates it later; the child cannot start before
-            // this parent's SHARD_END anyway.
-            Err(e) => warn!(child = %child.shard_id, error = %e, "creating a child lease failed"),
-        }
-    }
+    create_children(c, children).await?;
     checkpointer.set_shard_ended();
     let mut backoff = Backoff::new(c.setup.max_backoff);
     loop {
@@ -586,5 +580,77 @@ async fn finish_shard(
             }
         }
         c.pause(backoff.step()).await?;
+    }
+}
+
+/// Creates the children's leases, retrying failures until each exists.
+/// SHARD_END is checkpointed only after: a child created later by shard
+/// sync alone would still be correct, but cleanup and the next owner rely
+/// on a finished parent's children being leased.
+async fn create_children(c: &Consumer, children: &[ChildShard]) -> Result<(), Stop> {
+    let mut backoff = Backoff::new(c.setup.max_backoff);
+    let mut pending: Vec<&ChildShard> = children.iter().collect();
+    loop {
+        let mut left = Vec::new();
+        for child in pending {
+            match create_child(c, child).await {
+                Ok(()) => {}
+                Err(why) => {
+                    warn!(child = %child.shard_id, why, "the child shard's lease is not created yet; retrying");
+                    left.push(child);
+                }
+            }
+        }
+        if left.is_empty() {
+            return Ok(());
+        }
+        c.setup.sync_now.notify_one();
+        c.pause(backoff.step()).await?;
+        pending = left;
+    }
+}
+
+/// Creates one child's lease unless it exists. A merge child waits until
+/// its other parent has a lease: created from this parent alone, it would
+/// be read before the other parent, and the next shard sync would take
+/// that parent (closed, no lease, a child leased) for finished and never
+/// read it. Shard sync, which knows the other parent's lineage, creates
+/// its lease (and then the child's), or the child's alone when the other
+/// parent is never to be read.
+async fn create_child(c: &Consumer, child: &ChildShard) -> Result<(), String> {
+    let key = c.setup.layout.key(&child.shard_id);
+    match c.setup.store.get(&key).await {
+        Ok(Some(_)) => return Ok(()),
+        Ok(None) => {}
+        Err(e) => return Err(format!("reading its lease failed: {e}")),
+    }
+    for other in child
+        .parent_shard_ids
+        .iter()
+        .filter(|p| **p != c.ctx.shard_id)
+    {
+        match c.setup.store.get(&c.setup.layout.key(other)).await {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                return Err(format!(
+                    "its other parent {other} has no lease yet (shard sync creates it first)"
+                ));
+            }
+            Err(e) => return Err(format!("reading its other parent {other} failed: {e}")),
+        }
+    }
+    let mut lease = c
+        .setup
+        .layout
+        .new_lease(&child.shard_id, Checkpoint::TrimHorizon);
+    lease.parent_shard_ids = child.parent_shard_ids.iter().cloned().collect();
+    lease.hash_key_range = Some(child.hash_key_range.clone());
+    match c.setup.store.create_if_absent(&lease).await {
+        Ok(_) => {
+            info!(child = %child.shard_id, "created the child shard's lease");
+            Ok(())
+        }
+        Err(e) if e.is_condition_failed() => Ok(()),
+        Err(e) => Err(format!("creating it failed: {e}")),
     }
 }

@@ -151,6 +151,14 @@ pub struct Lease {
     /// During a graceful handoff: the previous owner, who may still
     /// checkpoint until it completes the handoff.
     pub checkpoint_owner: Option<String>,
+    /// The owner's tenure: a fresh id written by every take, on which every
+    /// later write of that holder is conditional (kcl's own attribute; the
+    /// Java KCL neither writes nor reads it, so a lease it took may carry a
+    /// stale one, which guards nothing because the owner changed too).
+    pub tenure: Option<String>,
+    /// During a graceful handoff: the previous owner's tenure, on which its
+    /// last checkpoints and the handoff's completion are conditional.
+    pub checkpoint_owner_tenure: Option<String>,
 }
 
 impl Lease {
@@ -172,6 +180,8 @@ impl Lease {
             child_shard_ids: BTreeSet::new(),
             hash_key_range: None,
             checkpoint_owner: None,
+            tenure: None,
+            checkpoint_owner_tenure: None,
         }
     }
 

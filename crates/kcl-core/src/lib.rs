@@ -19,11 +19,12 @@
 //! - [`shard_sync`]: which shards get a lease, at which position (a pure
 //!   plan over one listing and one scan), and the sync that creates them.
 //! - [`cleanup`]: deleting finished leases after a retention period.
-//! - [`balance`]: the pure balancing decision over one scan's view.
-//! - [`expiry`]: expiry judged on this worker's monotonic clock.
+//! - [`leases`]: the lease engine, the part to read first: the taker and
+//!   its pure balancing decision, expiry on the monotonic clock, tenures,
+//!   held-lease state, the handoff judgement, the renewer, and the
+//!   [`LeaseCoordinator`] that runs them (its module docs follow one lease
+//!   from the scan to a take to its renewal).
 //! - [`config`]: lease settings, validated at `build()`.
-//! - [`coordinator`]: the held leases, graceful handoffs, and the tasks
-//!   that keep them.
 //! - [`processor`]: the application's `RecordProcessor` and its factory.
 //! - [`checkpointer`]: ownership-guarded, validated checkpoints.
 //! - `consumer` (private): one shard's state machine, WaitingOnParents ->
@@ -34,15 +35,17 @@
 //!
 //! A [`worker::Worker`] runs in the caller's task and owns everything else:
 //!
-//! - a [`coordinator::LeaseCoordinator`] with two tasks, tracked by a
-//!   `TaskTracker` and stopped by their own `CancellationToken`s (dropping
-//!   the coordinator stops them, as a crash would):
+//! - a [`LeaseCoordinator`] with two tasks, tracked by a `TaskTracker` and
+//!   stopped by their own `CancellationToken`s (dropping the coordinator
+//!   stops them and releases its leases, best effort):
 //!   - the **lease taker** ticks on a jittered interval; each tick makes one
 //!     paginated scan, decides, and takes or starts handoffs with
 //!     conditional writes (several in flight at once);
 //!   - the **lease renewer** renews every held lease each renew interval,
-//!     in parallel, fences a lease when its last successful renewal gets too
-//!     old, notices handoff requests, and polls handoffs it awaits;
+//!     in parallel and each within its own deadline (a hung call holds
+//!     back no other lease), fences a lease when its last successful
+//!     renewal gets too old, notices handoff requests, and polls handoffs
+//!     it awaits;
 //! - the **shard sync** task (abort-on-drop), which lists shards, creates
 //!   leases, cleans up finished ones and polls the stream tracker;
 //! - one **consumer** task per held lease in a `JoinSet`, each with its own
@@ -50,8 +53,8 @@
 //!
 //! The coordinator's tasks share the map of held leases (a mutex never held
 //! across an `.await`). Acquisitions reach the worker on a bounded channel of
-//! [`coordinator::LeaseEvent`]s; each consumer holds a
-//! [`coordinator::LeaseHandle`] whose `ended()` and `handoff_requested()`
+//! [`LeaseEvent`]s; each consumer holds a [`LeaseHandle`] whose `ended()`
+//! and `handoff_requested()`
 //! futures complete the moment the lease is lost, fenced, released or asked
 //! for, and whose `is_valid()` it checks before every fetch.
 //!
@@ -59,13 +62,11 @@
 //! clock in tests.
 #![warn(missing_docs)]
 
-pub mod balance;
 pub mod checkpointer;
 pub mod cleanup;
 pub mod config;
-pub mod coordinator;
-pub mod expiry;
 pub mod lease;
+pub mod leases;
 pub mod processor;
 pub mod record;
 pub mod shard_sync;
@@ -75,11 +76,8 @@ pub mod worker;
 
 mod consumer;
 
-mod renewer;
-mod taker;
-
 pub use config::{ConfigError, LeaseConfig};
-pub use coordinator::{EndReason, LeaseCoordinator, LeaseEvent, LeaseHandle, ShutdownMode};
 pub use lease::{Checkpoint, HashKeyRange, Lease, LeaseLayout};
+pub use leases::{EndReason, LeaseCoordinator, LeaseEvent, LeaseHandle, ShutdownMode};
 pub use record::Record;
-pub use store::{ErrorKind, LeaseStore, StoreError};
+pub use store::{ErrorKind, Holder, LeaseStore, StoreError};

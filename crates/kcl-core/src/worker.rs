@@ -22,14 +22,15 @@ use tracing::{Instrument, error, info, info_span, warn};
 use crate::cleanup::LeaseCleanup;
 use crate::config::{ConfigError, LeaseConfig};
 use crate::consumer::{self, ConsumerExit, ConsumerSetup};
-use crate::coordinator::{
+use crate::lease::{Lease, LeaseLayout};
+use crate::leases::{
     CoordinatorStats, LeaseCoordinator, LeaseEvent, LeaseFilter, LeaseHandle, ShutdownMode,
     StatsSnapshot,
 };
-use crate::lease::{Lease, LeaseLayout};
 use crate::processor::{FailurePolicy, ProcessorFactory};
 use crate::shard_sync;
 use crate::source::{InitialPosition, ShardSource, SourceError};
+use crate::store::timeout::TimeoutStore;
 use crate::store::{LeaseStore, StoreError};
 
 /// One stream a worker consumes.
@@ -255,6 +256,10 @@ pub enum WorkerError {
 pub struct WorkerStatus {
     /// True once the startup checks and first shard sync succeeded.
     pub ready: bool,
+    /// While not ready: what the startup is waiting for (a lease table
+    /// that throttles, a stream that cannot be listed yet), for readiness
+    /// probes.
+    pub starting: Option<String>,
     /// Lease keys with a running consumer.
     pub consuming: Vec<String>,
     /// The lease coordinator's counters.
@@ -320,9 +325,31 @@ impl WorkerHandle {
         status
     }
 
+    /// Records what the startup is waiting for (see
+    /// [`WorkerStatus::starting`]), for wrappers that run startup steps of
+    /// their own before the worker's (the `kcl` facade checks the streams
+    /// and the lease table).
+    pub fn report_starting(&self, why: impl Into<String>) {
+        let why = why.into();
+        self.update(|s| s.starting = Some(why));
+    }
+
     fn update(&self, f: impl FnOnce(&mut WorkerStatus)) {
         f(&mut self.status.lock().unwrap_or_else(|e| e.into_inner()));
     }
+}
+
+/// Pauses between startup attempts that failed in a way retrying can fix:
+/// doubling from 200 ms, at most 10 s, jittered so a fleet restarting under
+/// throttling does not retry in step.
+fn startup_backoff() -> impl Iterator<Item = Duration> {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(10))
+        .without_max_times()
+        .with_jitter()
+        .build()
 }
 
 /// Consumes every shard of its streams together with the other workers of
@@ -408,19 +435,42 @@ impl Worker {
 
     async fn run_inner(self) -> Result<(), WorkerError> {
         let config = &self.config;
+        let shutdown = self.handle.shutdown.clone();
+        // Every call of consumers, checkpoints and syncs is bounded; the
+        // coordinator bounds its own (inside each lease's deadline).
+        let bounded: Arc<dyn LeaseStore> = Arc::new(TimeoutStore::new(
+            Arc::clone(&self.store),
+            config.lease.store_timeout(),
+        ));
         // Startup checks: every stream exists, and the first sync creates the
-        // leases before the taker's first tick looks for them.
+        // leases before the taker's first tick looks for them. What retrying
+        // can fix (throttling, 5xx, a lost connection) is retried with capped
+        // backoff while the status says why; the rest ends the run.
         for spec in &config.streams {
-            self.sync(spec).await.map_err(|e| match e {
-                SyncFailure::Source(SourceError::StreamNotFound { stream }) => {
-                    WorkerError::StreamNotFound { stream }
+            let mut pauses = startup_backoff();
+            let mut attempts = 0u32;
+            loop {
+                let failure = match self.sync(&bounded, spec).await {
+                    Ok(()) => break,
+                    Err(failure) if failure.is_retryable() => failure,
+                    Err(failure) => return Err(failure.into_worker_error(spec)),
+                };
+                attempts += 1;
+                let why = format!(
+                    "the first shard sync of stream {:?} failed ({failure}), attempt {attempts}; retrying",
+                    spec.name
+                );
+                warn!("{why}");
+                self.handle.report_starting(why);
+                let pause = pauses.next().unwrap_or(Duration::from_secs(10));
+                tokio::select! {
+                    _ = shutdown.cancelled() => {
+                        info!("shut down during startup");
+                        return Ok(());
+                    }
+                    _ = tokio::time::sleep(pause) => {}
                 }
-                SyncFailure::Source(source) => WorkerError::Source {
-                    stream: spec.name.clone(),
-                    source,
-                },
-                SyncFailure::Store(e) => WorkerError::Store(e),
-            })?;
+            }
         }
         // The stream list can change at runtime (a tracker); the taker, the
         // sync loop and consumer setup all read the live list.
@@ -435,21 +485,30 @@ impl Worker {
         );
         *self.handle.leases.lock().unwrap_or_else(|e| e.into_inner()) =
             Some(coordinator.stats_source());
-        self.handle.update(|s| s.ready = true);
+        self.handle.update(|s| {
+            s.ready = true;
+            s.starting = None;
+        });
         info!(streams = ?config.streams.iter().map(|s| &s.name).collect::<Vec<_>>(), "worker started");
 
         let sync_stop = CancellationToken::new();
         let (removed_tx, mut removed_rx) = mpsc::channel::<StreamSpec>(64);
         // Aborted if this future is dropped, like every task the worker owns.
+        let sync_now = Arc::new(tokio::sync::Notify::new());
         let sync_task = AbortOnDropHandle::new(tokio::spawn(
-            self.sync_loop(sync_stop.clone(), Arc::clone(&live), removed_tx)
-                .in_current_span(),
+            self.sync_loop(
+                Arc::clone(&bounded),
+                sync_stop.clone(),
+                Arc::clone(&live),
+                removed_tx,
+                Arc::clone(&sync_now),
+            )
+            .in_current_span(),
         ));
 
         let mut setups: HashMap<LeaseLayout, Arc<ConsumerSetup>> = HashMap::new();
         let mut consumers: JoinSet<(String, ConsumerExit)> = JoinSet::new();
         let mut running = Running::default();
-        let shutdown = self.handle.shutdown.clone();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
@@ -463,7 +522,7 @@ impl Worker {
                         };
                         let setup = setups
                             .entry(spec.layout.clone())
-                            .or_insert_with(|| self.consumer_setup(&spec));
+                            .or_insert_with(|| self.consumer_setup(&spec, &bounded, &sync_now));
                         let key = lease.key().to_owned();
                         let stop = CancellationToken::new();
                         let span = info_span!("shard", stream = %setup.stream, shard = %held.shard_id);
@@ -551,7 +610,11 @@ impl Worker {
                             warn!(lease = %key, error = %e, "completing the handoff failed; the new owner will force it");
                         }
                     }
-                    ConsumerExit::LeaseLost | ConsumerExit::ShutDown => {}
+                    // The consumer stopped on its own: its tenure is not
+                    // renewed on without a reader (invariant 12).
+                    ConsumerExit::LeaseLost => coordinator.consumer_stopped(lease).await,
+                    // Released with every other lease by the shutdown.
+                    ConsumerExit::ShutDown => {}
                 }
             }
             Err(e) => {
@@ -569,10 +632,15 @@ impl Worker {
         self.publish(coordinator, running);
     }
 
-    fn consumer_setup(&self, spec: &StreamSpec) -> Arc<ConsumerSetup> {
+    fn consumer_setup(
+        &self,
+        spec: &StreamSpec,
+        store: &Arc<dyn LeaseStore>,
+        sync_now: &Arc<tokio::sync::Notify>,
+    ) -> Arc<ConsumerSetup> {
         let config = &self.config;
         Arc::new(ConsumerSetup {
-            store: Arc::clone(&self.store),
+            store: Arc::clone(store),
             source: Arc::clone(&self.source),
             factory: Arc::clone(&self.factory),
             stream: spec.name.clone(),
@@ -583,6 +651,7 @@ impl Worker {
             parent_poll_interval: config.parent_poll_interval,
             max_backoff: config.max_backoff,
             slots: Arc::default(),
+            sync_now: Arc::clone(sync_now),
         })
     }
 
@@ -595,10 +664,14 @@ impl Worker {
         });
     }
 
-    async fn sync(&self, spec: &StreamSpec) -> Result<(), SyncFailure> {
+    async fn sync(
+        &self,
+        store: &Arc<dyn LeaseStore>,
+        spec: &StreamSpec,
+    ) -> Result<(), SyncFailure> {
         match shard_sync::sync_shards(
             self.source.as_ref(),
-            self.store.as_ref(),
+            store.as_ref(),
             &spec.name,
             &spec.layout,
             self.config.initial_position,
@@ -613,12 +686,13 @@ impl Worker {
 
     fn sync_loop(
         &self,
+        store: Arc<dyn LeaseStore>,
         stop: CancellationToken,
         live: LiveStreams,
         removed_tx: mpsc::Sender<StreamSpec>,
+        now: Arc<tokio::sync::Notify>,
     ) -> impl Future<Output = ()> + Send + 'static {
         let source = Arc::clone(&self.source);
-        let store = Arc::clone(&self.store);
         let tracker = self.tracker.clone();
         let interval = self.config.shard_sync_interval;
         let initial = self.config.initial_position;
@@ -632,6 +706,8 @@ impl Worker {
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep(jittered) => {}
+                    // A consumer needs a lease only the sync creates.
+                    _ = now.notified() => {}
                 }
                 if let Some(tracker) = &tracker {
                     match tracker.streams().await {
@@ -812,9 +888,53 @@ impl Running {
     }
 }
 
+#[derive(Debug)]
 enum SyncFailure {
     Source(SourceError),
     Store(StoreError),
+}
+
+impl SyncFailure {
+    fn is_retryable(&self) -> bool {
+        match self {
+            SyncFailure::Source(e) => e.is_retryable(),
+            SyncFailure::Store(e) => e.is_retryable(),
+        }
+    }
+
+    fn into_worker_error(self, spec: &StreamSpec) -> WorkerError {
+        match self {
+            SyncFailure::Source(SourceError::StreamNotFound { stream }) => {
+                WorkerError::StreamNotFound { stream }
+            }
+            SyncFailure::Source(source) => WorkerError::Source {
+                stream: spec.name.clone(),
+                source,
+            },
+            SyncFailure::Store(e) => WorkerError::Store(e),
+        }
+    }
+}
+
+impl fmt::Display for SyncFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The source's own words, with the chain below it: this is what an
+        // operator reads in the readiness probe.
+        let mut cause: Option<&dyn std::error::Error> = Some(match self {
+            SyncFailure::Source(e) => e,
+            SyncFailure::Store(e) => e,
+        });
+        let mut first = true;
+        while let Some(e) = cause {
+            if !first {
+                f.write_str(": ")?;
+            }
+            write!(f, "{e}")?;
+            first = false;
+            cause = e.source();
+        }
+        Ok(())
+    }
 }
 
 async fn release(coordinator: &LeaseCoordinator, lease: &LeaseHandle) {

@@ -28,7 +28,10 @@ async fn failed_renewal_stops_the_consumer_at_once() {
 
     // Another worker takes the lease behind a's back.
     let current = table.get(handle.key()).await.unwrap().unwrap();
-    table.take(&current, "thief").await.unwrap();
+    table
+        .take(&current, kcl_core::Holder::new("thief", "t-thief"))
+        .await
+        .unwrap();
 
     // a learns at its next renewal, at most one renew interval later.
     let started = Instant::now();
@@ -53,7 +56,8 @@ async fn renewal_whose_response_was_lost_heals_within_one_interval() {
 
     // The first renewal is applied, but its response never arrives.
     a.store.inject(StoreOp::Renew, Fault::LostResponse);
-    sleep(RENEW + Duration::from_millis(500)).await;
+    // The retry pauses a tenth of the interval, doubled at most by jitter.
+    sleep(RENEW + Duration::from_millis(900)).await;
 
     assert_eq!(
         handle.end_reason(),

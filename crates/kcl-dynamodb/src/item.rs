@@ -15,7 +15,15 @@
 //! | `childShardIds` | SS | child shards |
 //! | `startingHashKey`, `endingHashKey` | S | hash-key range |
 //! | `checkpointOwner` | S | previous owner during a graceful handoff |
+//! | `kclTenure` | S | the owner's tenure (kcl only; see below) |
+//! | `kclCheckpointOwnerTenure` | S | the previous owner's tenure during a handoff (kcl only) |
 //! | `streamName`, `shardId` | S | multi-stream leases: stream identifier and shard |
+//!
+//! The two `kcl…` attributes are kcl's own: every take writes a fresh
+//! tenure, and kcl's writes are conditional on it. The Java KCL neither
+//! writes nor reads them (its updates name only the attributes they
+//! change), so in a shared table a Java take leaves a stale tenure behind,
+//! which guards nothing because the owner changed as well.
 //!
 //! Multi-stream keys are `account:stream:creationEpoch:shardId`. Newer Java
 //! KCLs also keep non-lease entities in the table (marked by `entityType`);
@@ -64,6 +72,10 @@ pub mod attr {
     pub const SHARD_ID: &str = "shardId";
     /// Marks non-lease entities written by newer Java KCLs.
     pub const ENTITY_TYPE: &str = "entityType";
+    /// kcl only: the owner's tenure.
+    pub const TENURE: &str = "kclTenure";
+    /// kcl only: the previous owner's tenure during a graceful handoff.
+    pub const CHECKPOINT_OWNER_TENURE: &str = "kclCheckpointOwnerTenure";
 }
 
 /// Why an item could not be read as a lease.
@@ -133,6 +145,12 @@ pub fn to_item(lease: &Lease) -> HashMap<String, AttributeValue> {
     }
     if let Some(cp_owner) = &lease.checkpoint_owner {
         item.insert(attr::CHECKPOINT_OWNER.into(), s(cp_owner));
+    }
+    if let Some(tenure) = &lease.tenure {
+        item.insert(attr::TENURE.into(), s(tenure));
+    }
+    if let Some(tenure) = &lease.checkpoint_owner_tenure {
+        item.insert(attr::CHECKPOINT_OWNER_TENURE.into(), s(tenure));
     }
     if let Some(stream) = &lease.stream {
         item.insert(attr::STREAM_NAME.into(), s(stream));
@@ -222,6 +240,8 @@ pub fn from_item(item: &HashMap<String, AttributeValue>) -> Result<ReadItem, Ite
         child_shard_ids: r.string_set(attr::CHILD_SHARD_IDS)?,
         hash_key_range,
         checkpoint_owner: r.string(attr::CHECKPOINT_OWNER)?.map(str::to_owned),
+        tenure: r.string(attr::TENURE)?.map(str::to_owned),
+        checkpoint_owner_tenure: r.string(attr::CHECKPOINT_OWNER_TENURE)?.map(str::to_owned),
         stream,
         shard_id,
         key,

@@ -14,7 +14,7 @@ use aws_sdk_dynamodb::types::{
 use futures::stream::{self, BoxStream, StreamExt};
 use kcl_core::Lease;
 use kcl_core::store::metered::StoreStats;
-use kcl_core::store::{CheckpointUpdate, Intent, LeaseStore, Page, StoreError, StoreOp};
+use kcl_core::store::{CheckpointUpdate, Holder, Intent, LeaseStore, Page, StoreError, StoreOp};
 use tracing::warn;
 
 use crate::error::{ClassifiedError, classify};
@@ -24,11 +24,18 @@ use crate::item::{ReadItem, attr, from_item, to_item};
 ///
 /// Every write is a conditional `UpdateItem`/`PutItem`/`DeleteItem` that
 /// names only the attributes it changes, so attributes this store does not
-/// know (written by another KCL) survive. A failed condition returns the
-/// item as DynamoDB saw it (`ReturnValuesOnConditionCheckFailure=ALL_OLD`):
-/// if it shows our own write, the write was applied by an earlier attempt
+/// know (written by another KCL) survive. Writes of a holder are
+/// conditional on its tenure (`kclTenure`, see [`crate::item`]). A failed
+/// condition returns the item as DynamoDB saw it
+/// (`ReturnValuesOnConditionCheckFailure=ALL_OLD`): if it shows our own
+/// write, tenure included, the write was applied by an earlier attempt
 /// whose response was lost, and the call succeeds without an extra read.
-/// Scans are strongly consistent and follow `LastEvaluatedKey` to the end.
+/// An item that does not parse (a hand edit) is reported as a failed
+/// condition without an item, with a log line and a metric naming the key
+/// and the attribute, never as a fatal error: one bad item must not stop a
+/// shard sync or a worker's startup. Scans are strongly consistent and
+/// follow `LastEvaluatedKey` to the end, skipping unreadable items the
+/// same way.
 #[derive(Debug, Clone)]
 pub struct DynamoDbLeaseStore {
     client: Client,
@@ -156,7 +163,7 @@ impl DynamoDbLeaseStore {
         match classified {
             ClassifiedError::Store(e) => Err(e),
             ClassifiedError::ConditionFailed(item) => {
-                let current = item.as_ref().map(|i| self.parse(i)).transpose()?;
+                let current = item.as_ref().and_then(|i| read_lenient(&self.table, i));
                 if let (Some(intent), Some(current)) = (intent, &current)
                     && intent.applied_in(current)
                 {
@@ -200,6 +207,8 @@ impl Update {
             attr::PENDING_CHECKPOINT_STATE,
             attr::OWNER_SWITCHES,
             attr::CHECKPOINT_OWNER,
+            attr::TENURE,
+            attr::CHECKPOINT_OWNER_TENURE,
         ] {
             let placeholder = format!("#{a}");
             if uses(&u.expression, &placeholder) || uses(&u.condition, &placeholder) {
@@ -220,6 +229,45 @@ impl Update {
             .insert(name.to_owned(), AttributeValue::N(v.to_string()));
         self
     }
+
+    /// Binds `:name` when the tenure is known (see [`tenure_is`]).
+    fn tenure(self, name: &str, tenure: Option<&str>) -> Self {
+        match tenure {
+            Some(t) => self.s(name, t),
+            None => self,
+        }
+    }
+}
+
+/// `#attr = :value`, or, for a holder whose lease carries no tenure
+/// (written by a Java KCL worker or by kcl before tenures), that the item
+/// has none either.
+fn tenure_is(attribute: &str, value: &str, tenure: Option<&str>) -> String {
+    match tenure {
+        Some(_) => format!("#{attribute} = {value}"),
+        None => format!("attribute_not_exists(#{attribute})"),
+    }
+}
+
+/// The condition that `by` owns the lease in its tenure.
+fn owned_by(by: Holder<'_>) -> String {
+    format!(
+        "#leaseOwner = :owner AND {}",
+        tenure_is(attr::TENURE, ":tenure", by.tenure)
+    )
+}
+
+/// The condition that `by` is the previous owner of a handoff in progress,
+/// in the tenure the handoff recorded (a handoff recorded without one, by a
+/// Java KCL leader, counts for any tenure: see [`Holder::hands_off`]).
+fn hands_off(by: Holder<'_>) -> String {
+    let tenure = match by.tenure {
+        Some(_) => {
+            "(#kclCheckpointOwnerTenure = :tenure OR attribute_not_exists(#kclCheckpointOwnerTenure))"
+        }
+        None => "attribute_not_exists(#kclCheckpointOwnerTenure)",
+    };
+    format!("#checkpointOwner = :owner AND {tenure}")
 }
 
 /// True if `expr` uses `placeholder` as a whole token (`#checkpoint` is not
@@ -298,7 +346,7 @@ impl LeaseStore for DynamoDbLeaseStore {
                         let page = out
                             .items()
                             .iter()
-                            .filter_map(|item| read_scanned(&self.table, item))
+                            .filter_map(|item| read_lenient(&self.table, item))
                             .collect();
                         let next = out.last_evaluated_key().filter(|k| !k.is_empty()).cloned();
                         Some((Ok(page), next.map(Some)))
@@ -344,15 +392,22 @@ impl LeaseStore for DynamoDbLeaseStore {
         }
     }
 
-    async fn take(&self, seen: &Lease, new_owner: &str) -> Result<Lease, StoreError> {
-        let switch = if seen.is_owned_by(new_owner) { 0 } else { 1 };
+    async fn take(&self, seen: &Lease, by: Holder<'_>) -> Result<Lease, StoreError> {
+        let switch = if seen.is_owned_by(by.owner) { 0 } else { 1 };
+        let (set_tenure, remove_tenure) = match by.tenure {
+            Some(_) => (", #kclTenure = :tenure", ""),
+            None => ("", ", #kclTenure"),
+        };
         let mut update = Update::new(
-            "SET #leaseOwner = :new, #leaseCounter = :next, \
-             #ownerSwitchesSinceCheckpoint = if_not_exists(#ownerSwitchesSinceCheckpoint, :zero) + :switch \
-             REMOVE #checkpointOwner",
+            &format!(
+                "SET #leaseOwner = :new, #leaseCounter = :next, \
+                 #ownerSwitchesSinceCheckpoint = if_not_exists(#ownerSwitchesSinceCheckpoint, :zero) + :switch{set_tenure} \
+                 REMOVE #checkpointOwner, #kclCheckpointOwnerTenure{remove_tenure}"
+            ),
             &format!("#leaseCounter = :counter AND {}", owner_condition(seen.owner.as_deref())),
         )
-        .s(":new", new_owner)
+        .s(":new", by.owner)
+        .tenure(":tenure", by.tenure)
         .n(":next", seen.counter + 1)
         .n(":counter", seen.counter)
         .n(":zero", 0)
@@ -361,34 +416,57 @@ impl LeaseStore for DynamoDbLeaseStore {
             update = update.s(":old", old);
         }
         let intent = Intent::Own {
-            owner: new_owner,
+            by,
             counter: seen.counter + 1,
         };
         self.update(StoreOp::Take, &seen.key, update, Some(intent))
             .await
     }
 
-    async fn renew(&self, key: &str, owner: &str, counter: u64) -> Result<Lease, StoreError> {
+    async fn reclaim(&self, seen: &Lease, by: Holder<'_>) -> Result<Lease, StoreError> {
+        let expression = match by.tenure {
+            Some(_) => "SET #leaseCounter = :next, #kclTenure = :tenure",
+            None => "SET #leaseCounter = :next REMOVE #kclTenure",
+        };
         let update = Update::new(
-            "SET #leaseCounter = :next",
+            expression,
             "#leaseOwner = :owner AND #leaseCounter = :counter",
         )
-        .s(":owner", owner)
+        .s(":owner", by.owner)
+        .tenure(":tenure", by.tenure)
+        .n(":counter", seen.counter)
+        .n(":next", seen.counter + 1);
+        let intent = Intent::Own {
+            by,
+            counter: seen.counter + 1,
+        };
+        self.update(StoreOp::Reclaim, &seen.key, update, Some(intent))
+            .await
+    }
+
+    async fn renew(&self, key: &str, by: Holder<'_>, counter: u64) -> Result<Lease, StoreError> {
+        let update = Update::new(
+            "SET #leaseCounter = :next",
+            &format!("{} AND #leaseCounter = :counter", owned_by(by)),
+        )
+        .s(":owner", by.owner)
+        .tenure(":tenure", by.tenure)
         .n(":counter", counter)
         .n(":next", counter + 1);
         let intent = Intent::Own {
-            owner,
+            by,
             counter: counter + 1,
         };
         self.update(StoreOp::Renew, key, update, Some(intent)).await
     }
 
-    async fn release(&self, key: &str, owner: &str) -> Result<Lease, StoreError> {
+    async fn release(&self, key: &str, by: Holder<'_>) -> Result<Lease, StoreError> {
         let update = Update::new(
-            "REMOVE #leaseOwner SET #leaseCounter = #leaseCounter + :one",
-            "#leaseOwner = :owner",
+            "REMOVE #leaseOwner, #kclTenure SET #leaseCounter = #leaseCounter + :one",
+            &owned_by(by),
         )
-        .s(":owner", owner)
+        .s(":owner", by.owner)
+        .tenure(":tenure", by.tenure)
         .n(":one", 1);
         self.update(StoreOp::Release, key, update, None).await
     }
@@ -396,7 +474,7 @@ impl LeaseStore for DynamoDbLeaseStore {
     async fn checkpoint(
         &self,
         key: &str,
-        owner: &str,
+        by: Holder<'_>,
         update: &CheckpointUpdate,
     ) -> Result<Lease, StoreError> {
         let mut set = vec![
@@ -429,9 +507,14 @@ impl LeaseStore for DynamoDbLeaseStore {
         }
         let mut full = Update::new(
             &expression,
-            "#checkpointOwner = :owner OR (attribute_not_exists(#checkpointOwner) AND #leaseOwner = :owner)",
+            &format!(
+                "({}) OR (attribute_not_exists(#checkpointOwner) AND {})",
+                hands_off(by),
+                owned_by(by)
+            ),
         )
-        .s(":owner", owner)
+        .s(":owner", by.owner)
+        .tenure(":tenure", by.tenure)
         .s(":cp", update.checkpoint.as_str())
         .n(":sub", update.checkpoint.sub_sequence())
         .n(":zero", 0);
@@ -439,39 +522,62 @@ impl LeaseStore for DynamoDbLeaseStore {
         self.update(StoreOp::Checkpoint, key, full, None).await
     }
 
-    async fn start_handoff(
-        &self,
-        key: &str,
-        from: &str,
-        counter: u64,
-        to: &str,
-    ) -> Result<Lease, StoreError> {
+    async fn start_handoff(&self, seen: &Lease, to: Holder<'_>) -> Result<Lease, StoreError> {
+        let Some(from) = seen.owner.as_deref() else {
+            return Err(StoreError::ConditionFailed {
+                key: seen.key.clone(),
+                current: Some(Box::new(seen.clone())),
+            });
+        };
+        // The counter guard makes the previous owner's tenure the one `seen`
+        // shows: it is recorded for the previous owner's last writes.
+        let mut set = vec![
+            "#leaseOwner = :to",
+            "#checkpointOwner = :from",
+            "#leaseCounter = :next",
+            "#ownerSwitchesSinceCheckpoint = if_not_exists(#ownerSwitchesSinceCheckpoint, :zero) + :one",
+        ];
+        let mut remove = Vec::new();
+        match to.tenure {
+            Some(_) => set.push("#kclTenure = :tenure"),
+            None => remove.push("#kclTenure"),
+        }
+        match seen.tenure {
+            Some(_) => set.push("#kclCheckpointOwnerTenure = :fromTenure"),
+            None => remove.push("#kclCheckpointOwnerTenure"),
+        }
+        let mut expression = format!("SET {}", set.join(", "));
+        if !remove.is_empty() {
+            expression.push_str(&format!(" REMOVE {}", remove.join(", ")));
+        }
         let update = Update::new(
-            "SET #leaseOwner = :to, #checkpointOwner = :from, #leaseCounter = :next, \
-             #ownerSwitchesSinceCheckpoint = if_not_exists(#ownerSwitchesSinceCheckpoint, :zero) + :one",
+            &expression,
             "#leaseOwner = :from AND #leaseCounter = :counter AND attribute_not_exists(#checkpointOwner)",
         )
-        .s(":to", to)
+        .s(":to", to.owner)
+        .tenure(":tenure", to.tenure)
         .s(":from", from)
-        .n(":counter", counter)
-        .n(":next", counter + 1)
+        .tenure(":fromTenure", seen.tenure.as_deref())
+        .n(":counter", seen.counter)
+        .n(":next", seen.counter + 1)
         .n(":zero", 0)
         .n(":one", 1);
         let intent = Intent::HandoffStarted {
             from,
             to,
-            counter: counter + 1,
+            counter: seen.counter + 1,
         };
-        self.update(StoreOp::StartHandoff, key, update, Some(intent))
+        self.update(StoreOp::StartHandoff, &seen.key, update, Some(intent))
             .await
     }
 
-    async fn complete_handoff(&self, key: &str, from: &str) -> Result<Lease, StoreError> {
+    async fn complete_handoff(&self, key: &str, from: Holder<'_>) -> Result<Lease, StoreError> {
         let update = Update::new(
-            "REMOVE #checkpointOwner SET #leaseCounter = #leaseCounter + :one",
-            "#checkpointOwner = :from",
+            "REMOVE #checkpointOwner, #kclCheckpointOwnerTenure SET #leaseCounter = #leaseCounter + :one",
+            &hands_off(from),
         )
-        .s(":from", from)
+        .s(":owner", from.owner)
+        .tenure(":tenure", from.tenure)
         .n(":one", 1);
         self.update(StoreOp::CompleteHandoff, key, update, None)
             .await
@@ -515,9 +621,12 @@ impl LeaseStore for DynamoDbLeaseStore {
     }
 }
 
-/// Reads one scanned item; malformed items are skipped with a warning and
-/// a metric naming the key, so one bad item never stops a scan.
-fn read_scanned(table: &str, item: &HashMap<String, AttributeValue>) -> Option<Lease> {
+/// Reads one scanned item, or the item a failed condition returned.
+/// Malformed items are skipped with a warning and a metric naming the key
+/// (the reason names the attribute): one bad item never stops a scan, and
+/// a write that lost its race to a bad item is a lost race, not a fatal
+/// error for the caller (a shard sync, a worker's startup).
+fn read_lenient(table: &str, item: &HashMap<String, AttributeValue>) -> Option<Lease> {
     match from_item(item) {
         Ok(ReadItem::Lease(l)) => Some(*l),
         Ok(ReadItem::NotALease) => None,

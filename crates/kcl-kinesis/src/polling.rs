@@ -25,7 +25,7 @@ use std::time::SystemTime;
 use aws_sdk_kinesis::operation::get_records::GetRecordsOutput;
 use bytes::Bytes;
 use kcl_core::Checkpoint;
-use kcl_core::coordinator::LeaseHandle;
+use kcl_core::leases::LeaseHandle;
 use kcl_core::source::{Batch, ChildShard, OpenShard, SourceError, StartPosition};
 use metrics::{Counter, Gauge};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};

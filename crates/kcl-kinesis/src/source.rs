@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use aws_sdk_kinesis::types::{Shard, ShardFilter, ShardFilterType};
 use kcl_core::HashKeyRange;
-use kcl_core::coordinator::LeaseHandle;
+use kcl_core::leases::LeaseHandle;
 use kcl_core::source::{ChildShard, OpenShard, ShardInfo, ShardReader, ShardSource, SourceError};
 use tracing::{debug, warn};
 

@@ -4,7 +4,7 @@
 //! each hand-out, and the task never outlives the reader.
 
 use async_trait::async_trait;
-use kcl_core::coordinator::LeaseHandle;
+use kcl_core::leases::LeaseHandle;
 use kcl_core::source::{Batch, ShardReader, SourceError};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;

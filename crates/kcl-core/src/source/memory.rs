@@ -13,8 +13,8 @@ use tokio::sync::Notify;
 use super::{
     Batch, ChildShard, OpenShard, ShardInfo, ShardReader, ShardSource, SourceError, StartPosition,
 };
-use crate::coordinator::LeaseHandle;
 use crate::lease::HashKeyRange;
+use crate::leases::LeaseHandle;
 use crate::record::Record;
 
 const MAX_HASH: u128 = u128::MAX;

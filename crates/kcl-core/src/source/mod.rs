@@ -14,8 +14,8 @@ use std::time::SystemTime;
 
 use async_trait::async_trait;
 
-use crate::coordinator::LeaseHandle;
 use crate::lease::{Checkpoint, HashKeyRange};
+use crate::leases::LeaseHandle;
 use crate::record::Record;
 
 #[cfg(any(test, feature = "test-util"))]

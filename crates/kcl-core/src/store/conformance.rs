@@ -13,7 +13,7 @@ use std::collections::HashSet;
 
 use futures::TryStreamExt;
 
-use super::{CheckpointUpdate, LeaseStore, StoreError};
+use super::{CheckpointUpdate, Holder, LeaseStore, StoreError};
 use crate::lease::{Checkpoint, HashKeyRange, Lease};
 
 /// Rounds of each race case; every round must have exactly one winner.
@@ -40,7 +40,12 @@ macro_rules! lease_store_conformance {
             delete_is_guarded_by_counter,
             scan_pages_through_the_whole_table,
             replayed_writes_reconcile_as_applied,
-            missing_leases_fail_conditions
+            missing_leases_fail_conditions,
+            every_write_of_a_tenure_is_conditional_on_it,
+            a_replay_reconciles_only_for_its_own_tenure,
+            reclaim_starts_a_tenure_and_keeps_a_handoff,
+            handoff_steps_are_conditional_on_the_previous_owners_tenure,
+            a_java_take_leaves_a_stale_tenure_that_guards_nothing
         );
     };
     (@cases $factory:path; $($case:ident),+) => {
@@ -62,9 +67,28 @@ async fn created<S: LeaseStore + ?Sized>(store: &S, key: &str) -> Lease {
     store.create_if_absent(&lease(key)).await.expect("create")
 }
 
+/// `owner` in the tenure named after it (`"t-<owner>"`), for cases where
+/// one tenure per worker is enough.
+fn h(owner: &str) -> Holder<'_> {
+    Holder {
+        owner,
+        tenure: Some(match owner {
+            "a" => "t-a",
+            "b" => "t-b",
+            "victim" => "t-victim",
+            "thief" => "t-thief",
+            _ => "t-other",
+        }),
+    }
+}
+
 async fn owned_by<S: LeaseStore + ?Sized>(store: &S, key: &str, owner: &str) -> Lease {
     let l = created(store, key).await;
-    store.take(&l, owner).await.expect("take")
+    store.take(&l, h(owner)).await.expect("take")
+}
+
+fn cp(seq: &str) -> CheckpointUpdate {
+    CheckpointUpdate::to(Checkpoint::at(seq, 0))
 }
 
 fn assert_condition_failed<T: std::fmt::Debug>(
@@ -125,6 +149,8 @@ pub async fn get_round_trips_every_field<S: LeaseStore + ?Sized>(store: &S) {
         ending: "170141183460469231731687303715884105727".into(),
     });
     full.checkpoint_owner = Some("worker-b".into());
+    full.tenure = Some("3f2a9c01d4e5b687.1".into());
+    full.checkpoint_owner_tenure = Some("77aa00ff11ee22dd.4".into());
     store.create_if_absent(&full).await.expect("create");
     let read = store.get(&full.key).await.expect("get").expect("exists");
     assert_eq!(read, full);
@@ -135,23 +161,23 @@ pub async fn get_round_trips_every_field<S: LeaseStore + ?Sized>(store: &S) {
 /// A take succeeds only against the counter and owner it read.
 pub async fn take_is_guarded_by_counter_and_owner<S: LeaseStore + ?Sized>(store: &S) {
     let seen = created(store, "s").await;
-    let mine = store.take(&seen, "a").await.expect("take unowned");
+    let mine = store.take(&seen, h("a")).await.expect("take unowned");
     assert_eq!(mine.owner.as_deref(), Some("a"));
     assert_eq!(mine.counter, seen.counter + 1);
     assert_eq!(mine.owner_switches_since_checkpoint, 1);
 
     // Another worker with the stale view loses.
-    let current = assert_condition_failed(store.take(&seen, "b").await, "stale take");
+    let current = assert_condition_failed(store.take(&seen, h("b")).await, "stale take");
     if let Some(current) = current {
         assert_eq!(current.owner.as_deref(), Some("a"));
     }
     // The right counter but the wrong owner also loses.
     let mut wrong_owner = mine.clone();
     wrong_owner.owner = Some("z".into());
-    assert_condition_failed(store.take(&wrong_owner, "b").await, "wrong owner");
+    assert_condition_failed(store.take(&wrong_owner, h("b")).await, "wrong owner");
 
     let stolen = store
-        .take(&mine, "b")
+        .take(&mine, h("b"))
         .await
         .expect("take with the current view");
     assert_eq!(stolen.owner.as_deref(), Some("b"));
@@ -164,7 +190,7 @@ pub async fn take_is_guarded_by_counter_and_owner<S: LeaseStore + ?Sized>(store:
 pub async fn concurrent_takes_have_one_winner<S: LeaseStore + ?Sized>(store: &S) {
     for round in 0..RACE_ROUNDS {
         let seen = created(store, &format!("race-{round:03}")).await;
-        let (a, b) = tokio::join!(store.take(&seen, "a"), store.take(&seen, "b"));
+        let (a, b) = tokio::join!(store.take(&seen, h("a")), store.take(&seen, h("b")));
         let winners = [&a, &b].iter().filter(|r| r.is_ok()).count();
         assert_eq!(winners, 1, "round {round}: {a:?} / {b:?}");
         let loser = if a.is_ok() { b } else { a };
@@ -182,21 +208,24 @@ pub async fn concurrent_takes_have_one_winner<S: LeaseStore + ?Sized>(store: &S)
 /// Renewal needs the owner and the counter it last wrote.
 pub async fn renew_is_guarded_by_owner_and_counter<S: LeaseStore + ?Sized>(store: &S) {
     let l = owned_by(store, "s", "a").await;
-    let renewed = store.renew("s", "a", l.counter).await.expect("renew");
+    let renewed = store.renew("s", h("a"), l.counter).await.expect("renew");
     assert_eq!(renewed.counter, l.counter + 1);
     assert_eq!(renewed.owner.as_deref(), Some("a"));
     let again = store
-        .renew("s", "a", renewed.counter)
+        .renew("s", h("a"), renewed.counter)
         .await
         .expect("renew again");
     // One behind is what a replay looks like (see the reconciliation case);
     // further behind or ahead is stale.
-    assert_condition_failed(store.renew("s", "a", l.counter).await, "stale counter");
+    assert_condition_failed(store.renew("s", h("a"), l.counter).await, "stale counter");
     assert_condition_failed(
-        store.renew("s", "a", again.counter + 1).await,
+        store.renew("s", h("a"), again.counter + 1).await,
         "future counter",
     );
-    assert_condition_failed(store.renew("s", "b", again.counter).await, "not the owner");
+    assert_condition_failed(
+        store.renew("s", h("b"), again.counter).await,
+        "not the owner",
+    );
 }
 
 /// A steal and the victim's renewal from the same counter: exactly one wins.
@@ -205,8 +234,8 @@ pub async fn steal_racing_renewal_has_one_winner<S: LeaseStore + ?Sized>(store: 
         let key = format!("steal-{round:03}");
         let held = owned_by(store, &key, "victim").await;
         let (steal, renew) = tokio::join!(
-            store.take(&held, "thief"),
-            store.renew(&key, "victim", held.counter)
+            store.take(&held, h("thief")),
+            store.renew(&key, h("victim"), held.counter)
         );
         assert!(
             steal.is_ok() != renew.is_ok(),
@@ -222,13 +251,13 @@ pub async fn steal_racing_renewal_has_one_winner<S: LeaseStore + ?Sized>(store: 
 /// Only the owner releases; a released lease has no owner.
 pub async fn release_is_guarded_by_owner<S: LeaseStore + ?Sized>(store: &S) {
     let l = owned_by(store, "s", "a").await;
-    assert_condition_failed(store.release("s", "b").await, "release by another");
-    let released = store.release("s", "a").await.expect("release");
+    assert_condition_failed(store.release("s", h("b")).await, "release by another");
+    let released = store.release("s", h("a")).await.expect("release");
     assert_eq!(released.owner, None);
     assert!(released.counter > l.counter);
-    assert_condition_failed(store.release("s", "a").await, "release twice");
+    assert_condition_failed(store.release("s", h("a")).await, "release twice");
     // A released lease is taken from its new state by anyone.
-    let taken = store.take(&released, "b").await.expect("take released");
+    let taken = store.take(&released, h("b")).await.expect("take released");
     assert_eq!(taken.owner.as_deref(), Some("b"));
 }
 
@@ -236,19 +265,16 @@ pub async fn release_is_guarded_by_owner<S: LeaseStore + ?Sized>(store: &S) {
 /// leaves the previous owner's right to checkpoint and complete intact.
 pub async fn release_keeps_a_handoff_in_progress<S: LeaseStore + ?Sized>(store: &S) {
     let l = owned_by(store, "s", "victim").await;
-    store
-        .start_handoff("s", "victim", l.counter, "thief")
-        .await
-        .expect("start");
-    let released = store.release("s", "thief").await.expect("release");
+    store.start_handoff(&l, h("thief")).await.expect("start");
+    let released = store.release("s", h("thief")).await.expect("release");
     assert_eq!(released.owner, None);
     assert_eq!(released.checkpoint_owner.as_deref(), Some("victim"));
     store
-        .checkpoint("s", "victim", &CheckpointUpdate::to(Checkpoint::at("9", 0)))
+        .checkpoint("s", h("victim"), &cp("9"))
         .await
         .expect("the previous owner still checkpoints");
     let done = store
-        .complete_handoff("s", "victim")
+        .complete_handoff("s", h("victim"))
         .await
         .expect("complete");
     assert_eq!((done.owner, done.checkpoint_owner), (None, None));
@@ -264,7 +290,7 @@ pub async fn checkpoint_is_guarded_by_ownership<S: LeaseStore + ?Sized>(store: &
         pending_state: Some(b"prepared".to_vec()),
     };
     let c = store
-        .checkpoint("s", "a", &pending)
+        .checkpoint("s", h("a"), &pending)
         .await
         .expect("checkpoint");
     assert_eq!(c.checkpoint, Checkpoint::at("100", 0));
@@ -277,7 +303,7 @@ pub async fn checkpoint_is_guarded_by_ownership<S: LeaseStore + ?Sized>(store: &
     assert_eq!(c.counter, l.counter, "a checkpoint must not race renewals");
 
     let done = store
-        .checkpoint("s", "a", &CheckpointUpdate::to(Checkpoint::at("200", 3)))
+        .checkpoint("s", h("a"), &CheckpointUpdate::to(Checkpoint::at("200", 3)))
         .await
         .expect("commit");
     assert_eq!(done.checkpoint, Checkpoint::at("200", 3));
@@ -286,7 +312,7 @@ pub async fn checkpoint_is_guarded_by_ownership<S: LeaseStore + ?Sized>(store: &
 
     assert_condition_failed(
         store
-            .checkpoint("s", "b", &CheckpointUpdate::to(Checkpoint::ShardEnd))
+            .checkpoint("s", h("b"), &CheckpointUpdate::to(Checkpoint::ShardEnd))
             .await,
         "checkpoint by a non-owner",
     );
@@ -297,15 +323,13 @@ pub async fn checkpoint_is_guarded_by_ownership<S: LeaseStore + ?Sized>(store: &
 /// A worker whose lease was taken cannot checkpoint any more.
 pub async fn checkpoint_after_the_lease_moved_is_rejected<S: LeaseStore + ?Sized>(store: &S) {
     let l = owned_by(store, "s", "a").await;
-    store.take(&l, "b").await.expect("steal");
+    store.take(&l, h("b")).await.expect("steal");
     assert_condition_failed(
-        store
-            .checkpoint("s", "a", &CheckpointUpdate::to(Checkpoint::at("5", 0)))
-            .await,
+        store.checkpoint("s", h("a"), &cp("5")).await,
         "checkpoint by the old owner",
     );
     let c = store
-        .checkpoint("s", "b", &CheckpointUpdate::to(Checkpoint::at("6", 0)))
+        .checkpoint("s", h("b"), &cp("6"))
         .await
         .expect("new owner checkpoints");
     assert_eq!(c.checkpoint, Checkpoint::at("6", 0));
@@ -315,56 +339,65 @@ pub async fn checkpoint_after_the_lease_moved_is_rejected<S: LeaseStore + ?Sized
 /// gives that right to the new owner.
 pub async fn handoff_moves_checkpoint_rights<S: LeaseStore + ?Sized>(store: &S) {
     let l = owned_by(store, "s", "a").await;
-    assert_condition_failed(
-        store.start_handoff("s", "a", l.counter + 7, "b").await,
-        "stale counter",
-    );
-    assert_condition_failed(
-        store.start_handoff("s", "z", l.counter, "b").await,
-        "not the owner",
-    );
-    let h = store
-        .start_handoff("s", "a", l.counter, "b")
+    let mut stale = l.clone();
+    stale.counter += 7;
+    assert_condition_failed(store.start_handoff(&stale, h("b")).await, "stale counter");
+    let mut other = l.clone();
+    other.owner = Some("z".into());
+    assert_condition_failed(store.start_handoff(&other, h("b")).await, "not the owner");
+    let started = store
+        .start_handoff(&l, h("b"))
         .await
         .expect("start handoff");
-    assert_eq!(h.owner.as_deref(), Some("b"));
-    assert_eq!(h.checkpoint_owner.as_deref(), Some("a"));
-    assert_eq!(h.counter, l.counter + 1);
+    assert_eq!(started.owner.as_deref(), Some("b"));
+    assert_eq!(started.checkpoint_owner.as_deref(), Some("a"));
+    assert_eq!(started.counter, l.counter + 1);
+    assert_eq!(
+        started.tenure.as_deref(),
+        Some("t-b"),
+        "the thief's new tenure"
+    );
+    assert_eq!(
+        started.checkpoint_owner_tenure.as_deref(),
+        Some("t-a"),
+        "the previous owner's tenure, for its last checkpoints"
+    );
     assert_condition_failed(
-        store.start_handoff("s", "b", h.counter, "c").await,
+        store.start_handoff(&started, h("c")).await,
         "second handoff",
     );
 
     let cp = CheckpointUpdate::to(Checkpoint::at("42", 0));
     store
-        .checkpoint("s", "a", &cp)
+        .checkpoint("s", h("a"), &cp)
         .await
         .expect("previous owner checkpoints");
     assert_condition_failed(
-        store.checkpoint("s", "b", &cp).await,
+        store.checkpoint("s", h("b"), &cp).await,
         "new owner before completion",
     );
     // The new owner keeps the lease alive meanwhile.
     let renewed = store
-        .renew("s", "b", h.counter)
+        .renew("s", h("b"), started.counter)
         .await
         .expect("new owner renews");
 
     assert_condition_failed(
-        store.complete_handoff("s", "b").await,
+        store.complete_handoff("s", h("b")).await,
         "completion by the new owner",
     );
-    let done = store.complete_handoff("s", "a").await.expect("complete");
+    let done = store.complete_handoff("s", h("a")).await.expect("complete");
     assert_eq!(done.checkpoint_owner, None);
+    assert_eq!(done.checkpoint_owner_tenure, None);
     assert_eq!(done.owner.as_deref(), Some("b"));
     assert_eq!(done.checkpoint, Checkpoint::at("42", 0));
     assert!(done.counter > renewed.counter);
     assert_condition_failed(
-        store.checkpoint("s", "a", &cp).await,
+        store.checkpoint("s", h("a"), &cp).await,
         "old owner after completion",
     );
     store
-        .checkpoint("s", "b", &cp)
+        .checkpoint("s", h("b"), &cp)
         .await
         .expect("new owner after completion");
 }
@@ -373,17 +406,13 @@ pub async fn handoff_moves_checkpoint_rights<S: LeaseStore + ?Sized>(store: &S) 
 /// checkpoint owner.
 pub async fn take_ends_a_handoff<S: LeaseStore + ?Sized>(store: &S) {
     let l = owned_by(store, "s", "a").await;
-    let h = store
-        .start_handoff("s", "a", l.counter, "b")
-        .await
-        .expect("start");
-    let forced = store.take(&h, "b").await.expect("force");
+    let started = store.start_handoff(&l, h("b")).await.expect("start");
+    let forced = store.take(&started, h("b")).await.expect("force");
     assert_eq!(forced.checkpoint_owner, None);
+    assert_eq!(forced.checkpoint_owner_tenure, None);
     assert_eq!(forced.owner.as_deref(), Some("b"));
     assert_condition_failed(
-        store
-            .checkpoint("s", "a", &CheckpointUpdate::to(Checkpoint::at("1", 0)))
-            .await,
+        store.checkpoint("s", h("a"), &cp("1")).await,
         "old owner after a forced handoff",
     );
 }
@@ -419,39 +448,45 @@ pub async fn scan_pages_through_the_whole_table<S: LeaseStore + ?Sized>(store: &
 /// the item shows our write, and only then.
 pub async fn replayed_writes_reconcile_as_applied<S: LeaseStore + ?Sized>(store: &S) {
     let seen = created(store, "s").await;
-    let first = store.take(&seen, "a").await.expect("take");
+    let first = store.take(&seen, h("a")).await.expect("take");
     let replay = store
-        .take(&seen, "a")
+        .take(&seen, h("a"))
         .await
         .expect("replayed take reconciles");
     assert_eq!(replay, first);
-    assert_condition_failed(store.take(&seen, "b").await, "someone else's replay");
+    assert_condition_failed(store.take(&seen, h("b")).await, "someone else's replay");
 
-    let renewed = store.renew("s", "a", first.counter).await.expect("renew");
+    let renewed = store
+        .renew("s", h("a"), first.counter)
+        .await
+        .expect("renew");
     let replay = store
-        .renew("s", "a", first.counter)
+        .renew("s", h("a"), first.counter)
         .await
         .expect("replayed renew reconciles");
     assert_eq!(replay, renewed);
 
-    let h = store
-        .start_handoff("s", "a", renewed.counter, "b")
+    let started = store
+        .start_handoff(&renewed, h("b"))
         .await
         .expect("handoff");
     let replay = store
-        .start_handoff("s", "a", renewed.counter, "b")
+        .start_handoff(&renewed, h("b"))
         .await
         .expect("replayed handoff reconciles");
-    assert_eq!(replay, h);
+    assert_eq!(replay, started);
 
     // Once the state moves on, the replay is a lost race again.
-    store.renew("s", "b", h.counter).await.expect("renew by b");
+    store
+        .renew("s", h("b"), started.counter)
+        .await
+        .expect("renew by b");
     assert_condition_failed(
-        store.renew("s", "a", first.counter).await,
+        store.renew("s", h("a"), first.counter).await,
         "replay after a later write",
     );
     assert_condition_failed(
-        store.take(&seen, "a").await,
+        store.take(&seen, h("a")).await,
         "take replay after a later write",
     );
 }
@@ -459,21 +494,24 @@ pub async fn replayed_writes_reconcile_as_applied<S: LeaseStore + ?Sized>(store:
 /// Every conditional write on a missing key fails its condition.
 pub async fn missing_leases_fail_conditions<S: LeaseStore + ?Sized>(store: &S) {
     let ghost = lease("ghost");
-    assert_condition_failed(store.take(&ghost, "a").await, "take");
-    assert_condition_failed(store.renew("ghost", "a", 0).await, "renew");
-    assert_condition_failed(store.release("ghost", "a").await, "release");
+    let mut owned_ghost = ghost.clone();
+    owned_ghost.owner = Some("a".into());
+    assert_condition_failed(store.take(&ghost, h("a")).await, "take");
+    assert_condition_failed(store.reclaim(&owned_ghost, h("a")).await, "reclaim");
+    assert_condition_failed(store.renew("ghost", h("a"), 0).await, "renew");
+    assert_condition_failed(store.release("ghost", h("a")).await, "release");
     assert_condition_failed(
         store
-            .checkpoint("ghost", "a", &CheckpointUpdate::to(Checkpoint::ShardEnd))
+            .checkpoint("ghost", h("a"), &CheckpointUpdate::to(Checkpoint::ShardEnd))
             .await,
         "checkpoint",
     );
     assert_condition_failed(
-        store.start_handoff("ghost", "a", 0, "b").await,
+        store.start_handoff(&owned_ghost, h("b")).await,
         "start_handoff",
     );
     assert_condition_failed(
-        store.complete_handoff("ghost", "a").await,
+        store.complete_handoff("ghost", h("a")).await,
         "complete_handoff",
     );
     assert_condition_failed(store.delete("ghost", 0).await, "delete");
@@ -481,5 +519,239 @@ pub async fn missing_leases_fail_conditions<S: LeaseStore + ?Sized>(store: &S) {
         store.get("ghost").await.expect("get"),
         None,
         "no write may create an item"
+    );
+}
+
+/// `a` in tenure `tenure`.
+fn a_in(tenure: &str) -> Holder<'_> {
+    Holder {
+        owner: "a",
+        tenure: Some(tenure),
+    }
+}
+
+/// Renewal, checkpoint and release need the tenure the take wrote, not just
+/// the worker id: a second process under the same id, or a write from an
+/// earlier tenure, fails its condition.
+pub async fn every_write_of_a_tenure_is_conditional_on_it<S: LeaseStore + ?Sized>(store: &S) {
+    let seen = created(store, "s").await;
+    let l = store.take(&seen, a_in("t1")).await.expect("take");
+    assert_eq!(l.tenure.as_deref(), Some("t1"));
+    let twin = a_in("t2");
+    assert_condition_failed(
+        store.renew("s", twin, l.counter).await,
+        "renew, other tenure",
+    );
+    assert_condition_failed(
+        store.checkpoint("s", twin, &cp("5")).await,
+        "checkpoint, other tenure",
+    );
+    assert_condition_failed(store.release("s", twin).await, "release, other tenure");
+    let untenured = Holder {
+        owner: "a",
+        tenure: None,
+    };
+    assert_condition_failed(
+        store.renew("s", untenured, l.counter).await,
+        "renew, no tenure",
+    );
+    let l = store
+        .renew("s", a_in("t1"), l.counter)
+        .await
+        .expect("renew");
+    assert_eq!(
+        l.tenure.as_deref(),
+        Some("t1"),
+        "a renewal keeps the tenure"
+    );
+    store
+        .checkpoint("s", a_in("t1"), &cp("5"))
+        .await
+        .expect("checkpoint in the tenure");
+    let released = store.release("s", a_in("t1")).await.expect("release");
+    assert_eq!((released.owner, released.tenure), (None, None));
+    assert_condition_failed(
+        store.checkpoint("s", a_in("t1"), &cp("6")).await,
+        "checkpoint after release",
+    );
+    let stored = store.get("s").await.expect("get").expect("exists");
+    assert_eq!(stored.checkpoint, Checkpoint::at("5", 0));
+}
+
+/// A lost response is reconciled by comparing the tenure too: a retry of a
+/// renewal whose item now shows the same worker id and the next counter,
+/// but another tenure, is a lost race.
+pub async fn a_replay_reconciles_only_for_its_own_tenure<S: LeaseStore + ?Sized>(store: &S) {
+    let seen = created(store, "s").await;
+    let mine = store.take(&seen, a_in("t1")).await.expect("take");
+    // A second process under the same id reclaims it (a restart it takes
+    // for its own leftovers).
+    let theirs = store.reclaim(&mine, a_in("t2")).await.expect("reclaim");
+    assert_eq!(
+        (theirs.counter, theirs.tenure.as_deref()),
+        (mine.counter + 1, Some("t2"))
+    );
+    // The first process's renewal from its counter fails: the item shows
+    // (a, counter + 1), as its own renewal would, but not its tenure.
+    let current = assert_condition_failed(
+        store.renew("s", a_in("t1"), mine.counter).await,
+        "renewal of the displaced tenure",
+    );
+    if let Some(current) = current {
+        assert_eq!(current.tenure.as_deref(), Some("t2"));
+    }
+    assert_condition_failed(
+        store.take(&seen, a_in("t1")).await,
+        "take replay, other tenure",
+    );
+    let replay = store
+        .reclaim(&mine, a_in("t2"))
+        .await
+        .expect("the reclaim's own replay reconciles");
+    assert_eq!(replay, theirs);
+}
+
+/// A reclaim needs the worker id and the counter, writes a new tenure, and
+/// leaves a handoff in progress alone (the previous owner may still be
+/// draining).
+pub async fn reclaim_starts_a_tenure_and_keeps_a_handoff<S: LeaseStore + ?Sized>(store: &S) {
+    let l = owned_by(store, "s", "victim").await;
+    let started = store.start_handoff(&l, a_in("t1")).await.expect("start");
+    let mut stale = started.clone();
+    stale.counter -= 1;
+    assert_condition_failed(store.reclaim(&stale, a_in("t2")).await, "stale counter");
+    let mut wrong = started.clone();
+    wrong.owner = Some("b".into());
+    assert_condition_failed(
+        store
+            .reclaim(
+                &wrong,
+                Holder {
+                    owner: "b",
+                    tenure: Some("t9"),
+                },
+            )
+            .await,
+        "not the owner",
+    );
+    let reclaimed = store.reclaim(&started, a_in("t2")).await.expect("reclaim");
+    assert_eq!(reclaimed.counter, started.counter + 1);
+    assert_eq!(reclaimed.tenure.as_deref(), Some("t2"));
+    assert_eq!(reclaimed.checkpoint_owner.as_deref(), Some("victim"));
+    assert_eq!(
+        reclaimed.checkpoint_owner_tenure.as_deref(),
+        Some("t-victim")
+    );
+    assert_eq!(
+        reclaimed.owner_switches_since_checkpoint, started.owner_switches_since_checkpoint,
+        "the owner did not change"
+    );
+    store
+        .checkpoint("s", h("victim"), &cp("3"))
+        .await
+        .expect("the previous owner still checkpoints");
+    assert_condition_failed(
+        store.renew("s", a_in("t1"), reclaimed.counter).await,
+        "the old tenure",
+    );
+    store
+        .renew("s", a_in("t2"), reclaimed.counter)
+        .await
+        .expect("the new tenure renews");
+}
+
+/// The previous owner's last checkpoints and the completion are pinned to
+/// the tenure the handoff recorded: a delayed write of an earlier tenure of
+/// the same worker does not land.
+pub async fn handoff_steps_are_conditional_on_the_previous_owners_tenure<S: LeaseStore + ?Sized>(
+    store: &S,
+) {
+    let seen = created(store, "s").await;
+    let l = store.take(&seen, a_in("t1")).await.expect("take");
+    let started = store.start_handoff(&l, h("b")).await.expect("start");
+    assert_eq!(started.checkpoint_owner_tenure.as_deref(), Some("t1"));
+    assert_condition_failed(
+        store.checkpoint("s", a_in("t0"), &cp("7")).await,
+        "earlier tenure checkpoints",
+    );
+    assert_condition_failed(
+        store.complete_handoff("s", a_in("t0")).await,
+        "earlier tenure completes",
+    );
+    store
+        .checkpoint("s", a_in("t1"), &cp("7"))
+        .await
+        .expect("the handing-off tenure checkpoints");
+    store
+        .complete_handoff("s", a_in("t1"))
+        .await
+        .expect("and completes");
+    assert_condition_failed(
+        store.complete_handoff("s", a_in("t1")).await,
+        "completes twice",
+    );
+    let done = store.get("s").await.expect("get").expect("exists");
+    assert_eq!(done.checkpoint, Checkpoint::at("7", 0));
+    assert_eq!(done.tenure.as_deref(), Some("t-b"));
+}
+
+/// In a table shared with Java KCL workers: a Java take changes the owner
+/// and the counter but leaves kcl's tenure attribute as it was. The stale
+/// tenure guards nothing (every write checks the owner too), and a lease
+/// without a tenure is taken, reclaimed and released like any other.
+pub async fn a_java_take_leaves_a_stale_tenure_that_guards_nothing<S: LeaseStore + ?Sized>(
+    store: &S,
+) {
+    // As a Java worker leaves a lease it took from kcl worker "a" (tenure t1).
+    let mut java = lease("s");
+    java.owner = Some("java-worker".into());
+    java.counter = 12;
+    java.tenure = Some("t1".into());
+    store.create_if_absent(&java).await.expect("create");
+    assert_condition_failed(
+        store.renew("s", a_in("t1"), 12).await,
+        "renew by the old kcl owner",
+    );
+    assert_condition_failed(
+        store.checkpoint("s", a_in("t1"), &cp("1")).await,
+        "checkpoint by the old kcl owner",
+    );
+    assert_condition_failed(
+        store.release("s", a_in("t1")).await,
+        "release by the old kcl owner",
+    );
+    // Pinned to what was observed: an operator's eviction of the Java owner.
+    let evicted = store
+        .release("s", Holder::owner_of(&java).expect("owned"))
+        .await
+        .expect("eviction pinned to the observed owner and tenure");
+    assert_eq!((&evicted.owner, &evicted.tenure), (&None, &None));
+    let back = store
+        .take(&evicted, a_in("t2"))
+        .await
+        .expect("kcl takes it back");
+    assert_eq!(back.tenure.as_deref(), Some("t2"));
+
+    // As a Java worker (or kcl before tenures) writes a lease: no tenure.
+    let mut untenured = lease("u");
+    untenured.owner = Some("a".into());
+    untenured.counter = 3;
+    store.create_if_absent(&untenured).await.expect("create");
+    let none = Holder {
+        owner: "a",
+        tenure: None,
+    };
+    let renewed = store
+        .renew("u", none, 3)
+        .await
+        .expect("renewed as observed");
+    let reclaimed = store
+        .reclaim(&renewed, a_in("t3"))
+        .await
+        .expect("reclaimed into a tenure");
+    assert_eq!(reclaimed.tenure.as_deref(), Some("t3"));
+    assert_condition_failed(
+        store.renew("u", none, reclaimed.counter).await,
+        "no tenure any more",
     );
 }

@@ -15,7 +15,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
-use super::{CheckpointUpdate, ErrorKind, Intent, LeaseStore, Page, StoreError, StoreOp};
+use super::{CheckpointUpdate, ErrorKind, Holder, Intent, LeaseStore, Page, StoreError, StoreOp};
 use crate::lease::Lease;
 
 /// A fault to inject into one store call.
@@ -29,6 +29,8 @@ pub enum Fault {
     Delay(Duration),
     /// Apply, then wait this long before answering (a slow response).
     SlowResponse(Duration),
+    /// Never answer and never apply (a request lost on a dead connection).
+    Hang,
 }
 
 /// Random faults drawn for every call of a handle.
@@ -69,6 +71,8 @@ struct FaultPlan {
     any_op: VecDeque<Fault>,
     random: Option<(RandomFaults, SmallRng)>,
     paused_until: Option<Instant>,
+    /// Calls on this key hang forever (a "blackhole").
+    blackhole: Option<String>,
 }
 
 /// The in-memory lease table. Cloning shares the table and the fault plan;
@@ -135,6 +139,19 @@ impl InMemoryLeaseStore {
         self.plan().paused_until = Some(until);
     }
 
+    /// Makes every later call on this handle that names `key` hang without
+    /// an answer (and without applying), as a request stuck on a dead
+    /// connection would; `None` lifts it. Scans are not affected.
+    pub fn blackhole(&self, key: Option<&str>) {
+        self.plan().blackhole = key.map(str::to_owned);
+    }
+
+    /// Replaces a lease as a writer outside kcl would (a Java KCL worker,
+    /// a hand edit), without conditions.
+    pub fn put_raw(&self, lease: Lease) {
+        self.lock().leases.insert(lease.key.clone(), lease);
+    }
+
     /// A copy of every lease, in key order.
     pub fn snapshot(&self) -> Vec<Lease> {
         self.lock().leases.values().cloned().collect()
@@ -155,10 +172,13 @@ impl InMemoryLeaseStore {
         self.faults.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn next_fault(&self, op: StoreOp) -> (Option<Instant>, Vec<Fault>) {
+    fn next_fault(&self, op: StoreOp, key: Option<&str>) -> (Option<Instant>, Vec<Fault>) {
         let mut plan = self.plan();
         let paused = plan.paused_until;
         let mut faults = Vec::new();
+        if key.is_some() && plan.blackhole.as_deref() == key {
+            faults.push(Fault::Hang);
+        }
         if let Some(f) = plan.any_op.pop_front() {
             faults.push(f);
         }
@@ -188,9 +208,10 @@ impl InMemoryLeaseStore {
     async fn call<T>(
         &self,
         op: StoreOp,
+        key: Option<&str>,
         apply: impl FnOnce(&mut Table) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let (paused, faults) = self.next_fault(op);
+        let (paused, faults) = self.next_fault(op, key);
         if let Some(until) = paused {
             tokio::time::sleep_until(until).await;
         }
@@ -202,6 +223,7 @@ impl InMemoryLeaseStore {
                 Fault::SlowResponse(d) => after += d,
                 Fault::LostResponse => lose_response = true,
                 Fault::Error(kind) => return Err(injected_error(op, kind)),
+                Fault::Hang => std::future::pending::<()>().await,
             }
         }
         let result = apply(&mut self.lock());
@@ -284,7 +306,7 @@ fn injected_error(op: StoreOp, kind: ErrorKind) -> StoreError {
 #[async_trait]
 impl LeaseStore for InMemoryLeaseStore {
     async fn create_if_absent(&self, lease: &Lease) -> Result<Lease, StoreError> {
-        self.call(StoreOp::Create, |t| {
+        self.call(StoreOp::Create, Some(&lease.key), |t| {
             if let Some(existing) = t.leases.get(&lease.key) {
                 return Err(StoreError::ConditionFailed {
                     key: lease.key.clone(),
@@ -302,7 +324,7 @@ impl LeaseStore for InMemoryLeaseStore {
         stream::unfold(Some(None::<String>), move |state| async move {
             let after = state?;
             let page = self
-                .call(StoreOp::ScanPage, |t| {
+                .call(StoreOp::ScanPage, None, |t| {
                     let range = match &after {
                         Some(k) => t.leases.range::<String, _>((
                             std::ops::Bound::Excluded(k.clone()),
@@ -331,60 +353,83 @@ impl LeaseStore for InMemoryLeaseStore {
     }
 
     async fn get(&self, key: &str) -> Result<Option<Lease>, StoreError> {
-        self.call(StoreOp::Get, |t| Ok(t.leases.get(key).cloned()))
+        self.call(StoreOp::Get, Some(key), |t| Ok(t.leases.get(key).cloned()))
             .await
     }
 
-    async fn take(&self, seen: &Lease, new_owner: &str) -> Result<Lease, StoreError> {
+    async fn take(&self, seen: &Lease, by: Holder<'_>) -> Result<Lease, StoreError> {
         let intent = Intent::Own {
-            owner: new_owner,
+            by,
             counter: seen.counter + 1,
         };
-        self.call(StoreOp::Take, |t| {
+        self.call(StoreOp::Take, Some(&seen.key), |t| {
             Self::update(
                 t,
                 &seen.key,
                 Some(intent),
                 |l| l.counter == seen.counter && l.owner == seen.owner,
                 |l| {
-                    if !l.is_owned_by(new_owner) {
+                    if !l.is_owned_by(by.owner) {
                         l.owner_switches_since_checkpoint += 1;
                     }
-                    l.owner = Some(new_owner.to_owned());
+                    l.owner = Some(by.owner.to_owned());
+                    l.tenure = by.tenure.map(str::to_owned);
                     l.counter += 1;
                     l.checkpoint_owner = None;
+                    l.checkpoint_owner_tenure = None;
                 },
             )
         })
         .await
     }
 
-    async fn renew(&self, key: &str, owner: &str, counter: u64) -> Result<Lease, StoreError> {
+    async fn reclaim(&self, seen: &Lease, by: Holder<'_>) -> Result<Lease, StoreError> {
         let intent = Intent::Own {
-            owner,
+            by,
+            counter: seen.counter + 1,
+        };
+        self.call(StoreOp::Reclaim, Some(&seen.key), |t| {
+            Self::update(
+                t,
+                &seen.key,
+                Some(intent),
+                |l| l.counter == seen.counter && l.is_owned_by(by.owner),
+                |l| {
+                    l.tenure = by.tenure.map(str::to_owned);
+                    l.counter += 1;
+                },
+            )
+        })
+        .await
+    }
+
+    async fn renew(&self, key: &str, by: Holder<'_>, counter: u64) -> Result<Lease, StoreError> {
+        let intent = Intent::Own {
+            by,
             counter: counter + 1,
         };
-        self.call(StoreOp::Renew, |t| {
+        self.call(StoreOp::Renew, Some(key), |t| {
             Self::update(
                 t,
                 key,
                 Some(intent),
-                |l| l.is_owned_by(owner) && l.counter == counter,
+                |l| by.owns(l) && l.counter == counter,
                 |l| l.counter += 1,
             )
         })
         .await
     }
 
-    async fn release(&self, key: &str, owner: &str) -> Result<Lease, StoreError> {
-        self.call(StoreOp::Release, |t| {
+    async fn release(&self, key: &str, by: Holder<'_>) -> Result<Lease, StoreError> {
+        self.call(StoreOp::Release, Some(key), |t| {
             Self::update(
                 t,
                 key,
                 None,
-                |l| l.is_owned_by(owner),
+                |l| by.owns(l),
                 |l| {
                     l.owner = None;
+                    l.tenure = None;
                     l.counter += 1;
                 },
             )
@@ -395,18 +440,15 @@ impl LeaseStore for InMemoryLeaseStore {
     async fn checkpoint(
         &self,
         key: &str,
-        owner: &str,
+        by: Holder<'_>,
         update: &CheckpointUpdate,
     ) -> Result<Lease, StoreError> {
-        self.call(StoreOp::Checkpoint, |t| {
+        self.call(StoreOp::Checkpoint, Some(key), |t| {
             Self::update(
                 t,
                 key,
                 None,
-                |l| match &l.checkpoint_owner {
-                    Some(cp_owner) => cp_owner == owner,
-                    None => l.is_owned_by(owner),
-                },
+                |l| by.may_checkpoint(l),
                 |l| {
                     l.checkpoint = update.checkpoint.clone();
                     l.pending_checkpoint = update.pending.clone();
@@ -418,27 +460,32 @@ impl LeaseStore for InMemoryLeaseStore {
         .await
     }
 
-    async fn start_handoff(
-        &self,
-        key: &str,
-        from: &str,
-        counter: u64,
-        to: &str,
-    ) -> Result<Lease, StoreError> {
+    async fn start_handoff(&self, seen: &Lease, to: Holder<'_>) -> Result<Lease, StoreError> {
+        let Some(from) = seen.owner.as_deref() else {
+            return Err(StoreError::ConditionFailed {
+                key: seen.key.clone(),
+                current: Some(Box::new(seen.clone())),
+            });
+        };
         let intent = Intent::HandoffStarted {
             from,
             to,
-            counter: counter + 1,
+            counter: seen.counter + 1,
         };
-        self.call(StoreOp::StartHandoff, |t| {
+        self.call(StoreOp::StartHandoff, Some(&seen.key), |t| {
             Self::update(
                 t,
-                key,
+                &seen.key,
                 Some(intent),
-                |l| l.is_owned_by(from) && l.counter == counter && l.checkpoint_owner.is_none(),
                 |l| {
-                    l.owner = Some(to.to_owned());
+                    l.is_owned_by(from) && l.counter == seen.counter && l.checkpoint_owner.is_none()
+                },
+                |l| {
+                    l.owner = Some(to.owner.to_owned());
                     l.checkpoint_owner = Some(from.to_owned());
+                    // The counter guard makes the tenure the one `seen` shows.
+                    l.checkpoint_owner_tenure = l.tenure.take();
+                    l.tenure = to.tenure.map(str::to_owned);
                     l.owner_switches_since_checkpoint += 1;
                     l.counter += 1;
                 },
@@ -447,15 +494,16 @@ impl LeaseStore for InMemoryLeaseStore {
         .await
     }
 
-    async fn complete_handoff(&self, key: &str, from: &str) -> Result<Lease, StoreError> {
-        self.call(StoreOp::CompleteHandoff, |t| {
+    async fn complete_handoff(&self, key: &str, from: Holder<'_>) -> Result<Lease, StoreError> {
+        self.call(StoreOp::CompleteHandoff, Some(key), |t| {
             Self::update(
                 t,
                 key,
                 None,
-                |l| l.checkpoint_owner.as_deref() == Some(from),
+                |l| from.hands_off(l),
                 |l| {
                     l.checkpoint_owner = None;
+                    l.checkpoint_owner_tenure = None;
                     l.counter += 1;
                 },
             )
@@ -464,7 +512,7 @@ impl LeaseStore for InMemoryLeaseStore {
     }
 
     async fn delete(&self, key: &str, counter: u64) -> Result<(), StoreError> {
-        self.call(StoreOp::Delete, |t| match t.leases.get(key) {
+        self.call(StoreOp::Delete, Some(key), |t| match t.leases.get(key) {
             Some(l) if l.counter == counter => {
                 t.leases.remove(key);
                 Ok(())

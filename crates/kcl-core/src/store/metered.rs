@@ -11,12 +11,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use async_trait::async_trait;
-use futures::stream::{BoxStream, StreamExt};
+use futures::stream::StreamExt;
 use tokio::time::Instant;
 
-use super::{CheckpointUpdate, ErrorKind, LeaseStore, Page, StoreError, StoreOp};
-use crate::lease::Lease;
+use super::{ErrorKind, LeaseStore, StoreError, StoreOp};
 
 #[derive(Debug, Default)]
 struct OpCounters {
@@ -212,83 +210,19 @@ impl<S: LeaseStore> MeteredStore<S> {
     }
 }
 
-#[async_trait]
-impl<S: LeaseStore> LeaseStore for MeteredStore<S> {
-    async fn create_if_absent(&self, lease: &Lease) -> Result<Lease, StoreError> {
-        self.timed(StoreOp::Create, self.inner.create_if_absent(lease))
-            .await
-    }
-
-    fn scan(&self) -> BoxStream<'_, Result<Page, StoreError>> {
-        self.stats.scans.fetch_add(1, Ordering::Relaxed);
+crate::store::decorate! {
+    MeteredStore, around: timed,
+    scan: |this| {
+        this.stats.scans.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("kcl_store_scans_total").increment(1);
         // Each page is timed from the end of the previous one.
-        self.inner
+        this.inner
             .scan()
             .scan(Instant::now(), move |started, page| {
-                self.stats.record(StoreOp::ScanPage, *started, &page);
+                this.stats.record(StoreOp::ScanPage, *started, &page);
                 *started = Instant::now();
                 futures::future::ready(Some(page))
             })
             .boxed()
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<Lease>, StoreError> {
-        self.timed(StoreOp::Get, self.inner.get(key)).await
-    }
-
-    async fn take(&self, seen: &Lease, new_owner: &str) -> Result<Lease, StoreError> {
-        self.timed(StoreOp::Take, self.inner.take(seen, new_owner))
-            .await
-    }
-
-    async fn renew(&self, key: &str, owner: &str, counter: u64) -> Result<Lease, StoreError> {
-        self.timed(StoreOp::Renew, self.inner.renew(key, owner, counter))
-            .await
-    }
-
-    async fn release(&self, key: &str, owner: &str) -> Result<Lease, StoreError> {
-        self.timed(StoreOp::Release, self.inner.release(key, owner))
-            .await
-    }
-
-    async fn checkpoint(
-        &self,
-        key: &str,
-        owner: &str,
-        update: &CheckpointUpdate,
-    ) -> Result<Lease, StoreError> {
-        self.timed(
-            StoreOp::Checkpoint,
-            self.inner.checkpoint(key, owner, update),
-        )
-        .await
-    }
-
-    async fn start_handoff(
-        &self,
-        key: &str,
-        from: &str,
-        counter: u64,
-        to: &str,
-    ) -> Result<Lease, StoreError> {
-        self.timed(
-            StoreOp::StartHandoff,
-            self.inner.start_handoff(key, from, counter, to),
-        )
-        .await
-    }
-
-    async fn complete_handoff(&self, key: &str, from: &str) -> Result<Lease, StoreError> {
-        self.timed(
-            StoreOp::CompleteHandoff,
-            self.inner.complete_handoff(key, from),
-        )
-        .await
-    }
-
-    async fn delete(&self, key: &str, counter: u64) -> Result<(), StoreError> {
-        self.timed(StoreOp::Delete, self.inner.delete(key, counter))
-            .await
     }
 }

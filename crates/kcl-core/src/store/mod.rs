@@ -20,6 +20,8 @@ pub mod conformance;
 #[cfg(any(test, feature = "test-util"))]
 pub mod memory;
 pub mod metered;
+pub(crate) mod retry;
+pub mod timeout;
 
 /// One page of a scan.
 pub type Page = Vec<Lease>;
@@ -46,11 +48,81 @@ impl CheckpointUpdate {
     }
 }
 
+/// Who writes: a worker id and the tenure it holds the lease under.
+///
+/// Every take writes a fresh tenure into the lease; every later write of
+/// that holder (renewal, checkpoint, handoff steps, release) is conditional
+/// on it, so a second process running under the same worker id, or a
+/// delayed write from an earlier tenure, fails its condition instead of
+/// landing. `tenure: None` names a lease that carries no tenure (written by
+/// a Java KCL worker or by kcl before tenures): the condition is then that
+/// the item has none either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Holder<'a> {
+    /// The worker id, as written in `leaseOwner` / `checkpointOwner`.
+    pub owner: &'a str,
+    /// The tenure, as written by the take that started it.
+    pub tenure: Option<&'a str>,
+}
+
+impl<'a> Holder<'a> {
+    /// `owner` under `tenure`.
+    pub fn new(owner: &'a str, tenure: &'a str) -> Self {
+        Holder {
+            owner,
+            tenure: Some(tenure),
+        }
+    }
+
+    /// The owner of `lease` as the table shows it, pinned to its tenure
+    /// (for writes made on the strength of one observation, such as an
+    /// operator's eviction). `None` for an unowned lease.
+    pub fn owner_of(lease: &'a Lease) -> Option<Self> {
+        Some(Holder {
+            owner: lease.owner.as_deref()?,
+            tenure: lease.tenure.as_deref(),
+        })
+    }
+
+    /// The previous owner of a lease in a graceful handoff, pinned to its
+    /// tenure. `None` when no handoff runs.
+    pub fn checkpoint_owner_of(lease: &'a Lease) -> Option<Self> {
+        Some(Holder {
+            owner: lease.checkpoint_owner.as_deref()?,
+            tenure: lease.checkpoint_owner_tenure.as_deref(),
+        })
+    }
+
+    /// True if `lease` is owned by this holder, in this tenure.
+    pub fn owns(&self, lease: &Lease) -> bool {
+        lease.is_owned_by(self.owner) && lease.tenure.as_deref() == self.tenure
+    }
+
+    /// True if this holder is the previous owner of `lease` in a graceful
+    /// handoff. A handoff written without the previous owner's tenure (by a
+    /// Java KCL leader, or of a lease that had none) counts for any tenure
+    /// of that worker.
+    pub fn hands_off(&self, lease: &Lease) -> bool {
+        lease.checkpoint_owner.as_deref() == Some(self.owner)
+            && (lease.checkpoint_owner_tenure.is_none()
+                || lease.checkpoint_owner_tenure.as_deref() == self.tenure)
+    }
+
+    /// True if this holder may checkpoint `lease`: it hands it off, or it
+    /// owns it and no handoff runs.
+    pub fn may_checkpoint(&self, lease: &Lease) -> bool {
+        match &lease.checkpoint_owner {
+            Some(_) => self.hands_off(lease),
+            None => self.owns(lease),
+        }
+    }
+}
+
 /// Conditional operations on a lease table.
 ///
 /// Implementations must be exactly as strict as the in-memory store (the
-/// conformance suite in `conformance`, feature `test-util`, checks it). On success a mutating
-/// call returns the lease as it now stands in the table.
+/// conformance suite in `conformance`, feature `test-util`, checks it). On
+/// success a mutating call returns the lease as it now stands in the table.
 #[async_trait]
 pub trait LeaseStore: Send + Sync + fmt::Debug {
     /// Creates `lease` unless an item with its key exists.
@@ -63,46 +135,50 @@ pub trait LeaseStore: Send + Sync + fmt::Debug {
     /// Reads one lease with a strongly consistent read.
     async fn get(&self, key: &str) -> Result<Option<Lease>, StoreError>;
 
-    /// Takes `seen` for `new_owner`. Condition: the counter and owner are
-    /// still those of `seen`. Bumps the counter, clears a handoff in
-    /// progress, and counts an owner switch when the owner changes.
-    async fn take(&self, seen: &Lease, new_owner: &str) -> Result<Lease, StoreError>;
+    /// Takes `seen` for `by`, starting `by`'s tenure. Condition: the
+    /// counter and owner are still those of `seen`. Bumps the counter,
+    /// clears a handoff in progress, and counts an owner switch when the
+    /// owner changes.
+    async fn take(&self, seen: &Lease, by: Holder<'_>) -> Result<Lease, StoreError>;
 
-    /// Renews a held lease. Condition: `owner` owns it at `counter`.
-    async fn renew(&self, key: &str, owner: &str, counter: u64) -> Result<Lease, StoreError>;
+    /// Starts a new tenure of `by` on a lease the table already says
+    /// `by.owner` owns (a take whose response was lost, a restart under the
+    /// same worker id). Condition: `by.owner` owns it at `seen`'s counter.
+    /// Bumps the counter; keeps a handoff in progress, unlike a take.
+    async fn reclaim(&self, seen: &Lease, by: Holder<'_>) -> Result<Lease, StoreError>;
 
-    /// Removes the owner so that any worker may take the lease at once.
-    /// Condition: `owner` owns it. Used for graceful release and, with the
-    /// observed owner, for evicting a lease by hand. A handoff in progress
-    /// is kept: the previous owner may still checkpoint and complete it,
-    /// and nobody takes the lease before that (or before it expires).
-    async fn release(&self, key: &str, owner: &str) -> Result<Lease, StoreError>;
+    /// Renews a held lease. Condition: `by` owns it (worker and tenure) at
+    /// `counter`.
+    async fn renew(&self, key: &str, by: Holder<'_>, counter: u64) -> Result<Lease, StoreError>;
 
-    /// Writes a checkpoint. Condition: `owner` may checkpoint the lease: it
-    /// is the checkpoint owner of a handoff in progress, or the owner when
-    /// no handoff runs. Does not bump the counter, so it never races renewal.
+    /// Removes the owner and its tenure so that any worker may take the
+    /// lease at once. Condition: `by` owns it (worker and tenure). A
+    /// handoff in progress is kept: the previous owner may still
+    /// checkpoint and complete it, and nobody takes the lease before that
+    /// (or before it expires).
+    async fn release(&self, key: &str, by: Holder<'_>) -> Result<Lease, StoreError>;
+
+    /// Writes a checkpoint. Condition: `by` may checkpoint the lease: it
+    /// is the checkpoint owner of a handoff in progress (in the tenure the
+    /// handoff recorded), or the owner in its tenure when no handoff runs.
+    /// Does not bump the counter, so it never races renewal.
     async fn checkpoint(
         &self,
         key: &str,
-        owner: &str,
+        by: Holder<'_>,
         update: &CheckpointUpdate,
     ) -> Result<Lease, StoreError>;
 
-    /// Starts a graceful handoff of a lease from `from` to `to`: `to`
-    /// becomes the owner and `from` the checkpoint owner until it calls
-    /// [`LeaseStore::complete_handoff`]. Condition: `from` owns it at
-    /// `counter` and no handoff runs.
-    async fn start_handoff(
-        &self,
-        key: &str,
-        from: &str,
-        counter: u64,
-        to: &str,
-    ) -> Result<Lease, StoreError>;
+    /// Starts a graceful handoff of `seen` from its owner to `to`: `to`
+    /// becomes the owner in a new tenure, the previous owner the checkpoint
+    /// owner (with its tenure) until it calls
+    /// [`LeaseStore::complete_handoff`]. Condition: the owner and counter
+    /// are still those of `seen` and no handoff runs.
+    async fn start_handoff(&self, seen: &Lease, to: Holder<'_>) -> Result<Lease, StoreError>;
 
     /// Ends a handoff: clears the checkpoint owner. Condition: `from` is
-    /// the checkpoint owner.
-    async fn complete_handoff(&self, key: &str, from: &str) -> Result<Lease, StoreError>;
+    /// the checkpoint owner, in the tenure the handoff recorded.
+    async fn complete_handoff(&self, key: &str, from: Holder<'_>) -> Result<Lease, StoreError>;
 
     /// Deletes a lease. Condition: its counter is still `counter`.
     async fn delete(&self, key: &str, counter: u64) -> Result<(), StoreError>;
@@ -120,39 +196,159 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
     async fn get(&self, key: &str) -> Result<Option<Lease>, StoreError> {
         (**self).get(key).await
     }
-    async fn take(&self, seen: &Lease, new_owner: &str) -> Result<Lease, StoreError> {
-        (**self).take(seen, new_owner).await
+    async fn take(&self, seen: &Lease, by: Holder<'_>) -> Result<Lease, StoreError> {
+        (**self).take(seen, by).await
     }
-    async fn renew(&self, key: &str, owner: &str, counter: u64) -> Result<Lease, StoreError> {
-        (**self).renew(key, owner, counter).await
+    async fn reclaim(&self, seen: &Lease, by: Holder<'_>) -> Result<Lease, StoreError> {
+        (**self).reclaim(seen, by).await
     }
-    async fn release(&self, key: &str, owner: &str) -> Result<Lease, StoreError> {
-        (**self).release(key, owner).await
+    async fn renew(&self, key: &str, by: Holder<'_>, counter: u64) -> Result<Lease, StoreError> {
+        (**self).renew(key, by, counter).await
+    }
+    async fn release(&self, key: &str, by: Holder<'_>) -> Result<Lease, StoreError> {
+        (**self).release(key, by).await
     }
     async fn checkpoint(
         &self,
         key: &str,
-        owner: &str,
+        by: Holder<'_>,
         update: &CheckpointUpdate,
     ) -> Result<Lease, StoreError> {
-        (**self).checkpoint(key, owner, update).await
+        (**self).checkpoint(key, by, update).await
     }
-    async fn start_handoff(
-        &self,
-        key: &str,
-        from: &str,
-        counter: u64,
-        to: &str,
-    ) -> Result<Lease, StoreError> {
-        (**self).start_handoff(key, from, counter, to).await
+    async fn start_handoff(&self, seen: &Lease, to: Holder<'_>) -> Result<Lease, StoreError> {
+        (**self).start_handoff(seen, to).await
     }
-    async fn complete_handoff(&self, key: &str, from: &str) -> Result<Lease, StoreError> {
+    async fn complete_handoff(&self, key: &str, from: Holder<'_>) -> Result<Lease, StoreError> {
         (**self).complete_handoff(key, from).await
     }
     async fn delete(&self, key: &str, counter: u64) -> Result<(), StoreError> {
         (**self).delete(key, counter).await
     }
 }
+
+/// Implements [`LeaseStore`] for a decorator `$ty<S> { inner: S, .. }`
+/// whose every call but `scan` runs as `self.$around(op, inner_call)`, and
+/// whose `scan` is the given body (with `$this` bound to `&self`). Keeps the
+/// decorators free of eleven copies of the same delegation.
+macro_rules! decorate {
+    ($ty:ident, around: $around:ident, scan: |$this:ident| $scan:block) => {
+        #[async_trait::async_trait]
+        impl<S: $crate::store::LeaseStore> $crate::store::LeaseStore for $ty<S> {
+            async fn create_if_absent(
+                &self,
+                lease: &$crate::lease::Lease,
+            ) -> Result<$crate::lease::Lease, $crate::store::StoreError> {
+                self.$around(
+                    $crate::store::StoreOp::Create,
+                    self.inner.create_if_absent(lease),
+                )
+                .await
+            }
+            fn scan(
+                &self,
+            ) -> futures::stream::BoxStream<
+                '_,
+                Result<$crate::store::Page, $crate::store::StoreError>,
+            > {
+                let $this = self;
+                $scan
+            }
+            async fn get(
+                &self,
+                key: &str,
+            ) -> Result<Option<$crate::lease::Lease>, $crate::store::StoreError> {
+                self.$around($crate::store::StoreOp::Get, self.inner.get(key))
+                    .await
+            }
+            async fn take(
+                &self,
+                seen: &$crate::lease::Lease,
+                by: $crate::store::Holder<'_>,
+            ) -> Result<$crate::lease::Lease, $crate::store::StoreError> {
+                self.$around($crate::store::StoreOp::Take, self.inner.take(seen, by))
+                    .await
+            }
+            async fn reclaim(
+                &self,
+                seen: &$crate::lease::Lease,
+                by: $crate::store::Holder<'_>,
+            ) -> Result<$crate::lease::Lease, $crate::store::StoreError> {
+                self.$around(
+                    $crate::store::StoreOp::Reclaim,
+                    self.inner.reclaim(seen, by),
+                )
+                .await
+            }
+            async fn renew(
+                &self,
+                key: &str,
+                by: $crate::store::Holder<'_>,
+                counter: u64,
+            ) -> Result<$crate::lease::Lease, $crate::store::StoreError> {
+                self.$around(
+                    $crate::store::StoreOp::Renew,
+                    self.inner.renew(key, by, counter),
+                )
+                .await
+            }
+            async fn release(
+                &self,
+                key: &str,
+                by: $crate::store::Holder<'_>,
+            ) -> Result<$crate::lease::Lease, $crate::store::StoreError> {
+                self.$around($crate::store::StoreOp::Release, self.inner.release(key, by))
+                    .await
+            }
+            async fn checkpoint(
+                &self,
+                key: &str,
+                by: $crate::store::Holder<'_>,
+                update: &$crate::store::CheckpointUpdate,
+            ) -> Result<$crate::lease::Lease, $crate::store::StoreError> {
+                self.$around(
+                    $crate::store::StoreOp::Checkpoint,
+                    self.inner.checkpoint(key, by, update),
+                )
+                .await
+            }
+            async fn start_handoff(
+                &self,
+                seen: &$crate::lease::Lease,
+                to: $crate::store::Holder<'_>,
+            ) -> Result<$crate::lease::Lease, $crate::store::StoreError> {
+                self.$around(
+                    $crate::store::StoreOp::StartHandoff,
+                    self.inner.start_handoff(seen, to),
+                )
+                .await
+            }
+            async fn complete_handoff(
+                &self,
+                key: &str,
+                from: $crate::store::Holder<'_>,
+            ) -> Result<$crate::lease::Lease, $crate::store::StoreError> {
+                self.$around(
+                    $crate::store::StoreOp::CompleteHandoff,
+                    self.inner.complete_handoff(key, from),
+                )
+                .await
+            }
+            async fn delete(
+                &self,
+                key: &str,
+                counter: u64,
+            ) -> Result<(), $crate::store::StoreError> {
+                self.$around(
+                    $crate::store::StoreOp::Delete,
+                    self.inner.delete(key, counter),
+                )
+                .await
+            }
+        }
+    };
+}
+pub(crate) use decorate;
 
 /// What a caller can do about a store error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -261,6 +457,7 @@ pub enum StoreOp {
     ScanPage,
     Get,
     Take,
+    Reclaim,
     Renew,
     Release,
     Checkpoint,
@@ -271,11 +468,12 @@ pub enum StoreOp {
 
 impl StoreOp {
     /// Every operation, in a stable order.
-    pub const ALL: [StoreOp; 10] = [
+    pub const ALL: [StoreOp; 11] = [
         StoreOp::Create,
         StoreOp::ScanPage,
         StoreOp::Get,
         StoreOp::Take,
+        StoreOp::Reclaim,
         StoreOp::Renew,
         StoreOp::Release,
         StoreOp::Checkpoint,
@@ -291,6 +489,7 @@ impl StoreOp {
             StoreOp::ScanPage => "scan_page",
             StoreOp::Get => "get",
             StoreOp::Take => "take",
+            StoreOp::Reclaim => "reclaim",
             StoreOp::Renew => "renew",
             StoreOp::Release => "release",
             StoreOp::Checkpoint => "checkpoint",
@@ -314,28 +513,31 @@ impl fmt::Display for StoreOp {
 /// arrived, the retry fails its condition. If the item the store returns is
 /// exactly what our write would have produced, the write was applied: the
 /// store reports success instead of a lost race (invariant 2). No other
-/// writer produces these states: only `owner` writes `owner` into a lease
-/// with the counter it read plus one.
+/// writer produces these states: only this holder writes its own fresh
+/// tenure into a lease with the counter it read plus one. (Comparing the
+/// owner alone is not enough: a second process with the same worker id
+/// leaves `(owner, counter + 1)` too, and would be taken for our own write.)
 ///
-/// Writes guarded by owner alone need no intent: a checkpoint retried after
-/// it applied succeeds again, and a release or handoff completion that fails
-/// its condition means the lease is no longer the caller's, which is what it
-/// wanted.
+/// Writes without an intent need none: a checkpoint retried after it
+/// applied succeeds again, and a release or handoff completion that fails
+/// its condition means the lease is no longer the caller's, which is what
+/// it wanted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Intent<'a> {
-    /// A take or renewal: `owner` holds the lease at `counter`.
+    /// A take, reclaim or renewal: `by` holds the lease at `counter`.
     Own {
-        /// The worker taking or renewing.
-        owner: &'a str,
+        /// The worker and the tenure it writes or renews.
+        by: Holder<'a>,
         /// The counter the write leaves.
         counter: u64,
     },
-    /// A handoff start: `to` owns, `from` checkpoints, at `counter`.
+    /// A handoff start: `to` owns (in its new tenure), `from` checkpoints,
+    /// at `counter`.
     HandoffStarted {
         /// The previous owner.
         from: &'a str,
-        /// The next owner.
-        to: &'a str,
+        /// The next owner and its new tenure.
+        to: Holder<'a>,
         /// The counter the write leaves.
         counter: u64,
     },
@@ -345,11 +547,9 @@ impl Intent<'_> {
     /// True if `current` is the state this write would have produced.
     pub fn applied_in(&self, current: &Lease) -> bool {
         match *self {
-            Intent::Own { owner, counter } => {
-                current.is_owned_by(owner) && current.counter == counter
-            }
+            Intent::Own { by, counter } => by.owns(current) && current.counter == counter,
             Intent::HandoffStarted { from, to, counter } => {
-                current.is_owned_by(to)
+                to.owns(current)
                     && current.checkpoint_owner.as_deref() == Some(from)
                     && current.counter == counter
             }

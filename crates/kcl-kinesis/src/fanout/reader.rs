@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 use aws_sdk_kinesis::types::{SubscribeToShardEvent, SubscribeToShardEventStream};
 use bytes::Bytes;
 use kcl_core::Checkpoint;
-use kcl_core::coordinator::LeaseHandle;
+use kcl_core::leases::LeaseHandle;
 use kcl_core::source::{Batch, ChildShard, OpenShard, SourceError, StartPosition};
 use metrics::{Counter, Gauge};
 use tokio::sync::mpsc::{self, OwnedPermit};

@@ -2,7 +2,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use kcl_core::coordinator::{EndReason, LeaseHandle};
+use kcl_core::leases::{EndReason, LeaseHandle};
 use kcl_core::source::{OpenShard, ShardReader, ShardSource, SourceError, StartPosition};
 use kcl_core::{Checkpoint, Lease, Record};
 

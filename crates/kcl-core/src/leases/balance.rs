@@ -9,6 +9,11 @@
 //! - Live workers are the owners of unexpired leases, plus this worker, which
 //!   counts itself even while it holds nothing (otherwise a new worker would
 //!   compute a target of zero and never get its share).
+//! - Leases the table says are this worker's but that it does not hold are
+//!   reclaimed, unless another live process runs under the same worker id
+//!   and holds them: those count as this worker's (the fleet sees one id)
+//!   and are taken only once they expire, so the two never take leases
+//!   from each other.
 //! - `target = min(ceil(leases / live workers), max_leases_per_worker)`.
 //! - Take every available lease (unowned or expired) this worker is owed, in
 //!   one tick, the longest-unrenewed first.
@@ -35,6 +40,9 @@ pub struct LeaseView<'a> {
     pub unrenewed_for: Duration,
     /// True when this worker holds the lease right now.
     pub held_here: bool,
+    /// True when the owner is this worker's id but the tenure belongs to
+    /// another live process running under the same id.
+    pub other_process: bool,
     /// True while a graceful handoff of the lease runs; it is never stolen
     /// again before it completes.
     pub in_handoff: bool,
@@ -80,6 +88,11 @@ pub fn decide(input: &BalanceInput<'_>) -> Decision {
     let mut reclaim = Vec::new();
     for lease in &input.leases {
         match lease.owner {
+            // Another process under our id: its live leases count as ours
+            // (the fleet sees one id); its expired ones as nobody's.
+            Some(owner) if owner == me && lease.other_process => {
+                *counts.entry(me).or_default() += usize::from(!lease.expired);
+            }
             Some(owner) if owner == me => {
                 *counts.entry(me).or_default() += 1;
                 if !lease.held_here {
@@ -112,7 +125,10 @@ pub fn decide(input: &BalanceInput<'_>) -> Decision {
         .iter()
         // An unowned lease whose previous owner still hands it off (its
         // thief left) is not free until that owner completes or expires.
-        .filter(|l| (l.owner.is_none() && !l.in_handoff) || (l.expired && l.owner != Some(me)))
+        .filter(|l| {
+            (l.owner.is_none() && !l.in_handoff)
+                || (l.expired && (l.owner != Some(me) || l.other_process))
+        })
         .collect();
     if !available.is_empty() {
         // Unowned leases first (nobody will renew them), then the longest

@@ -63,6 +63,7 @@ impl Fleet {
                 expired: false,
                 unrenewed_for: Duration::ZERO,
                 held_here: *o == Some(w),
+                other_process: false,
                 in_handoff: false,
             })
             .collect();
@@ -262,6 +263,7 @@ fn view<'a>(key: &'a str, owner: Option<&'a str>, expired: bool, secs: u64) -> L
         expired,
         unrenewed_for: Duration::from_secs(secs),
         held_here: false,
+        other_process: false,
         in_handoff: false,
     }
 }
@@ -338,6 +340,41 @@ fn owned_but_not_held_is_reclaimed_and_counted() {
         d.take.is_empty() && d.steal.is_empty(),
         "2 of 4 is our share: {d:?}"
     );
+}
+
+#[test]
+fn another_process_under_our_id_keeps_its_leases_until_they_expire() {
+    let twin = |key, expired| {
+        let mut v = view(key, Some("me"), expired, if expired { 30 } else { 1 });
+        v.other_process = true;
+        v
+    };
+    let d = decide(&BalanceInput {
+        me: "me",
+        leases: vec![
+            twin("a", false),
+            twin("b", false),
+            twin("c", true),
+            view("d", Some("other"), false, 0),
+        ],
+        max_leases_per_worker: usize::MAX,
+        max_leases_to_steal: 4,
+    });
+    assert!(
+        d.reclaim.is_empty(),
+        "never reclaimed from a live process: {d:?}"
+    );
+    // Live: me (the other process's two live leases count as mine) and
+    // other: target 2, mine 2; the expired one is still free for anyone.
+    assert_eq!((d.live_workers, d.target), (2, 2));
+    assert!(d.steal.is_empty(), "{d:?}");
+    let d = decide(&BalanceInput {
+        me: "me",
+        leases: vec![twin("c", true), view("d", Some("other"), false, 0)],
+        max_leases_per_worker: usize::MAX,
+        max_leases_to_steal: 4,
+    });
+    assert_eq!(d.take, vec!["c"], "taken once expired: {d:?}");
 }
 
 #[test]

@@ -1,0 +1,337 @@
+//! The lease coordinator: the public face of the lease engine. It starts
+//! the lease taker and the lease renewer, and releases, hands off and
+//! shuts down the tenures they keep.
+//!
+//! A held lease is exposed as a [`LeaseHandle`]. Its consumer must check
+//! [`LeaseHandle::is_valid`] before each fetch and each checkpoint, and stop
+//! when [`LeaseHandle::ended`] completes: that happens when the lease goes
+//! to another holder, when renewals have failed for so long that peers may
+//! soon judge the lease expired (self-fencing, invariant 4), on release,
+//! and on shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, info, info_span, warn};
+
+use crate::config::LeaseConfig;
+use crate::leases::held::{EndReason, Held, LeaseHandle, Phase};
+use crate::leases::shared::{CoordinatorStats, LeaseEvent, LeaseFilter, Shared, StatsSnapshot};
+use crate::leases::{renewer, taker};
+use crate::store::timeout::bounded;
+use crate::store::{LeaseStore, StoreError, StoreOp};
+
+/// How [`LeaseCoordinator::shutdown`] leaves the leases still held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShutdownMode {
+    /// Release each lease in the table so peers take it on their next tick.
+    Release,
+    /// Leave the leases to expire (as a crashed worker would).
+    Abandon,
+}
+
+/// Releases in flight at once during a graceful shutdown.
+const RELEASE_CONCURRENCY: usize = 16;
+
+/// Capacity of the event channel; the taker waits when the worker falls
+/// this far behind, instead of queueing without bound.
+const EVENT_CAPACITY: usize = 1024;
+
+/// How long a coordinator dropped without a shutdown spends releasing its
+/// leases, all of them together.
+const DROP_RELEASE_DEADLINE: Duration = Duration::from_secs(2);
+
+/// Runs the lease taker and renewer of one worker.
+///
+/// Dropping it without [`LeaseCoordinator::shutdown`] (a panic, a runtime
+/// shut down under it) stops both tasks and releases the leases still held,
+/// best effort within two seconds, each release pinned to its tenure;
+/// [`LeaseConfig`]'s `release_on_drop(false)` leaves them to expire
+/// instead, as a crash would.
+#[derive(Debug)]
+pub struct LeaseCoordinator {
+    shared: Arc<Shared>,
+    taker_stop: CancellationToken,
+    renewer_stop: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl LeaseCoordinator {
+    /// Starts the taker (its first tick runs at once) and the renewer.
+    /// Lease changes arrive on the returned receiver.
+    pub fn start(
+        store: Arc<dyn LeaseStore>,
+        config: LeaseConfig,
+    ) -> (LeaseCoordinator, mpsc::Receiver<LeaseEvent>) {
+        Self::start_filtered(store, config, None)
+    }
+
+    /// Like [`LeaseCoordinator::start`], competing only for the leases
+    /// `filter` accepts.
+    pub fn start_filtered(
+        store: Arc<dyn LeaseStore>,
+        config: LeaseConfig,
+        filter: Option<LeaseFilter>,
+    ) -> (LeaseCoordinator, mpsc::Receiver<LeaseEvent>) {
+        let (events, rx) = mpsc::channel(EVENT_CAPACITY);
+        let shared = Arc::new(Shared::new(config, store, filter, events));
+        let taker_stop = CancellationToken::new();
+        let renewer_stop = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let span = info_span!("lease_coordinator", worker = %shared.config.worker_id);
+        tasks.spawn(taker::run(Arc::clone(&shared), taker_stop.clone()).instrument(span.clone()));
+        tasks.spawn(renewer::run(Arc::clone(&shared), renewer_stop.clone()).instrument(span));
+        tasks.close();
+        (
+            LeaseCoordinator {
+                shared,
+                taker_stop,
+                renewer_stop,
+                tasks,
+            },
+            rx,
+        )
+    }
+
+    /// This worker's id.
+    pub fn worker_id(&self) -> &str {
+        &self.shared.config.worker_id
+    }
+
+    /// The keys of the leases held right now.
+    pub fn held_keys(&self) -> Vec<String> {
+        self.shared.held_keys()
+    }
+
+    /// The handle of a held lease.
+    pub fn handle(&self, key: &str) -> Option<LeaseHandle> {
+        self.shared
+            .held(key)
+            .map(|held| LeaseHandle::new(key.to_owned(), held))
+    }
+
+    /// The coordinator's counters.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.shared.stats.snapshot()
+    }
+
+    /// The live counters, for readers that outlive a call (status probes).
+    pub fn stats_source(&self) -> Arc<CoordinatorStats> {
+        Arc::clone(&self.shared.stats)
+    }
+
+    /// Stops taking and stealing leases; held leases stay renewed.
+    pub fn stop_taking(&self) {
+        self.taker_stop.cancel();
+    }
+
+    /// Releases a held lease in the table so that another worker takes it.
+    /// Returns false if this worker did not hold that tenure.
+    pub async fn release(&self, lease: &LeaseHandle) -> Result<bool, StoreError> {
+        let key = lease.key();
+        let Some(held) = self.shared.tenure_of(lease) else {
+            return Ok(false);
+        };
+        // Another worker asked for it: hand it to that worker instead.
+        if held.phase() == Phase::HandingOff {
+            return self.complete_handoff(lease).await;
+        }
+        // End the handle first: the consumer must stop before the lease is
+        // visible as free to peers.
+        self.shared.ended(key, &held, EndReason::Released).await;
+        self.shared
+            .release_in_table(key, held.holder())
+            .await
+            .map(|()| true)
+    }
+
+    /// Completes the handoff of a lease another worker asked for, once its
+    /// processor had the chance to checkpoint. Returns false if this worker
+    /// was not handing that tenure off.
+    pub async fn complete_handoff(&self, lease: &LeaseHandle) -> Result<bool, StoreError> {
+        let key = lease.key();
+        let Some(held) = self.shared.tenure_of(lease) else {
+            return Ok(false);
+        };
+        if held.phase() != Phase::HandingOff {
+            return Ok(false);
+        }
+        self.shared.ended(key, &held, EndReason::HandedOff).await;
+        complete_in_table(&self.shared, key, &held)
+            .await
+            .map(|()| true)
+    }
+
+    /// The shard's consumer stopped without releasing or handing off (it
+    /// found the lease invalid, or a checkpoint was rejected). A tenure
+    /// nobody reads must not be renewed on (invariant 12): it ends now, as
+    /// fenced if its validity lapsed, else as lost, and the taker's next
+    /// scan decides again from the table (a new tenure and a new consumer
+    /// if the lease is still this worker's).
+    pub async fn consumer_stopped(&self, lease: &LeaseHandle) {
+        let Some(held) = self.shared.tenure_of(lease) else {
+            return;
+        };
+        if held.is_ended() {
+            return;
+        }
+        let reason = if Instant::now() >= held.valid_until() {
+            EndReason::Fenced
+        } else {
+            EndReason::Lost
+        };
+        warn!(lease = %lease.key(), %reason, "the shard's consumer stopped; ending its tenure");
+        self.shared.ended(lease.key(), &held, reason).await;
+    }
+
+    /// Lets handoffs this worker asked for finish before it releases them
+    /// (bounded by the lease duration): released mid-handoff, a lease stays
+    /// unavailable to peers until its previous owner finishes draining,
+    /// while released after, peers take it on their next tick.
+    async fn settle_handoffs(&self) {
+        let deadline = Instant::now() + self.shared.config.lease_duration;
+        while Instant::now() < deadline
+            && self
+                .shared
+                .held_snapshot()
+                .iter()
+                .any(|(_, h)| matches!(h.phase(), Phase::Awaiting { .. }))
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stops both tasks and waits for them; held leases are released or
+    /// abandoned as `mode` says. Handoffs this worker was asked for are
+    /// completed, including one a peer started just before the release
+    /// (the release then finds the peer owning the lease).
+    pub async fn shutdown(self, mode: ShutdownMode) {
+        self.taker_stop.cancel();
+        if mode == ShutdownMode::Release {
+            self.settle_handoffs().await;
+        }
+        self.renewer_stop.cancel();
+        self.tasks.wait().await;
+        let shared = &self.shared;
+        futures::stream::iter(shared.held_snapshot())
+            .for_each_concurrent(RELEASE_CONCURRENCY, |(key, held)| async move {
+                match mode {
+                    ShutdownMode::Abandon => shared.ended(&key, &held, EndReason::Abandoned).await,
+                    ShutdownMode::Release if held.phase() == Phase::HandingOff => {
+                        shared.ended(&key, &held, EndReason::HandedOff).await;
+                        if let Err(e) = complete_in_table(shared, &key, &held).await {
+                            warn!(lease = %key, error = %e, "completing a handoff at shutdown failed; it will be forced");
+                        }
+                    }
+                    ShutdownMode::Release => {
+                        // The consumer stops before peers can see the lease free.
+                        shared.ended(&key, &held, EndReason::Released).await;
+                        let limit = shared.config.store_timeout;
+                        let released = bounded(StoreOp::Release, limit, shared.release_in_table(&key, held.holder())).await;
+                        if let Err(e) = released {
+                            warn!(lease = %key, error = %e, "release at shutdown failed; the lease will expire instead");
+                        }
+                    }
+                }
+            })
+            .await;
+        info!(mode = ?mode, "lease coordinator stopped");
+    }
+}
+
+/// Completes the handoff `held` was asked for, pinned to its tenure. A
+/// failed condition means the thief forced it or took it: it has the lease
+/// either way.
+async fn complete_in_table(shared: &Shared, key: &str, held: &Held) -> Result<(), StoreError> {
+    let limit = shared.config.store_timeout;
+    match bounded(
+        StoreOp::CompleteHandoff,
+        limit,
+        shared.store.complete_handoff(key, held.holder()),
+    )
+    .await
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_condition_failed() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+impl Drop for LeaseCoordinator {
+    fn drop(&mut self) {
+        self.taker_stop.cancel();
+        self.renewer_stop.cancel();
+        if !self.shared.config.release_on_drop {
+            return;
+        }
+        let running: Vec<(String, Arc<Held>)> = self
+            .shared
+            .held_snapshot()
+            .into_iter()
+            .filter(|(_, h)| !h.is_ended())
+            .collect();
+        if running.is_empty() {
+            return;
+        }
+        for (_, held) in &running {
+            // Consumers stop before the leases are visible as free.
+            held.end(EndReason::Abandoned);
+        }
+        let shared = Arc::clone(&self.shared);
+        // Drop cannot await, and the runtime this ran on may be the one
+        // shutting down: the releases run on a runtime of their own, in a
+        // thread of their own, joined here (at most the deadline).
+        let releasing = std::thread::Builder::new()
+            .name("kcl-release-on-drop".into())
+            .spawn(move || release_on_drop(&shared, running));
+        match releasing {
+            Ok(thread) => {
+                let _ = thread.join();
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot start the thread that releases leases on drop; they will expire")
+            }
+        }
+    }
+}
+
+/// Releases `running` (each pinned to its tenure) within
+/// [`DROP_RELEASE_DEADLINE`] on a fresh single-threaded runtime.
+fn release_on_drop(shared: &Shared, running: Vec<(String, Arc<Held>)>) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            warn!(error = %e, "cannot start a runtime to release leases on drop; they will expire");
+            return;
+        }
+    };
+    let count = running.len();
+    let releases = futures::stream::iter(running).for_each_concurrent(
+        RELEASE_CONCURRENCY,
+        |(key, held)| async move {
+            if let Err(e) = shared.release_in_table(&key, held.holder()).await {
+                warn!(lease = %key, error = %e, "releasing on drop failed; the lease will expire");
+            }
+        },
+    );
+    let done =
+        runtime.block_on(async { tokio::time::timeout(DROP_RELEASE_DEADLINE, releases).await });
+    match done {
+        Ok(()) => warn!(
+            leases = count,
+            "the lease coordinator was dropped without a shutdown; released its leases"
+        ),
+        Err(_) => warn!(
+            leases = count,
+            "the lease coordinator was dropped without a shutdown; not every release answered in time"
+        ),
+    }
+}

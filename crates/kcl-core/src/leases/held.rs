@@ -1,0 +1,319 @@
+//! One held lease: its tenure, its validity, where it stands in a handoff,
+//! and the [`LeaseHandle`] its consumer watches.
+//!
+//! A [`Held`] is one tenure. It never comes back to life: once it ends
+//! (lost, fenced, released, handed off) a later take of the same lease is a
+//! new `Held` with a new tenure and a new consumer. Its validity only moves
+//! forward while it is still running; a validity that lapsed is terminal
+//! (the consumer may already have stopped because of it).
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+use crate::config::LeaseConfig;
+use crate::lease::Lease;
+use crate::store::Holder;
+
+/// Why this worker stopped holding a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum EndReason {
+    /// Another worker (or another process under this worker's id) owns the
+    /// lease now.
+    Lost,
+    /// Renewals did not succeed in time, so peers may soon judge the lease
+    /// expired; the worker stopped using it first.
+    Fenced,
+    /// This worker released the lease (graceful shutdown or hand-back).
+    Released,
+    /// This worker handed the lease to the worker that asked for it, after
+    /// its processor had the chance to checkpoint.
+    HandedOff,
+    /// The coordinator shut down without releasing (the lease will expire).
+    Abandoned,
+}
+
+impl fmt::Display for EndReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            EndReason::Lost => "lost",
+            EndReason::Fenced => "fenced",
+            EndReason::Released => "released",
+            EndReason::HandedOff => "handed_off",
+            EndReason::Abandoned => "abandoned",
+        })
+    }
+}
+
+/// Where a held lease stands in a graceful handoff.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Ours to process.
+    Active,
+    /// We asked `from` to hand the lease over: we own and renew it in the
+    /// table, but do not process until `from` completes the handoff (its
+    /// processor checkpoints first) or until `force_at`.
+    Awaiting {
+        /// The previous owner, still the checkpoint owner.
+        from: String,
+        /// When the handoff is forced if `from` has not completed it.
+        force_at: Instant,
+    },
+    /// Another worker asked for the lease: stop fetching, let the processor
+    /// checkpoint, then complete the handoff.
+    HandingOff,
+}
+
+#[derive(Debug)]
+struct HeldInner {
+    lease: Lease,
+    valid_until: Instant,
+    ended: Option<EndReason>,
+    phase: Phase,
+    /// When we first sent a write expecting the current counter. A later
+    /// write that the store reconciles as applied may in fact be that first
+    /// one, landed late: validity counts from here, never from the retry.
+    first_write: Option<(u64, Instant)>,
+}
+
+/// The shared state behind a [`LeaseHandle`]: one tenure of one lease.
+#[derive(Debug)]
+pub(crate) struct Held {
+    owner: String,
+    tenure: String,
+    inner: Mutex<HeldInner>,
+    ended: CancellationToken,
+    handoff: CancellationToken,
+    /// Serialises this tenure's writes (renewal, handoff progress, force).
+    pub(crate) writing: tokio::sync::Mutex<()>,
+}
+
+impl Held {
+    /// A tenure of `lease`, whose `owner` and `tenure` fields name it.
+    pub(crate) fn new(lease: Lease, valid_until: Instant, phase: Phase) -> Self {
+        Held {
+            owner: lease.owner.clone().unwrap_or_default(),
+            tenure: lease.tenure.clone().unwrap_or_default(),
+            inner: Mutex::new(HeldInner {
+                lease,
+                valid_until,
+                ended: None,
+                phase,
+                first_write: None,
+            }),
+            ended: CancellationToken::new(),
+            handoff: CancellationToken::new(),
+            writing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HeldInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This tenure, for the store's conditions.
+    pub(crate) fn holder(&self) -> Holder<'_> {
+        Holder::new(&self.owner, &self.tenure)
+    }
+
+    pub(crate) fn phase(&self) -> Phase {
+        self.lock().phase.clone()
+    }
+
+    /// The counter of the lease as last written or adopted here.
+    pub(crate) fn counter(&self) -> u64 {
+        self.lock().lease.counter
+    }
+
+    /// The send time to count validity from for a write expecting
+    /// `counter`, sent now: the first such write's, if there was one.
+    pub(crate) fn write_base(&self, counter: u64, now: Instant) -> Instant {
+        let mut inner = self.lock();
+        match inner.first_write {
+            Some((c, at)) if c == counter => at,
+            _ => {
+                inner.first_write = Some((counter, now));
+                now
+            }
+        }
+    }
+
+    /// Adopts the table's view of a lease that is still ours in this
+    /// tenure (a counter moved by a handoff step, or by a write of ours
+    /// whose response was lost) without extending validity.
+    pub(crate) fn adopt(&self, lease: Lease) {
+        let mut inner = self.lock();
+        if inner.ended.is_none() && lease.counter >= inner.lease.counter {
+            inner.lease = lease;
+        }
+    }
+
+    /// Another worker asked for this lease; returns false if the lease
+    /// already ended or was already handing off.
+    pub(crate) fn request_handoff(&self) -> bool {
+        let mut inner = self.lock();
+        if inner.ended.is_some() || inner.phase == Phase::HandingOff {
+            return false;
+        }
+        inner.phase = Phase::HandingOff;
+        drop(inner);
+        self.handoff.cancel();
+        true
+    }
+
+    pub(crate) fn activate(&self) {
+        self.lock().phase = Phase::Active;
+    }
+
+    /// The lease as last written by this worker.
+    pub(crate) fn lease(&self) -> Lease {
+        self.lock().lease.clone()
+    }
+
+    pub(crate) fn valid_until(&self) -> Instant {
+        self.lock().valid_until
+    }
+
+    pub(crate) fn is_ended(&self) -> bool {
+        self.lock().ended.is_some()
+    }
+
+    /// Records a successful write sent at `sent`: peers saw the counter
+    /// change no earlier than `sent`, so they cannot judge the lease
+    /// expired before `sent + lease_duration`; this worker stops
+    /// `fence_margin` before that. Returns false, changing nothing, when
+    /// the tenure already ended or its validity lapsed before the write's
+    /// answer came: a lapsed tenure is over, whatever the table says (its
+    /// consumer may have stopped on it), and must end as fenced.
+    pub(crate) fn renewed(&self, lease: Lease, sent: Instant, config: &LeaseConfig) -> bool {
+        let mut inner = self.lock();
+        if inner.ended.is_some() || Instant::now() >= inner.valid_until {
+            return false;
+        }
+        inner.lease = lease;
+        inner.valid_until = sent + config.lease_duration - config.fence_margin;
+        true
+    }
+
+    /// Marks the lease ended; returns false if it already was.
+    pub(crate) fn end(&self, reason: EndReason) -> bool {
+        let first = {
+            let mut inner = self.lock();
+            let first = inner.ended.is_none();
+            if first {
+                inner.ended = Some(reason);
+            }
+            first
+        };
+        self.ended.cancel();
+        first
+    }
+}
+
+/// A lease this worker holds, given to the shard's consumer.
+#[derive(Debug, Clone)]
+pub struct LeaseHandle {
+    key: String,
+    pub(crate) held: Arc<Held>,
+}
+
+impl LeaseHandle {
+    pub(crate) fn new(key: String, held: Arc<Held>) -> Self {
+        LeaseHandle { key, held }
+    }
+
+    /// The lease key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The lease as this worker last wrote it (owner, counter, tenure,
+    /// checkpoint at acquisition).
+    pub fn lease(&self) -> Lease {
+        self.held.lease()
+    }
+
+    /// The tenure this worker holds the lease under: every checkpoint of
+    /// this handle is conditional on it.
+    pub fn tenure(&self) -> &str {
+        &self.held.tenure
+    }
+
+    /// This holder (worker id and tenure), for the store's conditions.
+    pub fn holder(&self) -> Holder<'_> {
+        self.held.holder()
+    }
+
+    /// True while this worker may fetch and process the shard: the lease
+    /// has not ended, no other worker asked for it, and the last successful
+    /// renewal is recent enough that no peer can have judged it expired
+    /// (invariant 4).
+    pub fn is_valid(&self) -> bool {
+        let inner = self.held.lock();
+        inner.ended.is_none() && inner.phase == Phase::Active && Instant::now() < inner.valid_until
+    }
+
+    /// True while this worker may still checkpoint: as [`Self::is_valid`],
+    /// and also while handing the lease off (the previous owner
+    /// checkpoints before it lets go).
+    pub fn may_checkpoint(&self) -> bool {
+        let inner = self.held.lock();
+        inner.ended.is_none()
+            && !matches!(inner.phase, Phase::Awaiting { .. })
+            && Instant::now() < inner.valid_until
+    }
+
+    /// Completes when another worker asks for this lease: stop fetching,
+    /// let the processor checkpoint, then complete the handoff.
+    pub fn handoff_requested(&self) -> WaitForCancellationFutureOwned {
+        self.held.handoff.clone().cancelled_owned()
+    }
+
+    /// The instant this worker fences itself unless a renewal succeeds.
+    pub fn valid_until(&self) -> Instant {
+        self.held.valid_until()
+    }
+
+    /// Why the lease ended, once it has.
+    pub fn end_reason(&self) -> Option<EndReason> {
+        self.held.lock().ended
+    }
+
+    /// Completes when the lease ends for any [`EndReason`].
+    pub fn ended(&self) -> WaitForCancellationFutureOwned {
+        self.held.ended.clone().cancelled_owned()
+    }
+
+    /// True if `other` is this same tenure.
+    pub(crate) fn same_tenure(&self, other: &Arc<Held>) -> bool {
+        Arc::ptr_eq(&self.held, other)
+    }
+
+    /// A handle not backed by a coordinator, valid for `valid_for` from now
+    /// or until [`LeaseHandle::end_for_test`], for testing readers and
+    /// consumers in isolation. `lease` must carry its owner and tenure (as
+    /// a take leaves them) for checkpoints to pass their condition.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn detached(lease: Lease, valid_for: std::time::Duration) -> Self {
+        LeaseHandle {
+            key: lease.key.clone(),
+            held: Arc::new(Held::new(lease, Instant::now() + valid_for, Phase::Active)),
+        }
+    }
+
+    /// Ends a [`LeaseHandle::detached`] handle as the coordinator would.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn end_for_test(&self, reason: EndReason) {
+        self.held.end(reason);
+    }
+
+    /// Asks a [`LeaseHandle::detached`] handle to hand off, as the
+    /// coordinator would when another worker steals it.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn request_handoff_for_test(&self) {
+        self.held.request_handoff();
+    }
+}

@@ -1,0 +1,277 @@
+//! The lease renewer: renews every held tenure each renew interval, in
+//! parallel and each inside its own deadline, fences tenures it could not
+//! renew in time (invariant 4), and moves awaited handoffs forward.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::config::LeaseConfig;
+use crate::lease::Lease;
+use crate::leases::handoff::{Ours, Verdict, judge};
+use crate::leases::held::{EndReason, Held, Phase};
+use crate::leases::shared::{Shared, bump};
+use crate::store::retry::{RetryPolicy, retry_until};
+use crate::store::timeout::bounded;
+use crate::store::{StoreError, StoreOp};
+
+pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
+    // Fencing runs beside renewal, not after it: a round stuck on a hung
+    // store must not delay a fence deadline.
+    tokio::select! {
+        _ = stop.cancelled() => {}
+        _ = renew_loop(&shared) => {}
+        _ = fence_loop(&shared) => {}
+        _ = handoff_loop(&shared) => {}
+    }
+}
+
+/// How often a thief checks whether a handoff it asked for completed: a
+/// cheap read of each lease it awaits, only while it awaits any.
+const HANDOFF_POLL: Duration = Duration::from_millis(250);
+
+/// Renewals retry inside their round, at most twice, starting at a tenth
+/// of the renew interval: the next round is a retry too, and the store's
+/// SDK already retries inside each attempt. Retrying from a few tens of
+/// milliseconds would multiply a throttled table's load just when it has
+/// the least to spare.
+fn renew_policy(config: &LeaseConfig) -> RetryPolicy {
+    RetryPolicy {
+        attempt_timeout: config.store_timeout,
+        first_pause: config.renew_interval / 10,
+        max_pause: config.renew_interval / 2,
+        max_attempts: 3,
+    }
+}
+
+async fn handoff_loop(shared: &Shared) {
+    loop {
+        tokio::time::sleep(HANDOFF_POLL).await;
+        let awaited = shared
+            .held_snapshot()
+            .into_iter()
+            .filter(|(_, h)| matches!(h.phase(), Phase::Awaiting { .. }));
+        // Each awaited lease is read on its own: one slow read does not hold
+        // back the others.
+        futures::stream::iter(awaited)
+            .for_each_concurrent(shared.config.renew_concurrency, |(key, held)| async move {
+                progress_handoff(shared, &key, &held).await;
+            })
+            .await;
+    }
+}
+
+/// One step of an awaited handoff: read the lease, judge, and activate it
+/// once its previous owner completed the handoff, or force it at the
+/// deadline.
+async fn progress_handoff(shared: &Shared, key: &str, held: &Arc<Held>) {
+    let Some((lease, sent, forced)) = advance_handoff(shared, key, held).await else {
+        return;
+    };
+    // The write lock is released before the event is sent: a full event
+    // channel must not hold up this lease's renewals.
+    let (counter, outcome) = if forced {
+        (&shared.stats.handoffs_forced, "forced")
+    } else {
+        (&shared.stats.handoffs_completed, "completed")
+    };
+    bump(counter);
+    metrics::counter!("kcl_handoffs_total", "worker" => shared.config.worker_id.clone(), "outcome" => outcome)
+        .increment(1);
+    if forced {
+        warn!(lease = %key, "previous owner did not hand over in time; handoff forced");
+    } else {
+        info!(lease = %key, "handoff completed");
+    }
+    shared.activate(key, held, lease, sent).await;
+}
+
+/// Under the lease's write lock: the lease to activate with its validity
+/// base, and whether it was forced.
+async fn advance_handoff(
+    shared: &Shared,
+    key: &str,
+    held: &Arc<Held>,
+) -> Option<(Lease, Instant, bool)> {
+    let limit = shared.config.store_timeout;
+    let _writing = tokio::time::timeout(limit, held.writing.lock())
+        .await
+        .ok()?;
+    let phase = held.phase();
+    if !matches!(phase, Phase::Awaiting { .. }) || held.is_ended() {
+        return None;
+    }
+    let item = match bounded(StoreOp::Get, limit, shared.store.get(key)).await {
+        Ok(item) => item,
+        Err(e) => {
+            debug!(lease = %key, error = %e, "reading an awaited lease failed; retrying");
+            return None;
+        }
+    };
+    let holder = held.holder();
+    let ours = Ours {
+        holder,
+        counter: held.counter(),
+        phase: &phase,
+    };
+    let now = Instant::now();
+    let forced = match judge(ours, item.as_ref(), now) {
+        Verdict::Activate => false,
+        Verdict::Force => true,
+        Verdict::Adopt => {
+            held.adopt(item?);
+            return None;
+        }
+        Verdict::Lost { same_id } => {
+            if same_id {
+                shared.same_id_conflict(key);
+            }
+            shared.ended(key, held, EndReason::Lost).await;
+            return None;
+        }
+        Verdict::Keep | Verdict::Drain => return None,
+    };
+    let current = item?;
+    held.adopt(current.clone());
+    // Completed: a fresh renewal gives the new owner its validity; past the
+    // deadline: a take (in the same tenure) clears the previous owner's
+    // right to checkpoint.
+    let sent = held.write_base(current.counter, now);
+    let written = if forced {
+        bounded(StoreOp::Take, limit, shared.store.take(&current, holder)).await
+    } else {
+        bounded(
+            StoreOp::Renew,
+            limit,
+            shared.store.renew(key, holder, current.counter),
+        )
+        .await
+    };
+    match written {
+        Ok(lease) => Some((lease, sent, forced)),
+        Err(e) => {
+            // A failed condition is judged again at the next poll.
+            debug!(lease = %key, error = %e, "advancing a handoff failed; retrying");
+            None
+        }
+    }
+}
+
+async fn renew_loop(shared: &Shared) {
+    let mut next_round = Instant::now() + shared.config.renew_interval;
+    loop {
+        tokio::time::sleep_until(next_round).await;
+        next_round += shared.config.renew_interval;
+        renew_all(shared, next_round).await;
+        // A round that overran does not cause a burst of catch-up rounds.
+        next_round = next_round.max(Instant::now());
+    }
+}
+
+async fn fence_loop(shared: &Shared) {
+    loop {
+        let now = Instant::now();
+        let mut next = now + shared.config.renew_interval;
+        for (key, held) in shared.held_snapshot() {
+            let deadline = held.valid_until();
+            if deadline <= now {
+                warn!(lease = %key, "no successful renewal in time; fencing the shard off");
+                shared.ended(&key, &held, EndReason::Fenced).await;
+            } else {
+                next = next.min(deadline);
+            }
+        }
+        // Leases acquired meanwhile have later deadlines than any held now,
+        // and renewals only push deadlines later: sleeping until the
+        // earliest one (or one renew interval) misses none.
+        tokio::time::sleep_until(next).await;
+    }
+}
+
+/// One round: every tenure renewed on its own, none past `next_round`, so
+/// a lease whose calls hang costs its own round and no other lease's.
+async fn renew_all(shared: &Shared, next_round: Instant) {
+    futures::stream::iter(shared.held_snapshot())
+        .for_each_concurrent(shared.config.renew_concurrency, |(key, held)| async move {
+            renew_one(shared, &key, &held, next_round).await;
+        })
+        .await;
+}
+
+/// Renews one tenure, retrying transient failures until the next round is
+/// due or the tenure's validity runs out, whichever comes first.
+async fn renew_one(shared: &Shared, key: &str, held: &Arc<Held>, next_round: Instant) {
+    // A lease being handed off is no longer ours to renew: the new owner
+    // renews it while our processor checkpoints.
+    if held.phase() == Phase::HandingOff {
+        return;
+    }
+    let deadline = next_round.min(held.valid_until());
+    // Another write of this tenure (a handoff step) may hold the lock; it
+    // is bounded too, and this round gives up at its deadline.
+    let Ok(_writing) = tokio::time::timeout_at(deadline, held.writing.lock()).await else {
+        bump(&shared.stats.renew_failures);
+        return;
+    };
+    let holder = held.holder();
+    let counter = held.counter();
+    // Validity counts from the first write expecting this counter, in this
+    // call or an earlier one: a retry may succeed only because an earlier
+    // attempt applied late (its response lost), and peers saw the counter
+    // move when that attempt landed.
+    let sent = held.write_base(counter, Instant::now());
+    let result = retry_until(
+        StoreOp::Renew,
+        deadline,
+        renew_policy(&shared.config),
+        || shared.store.renew(key, holder, counter),
+    )
+    .await;
+    match result {
+        Ok(lease) => shared.renewed(key, held, lease, sent).await,
+        Err(StoreError::ConditionFailed { current, .. }) => {
+            let phase = held.phase();
+            let ours = Ours {
+                holder,
+                counter,
+                phase: &phase,
+            };
+            match judge(ours, current.as_deref(), Instant::now()) {
+                Verdict::Keep => {}
+                // Still ours, at a counter a handoff step (or our own lost
+                // write) moved: renew from it next round. While awaiting,
+                // the handoff poller activates or forces.
+                Verdict::Adopt | Verdict::Activate | Verdict::Force => {
+                    if let Some(current) = current {
+                        held.adopt(*current);
+                    }
+                    debug!(lease = %key, "lease counter moved under us; renewing from the new value");
+                }
+                Verdict::Drain => {
+                    if held.request_handoff() {
+                        let to = current.and_then(|c| c.owner);
+                        info!(lease = %key, to = ?to, "handoff requested; draining the shard");
+                        metrics::counter!("kcl_handoffs_requested_total", "worker" => shared.config.worker_id.clone()).increment(1);
+                    }
+                }
+                Verdict::Lost { same_id } => {
+                    if same_id {
+                        shared.same_id_conflict(key);
+                    }
+                    let owner = current.and_then(|l| l.owner);
+                    warn!(lease = %key, owner = ?owner, "lease lost: renewal failed its condition");
+                    shared.ended(key, held, EndReason::Lost).await;
+                }
+            }
+        }
+        Err(e) => {
+            bump(&shared.stats.renew_failures);
+            metrics::counter!("kcl_lease_renewal_failures_total", "worker" => shared.config.worker_id.clone()).increment(1);
+            warn!(lease = %key, error = %e, "renewal failed; the lease is fenced if this persists");
+        }
+    }
+}

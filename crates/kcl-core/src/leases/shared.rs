@@ -1,0 +1,395 @@
+//! The state the coordinator's tasks share: the held tenures, the event
+//! channel to the worker, the counters, and the transitions every task
+//! applies the same way (acquired, awaiting, activated, ended).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tracing::{error, info, warn};
+
+use crate::config::LeaseConfig;
+use crate::lease::Lease;
+use crate::leases::held::{EndReason, Held, LeaseHandle, Phase};
+use crate::leases::tenure::Tenures;
+use crate::store::{Holder, LeaseStore, StoreError};
+
+/// A change to the set of leases this worker holds.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum LeaseEvent {
+    /// This worker now holds a lease; start consuming its shard.
+    Acquired(LeaseHandle),
+    /// This worker no longer holds a lease; its handle's `ended` completed.
+    Ended {
+        /// The lease key.
+        key: String,
+        /// Why.
+        reason: EndReason,
+    },
+}
+
+/// Counters of the coordinator's work, for tests, benchmarks and logs.
+#[derive(Debug, Default)]
+pub struct CoordinatorStats {
+    pub(crate) ticks: AtomicU64,
+    pub(crate) scan_failures: AtomicU64,
+    pub(crate) taken: AtomicU64,
+    pub(crate) stolen: AtomicU64,
+    pub(crate) handoffs_completed: AtomicU64,
+    pub(crate) handoffs_forced: AtomicU64,
+    pub(crate) handed_off: AtomicU64,
+    pub(crate) reclaimed: AtomicU64,
+    pub(crate) take_conflicts: AtomicU64,
+    pub(crate) take_failures: AtomicU64,
+    pub(crate) renewals: AtomicU64,
+    pub(crate) renew_failures: AtomicU64,
+    pub(crate) lost: AtomicU64,
+    pub(crate) fenced: AtomicU64,
+    pub(crate) released: AtomicU64,
+    pub(crate) same_id_conflicts: AtomicU64,
+}
+
+/// A copy of [`CoordinatorStats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Lease-taker ticks.
+    pub ticks: u64,
+    /// Ticks whose scan failed.
+    pub scan_failures: u64,
+    /// Unowned or expired leases taken.
+    pub taken: u64,
+    /// Handoffs started from another worker (steals).
+    pub stolen: u64,
+    /// Awaited handoffs the previous owner completed.
+    pub handoffs_completed: u64,
+    /// Awaited handoffs forced at their deadline.
+    pub handoffs_forced: u64,
+    /// Leases this worker handed to a worker that asked for them.
+    pub handed_off: u64,
+    /// Leases the table said were this worker's, taken back in a new tenure.
+    pub reclaimed: u64,
+    /// Takes that lost their race.
+    pub take_conflicts: u64,
+    /// Takes that failed otherwise.
+    pub take_failures: u64,
+    /// Successful renewals.
+    pub renewals: u64,
+    /// Renewal rounds of a lease that did not succeed.
+    pub renew_failures: u64,
+    /// Tenures lost to another holder.
+    pub lost: u64,
+    /// Tenures fenced (renewals did not succeed in time).
+    pub fenced: u64,
+    /// Leases released.
+    pub released: u64,
+    /// Tenures lost to another process running under this worker's id.
+    pub same_id_conflicts: u64,
+}
+
+impl CoordinatorStats {
+    /// Copies the counters.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StatsSnapshot {
+            ticks: l(&self.ticks),
+            scan_failures: l(&self.scan_failures),
+            taken: l(&self.taken),
+            stolen: l(&self.stolen),
+            handoffs_completed: l(&self.handoffs_completed),
+            handoffs_forced: l(&self.handoffs_forced),
+            handed_off: l(&self.handed_off),
+            reclaimed: l(&self.reclaimed),
+            take_conflicts: l(&self.take_conflicts),
+            take_failures: l(&self.take_failures),
+            renewals: l(&self.renewals),
+            renew_failures: l(&self.renew_failures),
+            lost: l(&self.lost),
+            fenced: l(&self.fenced),
+            released: l(&self.released),
+            same_id_conflicts: l(&self.same_id_conflicts),
+        }
+    }
+}
+
+pub(crate) fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Decides which leases of the table this worker competes for (a
+/// multi-stream worker ignores leases of streams it was not configured for).
+pub type LeaseFilter = Arc<dyn Fn(&Lease) -> bool + Send + Sync>;
+
+/// State shared by the coordinator and its tasks.
+pub(crate) struct Shared {
+    pub(crate) config: LeaseConfig,
+    pub(crate) store: Arc<dyn LeaseStore>,
+    pub(crate) filter: Option<LeaseFilter>,
+    pub(crate) tenures: Tenures,
+    held: Mutex<HashMap<String, Arc<Held>>>,
+    events: mpsc::Sender<LeaseEvent>,
+    pub(crate) stats: Arc<CoordinatorStats>,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("config", &self.config)
+            .field("store", &self.store)
+            .field("filtered", &self.filter.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    pub(crate) fn new(
+        config: LeaseConfig,
+        store: Arc<dyn LeaseStore>,
+        filter: Option<LeaseFilter>,
+        events: mpsc::Sender<LeaseEvent>,
+    ) -> Self {
+        Shared {
+            config,
+            store,
+            filter,
+            tenures: Tenures::new(),
+            held: Mutex::default(),
+            events,
+            stats: Arc::default(),
+        }
+    }
+
+    /// True if this worker competes for `lease`.
+    pub(crate) fn accepts(&self, lease: &Lease) -> bool {
+        self.filter.as_ref().is_none_or(|f| f(lease))
+    }
+
+    pub(crate) fn me(&self) -> &str {
+        &self.config.worker_id
+    }
+
+    /// This worker in a new tenure.
+    pub(crate) fn fresh_tenure(&self) -> String {
+        self.tenures.fresh()
+    }
+
+    fn held_map(&self) -> MutexGuard<'_, HashMap<String, Arc<Held>>> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn is_held(&self, key: &str) -> bool {
+        self.held_map().contains_key(key)
+    }
+
+    pub(crate) fn held(&self, key: &str) -> Option<Arc<Held>> {
+        self.held_map().get(key).cloned()
+    }
+
+    pub(crate) fn held_keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self.held_map().keys().cloned().collect();
+        keys.sort();
+        keys
+    }
+
+    pub(crate) fn held_snapshot(&self) -> Vec<(String, Arc<Held>)> {
+        self.held_map()
+            .iter()
+            .map(|(k, h)| (k.clone(), Arc::clone(h)))
+            .collect()
+    }
+
+    /// The entry `lease` belongs to, if it is still the current one: a
+    /// consumer of an earlier tenure of the same lease must not end a later
+    /// one.
+    pub(crate) fn tenure_of(&self, lease: &LeaseHandle) -> Option<Arc<Held>> {
+        self.held_map()
+            .get(lease.key())
+            .filter(|h| lease.same_tenure(h))
+            .cloned()
+    }
+
+    fn set_held_gauge(&self, len: usize) {
+        metrics::gauge!("kcl_leases_held", "worker" => self.config.worker_id.clone())
+            .set(len as f64);
+    }
+
+    fn insert(&self, key: String, held: &Arc<Held>) {
+        let (previous, len) = {
+            let mut map = self.held_map();
+            let previous = map.insert(key, Arc::clone(held));
+            (previous, map.len())
+        };
+        if let Some(previous) = previous {
+            // A re-take replaced a tenure whose loss the renewer had not
+            // noticed yet: that loss still counts.
+            self.count_end(&previous, EndReason::Lost);
+        }
+        self.set_held_gauge(len);
+    }
+
+    /// Starts holding `lease` (one of our tenures), written at `sent`; tells
+    /// the worker. `sent` must be no later than any write of ours that could
+    /// have produced the lease's current state: a write the store
+    /// reconciled as applied (its response lost) may have landed before
+    /// this call, so takes count from the scan that read the lease. A
+    /// tenure whose validity is already over when its take answers (a very
+    /// slow take) is ended at once as fenced, before any consumer starts:
+    /// the next tick reclaims it from a fresh read.
+    pub(crate) async fn acquired(&self, lease: Lease, sent: Instant) {
+        let key = lease.key.clone();
+        let valid_until = sent + self.config.lease_duration - self.config.fence_margin;
+        let held = Arc::new(Held::new(lease, valid_until, Phase::Active));
+        self.insert(key.clone(), &held);
+        if Instant::now() >= valid_until {
+            warn!(lease = %key, "the take answered after its validity ran out; fencing this tenure");
+            self.ended(&key, &held, EndReason::Fenced).await;
+            return;
+        }
+        // The worker may have stopped listening (shutdown); holding the lease
+        // is still right until it is released or expires.
+        let _ = self
+            .events
+            .send(LeaseEvent::Acquired(LeaseHandle::new(key, held)))
+            .await;
+    }
+
+    /// Starts waiting for `from` to hand over a lease we now own in the
+    /// table (a steal, or a reclaim found mid-handoff). No consumer starts
+    /// until [`Shared::activate`]. `valid_from` is no later than the moment
+    /// the lease was last seen unchanged before our write (see
+    /// [`Shared::acquired`]); `sent` is when our handoff write was sent.
+    pub(crate) fn awaiting(&self, lease: Lease, from: String, valid_from: Instant, sent: Instant) {
+        let key = lease.key.clone();
+        let valid_until = valid_from + self.config.lease_duration - self.config.fence_margin;
+        // Forcing no earlier than a lease duration after our write means the
+        // previous owner's own validity (from a renewal that landed before
+        // our write) has run out by then: no two workers process at once.
+        let force_at = sent + self.config.handoff_timeout;
+        let held = Arc::new(Held::new(
+            lease,
+            valid_until,
+            Phase::Awaiting { from, force_at },
+        ));
+        // Held in the table (and renewed) while awaiting: counted as held.
+        self.insert(key, &held);
+    }
+
+    /// The previous owner completed the handoff (or it was forced): start
+    /// consuming, with validity from the write sent at `sent`.
+    pub(crate) async fn activate(&self, key: &str, held: &Arc<Held>, lease: Lease, sent: Instant) {
+        if !held.renewed(lease, sent, &self.config) {
+            self.ended(key, held, EndReason::Fenced).await;
+            return;
+        }
+        held.activate();
+        let _ = self
+            .events
+            .send(LeaseEvent::Acquired(LeaseHandle::new(
+                key.to_owned(),
+                Arc::clone(held),
+            )))
+            .await;
+    }
+
+    /// Records a successful write of `held` sent at `sent`; a tenure whose
+    /// validity lapsed before the answer came ends as fenced instead.
+    pub(crate) async fn renewed(&self, key: &str, held: &Arc<Held>, lease: Lease, sent: Instant) {
+        if held.renewed(lease, sent, &self.config) {
+            bump(&self.stats.renewals);
+        } else if !held.is_ended() {
+            warn!(lease = %key, "a renewal answered after the lease's validity ran out; fencing this tenure");
+            self.ended(key, held, EndReason::Fenced).await;
+        }
+    }
+
+    /// The lease went to another tenure of our own worker id: another live
+    /// process uses this worker id. Worth an error: the two processes take
+    /// leases from each other instead of sharing the work.
+    pub(crate) fn same_id_conflict(&self, key: &str) {
+        bump(&self.stats.same_id_conflicts);
+        metrics::counter!("kcl_worker_id_conflicts_total", "worker" => self.config.worker_id.clone())
+            .increment(1);
+        error!(
+            lease = %key,
+            worker = %self.config.worker_id,
+            "another process holds this lease under this worker's id: worker ids must be unique \
+             per process; this tenure stops"
+        );
+    }
+
+    fn count_end(&self, held: &Held, reason: EndReason) {
+        if !held.end(reason) {
+            return;
+        }
+        let counter = match reason {
+            EndReason::Lost => &self.stats.lost,
+            EndReason::Fenced => &self.stats.fenced,
+            EndReason::Released => &self.stats.released,
+            EndReason::HandedOff => &self.stats.handed_off,
+            EndReason::Abandoned => return,
+        };
+        bump(counter);
+        metrics::counter!(
+            "kcl_leases_ended_total",
+            "worker" => self.config.worker_id.clone(),
+            "reason" => reason.to_string()
+        )
+        .increment(1);
+    }
+
+    /// Stops holding `key` if `held` is still its entry; tells the worker.
+    pub(crate) async fn ended(&self, key: &str, held: &Arc<Held>, reason: EndReason) {
+        let len = {
+            let mut map = self.held_map();
+            if map.get(key).is_some_and(|h| Arc::ptr_eq(h, held)) {
+                map.remove(key);
+            }
+            map.len()
+        };
+        self.set_held_gauge(len);
+        let first = !held.is_ended();
+        self.count_end(held, reason);
+        if first && reason != EndReason::Abandoned {
+            // Never wait here: the renewer calls this, and a worker slow to
+            // read events must not delay renewals. The handle already told
+            // the consumer; the event is for bookkeeping.
+            let _ = self.events.try_send(LeaseEvent::Ended {
+                key: key.to_owned(),
+                reason,
+            });
+        }
+    }
+
+    /// Releases one tenure in the table. A release that finds a peer's
+    /// handoff started from under it (the peer's steal landed first) does
+    /// not leave the peer waiting for the handoff timeout: this worker is
+    /// the checkpoint owner, so it completes the handoff instead.
+    pub(crate) async fn release_in_table(
+        &self,
+        key: &str,
+        by: Holder<'_>,
+    ) -> Result<(), StoreError> {
+        let current = match self.store.release(key, by).await {
+            Ok(_) => return Ok(()),
+            Err(StoreError::ConditionFailed { current, .. }) => current,
+            Err(e) => return Err(e),
+        };
+        match current {
+            Some(current) if by.hands_off(&current) => {
+                match self.store.complete_handoff(key, by).await {
+                    Ok(_) => {
+                        info!(lease = %key, to = ?current.owner, "a peer's handoff started under our release; completed it");
+                        Ok(())
+                    }
+                    Err(e) if e.is_condition_failed() => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+            // Someone else owns it already: nothing left to release.
+            _ => Ok(()),
+        }
+    }
+}

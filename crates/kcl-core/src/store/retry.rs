@@ -1,0 +1,171 @@
+//! Retrying one store call inside a deadline.
+//!
+//! Every attempt is bounded by the attempt timeout and by the time left, so
+//! a call stuck on a dead connection costs one attempt, not the deadline;
+//! retryable failures wait a jittered, doubling pause (twice as long after
+//! throttling, which more requests would only prolong), and no pause runs
+//! past the deadline. The store's SDK retries inside each attempt too, so
+//! the pauses here start in the hundreds of milliseconds, not at 50 ms.
+
+use std::future::Future;
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use tokio::time::Instant;
+
+use super::timeout::bounded;
+use super::{ErrorKind, StoreError, StoreOp};
+
+/// How one kind of call is retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RetryPolicy {
+    /// The longest one attempt may take.
+    pub(crate) attempt_timeout: Duration,
+    /// The pause before the first retry (before jitter).
+    pub(crate) first_pause: Duration,
+    /// The longest pause.
+    pub(crate) max_pause: Duration,
+    /// Attempts in all, the first included.
+    pub(crate) max_attempts: usize,
+}
+
+/// The deadline has passed before an attempt could start.
+#[derive(Debug, thiserror::Error)]
+#[error("the deadline passed before the call could be sent")]
+struct DeadlinePassed;
+
+/// Runs `call` until it succeeds, fails for good, runs out of attempts, or
+/// `deadline` comes (the last error is returned).
+pub(crate) async fn retry_until<T, F, Fut>(
+    op: StoreOp,
+    deadline: Instant,
+    policy: RetryPolicy,
+    mut call: F,
+) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    let attempt = || {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let fut = call();
+        async move {
+            if left.is_zero() {
+                return Err(StoreError::retryable(op, DeadlinePassed));
+            }
+            bounded(op, left.min(policy.attempt_timeout), fut).await
+        }
+    };
+    attempt
+        .retry(
+            ExponentialBuilder::default()
+                .with_min_delay(policy.first_pause)
+                .with_max_delay(policy.max_pause)
+                .with_max_times(policy.max_attempts.saturating_sub(1))
+                .with_jitter(),
+        )
+        .sleep(tokio::time::sleep)
+        .when(StoreError::is_retryable)
+        .adjust(move |e, pause| {
+            let pause = pause?;
+            let pause = if e.kind() == ErrorKind::Throttled {
+                pause * 2
+            } else {
+                pause
+            };
+            // A retry that could not start before the deadline is not made.
+            (Instant::now() + pause < deadline).then_some(pause)
+        })
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    const POLICY: RetryPolicy = RetryPolicy {
+        attempt_timeout: Duration::from_secs(1),
+        first_pause: Duration::from_millis(300),
+        max_pause: Duration::from_secs(2),
+        max_attempts: 3,
+    };
+
+    fn failing(kind: ErrorKind) -> StoreError {
+        match kind {
+            ErrorKind::Throttled => StoreError::Throttled {
+                op: StoreOp::Renew,
+                source: "slow down".into(),
+            },
+            _ => StoreError::retryable(StoreOp::Renew, "try again"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn attempts_are_capped_and_bounded_by_the_deadline() {
+        let calls = AtomicUsize::new(0);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let r: Result<(), _> = retry_until(StoreOp::Renew, deadline, POLICY, || {
+            calls.fetch_add(1, Ordering::Relaxed);
+            async { Err(failing(ErrorKind::Retryable)) }
+        })
+        .await;
+        assert!(r.is_err());
+        assert_eq!(calls.load(Ordering::Relaxed), 3, "max_attempts");
+
+        // A hung call costs one attempt timeout; the deadline stops the rest.
+        calls.store(0, Ordering::Relaxed);
+        let started = Instant::now();
+        let deadline = started + Duration::from_millis(1500);
+        let r: Result<(), _> = retry_until(StoreOp::Renew, deadline, POLICY, || {
+            calls.fetch_add(1, Ordering::Relaxed);
+            std::future::pending()
+        })
+        .await;
+        assert!(r.unwrap_err().is_retryable());
+        assert!(Instant::now() <= deadline, "never past the deadline");
+        assert!(calls.load(Ordering::Relaxed) <= 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn conditions_and_fatal_errors_are_not_retried() {
+        let calls = AtomicUsize::new(0);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let r: Result<(), _> = retry_until(StoreOp::Renew, deadline, POLICY, || {
+            calls.fetch_add(1, Ordering::Relaxed);
+            async {
+                Err(StoreError::ConditionFailed {
+                    key: "s".into(),
+                    current: None,
+                })
+            }
+        })
+        .await;
+        assert!(r.unwrap_err().is_condition_failed());
+        assert_eq!(calls.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn throttling_waits_twice_as_long() {
+        for (kind, min_wait) in [
+            (ErrorKind::Retryable, Duration::from_millis(300)),
+            (ErrorKind::Throttled, Duration::from_millis(600)),
+        ] {
+            let started = Instant::now();
+            let calls = AtomicUsize::new(0);
+            let deadline = started + Duration::from_secs(30);
+            let r = retry_until(StoreOp::Renew, deadline, POLICY, || {
+                let n = calls.fetch_add(1, Ordering::Relaxed);
+                async move { if n == 0 { Err(failing(kind)) } else { Ok(()) } }
+            })
+            .await;
+            assert!(r.is_ok());
+            assert!(
+                started.elapsed() >= min_wait,
+                "{kind:?}: {:?}",
+                started.elapsed()
+            );
+        }
+    }
+}
