@@ -1,6 +1,7 @@
 //! The lease coordinator's promises, one worker at a time, under a paused
 //! clock: lost leases stop their consumer, lost responses heal, stuck
-//! workers fence themselves, restarts reclaim.
+//! workers fence themselves, restarts reclaim, a hung call holds back no
+//! other lease, a lapsed tenure stays over, throttling is not amplified.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -8,9 +9,9 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use kcl_core::store::StoreOp;
-use kcl_core::store::memory::Fault;
-use kcl_core::{EndReason, LeaseStore};
+use kcl_core::store::memory::{Fault, InMemoryLeaseStore};
+use kcl_core::store::{ErrorKind, StoreOp};
+use kcl_core::{Checkpoint, EndReason, Lease, LeaseCoordinator, LeaseEvent, LeaseStore};
 use tokio::time::{Instant, sleep, timeout};
 
 const RENEW: Duration = Duration::from_millis(3333);
@@ -209,4 +210,186 @@ async fn a_stuck_worker_fences_itself_before_a_peer_takes_over() {
         (workers[0].valid_keys().len(), workers[1].valid_keys().len()),
         (2, 2)
     );
+}
+
+/// One lease's renewals hang on a dead connection (the request is never
+/// answered). Its own tenure fences at its deadline; every other lease of
+/// the worker keeps renewing on time, round after round.
+#[tokio::test(start_paused = true)]
+async fn a_hung_renewal_of_one_lease_never_holds_back_the_others() {
+    let table = table_with(4).await;
+    let a = SimWorker::start(&table, config("a", 1).build().unwrap());
+    sleep(Duration::from_millis(10)).await;
+    let keys = a.coordinator().held_keys();
+    assert_eq!(keys.len(), 4);
+    let handles: Vec<_> = keys
+        .iter()
+        .map(|k| a.coordinator().handle(k).unwrap())
+        .collect();
+    let counters = |t: &InMemoryLeaseStore| -> Vec<u64> {
+        keys.iter()
+            .map(|k| {
+                t.snapshot()
+                    .into_iter()
+                    .find(|l| &l.key == k)
+                    .unwrap()
+                    .counter
+            })
+            .collect()
+    };
+    let before = counters(&table);
+    a.store.blackhole(Some(&keys[0]));
+    sleep(Duration::from_secs(30)).await;
+
+    assert_eq!(
+        handles[0].end_reason(),
+        Some(EndReason::Fenced),
+        "the hung lease fences"
+    );
+    let after = counters(&table);
+    for i in 1..4 {
+        assert_eq!(
+            handles[i].end_reason(),
+            None,
+            "{}: held back by the hung lease",
+            keys[i]
+        );
+        assert!(handles[i].is_valid());
+        // 30 s of 3.33 s rounds: 9 renewals each.
+        assert!(
+            after[i] - before[i] >= 8,
+            "{}: only {} renewals in 30 s",
+            keys[i],
+            after[i] - before[i]
+        );
+    }
+    assert_eq!(after[0], before[0], "nothing of the hung lease applied");
+    let s = a.coordinator().stats();
+    assert_eq!((s.fenced, s.lost), (1, 0), "{s:?}");
+}
+
+/// A take whose scan was slow enough that the tenure's validity (counted
+/// from when the scan asked for the lease's page) ran out before the take
+/// answered: no consumer ever gets a handle that is not valid, the tenure
+/// ends as fenced instead of being renewed back to life, and the next tick
+/// reclaims the lease in a new tenure.
+#[tokio::test(start_paused = true)]
+async fn a_take_that_lapsed_before_it_answered_starts_no_consumer() {
+    let table = InMemoryLeaseStore::new().with_page_size(10);
+    for i in 0..70 {
+        table
+            .create_if_absent(&Lease::new(
+                format!("shardId-{i:012}"),
+                Checkpoint::TrimHorizon,
+            ))
+            .await
+            .unwrap();
+    }
+    let store = table.handle();
+    // Seven full pages, each 1.5 s (inside the 1.67 s call timeout): the
+    // takes answer at 10.5 s, when the first two pages' tenures (valid from
+    // 0 s and 1.5 s, for 9 s) are over; the third page's (to 12 s) runs out
+    // before the first renewal round after the takes (13.3 s).
+    for _ in 0..7 {
+        store.inject(StoreOp::ScanPage, Fault::Delay(Duration::from_millis(1500)));
+    }
+    let (coordinator, mut events) = LeaseCoordinator::start(
+        std::sync::Arc::new(store.clone()),
+        config("a", 1).build().unwrap(),
+    );
+    let mut acquired = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        tokio::select! {
+            Some(e) = events.recv() => if let LeaseEvent::Acquired(h) = e {
+                assert!(h.is_valid(), "{} given to a consumer with its validity over", h.key());
+                acquired.push(h);
+            },
+            _ = sleep(Duration::from_millis(100)) => {}
+        }
+    }
+    let s = coordinator.stats();
+    assert_eq!(s.fenced, 30, "the first three pages' tenures lapsed: {s:?}");
+    assert_eq!(s.reclaimed, 30, "and were reclaimed in new tenures: {s:?}");
+    // 20 tenures lapsed at birth and never reached a consumer; the third
+    // page's 10 reached one while valid and were fenced later.
+    assert_eq!(acquired.len(), 70 + 10);
+    let mut live: Vec<&str> = acquired
+        .iter()
+        .filter(|h| h.is_valid())
+        .map(|h| h.key())
+        .collect();
+    live.sort();
+    live.dedup();
+    assert_eq!(live.len(), 70, "one live tenure per lease");
+    assert!(
+        acquired
+            .iter()
+            .filter(|h| !h.is_valid())
+            .all(|h| h.end_reason() == Some(EndReason::Fenced)),
+        "every tenure that ended was fenced, never revived"
+    );
+    assert_eq!(coordinator.held_keys().len(), 70);
+}
+
+/// A throttled table: every renewal fails with throttling for three
+/// rounds. The renewer retries each lease at most twice per round (the
+/// next round is a retry too), instead of retrying from 50 ms on top of
+/// the SDK's own retries, which multiplies the load that caused the
+/// throttling.
+#[tokio::test(start_paused = true)]
+async fn renewals_under_throttling_retry_at_most_twice_per_round() {
+    const LEASES: u64 = 10;
+    let table = table_with(LEASES as usize).await;
+    let a = SimWorker::start(&table, config("a", 1).build().unwrap());
+    sleep(Duration::from_millis(10)).await;
+    let before = a.stats.snapshot().op(StoreOp::Renew).calls;
+    let rounds = 3;
+    a.store.fail_until(
+        Some(StoreOp::Renew),
+        ErrorKind::Throttled,
+        Instant::now() + RENEW * rounds,
+    );
+    sleep(RENEW * rounds).await;
+    let calls = a.stats.snapshot().op(StoreOp::Renew).calls - before;
+    println!("throttled renewals: {calls} calls for {LEASES} leases over {rounds} rounds");
+    assert!(
+        calls >= LEASES * u64::from(rounds),
+        "every lease tried each round: {calls}"
+    );
+    assert!(
+        calls <= 3 * LEASES * u64::from(rounds),
+        "{calls} renewal calls in {rounds} throttled rounds of {LEASES} leases"
+    );
+}
+
+/// A consumer that stops on its own (its checkpoint was rejected) must not
+/// leave its tenure renewed with nobody reading the shard (invariant 12):
+/// the tenure ends, and the taker reclaims the lease in a new tenure for a
+/// new consumer.
+#[tokio::test(start_paused = true)]
+async fn a_tenure_whose_consumer_stopped_is_not_renewed_on() {
+    let table = table_with(1).await;
+    let a = SimWorker::start(&table, config("a", 1).build().unwrap());
+    sleep(Duration::from_millis(10)).await;
+    let first = a.coordinator().handle("shardId-000000000000").unwrap();
+    a.coordinator().consumer_stopped(&first).await;
+    assert_eq!(first.end_reason(), Some(EndReason::Lost));
+    let counter = table.snapshot()[0].counter;
+    sleep(RENEW * 2).await;
+    assert_eq!(
+        a.coordinator().stats().renewals,
+        0,
+        "the stopped tenure was renewed without a reader"
+    );
+    sleep(tick_max()).await;
+    let second = a
+        .coordinator()
+        .handle("shardId-000000000000")
+        .expect("reclaimed");
+    assert!(second.is_valid());
+    assert_ne!(second.tenure(), first.tenure(), "a new tenure");
+    assert!(!first.is_valid(), "the old tenure stays over");
+    assert!(table.snapshot()[0].counter > counter);
+    assert_eq!(a.coordinator().stats().reclaimed, 1);
 }

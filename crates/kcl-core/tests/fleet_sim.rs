@@ -283,3 +283,109 @@ async fn scans_stay_one_per_tick_balanced_or_not() {
         );
     }
 }
+
+/// Two live processes under one worker id (a StatefulSet pod name given to
+/// two processes, say). The second reclaims the first's leases at start;
+/// the first loses each at its next renewal (its tenure no longer matches)
+/// and never takes them back, so the two never both believe in a lease
+/// beyond one renew interval (the fencing bound), the checkpoints written
+/// by their consumers never go backwards, and ownership settles. When the
+/// second process dies, the first takes its leases once they expire.
+#[tokio::test(start_paused = true)]
+async fn two_processes_with_one_worker_id_never_share_a_lease_beyond_the_fencing_bound() {
+    const SHARDS: usize = 8;
+    let table = table_with(SHARDS).await;
+    let renew = LEASE / 3;
+    let build = |id: &str, seed| config(id, seed).build().unwrap();
+    let mut workers = vec![
+        SimWorker::start_with(&table, build("a", 1), StandIn::Checkpointing),
+        SimWorker::start_with(&table, build("b", 2), StandIn::Checkpointing),
+    ];
+    let (mut overlap, mut checkpoints) = (OverlapLog::default(), CheckpointLog::default());
+    run_checking(&workers, &table, &mut overlap, &mut checkpoints, TICK * 4).await;
+    assert!(balanced(&table, &["a", "b"]), "{:?}", table_counts(&table));
+    let a_held = workers[0].coordinator().held_keys().len();
+
+    // The same worker id, in another process.
+    workers.push(SimWorker::start_with(
+        &table,
+        build("a", 3),
+        StandIn::Checkpointing,
+    ));
+    run_checking(&workers, &table, &mut overlap, &mut checkpoints, TICK * 3).await;
+    let (first, second) = (
+        workers[0].coordinator().stats(),
+        workers[2].coordinator().stats(),
+    );
+    assert_eq!(
+        second.reclaimed as usize, a_held,
+        "the second process reclaims the first's leases at its start: {second:?}"
+    );
+    assert_eq!(
+        first.same_id_conflicts as usize, a_held,
+        "the first loses each to the second's tenure: {first:?}"
+    );
+    assert!(
+        overlap.max() <= renew + Duration::from_millis(100),
+        "two processes believed in one lease for {:?} (fencing bound {renew:?})",
+        overlap.max()
+    );
+
+    // Settled: nobody takes from anybody any more.
+    let moves = |w: &SimWorker| {
+        let s = w.coordinator().stats();
+        s.taken + s.reclaimed + s.stolen
+    };
+    let before: Vec<u64> = workers.iter().map(moves).collect();
+    run_checking(&workers, &table, &mut overlap, &mut checkpoints, TICK * 6).await;
+    let after: Vec<u64> = workers.iter().map(moves).collect();
+    assert_eq!(
+        before, after,
+        "ownership kept moving between the two processes"
+    );
+    assert!(
+        workers[0].valid_keys().is_empty(),
+        "the first process yielded: {:?}",
+        workers[0].valid_keys()
+    );
+    assert_eq!(workers[2].valid_keys().len(), a_held);
+
+    // The second process dies: the first takes its leases once they expire.
+    workers[2].kill().await;
+    run_checking(
+        &workers,
+        &table,
+        &mut overlap,
+        &mut checkpoints,
+        LEASE + tick_max() * 2,
+    )
+    .await;
+    assert_eq!(
+        workers[0].valid_keys().len(),
+        a_held,
+        "{:?}",
+        workers[0].coordinator().stats()
+    );
+
+    println!(
+        "same id: overlap max {:?} (bound {renew:?}), {} checkpoint writes seen, regressions {:?}",
+        overlap.max(),
+        checkpoints.writes_seen,
+        checkpoints.regressions
+    );
+    assert!(
+        checkpoints.writes_seen > 100,
+        "the consumers checkpointed: {}",
+        checkpoints.writes_seen
+    );
+    assert!(
+        checkpoints.regressions.is_empty(),
+        "checkpoints went backwards: {:?}",
+        checkpoints.regressions
+    );
+    let mut held: Vec<String> = workers.iter().flat_map(SimWorker::valid_keys).collect();
+    let all = held.len();
+    held.sort();
+    held.dedup();
+    assert_eq!((all, held.len()), (SHARDS, SHARDS), "every lease held once");
+}

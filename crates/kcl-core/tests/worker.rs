@@ -19,7 +19,7 @@ use kcl_core::source::InitialPosition;
 use kcl_core::source::memory::InMemoryShardSource;
 use kcl_core::store::memory::InMemoryLeaseStore;
 use kcl_core::worker::{StreamSpec, Worker, WorkerConfig, WorkerError, WorkerHandle};
-use kcl_core::{LeaseConfig, LeaseLayout, LeaseStore};
+use kcl_core::{Checkpoint, LeaseConfig, LeaseLayout, LeaseStore};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 
@@ -61,6 +61,8 @@ struct Behaviour {
     /// Fail this many times on the first batch that contains record n == 7.
     failures: u32,
     panic_on: Option<u64>,
+    /// Each batch of this shard takes this long instead of `work`.
+    slow_shard: Option<(&'static str, Duration)>,
 }
 
 impl Default for Behaviour {
@@ -71,6 +73,7 @@ impl Default for Behaviour {
             work: Duration::from_millis(5),
             failures: 0,
             panic_on: None,
+            slow_shard: None,
         }
     }
 }
@@ -127,7 +130,11 @@ impl RecordProcessor for Recorder {
             .unwrap()
             .entry(self.ctx.shard_id.clone())
             .or_insert_with(Instant::now);
-        sleep(self.b.work).await;
+        let work = match self.b.slow_shard {
+            Some((shard, d)) if shard == self.ctx.shard_id => d,
+            _ => self.b.work,
+        };
+        sleep(work).await;
         {
             let mut p = self.log.processed.lock().unwrap();
             for (pk, n) in parsed {
@@ -169,7 +176,13 @@ struct Fleet {
     source: InMemoryShardSource,
     log: Arc<Log>,
     workers: Vec<(WorkerHandle, JoinHandle<Result<(), WorkerError>>)>,
+    /// Each worker's handle on the table, for its own faults.
+    stores: Vec<InMemoryLeaseStore>,
     retention: Duration,
+    sync_interval: Duration,
+    /// Whether a killed (dropped) worker releases its leases; off by
+    /// default, so that `kill` is a crash.
+    release_on_drop: bool,
 }
 
 impl Fleet {
@@ -181,7 +194,10 @@ impl Fleet {
             source,
             log: Arc::default(),
             workers: Vec::new(),
+            stores: Vec::new(),
             retention: Duration::from_secs(300),
+            sync_interval: Duration::from_secs(5),
+            release_on_drop: false,
         }
     }
 
@@ -189,6 +205,7 @@ impl Fleet {
         let lease = LeaseConfig::builder(id)
             .taker_interval(TICK)
             .seed(id.len() as u64 * 31)
+            .release_on_drop(self.release_on_drop)
             .build()
             .unwrap();
         WorkerConfig::builder(lease)
@@ -199,7 +216,7 @@ impl Fleet {
             .initial_position(InitialPosition::TrimHorizon)
             .failure_policy(policy)
             .parent_poll_interval(Duration::from_secs(1))
-            .shard_sync_interval(Duration::from_secs(5))
+            .shard_sync_interval(self.sync_interval)
             .completed_lease_retention(self.retention)
             .build()
             .unwrap()
@@ -218,9 +235,11 @@ impl Fleet {
             log: Arc::clone(&log),
             b,
         };
+        let store = self.store.handle();
+        self.stores.push(store.clone());
         let worker = Worker::new(
             self.config(id, policy),
-            Arc::new(self.store.handle()),
+            Arc::new(store),
             Arc::new(self.source.clone()),
             Arc::new(factory),
         );
@@ -765,4 +784,189 @@ async fn a_shutdown_during_retries_never_checkpoints_past_the_failing_batch() {
         0,
         "the batch that failed is processed by the next owner"
     );
+}
+
+/// A merge child whose other parent has no lease yet: shard S1's processor
+/// is slow, so S1's child B0 is not leased when A1 (S0's child) reaches its
+/// end, merged with B0 into C; and B0's first creates fail. C must not be
+/// created from A1 alone (it would be read before B0, and the next sync
+/// would take the unleased, closed B0 for finished: its records never
+/// read). A1 waits, the sync it asks for creates B0 (retrying the failed
+/// create), then C: every record arrives, in order, parents before children.
+#[tokio::test(start_paused = true)]
+async fn a_merge_child_waits_for_its_other_parents_lease_and_nothing_is_lost() {
+    // Enough keys that every quarter of the hash range gets records.
+    const KEYS: usize = 32;
+    let mut fleet = Fleet::new(2);
+    // Only the startup sync, and syncs a consumer asks for, run in this test.
+    fleet.sync_interval = Duration::from_secs(600);
+    let slow = Behaviour {
+        slow_shard: Some(("shardId-000000000001", Duration::from_secs(5))),
+        ..Behaviour::default()
+    };
+    fleet.start("w-a", slow, FailurePolicy::Retry);
+    fleet.produce(KEYS, 0, 40);
+    sleep(Duration::from_secs(2)).await;
+    let s0 = "shardId-000000000000";
+    let s1 = "shardId-000000000001";
+    let [_a0, a1] = fleet.source.split(STREAM, s0).unwrap();
+    let [b0, _b1] = fleet.source.split(STREAM, s1).unwrap();
+    for _ in 0..3 {
+        fleet.stores[0].inject_on(
+            kcl_core::store::StoreOp::Create,
+            &b0,
+            kcl_core::store::memory::Fault::Error(kcl_core::ErrorKind::Retryable),
+        );
+    }
+    fleet.produce(KEYS, 40, 40);
+    let c = fleet.source.merge(STREAM, &a1, &b0).unwrap();
+    fleet.produce(KEYS, 80, 40);
+    fleet.wait_for(KEYS * 120, Duration::from_secs(900)).await;
+    fleet.stop(0).await;
+    check_complete(&fleet.log, KEYS, 120);
+    let ended = fleet.log.shard_ended_at.lock().unwrap().clone();
+    let first = fleet.log.first_record_at.lock().unwrap().clone();
+    for (child, parents) in [(&b0, vec![s1]), (&c, vec![a1.as_str(), b0.as_str()])] {
+        let started = first
+            .get(child.as_str())
+            .unwrap_or_else(|| panic!("{child} was never read"));
+        for p in parents {
+            let done = ended
+                .get(p)
+                .unwrap_or_else(|| panic!("{p} never ended but {child} started"));
+            assert!(
+                done <= started,
+                "{child} started before its parent {p} ended"
+            );
+        }
+    }
+}
+
+/// A peer starts stealing a lease (its handoff write lands) and, before
+/// this worker's renewer notices, this worker is told to stop (a rolling
+/// restart). Its release then finds the thief owning the lease: instead of
+/// ignoring that, it completes the handoff it is the checkpoint owner of,
+/// after its processor checkpointed, so the thief starts at once rather
+/// than after the handoff timeout.
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_right_after_a_peers_steal_completes_the_handoff() {
+    let mut fleet = Fleet::new(1);
+    let lazy = Behaviour {
+        checkpoint_each_batch: false,
+        ..Behaviour::default()
+    };
+    let a = fleet.start("w-a", lazy, FailurePolicy::Retry);
+    fleet.produce(4, 0, 20);
+    fleet.wait_for(4 * 20, Duration::from_secs(60)).await;
+    let key = "shardId-000000000000";
+    let seen = fleet.store.get(key).await.unwrap().unwrap();
+    assert_eq!(
+        seen.checkpoint,
+        Checkpoint::TrimHorizon,
+        "nothing checkpointed yet"
+    );
+    fleet
+        .store
+        .start_handoff(&seen, kcl_core::Holder::new("w-b", "t-b"))
+        .await
+        .unwrap();
+    fleet.stop(a).await;
+    let after = fleet.store.get(key).await.unwrap().unwrap();
+    assert_eq!(
+        after.checkpoint_owner, None,
+        "the handoff was completed, not left to be forced: {after:?}"
+    );
+    assert_eq!(after.owner.as_deref(), Some("w-b"));
+    assert!(
+        matches!(after.checkpoint, Checkpoint::Sequence { .. }),
+        "the processor checkpointed in shutdown_requested first: {after:?}"
+    );
+}
+
+/// A worker whose run future is dropped without a graceful shutdown (a
+/// panic unwinding the application, a runtime shut down under it) releases
+/// its leases, best effort, instead of leaving every shard idle for a lease
+/// duration.
+#[tokio::test(start_paused = true)]
+async fn a_worker_dropped_without_a_shutdown_releases_its_leases() {
+    let mut fleet = Fleet::new(3);
+    fleet.release_on_drop = true;
+    fleet.start("w-a", Behaviour::default(), FailurePolicy::Retry);
+    sleep(Duration::from_secs(1)).await;
+    assert!(
+        fleet
+            .store
+            .snapshot()
+            .iter()
+            .all(|l| l.owner.as_deref() == Some("w-a"))
+    );
+    fleet.kill(0).await;
+    for l in fleet.store.snapshot() {
+        assert_eq!(
+            (l.owner.as_deref(), l.tenure.as_deref()),
+            (None, None),
+            "{l:?}"
+        );
+    }
+}
+
+/// Startup against a lease table that throttles every call for 20 s: the
+/// worker retries (it does not exit), says why it is not ready meanwhile,
+/// and becomes ready and processes once the throttling stops.
+#[tokio::test(start_paused = true)]
+async fn startup_under_throttling_retries_until_ready() {
+    let mut fleet = Fleet::new(2);
+    let i = fleet.start("w-a", Behaviour::default(), FailurePolicy::Retry);
+    fleet.stores[i].fail_until(
+        None,
+        kcl_core::ErrorKind::Throttled,
+        Instant::now() + Duration::from_secs(20),
+    );
+    sleep(Duration::from_secs(5)).await;
+    let status = fleet.workers[i].0.status();
+    assert!(!status.ready, "{status:?}");
+    let why = status.starting.expect("the reason it is not ready");
+    assert!(why.contains("throttled"), "{why}");
+    assert!(
+        !fleet.workers[i].1.is_finished(),
+        "the worker exited instead of retrying"
+    );
+    // Retries back off to at most 10 s (up to twice that with jitter).
+    let throttled_until = Instant::now() + Duration::from_secs(15);
+    while !fleet.workers[i].0.status().ready {
+        assert!(
+            Instant::now() < throttled_until + Duration::from_secs(21),
+            "not ready long after the throttling ended: {:?}",
+            fleet.workers[i].0.status()
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(fleet.workers[i].0.status().starting, None);
+    fleet.produce(4, 0, 10);
+    fleet.wait_for(4 * 10, Duration::from_secs(60)).await;
+    fleet.stop(i).await;
+    assert_eq!(check_complete(&fleet.log, 4, 10), 0);
+}
+
+/// A consumer stopped by a rejected checkpoint (here an injected failed
+/// condition while the table still says the lease is this worker's) must
+/// not leave its shard held and renewed with nobody reading it: the tenure
+/// ends, the next tick reclaims the lease in a new tenure, and a new
+/// consumer reads on from the last checkpoint.
+#[tokio::test(start_paused = true)]
+async fn a_consumer_stopped_by_a_rejected_checkpoint_resumes_in_a_new_tenure() {
+    let mut fleet = Fleet::new(1);
+    let i = fleet.start("w-a", Behaviour::default(), FailurePolicy::Retry);
+    fleet.produce(4, 0, 20);
+    fleet.wait_for(4 * 20, Duration::from_secs(60)).await;
+    fleet.stores[i].inject(
+        kcl_core::store::StoreOp::Checkpoint,
+        kcl_core::store::memory::Fault::Error(kcl_core::ErrorKind::ConditionFailed),
+    );
+    fleet.produce(4, 20, 20);
+    fleet.wait_for(4 * 40, Duration::from_secs(120)).await;
+    let leases = fleet.workers[i].0.status().leases;
+    fleet.stop(i).await;
+    check_complete(&fleet.log, 4, 40);
+    assert_eq!((leases.lost, leases.reclaimed), (1, 1), "{leases:?}");
 }

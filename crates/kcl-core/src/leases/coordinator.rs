@@ -20,6 +20,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::config::LeaseConfig;
+use crate::leases::handoff::{Ours, Verdict, judge};
 use crate::leases::held::{EndReason, Held, LeaseHandle, Phase};
 use crate::leases::shared::{CoordinatorStats, LeaseEvent, LeaseFilter, Shared, StatsSnapshot};
 use crate::leases::{renewer, taker};
@@ -180,13 +181,29 @@ impl LeaseCoordinator {
         if held.is_ended() {
             return;
         }
-        let reason = if Instant::now() >= held.valid_until() {
-            EndReason::Fenced
-        } else {
-            EndReason::Lost
-        };
-        warn!(lease = %lease.key(), %reason, "the shard's consumer stopped; ending its tenure");
-        self.shared.ended(lease.key(), &held, reason).await;
+        let key = lease.key();
+        if Instant::now() >= held.valid_until() {
+            warn!(lease = %key, "the shard's consumer stopped on a lapsed lease; fencing its tenure");
+            self.shared.ended(key, &held, EndReason::Fenced).await;
+            return;
+        }
+        // A rejected checkpoint: the table says who has the lease now (one
+        // read, on a rare path), which tells another process under this
+        // worker's id apart from a peer.
+        let limit = self.shared.config.store_timeout;
+        if let Ok(Some(item)) = bounded(StoreOp::Get, limit, self.shared.store.get(key)).await {
+            let phase = held.phase();
+            let ours = Ours {
+                holder: held.holder(),
+                counter: held.counter(),
+                phase: &phase,
+            };
+            if judge(ours, Some(&item), Instant::now()) == (Verdict::Lost { same_id: true }) {
+                self.shared.same_id_conflict(key);
+            }
+        }
+        warn!(lease = %key, "the shard's consumer stopped (its checkpoint was rejected); ending its tenure");
+        self.shared.ended(key, &held, EndReason::Lost).await;
     }
 
     /// Lets handoffs this worker asked for finish before it releases them

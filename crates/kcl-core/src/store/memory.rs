@@ -68,7 +68,12 @@ struct Table {
 #[derive(Debug, Default)]
 struct FaultPlan {
     scripted: HashMap<StoreOp, VecDeque<Fault>>,
+    /// Faults for calls of one operation on one key.
+    on_key: HashMap<(StoreOp, String), VecDeque<Fault>>,
     any_op: VecDeque<Fault>,
+    /// Every call (of one operation, or of all) fails with this kind until
+    /// the instant: an outage, or a table that throttles.
+    failing: Option<(Option<StoreOp>, ErrorKind, Instant)>,
     random: Option<(RandomFaults, SmallRng)>,
     paused_until: Option<Instant>,
     /// Calls on this key hang forever (a "blackhole").
@@ -118,6 +123,22 @@ impl InMemoryLeaseStore {
     /// Makes the next call of `op` on this handle suffer `fault`.
     pub fn inject(&self, op: StoreOp, fault: Fault) {
         self.plan().scripted.entry(op).or_default().push_back(fault);
+    }
+
+    /// Makes the next call of `op` on `key` on this handle suffer `fault`.
+    pub fn inject_on(&self, op: StoreOp, key: &str, fault: Fault) {
+        self.plan()
+            .on_key
+            .entry((op, key.to_owned()))
+            .or_default()
+            .push_back(fault);
+    }
+
+    /// Makes every call on this handle of `op` (of every operation for
+    /// `None`) fail with an error of `kind` until `until`, as a table in an
+    /// outage (`Retryable`) or throttling its callers (`Throttled`) would.
+    pub fn fail_until(&self, op: Option<StoreOp>, kind: ErrorKind, until: Instant) {
+        self.plan().failing = Some((op, kind, until));
     }
 
     /// Makes the next call of any operation on this handle suffer `fault`.
@@ -178,6 +199,21 @@ impl InMemoryLeaseStore {
         let mut faults = Vec::new();
         if key.is_some() && plan.blackhole.as_deref() == key {
             faults.push(Fault::Hang);
+        }
+        if let Some((only, kind, until)) = plan.failing {
+            if Instant::now() >= until {
+                plan.failing = None;
+            } else if only.is_none_or(|o| o == op) {
+                faults.push(Fault::Error(kind));
+            }
+        }
+        if let Some(key) = key
+            && let Some(f) = plan
+                .on_key
+                .get_mut(&(op, key.to_owned()))
+                .and_then(VecDeque::pop_front)
+        {
+            faults.push(f);
         }
         if let Some(f) = plan.any_op.pop_front() {
             faults.push(f);

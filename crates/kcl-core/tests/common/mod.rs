@@ -6,11 +6,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use kcl_core::checkpointer::Checkpointer;
 use kcl_core::store::memory::InMemoryLeaseStore;
 use kcl_core::store::metered::{MeteredStore, StoreStats};
 use kcl_core::{
-    Checkpoint, Lease, LeaseConfig, LeaseCoordinator, LeaseEvent, LeaseStore, ShutdownMode,
+    Checkpoint, Lease, LeaseConfig, LeaseCoordinator, LeaseEvent, LeaseHandle, LeaseStore,
+    ShutdownMode,
 };
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -30,6 +34,17 @@ pub fn config(id: &str, seed: u64) -> kcl_core::config::LeaseConfigBuilder {
         .seed(seed)
 }
 
+/// What a simulated worker's stand-in consumers do with a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StandIn {
+    /// Nothing but hand it over when asked.
+    Idle,
+    /// Checkpoint an advancing position every 500 ms (by a random 1-3
+    /// records, so two consumers of one shard would write interleaved,
+    /// diverging positions), and once more when handing over.
+    Checkpointing,
+}
+
 /// One simulated worker process.
 pub struct SimWorker {
     pub id: String,
@@ -41,17 +56,26 @@ pub struct SimWorker {
 
 impl SimWorker {
     pub fn start(table: &InMemoryLeaseStore, config: LeaseConfig) -> Self {
+        Self::start_with(table, config, StandIn::Idle)
+    }
+
+    pub fn start_with(table: &InMemoryLeaseStore, config: LeaseConfig, stand_in: StandIn) -> Self {
         let store = table.handle();
         let metered = MeteredStore::new(store.clone());
         let stats = Arc::clone(metered.stats());
         let id = config.worker_id().to_owned();
         let (coordinator, events) = LeaseCoordinator::start(Arc::new(metered), config);
         let coordinator = Arc::new(coordinator);
+        let consumers = Consumers {
+            coordinator: Arc::clone(&coordinator),
+            store: Arc::new(store.clone()),
+            stand_in,
+        };
         SimWorker {
             id,
             store,
             stats,
-            drain: Some(tokio::spawn(drain(events, Arc::clone(&coordinator)))),
+            drain: Some(tokio::spawn(drain(events, consumers))),
             coordinator: Some(coordinator),
         }
     }
@@ -94,23 +118,92 @@ impl SimWorker {
     }
 }
 
+struct Consumers {
+    coordinator: Arc<LeaseCoordinator>,
+    store: Arc<dyn LeaseStore>,
+    stand_in: StandIn,
+}
+
 /// Plays the worker's part: every acquired lease gets a stand-in consumer
 /// that hands the lease over as soon as another worker asks for it.
-async fn drain(mut events: mpsc::Receiver<LeaseEvent>, coordinator: Arc<LeaseCoordinator>) {
-    let mut consumers = tokio::task::JoinSet::new();
+async fn drain(mut events: mpsc::Receiver<LeaseEvent>, consumers: Consumers) {
+    let mut running = tokio::task::JoinSet::new();
     while let Some(e) = events.recv().await {
         if let LeaseEvent::Acquired(handle) = e {
-            let coordinator = Arc::clone(&coordinator);
-            consumers.spawn(async move {
-                tokio::select! {
-                    _ = handle.handoff_requested() => {
-                        let _ = coordinator.complete_handoff(&handle).await;
-                    }
-                    _ = handle.ended() => {}
-                }
-            });
+            let coordinator = Arc::clone(&consumers.coordinator);
+            let store = Arc::clone(&consumers.store);
+            let stand_in = consumers.stand_in;
+            running.spawn(consume(handle, coordinator, store, stand_in));
         }
-        while consumers.try_join_next().is_some() {}
+        while running.try_join_next().is_some() {}
+    }
+}
+
+async fn consume(
+    handle: LeaseHandle,
+    coordinator: Arc<LeaseCoordinator>,
+    store: Arc<dyn LeaseStore>,
+    stand_in: StandIn,
+) {
+    let mut cp = Checkpointer::for_test(store, handle.clone());
+    let mut position: u64 = match cp.last_checkpoint() {
+        Checkpoint::Sequence { seq, .. } => seq.parse().unwrap_or(0),
+        _ => 0,
+    };
+    let mut rng = SmallRng::seed_from_u64(position ^ handle.tenure().len() as u64);
+    loop {
+        tokio::select! {
+            _ = handle.handoff_requested() => {
+                if stand_in == StandIn::Checkpointing {
+                    let _ = cp.checkpoint().await;
+                }
+                let _ = coordinator.complete_handoff(&handle).await;
+                return;
+            }
+            _ = handle.ended() => return,
+            _ = tokio::time::sleep(Duration::from_millis(500)), if stand_in == StandIn::Checkpointing => {
+                // As the worker's consumer: it stops when the lease is not
+                // valid any more or a checkpoint is rejected, and tells the
+                // coordinator.
+                if !handle.is_valid() {
+                    coordinator.consumer_stopped(&handle).await;
+                    return;
+                }
+                position += rng.random_range(1..=3);
+                cp.delivered_for_test(&position.to_string(), 0);
+                if cp.checkpoint().await.is_err() {
+                    coordinator.consumer_stopped(&handle).await;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Watches every lease's checkpoint in the table and records each time one
+/// went backwards.
+#[derive(Debug, Default)]
+pub struct CheckpointLog {
+    last: HashMap<String, u64>,
+    pub writes_seen: u64,
+    pub regressions: Vec<String>,
+}
+
+impl CheckpointLog {
+    pub fn sample(&mut self, table: &InMemoryLeaseStore) {
+        for lease in table.snapshot() {
+            let Checkpoint::Sequence { seq, .. } = &lease.checkpoint else {
+                continue;
+            };
+            let now: u64 = seq.parse().unwrap();
+            match self.last.insert(lease.key.clone(), now) {
+                Some(before) if now < before => self
+                    .regressions
+                    .push(format!("{}: {before} -> {now}", lease.key)),
+                Some(before) if now > before => self.writes_seen += 1,
+                _ => {}
+            }
+        }
     }
 }
 
@@ -217,5 +310,21 @@ pub async fn run_for(workers: &[SimWorker], log: &mut OverlapLog, total: Duratio
     while Instant::now() < end {
         tokio::time::sleep(step).await;
         log.sample(workers);
+    }
+}
+
+/// As [`run_for`], sampling checkpoints too.
+pub async fn run_checking(
+    workers: &[SimWorker],
+    table: &InMemoryLeaseStore,
+    log: &mut OverlapLog,
+    checkpoints: &mut CheckpointLog,
+    total: Duration,
+) {
+    let end = Instant::now() + total;
+    while Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        log.sample(workers);
+        checkpoints.sample(table);
     }
 }
