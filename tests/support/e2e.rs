@@ -353,6 +353,18 @@ impl Scenario {
     }
 }
 
+/// The lease counters an `e2e-worker` process wrote at its graceful exit
+/// (`{id}.jsonl.stats` in `out`); `Null` if it never exited gracefully.
+pub fn process_stats(out: &Path, id: &str) -> serde_json::Value {
+    let text = std::fs::read_to_string(out.join(format!("{id}.jsonl.stats"))).unwrap_or_default();
+    serde_json::from_str(&text).unwrap_or(serde_json::Value::Null)
+}
+
+/// One counter of [`process_stats`], 0 when absent.
+pub fn stat(v: &serde_json::Value, key: &str) -> u64 {
+    v.get(key).and_then(serde_json::Value::as_u64).unwrap_or(0)
+}
+
 /// A fresh directory for batch logs.
 pub fn out_dir(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(unique_name(name));

@@ -4,7 +4,10 @@
 //! from a seeded RNG, delays the answer, answers `500 InternalServerError`,
 //! answers `400 ProvisionedThroughputExceededException`, or forwards the
 //! request and then closes the connection without answering (the write
-//! applied, the client sees a lost response). Every decision is counted.
+//! applied, the client sees a lost response). A "blackhole" on one lease
+//! key accepts every request naming that key and never answers nor
+//! forwards it (a request stuck on a dead connection). Every decision is
+//! counted.
 //!
 //! # Concurrency model
 //!
@@ -104,6 +107,8 @@ pub struct FaultCounts {
     pub dropped_responses: u64,
     /// Requests the upstream did not answer (the proxy answered 502).
     pub upstream_failures: u64,
+    /// Requests swallowed by the blackhole.
+    pub blackholed: u64,
 }
 
 impl FaultCounts {
@@ -122,12 +127,15 @@ struct Counters {
     throttles: AtomicU64,
     dropped_responses: AtomicU64,
     upstream_failures: AtomicU64,
+    blackholed: AtomicU64,
 }
 
 #[derive(Debug)]
 struct Shared {
     upstream: SocketAddr,
     faults: Mutex<Faults>,
+    /// The JSON fragment naming the blackholed lease key.
+    blackhole: Mutex<Option<String>>,
     rng: Mutex<SmallRng>,
     counters: Counters,
 }
@@ -200,6 +208,7 @@ impl FaultProxy {
         let shared = Arc::new(Shared {
             upstream,
             faults: Mutex::new(faults),
+            blackhole: Mutex::new(None),
             rng: Mutex::new(SmallRng::seed_from_u64(seed)),
             counters: Counters::default(),
         });
@@ -226,6 +235,22 @@ impl FaultProxy {
         *self.shared.faults() = faults;
     }
 
+    /// Swallows every later request that names lease key `key` (a GetItem,
+    /// UpdateItem, PutItem or DeleteItem of that lease, or a scan page
+    /// starting after it): accepted, never forwarded, never answered, as a
+    /// request on a dead connection. `None` lifts it (requests already
+    /// swallowed stay unanswered).
+    pub fn set_blackhole(&self, key: Option<&str>) {
+        // As the SDK serialises a key: `"leaseKey":{"S":"<key>"}`.
+        let fragment =
+            key.map(|k| format!("\"leaseKey\":{{\"S\":{}}}", serde_json::Value::from(k)));
+        *self
+            .shared
+            .blackhole
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = fragment;
+    }
+
     /// The current fault probabilities.
     pub fn faults(&self) -> Faults {
         *self.shared.faults()
@@ -243,6 +268,7 @@ impl FaultProxy {
             throttles: l(&c.throttles),
             dropped_responses: l(&c.dropped_responses),
             upstream_failures: l(&c.upstream_failures),
+            blackholed: l(&c.blackholed),
         }
     }
 }
@@ -291,6 +317,25 @@ async fn handle(
 ) -> Response<Full<Bytes>> {
     let c = &shared.counters;
     c.requests.fetch_add(1, Ordering::Relaxed);
+    let (parts, body) = request.into_parts();
+    let Ok(body) = body.collect().await.map(|b| b.to_bytes()) else {
+        return amz_error(
+            StatusCode::BAD_REQUEST,
+            "SerializationException",
+            "unreadable request body",
+        );
+    };
+    let blackhole = shared
+        .blackhole
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    if let Some(fragment) = blackhole
+        && String::from_utf8_lossy(&body).contains(&fragment)
+    {
+        c.blackholed.fetch_add(1, Ordering::Relaxed);
+        std::future::pending::<()>().await;
+    }
     let (fate, delay) = shared.decide();
     if let Some(delay) = delay {
         c.delayed.fetch_add(1, Ordering::Relaxed);
@@ -318,7 +363,7 @@ async fn handle(
         Fate::Forward | Fate::DropResponse => {}
     }
     let response =
-        match tokio::time::timeout(UPSTREAM_TIMEOUT, forward(shared.upstream, request)).await {
+        match tokio::time::timeout(UPSTREAM_TIMEOUT, forward(shared.upstream, parts, body)).await {
             Ok(Ok(response)) => response,
             Ok(Err(_)) | Err(_) => {
                 c.upstream_failures.fetch_add(1, Ordering::Relaxed);
@@ -362,10 +407,9 @@ fn hop_by_hop(name: &header::HeaderName) -> bool {
 /// response.
 async fn forward(
     upstream: SocketAddr,
-    request: Request<Incoming>,
+    parts: hyper::http::request::Parts,
+    body: Bytes,
 ) -> anyhow::Result<Response<Full<Bytes>>> {
-    let (parts, body) = request.into_parts();
-    let body = body.collect().await?.to_bytes();
     let mut outgoing = Request::builder().method(parts.method).uri(parts.uri);
     for (name, value) in parts.headers.iter().filter(|(n, _)| !hop_by_hop(n)) {
         outgoing = outgoing.header(name, value);
@@ -421,6 +465,7 @@ mod tests {
         Shared {
             upstream: SocketAddr::from(([127, 0, 0, 1], 1)),
             faults: Mutex::new(faults),
+            blackhole: Mutex::new(None),
             rng: Mutex::new(SmallRng::seed_from_u64(7)),
             counters: Counters::default(),
         }

@@ -603,6 +603,33 @@ pub async fn merge_shards(
         .context("merged child not listed")
 }
 
+/// One HTTP/1.0 GET (the server closes after the response), for the
+/// worker's metrics and health endpoint: status and body, or the
+/// connection error.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut response = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        stream.read_to_string(&mut response),
+    )
+    .await
+    .map_err(|_| std::io::Error::other("no response within 10s"))??;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other(format!("not HTTP: {response:?}")))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("no status in {head:?}")))?;
+    Ok((status, body.to_owned()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,6 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -16,34 +15,8 @@ use kcl::{
     Checkpointer, InitialPosition, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
     Worker,
 };
-use kcl_tests::{TestEnv, create_stream, put_sequenced_records, unique_name};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use kcl_tests::{TestEnv, create_stream, http_get as get, put_sequenced_records, unique_name};
 use tokio::time::Instant;
-
-/// One HTTP/1.0 GET (the server closes after the response): status and
-/// body, or the connection error.
-async fn get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .await?;
-    let mut response = String::new();
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        stream.read_to_string(&mut response),
-    )
-    .await
-    .map_err(|_| std::io::Error::other("no response within 10s"))??;
-    let (head, body) = response
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| std::io::Error::other(format!("not HTTP: {response:?}")))?;
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("no status in {head:?}")))?;
-    Ok((status, body.to_owned()))
-}
 
 /// One sample of the text exposition format.
 #[derive(Debug, Clone)]

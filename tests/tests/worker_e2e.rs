@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use kcl::{InitialPosition, Worker, WorkerHandle};
 use kcl_tests::e2e::{
-    CheckpointMode, KEYS, LEASE, RecordedBatches, Scenario, TICK_MAX, WorkerProcess, out_dir,
-    read_logs, verify, wait_all_owned_by, wait_complete, wait_taken_over,
+    CheckpointMode, KEYS, LEASE, RecordedBatches, Scenario, WorkerProcess, out_dir, process_stats,
+    read_logs, stat, verify, wait_all_owned_by, wait_complete, wait_taken_over,
 };
 use kcl_tests::{TestEnv, unique_name};
 
@@ -142,8 +142,13 @@ async fn three_worker_processes(mode: Mode) {
     // hashed keys a shard may carry none, so records per process may not.
 }
 
+/// Liveness limits only: wide enough that a loaded machine (CI shares two
+/// cores with the emulators) cannot trip them. The failover and pickup
+/// times are figures, printed here and measured in `make bench`.
+const TAKEOVER_LIMIT: Duration = Duration::from_secs(60);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sigkilled_process_loses_nothing_and_survivors_take_over_within_lease_plus_tick() {
+async fn a_sigkilled_process_loses_nothing_and_survivors_take_over_its_leases() {
     let mut s = Scenario::new(4).await;
     let out = out_dir("kcl-e2e-kill");
     let cfg = s.processes(
@@ -158,12 +163,15 @@ async fn a_sigkilled_process_loses_nothing_and_survivors_take_over_within_lease_
     s.produce(30).await;
     wait_all_owned_by(&s, &["k-1", "k-2", "k-3"].into(), 1).await;
 
+    let killed_leases = s
+        .owners()
+        .await
+        .iter()
+        .filter(|o| o.as_deref() == Some("k-3"))
+        .count();
     procs[2].kill().await.unwrap();
-    let took = wait_taken_over(&s, "k-3", LEASE + TICK_MAX + Duration::from_secs(2)).await;
-    println!(
-        "SIGKILL: survivors took the killed worker's leases after {took:?} (bound {:?})",
-        LEASE + TICK_MAX
-    );
+    let took = wait_taken_over(&s, "k-3", TAKEOVER_LIMIT).await;
+    println!("SIGKILL: survivors took the killed worker's {killed_leases} leases after {took:?}");
     s.produce(30).await;
     let per_key = s.produced;
     let batches = wait_complete(
@@ -181,14 +189,19 @@ async fn a_sigkilled_process_loses_nothing_and_survivors_take_over_within_lease_
         verdict.duplicates, verdict.per_worker
     );
     verdict.assert_correct();
+    // The killed worker's leases went to the survivors by expiry takes.
+    let taken: u64 = ["k-1", "k-2"]
+        .iter()
+        .map(|id| stat(&process_stats(&out, id), "taken"))
+        .sum();
     assert!(
-        took <= LEASE + TICK_MAX + Duration::from_secs(1),
-        "failover took {took:?}"
+        killed_leases >= 1 && taken >= killed_leases as u64,
+        "survivors took {taken} leases in all; the killed worker held {killed_leases}"
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sigtermed_process_hands_over_within_a_tick_without_duplicates() {
+async fn a_sigtermed_process_releases_its_shards_and_nothing_repeats() {
     let mut s = Scenario::new(4).await;
     let out = out_dir("kcl-e2e-term");
     // Checkpoints only in shutdown_requested: no duplicate may appear, so
@@ -206,10 +219,8 @@ async fn a_sigtermed_process_hands_over_within_a_tick_without_duplicates() {
     wait_all_owned_by(&s, &["t-1", "t-2", "t-3"].into(), 1).await;
 
     procs[2].terminate(Duration::from_secs(30)).await.unwrap();
-    let took = wait_taken_over(&s, "t-3", TICK_MAX + Duration::from_secs(2)).await;
-    println!(
-        "SIGTERM: shards picked up {took:?} after the process exited (one tick is at most {TICK_MAX:?})"
-    );
+    let took = wait_taken_over(&s, "t-3", TAKEOVER_LIMIT).await;
+    println!("SIGTERM: shards picked up {took:?} after the process exited");
     s.produce(30).await;
     let per_key = s.produced;
     let batches = wait_complete(
@@ -231,9 +242,12 @@ async fn a_sigtermed_process_hands_over_within_a_tick_without_duplicates() {
         verdict.duplicates, 0,
         "a graceful handover must not repeat records"
     );
+    // Released, not left to expire: what made the pickup take one tick.
+    let gone = process_stats(&out, "t-3");
     assert!(
-        took <= TICK_MAX + Duration::from_millis(500),
-        "pickup took {took:?}"
+        stat(&gone, "released") + stat(&gone, "handed_off") >= 1
+            && stat(&gone, "lost") + stat(&gone, "fenced") == 0,
+        "t-3 released its leases at SIGTERM: {gone}"
     );
 }
 

@@ -301,6 +301,11 @@ impl WorkerHandle {
         self.shutdown.cancel();
     }
 
+    /// Completes once a shutdown was asked for.
+    pub fn shutdown_requested(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
+        self.shutdown.clone().cancelled_owned()
+    }
+
     /// True once a shutdown was asked for (the worker may still be
     /// draining): readiness probes report "not ready" from then on.
     pub fn is_shutting_down(&self) -> bool {
@@ -342,7 +347,7 @@ impl WorkerHandle {
 /// Pauses between startup attempts that failed in a way retrying can fix:
 /// doubling from 200 ms, at most 10 s, jittered so a fleet restarting under
 /// throttling does not retry in step.
-fn startup_backoff() -> impl Iterator<Item = Duration> {
+pub fn startup_pauses() -> impl Iterator<Item = Duration> {
     use backon::BackoffBuilder;
     backon::ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(200))
@@ -447,7 +452,7 @@ impl Worker {
         // can fix (throttling, 5xx, a lost connection) is retried with capped
         // backoff while the status says why; the rest ends the run.
         for spec in &config.streams {
-            let mut pauses = startup_backoff();
+            let mut pauses = startup_pauses();
             let mut attempts = 0u32;
             loop {
                 let failure = match self.sync(&bounded, spec).await {
@@ -460,7 +465,7 @@ impl Worker {
                     "the first shard sync of stream {:?} failed ({failure}), attempt {attempts}; retrying",
                     spec.name
                 );
-                warn!("{why}");
+                warn!(error = ?failure, "{why}");
                 self.handle.report_starting(why);
                 let pause = pauses.next().unwrap_or(Duration::from_secs(10));
                 tokio::select! {
@@ -918,22 +923,16 @@ impl SyncFailure {
 
 impl fmt::Display for SyncFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The source's own words, with the chain below it: this is what an
-        // operator reads in the readiness probe.
-        let mut cause: Option<&dyn std::error::Error> = Some(match self {
+        // What an operator reads in the readiness probe: the error and its
+        // first cause (deeper causes are the SDK's own, logged).
+        let e: &dyn std::error::Error = match self {
             SyncFailure::Source(e) => e,
             SyncFailure::Store(e) => e,
-        });
-        let mut first = true;
-        while let Some(e) = cause {
-            if !first {
-                f.write_str(": ")?;
-            }
-            write!(f, "{e}")?;
-            first = false;
-            cause = e.source();
+        };
+        match e.source() {
+            Some(cause) => write!(f, "{e}: {cause}"),
+            None => write!(f, "{e}"),
         }
-        Ok(())
     }
 }
 

@@ -11,6 +11,7 @@ use aws_sdk_dynamodb::types::{
 use kcl_core::store::{StoreError, StoreOp};
 use tracing::info;
 
+use crate::error::{ClassifiedError, classify};
 use crate::item::attr;
 
 /// How the table is billed when this library creates it.
@@ -71,18 +72,13 @@ async fn describe(client: &Client, table: &str) -> Result<Option<()>, StoreError
             return Ok(None);
         }
         Err(e) => {
-            let code = e.code().map(str::to_owned);
-            return Err(if e.as_service_error().is_some() {
-                fatal(
-                    format!(
-                        "cannot describe lease table {table:?}: {}",
-                        code.unwrap_or_default()
-                    ),
-                    Some(Box::new(e)),
-                )
-            } else {
-                StoreError::retryable(StoreOp::Get, e)
-            });
+            let code = e.code().unwrap_or("no answer").to_owned();
+            return Err(startup_error(
+                StoreOp::Get,
+                table,
+                e,
+                format!("cannot describe lease table {table:?}: {code}"),
+            ));
         }
     };
     let Some(desc) = out.table() else {
@@ -156,13 +152,37 @@ async fn create(client: &Client, table: &str, capacity: Capacity) -> Result<(), 
         {
             Ok(())
         }
-        Err(e) => Err(fatal(
-            format!(
-                "cannot create lease table {table:?}: {}",
-                e.code().unwrap_or("no answer")
-            ),
-            Some(Box::new(e)),
-        )),
+        Err(e) => {
+            let code = e.code().unwrap_or("no answer").to_owned();
+            Err(startup_error(
+                StoreOp::Create,
+                table,
+                e,
+                format!(
+                    "cannot create lease table {table:?}: {code} (create it beforehand, or allow \
+                     dynamodb:CreateTable)"
+                ),
+            ))
+        }
+    }
+}
+
+/// A table check's error: throttling, 5xx and lost connections stay
+/// retryable (a fleet restarting under throttling must not crash-loop);
+/// anything else is fatal, in words that name the table.
+fn startup_error<E>(
+    op: StoreOp,
+    table: &str,
+    e: aws_sdk_dynamodb::error::SdkError<E, aws_smithy_runtime_api::http::Response>,
+    fatal_message: String,
+) -> StoreError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    match classify(op, table, "", e, |_| None) {
+        ClassifiedError::Store(StoreError::Fatal { source, .. }) => fatal(fatal_message, source),
+        ClassifiedError::Store(e) => e,
+        ClassifiedError::ConditionFailed(_) => fatal(fatal_message, None),
     }
 }
 

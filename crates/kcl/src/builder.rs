@@ -68,6 +68,42 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// True when the same run may succeed if tried again later: the lease
+    /// table or Kinesis throttled, answered 5xx or did not answer. A worker
+    /// retries these at startup by itself; this tells the rest apart.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::LeaseTable { source, .. } => source.is_retryable(),
+            Error::DescribeStream { source, .. } => source
+                .downcast_ref::<DescribeError>()
+                .is_some_and(describe_is_retryable),
+            Error::Worker(WorkerError::Store(e)) => e.is_retryable(),
+            Error::Worker(WorkerError::Source { source, .. }) => source.is_retryable(),
+            _ => false,
+        }
+    }
+}
+
+type DescribeError = aws_sdk_kinesis::error::SdkError<
+    aws_sdk_kinesis::operation::describe_stream_summary::DescribeStreamSummaryError,
+    aws_sdk_kinesis::config::http::HttpResponse,
+>;
+
+/// Throttling (LimitExceeded), 5xx, and no answer at all.
+fn describe_is_retryable(e: &DescribeError) -> bool {
+    use aws_sdk_kinesis::error::SdkError;
+    match e {
+        SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
+            true
+        }
+        SdkError::ServiceError(s) => {
+            s.err().is_limit_exceeded_exception() || s.raw().status().as_u16() >= 500
+        }
+        _ => false,
+    }
+}
+
 /// A kcl worker: consumes its streams' shards together with the other
 /// workers of the same application name.
 pub struct Worker {
@@ -171,18 +207,73 @@ impl Worker {
         self.run_worker(signal).await
     }
 
-    async fn run_worker(self, signal: impl Future<Output = ()> + Send) -> Result<(), Error> {
-        // Streams first: a misspelt stream must not leave an empty table.
+    /// The startup steps before the engine's own: every stream exists (and
+    /// its multi-stream identifier), and the lease table exists with the
+    /// right schema. Streams first: a misspelt stream must not leave an
+    /// empty table. Failures that retrying can fix are retried with capped
+    /// backoff while the readiness probe says why.
+    async fn prepare(&self) -> Result<Vec<String>, Error> {
         let mut identifiers = Vec::with_capacity(self.streams.len());
         for stream in &self.streams {
-            identifiers.push(stream_identifier(&self.kinesis, stream).await?);
+            let id = self
+                .until_done("describing the stream", || {
+                    stream_identifier(&self.kinesis, stream)
+                })
+                .await?;
+            identifiers.push(id);
         }
-        ensure_table(&self.dynamodb, &self.table, self.capacity)
-            .await
-            .map_err(|source| Error::LeaseTable {
-                table: self.table.clone(),
-                source,
-            })?;
+        self.until_done("checking the lease table", || async {
+            ensure_table(&self.dynamodb, &self.table, self.capacity)
+                .await
+                .map_err(|source| Error::LeaseTable {
+                    table: self.table.clone(),
+                    source,
+                })
+        })
+        .await?;
+        Ok(identifiers)
+    }
+
+    /// Runs one startup step until it succeeds or fails in a way retrying
+    /// cannot fix.
+    async fn until_done<T, F, Fut>(&self, what: &str, mut step: F) -> Result<T, Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, Error>>,
+    {
+        let mut pauses = kcl_core::worker::startup_pauses();
+        let mut attempts = 0u32;
+        loop {
+            match step().await {
+                Ok(done) => return Ok(done),
+                Err(e) if e.is_retryable() => {
+                    attempts += 1;
+                    let why = format!(
+                        "{what} failed ({}), attempt {attempts}; retrying",
+                        brief(&e)
+                    );
+                    warn!(error = ?e, "{why}");
+                    self.handle.report_starting(why);
+                    tokio::time::sleep(pauses.next().unwrap_or(Duration::from_secs(10))).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn run_worker(self, signal: impl Future<Output = ()> + Send) -> Result<(), Error> {
+        tokio::pin!(signal);
+        // Startup steps retry what retrying can fix, so they must notice a
+        // shutdown too: a SIGTERM during a throttling storm ends the run.
+        let prepared = tokio::select! {
+            prepared = self.prepare() => prepared?,
+            _ = &mut signal => {
+                info!("shut down during startup");
+                return Ok(());
+            }
+            _ = self.handle.shutdown_requested() => return Ok(()),
+        };
+        let identifiers = prepared;
         let mut config = self.config;
         for (stream, identifier) in self.streams.iter().zip(identifiers) {
             let layout = if self.multi_stream {
@@ -211,7 +302,7 @@ impl Worker {
                 identifiers: Mutex::default(),
             }));
         }
-        let result = worker.run_until(signal).await;
+        let result = worker.run_until(&mut signal).await;
         // After the worker: no reader subscribes any more.
         if let Err(e) = self.source.shutdown().await {
             warn!(error = %e, "deregistering the stream consumer failed; it stays registered");
@@ -220,6 +311,15 @@ impl Worker {
             WorkerError::StreamNotFound { stream } => Error::StreamNotFound { stream },
             other => Error::Worker(other),
         })
+    }
+}
+
+/// An error and its first cause, for the readiness probe (deeper causes
+/// are the SDK's own, logged with the warning).
+fn brief(e: &dyn std::error::Error) -> String {
+    match e.source() {
+        Some(cause) => format!("{e}: {cause}"),
+        None => e.to_string(),
     }
 }
 
@@ -329,6 +429,7 @@ pub struct WorkerBuilder {
     app: String,
     streams: Vec<String>,
     multi_stream: bool,
+    sdk: Option<SdkConfig>,
     kinesis: Option<aws_sdk_kinesis::Client>,
     dynamodb: Option<aws_sdk_dynamodb::Client>,
     table: Option<String>,
@@ -382,6 +483,7 @@ impl WorkerBuilder {
             app,
             streams: Vec::new(),
             multi_stream: false,
+            sdk: None,
             kinesis: None,
             dynamodb: None,
             table: None,
@@ -445,19 +547,25 @@ impl WorkerBuilder {
 
     /// Builds the Kinesis and DynamoDB clients from an SDK configuration
     /// (region, credentials, and `AWS_ENDPOINT_URL_KINESIS` /
-    /// `AWS_ENDPOINT_URL_DYNAMODB` overrides).
+    /// `AWS_ENDPOINT_URL_DYNAMODB` overrides). The lease table's client
+    /// gets timeouts the configuration leaves unset: a 2 s connect timeout
+    /// and an attempt timeout of half the lease-table call timeout (a
+    /// request stuck on a dead connection is given up and retried, inside
+    /// the lease's validity). Timeouts set in `config` are kept.
     pub fn sdk_config(mut self, config: &SdkConfig) -> Self {
-        self.kinesis = Some(aws_sdk_kinesis::Client::new(config));
-        self.dynamodb = Some(aws_sdk_dynamodb::Client::new(config));
+        self.sdk = Some(config.clone());
+        self.kinesis = None;
+        self.dynamodb = None;
         self
     }
 
-    /// Uses these clients.
+    /// Uses these clients, as configured (their timeouts included).
     pub fn clients(
         mut self,
         kinesis: aws_sdk_kinesis::Client,
         dynamodb: aws_sdk_dynamodb::Client,
     ) -> Self {
+        self.sdk = None;
         self.kinesis = Some(kinesis);
         self.dynamodb = Some(dynamodb);
         self
@@ -606,7 +714,13 @@ impl WorkerBuilder {
                 "no stream given; call .stream(name)".into(),
             ));
         }
-        let (Some(kinesis), Some(dynamodb)) = (self.kinesis, self.dynamodb) else {
+        let sdk = self.sdk.clone();
+        let (kinesis, dynamodb) = match (self.kinesis, self.dynamodb, &sdk) {
+            (Some(kinesis), Some(dynamodb), _) => (Some(kinesis), Some(dynamodb)),
+            (_, _, Some(sdk)) => (Some(aws_sdk_kinesis::Client::new(sdk)), None),
+            _ => (None, None),
+        };
+        let Some(kinesis) = kinesis else {
             return Err(invalid(
                 "sdk_config",
                 "no AWS configuration; call .sdk_config(&config) or .clients(..)".into(),
@@ -681,7 +795,13 @@ impl WorkerBuilder {
             .retrieval(retrieval)
             .build()
             .map_err(|e| invalid(e.field, e.reason))?;
-        let mut config = WorkerConfig::builder(lease.build()?)
+        let lease = lease.build()?;
+        let dynamodb = match (dynamodb, &sdk) {
+            (Some(dynamodb), _) => dynamodb,
+            (None, Some(sdk)) => lease_table_client(sdk, lease.store_timeout()),
+            (None, None) => unreachable!("a client pair or an SdkConfig was checked above"),
+        };
+        let mut config = WorkerConfig::builder(lease)
             .initial_position(self.initial_position)
             .failure_policy(self.failure_policy);
         if let Some(d) = self.shard_sync_interval {
@@ -738,6 +858,25 @@ impl WorkerBuilder {
                 .transpose()?,
         })
     }
+}
+
+/// The lease table's client, with timeouts `sdk` leaves unset.
+fn lease_table_client(sdk: &SdkConfig, call_timeout: Duration) -> aws_sdk_dynamodb::Client {
+    use aws_config::timeout::TimeoutConfig;
+    let mut timeouts = sdk
+        .timeout_config()
+        .cloned()
+        .unwrap_or_else(|| TimeoutConfig::builder().build());
+    timeouts.take_defaults_from(
+        &TimeoutConfig::builder()
+            .connect_timeout(Duration::from_secs(2))
+            .operation_attempt_timeout((call_timeout / 2).max(Duration::from_millis(250)))
+            .build(),
+    );
+    let config = aws_sdk_dynamodb::config::Builder::from(sdk)
+        .timeout_config(timeouts)
+        .build();
+    aws_sdk_dynamodb::Client::from_conf(config)
 }
 
 fn valid_table_name(name: &str) -> bool {

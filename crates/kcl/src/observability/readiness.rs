@@ -111,7 +111,14 @@ impl Probe {
             failed,
         };
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        judge(snapshot, &mut last, Instant::now(), self.window)
+        let verdict = judge(snapshot, &mut last, Instant::now(), self.window);
+        match (&verdict, status.starting) {
+            // Startup retrying a failure: say which.
+            (Err(_), Some(why)) if !status.ready && !snapshot.shutting_down => {
+                Err(format!("starting: {why}"))
+            }
+            _ => verdict,
+        }
     }
 }
 
