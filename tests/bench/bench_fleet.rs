@@ -51,6 +51,7 @@ impl RecordProcessor for Logger {
             &self.ctx.worker_id,
             &self.ctx.shard_id,
             start,
+            cp,
             &batch.records,
         ))?;
         // One write per line: the shards' processors share the file.

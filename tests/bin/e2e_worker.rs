@@ -59,6 +59,7 @@ impl RecordProcessor for Logger {
             &self.ctx.worker_id,
             &self.ctx.shard_id,
             start,
+            cp,
             &batch.records,
         ))?;
         // One write per line: every shard's processor appends to this file,
@@ -141,7 +142,8 @@ async fn main() -> anyhow::Result<()> {
     let stats = serde_json::json!({
         "taken": s.taken, "stolen": s.stolen, "handoffs_completed": s.handoffs_completed,
         "handoffs_forced": s.handoffs_forced, "handed_off": s.handed_off, "lost": s.lost,
-        "fenced": s.fenced, "released": s.released,
+        "fenced": s.fenced, "released": s.released, "reclaimed": s.reclaimed,
+        "same_id_conflicts": s.same_id_conflicts,
     });
     std::fs::write(&stats_path, stats.to_string())?;
     result?;

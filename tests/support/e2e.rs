@@ -27,6 +27,10 @@ pub struct BatchLog {
     pub start_ns: u128,
     /// When it returned.
     pub end_ns: u128,
+    /// The lease tenure the batch ran under (two processes with one worker
+    /// id hold different tenures).
+    #[serde(default)]
+    pub tenure: String,
     /// `(key, counter)` of each record, in delivery order.
     pub records: Vec<(u32, u64)>,
 }
@@ -40,13 +44,21 @@ pub fn now_ns() -> u128 {
 }
 
 impl BatchLog {
-    /// A log entry for `records` (payloads that do not parse are dropped).
-    pub fn new(worker: &str, shard: &str, start_ns: u128, records: &[kcl::Record]) -> Self {
+    /// A log entry for `records` processed under `cp`'s tenure (payloads
+    /// that do not parse are dropped).
+    pub fn new(
+        worker: &str,
+        shard: &str,
+        start_ns: u128,
+        cp: &kcl::Checkpointer,
+        records: &[kcl::Record],
+    ) -> Self {
         BatchLog {
             worker: worker.to_owned(),
             shard: shard.to_owned(),
             start_ns,
             end_ns: now_ns(),
+            tenure: cp.lease_tenure().to_owned(),
             records: records
                 .iter()
                 .filter_map(|r| TestRecord::parse(&r.data))
@@ -496,6 +508,7 @@ impl kcl::RecordProcessor for Recorder {
             &self.ctx.worker_id,
             &self.ctx.shard_id,
             start,
+            cp,
             &batch.records,
         );
         self.log.lock().push((self.ctx.stream.clone(), entry));

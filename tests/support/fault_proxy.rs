@@ -114,7 +114,11 @@ pub struct FaultCounts {
 impl FaultCounts {
     /// Faults injected, all kinds together (delays included).
     pub fn injected(&self) -> u64 {
-        self.delayed + self.internal_errors + self.throttles + self.dropped_responses
+        self.delayed
+            + self.internal_errors
+            + self.throttles
+            + self.dropped_responses
+            + self.blackholed
     }
 }
 

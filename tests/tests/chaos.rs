@@ -1,15 +1,19 @@
 //! Chaos: several `e2e-worker` processes under continuous production, their
 //! DynamoDB traffic through a fault proxy (latency, 500s, throttling, lost
-//! responses, outages), while a seeded driver SIGKILLs, SIGSTOPs/SIGCONTs,
-//! SIGTERMs and restarts them. Then the faults stop, the fleet settles, and
-//! the run is judged:
+//! responses, outages, and a "blackhole" that swallows every request on one
+//! lease's key), while a seeded driver SIGKILLs, SIGSTOPs/SIGCONTs,
+//! SIGTERMs and restarts them. Two of the processes share one worker id
+//! (as two pods given one StatefulSet name would). Then the faults stop,
+//! the fleet settles, and the run is judged:
 //!
 //! - nothing lost: every produced record was processed at least once, and
 //!   each key's records were first processed in order;
 //! - no shard processed by a worker that did not hold its lease: every
-//!   batch started while its worker was the lease's effective owner (the
-//!   `checkpointOwner` during a graceful handoff, else the `leaseOwner`),
-//!   as the lease table sampled every 100 ms shows. So the only overlap
+//!   batch started while its worker, in the tenure it ran under, was the
+//!   lease's effective holder (the `checkpointOwner` and its tenure during
+//!   a graceful handoff, else the `leaseOwner` and its tenure), as the
+//!   lease table sampled every 100 ms shows: two processes under one id
+//!   are told apart by their tenures. So the only overlap
 //!   between two workers is a batch that started before the peer took over
 //!   (a SIGSTOPped process's batch can stay "in flight" for seconds); the
 //!   largest such overlap is reported;
@@ -42,7 +46,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 const E2E_WORKER: &str = env!("CARGO_BIN_EXE_e2e-worker");
-const WORKERS: usize = 4;
+/// Worker processes: four ids, and a second process under the first id.
+const WORKERS: usize = 5;
 const SHARDS: i32 = 8;
 /// Partition keys: enough that every shard gets some.
 const KEYS: u32 = 48;
@@ -110,6 +115,8 @@ struct LeaseState {
     /// graceful handoff runs (it processes until it checkpoints and lets
     /// go), else the owner.
     effective_owner: Option<String>,
+    /// The effective owner's tenure.
+    effective_tenure: Option<String>,
     checkpoint: String,
     sub: u64,
 }
@@ -150,6 +157,11 @@ async fn scan_leases(env: &TestEnv, table: &str) -> Option<HashMap<String, Lease
                 key,
                 LeaseState {
                     effective_owner: s("checkpointOwner").or_else(|| s("leaseOwner")),
+                    effective_tenure: if item.contains_key("checkpointOwner") {
+                        s("kclCheckpointOwnerTenure")
+                    } else {
+                        s("kclTenure")
+                    },
                     checkpoint: s("checkpoint").unwrap_or_default(),
                     sub,
                 },
@@ -253,18 +265,23 @@ fn batches_without_the_lease(batches: &[BatchLog], samples: &[Sample]) -> Vec<St
         if after.sent_ns < b.start_ns || after.sent_ns - before.received_ns > MAX_SAMPLE_GAP_NS {
             continue;
         }
-        let owner = |s: &Sample| s.leases.get(&b.shard).map(|l| l.effective_owner.clone());
-        let (Some(o1), Some(o2)) = (owner(before), owner(after)) else {
+        let holder = |s: &Sample| {
+            s.leases
+                .get(&b.shard)
+                .map(|l| (l.effective_owner.clone(), l.effective_tenure.clone()))
+        };
+        let (Some(h1), Some(h2)) = (holder(before), holder(after)) else {
             continue;
         };
-        // The same owner at both ends of a gap under a second: nobody else
+        // The same holder at both ends of a gap under a second: nobody else
         // held the lease in between (a take and a take-back need a taker
         // tick and a handoff or an expiry each).
-        if o1 == o2 && o1.as_deref() != Some(b.worker.as_str()) {
+        let ours = (Some(b.worker.clone()), Some(b.tenure.clone()));
+        if h1 == h2 && h1 != ours {
             found.push(format!(
-                "{} started a batch on {} at {} while the table showed {:?} as its owner \
-                 (samples at {} and {})",
-                b.worker, b.shard, b.start_ns, o1, before.received_ns, after.sent_ns
+                "{} (tenure {}) started a batch on {} at {} while the table showed {:?} as its \
+                 holder (samples at {} and {})",
+                b.worker, b.tenure, b.shard, b.start_ns, h1, before.received_ns, after.sent_ns
             ));
         }
     }
@@ -291,7 +308,7 @@ fn overlaps(batches: &[BatchLog]) -> Overlaps {
         let mut busy: Option<&BatchLog> = None;
         for b in list {
             if let Some(earlier) = busy
-                && earlier.worker != b.worker
+                && (earlier.worker != b.worker || earlier.tenure != b.tenure)
                 && b.start_ns < earlier.end_ns
             {
                 let ns = earlier.end_ns.min(b.end_ns) - b.start_ns;
@@ -343,6 +360,8 @@ struct DriverCounts {
     exited_on_their_own: u64,
     restarts: u64,
     outages: u64,
+    /// Lease keys blackholed (requests swallowed, never answered).
+    blackholes: u64,
 }
 
 fn signal(process: &WorkerProcess, sig: &str) {
@@ -358,19 +377,23 @@ struct Driver {
     cfg: WorkerProcessConfig,
     out: std::path::PathBuf,
     log_level: String,
+    /// Worker ids, one per slot (two slots share one).
     ids: Vec<String>,
+    /// Slot names, unique: for logs and batch files.
+    labels: Vec<String>,
     slots: Vec<Slot>,
     incarnations: Vec<u32>,
     rng: SmallRng,
     counts: DriverCounts,
     outage_until: Option<Instant>,
+    blackhole_until: Option<Instant>,
     /// `(wall-clock ns, what happened)`, kept for diagnosis.
     events: Vec<(u128, String)>,
 }
 
 impl Driver {
     fn event(&mut self, i: usize, what: &str) {
-        let text = format!("{}#{} {what}", self.ids[i], self.incarnations[i]);
+        let text = format!("{}#{} {what}", self.labels[i], self.incarnations[i]);
         self.events.push((now_ns(), text));
     }
 
@@ -382,7 +405,7 @@ impl Driver {
         // which a restarted process must not append to.
         let file = self
             .out
-            .join(format!("{}-{}.jsonl", self.ids[i], self.incarnations[i]));
+            .join(format!("{}-{}.jsonl", self.labels[i], self.incarnations[i]));
         cfg.extra_env
             .push(("KCL_E2E_OUT".into(), file.display().to_string()));
         cfg.extra_env
@@ -403,6 +426,11 @@ impl Driver {
         if self.outage_until.is_some_and(|t| now >= t) {
             self.outage_until = None;
             proxy.set_faults(CHAOS_FAULTS);
+        }
+        if self.blackhole_until.is_some_and(|t| now >= t) {
+            self.blackhole_until = None;
+            proxy.set_blackhole(None);
+            self.events.push((now_ns(), "blackhole lifted".into()));
         }
         for i in 0..self.slots.len() {
             let slot = std::mem::replace(&mut self.slots[i], Slot::Dead { restart_at: now });
@@ -514,7 +542,11 @@ impl Driver {
                 since: now,
                 restart_after: Duration::from_millis(self.rng.random_range(0..3_000)),
             };
-        } else if roll < 0.85 && self.outage_until.is_none() {
+        } else if roll < 0.82 && self.blackhole_until.is_none() {
+            let shard = self.rng.random_range(0..SHARDS);
+            let length = Duration::from_millis(self.rng.random_range(2_000..10_000));
+            self.blackhole(proxy, shard, length);
+        } else if roll < 0.9 && self.outage_until.is_none() {
             // DynamoDB unavailable for everyone, up to beyond the lease
             // duration: every worker fences itself, then all take again.
             let length = Duration::from_millis(self.rng.random_range(1_000..8_000));
@@ -526,10 +558,22 @@ impl Driver {
         }
     }
 
+    /// Every request naming one lease's key is swallowed for `length`.
+    fn blackhole(&mut self, proxy: &FaultProxy, shard: i32, length: Duration) {
+        let key = format!("shardId-{shard:012}");
+        proxy.set_blackhole(Some(&key));
+        self.blackhole_until = Some(Instant::now() + length);
+        self.counts.blackholes += 1;
+        self.events
+            .push((now_ns(), format!("blackhole on {key} for {length:?}")));
+    }
+
     /// Ends the chaos: every process running, no faults.
     async fn heal(&mut self, proxy: &FaultProxy) {
         proxy.set_faults(Faults::NONE);
+        proxy.set_blackhole(None);
         self.outage_until = None;
+        self.blackhole_until = None;
         for i in 0..self.slots.len() {
             let now = Instant::now();
             let slot = std::mem::replace(&mut self.slots[i], Slot::Dead { restart_at: now });
@@ -644,12 +688,25 @@ async fn a_fleet_under_process_and_dynamodb_chaos_loses_nothing_and_never_shares
         cfg,
         out: out.clone(),
         log_level,
-        ids: (0..WORKERS).map(|i| format!("c-{i}")).collect(),
+        // The last slot runs under the first slot's worker id.
+        ids: (0..WORKERS)
+            .map(|i| format!("c-{}", i % (WORKERS - 1)))
+            .collect(),
+        labels: (0..WORKERS)
+            .map(|i| {
+                if i == WORKERS - 1 {
+                    "c-0-twin".to_owned()
+                } else {
+                    format!("c-{i}")
+                }
+            })
+            .collect(),
         slots: Vec::new(),
         incarnations: vec![0; WORKERS],
         rng: SmallRng::seed_from_u64(seed),
         counts: DriverCounts::default(),
         outage_until: None,
+        blackhole_until: None,
         events: Vec::new(),
     };
     for i in 0..WORKERS {
@@ -674,8 +731,17 @@ async fn a_fleet_under_process_and_dynamodb_chaos_loses_nothing_and_never_shares
     let chaos_started = Instant::now();
     let mut next_disruption = Instant::now() + Duration::from_secs(1);
     let mut last_report = Instant::now();
+    // Every run, however short, blackholes a lease for longer than the
+    // lease duration once (more come at random).
+    let mut sure_blackhole = Some(chaos_started + chaos / 4);
     while chaos_started.elapsed() < chaos {
         driver.step(&proxy).await;
+        if sure_blackhole.is_some_and(|at| Instant::now() >= at) && driver.blackhole_until.is_none()
+        {
+            sure_blackhole = None;
+            let shard = driver.rng.random_range(0..SHARDS);
+            driver.blackhole(&proxy, shard, LEASE * 2);
+        }
         if Instant::now() >= next_disruption {
             driver.disrupt(&proxy).await;
             next_disruption =
@@ -749,22 +815,24 @@ async fn a_fleet_under_process_and_dynamodb_chaos_loses_nothing_and_never_shares
         100.0 * verdict.duplicates as f64 / total_records as f64
     );
     println!(
-        "  processes: kills {}, stops {}, graceful terms {} (unclean exits {}), exited on their own {}, restarts {}; DynamoDB outages {}",
+        "  processes ({WORKERS}, two under one worker id): kills {}, stops {}, graceful terms {} (unclean exits {}), exited on their own {}, restarts {}; DynamoDB outages {}, blackholed leases {}",
         driver.counts.kills,
         driver.counts.stops,
         driver.counts.terms,
         driver.counts.unclean_term_exits,
         driver.counts.exited_on_their_own,
         driver.counts.restarts,
-        driver.counts.outages
+        driver.counts.outages,
+        driver.counts.blackholes
     );
     println!(
-        "  proxy: {} requests; injected: latency {}, 500 {}, throttling {}, dropped responses {}; upstream failures {}",
+        "  proxy: {} requests; injected: latency {}, 500 {}, throttling {}, dropped responses {}, swallowed by a blackhole {}; upstream failures {}",
         fc.requests,
         fc.delayed,
         fc.internal_errors,
         fc.throttles,
         fc.dropped_responses,
+        fc.blackholed,
         fc.upstream_failures
     );
     println!("  lease counters of the graceful exits: {stats:?}");
@@ -814,6 +882,10 @@ async fn a_fleet_under_process_and_dynamodb_chaos_loses_nothing_and_never_shares
     assert!(
         fc.injected() > 0 && driver.counts.kills + driver.counts.stops > 0,
         "the chaos did nothing"
+    );
+    assert!(
+        driver.counts.blackholes > 0 && fc.blackholed > 0,
+        "no request was blackholed"
     );
     let _ = delete_stream(s.env.kinesis(), &s.stream).await;
     let _ = delete_table(s.env.dynamodb(), &s.app).await;

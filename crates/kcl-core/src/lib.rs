@@ -11,9 +11,11 @@
 //! - [`lease`]: the lease model (owner, counter, checkpoint, lineage) and
 //!   lease-key layouts.
 //! - [`record`]: the user records handed to processors.
-//! - [`store`]: the `LeaseStore` trait and its typed errors; the metering
-//!   decorator; with `test-util`, the in-memory store with fault injection
-//!   and the conformance suite every store must pass.
+//! - [`store`]: the `LeaseStore` trait, the [`Holder`] (worker id and
+//!   tenure) every holder's write is conditional on, and its typed errors;
+//!   the metering and call-timeout decorators and deadline-bounded retries;
+//!   with `test-util`, the in-memory store with fault injection and the
+//!   conformance suite every store must pass.
 //! - [`source`]: the `ShardSource` trait (shards, lineage, readers); with
 //!   `test-util`, an in-memory source with splits, merges and read faults.
 //! - [`shard_sync`]: which shards get a lease, at which position (a pure

@@ -9,11 +9,13 @@
 //! - Live workers are the owners of unexpired leases, plus this worker, which
 //!   counts itself even while it holds nothing (otherwise a new worker would
 //!   compute a target of zero and never get its share).
-//! - Leases the table says are this worker's but that it does not hold are
-//!   reclaimed, unless another live process runs under the same worker id
-//!   and holds them: those count as this worker's (the fleet sees one id)
-//!   and are taken only once they expire, so the two never take leases
-//!   from each other.
+//! - Leases the table says are this worker's, in a tenure this process
+//!   wrote, but that it does not hold (a take whose answer was lost, a
+//!   fenced tenure) are reclaimed. Those under a tenure another process
+//!   wrote with the same worker id (a second process, or a previous run
+//!   before a restart) count as this worker's while they live (the fleet
+//!   sees one id) and are taken only once they expire, so the two
+//!   processes never take leases from under each other.
 //! - `target = min(ceil(leases / live workers), max_leases_per_worker)`.
 //! - Take every available lease (unowned or expired) this worker is owed, in
 //!   one tick, the longest-unrenewed first.
@@ -40,8 +42,8 @@ pub struct LeaseView<'a> {
     pub unrenewed_for: Duration,
     /// True when this worker holds the lease right now.
     pub held_here: bool,
-    /// True when the owner is this worker's id but the tenure belongs to
-    /// another live process running under the same id.
+    /// True when the owner is this worker's id but the tenure was written by
+    /// another process under the same id (alive, or stopped: a restart).
     pub other_process: bool,
     /// True while a graceful handoff of the lease runs; it is never stolen
     /// again before it completes.

@@ -2,20 +2,20 @@
 //!
 //! Follow one lease from the table to a consumer and back:
 //!
-//! 1. [`taker`] (one task per worker) scans the table once per tick and
+//! 1. `taker` (one task per worker) scans the table once per tick and
 //!    feeds [`expiry`] (expiry on this worker's monotonic clock) and
 //!    [`balance::decide`] (pure: what to take, reclaim or steal).
-//! 2. Every take writes a fresh tenure ([`tenure`]) into the lease; a steal
+//! 2. Every take writes a fresh tenure (`tenure`) into the lease; a steal
 //!    is a graceful handoff (the victim drains and checkpoints first).
-//! 3. The tenure is a [`held::Held`]: its validity, its place in a handoff,
+//! 3. The tenure is a `held::Held`: its validity, its place in a handoff,
 //!    and the [`LeaseHandle`] its consumer watches.
-//! 4. [`renewer`] renews every tenure each renew interval, each inside its
+//! 4. `renewer` renews every tenure each renew interval, each inside its
 //!    own deadline; fences what it could not renew in time; and moves
 //!    awaited handoffs forward.
 //! 5. Every observation of a held lease (a renewal's failed condition, a
 //!    read of an awaited handoff, the taker's scan) is judged by
-//!    [`handoff::judge`], the one pure place where a handoff's steps and a
-//!    lost tenure are decided.
+//!    `handoff::judge`, the one pure place where a handoff's steps and a
+//!    lost tenure are decided (its table of cases is the handoff's spec).
 //! 6. [`coordinator::LeaseCoordinator`] is the public face: it starts the
 //!    two tasks and releases, hands off and shuts down tenures.
 //!

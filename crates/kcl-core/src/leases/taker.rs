@@ -38,7 +38,6 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     };
     let mut taker = Taker {
         tracker: ExpiryTracker::new(),
-        scanned_once: false,
     };
     loop {
         let next_wake = taker.tick(&shared).await;
@@ -60,13 +59,6 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
 /// What the taker remembers between ticks.
 struct Taker {
     tracker: ExpiryTracker,
-    /// Whether a scan has succeeded since start. Until then, leases the
-    /// table says are this worker's under a tenure another process wrote
-    /// are leftovers of a previous run (a restart under the same worker
-    /// id) and are reclaimed at once; after it, such a tenure can only be
-    /// a live process running under the same id, whose leases are taken
-    /// only once they expire.
-    scanned_once: bool,
 }
 
 impl Taker {
@@ -88,7 +80,6 @@ impl Taker {
                 return None;
             }
         };
-        let restart_leftovers = !std::mem::replace(&mut self.scanned_once, true);
         let now = Instant::now();
         self.tracker.observe(&leases, now);
         observe_held(shared, &leases, now).await;
@@ -110,9 +101,14 @@ impl Taker {
                     expired: self.tracker.is_expired(l, config.lease_duration, now),
                     unrenewed_for: self.tracker.unchanged_for(l, now),
                     held_here,
+                    // Our worker id under a tenure this process did not
+                    // write: another process under the same id holds it,
+                    // or held it before it stopped (a restart). The two
+                    // cannot be told apart, so it is taken like any other
+                    // worker's lease, once expired: taking it earlier
+                    // would overlap a live holder.
                     other_process: l.is_owned_by(me)
                         && !held_here
-                        && !restart_leftovers
                         && !written_here(shared, l.tenure.as_deref()),
                     in_handoff: l.in_handoff(),
                 }
@@ -128,7 +124,7 @@ impl Taker {
             debug!(?decision, "lease taker decision");
         }
         apply(shared, &leases, &decision, &asked_at).await;
-        finish_orphaned_handoffs(shared, &leases, restart_leftovers).await;
+        finish_orphaned_handoffs(shared, &leases).await;
 
         // A renewing owner moves the counter every renew interval; one that
         // missed two renewals is suspect: look again right when it would
@@ -186,19 +182,22 @@ async fn observe_held(shared: &Shared, leases: &[Lease], now: Instant) {
     }
 }
 
-/// Leases another worker asked this one for, that this worker does not
-/// hold (it restarted since, or its completion failed): nothing here is
-/// processing them, so the handoff completes at once instead of waiting to
-/// be forced. Each completion is pinned to the tenure the handoff
-/// recorded; a tenure of another live process under this id is left to it.
-async fn finish_orphaned_handoffs(shared: &Shared, leases: &[Lease], restart_leftovers: bool) {
+/// Leases another worker asked this one for, in a tenure of this process
+/// that no longer runs (its completion failed, or it ended while draining):
+/// nothing here is processing them, so the handoff completes at once
+/// instead of waiting to be forced. Each completion is pinned to the
+/// tenure the handoff recorded. A tenure another process wrote under this
+/// id is left alone (that process may still be draining; the thief forces
+/// it at the timeout if not); a handoff recorded without a tenure (of a
+/// lease kcl held before tenures) is completed as before.
+async fn finish_orphaned_handoffs(shared: &Shared, leases: &[Lease]) {
     let me = shared.me();
     for lease in leases {
         if lease.checkpoint_owner.as_deref() != Some(me) || shared.is_held(&lease.key) {
             continue;
         }
         let tenure = lease.checkpoint_owner_tenure.as_deref();
-        if !restart_leftovers && tenure.is_some() && !written_here(shared, tenure) {
+        if tenure.is_some() && !written_here(shared, tenure) {
             continue;
         }
         let from = Holder { owner: me, tenure };

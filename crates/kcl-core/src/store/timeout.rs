@@ -1,4 +1,4 @@
-//! A [`LeaseStore`] decorator that bounds every call (invariant 11).
+//! A [`LeaseStore`](super::LeaseStore) decorator that bounds every call (invariant 11).
 //!
 //! A request stuck on a dead connection would otherwise hold its caller
 //! forever: a renewal round, a consumer's checkpoint, a shard sync. Each
