@@ -901,3 +901,73 @@ fn default_worker_id() -> String {
         .unwrap_or_else(|| "kcl-worker".to_owned());
     format!("{host}-{:08x}", rand::random::<u32>())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kcl_core::store::{StoreError, StoreOp};
+
+    fn describe_failure(e: DescribeError) -> Error {
+        Error::DescribeStream {
+            stream: "s".into(),
+            source: Box::new(e),
+        }
+    }
+
+    #[test]
+    fn startup_retries_what_retrying_can_fix_and_nothing_else() {
+        use aws_sdk_kinesis::error::SdkError;
+        let throttled = StoreError::Throttled {
+            op: StoreOp::Get,
+            source: "slow down".into(),
+        };
+        let fatal = StoreError::Fatal {
+            op: StoreOp::Get,
+            message: "access denied".into(),
+            source: None,
+        };
+        let cases: Vec<(&str, Error, bool)> = vec![
+            (
+                "no answer from Kinesis",
+                describe_failure(SdkError::timeout_error("timed out")),
+                true,
+            ),
+            (
+                "a connection that failed",
+                describe_failure(SdkError::dispatch_failure(
+                    aws_sdk_kinesis::error::ConnectorError::io("reset".into()),
+                )),
+                true,
+            ),
+            (
+                "a request that could not be built",
+                describe_failure(SdkError::construction_failure("bad")),
+                false,
+            ),
+            (
+                "a throttled lease table",
+                Error::LeaseTable {
+                    table: "t".into(),
+                    source: throttled,
+                },
+                true,
+            ),
+            (
+                "a lease table access denied",
+                Error::LeaseTable {
+                    table: "t".into(),
+                    source: fatal,
+                },
+                false,
+            ),
+            (
+                "a missing stream",
+                Error::StreamNotFound { stream: "s".into() },
+                false,
+            ),
+        ];
+        for (what, error, retryable) in cases {
+            assert_eq!(error.is_retryable(), retryable, "{what}: {error}");
+        }
+    }
+}

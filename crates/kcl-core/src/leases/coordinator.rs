@@ -248,9 +248,7 @@ impl LeaseCoordinator {
                     ShutdownMode::Release => {
                         // The consumer stops before peers can see the lease free.
                         shared.ended(&key, &held, EndReason::Released).await;
-                        let limit = shared.config.store_timeout;
-                        let released = bounded(StoreOp::Release, limit, shared.release_in_table(&key, held.holder())).await;
-                        if let Err(e) = released {
+                        if let Err(e) = shared.release_in_table(&key, held.holder()).await {
                             warn!(lease = %key, error = %e, "release at shutdown failed; the lease will expire instead");
                         }
                     }

@@ -15,7 +15,8 @@ use crate::config::LeaseConfig;
 use crate::lease::Lease;
 use crate::leases::held::{EndReason, Held, LeaseHandle, Phase};
 use crate::leases::tenure::Tenures;
-use crate::store::{Holder, LeaseStore, StoreError};
+use crate::store::timeout::bounded;
+use crate::store::{Holder, LeaseStore, StoreError, StoreOp};
 
 /// A change to the set of leases this worker holds.
 #[derive(Debug)]
@@ -366,20 +367,28 @@ impl Shared {
     /// Releases one tenure in the table. A release that finds a peer's
     /// handoff started from under it (the peer's steal landed first) does
     /// not leave the peer waiting for the handoff timeout: this worker is
-    /// the checkpoint owner, so it completes the handoff instead.
+    /// the checkpoint owner, so it completes the handoff instead. Each call
+    /// is bounded by the store call timeout.
     pub(crate) async fn release_in_table(
         &self,
         key: &str,
         by: Holder<'_>,
     ) -> Result<(), StoreError> {
-        let current = match self.store.release(key, by).await {
+        let limit = self.config.store_timeout;
+        let current = match bounded(StoreOp::Release, limit, self.store.release(key, by)).await {
             Ok(_) => return Ok(()),
             Err(StoreError::ConditionFailed { current, .. }) => current,
             Err(e) => return Err(e),
         };
         match current {
             Some(current) if by.hands_off(&current) => {
-                match self.store.complete_handoff(key, by).await {
+                match bounded(
+                    StoreOp::CompleteHandoff,
+                    limit,
+                    self.store.complete_handoff(key, by),
+                )
+                .await
+                {
                     Ok(_) => {
                         info!(lease = %key, to = ?current.owner, "a peer's handoff started under our release; completed it");
                         Ok(())
