@@ -191,12 +191,12 @@ impl Checkpointer {
         state: Option<Vec<u8>>,
     ) -> Result<(), CheckpointError> {
         let pending = self.validate(seq, sub)?;
-        self.write(CheckpointUpdate {
-            checkpoint: self.last_checkpoint.clone(),
+        let update = CheckpointUpdate {
             pending: Some(pending),
             pending_state: state,
-        })
-        .await
+            ..CheckpointUpdate::to(self.last_checkpoint.clone())
+        };
+        self.write(update).await
     }
 
     fn validate(&self, seq: &str, sub: u64) -> Result<Checkpoint, CheckpointError> {
@@ -230,6 +230,10 @@ impl Checkpointer {
 
     async fn write(&mut self, update: CheckpointUpdate) -> Result<(), CheckpointError> {
         let key = self.lease.key().to_owned();
+        // Conditional on the checkpoint it follows: an attempt of ours
+        // given up on (timed out) may still land later, after a newer one,
+        // and must then fail rather than move the checkpoint back.
+        let update = update.replacing(self.last_checkpoint.clone());
         if !self.lease.may_checkpoint() {
             self.lost.cancel();
             return Err(CheckpointError::LeaseLost { key });
@@ -416,6 +420,29 @@ mod tests {
             store.get("s").await.unwrap().unwrap().checkpoint,
             Checkpoint::TrimHorizon
         );
+    }
+
+    #[tokio::test]
+    async fn a_late_attempt_of_an_earlier_checkpoint_never_lands_after_a_newer_one() {
+        let (store, mut cp) = setup().await;
+        let lease = cp.lease.clone();
+        let holder = lease.holder();
+        // What a given-up first attempt to checkpoint 5 looks like when it
+        // lands after the checkpointer moved on to 9.
+        let late = CheckpointUpdate::to(Checkpoint::at("5", 0)).replacing(Checkpoint::TrimHorizon);
+        cp.delivered_for_test("5", 0);
+        cp.checkpoint().await.unwrap();
+        cp.delivered_for_test("9", 0);
+        cp.checkpoint().await.unwrap();
+        let e = store.checkpoint("s", holder, &late).await.unwrap_err();
+        assert!(e.is_condition_failed(), "{e}");
+        assert_eq!(
+            store.get("s").await.unwrap().unwrap().checkpoint,
+            Checkpoint::at("9", 0)
+        );
+        // A replay of the latest write reconciles as applied.
+        let replay = CheckpointUpdate::to(Checkpoint::at("9", 0)).replacing(Checkpoint::at("5", 0));
+        store.checkpoint("s", holder, &replay).await.unwrap();
     }
 
     #[tokio::test]

@@ -301,11 +301,6 @@ impl WorkerHandle {
         self.shutdown.cancel();
     }
 
-    /// Completes once a shutdown was asked for.
-    pub fn shutdown_requested(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
-        self.shutdown.clone().cancelled_owned()
-    }
-
     /// True once a shutdown was asked for (the worker may still be
     /// draining): readiness probes report "not ready" from then on.
     pub fn is_shutting_down(&self) -> bool {
@@ -347,7 +342,7 @@ impl WorkerHandle {
 /// Pauses between startup attempts that failed in a way retrying can fix:
 /// doubling from 200 ms, at most 10 s, jittered so a fleet restarting under
 /// throttling does not retry in step.
-pub fn startup_pauses() -> impl Iterator<Item = Duration> {
+fn startup_pauses() -> impl Iterator<Item = Duration> {
     use backon::BackoffBuilder;
     backon::ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(200))
@@ -355,6 +350,54 @@ pub fn startup_pauses() -> impl Iterator<Item = Duration> {
         .without_max_times()
         .with_jitter()
         .build()
+}
+
+/// Runs one startup step (`what`, for the status) until it succeeds or
+/// fails in a way retrying cannot fix (`is_retryable` says which). Failures
+/// retrying can fix (throttling, 5xx, a lost connection) are retried with
+/// capped, jittered backoff while [`WorkerStatus::starting`] says why, so a
+/// fleet restarting under throttling does not crash-loop. A shutdown asked
+/// for through `handle` meanwhile ends it with `Ok(None)`.
+pub async fn retry_startup<T, E, F, Fut>(
+    handle: &WorkerHandle,
+    what: &str,
+    is_retryable: impl Fn(&E) -> bool,
+    mut step: F,
+) -> Result<Option<T>, E>
+where
+    E: std::error::Error,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let shutdown = handle.shutdown.clone();
+    let mut pauses = startup_pauses();
+    let mut attempts = 0u32;
+    loop {
+        let outcome = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(None),
+            outcome = step() => outcome,
+        };
+        let e = match outcome {
+            Ok(done) => return Ok(Some(done)),
+            Err(e) if is_retryable(&e) => e,
+            Err(e) => return Err(e),
+        };
+        attempts += 1;
+        // The error and its first cause: deeper causes are the SDK's own,
+        // in the log line's `error` field.
+        let brief = match e.source() {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        };
+        let why = format!("{what} failed ({brief}), attempt {attempts}; retrying");
+        warn!(error = ?e, "{why}");
+        handle.report_starting(why);
+        let pause = pauses.next().unwrap_or(Duration::from_secs(10));
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(None),
+            _ = tokio::time::sleep(pause) => {}
+        }
+    }
 }
 
 /// Consumes every shard of its streams together with the other workers of
@@ -440,7 +483,6 @@ impl Worker {
 
     async fn run_inner(self) -> Result<(), WorkerError> {
         let config = &self.config;
-        let shutdown = self.handle.shutdown.clone();
         // Every call of consumers, checkpoints and syncs is bounded; the
         // coordinator bounds its own (inside each lease's deadline).
         let bounded: Arc<dyn LeaseStore> = Arc::new(TimeoutStore::new(
@@ -452,29 +494,15 @@ impl Worker {
         // can fix (throttling, 5xx, a lost connection) is retried with capped
         // backoff while the status says why; the rest ends the run.
         for spec in &config.streams {
-            let mut pauses = startup_pauses();
-            let mut attempts = 0u32;
-            loop {
-                let failure = match self.sync(&bounded, spec).await {
-                    Ok(()) => break,
-                    Err(failure) if failure.is_retryable() => failure,
-                    Err(failure) => return Err(failure.into_worker_error(spec)),
-                };
-                attempts += 1;
-                let why = format!(
-                    "the first shard sync of stream {:?} failed ({failure}), attempt {attempts}; retrying",
-                    spec.name
-                );
-                warn!(error = ?failure, "{why}");
-                self.handle.report_starting(why);
-                let pause = pauses.next().unwrap_or(Duration::from_secs(10));
-                tokio::select! {
-                    _ = shutdown.cancelled() => {
-                        info!("shut down during startup");
-                        return Ok(());
-                    }
-                    _ = tokio::time::sleep(pause) => {}
-                }
+            let what = format!("the first shard sync of stream {:?}", spec.name);
+            let synced = retry_startup(&self.handle, &what, SyncFailure::is_retryable, || {
+                self.sync(&bounded, spec)
+            })
+            .await
+            .map_err(|failure| failure.into_worker_error(spec))?;
+            if synced.is_none() {
+                info!("shut down during startup");
+                return Ok(());
             }
         }
         // The stream list can change at runtime (a tracker); the taker, the
@@ -514,6 +542,7 @@ impl Worker {
         let mut setups: HashMap<LeaseLayout, Arc<ConsumerSetup>> = HashMap::new();
         let mut consumers: JoinSet<(String, ConsumerExit)> = JoinSet::new();
         let mut running = Running::default();
+        let shutdown = self.handle.shutdown.clone();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
@@ -893,9 +922,11 @@ impl Running {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 enum SyncFailure {
+    #[error(transparent)]
     Source(SourceError),
+    #[error(transparent)]
     Store(StoreError),
 }
 
@@ -917,21 +948,6 @@ impl SyncFailure {
                 source,
             },
             SyncFailure::Store(e) => WorkerError::Store(e),
-        }
-    }
-}
-
-impl fmt::Display for SyncFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // What an operator reads in the readiness probe: the error and its
-        // first cause (deeper causes are the SDK's own, logged).
-        let e: &dyn std::error::Error = match self {
-            SyncFailure::Source(e) => e,
-            SyncFailure::Store(e) => e,
-        };
-        match e.source() {
-            Some(cause) => write!(f, "{e}: {cause}"),
-            None => write!(f, "{e}"),
         }
     }
 }

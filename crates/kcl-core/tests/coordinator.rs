@@ -250,7 +250,7 @@ async fn a_hung_renewal_of_one_lease_never_holds_back_the_others() {
             .collect()
     };
     let before = counters(&table);
-    a.store.blackhole(Some(&keys[0]));
+    a.store.blackhole(&[&keys[0]]);
     sleep(Duration::from_secs(30)).await;
 
     assert_eq!(
@@ -404,4 +404,24 @@ async fn a_tenure_whose_consumer_stopped_is_not_renewed_on() {
     assert!(!first.is_valid(), "the old tenure stays over");
     assert!(table.snapshot()[0].counter > counter);
     assert_eq!(a.coordinator().stats().reclaimed, 1);
+}
+
+/// More leases hang than renewals may run at once: a hung renewal gives its
+/// place back after a moment, so the others still renew every round.
+#[tokio::test(start_paused = true)]
+async fn more_hung_renewals_than_slots_still_hold_back_no_other_lease() {
+    let table = table_with(12).await;
+    let a = SimWorker::start(&table, config("a", 1).renew_concurrency(4).build().unwrap());
+    sleep(Duration::from_millis(10)).await;
+    let keys = a.coordinator().held_keys();
+    assert_eq!(keys.len(), 12);
+    let hung: Vec<&str> = keys[..6].iter().map(String::as_str).collect();
+    a.store.blackhole(&hung);
+    sleep(Duration::from_secs(30)).await;
+    let s = a.coordinator().stats();
+    assert_eq!(s.fenced, 6, "the hung leases fence, and only they: {s:?}");
+    for key in &keys[6..] {
+        let h = a.coordinator().handle(key).expect("still held");
+        assert!(h.is_valid(), "{key} held back by the hung leases");
+    }
 }

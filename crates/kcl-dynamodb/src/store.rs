@@ -415,7 +415,7 @@ impl LeaseStore for DynamoDbLeaseStore {
         if let Some(old) = &seen.owner {
             update = update.s(":old", old);
         }
-        let intent = Intent::Own {
+        let intent = Intent::Taken {
             by,
             counter: seen.counter + 1,
         };
@@ -483,43 +483,58 @@ impl LeaseStore for DynamoDbLeaseStore {
             "#ownerSwitchesSinceCheckpoint = :zero",
         ];
         let mut remove = Vec::new();
-        let mut u = Update::default();
-        if let Some(p) = &update.pending {
-            set.push("#pendingCheckpoint = :pcp");
-            set.push("#pendingCheckpointSubSequenceNumber = :psub");
-            u = u.s(":pcp", p.as_str()).n(":psub", p.sub_sequence());
-        } else {
-            remove.push("#pendingCheckpoint");
-            remove.push("#pendingCheckpointSubSequenceNumber");
+        match &update.pending {
+            Some(_) => {
+                set.push("#pendingCheckpoint = :pcp");
+                set.push("#pendingCheckpointSubSequenceNumber = :psub");
+            }
+            None => remove.extend(["#pendingCheckpoint", "#pendingCheckpointSubSequenceNumber"]),
         }
-        if let Some(state) = &update.pending_state {
-            set.push("#pendingCheckpointState = :pstate");
-            u.values.insert(
-                ":pstate".into(),
-                AttributeValue::B(Blob::new(state.clone())),
-            );
-        } else {
-            remove.push("#pendingCheckpointState");
+        match &update.pending_state {
+            Some(_) => set.push("#pendingCheckpointState = :pstate"),
+            None => remove.push("#pendingCheckpointState"),
         }
         let mut expression = format!("SET {}", set.join(", "));
         if !remove.is_empty() {
             expression.push_str(&format!(" REMOVE {}", remove.join(", ")));
         }
-        let mut full = Update::new(
-            &expression,
-            &format!(
-                "({}) OR (attribute_not_exists(#checkpointOwner) AND {})",
-                hands_off(by),
-                owned_by(by)
+        let mut condition = format!(
+            "(({}) OR (attribute_not_exists(#checkpointOwner) AND {}))",
+            hands_off(by),
+            owned_by(by)
+        );
+        // Items the Java KCL wrote before it stored sub-sequence numbers lack
+        // the attribute, which means 0.
+        match &update.replacing {
+            Some(p) if p.sub_sequence() == 0 => condition.push_str(
+                " AND #checkpoint = :prev AND (#checkpointSubSequenceNumber = :prevsub \
+                 OR attribute_not_exists(#checkpointSubSequenceNumber))",
             ),
-        )
-        .s(":owner", by.owner)
-        .tenure(":tenure", by.tenure)
-        .s(":cp", update.checkpoint.as_str())
-        .n(":sub", update.checkpoint.sub_sequence())
-        .n(":zero", 0);
-        full.values.extend(u.values);
-        self.update(StoreOp::Checkpoint, key, full, None).await
+            Some(_) => condition
+                .push_str(" AND #checkpoint = :prev AND #checkpointSubSequenceNumber = :prevsub"),
+            None => {}
+        }
+        let mut full = Update::new(&expression, &condition)
+            .s(":owner", by.owner)
+            .tenure(":tenure", by.tenure)
+            .s(":cp", update.checkpoint.as_str())
+            .n(":sub", update.checkpoint.sub_sequence())
+            .n(":zero", 0);
+        if let Some(p) = &update.pending {
+            full = full.s(":pcp", p.as_str()).n(":psub", p.sub_sequence());
+        }
+        if let Some(state) = &update.pending_state {
+            full.values.insert(
+                ":pstate".into(),
+                AttributeValue::B(Blob::new(state.clone())),
+            );
+        }
+        if let Some(p) = &update.replacing {
+            full = full.s(":prev", p.as_str()).n(":prevsub", p.sub_sequence());
+        }
+        let intent = Intent::Checkpointed { by, update };
+        self.update(StoreOp::Checkpoint, key, full, Some(intent))
+            .await
     }
 
     async fn start_handoff(&self, seen: &Lease, to: Holder<'_>) -> Result<Lease, StoreError> {

@@ -15,6 +15,7 @@ use kcl_core::store::LeaseStore;
 use kcl_core::store::metered::{MeteredStore, StoreStats};
 use kcl_core::worker::{
     RemovedStreamPolicy, StreamSpec, StreamTracker, WorkerConfig, WorkerError, WorkerHandle,
+    retry_startup,
 };
 use kcl_core::{ConfigError, LeaseLayout};
 use kcl_dynamodb::{Capacity, DynamoDbLeaseStore, ensure_table};
@@ -211,54 +212,36 @@ impl Worker {
     /// its multi-stream identifier), and the lease table exists with the
     /// right schema. Streams first: a misspelt stream must not leave an
     /// empty table. Failures that retrying can fix are retried with capped
-    /// backoff while the readiness probe says why.
-    async fn prepare(&self) -> Result<Vec<String>, Error> {
+    /// backoff while the readiness probe says why. `None` if a shutdown
+    /// came first.
+    async fn prepare(&self) -> Result<Option<Vec<String>>, Error> {
         let mut identifiers = Vec::with_capacity(self.streams.len());
         for stream in &self.streams {
-            let id = self
-                .until_done("describing the stream", || {
-                    stream_identifier(&self.kinesis, stream)
-                })
-                .await?;
+            let id = retry_startup(
+                &self.handle,
+                "describing the stream",
+                Error::is_retryable,
+                || stream_identifier(&self.kinesis, stream),
+            )
+            .await?;
+            let Some(id) = id else { return Ok(None) };
             identifiers.push(id);
         }
-        self.until_done("checking the lease table", || async {
-            ensure_table(&self.dynamodb, &self.table, self.capacity)
-                .await
-                .map_err(|source| Error::LeaseTable {
-                    table: self.table.clone(),
-                    source,
-                })
-        })
+        let checked = retry_startup(
+            &self.handle,
+            "checking the lease table",
+            Error::is_retryable,
+            || async {
+                ensure_table(&self.dynamodb, &self.table, self.capacity)
+                    .await
+                    .map_err(|source| Error::LeaseTable {
+                        table: self.table.clone(),
+                        source,
+                    })
+            },
+        )
         .await?;
-        Ok(identifiers)
-    }
-
-    /// Runs one startup step until it succeeds or fails in a way retrying
-    /// cannot fix.
-    async fn until_done<T, F, Fut>(&self, what: &str, mut step: F) -> Result<T, Error>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T, Error>>,
-    {
-        let mut pauses = kcl_core::worker::startup_pauses();
-        let mut attempts = 0u32;
-        loop {
-            match step().await {
-                Ok(done) => return Ok(done),
-                Err(e) if e.is_retryable() => {
-                    attempts += 1;
-                    let why = format!(
-                        "{what} failed ({}), attempt {attempts}; retrying",
-                        brief(&e)
-                    );
-                    warn!(error = ?e, "{why}");
-                    self.handle.report_starting(why);
-                    tokio::time::sleep(pauses.next().unwrap_or(Duration::from_secs(10))).await;
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        Ok(checked.map(|()| identifiers))
     }
 
     async fn run_worker(self, signal: impl Future<Output = ()> + Send) -> Result<(), Error> {
@@ -267,13 +250,12 @@ impl Worker {
         // shutdown too: a SIGTERM during a throttling storm ends the run.
         let prepared = tokio::select! {
             prepared = self.prepare() => prepared?,
-            _ = &mut signal => {
-                info!("shut down during startup");
-                return Ok(());
-            }
-            _ = self.handle.shutdown_requested() => return Ok(()),
+            _ = &mut signal => None,
         };
-        let identifiers = prepared;
+        let Some(identifiers) = prepared else {
+            info!("shut down during startup");
+            return Ok(());
+        };
         let mut config = self.config;
         for (stream, identifier) in self.streams.iter().zip(identifiers) {
             let layout = if self.multi_stream {
@@ -311,15 +293,6 @@ impl Worker {
             WorkerError::StreamNotFound { stream } => Error::StreamNotFound { stream },
             other => Error::Worker(other),
         })
-    }
-}
-
-/// An error and its first cause, for the readiness probe (deeper causes
-/// are the SDK's own, logged with the warning).
-fn brief(e: &dyn std::error::Error) -> String {
-    match e.source() {
-        Some(cause) => format!("{e}: {cause}"),
-        None => e.to_string(),
     }
 }
 

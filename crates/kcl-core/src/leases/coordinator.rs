@@ -12,7 +12,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -22,10 +21,11 @@ use tracing::{Instrument, info, info_span, warn};
 use crate::config::LeaseConfig;
 use crate::leases::handoff::{Ours, Verdict, judge};
 use crate::leases::held::{EndReason, Held, LeaseHandle, Phase};
-use crate::leases::shared::{CoordinatorStats, LeaseEvent, LeaseFilter, Shared, StatsSnapshot};
+use crate::leases::shared::{
+    CoordinatorStats, LeaseEvent, LeaseFilter, Shared, StatsSnapshot, each_unblocked,
+};
 use crate::leases::{renewer, taker};
-use crate::store::timeout::bounded;
-use crate::store::{LeaseStore, StoreError, StoreOp};
+use crate::store::{LeaseStore, StoreError};
 
 /// How [`LeaseCoordinator::shutdown`] leaves the leases still held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,7 +163,8 @@ impl LeaseCoordinator {
             return Ok(false);
         }
         self.shared.ended(key, &held, EndReason::HandedOff).await;
-        complete_in_table(&self.shared, key, &held)
+        self.shared
+            .complete_in_table(key, held.holder())
             .await
             .map(|()| true)
     }
@@ -190,8 +191,7 @@ impl LeaseCoordinator {
         // A rejected checkpoint: the table says who has the lease now (one
         // read, on a rare path), which tells another process under this
         // worker's id apart from a peer.
-        let limit = self.shared.config.store_timeout;
-        if let Ok(Some(item)) = bounded(StoreOp::Get, limit, self.shared.store.get(key)).await {
+        if let Ok(Some(item)) = self.shared.store.get(key).await {
             let phase = held.phase();
             let ours = Ours {
                 holder: held.holder(),
@@ -235,45 +235,26 @@ impl LeaseCoordinator {
         self.renewer_stop.cancel();
         self.tasks.wait().await;
         let shared = &self.shared;
-        futures::stream::iter(shared.held_snapshot())
-            .for_each_concurrent(RELEASE_CONCURRENCY, |(key, held)| async move {
-                match mode {
-                    ShutdownMode::Abandon => shared.ended(&key, &held, EndReason::Abandoned).await,
-                    ShutdownMode::Release if held.phase() == Phase::HandingOff => {
-                        shared.ended(&key, &held, EndReason::HandedOff).await;
-                        if let Err(e) = complete_in_table(shared, &key, &held).await {
-                            warn!(lease = %key, error = %e, "completing a handoff at shutdown failed; it will be forced");
-                        }
-                    }
-                    ShutdownMode::Release => {
-                        // The consumer stops before peers can see the lease free.
-                        shared.ended(&key, &held, EndReason::Released).await;
-                        if let Err(e) = shared.release_in_table(&key, held.holder()).await {
-                            warn!(lease = %key, error = %e, "release at shutdown failed; the lease will expire instead");
-                        }
+        each_unblocked(shared.held_snapshot(), RELEASE_CONCURRENCY, |(key, held)| async move {
+            match mode {
+                ShutdownMode::Abandon => shared.ended(&key, &held, EndReason::Abandoned).await,
+                ShutdownMode::Release if held.phase() == Phase::HandingOff => {
+                    shared.ended(&key, &held, EndReason::HandedOff).await;
+                    if let Err(e) = shared.complete_in_table(&key, held.holder()).await {
+                        warn!(lease = %key, error = %e, "completing a handoff at shutdown failed; it will be forced");
                     }
                 }
-            })
-            .await;
+                ShutdownMode::Release => {
+                    // The consumer stops before peers can see the lease free.
+                    shared.ended(&key, &held, EndReason::Released).await;
+                    if let Err(e) = shared.release_in_table(&key, held.holder()).await {
+                        warn!(lease = %key, error = %e, "release at shutdown failed; the lease will expire instead");
+                    }
+                }
+            }
+        })
+        .await;
         info!(mode = ?mode, "lease coordinator stopped");
-    }
-}
-
-/// Completes the handoff `held` was asked for, pinned to its tenure. A
-/// failed condition means the thief forced it or took it: it has the lease
-/// either way.
-async fn complete_in_table(shared: &Shared, key: &str, held: &Held) -> Result<(), StoreError> {
-    let limit = shared.config.store_timeout;
-    match bounded(
-        StoreOp::CompleteHandoff,
-        limit,
-        shared.store.complete_handoff(key, held.holder()),
-    )
-    .await
-    {
-        Ok(_) => Ok(()),
-        Err(e) if e.is_condition_failed() => Ok(()),
-        Err(e) => Err(e),
     }
 }
 
@@ -329,14 +310,11 @@ fn release_on_drop(shared: &Shared, running: Vec<(String, Arc<Held>)>) {
         }
     };
     let count = running.len();
-    let releases = futures::stream::iter(running).for_each_concurrent(
-        RELEASE_CONCURRENCY,
-        |(key, held)| async move {
-            if let Err(e) = shared.release_in_table(&key, held.holder()).await {
-                warn!(lease = %key, error = %e, "releasing on drop failed; the lease will expire");
-            }
-        },
-    );
+    let releases = each_unblocked(running, RELEASE_CONCURRENCY, |(key, held)| async move {
+        if let Err(e) = shared.release_in_table(&key, held.holder()).await {
+            warn!(lease = %key, error = %e, "releasing on drop failed; the lease will expire");
+        }
+    });
     let done =
         runtime.block_on(async { tokio::time::timeout(DROP_RELEASE_DEADLINE, releases).await });
     match done {

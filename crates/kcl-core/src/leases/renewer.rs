@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -14,9 +13,8 @@ use crate::config::LeaseConfig;
 use crate::lease::Lease;
 use crate::leases::handoff::{Ours, Verdict, judge};
 use crate::leases::held::{EndReason, Held, Phase};
-use crate::leases::shared::{Shared, bump};
+use crate::leases::shared::{Shared, bump, each_unblocked};
 use crate::store::retry::{RetryPolicy, retry_until};
-use crate::store::timeout::bounded;
 use crate::store::{StoreError, StoreOp};
 
 pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
@@ -54,14 +52,18 @@ async fn handoff_loop(shared: &Shared) {
         let awaited = shared
             .held_snapshot()
             .into_iter()
-            .filter(|(_, h)| matches!(h.phase(), Phase::Awaiting { .. }));
+            .filter(|(_, h)| matches!(h.phase(), Phase::Awaiting { .. }))
+            .collect();
         // Each awaited lease is read on its own: one slow read does not hold
         // back the others.
-        futures::stream::iter(awaited)
-            .for_each_concurrent(shared.config.renew_concurrency, |(key, held)| async move {
+        each_unblocked(
+            awaited,
+            shared.config.renew_concurrency,
+            |(key, held)| async move {
                 progress_handoff(shared, &key, &held).await;
-            })
-            .await;
+            },
+        )
+        .await;
     }
 }
 
@@ -71,6 +73,10 @@ async fn handoff_loop(shared: &Shared) {
 async fn progress_handoff(shared: &Shared, key: &str, held: &Arc<Held>) {
     let Some((lease, sent, forced)) = advance_handoff(shared, key, held).await else {
         return;
+    };
+    let from = match held.phase() {
+        Phase::Awaiting { from, .. } => from,
+        _ => String::new(),
     };
     // The write lock is released before the event is sent: a full event
     // channel must not hold up this lease's renewals.
@@ -83,9 +89,9 @@ async fn progress_handoff(shared: &Shared, key: &str, held: &Arc<Held>) {
     metrics::counter!("kcl_handoffs_total", "worker" => shared.config.worker_id.clone(), "outcome" => outcome)
         .increment(1);
     if forced {
-        warn!(lease = %key, "previous owner did not hand over in time; handoff forced");
+        warn!(lease = %key, from, "previous owner did not hand over in time; handoff forced");
     } else {
-        info!(lease = %key, "handoff completed");
+        info!(lease = %key, from, "handoff completed");
     }
     shared.activate(key, held, lease, sent).await;
 }
@@ -105,7 +111,7 @@ async fn advance_handoff(
     if !matches!(phase, Phase::Awaiting { .. }) || held.is_ended() {
         return None;
     }
-    let item = match bounded(StoreOp::Get, limit, shared.store.get(key)).await {
+    let item = match shared.store.get(key).await {
         Ok(item) => item,
         Err(e) => {
             debug!(lease = %key, error = %e, "reading an awaited lease failed; retrying");
@@ -142,14 +148,9 @@ async fn advance_handoff(
     // right to checkpoint.
     let sent = held.write_base(current.counter, now);
     let written = if forced {
-        bounded(StoreOp::Take, limit, shared.store.take(&current, holder)).await
+        shared.store.take(&current, holder).await
     } else {
-        bounded(
-            StoreOp::Renew,
-            limit,
-            shared.store.renew(key, holder, current.counter),
-        )
-        .await
+        shared.store.renew(key, holder, current.counter).await
     };
     match written {
         Ok(lease) => Some((lease, sent, forced)),
@@ -185,21 +186,28 @@ async fn fence_loop(shared: &Shared) {
                 next = next.min(deadline);
             }
         }
-        // Leases acquired meanwhile have later deadlines than any held now,
-        // and renewals only push deadlines later: sleeping until the
-        // earliest one (or one renew interval) misses none.
-        tokio::time::sleep_until(next).await;
+        // Renewals only push deadlines later; a tenure added meanwhile may
+        // have an earlier one (takes count validity from the scan), so it
+        // wakes the loop to look again.
+        tokio::select! {
+            _ = tokio::time::sleep_until(next) => {}
+            _ = shared.held_added.notified() => {}
+        }
     }
 }
 
-/// One round: every tenure renewed on its own, none past `next_round`, so
-/// a lease whose calls hang costs its own round and no other lease's.
+/// One round: every tenure renewed on its own, none past `next_round`, and
+/// a hung one gives its place among the renewals in flight back, so a lease
+/// whose calls hang costs its own round and no other lease's.
 async fn renew_all(shared: &Shared, next_round: Instant) {
-    futures::stream::iter(shared.held_snapshot())
-        .for_each_concurrent(shared.config.renew_concurrency, |(key, held)| async move {
+    each_unblocked(
+        shared.held_snapshot(),
+        shared.config.renew_concurrency,
+        |(key, held)| async move {
             renew_one(shared, &key, &held, next_round).await;
-        })
-        .await;
+        },
+    )
+    .await;
 }
 
 /// Renews one tenure, retrying transient failures until the next round is

@@ -7,7 +7,8 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokio::sync::mpsc;
+use futures::StreamExt;
+use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
@@ -15,8 +16,8 @@ use crate::config::LeaseConfig;
 use crate::lease::Lease;
 use crate::leases::held::{EndReason, Held, LeaseHandle, Phase};
 use crate::leases::tenure::Tenures;
-use crate::store::timeout::bounded;
-use crate::store::{Holder, LeaseStore, StoreError, StoreOp};
+use crate::store::timeout::TimeoutStore;
+use crate::store::{Holder, LeaseStore, StoreError};
 
 /// A change to the set of leases this worker holds.
 #[derive(Debug)]
@@ -127,12 +128,16 @@ pub type LeaseFilter = Arc<dyn Fn(&Lease) -> bool + Send + Sync>;
 /// State shared by the coordinator and its tasks.
 pub(crate) struct Shared {
     pub(crate) config: LeaseConfig,
+    /// The lease table, every call bounded by the store call timeout.
     pub(crate) store: Arc<dyn LeaseStore>,
     pub(crate) filter: Option<LeaseFilter>,
     pub(crate) tenures: Tenures,
     held: Mutex<HashMap<String, Arc<Held>>>,
     events: mpsc::Sender<LeaseEvent>,
     pub(crate) stats: Arc<CoordinatorStats>,
+    /// A tenure was added: its deadline may be earlier than the one the
+    /// fence loop sleeps towards (takes count validity from the scan).
+    pub(crate) held_added: Notify,
 }
 
 impl fmt::Debug for Shared {
@@ -152,14 +157,16 @@ impl Shared {
         filter: Option<LeaseFilter>,
         events: mpsc::Sender<LeaseEvent>,
     ) -> Self {
+        let timeout = config.store_timeout;
         Shared {
             config,
-            store,
+            store: Arc::new(TimeoutStore::new(store, timeout)),
             filter,
             tenures: Tenures::new(),
             held: Mutex::default(),
             events,
             stats: Arc::default(),
+            held_added: Notify::new(),
         }
     }
 
@@ -223,6 +230,7 @@ impl Shared {
             let previous = map.insert(key, Arc::clone(held));
             (previous, map.len())
         };
+        self.held_added.notify_one();
         if let Some(previous) = previous {
             // A re-take replaced a tenure whose loss the renewer had not
             // noticed yet: that loss still counts.
@@ -367,38 +375,74 @@ impl Shared {
     /// Releases one tenure in the table. A release that finds a peer's
     /// handoff started from under it (the peer's steal landed first) does
     /// not leave the peer waiting for the handoff timeout: this worker is
-    /// the checkpoint owner, so it completes the handoff instead. Each call
-    /// is bounded by the store call timeout.
+    /// the checkpoint owner, so it completes the handoff instead.
     pub(crate) async fn release_in_table(
         &self,
         key: &str,
         by: Holder<'_>,
     ) -> Result<(), StoreError> {
-        let limit = self.config.store_timeout;
-        let current = match bounded(StoreOp::Release, limit, self.store.release(key, by)).await {
+        let current = match self.store.release(key, by).await {
             Ok(_) => return Ok(()),
             Err(StoreError::ConditionFailed { current, .. }) => current,
             Err(e) => return Err(e),
         };
         match current {
             Some(current) if by.hands_off(&current) => {
-                match bounded(
-                    StoreOp::CompleteHandoff,
-                    limit,
-                    self.store.complete_handoff(key, by),
-                )
-                .await
-                {
-                    Ok(_) => {
-                        info!(lease = %key, to = ?current.owner, "a peer's handoff started under our release; completed it");
-                        Ok(())
-                    }
-                    Err(e) if e.is_condition_failed() => Ok(()),
-                    Err(e) => Err(e),
-                }
+                self.complete_in_table(key, by).await?;
+                info!(lease = %key, to = ?current.owner, "a peer's handoff started under our release; completed it");
+                Ok(())
             }
             // Someone else owns it already: nothing left to release.
             _ => Ok(()),
         }
     }
+
+    /// Completes a handoff `from` is the previous owner of. A failed
+    /// condition means the thief forced it or took it: it has the lease
+    /// either way.
+    pub(crate) async fn complete_in_table(
+        &self,
+        key: &str,
+        from: Holder<'_>,
+    ) -> Result<(), StoreError> {
+        match self.store.complete_handoff(key, from).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_condition_failed() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// How long a call may run before it gives its place among the calls in
+/// flight back (see [`each_unblocked`]); lease-table calls normally answer
+/// in milliseconds.
+const SLOW_CALL: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Runs `f` for every item, at most `limit` starting at once. A call still
+/// running after [`SLOW_CALL`] gives its place back: however many calls hang
+/// on dead connections, the others still start (invariant 11), while the
+/// rate at which calls start stays bounded.
+pub(crate) async fn each_unblocked<T, F, Fut>(items: Vec<T>, limit: usize, f: F)
+where
+    F: Fn(T) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let permits = Semaphore::new(limit);
+    let permits = &permits;
+    futures::stream::iter(items)
+        .for_each_concurrent(None, |item| {
+            let call = f(item);
+            async move {
+                let Ok(permit) = permits.acquire().await else {
+                    return;
+                };
+                tokio::pin!(call);
+                tokio::select! {
+                    () = &mut call => return,
+                    () = tokio::time::sleep(SLOW_CALL) => drop(permit),
+                }
+                call.await;
+            }
+        })
+        .await;
 }

@@ -24,9 +24,8 @@ use crate::leases::balance::{BalanceInput, Decision, LeaseView, decide};
 use crate::leases::expiry::ExpiryTracker;
 use crate::leases::handoff::{Ours, Verdict, judge};
 use crate::leases::held::{EndReason, Phase};
-use crate::leases::shared::{Shared, bump};
-use crate::store::timeout::bounded;
-use crate::store::{Holder, StoreError, StoreOp};
+use crate::leases::shared::{Shared, bump, each_unblocked};
+use crate::store::{Holder, StoreError};
 
 /// Writes issued at once when a tick takes many leases (a cold start).
 const TAKE_CONCURRENCY: usize = 16;
@@ -188,33 +187,32 @@ async fn observe_held(shared: &Shared, leases: &[Lease], now: Instant) {
 /// instead of waiting to be forced. Each completion is pinned to the
 /// tenure the handoff recorded. A tenure another process wrote under this
 /// id is left alone (that process may still be draining; the thief forces
-/// it at the timeout if not); a handoff recorded without a tenure (of a
-/// lease kcl held before tenures) is completed as before.
+/// it at the timeout if not). A handoff recorded without a tenure (of a
+/// lease held before tenures, or started by a Java KCL leader) is completed
+/// as before tenures: the one case where a second process under this id,
+/// still draining, could have its handoff completed under it.
 async fn finish_orphaned_handoffs(shared: &Shared, leases: &[Lease]) {
     let me = shared.me();
-    for lease in leases {
-        if lease.checkpoint_owner.as_deref() != Some(me) || shared.is_held(&lease.key) {
-            continue;
-        }
-        let tenure = lease.checkpoint_owner_tenure.as_deref();
-        if tenure.is_some() && !written_here(shared, tenure) {
-            continue;
-        }
-        let from = Holder { owner: me, tenure };
-        let limit = shared.config.store_timeout;
-        match bounded(
-            StoreOp::CompleteHandoff,
-            limit,
-            shared.store.complete_handoff(&lease.key, from),
-        )
-        .await
-        {
-            Ok(_) => info!(lease = %lease.key, "completed a handoff nobody here was draining"),
+    let orphaned: Vec<&Lease> = leases
+        .iter()
+        .filter(|l| l.checkpoint_owner.as_deref() == Some(me) && !shared.is_held(&l.key))
+        .filter(|l| {
+            let tenure = l.checkpoint_owner_tenure.as_deref();
+            tenure.is_none() || written_here(shared, tenure)
+        })
+        .collect();
+    each_unblocked(orphaned, TAKE_CONCURRENCY, |lease| async move {
+        let Some(from) = Holder::checkpoint_owner_of(lease) else {
+            return;
+        };
+        match shared.complete_in_table(&lease.key, from).await {
+            Ok(()) => info!(lease = %lease.key, "completed a handoff nobody here was draining"),
             Err(e) => {
                 debug!(lease = %lease.key, error = %e, "completing a leftover handoff failed")
             }
         }
-    }
+    })
+    .await;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -227,25 +225,18 @@ enum Kind {
 /// One paginated scan; each lease with the time its page was asked for.
 async fn scan_timed(shared: &Shared) -> Result<(Vec<Lease>, HashMap<String, Instant>), StoreError> {
     let mut pages = shared.store.scan();
-    let limit = shared.config.store_timeout;
     let (mut leases, mut asked_at) = (Vec::new(), HashMap::new());
     loop {
         let asked = Instant::now();
-        match tokio::time::timeout(limit, pages.next()).await {
-            Ok(Some(Ok(page))) => {
+        match pages.next().await {
+            Some(Ok(page)) => {
                 for lease in page {
                     asked_at.insert(lease.key.clone(), asked);
                     leases.push(lease);
                 }
             }
-            Ok(Some(Err(e))) => return Err(e),
-            Ok(None) => return Ok((leases, asked_at)),
-            Err(_) => {
-                return Err(StoreError::retryable(
-                    StoreOp::ScanPage,
-                    crate::store::timeout::CallTimedOut(limit),
-                ));
-            }
+            Some(Err(e)) => return Err(e),
+            None => return Ok((leases, asked_at)),
         }
     }
 }
@@ -286,26 +277,16 @@ async fn take_one(shared: &Shared, kind: Kind, seen: &Lease, read_from: Instant)
     let me = shared.me();
     let tenure = shared.fresh_tenure();
     let by = Holder::new(me, &tenure);
-    let limit = shared.config.store_timeout;
     let mut seen = seen.clone();
     for attempt in 0..2 {
         let sent = Instant::now();
         let write = match kind {
-            Kind::Reclaim => {
-                bounded(StoreOp::Reclaim, limit, shared.store.reclaim(&seen, by)).await
-            }
-            Kind::Take => bounded(StoreOp::Take, limit, shared.store.take(&seen, by)).await,
+            Kind::Reclaim => shared.store.reclaim(&seen, by).await,
+            Kind::Take => shared.store.take(&seen, by).await,
             // A steal is a graceful handoff: the victim drains and
             // checkpoints before this worker starts, so no two workers
             // process the shard.
-            Kind::Steal => {
-                bounded(
-                    StoreOp::StartHandoff,
-                    limit,
-                    shared.store.start_handoff(&seen, by),
-                )
-                .await
-            }
+            Kind::Steal => shared.store.start_handoff(&seen, by).await,
         };
         match write {
             Ok(lease) => {

@@ -45,7 +45,9 @@ macro_rules! lease_store_conformance {
             a_replay_reconciles_only_for_its_own_tenure,
             reclaim_starts_a_tenure_and_keeps_a_handoff,
             handoff_steps_are_conditional_on_the_previous_owners_tenure,
-            a_java_take_leaves_a_stale_tenure_that_guards_nothing
+            a_java_take_leaves_a_stale_tenure_that_guards_nothing,
+            a_checkpoint_naming_its_predecessor_is_conditional_on_it,
+            a_forced_take_never_reconciles_against_a_renewal
         );
     };
     (@cases $factory:path; $($case:ident),+) => {
@@ -285,9 +287,9 @@ pub async fn release_keeps_a_handoff_in_progress<S: LeaseStore + ?Sized>(store: 
 pub async fn checkpoint_is_guarded_by_ownership<S: LeaseStore + ?Sized>(store: &S) {
     let l = owned_by(store, "s", "a").await;
     let pending = CheckpointUpdate {
-        checkpoint: Checkpoint::at("100", 0),
         pending: Some(Checkpoint::at("200", 3)),
         pending_state: Some(b"prepared".to_vec()),
+        ..CheckpointUpdate::to(Checkpoint::at("100", 0))
     };
     let c = store
         .checkpoint("s", h("a"), &pending)
@@ -754,4 +756,73 @@ pub async fn a_java_take_leaves_a_stale_tenure_that_guards_nothing<S: LeaseStore
         store.renew("u", none, reclaimed.counter).await,
         "no tenure any more",
     );
+}
+
+/// A checkpoint that names the one it replaces lands only over that one: a
+/// late attempt of an earlier checkpoint of the same tenure fails. A replay
+/// of a write that applied reconciles.
+pub async fn a_checkpoint_naming_its_predecessor_is_conditional_on_it<S: LeaseStore + ?Sized>(
+    store: &S,
+) {
+    owned_by(store, "s", "a").await;
+    let first = CheckpointUpdate::to(Checkpoint::at("5", 0)).replacing(Checkpoint::TrimHorizon);
+    store.checkpoint("s", h("a"), &first).await.expect("first");
+    let second = CheckpointUpdate::to(Checkpoint::at("9", 2)).replacing(Checkpoint::at("5", 0));
+    store
+        .checkpoint("s", h("a"), &second)
+        .await
+        .expect("second");
+    // The first write's late twin, and a write from a stale view.
+    let current = assert_condition_failed(
+        store.checkpoint("s", h("a"), &first).await,
+        "a late attempt of the first",
+    );
+    if let Some(current) = current {
+        assert_eq!(current.checkpoint, Checkpoint::at("9", 2));
+    }
+    let stale = CheckpointUpdate::to(Checkpoint::at("7", 0)).replacing(Checkpoint::at("5", 0));
+    assert_condition_failed(
+        store.checkpoint("s", h("a"), &stale).await,
+        "a stale predecessor",
+    );
+    store
+        .checkpoint("s", h("a"), &second)
+        .await
+        .expect("a replay of the last write reconciles");
+    assert_condition_failed(
+        store.checkpoint("s", h("b"), &second).await,
+        "a replay by another holder",
+    );
+    let third = CheckpointUpdate::to(Checkpoint::ShardEnd).replacing(Checkpoint::at("9", 2));
+    store.checkpoint("s", h("a"), &third).await.expect("third");
+    assert_eq!(
+        store
+            .get("s")
+            .await
+            .expect("get")
+            .expect("exists")
+            .checkpoint,
+        Checkpoint::ShardEnd
+    );
+}
+
+/// A forced handoff takes in the thief's own tenure. If a renewal of that
+/// tenure landed first (its attempt given up, the request late), the item
+/// shows the thief at the next counter with the handoff still running: the
+/// take's replay must not pass for applied, or the thief would start while
+/// the previous owner may still checkpoint.
+pub async fn a_forced_take_never_reconciles_against_a_renewal<S: LeaseStore + ?Sized>(store: &S) {
+    let l = owned_by(store, "s", "victim").await;
+    let started = store.start_handoff(&l, h("thief")).await.expect("start");
+    store
+        .renew("s", h("thief"), started.counter)
+        .await
+        .expect("the thief's late renewal lands");
+    let current = assert_condition_failed(
+        store.take(&started, h("thief")).await,
+        "the force, against the renewed item",
+    );
+    if let Some(current) = current {
+        assert_eq!(current.checkpoint_owner.as_deref(), Some("victim"));
+    }
 }

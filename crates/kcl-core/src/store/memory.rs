@@ -76,8 +76,8 @@ struct FaultPlan {
     failing: Option<(Option<StoreOp>, ErrorKind, Instant)>,
     random: Option<(RandomFaults, SmallRng)>,
     paused_until: Option<Instant>,
-    /// Calls on this key hang forever (a "blackhole").
-    blackhole: Option<String>,
+    /// Calls on these keys hang forever (a "blackhole").
+    blackhole: Vec<String>,
 }
 
 /// The in-memory lease table. Cloning shares the table and the fault plan;
@@ -160,11 +160,12 @@ impl InMemoryLeaseStore {
         self.plan().paused_until = Some(until);
     }
 
-    /// Makes every later call on this handle that names `key` hang without
-    /// an answer (and without applying), as a request stuck on a dead
-    /// connection would; `None` lifts it. Scans are not affected.
-    pub fn blackhole(&self, key: Option<&str>) {
-        self.plan().blackhole = key.map(str::to_owned);
+    /// Makes every later call on this handle that names one of `keys` hang
+    /// without an answer (and without applying), as a request stuck on a
+    /// dead connection would; an empty list lifts it. Scans are not
+    /// affected.
+    pub fn blackhole(&self, keys: &[&str]) {
+        self.plan().blackhole = keys.iter().map(|k| (*k).to_owned()).collect();
     }
 
     /// Replaces a lease as a writer outside kcl would (a Java KCL worker,
@@ -197,7 +198,7 @@ impl InMemoryLeaseStore {
         let mut plan = self.plan();
         let paused = plan.paused_until;
         let mut faults = Vec::new();
-        if key.is_some() && plan.blackhole.as_deref() == key {
+        if key.is_some_and(|k| plan.blackhole.iter().any(|b| b == k)) {
             faults.push(Fault::Hang);
         }
         if let Some((only, kind, until)) = plan.failing {
@@ -394,7 +395,7 @@ impl LeaseStore for InMemoryLeaseStore {
     }
 
     async fn take(&self, seen: &Lease, by: Holder<'_>) -> Result<Lease, StoreError> {
-        let intent = Intent::Own {
+        let intent = Intent::Taken {
             by,
             counter: seen.counter + 1,
         };
@@ -483,8 +484,11 @@ impl LeaseStore for InMemoryLeaseStore {
             Self::update(
                 t,
                 key,
-                None,
-                |l| by.may_checkpoint(l),
+                Some(Intent::Checkpointed { by, update }),
+                |l| {
+                    by.may_checkpoint(l)
+                        && update.replacing.as_ref().is_none_or(|p| *p == l.checkpoint)
+                },
                 |l| {
                     l.checkpoint = update.checkpoint.clone();
                     l.pending_checkpoint = update.pending.clone();

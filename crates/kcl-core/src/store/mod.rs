@@ -35,6 +35,11 @@ pub struct CheckpointUpdate {
     pub pending: Option<Checkpoint>,
     /// Application state stored with the pending checkpoint.
     pub pending_state: Option<Vec<u8>>,
+    /// The checkpoint this one follows, when the writer knows it: the write
+    /// is then conditional on it too, so an earlier write of the same
+    /// tenure that answered late (its attempt given up, the request still
+    /// on its way) fails instead of moving the checkpoint back.
+    pub replacing: Option<Checkpoint>,
 }
 
 impl CheckpointUpdate {
@@ -44,7 +49,23 @@ impl CheckpointUpdate {
             checkpoint,
             pending: None,
             pending_state: None,
+            replacing: None,
         }
+    }
+
+    /// The same update, conditional on the table's checkpoint being
+    /// `previous` (see [`CheckpointUpdate::replacing`]).
+    pub fn replacing(mut self, previous: Checkpoint) -> Self {
+        self.replacing = Some(previous);
+        self
+    }
+
+    /// True if `lease` already shows this update (a replay of a write
+    /// that applied, whose answer was lost).
+    pub fn applied_in(&self, lease: &Lease) -> bool {
+        lease.checkpoint == self.checkpoint
+            && lease.pending_checkpoint == self.pending
+            && lease.pending_checkpoint_state == self.pending_state
     }
 }
 
@@ -160,8 +181,11 @@ pub trait LeaseStore: Send + Sync + fmt::Debug {
 
     /// Writes a checkpoint. Condition: `by` may checkpoint the lease: it
     /// is the checkpoint owner of a handoff in progress (in the tenure the
-    /// handoff recorded), or the owner in its tenure when no handoff runs.
-    /// Does not bump the counter, so it never races renewal.
+    /// handoff recorded), or the owner in its tenure when no handoff runs;
+    /// and, when the update names the checkpoint it replaces, the table
+    /// still shows that one. A failed condition whose item already shows
+    /// the update (by a holder that may checkpoint) is a replay and
+    /// succeeds. Does not bump the counter, so it never races renewal.
     async fn checkpoint(
         &self,
         key: &str,
@@ -518,18 +542,34 @@ impl fmt::Display for StoreOp {
 /// owner alone is not enough: a second process with the same worker id
 /// leaves `(owner, counter + 1)` too, and would be taken for our own write.)
 ///
-/// Writes without an intent need none: a checkpoint retried after it
-/// applied succeeds again, and a release or handoff completion that fails
-/// its condition means the lease is no longer the caller's, which is what
-/// it wanted.
+/// Writes without an intent need none: a release or handoff completion
+/// that fails its condition means the lease is no longer the caller's,
+/// which is what it wanted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Intent<'a> {
-    /// A take, reclaim or renewal: `by` holds the lease at `counter`.
+    /// A take: `by` holds the lease at `counter`, and no handoff runs (a
+    /// take ends one). A forced handoff takes in the thief's own tenure,
+    /// so without the last part a renewal of that tenure at the same
+    /// counter would pass for it.
+    Taken {
+        /// The worker and the tenure it writes.
+        by: Holder<'a>,
+        /// The counter the write leaves.
+        counter: u64,
+    },
+    /// A reclaim or renewal: `by` holds the lease at `counter`.
     Own {
         /// The worker and the tenure it writes or renews.
         by: Holder<'a>,
         /// The counter the write leaves.
         counter: u64,
+    },
+    /// A checkpoint: `by` may still checkpoint, and the item shows `update`.
+    Checkpointed {
+        /// The worker and tenure checkpointing.
+        by: Holder<'a>,
+        /// What the write stores.
+        update: &'a CheckpointUpdate,
     },
     /// A handoff start: `to` owns (in its new tenure), `from` checkpoints,
     /// at `counter`.
@@ -547,7 +587,13 @@ impl Intent<'_> {
     /// True if `current` is the state this write would have produced.
     pub fn applied_in(&self, current: &Lease) -> bool {
         match *self {
+            Intent::Taken { by, counter } => {
+                by.owns(current) && current.counter == counter && !current.in_handoff()
+            }
             Intent::Own { by, counter } => by.owns(current) && current.counter == counter,
+            Intent::Checkpointed { by, update } => {
+                by.may_checkpoint(current) && update.applied_in(current)
+            }
             Intent::HandoffStarted { from, to, counter } => {
                 to.owns(current)
                     && current.checkpoint_owner.as_deref() == Some(from)
