@@ -333,10 +333,10 @@ impl Scenario {
         }
     }
 
-    /// Owners of the lease table's leases, from a consistent scan (none
-    /// while the workers have not created the table yet).
-    pub async fn owners(&self) -> Vec<Option<String>> {
-        let out = match self
+    /// Every item of the lease table, from one consistent scan (none while
+    /// the workers have not created the table yet).
+    pub async fn lease_items(&self) -> Vec<HashMap<String, AttributeValue>> {
+        match self
             .env
             .dynamodb()
             .scan()
@@ -345,16 +345,22 @@ impl Scenario {
             .send()
             .await
         {
-            Ok(out) => out,
+            Ok(out) => out.items().to_vec(),
             Err(e)
                 if e.as_service_error()
                     .is_some_and(|e| e.is_resource_not_found_exception()) =>
             {
-                return vec![];
+                vec![]
             }
             Err(e) => panic!("scanning the lease table: {e:?}"),
-        };
-        out.items()
+        }
+    }
+
+    /// Owners of the unfinished leases (none while the workers have not
+    /// created the table yet).
+    pub async fn owners(&self) -> Vec<Option<String>> {
+        self.lease_items()
+            .await
             .iter()
             .filter(|i| i.get("checkpoint") != Some(&AttributeValue::S("SHARD_END".into())))
             .map(|i| match i.get("leaseOwner") {

@@ -56,16 +56,8 @@ fn worker_on(
 
 /// Every lease's counter in the table, read directly (not through a proxy).
 async fn counters(s: &Scenario) -> HashMap<String, u64> {
-    let out = s
-        .env
-        .dynamodb()
-        .scan()
-        .table_name(&s.app)
-        .consistent_read(true)
-        .send()
+    s.lease_items()
         .await
-        .unwrap();
-    out.items()
         .iter()
         .filter_map(|i| {
             let key = i.get("leaseKey")?.as_s().ok()?.clone();
@@ -291,18 +283,8 @@ async fn terminate(p: &mut WorkerProcess) {
 
 /// The `checkpointOwner` of every lease in a handoff.
 async fn checkpoint_owners(s: &Scenario) -> Vec<String> {
-    let Ok(out) = s
-        .env
-        .dynamodb()
-        .scan()
-        .table_name(&s.app)
-        .consistent_read(true)
-        .send()
+    s.lease_items()
         .await
-    else {
-        return vec![];
-    };
-    out.items()
         .iter()
         .filter_map(|i| i.get("checkpointOwner")?.as_s().ok().cloned())
         .collect()

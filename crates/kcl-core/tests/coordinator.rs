@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::*;
 use kcl_core::store::memory::{Fault, InMemoryLeaseStore};
 use kcl_core::store::{ErrorKind, StoreOp};
-use kcl_core::{Checkpoint, EndReason, Lease, LeaseCoordinator, LeaseEvent, LeaseStore};
+use kcl_core::{EndReason, LeaseCoordinator, LeaseEvent, LeaseStore};
 use tokio::time::{Instant, sleep, timeout};
 
 const RENEW: Duration = Duration::from_millis(3333);
@@ -287,16 +287,7 @@ async fn a_hung_renewal_of_one_lease_never_holds_back_the_others() {
 /// reclaims the lease in a new tenure.
 #[tokio::test(start_paused = true)]
 async fn a_take_that_lapsed_before_it_answered_starts_no_consumer() {
-    let table = InMemoryLeaseStore::new().with_page_size(10);
-    for i in 0..70 {
-        table
-            .create_if_absent(&Lease::new(
-                format!("shardId-{i:012}"),
-                Checkpoint::TrimHorizon,
-            ))
-            .await
-            .unwrap();
-    }
+    let table = table_paged(70, 10).await;
     let store = table.handle();
     // Seven full pages, each 1.5 s (inside the 1.67 s call timeout): the
     // takes answer at 10.5 s, when the first two pages' tenures (valid from

@@ -539,10 +539,7 @@ impl LeaseStore for DynamoDbLeaseStore {
 
     async fn start_handoff(&self, seen: &Lease, to: Holder<'_>) -> Result<Lease, StoreError> {
         let Some(from) = seen.owner.as_deref() else {
-            return Err(StoreError::ConditionFailed {
-                key: seen.key.clone(),
-                current: Some(Box::new(seen.clone())),
-            });
+            return Err(StoreError::lost_race(seen));
         };
         // The counter guard makes the previous owner's tenure the one `seen`
         // shows: it is recorded for the previous owner's last writes.

@@ -502,10 +502,7 @@ impl LeaseStore for InMemoryLeaseStore {
 
     async fn start_handoff(&self, seen: &Lease, to: Holder<'_>) -> Result<Lease, StoreError> {
         let Some(from) = seen.owner.as_deref() else {
-            return Err(StoreError::ConditionFailed {
-                key: seen.key.clone(),
-                current: Some(Box::new(seen.clone())),
-            });
+            return Err(StoreError::lost_race(seen));
         };
         let intent = Intent::HandoffStarted {
             from,

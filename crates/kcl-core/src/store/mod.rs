@@ -461,6 +461,15 @@ impl StoreError {
         }
     }
 
+    /// A failed condition on `seen`, for a write whose condition the
+    /// caller's own view already rules out (a handoff of an unowned lease).
+    pub fn lost_race(seen: &Lease) -> Self {
+        StoreError::ConditionFailed {
+            key: seen.key.clone(),
+            current: Some(Box::new(seen.clone())),
+        }
+    }
+
     /// A retryable error wrapping `source`.
     pub fn retryable(
         op: StoreOp,

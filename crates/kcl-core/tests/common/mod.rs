@@ -208,7 +208,12 @@ impl CheckpointLog {
 }
 
 pub async fn table_with(n: usize) -> InMemoryLeaseStore {
-    let table = InMemoryLeaseStore::new().with_page_size(25);
+    table_paged(n, 25).await
+}
+
+/// A table of `n` unowned leases, scanned in pages of `page`.
+pub async fn table_paged(n: usize, page: usize) -> InMemoryLeaseStore {
+    let table = InMemoryLeaseStore::new().with_page_size(page);
     for i in 0..n {
         table
             .create_if_absent(&Lease::new(
