@@ -4,7 +4,15 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 
-use crate::error::ConfigError;
+/// An impossible setting, named by its field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid Kinesis source configuration: `{field}` {reason}")]
+pub struct ConfigError {
+    /// The offending field, as named on the builder.
+    pub field: &'static str,
+    /// Why the value cannot work.
+    pub reason: String,
+}
 
 /// Most records one `GetRecords` call may return (a Kinesis limit).
 pub const MAX_GET_RECORDS_LIMIT: i32 = 10_000;

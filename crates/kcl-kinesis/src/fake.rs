@@ -24,7 +24,7 @@ use aws_smithy_runtime_api::http::StatusCode;
 use aws_smithy_types::body::SdkBody;
 use bytes::Bytes;
 
-use crate::api::{IteratorStart, KinesisApi, ListShardsPage};
+use crate::calls::{IteratorStart, KinesisApi, ListShardsPage};
 
 #[derive(Debug)]
 struct FakeShard {

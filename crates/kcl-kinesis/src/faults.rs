@@ -26,7 +26,7 @@ use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use aws_smithy_runtime_api::http::StatusCode;
 use aws_smithy_types::body::SdkBody;
 
-use crate::api::{IteratorStart, KinesisApi, ListShardsPage};
+use crate::calls::{IteratorStart, KinesisApi, ListShardsPage};
 
 /// A Kinesis operation the source calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

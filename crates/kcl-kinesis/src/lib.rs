@@ -53,21 +53,21 @@
 
 pub mod kpl;
 
-mod api;
+mod calls;
 mod config;
-mod error;
+mod discovery;
 #[cfg(test)]
 mod fake;
 mod fanout;
 #[cfg(any(test, feature = "test-util"))]
 pub mod faults;
 mod polling;
+mod records;
 mod source;
 mod stats;
 mod task_reader;
 
-pub use config::{MAX_GET_RECORDS_LIMIT, PollingConfig, PollingConfigBuilder};
-pub use error::ConfigError;
+pub use config::{ConfigError, MAX_GET_RECORDS_LIMIT, PollingConfig, PollingConfigBuilder};
 pub use fanout::{DeregisterConsumer, FanOutConfig, FanOutConfigBuilder, MAX_CONSUMER_NAME_LEN};
 pub use source::{
     KinesisShardSource, KinesisShardSourceBuilder, MAX_LIST_SHARDS_RESULTS, Retrieval,

@@ -20,23 +20,21 @@
 //! prefetched under a lease is never delivered after it.
 
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use aws_sdk_kinesis::operation::get_records::GetRecordsOutput;
-use bytes::Bytes;
-use kcl_core::Checkpoint;
 use kcl_core::leases::LeaseHandle;
-use kcl_core::source::{Batch, ChildShard, OpenShard, SourceError, StartPosition};
+use kcl_core::source::{Batch, ChildShard, OpenShard, SourceError};
 use metrics::{Counter, Gauge};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, warn};
 
-use crate::api::IteratorStart;
-use crate::error::{Class, classify};
-use crate::kpl::{self, Deaggregator, RawRecord, ShardHashRange};
-use crate::source::{Failure, Op, Shared, list_after, retryable, retrying};
-use crate::source::{children_in, reported_children};
+use crate::calls::IteratorStart;
+use crate::calls::Shared;
+use crate::calls::classify::{Class, classify};
+use crate::calls::retry::{Failure, Op, retryable, retrying};
+use crate::discovery::{children_in, list_after, reported_children};
+use crate::records::{Records, Start, Taken, held_bytes};
 use crate::task_reader::{Delivery, TaskReader};
 
 /// Batches the fetch task may have waiting for the reader. The record and
@@ -74,31 +72,8 @@ impl PollingReader {
             position,
             lease,
         } = request;
-        let (start, skip) = match position {
-            StartPosition::TrimHorizon => (IteratorStart::TrimHorizon, None),
-            StartPosition::Latest => (IteratorStart::Latest, None),
-            StartPosition::AtTimestamp(t) => (IteratorStart::AtTimestamp(t), None),
-            // Kinesis resumes only at whole records: re-read the checkpointed
-            // one and drop the sub-records the checkpoint covers.
-            StartPosition::AfterCheckpoint { seq, sub } => (
-                IteratorStart::AtSequence(seq.clone()),
-                Some(Checkpoint::at(seq, sub)),
-            ),
-        };
-        let deaggregator = match lease
-            .lease()
-            .hash_key_range
-            .as_ref()
-            .map(ShardHashRange::parse)
-        {
-            Some(Ok(range)) => Deaggregator::for_shard(range),
-            Some(Err(e)) => {
-                warn!(%stream, shard = %shard_id, error = %e,
-                    "lease has an invalid hash-key range; sub-records are not checked against it");
-                Deaggregator::new()
-            }
-            None => Deaggregator::new(),
-        };
+        let start = Start::of(position);
+        let records = Records::new(&stream, &shard_id, &lease, &start);
         let meters = Meters::new(&stream, &shard_id);
         let ctx = Ctx {
             shared,
@@ -108,7 +83,7 @@ impl PollingReader {
             meters,
         };
         let iterator = ctx
-            .get_iterator(&start)
+            .get_iterator(&start.iterator)
             .await
             .map_err(|f| f.into_source_error(&ctx.stream, &ctx.shard_id))?;
 
@@ -119,11 +94,9 @@ impl PollingReader {
             records: Arc::new(Semaphore::new(polling.max_prefetch_records)),
             bytes: Arc::new(Semaphore::new(polling.max_prefetch_bytes)),
             tx,
-            start,
-            skip,
-            last_sequence: None,
+            start: start.iterator,
+            pipeline: records,
             iterator,
-            deaggregator,
             ctx: ctx.clone(),
         };
         // The fetch task logs under the consumer's span (worker, stream, shard).
@@ -207,7 +180,7 @@ impl Ctx {
         .await?;
         match out.shard_iterator {
             Some(it) if !it.is_empty() => Ok(it),
-            _ => Err(Failure::Classified(crate::error::Classified {
+            _ => Err(Failure::Classified(crate::calls::classify::Classified {
                 class: Class::Fatal,
                 code: None,
                 error: "GetShardIterator returned no iterator".into(),
@@ -235,12 +208,8 @@ struct Fetcher {
     bytes: Arc<Semaphore>,
     /// Where the reader started, for a new iterator before any record.
     start: IteratorStart,
-    /// A resume checkpoint whose covered sub-records are still to drop.
-    skip: Option<Checkpoint>,
-    /// The last Kinesis record fetched (and queued for the reader).
-    last_sequence: Option<String>,
+    pipeline: Records,
     iterator: String,
-    deaggregator: Deaggregator,
 }
 
 impl Fetcher {
@@ -353,8 +322,8 @@ impl Fetcher {
     async fn replace_iterator(&mut self) -> Result<(), SourceError> {
         self.ctx.shared.stats.expired_iterator();
         self.ctx.meters.expired_iterators.increment(1);
-        let start = match &self.last_sequence {
-            Some(seq) => IteratorStart::AfterSequence(seq.clone()),
+        let start = match self.pipeline.last_sequence() {
+            Some(seq) => IteratorStart::AfterSequence(seq.to_owned()),
             None => self.start.clone(),
         };
         debug!(stream = %self.ctx.stream, shard = %self.ctx.shard_id, ?start,
@@ -392,29 +361,18 @@ impl Fetcher {
             child_shards,
             ..
         } = out;
-        let fetched = records.len();
-        if let Some(last) = records.last() {
-            self.last_sequence = Some(last.sequence_number.clone());
-        }
-        let bytes: usize = records.iter().map(|r| r.data.as_ref().len()).sum();
-        let mut user = self
-            .deaggregator
-            .deaggregate_batch(records.into_iter().map(raw_record));
+        let Taken {
+            user,
+            payload_bytes,
+            ..
+        } = self.pipeline.take(records);
         self.ctx
             .shared
             .stats
-            .fetched(user.len() as u64, bytes as u64);
+            .fetched(user.len() as u64, payload_bytes as u64);
         self.ctx.meters.records.increment(user.len() as u64);
-        self.ctx.meters.bytes.increment(bytes as u64);
-        if let Some(checkpoint) = &self.skip {
-            kpl::skip_checkpointed(&mut user, checkpoint);
-            // Everything after the checkpointed record is new: once a
-            // record survives, or the batch went past it, stop checking.
-            let past = self.last_sequence.as_deref() != Some(checkpoint.as_str());
-            if !user.is_empty() || (fetched > 0 && past) {
-                self.skip = None;
-            }
-        }
+        self.ctx.meters.bytes.increment(payload_bytes as u64);
+        let bytes = held_bytes(&user);
         let behind = millis_behind_latest.map(|m| u64::try_from(m).unwrap_or(0));
         if let Some(ms) = behind {
             self.ctx.meters.millis_behind_latest.set(ms as f64);
@@ -529,19 +487,6 @@ impl Fetcher {
             () = tokio::time::sleep(idle) => {}
             () = self.ctx.lease.ended() => {}
         }
-    }
-}
-
-/// The kpl module's view of a fetched record (no copy of the payload).
-fn raw_record(r: aws_sdk_kinesis::types::Record) -> RawRecord {
-    RawRecord {
-        data: Bytes::from(r.data.into_inner()),
-        partition_key: r.partition_key.unwrap_or_default(),
-        explicit_hash_key: None,
-        sequence_number: r.sequence_number,
-        approximate_arrival: r
-            .approximate_arrival_timestamp
-            .and_then(|t| SystemTime::try_from(t).ok()),
     }
 }
 

@@ -30,8 +30,8 @@ use aws_sdk_kinesis::types::error::SubscribeToShardEventStreamError;
 use aws_sdk_kinesis::types::{ShardIteratorType, StartingPosition, SubscribeToShardEventStream};
 use aws_smithy_types::event_stream::RawMessage;
 
-use crate::api::IteratorStart;
-use crate::error::{Class, Classified, KnownCode};
+use crate::calls::IteratorStart;
+use crate::calls::classify::{Class, Classified, KnownCode};
 
 /// An error read from an open event stream.
 pub(crate) type StreamError = SdkError<SubscribeToShardEventStreamError, RawMessage>;
@@ -250,7 +250,7 @@ impl KnownCode for SubscribeToShardEventStreamError {
 pub(crate) const IN_USE: &str = "ResourceInUseException";
 
 /// Classifies an error read from an open event stream, like
-/// [`crate::error::classify`] does for responses.
+/// [`crate::calls::classify::classify`] does for responses.
 pub(crate) fn classify_stream(err: StreamError) -> Classified {
     let (class, code) = match &err {
         SdkError::ServiceError(service) => {

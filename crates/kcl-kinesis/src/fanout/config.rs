@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 
-use crate::error::ConfigError;
+use crate::config::ConfigError;
 
 /// Longest stream-consumer name Kinesis accepts.
 pub const MAX_CONSUMER_NAME_LEN: usize = 128;

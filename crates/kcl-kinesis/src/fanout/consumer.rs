@@ -13,8 +13,9 @@ use tracing::{debug, info, warn};
 
 use super::api::{FanOutApi, IN_USE};
 use super::config::{DeregisterConsumer, FanOutConfig};
-use crate::error::{Class, Classified, classify};
-use crate::source::{Failure, Op, Shared, retrying};
+use crate::calls::Shared;
+use crate::calls::classify::{Class, Classified, classify};
+use crate::calls::retry::{Failure, Op, retrying};
 
 /// How often a consumer that is not ACTIVE yet is described again, at
 /// first; the interval doubles up to [`MAX_STATUS_POLL`]. Registration

@@ -42,7 +42,7 @@ use aws_smithy_types::body::SdkBody;
 use aws_smithy_types::event_stream::RawMessage;
 
 use super::api::{EventStream, FanOutApi, StreamError};
-use crate::api::{IteratorStart, KinesisApi, ListShardsPage};
+use crate::calls::{IteratorStart, KinesisApi, ListShardsPage};
 use crate::fake::FakeKinesis;
 
 /// How often an open subscription looks for new records.

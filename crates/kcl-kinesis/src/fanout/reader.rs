@@ -2,13 +2,11 @@
 
 use std::cmp::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use aws_sdk_kinesis::types::{SubscribeToShardEvent, SubscribeToShardEventStream};
-use bytes::Bytes;
-use kcl_core::Checkpoint;
 use kcl_core::leases::LeaseHandle;
-use kcl_core::source::{Batch, ChildShard, OpenShard, SourceError, StartPosition};
+use kcl_core::source::{Batch, ChildShard, OpenShard, SourceError};
 use metrics::{Counter, Gauge};
 use tokio::sync::mpsc::{self, OwnedPermit};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -18,11 +16,12 @@ use tracing::{debug, info, warn};
 
 use super::FanOut;
 use super::api::{EventStream, IN_USE, classify_stream};
-use crate::api::IteratorStart;
-use crate::error::{Class, Classified, classify};
-use crate::kpl::{self, Deaggregator, RawRecord, ShardHashRange};
-use crate::source::{Failure, Op, Shared, list_after, retryable, retrying};
-use crate::source::{children_in, reported_children};
+use crate::calls::IteratorStart;
+use crate::calls::Shared;
+use crate::calls::classify::{Class, Classified, classify};
+use crate::calls::retry::{Failure, Op, retryable, retrying};
+use crate::discovery::{children_in, list_after, reported_children};
+use crate::records::{Records, Start, Taken, held_bytes};
 use crate::task_reader::{Delivery, TaskReader};
 
 /// Kinesis accepts one `SubscribeToShard` per second per consumer and
@@ -79,32 +78,9 @@ impl FanOutReader {
             return Err(SourceError::LeaseLost { shard: shard_id });
         }
         let consumer_arn = fanout.consumer_arn(&shared, &stream).await?;
-        let (start, skip, floor) = match position {
-            StartPosition::TrimHorizon => (IteratorStart::TrimHorizon, None, None),
-            StartPosition::Latest => (IteratorStart::Latest, None, None),
-            StartPosition::AtTimestamp(t) => (IteratorStart::AtTimestamp(t), None, None),
-            // Kinesis resumes only at whole records: re-read the
-            // checkpointed one and drop the sub-records it covers.
-            StartPosition::AfterCheckpoint { seq, sub } => (
-                IteratorStart::AtSequence(seq.clone()),
-                Some(Checkpoint::at(seq.clone(), sub)),
-                Some(seq),
-            ),
-        };
-        let deaggregator = match lease
-            .lease()
-            .hash_key_range
-            .as_ref()
-            .map(ShardHashRange::parse)
-        {
-            Some(Ok(range)) => Deaggregator::for_shard(range),
-            Some(Err(e)) => {
-                warn!(%stream, shard = %shard_id, error = %e,
-                    "lease has an invalid hash-key range; sub-records are not checked against it");
-                Deaggregator::new()
-            }
-            None => Deaggregator::new(),
-        };
+        let start = Start::of(position);
+        let floor = start.resume.as_ref().map(|c| c.as_str().to_owned());
+        let pipeline = Records::new(&stream, &shard_id, &lease, &start);
         let config = &fanout.config;
         let (tx, rx) = mpsc::channel(config.max_buffered_batches);
         let stop = CancellationToken::new();
@@ -114,17 +90,15 @@ impl FanOutReader {
             transient_failures: 0,
             received_event: false,
             tx,
-            start,
-            skip,
+            start: start.iterator,
             floor,
-            last_record: None,
             continuation: None,
             last_subscribe: None,
             // The first check waits an interval too: a reader that just
             // caught up on an open shard (the usual case) need not ask.
             last_closed_check: Instant::now(),
             subscriptions: 0,
-            deaggregator,
+            pipeline,
             consumer_arn,
             stream: stream.clone(),
             shard_id: shard_id.clone(),
@@ -234,16 +208,14 @@ struct Subscriber {
     bytes: Arc<Semaphore>,
     /// Where the reader started, for a subscription before any event.
     start: IteratorStart,
-    /// A resume checkpoint whose covered sub-records are still to drop.
-    skip: Option<Checkpoint>,
     /// Until a record arrives: records before this sequence number (the
     /// resume checkpoint's) are not delivered, whatever the endpoint sends.
     floor: Option<String>,
-    /// The last Kinesis record received (and queued for the reader).
-    last_record: Option<String>,
     /// The continuation sequence number of the last event.
     continuation: Option<String>,
-    deaggregator: Deaggregator,
+    /// De-aggregation, the resume checkpoint's covered sub-records, and the
+    /// last Kinesis record received (and queued for the reader).
+    pipeline: Records,
     meters: Meters,
     transient_failures: u32,
     /// Set by each event, so the loop knows the last subscription worked.
@@ -371,8 +343,8 @@ impl Subscriber {
     /// Where the next subscription starts: after the last event, or where
     /// the reader started if no event arrived yet.
     fn position(&self) -> IteratorStart {
-        match (&self.continuation, &self.last_record) {
-            (Some(seq), _) | (None, Some(seq)) => IteratorStart::AfterSequence(seq.clone()),
+        match (self.continuation.as_deref(), self.pipeline.last_sequence()) {
+            (Some(seq), _) | (None, Some(seq)) => IteratorStart::AfterSequence(seq.to_owned()),
             (None, None) => self.start.clone(),
         }
     }
@@ -538,7 +510,7 @@ impl Subscriber {
     /// True unless the record was already received, or lies before the
     /// resume checkpoint.
     fn is_new(&self, seq: &str) -> bool {
-        if let Some(last) = &self.last_record {
+        if let Some(last) = self.pipeline.last_sequence() {
             return compare_sequence(seq, last) == Ordering::Greater;
         }
         if let Some(floor) = &self.floor {
@@ -578,30 +550,23 @@ impl Subscriber {
             debug!(stream = %self.stream, shard = %self.shard_id, repeated,
                 "dropped records received before");
         }
-        let fetched = records.len();
-        if let Some(last) = records.last() {
-            self.last_record = Some(last.sequence_number.clone());
+        if !records.is_empty() {
             self.floor = None;
         }
         if !continuation.is_empty() {
             self.continuation = Some(continuation.clone());
         }
-        let bytes: usize = records.iter().map(|r| r.data.as_ref().len()).sum();
-        let mut user = self
-            .deaggregator
-            .deaggregate_batch(records.into_iter().map(raw_record));
-        self.shared.stats.fetched(user.len() as u64, bytes as u64);
+        let Taken {
+            user,
+            fetched,
+            payload_bytes,
+        } = self.pipeline.take(records);
+        self.shared
+            .stats
+            .fetched(user.len() as u64, payload_bytes as u64);
         self.meters.records.increment(user.len() as u64);
-        self.meters.bytes.increment(bytes as u64);
-        if let Some(checkpoint) = &self.skip {
-            kpl::skip_checkpointed(&mut user, checkpoint);
-            // Everything after the checkpointed record is new: once a
-            // record survives, or the event went past it, stop checking.
-            let past = self.last_record.as_deref() != Some(checkpoint.as_str());
-            if !user.is_empty() || (fetched > 0 && past) {
-                self.skip = None;
-            }
-        }
+        self.meters.bytes.increment(payload_bytes as u64);
+        let bytes = held_bytes(&user);
         let behind = u64::try_from(millis_behind_latest).ok();
         if let Some(ms) = behind {
             self.meters.millis_behind_latest.set(ms as f64);
@@ -670,8 +635,8 @@ impl Subscriber {
     async fn check_closed(&mut self) -> Result<Closed, SourceError> {
         self.last_closed_check = Instant::now();
         self.meters.closed_checks.increment(1);
-        let start = match &self.last_record {
-            Some(seq) => IteratorStart::AfterSequence(seq.clone()),
+        let start = match self.pipeline.last_sequence() {
+            Some(seq) => IteratorStart::AfterSequence(seq.to_owned()),
             None => self.start.clone(),
         };
         let shared = &self.shared;
@@ -788,17 +753,4 @@ pub(crate) fn compare_sequence(a: &str, b: &str) -> Ordering {
     let a = a.trim_start_matches('0');
     let b = b.trim_start_matches('0');
     a.len().cmp(&b.len()).then_with(|| a.cmp(b))
-}
-
-/// The kpl module's view of a received record (no copy of the payload).
-fn raw_record(r: aws_sdk_kinesis::types::Record) -> RawRecord {
-    RawRecord {
-        data: Bytes::from(r.data.into_inner()),
-        partition_key: r.partition_key.unwrap_or_default(),
-        explicit_hash_key: None,
-        sequence_number: r.sequence_number,
-        approximate_arrival: r
-            .approximate_arrival_timestamp
-            .and_then(|t| SystemTime::try_from(t).ok()),
-    }
 }

@@ -10,7 +10,7 @@ use super::fake::{FakeFanOut, StreamFault, SubscribeFault};
 use super::reader::compare_sequence;
 use super::{DeregisterConsumer, FanOutConfig, FanOutConfigBuilder};
 use crate::KinesisShardSource;
-use crate::api::{IteratorStart, KinesisApi};
+use crate::calls::{IteratorStart, KinesisApi};
 use crate::fake::FakeKinesis;
 use crate::kpl::{UserRecord, aggregate};
 

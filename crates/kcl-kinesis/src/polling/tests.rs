@@ -6,7 +6,7 @@ use kcl_core::leases::{EndReason, LeaseHandle};
 use kcl_core::source::{OpenShard, ShardReader, ShardSource, SourceError, StartPosition};
 use kcl_core::{Checkpoint, Lease, Record};
 
-use crate::api::KinesisApi;
+use crate::calls::KinesisApi;
 use crate::fake::FakeKinesis;
 use crate::faults::{Call, Fault, FaultInjector, Faulty};
 use crate::kpl::{UserRecord, aggregate};

@@ -1,5 +1,4 @@
-//! What the source can do about a failed Kinesis call, and the build-time
-//! configuration error.
+//! What the source can do about a failed Kinesis call.
 
 use std::error::Error as StdError;
 
@@ -7,16 +6,6 @@ use aws_sdk_kinesis::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_kinesis::operation::get_records::GetRecordsError;
 use aws_sdk_kinesis::operation::get_shard_iterator::GetShardIteratorError;
 use aws_sdk_kinesis::operation::list_shards::ListShardsError;
-
-/// An impossible setting, named by its field.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid Kinesis source configuration: `{field}` {reason}")]
-pub struct ConfigError {
-    /// The offending field, as named on the builder.
-    pub field: &'static str,
-    /// Why the value cannot work.
-    pub reason: String,
-}
 
 /// How a failed call is handled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,4 +1,6 @@
-//! The Kinesis calls the source makes, behind a small trait.
+//! The call layer: the Kinesis calls the source makes, behind a small
+//! trait, how their errors are classified ([`classify`]) and how a call is
+//! retried ([`retry`]).
 //!
 //! The trait is the seam where tests inject the service's real error
 //! variants (expired iterators, throttling) that the emulator never
@@ -7,6 +9,7 @@
 //! classification code.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use async_trait::async_trait;
@@ -18,6 +21,21 @@ use aws_sdk_kinesis::operation::get_shard_iterator::{
 use aws_sdk_kinesis::operation::list_shards::{ListShardsError, ListShardsOutput};
 use aws_sdk_kinesis::primitives::DateTime;
 use aws_sdk_kinesis::types::{ShardFilter, ShardIteratorType};
+
+use crate::config::PollingConfig;
+use crate::stats::SourceStats;
+
+pub(crate) mod classify;
+pub(crate) mod retry;
+
+/// What the source, its readers and its calls share.
+#[derive(Debug, Clone)]
+pub(crate) struct Shared {
+    pub(crate) api: Arc<dyn KinesisApi>,
+    pub(crate) polling: PollingConfig,
+    pub(crate) max_results: Option<i32>,
+    pub(crate) stats: Arc<SourceStats>,
+}
 
 /// One `ListShards` request.
 #[derive(Debug, Clone)]
