@@ -30,7 +30,8 @@ const READ_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn polling() -> kcl_kinesis::PollingConfigBuilder {
     PollingConfig::builder()
-        .idle_time_between_reads(Duration::from_millis(100))
+        .idle_time_between_reads(Duration::from_millis(200))
+        .time_between_reads(Duration::from_millis(200))
         .retry_min_delay(Duration::from_millis(20))
         .retry_max_delay(Duration::from_millis(200))
 }

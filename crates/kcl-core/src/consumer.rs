@@ -432,6 +432,17 @@ async fn process(
                 c.pause(read_backoff.step()).await?;
                 continue;
             }
+            Err(e @ SourceError::StreamNotFound { .. }) => {
+                // The stream was deleted. Every worker would find the same,
+                // so the lease (and its checkpoint) stays here rather than
+                // moving around the fleet; the stream tracker retires the
+                // consumer if the stream is dropped from the application,
+                // and the removed-stream policy decides about its leases.
+                error!(error = %e, "the stream is gone; keeping the shard and checking again");
+                c.pause(read_backoff.step()).await?;
+                reader = open_reader(c, position.clone()).await?;
+                continue;
+            }
             Err(e) => {
                 // The reader cannot go on (the shard was trimmed or the
                 // stream deleted): reopen from the last delivered record a

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBuilder};
+use crate::calls::retry::RetryPolicy;
 
 /// An impossible setting, named by its field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -17,20 +17,42 @@ pub struct ConfigError {
 /// Most records one `GetRecords` call may return (a Kinesis limit).
 pub const MAX_GET_RECORDS_LIMIT: i32 = 10_000;
 
+/// The shortest time between the starts of two `GetRecords` calls on one
+/// shard that did not return a full batch. Kinesis allows five reads per
+/// second per shard, shared by every application reading the stream; the
+/// Java KCL enforces the same floor.
+pub const MIN_TIME_BETWEEN_READS: Duration = Duration::from_millis(200);
+
 /// How a polling reader fetches. Build with [`PollingConfig::builder`].
 ///
-/// Defaults follow the Java KCL where it has one: up to 10 000 records per
-/// `GetRecords`, 1 s between calls when the shard is caught up, none when
-/// a full batch says more is waiting.
+/// # Pacing
+///
+/// How soon the next `GetRecords` call starts after the previous one
+/// started depends on what that call said:
+///
+/// | the response                                   | next call after |
+/// |------------------------------------------------|-----------------|
+/// | a full batch (`max_records`)                   | at once |
+/// | short, but `MillisBehindLatest` > 0 (behind)   | [`MIN_TIME_BETWEEN_READS`] (200 ms) |
+/// | short, with records, at the tip (trickling)    | `time_between_reads` (500 ms) |
+/// | empty, at the tip (idle)                       | `idle_time_between_reads` (1 s) |
+///
+/// At the defaults a shard with a trickle of records costs at most two
+/// calls a second (of the shard's five, which every application reading it
+/// shares) and sees a record about 250 ms after it arrives on average; an
+/// idle shard costs one call a second; a shard that is behind is read as
+/// fast as the shard's quota allows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PollingConfig {
     pub(crate) max_records: i32,
     pub(crate) idle_time_between_reads: Duration,
+    pub(crate) time_between_reads: Duration,
     pub(crate) max_prefetch_records: usize,
     pub(crate) max_prefetch_bytes: usize,
     pub(crate) retry_min_delay: Duration,
     pub(crate) retry_max_delay: Duration,
     pub(crate) max_transient_retries: u32,
+    pub(crate) call_timeout: Duration,
 }
 
 impl Default for PollingConfig {
@@ -38,6 +60,7 @@ impl Default for PollingConfig {
         PollingConfig {
             max_records: MAX_GET_RECORDS_LIMIT,
             idle_time_between_reads: Duration::from_secs(1),
+            time_between_reads: Duration::from_millis(500),
             max_prefetch_records: 10_000,
             // One full GetRecords response can reach 10 MiB; 8 MiB per shard
             // keeps a few hundred shards within a few GiB even when every
@@ -47,6 +70,10 @@ impl Default for PollingConfig {
             retry_min_delay: Duration::from_millis(100),
             retry_max_delay: Duration::from_secs(10),
             max_transient_retries: 10,
+            // GetRecords answers in tens of milliseconds; the Java KCL gives
+            // up after 30 s. 10 s notices a dead connection sooner, and is
+            // still far above a slow answer.
+            call_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -64,9 +91,16 @@ impl PollingConfig {
         self.max_records
     }
 
-    /// Wait after a batch that did not fill `max_records`.
+    /// Time between the starts of two calls when the first returned no
+    /// record and the shard is caught up.
     pub fn idle_time_between_reads(&self) -> Duration {
         self.idle_time_between_reads
+    }
+
+    /// Time between the starts of two calls when the first returned some
+    /// records, fewer than `max_records`, and the shard is caught up.
+    pub fn time_between_reads(&self) -> Duration {
+        self.time_between_reads
     }
 
     /// Most user records fetched ahead of the processor.
@@ -79,17 +113,20 @@ impl PollingConfig {
         self.max_prefetch_bytes
     }
 
-    /// The delays between retries of a throttled or failed call:
-    /// exponential from `retry_min_delay` to `retry_max_delay`, with
-    /// jitter so that many shards throttled at once do not retry in step.
-    pub(crate) fn backoff(&self) -> impl Iterator<Item = std::time::Duration> + use<> {
-        ExponentialBuilder::default()
-            .with_min_delay(self.retry_min_delay)
-            .with_max_delay(self.retry_max_delay)
-            .with_factor(2.0)
-            .with_jitter()
-            .without_max_times()
-            .build()
+    /// The longest one `GetRecords`, `GetShardIterator` or `ListShards`
+    /// call may take before it is given up and made again.
+    pub fn call_timeout(&self) -> Duration {
+        self.call_timeout
+    }
+
+    /// How the reader's calls (and shard listing) are retried.
+    pub(crate) fn retry_policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            attempt_timeout: self.call_timeout,
+            min_delay: self.retry_min_delay,
+            max_delay: self.retry_max_delay,
+            max_transient: self.max_transient_retries,
+        }
     }
 }
 
@@ -107,10 +144,21 @@ impl PollingConfigBuilder {
         self
     }
 
-    /// Wait after a batch that did not fill `max_records` (default 1 s). A
-    /// full batch is followed at once: more records are waiting.
+    /// Time between the starts of two calls when the first returned no
+    /// record and the shard is caught up (default 1 s, at least 200 ms):
+    /// what an idle shard costs. See the pacing table on [`PollingConfig`].
     pub fn idle_time_between_reads(mut self, d: Duration) -> Self {
         self.config.idle_time_between_reads = d;
+        self
+    }
+
+    /// Time between the starts of two calls when the first returned some
+    /// records but fewer than `max_records`, and the shard is caught up
+    /// (default 500 ms, at least 200 ms): the latency of a trickling shard
+    /// against its read quota. A full batch is followed at once, and a
+    /// shard that is behind after 200 ms.
+    pub fn time_between_reads(mut self, d: Duration) -> Self {
+        self.config.time_between_reads = d;
         self
     }
 
@@ -149,6 +197,14 @@ impl PollingConfigBuilder {
         self
     }
 
+    /// The longest one `GetRecords`, `GetShardIterator` or `ListShards`
+    /// call may take before it is given up and made again (default 10 s):
+    /// a call stuck on a dead connection must not stall the shard.
+    pub fn call_timeout(mut self, d: Duration) -> Self {
+        self.config.call_timeout = d;
+        self
+    }
+
     /// Validates the settings.
     pub fn build(self) -> Result<PollingConfig, ConfigError> {
         let c = self.config;
@@ -161,6 +217,20 @@ impl PollingConfigBuilder {
                     c.max_records
                 ),
             );
+        }
+        for (field, d) in [
+            ("idle_time_between_reads", c.idle_time_between_reads),
+            ("time_between_reads", c.time_between_reads),
+        ] {
+            if d < MIN_TIME_BETWEEN_READS {
+                return err(
+                    field,
+                    format!(
+                        "is {d:?}; it must be at least {MIN_TIME_BETWEEN_READS:?}: every application \
+                         reading the shard shares its five reads per second"
+                    ),
+                );
+            }
         }
         if c.max_prefetch_records == 0 {
             return err("max_prefetch_records", "must be at least 1".into());
@@ -187,6 +257,12 @@ impl PollingConfigBuilder {
                 "must be above zero, or throttled calls retry in a tight loop".into(),
             );
         }
+        if c.call_timeout < Duration::from_millis(100) {
+            return err(
+                "call_timeout",
+                format!("is {:?}; it must be at least 100ms", c.call_timeout),
+            );
+        }
         if c.retry_max_delay < c.retry_min_delay {
             return err(
                 "retry_max_delay",
@@ -210,6 +286,7 @@ mod tests {
         assert_eq!(c, PollingConfig::default());
         assert_eq!(c.max_records(), 10_000);
         assert_eq!(c.idle_time_between_reads(), Duration::from_secs(1));
+        assert_eq!(c.time_between_reads(), Duration::from_millis(500));
     }
 
     #[test]
@@ -217,6 +294,14 @@ mod tests {
         let cases: Vec<(PollingConfigBuilder, &str)> = vec![
             (PollingConfig::builder().max_records(0), "max_records"),
             (PollingConfig::builder().max_records(10_001), "max_records"),
+            (
+                PollingConfig::builder().idle_time_between_reads(Duration::ZERO),
+                "idle_time_between_reads",
+            ),
+            (
+                PollingConfig::builder().time_between_reads(Duration::from_millis(199)),
+                "time_between_reads",
+            ),
             (
                 PollingConfig::builder().max_prefetch_records(0),
                 "max_prefetch_records",
@@ -250,7 +335,7 @@ mod tests {
             .retry_max_delay(Duration::from_millis(80))
             .build()
             .expect("config");
-        let delays: Vec<Duration> = c.backoff().take(20).collect();
+        let delays: Vec<Duration> = c.retry_policy().backoff().take(20).collect();
         assert_eq!(delays.len(), 20, "never runs out");
         // Jitter adds up to one more delay on top of the capped one.
         assert!(

@@ -109,7 +109,8 @@ pub(crate) async fn list_all(
                         .map_err(classify)
                 }
             };
-            let out = match retrying(shared, Op::ListShards, stream, None, attempt).await {
+            let policy = shared.polling.retry_policy();
+            let out = match retrying(shared, &policy, Op::ListShards, stream, None, attempt).await {
                 Ok(out) => out,
                 Err(Failure::Classified(c)) if c.class == Class::ExpiredNextToken => {
                     restarts += 1;

@@ -35,6 +35,16 @@ struct FakeShard {
     /// Whether the final GetRecords names the children (Kinesis does; the
     /// reader must cope when it does not).
     report_children: bool,
+    /// Past the stream's retention: no longer listed, and every call on it
+    /// answers ResourceNotFound.
+    expired: bool,
+    /// Records before this index were trimmed: a sequence-number start
+    /// before it answers InvalidArgument.
+    trim_horizon: usize,
+    /// Most records one GetRecords returns, whatever the limit (as when
+    /// Kinesis stops at its 10 MiB response limit, or returns an empty
+    /// page while far behind: then 0).
+    page_cap: Option<usize>,
 }
 
 /// One `ListShards` request as received.
@@ -117,6 +127,9 @@ impl FakeKinesis {
             closed: false,
             children: Vec::new(),
             report_children: true,
+            expired: false,
+            trim_horizon: 0,
+            page_cap: None,
         }
     }
 
@@ -196,6 +209,38 @@ impl FakeKinesis {
         ids
     }
 
+    fn shard_mut<'a>(s: &'a mut State, stream: &str, shard: &str) -> &'a mut FakeShard {
+        s.streams
+            .get_mut(stream)
+            .and_then(|v| v.iter_mut().find(|f| f.shard.shard_id == shard))
+            .expect("shard")
+    }
+
+    /// Ages `shard` out of the retention period: its unread records are
+    /// gone, ListShards no longer returns it, and calls on it answer
+    /// ResourceNotFound.
+    pub(crate) fn expire(&self, stream: &str, shard: &str) {
+        Self::shard_mut(&mut self.lock(), stream, shard).expired = true;
+    }
+
+    /// Deletes `stream`.
+    pub(crate) fn delete_stream(&self, stream: &str) {
+        self.lock().streams.remove(stream);
+    }
+
+    /// Trims the first `n` records of `shard`: TRIM_HORIZON starts after
+    /// them, and a sequence-number start among them answers
+    /// InvalidArgument.
+    pub(crate) fn trim(&self, stream: &str, shard: &str, n: usize) {
+        Self::shard_mut(&mut self.lock(), stream, shard).trim_horizon = n;
+    }
+
+    /// Makes each GetRecords on `shard` return at most `cap` records (0:
+    /// empty pages), with MillisBehindLatest saying how far behind.
+    pub(crate) fn cap_pages(&self, stream: &str, shard: &str, cap: Option<usize>) {
+        Self::shard_mut(&mut self.lock(), stream, shard).page_cap = cap;
+    }
+
     pub(crate) fn list_requests(&self) -> Vec<ListRequest> {
         self.lock().list_requests.clone()
     }
@@ -264,7 +309,7 @@ impl KinesisApi for FakeKinesis {
         };
         let all: Vec<Shard> = shards
             .iter()
-            .filter(|f| after.is_empty() || f.shard.shard_id > after)
+            .filter(|f| !f.expired && (after.is_empty() || f.shard.shard_id > after))
             .map(|f| f.shard.clone())
             .collect();
         let size = max_results.map_or(1000, |m| m as usize);
@@ -283,19 +328,39 @@ impl KinesisApi for FakeKinesis {
         start: &IteratorStart,
     ) -> Result<GetShardIteratorOutput, SdkError<GetShardIteratorError>> {
         let s = self.lock();
-        let Some(shard) = s
-            .streams
-            .get(stream)
-            .and_then(|v| v.iter().find(|f| f.shard.shard_id == shard_id))
-        else {
+        let Some(shard) = s.streams.get(stream).and_then(|v| {
+            v.iter()
+                .find(|f| f.shard.shard_id == shard_id && !f.expired)
+        }) else {
             return Err(bad_request(
                 GetShardIteratorError::ResourceNotFoundException(
                     ResourceNotFoundException::builder().build(),
                 ),
             ));
         };
+        let trimmed = |seq: &str| {
+            shard.trim_horizon > 0
+                && shard.records[shard.trim_horizon - 1]
+                    .sequence_number
+                    .as_str()
+                    >= seq
+        };
+        if let IteratorStart::AtSequence(seq) | IteratorStart::AfterSequence(seq) = start
+            && trimmed(seq)
+        {
+            return Err(bad_request(
+                GetShardIteratorError::InvalidArgumentException(
+                    InvalidArgumentException::builder()
+                        .message(format!(
+                            "StartingSequenceNumber {seq} used in GetShardIterator on shard \
+                         {shard_id} in stream {stream} is invalid because it is trimmed"
+                        ))
+                        .build(),
+                ),
+            ));
+        }
         let pos = match start {
-            IteratorStart::TrimHorizon | IteratorStart::AtTimestamp(_) => 0,
+            IteratorStart::TrimHorizon | IteratorStart::AtTimestamp(_) => shard.trim_horizon,
             IteratorStart::Latest => shard.records.len(),
             IteratorStart::AtSequence(seq) => shard
                 .records
@@ -330,8 +395,19 @@ impl KinesisApi for FakeKinesis {
             .streams
             .get(&stream)
             .and_then(|v| v.iter().find(|f| f.shard.shard_id == shard_id))
-            .ok_or_else(invalid)?;
-        let end = (pos + limit.max(0) as usize).min(shard.records.len());
+            .ok_or_else(|| {
+                bad_request(GetRecordsError::ResourceNotFoundException(
+                    ResourceNotFoundException::builder().build(),
+                ))
+            })?;
+        if shard.expired {
+            return Err(bad_request(GetRecordsError::ResourceNotFoundException(
+                ResourceNotFoundException::builder().build(),
+            )));
+        }
+        let pos = pos.max(shard.trim_horizon);
+        let take = (limit.max(0) as usize).min(shard.page_cap.unwrap_or(usize::MAX));
+        let end = (pos + take).min(shard.records.len());
         let records = shard.records[pos.min(end)..end].to_vec();
         let at_end = end == shard.records.len();
         let mut out = GetRecordsOutput::builder()

@@ -19,8 +19,11 @@ use aws_sdk_kinesis::operation::get_shard_iterator::{
 };
 use aws_sdk_kinesis::operation::list_shards::{ListShardsError, ListShardsOutput};
 use aws_sdk_kinesis::types::error::{
-    ExpiredIteratorException, ExpiredNextTokenException, InternalFailureException,
+    AccessDeniedException, ExpiredIteratorException, ExpiredNextTokenException,
+    InternalFailureException, InvalidArgumentException, KmsAccessDeniedException,
+    KmsDisabledException, KmsInvalidStateException, KmsNotFoundException, KmsOptInRequired,
     KmsThrottlingException, LimitExceededException, ProvisionedThroughputExceededException,
+    ResourceNotFoundException,
 };
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use aws_smithy_runtime_api::http::StatusCode;
@@ -59,6 +62,39 @@ pub enum Fault {
     InternalFailure,
     /// The call timed out (no response).
     Timeout,
+    /// The call never answers (a request stuck on a dead connection).
+    Hang,
+    /// `ResourceNotFoundException` (a shard past retention, a deleted
+    /// stream).
+    ResourceNotFound,
+    /// `InvalidArgumentException` (for `GetShardIterator`, a starting
+    /// sequence number behind the trim horizon).
+    InvalidArgument,
+    /// `AccessDeniedException`.
+    AccessDenied,
+    /// `KMSAccessDeniedException`.
+    KmsAccessDenied,
+    /// `KMSDisabledException`.
+    KmsDisabled,
+    /// `KMSInvalidStateException`.
+    KmsInvalidState,
+    /// `KMSNotFoundException`.
+    KmsNotFound,
+    /// `KMSOptInRequired`.
+    KmsOptInRequired,
+}
+
+impl Fault {
+    /// Every KMS and access error: what retrying cannot fix but an
+    /// operator can.
+    pub const ACCESS: [Fault; 6] = [
+        Fault::AccessDenied,
+        Fault::KmsAccessDenied,
+        Fault::KmsDisabled,
+        Fault::KmsInvalidState,
+        Fault::KmsNotFound,
+        Fault::KmsOptInRequired,
+    ];
 }
 
 impl Fault {
@@ -71,6 +107,15 @@ impl Fault {
             Fault::ExpiredNextToken => "ExpiredNextTokenException",
             Fault::InternalFailure => "InternalFailureException",
             Fault::Timeout => "Timeout",
+            Fault::Hang => "Hang",
+            Fault::ResourceNotFound => "ResourceNotFoundException",
+            Fault::InvalidArgument => "InvalidArgumentException",
+            Fault::AccessDenied => "AccessDeniedException",
+            Fault::KmsAccessDenied => "KMSAccessDeniedException",
+            Fault::KmsDisabled => "KMSDisabledException",
+            Fault::KmsInvalidState => "KMSInvalidStateException",
+            Fault::KmsNotFound => "KMSNotFoundException",
+            Fault::KmsOptInRequired => "KMSOptInRequired",
         }
     }
 
@@ -92,6 +137,7 @@ impl Fault {
 #[derive(Debug, Default)]
 struct Plan {
     queued: HashMap<Call, VecDeque<Fault>>,
+    always: HashMap<Call, Fault>,
     at: HashMap<(Call, u64), Fault>,
     calls: HashMap<Call, u64>,
     injected: HashMap<Call, u64>,
@@ -126,6 +172,18 @@ impl FaultInjector {
         self.lock().at.insert((call, nth), fault);
     }
 
+    /// Makes every call of `call` fail with `fault` (an outage: a KMS key
+    /// disabled, a policy revoked) until [`FaultInjector::clear`]. Faults
+    /// scheduled with `inject_at` and `inject` come first.
+    pub fn fail_all(&self, call: Call, fault: Fault) {
+        self.lock().always.insert(call, fault);
+    }
+
+    /// Ends a [`FaultInjector::fail_all`] outage of `call`.
+    pub fn clear(&self, call: Call) {
+        self.lock().always.remove(&call);
+    }
+
     /// Calls of `call` made so far, faulted or not.
     pub fn calls(&self, call: Call) -> u64 {
         self.lock().calls.get(&call).copied().unwrap_or(0)
@@ -149,7 +207,10 @@ impl FaultInjector {
         let nth = *count;
         let fault = match plan.at.remove(&(call, nth)) {
             Some(fault) => Some(fault),
-            None => plan.queued.get_mut(&call).and_then(VecDeque::pop_front),
+            None => match plan.queued.get_mut(&call).and_then(VecDeque::pop_front) {
+                Some(fault) => Some(fault),
+                None => plan.always.get(&call).copied(),
+            },
         };
         if fault.is_some() {
             *plan.injected.entry(call).or_default() += 1;
@@ -198,7 +259,57 @@ fn get_records_error(fault: Fault) -> SdkError<GetRecordsError> {
                 .meta(meta)
                 .build(),
         ),
-        Fault::LimitExceeded | Fault::ExpiredNextToken => GetRecordsError::generic(meta),
+        Fault::ResourceNotFound => GetRecordsError::ResourceNotFoundException(
+            ResourceNotFoundException::builder()
+                .message("injected: shard not found")
+                .meta(meta)
+                .build(),
+        ),
+        Fault::InvalidArgument => GetRecordsError::InvalidArgumentException(
+            InvalidArgumentException::builder()
+                .message("injected: invalid argument")
+                .meta(meta)
+                .build(),
+        ),
+        Fault::AccessDenied => GetRecordsError::AccessDeniedException(
+            AccessDeniedException::builder()
+                .message("injected: access denied")
+                .meta(meta)
+                .build(),
+        ),
+        Fault::KmsAccessDenied => GetRecordsError::KmsAccessDeniedException(
+            KmsAccessDeniedException::builder()
+                .message("injected: KMS access denied")
+                .meta(meta)
+                .build(),
+        ),
+        Fault::KmsDisabled => GetRecordsError::KmsDisabledException(
+            KmsDisabledException::builder()
+                .message("injected: KMS key disabled")
+                .meta(meta)
+                .build(),
+        ),
+        Fault::KmsInvalidState => GetRecordsError::KmsInvalidStateException(
+            KmsInvalidStateException::builder()
+                .message("injected: KMS key in an invalid state")
+                .meta(meta)
+                .build(),
+        ),
+        Fault::KmsNotFound => GetRecordsError::KmsNotFoundException(
+            KmsNotFoundException::builder()
+                .message("injected: KMS key not found")
+                .meta(meta)
+                .build(),
+        ),
+        Fault::KmsOptInRequired => GetRecordsError::KmsOptInRequired(
+            KmsOptInRequired::builder()
+                .message("injected: KMS opt-in required")
+                .meta(meta)
+                .build(),
+        ),
+        Fault::LimitExceeded | Fault::ExpiredNextToken | Fault::Hang => {
+            GetRecordsError::generic(meta)
+        }
     };
     service_error(fault, err)
 }
@@ -218,6 +329,24 @@ fn get_shard_iterator_error(fault: Fault) -> SdkError<GetShardIteratorError> {
         Fault::InternalFailure => GetShardIteratorError::InternalFailureException(
             InternalFailureException::builder()
                 .message("injected: internal failure")
+                .meta(meta)
+                .build(),
+        ),
+        Fault::ResourceNotFound => GetShardIteratorError::ResourceNotFoundException(
+            ResourceNotFoundException::builder()
+                .message("injected: shard not found")
+                .meta(meta)
+                .build(),
+        ),
+        Fault::InvalidArgument => GetShardIteratorError::InvalidArgumentException(
+            InvalidArgumentException::builder()
+                .message("injected: starting sequence number behind the trim horizon")
+                .meta(meta)
+                .build(),
+        ),
+        Fault::AccessDenied => GetShardIteratorError::AccessDeniedException(
+            AccessDeniedException::builder()
+                .message("injected: access denied")
                 .meta(meta)
                 .build(),
         ),
@@ -263,6 +392,7 @@ impl KinesisApi for Faulty {
         max_results: Option<i32>,
     ) -> Result<ListShardsOutput, SdkError<ListShardsError>> {
         match self.faults.next(Call::ListShards) {
+            Some(Fault::Hang) => std::future::pending().await,
             Some(fault) => Err(list_shards_error(fault)),
             None => self.inner.list_shards(page, max_results).await,
         }
@@ -275,6 +405,7 @@ impl KinesisApi for Faulty {
         start: &IteratorStart,
     ) -> Result<GetShardIteratorOutput, SdkError<GetShardIteratorError>> {
         match self.faults.next(Call::GetShardIterator) {
+            Some(Fault::Hang) => std::future::pending().await,
             Some(fault) => Err(get_shard_iterator_error(fault)),
             None => self.inner.get_shard_iterator(stream, shard_id, start).await,
         }
@@ -286,6 +417,7 @@ impl KinesisApi for Faulty {
         limit: i32,
     ) -> Result<GetRecordsOutput, SdkError<GetRecordsError>> {
         match self.faults.next(Call::GetRecords) {
+            Some(Fault::Hang) => std::future::pending().await,
             Some(fault) => Err(get_records_error(fault)),
             None => self.inner.get_records(iterator, limit).await,
         }

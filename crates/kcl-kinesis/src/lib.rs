@@ -53,6 +53,7 @@
 
 pub mod kpl;
 
+mod budget;
 mod calls;
 mod config;
 mod discovery;
@@ -61,13 +62,19 @@ mod fake;
 mod fanout;
 #[cfg(any(test, feature = "test-util"))]
 pub mod faults;
+#[cfg(test)]
+mod fleet_tests;
+mod gone;
 mod polling;
 mod records;
 mod source;
 mod stats;
 mod task_reader;
 
-pub use config::{ConfigError, MAX_GET_RECORDS_LIMIT, PollingConfig, PollingConfigBuilder};
+pub use budget::DEFAULT_PREFETCH_BUDGET;
+pub use config::{
+    ConfigError, MAX_GET_RECORDS_LIMIT, MIN_TIME_BETWEEN_READS, PollingConfig, PollingConfigBuilder,
+};
 pub use fanout::{DeregisterConsumer, FanOutConfig, FanOutConfigBuilder, MAX_CONSUMER_NAME_LEN};
 pub use source::{
     KinesisShardSource, KinesisShardSourceBuilder, MAX_LIST_SHARDS_RESULTS, Retrieval,

@@ -20,20 +20,25 @@
 //! prefetched under a lease is never delivered after it.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use aws_sdk_kinesis::operation::get_records::GetRecordsOutput;
 use kcl_core::leases::LeaseHandle;
 use kcl_core::source::{Batch, ChildShard, OpenShard, SourceError};
 use metrics::{Counter, Gauge};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, warn};
 
+use crate::budget::{Held, Reservation};
 use crate::calls::IteratorStart;
 use crate::calls::Shared;
 use crate::calls::classify::{Class, classify};
 use crate::calls::retry::{Failure, Op, retryable, retrying};
+use crate::config::MIN_TIME_BETWEEN_READS;
 use crate::discovery::{children_in, list_after, reported_children};
+use crate::gone::{Missing, past_trim_horizon, why_missing};
 use crate::records::{Records, Start, Taken, held_bytes};
 use crate::task_reader::{Delivery, TaskReader};
 
@@ -51,6 +56,7 @@ pub(crate) struct Prefetched {
     batch: Batch,
     _records: OwnedSemaphorePermit,
     _bytes: OwnedSemaphorePermit,
+    _worker: Held,
 }
 
 /// A [`ShardReader`] on one shard, fed by a background `GetRecords` loop.
@@ -82,10 +88,8 @@ impl PollingReader {
             lease,
             meters,
         };
-        let iterator = ctx
-            .get_iterator(&start.iterator)
-            .await
-            .map_err(|f| f.into_source_error(&ctx.stream, &ctx.shard_id))?;
+        let mut from = start.iterator.clone();
+        let next = ctx.first_iterator(&mut from).await?;
 
         let (tx, rx) = mpsc::channel(PREFETCH_BATCHES);
         let stop = CancellationToken::new();
@@ -94,9 +98,10 @@ impl PollingReader {
             records: Arc::new(Semaphore::new(polling.max_prefetch_records)),
             bytes: Arc::new(Semaphore::new(polling.max_prefetch_bytes)),
             tx,
-            start: start.iterator,
+            start: from,
             pipeline: records,
-            iterator,
+            next,
+            last_call: None,
             ctx: ctx.clone(),
         };
         // The fetch task logs under the consumer's span (worker, stream, shard).
@@ -172,6 +177,7 @@ impl Ctx {
         };
         let out = retrying(
             &self.shared,
+            &self.shared.polling.retry_policy(),
             Op::GetShardIterator,
             &self.stream,
             Some(&self.lease),
@@ -191,6 +197,50 @@ impl Ctx {
     fn error(&self, failure: Failure) -> SourceError {
         failure.into_source_error(&self.stream, &self.shard_id)
     }
+
+    /// An iterator at `start`, or the shard's end if the shard expired.
+    /// A start behind the trim horizon is moved to `TRIM_HORIZON` (in
+    /// `start`, so that a later replacement starts there too).
+    async fn first_iterator(&self, start: &mut IteratorStart) -> Result<Next, SourceError> {
+        loop {
+            match self.get_iterator(start).await {
+                Ok(it) => return Ok(Next::Read(it)),
+                Err(Failure::Classified(c)) if c.class == Class::NotFound => {
+                    return self.missing(c.error).await;
+                }
+                Err(Failure::Classified(c)) if c.class == Class::InvalidArgument => {
+                    match past_trim_horizon(&self.shared, &self.stream, &self.shard_id, start) {
+                        Some(horizon) => *start = horizon,
+                        None => return Err(self.error(Failure::Classified(c))),
+                    }
+                }
+                Err(f) => return Err(self.error(f)),
+            }
+        }
+    }
+
+    /// What a `ResourceNotFound` for the shard means (see [`why_missing`]).
+    async fn missing(
+        &self,
+        error: Box<dyn std::error::Error + Send + Sync>,
+    ) -> Result<Next, SourceError> {
+        match why_missing(&self.shared, &self.stream, &self.shard_id).await? {
+            Missing::Expired(children) => Ok(Next::End(children)),
+            Missing::Stream => Err(SourceError::StreamNotFound {
+                stream: self.stream.clone(),
+            }),
+            Missing::Listed => Err(retryable(&self.stream, &self.shard_id, error)),
+        }
+    }
+}
+
+/// Where the fetch task goes on.
+#[derive(Debug)]
+enum Next {
+    /// `GetRecords` with this iterator.
+    Read(String),
+    /// The shard is over (it expired): deliver its end with these children.
+    End(Vec<ChildShard>),
 }
 
 /// What the fetch loop does after a batch.
@@ -209,7 +259,9 @@ struct Fetcher {
     /// Where the reader started, for a new iterator before any record.
     start: IteratorStart,
     pipeline: Records,
-    iterator: String,
+    next: Next,
+    /// When the last `GetRecords` started, for pacing.
+    last_call: Option<Instant>,
 }
 
 impl Fetcher {
@@ -237,25 +289,47 @@ impl Fetcher {
         // a misbehaving endpoint), back off instead of spinning.
         let mut expired_in_a_row: u32 = 0;
         loop {
+            let iterator = match &self.next {
+                Next::Read(it) => it.clone(),
+                Next::End(children) => {
+                    let children = children.clone();
+                    self.end(children).await;
+                    return Ok(());
+                }
+            };
             let Some(limit) = self.wait_for_budget().await else {
                 return Ok(());
             };
-            let out = match self.get_records(limit).await {
+            // Room for the response in the worker-wide budget, before the
+            // call: however many shards answer at once, they fit.
+            let Some(reservation) = self.ctx.shared.budget.reserve_call(limit).await else {
+                return Ok(());
+            };
+            let out = match self.get_records(&iterator, limit).await {
                 Ok(out) => {
                     expired_in_a_row = 0;
                     out
                 }
                 Err(Failure::Classified(c)) if c.class == Class::ExpiredIterator => {
                     if expired_in_a_row > 0 {
-                        let polling = &self.ctx.shared.polling;
-                        let delay = polling
-                            .retry_min_delay
-                            .saturating_mul(1 << expired_in_a_row.min(16))
-                            .min(polling.retry_max_delay);
+                        let delay = self
+                            .ctx
+                            .shared
+                            .polling
+                            .retry_policy()
+                            .backoff()
+                            .nth(expired_in_a_row.min(16) as usize)
+                            .unwrap_or(self.ctx.shared.polling.retry_max_delay);
                         tokio::time::sleep(delay).await;
                     }
                     expired_in_a_row = expired_in_a_row.saturating_add(1);
                     self.replace_iterator().await?;
+                    continue;
+                }
+                Err(Failure::Classified(c)) if c.class == Class::NotFound => {
+                    // The shard aged out while being read (or the stream was
+                    // deleted): decide as at open.
+                    self.next = self.ctx.missing(c.error).await?;
                     continue;
                 }
                 Err(Failure::Exhausted(c)) => {
@@ -268,15 +342,53 @@ impl Fetcher {
                 }
                 Err(f) => return Err(self.ctx.error(f)),
             };
-            let full = out.records.len() >= usize::try_from(limit).unwrap_or(usize::MAX);
-            match self.deliver(out).await? {
+            let pause = self.pause_after(&out, limit);
+            match self.deliver(out, reservation).await? {
                 Flow::Continue => {}
                 Flow::Stop => return Ok(()),
             }
-            if !full {
-                self.idle().await;
-            }
+            self.pace(pause).await;
         }
+    }
+
+    /// How long after the start of the call that returned `out` the next
+    /// one may start (the pacing table on [`crate::PollingConfig`]).
+    fn pause_after(&self, out: &GetRecordsOutput, limit: i32) -> Duration {
+        let polling = &self.ctx.shared.polling;
+        let got = out.records.len();
+        if got >= usize::try_from(limit).unwrap_or(usize::MAX) {
+            Duration::ZERO
+        } else if out.millis_behind_latest.is_some_and(|ms| ms > 0) {
+            MIN_TIME_BETWEEN_READS
+        } else if got > 0 {
+            polling.time_between_reads
+        } else {
+            polling.idle_time_between_reads
+        }
+    }
+
+    /// Sends the shard's end (it expired: no records are left).
+    async fn end(&mut self, children: Vec<ChildShard>) {
+        let Some((records, bytes)) = self.reserve(0, 0).await else {
+            return;
+        };
+        let Some(worker) = self.ctx.shared.budget.take(0).await else {
+            return;
+        };
+        let batch = Batch {
+            records: Vec::new(),
+            millis_behind_latest: Some(0),
+            shard_end: Some(children),
+        };
+        let _ = self
+            .tx
+            .send(Ok(Prefetched {
+                batch,
+                _records: records,
+                _bytes: bytes,
+                _worker: worker,
+            }))
+            .await;
     }
 
     /// Waits until some prefetch budget is free; returns how many records
@@ -291,10 +403,18 @@ impl Fetcher {
         Some(i32::try_from(free).map_or(max, |free| free.min(max)))
     }
 
-    async fn get_records(&self, limit: i32) -> Result<GetRecordsOutput, Failure> {
+    /// One `GetRecords`, retried; notes when the last attempt started, for
+    /// pacing.
+    async fn get_records(
+        &mut self,
+        iterator: &str,
+        limit: i32,
+    ) -> Result<GetRecordsOutput, Failure> {
         let ctx = &self.ctx;
-        let iterator = self.iterator.as_str();
+        // A lock only to keep the future Send; never contended.
+        let started = std::sync::Mutex::new(Instant::now());
         let attempt = || {
+            *started.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
             ctx.shared.stats.get_records_call();
             ctx.meters.get_records.increment(1);
             async move {
@@ -305,14 +425,17 @@ impl Fetcher {
                     .map_err(classify)
             }
         };
-        retrying(
+        let out = retrying(
             &ctx.shared,
+            &ctx.shared.polling.retry_policy(),
             Op::GetRecords,
             &ctx.stream,
             Some(&ctx.lease),
             attempt,
         )
-        .await
+        .await;
+        self.last_call = Some(*started.lock().unwrap_or_else(|e| e.into_inner()));
+        out
     }
 
     /// Replaces an expired iterator: right after the last record fetched,
@@ -322,25 +445,27 @@ impl Fetcher {
     async fn replace_iterator(&mut self) -> Result<(), SourceError> {
         self.ctx.shared.stats.expired_iterator();
         self.ctx.meters.expired_iterators.increment(1);
-        let start = match self.pipeline.last_sequence() {
+        let mut start = match self.pipeline.last_sequence() {
             Some(seq) => IteratorStart::AfterSequence(seq.to_owned()),
             None => self.start.clone(),
         };
         debug!(stream = %self.ctx.stream, shard = %self.ctx.shard_id, ?start,
             "shard iterator expired; getting a new one");
         loop {
-            match self.ctx.get_iterator(&start).await {
-                Ok(it) => {
-                    self.iterator = it;
+            match self.ctx.first_iterator(&mut start).await {
+                Ok(next) => {
+                    if self.pipeline.last_sequence().is_none() {
+                        self.start = start;
+                    }
+                    self.next = next;
                     return Ok(());
                 }
-                Err(Failure::Exhausted(c)) => {
-                    let e = retryable(&self.ctx.stream, &self.ctx.shard_id, c.error);
+                Err(e) if e.is_retryable() => {
                     if !self.report(e).await {
                         return Ok(());
                     }
                 }
-                Err(f) => return Err(self.ctx.error(f)),
+                Err(e) => return Err(e),
             }
         }
     }
@@ -353,7 +478,11 @@ impl Fetcher {
     }
 
     /// De-aggregates a response and queues it for the reader.
-    async fn deliver(&mut self, out: GetRecordsOutput) -> Result<Flow, SourceError> {
+    async fn deliver(
+        &mut self,
+        out: GetRecordsOutput,
+        reservation: Reservation,
+    ) -> Result<Flow, SourceError> {
         let GetRecordsOutput {
             records,
             next_shard_iterator,
@@ -379,7 +508,7 @@ impl Fetcher {
         }
         let shard_end = match next_shard_iterator {
             Some(it) if !it.is_empty() => {
-                self.iterator = it;
+                self.next = Next::Read(it);
                 None
             }
             // No next iterator: the shard is closed and this was its end.
@@ -393,6 +522,7 @@ impl Fetcher {
             // A batch is already waiting; an empty one would say nothing new.
             return Ok(Flow::Continue);
         }
+        let worker = self.ctx.shared.budget.keep(reservation, bytes);
         let Some((records, bytes)) = self.reserve(user.len(), bytes).await else {
             return Ok(Flow::Stop);
         };
@@ -407,6 +537,7 @@ impl Fetcher {
                 batch,
                 _records: records,
                 _bytes: bytes,
+                _worker: worker,
             }))
             .await;
         Ok(if sent.is_err() || end {
@@ -474,17 +605,17 @@ impl Fetcher {
         }
     }
 
-    /// Waits before the next call after a batch that did not fill the
-    /// request: the shard is (nearly) caught up. Wakes early if the lease
-    /// ends, so the task stops promptly.
-    async fn idle(&self) {
-        let idle = self.ctx.shared.polling.idle_time_between_reads;
-        if idle.is_zero() {
+    /// Waits until `pause` after the start of the last call. Wakes early if
+    /// the lease ends, so the task stops promptly.
+    async fn pace(&self, pause: Duration) {
+        let Some(last) = self.last_call else { return };
+        if pause.is_zero() {
+            // A full batch: more is waiting. Still let other tasks run.
             tokio::task::yield_now().await;
             return;
         }
         tokio::select! {
-            () = tokio::time::sleep(idle) => {}
+            () = tokio::time::sleep_until(last + pause) => {}
             () = self.ctx.lease.ended() => {}
         }
     }
@@ -492,3 +623,6 @@ impl Fetcher {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod fault_tests;

@@ -5,12 +5,16 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use kcl_core::source::{OpenShard, ShardInfo, ShardReader, ShardSource, SourceError};
 
+use crate::budget::DEFAULT_PREFETCH_BUDGET;
 use crate::calls::{KinesisApi, Shared};
 use crate::config::{ConfigError, PollingConfig};
 use crate::discovery::{list_all, shard_info};
 use crate::fanout::{FanOut, FanOutApi, FanOutConfig, FanOutReader};
 use crate::polling::PollingReader;
 use crate::stats::{SourceStats, StatsSnapshot};
+
+/// The smallest worker-wide prefetch budget a source accepts.
+const MIN_PREFETCH_BUDGET: usize = 1024 * 1024;
 
 /// Most shards one `ListShards` call may return (a Kinesis limit).
 pub const MAX_LIST_SHARDS_RESULTS: i32 = 10_000;
@@ -51,12 +55,12 @@ impl KinesisShardSource {
     /// an `aws_config::SdkConfig`; endpoints and credentials come from it).
     pub fn new(client: aws_sdk_kinesis::Client) -> Self {
         KinesisShardSource {
-            shared: Shared {
-                api: Arc::new(client),
-                polling: PollingConfig::default(),
-                max_results: None,
-                stats: Arc::default(),
-            },
+            shared: Shared::new(
+                Arc::new(client),
+                PollingConfig::default(),
+                None,
+                DEFAULT_PREFETCH_BUDGET,
+            ),
             fanout: None,
         }
     }
@@ -69,6 +73,7 @@ impl KinesisShardSource {
             api: Arc::new(client),
             polling: PollingConfig::default(),
             max_results: None,
+            prefetch_budget: DEFAULT_PREFETCH_BUDGET,
             #[cfg(any(test, feature = "test-util"))]
             faults: None,
         }
@@ -118,12 +123,7 @@ impl KinesisShardSource {
     ) -> Self {
         let name = config.consumer_name().unwrap_or("test-consumer").to_owned();
         KinesisShardSource {
-            shared: Shared {
-                api,
-                polling: PollingConfig::default(),
-                max_results: None,
-                stats: Arc::default(),
-            },
+            shared: Shared::new(api, PollingConfig::default(), None, DEFAULT_PREFETCH_BUDGET),
             fanout: Some(Arc::new(FanOut::new(config, name, fanout_api))),
         }
     }
@@ -132,12 +132,7 @@ impl KinesisShardSource {
     #[cfg(test)]
     pub(crate) fn with_api(api: Arc<dyn KinesisApi>, polling: PollingConfig) -> Self {
         KinesisShardSource {
-            shared: Shared {
-                api,
-                polling,
-                max_results: None,
-                stats: Arc::default(),
-            },
+            shared: Shared::new(api, polling, None, DEFAULT_PREFETCH_BUDGET),
             fanout: None,
         }
     }
@@ -151,6 +146,7 @@ pub struct KinesisShardSourceBuilder {
     fan_out: Option<FanOutConfig>,
     polling: PollingConfig,
     max_results: Option<i32>,
+    prefetch_budget: usize,
     #[cfg(any(test, feature = "test-util"))]
     faults: Option<crate::faults::FaultInjector>,
 }
@@ -160,6 +156,26 @@ impl KinesisShardSourceBuilder {
     /// 1000). Small pages are for tests of pagination.
     pub fn max_results(mut self, n: i32) -> Self {
         self.max_results = Some(n);
+        self
+    }
+
+    /// Most bytes all readers of this source (one worker's shards)
+    /// together hold ahead of their processors: fetched records not yet
+    /// handed out, and the responses of polling calls in flight (default
+    /// 1 GiB, at least 1 MiB). Each reader's own budget
+    /// ([`PollingConfigBuilder::max_prefetch_bytes`],
+    /// [`crate::FanOutConfigBuilder::max_buffered_bytes`]) still applies.
+    ///
+    /// Every `GetRecords` in flight reserves the most its response can hold
+    /// (about 16 MiB at the default `max_records`), so a budget of B lets
+    /// B / 16 MiB calls run at once (64 at the default): enough for
+    /// thousands of idle shards at a call a second each. A fan-out reader
+    /// waits for free budget before reading an event and may go over by
+    /// one event while it waits.
+    ///
+    /// [`PollingConfigBuilder::max_prefetch_bytes`]: crate::PollingConfigBuilder::max_prefetch_bytes
+    pub fn prefetch_budget(mut self, bytes: usize) -> Self {
+        self.prefetch_budget = bytes;
         self
     }
 
@@ -189,6 +205,15 @@ impl KinesisShardSourceBuilder {
 
     /// Validates the settings.
     pub fn build(self) -> Result<KinesisShardSource, ConfigError> {
+        if self.prefetch_budget < MIN_PREFETCH_BUDGET {
+            return Err(ConfigError {
+                field: "prefetch_budget",
+                reason: format!(
+                    "is {} bytes; it must be at least {MIN_PREFETCH_BUDGET} (1 MiB)",
+                    self.prefetch_budget
+                ),
+            });
+        }
         if let Some(n) = self.max_results
             && !(1..=MAX_LIST_SHARDS_RESULTS).contains(&n)
         {
@@ -220,12 +245,7 @@ impl KinesisShardSourceBuilder {
             None => None,
         };
         Ok(KinesisShardSource {
-            shared: Shared {
-                api,
-                polling: self.polling,
-                max_results: self.max_results,
-                stats: Arc::default(),
-            },
+            shared: Shared::new(api, self.polling, self.max_results, self.prefetch_budget),
             fanout,
         })
     }

@@ -22,6 +22,13 @@ pub struct SourceStats {
     resubscribes: AtomicU64,
     events: AtomicU64,
     subscription_errors: AtomicU64,
+    access_denied: AtomicU64,
+    call_timeouts: AtomicU64,
+    expired_shards: AtomicU64,
+    trimmed_starts: AtomicU64,
+    silent_subscriptions: AtomicU64,
+    buffered_bytes: AtomicU64,
+    peak_buffered_bytes: AtomicU64,
 }
 
 /// A point-in-time copy of [`SourceStats`].
@@ -57,6 +64,21 @@ pub struct StatsSnapshot {
     pub events: u64,
     /// Failed subscriptions (the call or the event stream).
     pub subscription_errors: u64,
+    /// Calls denied access to the stream or its KMS key (retried while the lease lasts).
+    pub access_denied: u64,
+    /// Calls given up for not answering within their attempt timeout (retried).
+    pub call_timeouts: u64,
+    /// Shards found gone (past retention) before they were read to their end: taken as ended, their remaining records lost.
+    pub expired_shards: u64,
+    /// Starting positions behind the trim horizon (a checkpoint older than the retention): reading resumed at TRIM_HORIZON, the records in between lost.
+    pub trimmed_starts: u64,
+    /// Fan-out subscriptions that delivered no event within the event timeout and were replaced.
+    pub silent_subscriptions: u64,
+    /// Bytes the readers hold right now (fetched, not yet handed out), as
+    /// the worker-wide prefetch budget counts them.
+    pub buffered_bytes: u64,
+    /// The most bytes the readers held at once.
+    pub peak_buffered_bytes: u64,
 }
 
 impl SourceStats {
@@ -77,6 +99,13 @@ impl SourceStats {
             resubscribes: get(&self.resubscribes),
             events: get(&self.events),
             subscription_errors: get(&self.subscription_errors),
+            access_denied: get(&self.access_denied),
+            call_timeouts: get(&self.call_timeouts),
+            expired_shards: get(&self.expired_shards),
+            trimmed_starts: get(&self.trimmed_starts),
+            silent_subscriptions: get(&self.silent_subscriptions),
+            buffered_bytes: get(&self.buffered_bytes),
+            peak_buffered_bytes: get(&self.peak_buffered_bytes),
         }
     }
 
@@ -128,5 +157,35 @@ impl SourceStats {
 
     pub(crate) fn subscription_error(&self) {
         self.subscription_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn access_denied(&self) {
+        self.access_denied.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn call_timeout(&self) {
+        self.call_timeouts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn expired_shard(&self) {
+        self.expired_shards.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn trimmed_start(&self) {
+        self.trimmed_starts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn silent_subscription(&self) {
+        self.silent_subscriptions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records bytes taken from (positive) or given back to the budget.
+    pub(crate) fn buffered(&self, taken: u64) {
+        let now = self.buffered_bytes.fetch_add(taken, Ordering::Relaxed) + taken;
+        self.peak_buffered_bytes.fetch_max(now, Ordering::Relaxed);
+    }
+
+    pub(crate) fn unbuffered(&self, given_back: u64) {
+        self.buffered_bytes.fetch_sub(given_back, Ordering::Relaxed);
     }
 }

@@ -2,7 +2,7 @@
 
 use std::error::Error as StdError;
 
-use aws_sdk_kinesis::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_kinesis::error::SdkError;
 use aws_sdk_kinesis::operation::get_records::GetRecordsError;
 use aws_sdk_kinesis::operation::get_shard_iterator::GetShardIteratorError;
 use aws_sdk_kinesis::operation::list_shards::ListShardsError;
@@ -16,8 +16,16 @@ pub(crate) enum Class {
     Throttled,
     /// Worth retrying: a timeout, a 5xx, a lost connection.
     Transient,
+    /// Access to the stream or to its KMS key is denied, or the key cannot
+    /// be used. Only an operator can fix it, and any other worker would
+    /// fail the same way: the reader keeps the lease and retries with
+    /// capped backoff (as the Java KCL does), saying so at warn level.
+    AccessDenied,
     /// The stream (or shard) does not exist.
     NotFound,
+    /// The service rejected an argument: for `GetShardIterator` at a
+    /// sequence number, one behind the trim horizon (the data was trimmed).
+    InvalidArgument,
     /// A `ListShards` continuation token is too old: restart the listing.
     ExpiredNextToken,
     /// Retrying will not help.
@@ -42,6 +50,18 @@ const THROTTLING: &[&str] = &[
     "RequestLimitExceeded",
 ];
 
+/// Error codes that mean access is denied or the stream's KMS key is
+/// unusable (see [`Class::AccessDenied`]).
+const ACCESS: &[&str] = &[
+    "AccessDeniedException",
+    "KMSAccessDeniedException",
+    "KMSDisabledException",
+    "KMSInvalidStateException",
+    "KMSNotFoundException",
+    "KMSOptInRequired",
+    "UnrecognizedClientException",
+];
+
 /// Error codes worth retrying as sent.
 const TRANSIENT: &[&str] = &[
     "InternalFailureException",
@@ -60,43 +80,67 @@ pub(crate) trait KnownCode {
     fn known_code(&self) -> Option<&str>;
 }
 
-impl KnownCode for GetRecordsError {
-    fn known_code(&self) -> Option<&str> {
-        Some(match self {
-            GetRecordsError::ExpiredIteratorException(_) => "ExpiredIteratorException",
-            GetRecordsError::ProvisionedThroughputExceededException(_) => {
-                "ProvisionedThroughputExceededException"
+/// Implements [`KnownCode`] for an operation error enum: each listed
+/// variant has the given code, anything else the code the service sent.
+macro_rules! known_codes {
+    ($error:ty { $($variant:ident => $code:literal),+ $(,)? }) => {
+        impl $crate::calls::classify::KnownCode for $error {
+            fn known_code(&self) -> Option<&str> {
+                Some(match self {
+                    $(Self::$variant(_) => $code,)+
+                    other => return aws_sdk_kinesis::error::ProvideErrorMetadata::code(other),
+                })
             }
-            GetRecordsError::KmsThrottlingException(_) => "KMSThrottlingException",
-            GetRecordsError::InternalFailureException(_) => "InternalFailureException",
-            GetRecordsError::ResourceNotFoundException(_) => "ResourceNotFoundException",
-            other => return other.code(),
-        })
-    }
+        }
+    };
 }
+pub(crate) use known_codes;
 
-impl KnownCode for GetShardIteratorError {
-    fn known_code(&self) -> Option<&str> {
-        Some(match self {
-            GetShardIteratorError::ProvisionedThroughputExceededException(_) => {
-                "ProvisionedThroughputExceededException"
-            }
-            GetShardIteratorError::InternalFailureException(_) => "InternalFailureException",
-            GetShardIteratorError::ResourceNotFoundException(_) => "ResourceNotFoundException",
-            other => return other.code(),
-        })
-    }
-}
+known_codes!(GetRecordsError {
+    ExpiredIteratorException => "ExpiredIteratorException",
+    ProvisionedThroughputExceededException => "ProvisionedThroughputExceededException",
+    KmsThrottlingException => "KMSThrottlingException",
+    InternalFailureException => "InternalFailureException",
+    ResourceNotFoundException => "ResourceNotFoundException",
+    InvalidArgumentException => "InvalidArgumentException",
+    AccessDeniedException => "AccessDeniedException",
+    KmsAccessDeniedException => "KMSAccessDeniedException",
+    KmsDisabledException => "KMSDisabledException",
+    KmsInvalidStateException => "KMSInvalidStateException",
+    KmsNotFoundException => "KMSNotFoundException",
+    KmsOptInRequired => "KMSOptInRequired",
+});
 
-impl KnownCode for ListShardsError {
-    fn known_code(&self) -> Option<&str> {
-        Some(match self {
-            ListShardsError::LimitExceededException(_) => "LimitExceededException",
-            ListShardsError::ExpiredNextTokenException(_) => "ExpiredNextTokenException",
-            ListShardsError::ResourceInUseException(_) => "ResourceInUseException",
-            ListShardsError::ResourceNotFoundException(_) => "ResourceNotFoundException",
-            other => return other.code(),
-        })
+known_codes!(GetShardIteratorError {
+    ProvisionedThroughputExceededException => "ProvisionedThroughputExceededException",
+    InternalFailureException => "InternalFailureException",
+    ResourceNotFoundException => "ResourceNotFoundException",
+    InvalidArgumentException => "InvalidArgumentException",
+    AccessDeniedException => "AccessDeniedException",
+});
+
+known_codes!(ListShardsError {
+    LimitExceededException => "LimitExceededException",
+    ExpiredNextTokenException => "ExpiredNextTokenException",
+    ResourceInUseException => "ResourceInUseException",
+    ResourceNotFoundException => "ResourceNotFoundException",
+    AccessDeniedException => "AccessDeniedException",
+});
+
+/// The class of an error the service sent with `code` and HTTP `status`.
+pub(crate) fn class_of(code: Option<&str>, status: u16) -> Class {
+    match code {
+        Some("ExpiredIteratorException") => Class::ExpiredIterator,
+        Some("ExpiredNextTokenException") => Class::ExpiredNextToken,
+        Some("ResourceNotFoundException") => Class::NotFound,
+        Some("InvalidArgumentException") => Class::InvalidArgument,
+        Some(c) if THROTTLING.contains(&c) => Class::Throttled,
+        Some(c) if ACCESS.contains(&c) => Class::AccessDenied,
+        Some(c) if TRANSIENT.contains(&c) => Class::Transient,
+        _ if status == 429 => Class::Throttled,
+        _ if status == 403 => Class::AccessDenied,
+        _ if status >= 500 => Class::Transient,
+        _ => Class::Fatal,
     }
 }
 
@@ -108,17 +152,7 @@ where
     let (class, code) = match &err {
         SdkError::ServiceError(service) => {
             let code = service.err().known_code().map(str::to_owned);
-            let status = service.raw().status().as_u16();
-            let class = match code.as_deref() {
-                Some("ExpiredIteratorException") => Class::ExpiredIterator,
-                Some("ExpiredNextTokenException") => Class::ExpiredNextToken,
-                Some("ResourceNotFoundException") => Class::NotFound,
-                Some(c) if THROTTLING.contains(&c) => Class::Throttled,
-                Some(c) if TRANSIENT.contains(&c) => Class::Transient,
-                _ if status == 429 => Class::Throttled,
-                _ if status >= 500 => Class::Transient,
-                _ => Class::Fatal,
-            };
+            let class = class_of(code.as_deref(), service.raw().status().as_u16());
             (class, code)
         }
         // No answer, or an unreadable one: the call may succeed if repeated.
@@ -138,8 +172,9 @@ where
 #[cfg(test)]
 mod tests {
     use aws_sdk_kinesis::types::error::{
-        ExpiredIteratorException, InvalidArgumentException, KmsThrottlingException,
-        LimitExceededException, ProvisionedThroughputExceededException,
+        AccessDeniedException, ExpiredIteratorException, InvalidArgumentException,
+        KmsDisabledException, KmsThrottlingException, LimitExceededException,
+        ProvisionedThroughputExceededException,
     };
 
     use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
@@ -199,7 +234,27 @@ mod tests {
                     ),
                     400,
                 )),
-                Class::Fatal,
+                Class::InvalidArgument,
+            ),
+            (
+                classify(service(
+                    GetRecordsError::KmsDisabledException(KmsDisabledException::builder().build()),
+                    400,
+                )),
+                Class::AccessDenied,
+            ),
+            (
+                classify(service(
+                    GetRecordsError::AccessDeniedException(
+                        AccessDeniedException::builder().build(),
+                    ),
+                    400,
+                )),
+                Class::AccessDenied,
+            ),
+            (
+                classify(service(GetRecordsError::unhandled("forbidden"), 403)),
+                Class::AccessDenied,
             ),
             (
                 classify(service(GetRecordsError::unhandled("boom"), 503)),

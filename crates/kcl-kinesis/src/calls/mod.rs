@@ -22,6 +22,7 @@ use aws_sdk_kinesis::operation::list_shards::{ListShardsError, ListShardsOutput}
 use aws_sdk_kinesis::primitives::DateTime;
 use aws_sdk_kinesis::types::{ShardFilter, ShardIteratorType};
 
+use crate::budget::Budget;
 use crate::config::PollingConfig;
 use crate::stats::SourceStats;
 
@@ -35,6 +36,28 @@ pub(crate) struct Shared {
     pub(crate) polling: PollingConfig,
     pub(crate) max_results: Option<i32>,
     pub(crate) stats: Arc<SourceStats>,
+    /// The worker-wide prefetch budget of every reader of the source.
+    pub(crate) budget: Arc<Budget>,
+}
+
+impl Shared {
+    /// What a source on `api` shares, with a worker-wide budget of
+    /// `budget` bytes.
+    pub(crate) fn new(
+        api: Arc<dyn KinesisApi>,
+        polling: PollingConfig,
+        max_results: Option<i32>,
+        budget: usize,
+    ) -> Self {
+        let stats = Arc::<SourceStats>::default();
+        Shared {
+            api,
+            polling,
+            max_results,
+            budget: Arc::new(Budget::new(budget, Arc::clone(&stats))),
+            stats,
+        }
+    }
 }
 
 /// One `ListShards` request.

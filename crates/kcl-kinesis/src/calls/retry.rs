@@ -1,15 +1,49 @@
-//! Retrying one Kinesis call: backoff after throttles and transient
-//! failures, the lease checked before every attempt, every attempt and
-//! retry counted.
+//! Retrying one Kinesis call: the one retry layer for Kinesis calls (the
+//! SDK client kcl builds has its own retries turned off, so every attempt
+//! and every throttle is counted here). Each kind of call has its own
+//! policy: an attempt timeout (a call that does not answer is given up and
+//! made again), jittered exponential backoff after throttles, transient
+//! failures and denied access, and a bound on transient failures before
+//! they are reported. The lease is checked before every attempt.
 
 use std::future::Future;
+use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBuilder};
 use kcl_core::leases::LeaseHandle;
 use kcl_core::source::SourceError;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::Shared;
 use super::classify::{Class, Classified};
+
+/// How one kind of call is retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RetryPolicy {
+    /// The longest one attempt may take before it counts as a transient
+    /// failure.
+    pub(crate) attempt_timeout: Duration,
+    /// The first pause after a failure (before jitter).
+    pub(crate) min_delay: Duration,
+    /// The longest pause.
+    pub(crate) max_delay: Duration,
+    /// Consecutive transient failures after which the caller is told.
+    pub(crate) max_transient: u32,
+}
+
+impl RetryPolicy {
+    /// Exponential from `min_delay` to `max_delay`, jittered so that many
+    /// shards failing at once do not retry in step.
+    pub(crate) fn backoff(&self) -> impl Iterator<Item = Duration> + use<> {
+        ExponentialBuilder::default()
+            .with_min_delay(self.min_delay)
+            .with_max_delay(self.max_delay)
+            .with_factor(2.0)
+            .with_jitter()
+            .without_max_times()
+            .build()
+    }
+}
 
 /// A Kinesis operation, for metric labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,16 +120,19 @@ pub(crate) fn retryable(
 }
 
 /// Makes `attempt` until it succeeds, backing off (exponential, capped,
-/// jittered) after throttles and transient failures.
+/// jittered) after throttles, transient failures and denied access; each
+/// attempt bounded by the policy's attempt timeout.
 ///
 /// With a `lease`, the lease is checked before every attempt, and
-/// throttling is retried for as long as the lease lasts: the service is
-/// pacing this consumer, and giving up would only restart the same calls.
-/// Without one (shard listing), throttles count toward the
-/// `max_transient_retries` limit like any transient failure, so a sync
-/// cannot hang.
+/// throttling and denied access are retried for as long as the lease
+/// lasts: the service is pacing this consumer, or an operator must fix the
+/// permissions or the KMS key, and another worker would fail the same way
+/// (giving the shard up would only move the same calls around the fleet).
+/// Without one (shard listing), they count toward the `max_transient`
+/// limit like any transient failure, so a sync cannot hang.
 pub(crate) async fn retrying<T, F, Fut>(
     shared: &Shared,
+    policy: &RetryPolicy,
     op: Op,
     stream: &str,
     lease: Option<&LeaseHandle>,
@@ -105,15 +142,34 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, Classified>>,
 {
-    let mut backoff = shared.polling.backoff();
+    let mut backoff = policy.backoff();
     let mut failures: u32 = 0;
     loop {
         if lease.is_some_and(|l| !l.is_valid()) {
             return Err(Failure::LeaseLost);
         }
-        let error = match attempt().await {
-            Ok(v) => return Ok(v),
-            Err(e) => e,
+        let error = match tokio::time::timeout(policy.attempt_timeout, attempt()).await {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e)) => e,
+            Err(_) => {
+                shared.stats.call_timeout();
+                metrics::counter!(
+                    "kcl_kinesis_call_timeouts_total",
+                    "stream" => stream.to_owned(),
+                    "call" => op.as_str()
+                )
+                .increment(1);
+                Classified {
+                    class: Class::Transient,
+                    code: None,
+                    error: format!(
+                        "{} did not answer within {:?}",
+                        op.as_str(),
+                        policy.attempt_timeout
+                    )
+                    .into(),
+                }
+            }
         };
         match error.class {
             Class::Throttled => {
@@ -128,10 +184,27 @@ where
                     failures += 1;
                 }
             }
+            Class::AccessDenied => {
+                shared.stats.access_denied();
+                let code = error.code.clone().unwrap_or_default();
+                metrics::counter!(
+                    "kcl_kinesis_access_errors_total",
+                    "stream" => stream.to_owned(),
+                    "call" => op.as_str(),
+                    "code" => code.clone()
+                )
+                .increment(1);
+                warn!(stream, call = op.as_str(), code, error = %error.error,
+                    "access to the stream or its KMS key is denied; keeping the shard and retrying \
+                     until the permissions or the key are fixed");
+                if lease.is_none() {
+                    failures += 1;
+                }
+            }
             Class::Transient => failures += 1,
             _ => return Err(Failure::Classified(error)),
         }
-        if failures > shared.polling.max_transient_retries {
+        if failures > policy.max_transient {
             return Err(Failure::Exhausted(error));
         }
         shared.stats.retry();
@@ -141,7 +214,7 @@ where
             "call" => op.as_str()
         )
         .increment(1);
-        let delay = backoff.next().unwrap_or(shared.polling.retry_max_delay);
+        let delay = backoff.next().unwrap_or(policy.max_delay);
         debug!(stream, call = op.as_str(), code = ?error.code, ?delay, "retrying Kinesis call");
         tokio::time::sleep(delay).await;
     }

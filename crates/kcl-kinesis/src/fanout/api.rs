@@ -9,7 +9,7 @@ use std::error::Error as StdError;
 use std::fmt;
 
 use async_trait::async_trait;
-use aws_sdk_kinesis::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_kinesis::error::SdkError;
 use aws_sdk_kinesis::operation::deregister_stream_consumer::{
     DeregisterStreamConsumerError, DeregisterStreamConsumerOutput,
 };
@@ -31,7 +31,7 @@ use aws_sdk_kinesis::types::{ShardIteratorType, StartingPosition, SubscribeToSha
 use aws_smithy_types::event_stream::RawMessage;
 
 use crate::calls::IteratorStart;
-use crate::calls::classify::{Class, Classified, KnownCode};
+use crate::calls::classify::{Class, Classified, KnownCode, class_of, known_codes};
 
 /// An error read from an open event stream.
 pub(crate) type StreamError = SdkError<SubscribeToShardEventStreamError, RawMessage>;
@@ -176,74 +176,51 @@ impl FanOutApi for aws_sdk_kinesis::Client {
     }
 }
 
-impl KnownCode for DescribeStreamSummaryError {
-    fn known_code(&self) -> Option<&str> {
-        Some(match self {
-            Self::LimitExceededException(_) => "LimitExceededException",
-            Self::ResourceNotFoundException(_) => "ResourceNotFoundException",
-            other => return other.code(),
-        })
-    }
-}
+known_codes!(DescribeStreamSummaryError {
+    LimitExceededException => "LimitExceededException",
+    ResourceNotFoundException => "ResourceNotFoundException",
+    AccessDeniedException => "AccessDeniedException",
+});
 
-impl KnownCode for DescribeStreamConsumerError {
-    fn known_code(&self) -> Option<&str> {
-        Some(match self {
-            Self::LimitExceededException(_) => "LimitExceededException",
-            Self::ResourceNotFoundException(_) => "ResourceNotFoundException",
-            other => return other.code(),
-        })
-    }
-}
+known_codes!(DescribeStreamConsumerError {
+    LimitExceededException => "LimitExceededException",
+    ResourceNotFoundException => "ResourceNotFoundException",
+});
 
-impl KnownCode for RegisterStreamConsumerError {
-    fn known_code(&self) -> Option<&str> {
-        Some(match self {
-            Self::LimitExceededException(_) => "LimitExceededException",
-            Self::ResourceInUseException(_) => "ResourceInUseException",
-            Self::ResourceNotFoundException(_) => "ResourceNotFoundException",
-            other => return other.code(),
-        })
-    }
-}
+known_codes!(RegisterStreamConsumerError {
+    LimitExceededException => "LimitExceededException",
+    ResourceInUseException => "ResourceInUseException",
+    ResourceNotFoundException => "ResourceNotFoundException",
+});
 
-impl KnownCode for DeregisterStreamConsumerError {
-    fn known_code(&self) -> Option<&str> {
-        Some(match self {
-            Self::LimitExceededException(_) => "LimitExceededException",
-            Self::ResourceNotFoundException(_) => "ResourceNotFoundException",
-            other => return other.code(),
-        })
-    }
-}
+known_codes!(DeregisterStreamConsumerError {
+    LimitExceededException => "LimitExceededException",
+    ResourceNotFoundException => "ResourceNotFoundException",
+});
 
-impl KnownCode for SubscribeToShardError {
-    fn known_code(&self) -> Option<&str> {
-        Some(match self {
-            Self::LimitExceededException(_) => "LimitExceededException",
-            Self::ResourceInUseException(_) => "ResourceInUseException",
-            Self::ResourceNotFoundException(_) => "ResourceNotFoundException",
-            Self::KmsThrottlingException(_) => "KMSThrottlingException",
-            other => return other.code(),
-        })
-    }
-}
+known_codes!(SubscribeToShardError {
+    LimitExceededException => "LimitExceededException",
+    ResourceInUseException => "ResourceInUseException",
+    ResourceNotFoundException => "ResourceNotFoundException",
+    InvalidArgumentException => "InvalidArgumentException",
+    AccessDeniedException => "AccessDeniedException",
+});
 
-impl KnownCode for SubscribeToShardEventStreamError {
-    fn known_code(&self) -> Option<&str> {
-        // Exceptions inside the event stream carry their type in the
-        // message's `:exception-type` header, which the SDK turns into the
-        // variant but not always into the metadata's code (kinesis-mock's
-        // do not have it): the variant is the reliable source.
-        Some(match self {
-            Self::ResourceInUseException(_) => "ResourceInUseException",
-            Self::ResourceNotFoundException(_) => "ResourceNotFoundException",
-            Self::KmsThrottlingException(_) => "KMSThrottlingException",
-            Self::InternalFailureException(_) => "InternalFailureException",
-            other => return other.code(),
-        })
-    }
-}
+// Exceptions inside the event stream carry their type in the message's
+// `:exception-type` header, which the SDK turns into the variant but not
+// always into the metadata's code (kinesis-mock's do not have it): the
+// variant is the reliable source.
+known_codes!(SubscribeToShardEventStreamError {
+    ResourceInUseException => "ResourceInUseException",
+    ResourceNotFoundException => "ResourceNotFoundException",
+    KmsThrottlingException => "KMSThrottlingException",
+    InternalFailureException => "InternalFailureException",
+    KmsAccessDeniedException => "KMSAccessDeniedException",
+    KmsDisabledException => "KMSDisabledException",
+    KmsInvalidStateException => "KMSInvalidStateException",
+    KmsNotFoundException => "KMSNotFoundException",
+    KmsOptInRequired => "KMSOptInRequired",
+});
 
 /// The error code that means another subscription still holds the shard
 /// for this consumer.
@@ -255,15 +232,12 @@ pub(crate) fn classify_stream(err: StreamError) -> Classified {
     let (class, code) = match &err {
         SdkError::ServiceError(service) => {
             let code = service.err().known_code().map(str::to_owned);
-            let class = match code.as_deref() {
-                Some("ResourceNotFoundException") => Class::NotFound,
-                Some("KMSThrottlingException") => Class::Throttled,
-                // The service ends a subscription with these when it moves
-                // it (another subscriber took over) or fails internally;
-                // subscribing again is the documented reaction.
-                Some(IN_USE | "InternalFailureException") => Class::Transient,
-                _ => Class::Fatal,
-            };
+            // The service ends a subscription with ResourceInUse when it
+            // moves it (another subscriber took over) and with
+            // InternalFailure when it fails internally; subscribing again is
+            // the documented reaction to both, which `class_of` gives. An
+            // event-stream message has no HTTP status of its own.
+            let class = class_of(code.as_deref(), 400);
             (class, code)
         }
         // A reset stream, a dropped connection, a frame that did not

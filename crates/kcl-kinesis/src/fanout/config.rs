@@ -2,9 +2,13 @@
 
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBuilder};
+use crate::calls::retry::RetryPolicy;
 
 use crate::config::ConfigError;
+
+/// How long a stream-consumer call (describe, register, deregister) may
+/// take; they answer in milliseconds.
+const CONTROL_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Longest stream-consumer name Kinesis accepts.
 pub const MAX_CONSUMER_NAME_LEN: usize = 128;
@@ -43,6 +47,7 @@ pub struct FanOutConfig {
     pub(crate) retry_max_delay: Duration,
     pub(crate) max_transient_retries: u32,
     pub(crate) closed_shard_check_interval: Option<Duration>,
+    pub(crate) event_timeout: Duration,
     pub(crate) deregister: DeregisterConsumer,
 }
 
@@ -63,7 +68,14 @@ impl Default for FanOutConfig {
             retry_min_delay: Duration::from_millis(100),
             retry_max_delay: Duration::from_secs(10),
             max_transient_retries: 10,
-            closed_shard_check_interval: Some(Duration::from_secs(30)),
+            // Kinesis announces a shard's end in its last event; the check
+            // is for endpoints that do not, and costs the shard's shared
+            // polling quota.
+            closed_shard_check_interval: None,
+            // Kinesis sends an event every few seconds even when the shard
+            // is idle (no records, a new continuation); half a minute of
+            // silence is a dead connection, not a quiet shard.
+            event_timeout: Duration::from_secs(30),
             deregister: DeregisterConsumer::Never,
         }
     }
@@ -110,6 +122,12 @@ impl FanOutConfig {
         self.closed_shard_check_interval
     }
 
+    /// How long a subscription may deliver no event at all before it is
+    /// taken for dead and replaced.
+    pub fn event_timeout(&self) -> Duration {
+        self.event_timeout
+    }
+
     /// What happens to the consumer at shutdown.
     pub fn deregister(&self) -> DeregisterConsumer {
         self.deregister
@@ -125,16 +143,21 @@ impl FanOutConfig {
         Ok(self)
     }
 
+    /// How fan-out's calls are retried: subscriptions, and the stream
+    /// consumer's lookup and registration (not the polling settings').
+    pub(crate) fn retry_policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            attempt_timeout: CONTROL_CALL_TIMEOUT,
+            min_delay: self.retry_min_delay,
+            max_delay: self.retry_max_delay,
+            max_transient: self.max_transient_retries,
+        }
+    }
+
     /// Delays between retries of a failed subscription: exponential, capped,
     /// with jitter so that many shards failing together do not retry in step.
     pub(crate) fn backoff(&self) -> impl Iterator<Item = Duration> + Send + use<> {
-        ExponentialBuilder::default()
-            .with_min_delay(self.retry_min_delay)
-            .with_max_delay(self.retry_max_delay)
-            .with_factor(2.0)
-            .with_jitter()
-            .without_max_times()
-            .build()
+        self.retry_policy().backoff()
     }
 }
 
@@ -226,11 +249,24 @@ impl FanOutConfigBuilder {
 
     /// How often a caught-up reader checks (with one `GetShardIterator`
     /// and one `GetRecords`) whether its shard was closed, or `None` to
-    /// never check (default 30 s). Kinesis announces the end of a shard in
-    /// the last event, so on AWS this is only a safety net; emulators that
-    /// never announce it (kinesis-mock) need it to follow a reshard.
+    /// never check (the default). Kinesis announces the end of a shard in
+    /// the last event, so AWS does not need it; emulators that never
+    /// announce it (kinesis-mock) do, to follow a reshard. Each check
+    /// spends two of the five polling calls per second the shard allows
+    /// all of its readers: every 30 s, that is about 1% of that quota.
     pub fn closed_shard_check_interval(mut self, interval: Option<Duration>) -> Self {
         self.config.closed_shard_check_interval = interval;
+        self
+    }
+
+    /// How long a subscription may deliver no event (not even an empty
+    /// one) before the reader takes its connection for dead, drops it and
+    /// subscribes again after the last event (default 30 s, at least 1 s).
+    /// A connection can die without a reset (a NAT or load balancer
+    /// forgetting it); without this bound the reader would wait forever
+    /// while its lease stays renewed.
+    pub fn event_timeout(mut self, timeout: Duration) -> Self {
+        self.config.event_timeout = timeout;
         self
     }
 
@@ -255,6 +291,15 @@ impl FanOutConfigBuilder {
                 "subscription_lifetime",
                 format!(
                     "is {lifetime:?}; Kinesis allows one subscription per second per shard, so it must be at least 1 s"
+                ),
+            );
+        }
+        if c.event_timeout < Duration::from_secs(1) {
+            return err(
+                "event_timeout",
+                format!(
+                    "is {:?}; it must be at least 1 s (Kinesis sends an event every few seconds)",
+                    c.event_timeout
                 ),
             );
         }
@@ -306,6 +351,8 @@ mod tests {
         assert_eq!(c.subscription_lifetime(), None);
         assert_eq!(c.deregister(), DeregisterConsumer::Never);
         assert_eq!(c.consumer_name(), None);
+        assert_eq!(c.closed_shard_check_interval(), None);
+        assert_eq!(c.event_timeout(), Duration::from_secs(30));
     }
 
     #[test]
@@ -327,6 +374,10 @@ mod tests {
             (
                 FanOutConfig::builder().consumer_active_timeout(Duration::ZERO),
                 "consumer_active_timeout",
+            ),
+            (
+                FanOutConfig::builder().event_timeout(Duration::from_millis(999)),
+                "event_timeout",
             ),
             (
                 FanOutConfig::builder().max_buffered_batches(0),

@@ -89,16 +89,23 @@ impl FanOut {
             .collect();
         let mut done = 0;
         for (stream, arn) in known {
-            let out = retrying(shared, Op::DeregisterStreamConsumer, &stream, None, || {
-                shared.stats.consumer_call();
-                let arn = arn.as_str();
-                async move {
-                    self.api
-                        .deregister_stream_consumer(arn)
-                        .await
-                        .map_err(classify)
-                }
-            })
+            let out = retrying(
+                shared,
+                &self.config.retry_policy(),
+                Op::DeregisterStreamConsumer,
+                &stream,
+                None,
+                || {
+                    shared.stats.consumer_call();
+                    let arn = arn.as_str();
+                    async move {
+                        self.api
+                            .deregister_stream_consumer(arn)
+                            .await
+                            .map_err(classify)
+                    }
+                },
+            )
             .await;
             match out {
                 Ok(_) => {
@@ -121,16 +128,23 @@ impl FanOut {
         let mut poll = FIRST_STATUS_POLL;
         let mut last_status: Option<ConsumerStatus> = None;
         loop {
-            let described = retrying(shared, Op::DescribeStreamConsumer, stream, None, || {
-                shared.stats.consumer_call();
-                let stream_arn = stream_arn.as_str();
-                async move {
-                    self.api
-                        .describe_stream_consumer(stream_arn, &self.name)
-                        .await
-                        .map_err(classify)
-                }
-            })
+            let described = retrying(
+                shared,
+                &self.config.retry_policy(),
+                Op::DescribeStreamConsumer,
+                stream,
+                None,
+                || {
+                    shared.stats.consumer_call();
+                    let stream_arn = stream_arn.as_str();
+                    async move {
+                        self.api
+                            .describe_stream_consumer(stream_arn, &self.name)
+                            .await
+                            .map_err(classify)
+                    }
+                },
+            )
             .await;
             match described {
                 Ok(out) => {
@@ -177,24 +191,31 @@ impl FanOut {
         stream: &str,
         stream_arn: &str,
     ) -> Result<(), SourceError> {
-        let out = retrying(shared, Op::RegisterStreamConsumer, stream, None, || {
-            shared.stats.consumer_call();
-            async move {
-                self.api
-                    .register_stream_consumer(stream_arn, &self.name)
-                    .await
-                    .map_err(|e| {
-                        let mut c = classify(e);
-                        // In use means registered by someone else (or
-                        // being deleted): a fact to act on, not a
-                        // failure to retry.
-                        if c.code.as_deref() == Some(IN_USE) {
-                            c.class = Class::Fatal;
-                        }
-                        c
-                    })
-            }
-        })
+        let out = retrying(
+            shared,
+            &self.config.retry_policy(),
+            Op::RegisterStreamConsumer,
+            stream,
+            None,
+            || {
+                shared.stats.consumer_call();
+                async move {
+                    self.api
+                        .register_stream_consumer(stream_arn, &self.name)
+                        .await
+                        .map_err(|e| {
+                            let mut c = classify(e);
+                            // In use means registered by someone else (or
+                            // being deleted): a fact to act on, not a
+                            // failure to retry.
+                            if c.code.as_deref() == Some(IN_USE) {
+                                c.class = Class::Fatal;
+                            }
+                            c
+                        })
+                }
+            },
+        )
         .await;
         match out {
             Ok(_) => {
@@ -216,15 +237,22 @@ impl FanOut {
     }
 
     async fn stream_arn(&self, shared: &Shared, stream: &str) -> Result<String, SourceError> {
-        let out = retrying(shared, Op::DescribeStreamSummary, stream, None, || {
-            shared.stats.consumer_call();
-            async move {
-                self.api
-                    .describe_stream_summary(stream)
-                    .await
-                    .map_err(classify)
-            }
-        })
+        let out = retrying(
+            shared,
+            &self.config.retry_policy(),
+            Op::DescribeStreamSummary,
+            stream,
+            None,
+            || {
+                shared.stats.consumer_call();
+                async move {
+                    self.api
+                        .describe_stream_summary(stream)
+                        .await
+                        .map_err(classify)
+                }
+            },
+        )
         .await;
         match out {
             Ok(out) => match out.stream_description_summary {

@@ -23,13 +23,15 @@ use aws_sdk_kinesis::operation::describe_stream_consumer::{
 use aws_sdk_kinesis::operation::describe_stream_summary::{
     DescribeStreamSummaryError, DescribeStreamSummaryOutput,
 };
+use aws_sdk_kinesis::operation::get_shard_iterator::GetShardIteratorError;
 use aws_sdk_kinesis::operation::register_stream_consumer::{
     RegisterStreamConsumerError, RegisterStreamConsumerOutput,
 };
 use aws_sdk_kinesis::operation::subscribe_to_shard::SubscribeToShardError;
 use aws_sdk_kinesis::primitives::DateTime;
 use aws_sdk_kinesis::types::error::{
-    InternalFailureException, LimitExceededException, ResourceInUseException,
+    AccessDeniedException, InternalFailureException, InvalidArgumentException,
+    KmsDisabledException, LimitExceededException, ResourceInUseException,
     ResourceNotFoundException, SubscribeToShardEventStreamError,
 };
 use aws_sdk_kinesis::types::{
@@ -57,6 +59,7 @@ pub(crate) enum SubscribeFault {
     LimitExceeded,
     NotFound,
     InternalFailure,
+    AccessDenied,
 }
 
 /// A failure inside an open event stream.
@@ -64,6 +67,10 @@ pub(crate) enum SubscribeFault {
 pub(crate) enum StreamFault {
     InternalFailure,
     ConnectionReset,
+    /// The stream's KMS key is disabled.
+    KmsDisabled,
+    /// The connection died without a reset: no event, no error, ever.
+    Silent,
 }
 
 #[derive(Debug)]
@@ -398,6 +405,12 @@ impl FanOutApi for FakeFanOut {
                         ),
                         500,
                     ),
+                    SubscribeFault::AccessDenied => service(
+                        SubscribeToShardError::AccessDeniedException(
+                            AccessDeniedException::builder().build(),
+                        ),
+                        400,
+                    ),
                 });
             }
             let known = s.consumers.values().any(|c| c.arn == consumer_arn);
@@ -430,13 +443,35 @@ impl FanOutApi for FakeFanOut {
             )
         };
         let stream = stream_of(consumer_arn.split("/consumer/").next().unwrap_or_default());
-        let iterator = self
+        let iterator = match self
             .kinesis
             .get_shard_iterator(stream, shard_id, &start)
             .await
-            .expect("iterator")
-            .shard_iterator
-            .expect("iterator");
+        {
+            Ok(out) => out.shard_iterator.expect("iterator"),
+            Err(e) => {
+                self.lock().active.remove(shard_id);
+                let invalid = matches!(
+                    e.as_service_error(),
+                    Some(GetShardIteratorError::InvalidArgumentException(_))
+                );
+                return Err(if invalid {
+                    service(
+                        SubscribeToShardError::InvalidArgumentException(
+                            InvalidArgumentException::builder().build(),
+                        ),
+                        400,
+                    )
+                } else {
+                    service(
+                        SubscribeToShardError::ResourceNotFoundException(
+                            ResourceNotFoundException::builder().build(),
+                        ),
+                        400,
+                    )
+                });
+            }
+        };
         let continuation = self.before(&iterator).await;
         Ok(Box::new(FakeEvents {
             fake: self.clone(),
@@ -522,6 +557,13 @@ impl EventStream for FakeEvents {
                 StreamFault::ConnectionReset => {
                     SdkError::response_error("connection reset", RawMessage::invalid(None))
                 }
+                StreamFault::KmsDisabled => SdkError::service_error(
+                    SubscribeToShardEventStreamError::KmsDisabledException(
+                        KmsDisabledException::builder().build(),
+                    ),
+                    RawMessage::invalid(None),
+                ),
+                StreamFault::Silent => std::future::pending().await,
             });
         }
         if self.end_after.is_some_and(|n| self.sent >= n) {

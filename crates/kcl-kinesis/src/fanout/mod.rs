@@ -56,6 +56,8 @@ mod reader;
 #[cfg(test)]
 mod fake;
 #[cfg(test)]
+mod fault_tests;
+#[cfg(test)]
 mod tests;
 
 pub(crate) use api::FanOutApi;

@@ -16,11 +16,13 @@ use tracing::{debug, info, warn};
 
 use super::FanOut;
 use super::api::{EventStream, IN_USE, classify_stream};
+use crate::budget::Held;
 use crate::calls::IteratorStart;
 use crate::calls::Shared;
 use crate::calls::classify::{Class, Classified, classify};
 use crate::calls::retry::{Failure, Op, retryable, retrying};
 use crate::discovery::{children_in, list_after, reported_children};
+use crate::gone::{Missing, past_trim_horizon, why_missing};
 use crate::records::{Records, Start, Taken, held_bytes};
 use crate::task_reader::{Delivery, TaskReader};
 
@@ -48,6 +50,7 @@ type Message = Result<Buffered, SourceError>;
 pub(crate) struct Buffered {
     batch: Batch,
     _bytes: OwnedSemaphorePermit,
+    _worker: Held,
 }
 
 /// A [`ShardReader`] on one shard, fed by `SubscribeToShard` events.
@@ -98,6 +101,7 @@ impl FanOutReader {
             // caught up on an open shard (the usual case) need not ask.
             last_closed_check: Instant::now(),
             subscriptions: 0,
+            restart_at: None,
             pipeline,
             consumer_arn,
             stream: stream.clone(),
@@ -162,6 +166,8 @@ impl Meters {
             Class::Transient if c.code.as_deref() == Some(IN_USE) => "in_use",
             Class::Transient => "transient",
             Class::NotFound => "not_found",
+            Class::AccessDenied => "access_denied",
+            Class::InvalidArgument => "invalid_argument",
             _ => "fatal",
         };
         metrics::counter!(
@@ -181,6 +187,8 @@ enum Ended {
     Stalled,
     /// The service closed the event stream (every 5 minutes on AWS).
     ByService,
+    /// No event arrived within the event timeout: the connection is dead.
+    Silent,
     /// The call or the stream failed.
     Failed(Classified),
     /// The shard-end batch was queued.
@@ -225,6 +233,9 @@ struct Subscriber {
     last_closed_check: Instant,
     /// Subscriptions this reader opened.
     subscriptions: u64,
+    /// Where the next subscription starts instead of after the last event:
+    /// `TRIM_HORIZON` once that position was found trimmed.
+    restart_at: Option<IteratorStart>,
 }
 
 impl std::fmt::Debug for Subscriber {
@@ -301,6 +312,19 @@ impl Subscriber {
                     debug!(stream = %self.stream, shard = %self.shard_id,
                         continuation = ?self.continuation, "subscription ended; subscribing again");
                 }
+                Ended::Silent => {
+                    self.shared.stats.silent_subscription();
+                    metrics::counter!(
+                        "kcl_kinesis_fanout_silent_subscriptions_total",
+                        "stream" => self.stream.clone()
+                    )
+                    .increment(1);
+                    warn!(stream = %self.stream, shard = %self.shard_id,
+                        timeout = ?self.fanout.config.event_timeout,
+                        continuation = ?self.continuation,
+                        "no event within the event timeout: the connection is taken for dead; \
+                         subscribing again after the last event");
+                }
                 Ended::Stalled => {
                     debug!(stream = %self.stream, shard = %self.shard_id,
                         "processor behind; subscribing again once it catches up");
@@ -343,6 +367,9 @@ impl Subscriber {
     /// Where the next subscription starts: after the last event, or where
     /// the reader started if no event arrived yet.
     fn position(&self) -> IteratorStart {
+        if let Some(start) = &self.restart_at {
+            return start.clone();
+        }
         match (self.continuation.as_deref(), self.pipeline.last_sequence()) {
             (Some(seq), _) | (None, Some(seq)) => IteratorStart::AfterSequence(seq.to_owned()),
             (None, None) => self.start.clone(),
@@ -387,7 +414,8 @@ impl Subscriber {
 
     /// Handles a failed subscription: waits before the next one, reports
     /// persistent transient failures, ends the reader on fatal ones.
-    /// `Ok(false)` if the reader went away.
+    /// `Ok(false)` when the task is done: the reader went away, or the
+    /// shard turned out to be past retention and its end was queued.
     async fn failed(
         &mut self,
         c: Classified,
@@ -425,17 +453,79 @@ impl Subscriber {
                     return self.back_off(backoff).await.map(|()| true);
                 }
             }
+            Class::AccessDenied => {
+                // The stream's KMS key or the permissions: only an operator
+                // can fix them, and every worker would fail alike, so the
+                // shard stays here and the subscription is retried.
+                self.shared.stats.access_denied();
+                metrics::counter!(
+                    "kcl_kinesis_access_errors_total",
+                    "stream" => self.stream.clone(),
+                    "call" => "subscribe_to_shard",
+                    "code" => c.code.clone().unwrap_or_default()
+                )
+                .increment(1);
+                warn!(stream = %self.stream, shard = %self.shard_id, code = ?c.code, error = %c.error,
+                    "access to the stream or its KMS key is denied; keeping the shard and \
+                     subscribing again until the permissions or the key are fixed");
+            }
             Class::NotFound => {
-                // The consumer was deregistered (or the shard is gone):
-                // the next open registers it again.
-                self.fanout.forget(&self.stream, &self.consumer_arn);
-                return Err(self.fatal(c, "the stream consumer or the shard does not exist"));
+                return match why_missing(&self.shared, &self.stream, &self.shard_id).await? {
+                    // Past retention: the shard is over.
+                    Missing::Expired(children) => {
+                        self.send_end(children).await;
+                        Ok(false)
+                    }
+                    Missing::Stream => Err(SourceError::StreamNotFound {
+                        stream: self.stream.clone(),
+                    }),
+                    // The shard is there, so the consumer is not (it was
+                    // deregistered): the next open registers it again.
+                    Missing::Listed => {
+                        self.fanout.forget(&self.stream, &self.consumer_arn);
+                        Err(self.fatal(c, "the stream consumer does not exist"))
+                    }
+                };
+            }
+            Class::InvalidArgument => {
+                let position = self.position();
+                match past_trim_horizon(&self.shared, &self.stream, &self.shard_id, &position) {
+                    Some(horizon) => {
+                        self.restart_at = Some(horizon);
+                        return Ok(true);
+                    }
+                    None => return Err(self.fatal(c, "Kinesis rejected the subscription")),
+                }
             }
             _ => return Err(self.fatal(c, "Kinesis rejected the subscription")),
         }
         debug!(stream = %self.stream, shard = %self.shard_id, code = ?c.code, error = %c.error,
             "subscription failed; subscribing again");
         self.back_off(backoff).await.map(|()| true)
+    }
+
+    /// Queues the end of a shard that has no records left (it expired).
+    /// False if the reader is gone.
+    async fn send_end(&self, children: Vec<ChildShard>) -> bool {
+        let Ok(budget) = Arc::clone(&self.bytes).acquire_many_owned(0).await else {
+            return false;
+        };
+        let Some(worker) = self.shared.budget.take(0).await else {
+            return false;
+        };
+        let batch = Batch {
+            records: Vec::new(),
+            millis_behind_latest: Some(0),
+            shard_end: Some(children),
+        };
+        self.tx
+            .send(Ok(Buffered {
+                batch,
+                _bytes: budget,
+                _worker: worker,
+            }))
+            .await
+            .is_ok()
     }
 
     async fn back_off(
@@ -449,6 +539,7 @@ impl Subscriber {
     /// Reads one subscription until it ends.
     async fn read(&mut self, mut events: Box<dyn EventStream>) -> Result<Ended, SourceError> {
         let lifetime = self.fanout.config.subscription_lifetime;
+        let silence = self.fanout.config.event_timeout;
         let expired = async move {
             match lifetime {
                 Some(lifetime) => tokio::time::sleep(lifetime).await,
@@ -478,6 +569,9 @@ impl Subscriber {
                 () = self.lease.ended() => return Err(self.lease_lost()),
                 () = &mut expired => return Ok(Ended::Lifetime),
                 next = events.recv() => next,
+                // Kinesis sends an event every few seconds, records or not;
+                // this long without one, the connection died unnoticed.
+                () = tokio::time::sleep(silence) => return Ok(Ended::Silent),
             };
             match next {
                 Ok(Some(SubscribeToShardEventStream::SubscribeToShardEvent(event))) => {
@@ -504,6 +598,7 @@ impl Subscriber {
         // Taking and returning one permit waits for free budget without
         // holding any.
         drop(self.bytes.acquire().await.ok()?);
+        self.shared.budget.wait_for_room().await?;
         Some(slot)
     }
 
@@ -528,6 +623,7 @@ impl Subscriber {
         self.shared.stats.event();
         self.meters.events.increment(1);
         self.received_event = true;
+        self.restart_at = None;
 
         let SubscribeToShardEvent {
             records,
@@ -610,6 +706,9 @@ impl Subscriber {
         let Ok(budget) = Arc::clone(&self.bytes).acquire_many_owned(wanted).await else {
             return Ok(Flow::ReaderGone);
         };
+        let Some(worker) = self.shared.budget.take(bytes).await else {
+            return Ok(Flow::ReaderGone);
+        };
         slot.send(Ok(Buffered {
             batch: Batch {
                 records: user,
@@ -617,6 +716,7 @@ impl Subscriber {
                 shard_end,
             },
             _bytes: budget,
+            _worker: worker,
         }));
         Ok(if end { Flow::ShardEnd } else { Flow::Continue })
     }
@@ -641,8 +741,10 @@ impl Subscriber {
         };
         let shared = &self.shared;
         let (stream, shard) = (self.stream.as_str(), self.shard_id.as_str());
+        let policy = shared.polling.retry_policy();
         let iterator = retrying(
             shared,
+            &policy,
             Op::GetShardIterator,
             stream,
             Some(&self.lease),
@@ -671,11 +773,18 @@ impl Subscriber {
                 return Ok(Closed::No);
             }
         };
-        let out = retrying(shared, Op::GetRecords, stream, Some(&self.lease), || {
-            shared.stats.get_records_call();
-            let iterator = iterator.as_str();
-            async move { shared.api.get_records(iterator, 1).await.map_err(classify) }
-        })
+        let out = retrying(
+            shared,
+            &policy,
+            Op::GetRecords,
+            stream,
+            Some(&self.lease),
+            || {
+                shared.stats.get_records_call();
+                let iterator = iterator.as_str();
+                async move { shared.api.get_records(iterator, 1).await.map_err(classify) }
+            },
+        )
         .await;
         let out = match out {
             Ok(out) => out,

@@ -14,9 +14,9 @@ use crate::calls::{IteratorStart, KinesisApi};
 use crate::fake::FakeKinesis;
 use crate::kpl::{UserRecord, aggregate};
 
-const STREAM: &str = "orders";
+pub(super) const STREAM: &str = "orders";
 
-fn config() -> FanOutConfigBuilder {
+pub(super) fn config() -> FanOutConfigBuilder {
     FanOutConfig::builder()
         .consumer_name("app")
         .retry_min_delay(Duration::from_millis(10))
@@ -24,18 +24,18 @@ fn config() -> FanOutConfigBuilder {
         .closed_shard_check_interval(None)
 }
 
-struct Setup {
-    kinesis: Arc<FakeKinesis>,
-    fake: FakeFanOut,
-    source: KinesisShardSource,
-    shard: String,
+pub(super) struct Setup {
+    pub(super) kinesis: Arc<FakeKinesis>,
+    pub(super) fake: FakeFanOut,
+    pub(super) source: KinesisShardSource,
+    pub(super) shard: String,
 }
 
-fn setup(config: FanOutConfig) -> Setup {
+pub(super) fn setup(config: FanOutConfig) -> Setup {
     setup_shards(config, 1)
 }
 
-fn setup_shards(config: FanOutConfig, shards: usize) -> Setup {
+pub(super) fn setup_shards(config: FanOutConfig, shards: usize) -> Setup {
     let kinesis = Arc::new(FakeKinesis::default());
     let shard = kinesis.create_stream(STREAM, shards).remove(0);
     let fake = FakeFanOut::new(Arc::clone(&kinesis));
@@ -52,7 +52,7 @@ fn setup_shards(config: FanOutConfig, shards: usize) -> Setup {
     }
 }
 
-fn put_plain(s: &Setup, range: std::ops::Range<usize>) -> Vec<String> {
+pub(super) fn put_plain(s: &Setup, range: std::ops::Range<usize>) -> Vec<String> {
     range
         .map(|i| {
             s.kinesis
@@ -61,15 +61,15 @@ fn put_plain(s: &Setup, range: std::ops::Range<usize>) -> Vec<String> {
         .collect()
 }
 
-fn handle(shard: &str, valid_for: Duration) -> LeaseHandle {
+pub(super) fn handle(shard: &str, valid_for: Duration) -> LeaseHandle {
     LeaseHandle::detached(Lease::new(shard, Checkpoint::TrimHorizon), valid_for)
 }
 
-fn held(shard: &str) -> LeaseHandle {
+pub(super) fn held(shard: &str) -> LeaseHandle {
     handle(shard, Duration::from_secs(3600))
 }
 
-async fn open_at(
+pub(super) async fn open_at(
     s: &Setup,
     shard: &str,
     position: StartPosition,
@@ -85,7 +85,7 @@ async fn open_at(
         .await
 }
 
-async fn open(s: &Setup, position: StartPosition) -> Box<dyn ShardReader> {
+pub(super) async fn open(s: &Setup, position: StartPosition) -> Box<dyn ShardReader> {
     open_at(s, &s.shard, position, held(&s.shard))
         .await
         .expect("open")
@@ -93,7 +93,7 @@ async fn open(s: &Setup, position: StartPosition) -> Box<dyn ShardReader> {
 
 /// Reads until `n` records arrived; returns them and the retryable errors
 /// seen on the way.
-async fn read_n(reader: &mut dyn ShardReader, n: usize) -> (Vec<Record>, usize) {
+pub(super) async fn read_n(reader: &mut dyn ShardReader, n: usize) -> (Vec<Record>, usize) {
     let mut records = Vec::new();
     let mut errors = 0;
     let read = async {
@@ -111,14 +111,14 @@ async fn read_n(reader: &mut dyn ShardReader, n: usize) -> (Vec<Record>, usize) 
     (records, errors)
 }
 
-fn payloads(records: &[Record]) -> Vec<String> {
+pub(super) fn payloads(records: &[Record]) -> Vec<String> {
     records
         .iter()
         .map(|r| String::from_utf8_lossy(&r.data).into_owned())
         .collect()
 }
 
-fn expected(range: std::ops::Range<usize>) -> Vec<String> {
+pub(super) fn expected(range: std::ops::Range<usize>) -> Vec<String> {
     range.map(|i| format!("r{i}")).collect()
 }
 

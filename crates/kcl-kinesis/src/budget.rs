@@ -1,0 +1,213 @@
+//! The worker-wide prefetch budget: the bytes all readers of one source
+//! (one worker) hold ahead of their processors, together. Each reader also
+//! has its own, smaller budget (`max_prefetch_bytes`,
+//! `max_buffered_bytes`); this one bounds what a worker with many shards
+//! holds when all of them fill up at once.
+//!
+//! A polling call reserves, before it is made, the most its response can
+//! hold ([`call_reservation`]), and keeps of that what the batch really
+//! holds: whatever the responses, the batches held and the calls in flight
+//! never exceed the budget together. (A KPL aggregate whose sub-records
+//! hold more than the estimate is counted at the reservation: the
+//! difference is not waited for, which could deadlock readers that each
+//! hold a reservation.) A fan-out event has arrived before its size is
+//! known: the reader waits for free budget before reading one and takes
+//! what the batch holds after, so each subscribed shard may go over by at
+//! most one event while it waits.
+
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::stats::SourceStats;
+
+/// The default worker-wide budget.
+pub const DEFAULT_PREFETCH_BUDGET: usize = 1024 * 1024 * 1024;
+
+/// The most payload one `GetRecords` response carries (a Kinesis limit).
+const MAX_RESPONSE_PAYLOAD: usize = 10 * 1024 * 1024;
+
+/// What one record holds besides its payload, at most: the record itself,
+/// a partition key (at most 256 bytes), a sequence number (at most 128
+/// digits) and an explicit hash key (at most 39 digits).
+const MAX_RECORD_OVERHEAD: usize = std::mem::size_of::<kcl_core::Record>() + 256 + 128 + 39;
+
+/// The most a response to `GetRecords` with `limit` can hold, as the
+/// budgets count it (about 16 MiB at the 10 000-record default).
+pub(crate) fn call_reservation(limit: i32) -> usize {
+    MAX_RESPONSE_PAYLOAD + usize::try_from(limit).unwrap_or(0) * MAX_RECORD_OVERHEAD
+}
+
+/// The budget, shared by every reader of a source.
+#[derive(Debug)]
+pub(crate) struct Budget {
+    bytes: Arc<Semaphore>,
+    total: usize,
+    stats: Arc<SourceStats>,
+}
+
+/// Budget taken before a call, for its response.
+#[derive(Debug)]
+pub(crate) struct Reservation {
+    permit: OwnedSemaphorePermit,
+}
+
+/// Budget a batch holds until it is handed out (dropped).
+#[derive(Debug)]
+pub(crate) struct Held {
+    _permit: OwnedSemaphorePermit,
+    bytes: usize,
+    stats: Arc<SourceStats>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.stats.unbuffered(self.bytes as u64);
+    }
+}
+
+impl Budget {
+    /// A budget of `total` bytes (validated by the source builder).
+    pub(crate) fn new(total: usize, stats: Arc<SourceStats>) -> Self {
+        Budget {
+            bytes: Arc::new(Semaphore::new(total)),
+            total,
+            stats,
+        }
+    }
+
+    /// Permits one acquisition can ask for.
+    fn clamp(&self, bytes: usize) -> u32 {
+        u32::try_from(bytes.min(self.total)).unwrap_or(u32::MAX)
+    }
+
+    /// Reserves what a `GetRecords` with `limit` may return, waiting for
+    /// it. `None` only if the budget was closed (never).
+    pub(crate) async fn reserve_call(&self, limit: i32) -> Option<Reservation> {
+        let n = self.clamp(call_reservation(limit));
+        let permit = Arc::clone(&self.bytes).acquire_many_owned(n).await.ok()?;
+        Some(Reservation { permit })
+    }
+
+    /// Keeps `bytes` of a reservation for the batch that arrived and
+    /// gives the rest back.
+    pub(crate) fn keep(&self, mut reservation: Reservation, bytes: usize) -> Held {
+        let reserved = reservation.permit.num_permits();
+        let kept = bytes.min(reserved);
+        let permit = reservation.permit.split(kept).unwrap_or(reservation.permit);
+        self.held(permit)
+    }
+
+    /// Waits until some budget is free, holding none.
+    pub(crate) async fn wait_for_room(&self) -> Option<()> {
+        drop(self.bytes.acquire().await.ok()?);
+        Some(())
+    }
+
+    /// Takes `bytes` for a batch that already arrived, waiting for them.
+    pub(crate) async fn take(&self, bytes: usize) -> Option<Held> {
+        let n = self.clamp(bytes);
+        let permit = Arc::clone(&self.bytes).acquire_many_owned(n).await.ok()?;
+        Some(self.held(permit))
+    }
+
+    fn held(&self, permit: OwnedSemaphorePermit) -> Held {
+        let bytes = permit.num_permits();
+        self.stats.buffered(bytes as u64);
+        Held {
+            _permit: permit,
+            bytes,
+            stats: Arc::clone(&self.stats),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use kcl_core::source::{OpenShard, ShardReader, ShardSource, StartPosition};
+    use kcl_core::{Checkpoint, Lease};
+
+    use crate::calls::KinesisApi;
+    use crate::fake::FakeKinesis;
+    use crate::{KinesisShardSource, PollingConfig};
+
+    const MIB: usize = 1024 * 1024;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_thousand_shards_stay_within_the_worker_budget() {
+        const SHARDS: usize = 1000;
+        const PER_SHARD: usize = 10;
+        const PAYLOAD: usize = 10 * 1024;
+        let budget = 64 * MIB;
+        let fake = Arc::new(FakeKinesis::default());
+        let ids = fake.create_stream("s", SHARDS);
+        for id in &ids {
+            for i in 0..PER_SHARD {
+                fake.put("s", id, &format!("pk-{i}"), vec![b'x'; PAYLOAD]);
+            }
+        }
+        let polling = PollingConfig::builder()
+            .retry_min_delay(Duration::from_millis(10))
+            .build()
+            .unwrap_or_default();
+        let mut source = KinesisShardSource::with_api(fake as Arc<dyn KinesisApi>, polling);
+        source.shared = crate::calls::Shared::new(
+            Arc::clone(&source.shared.api),
+            source.shared.polling.clone(),
+            None,
+            budget,
+        );
+        let mut readers: Vec<Box<dyn ShardReader>> = Vec::new();
+        for id in &ids {
+            let lease = kcl_core::leases::LeaseHandle::detached(
+                Lease::new(id, Checkpoint::TrimHorizon),
+                Duration::from_secs(3600),
+            );
+            let reader = source
+                .open(OpenShard {
+                    stream: "s".into(),
+                    shard_id: id.clone(),
+                    position: StartPosition::TrimHorizon,
+                    lease,
+                })
+                .await
+                .map_err(|e| e.to_string());
+            readers.push(reader.expect("open"));
+        }
+        // Nobody consumes: every reader fetches what the budgets allow.
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let stats = source.stats();
+        let total = (SHARDS * PER_SHARD * PAYLOAD) as u64;
+        assert!(
+            stats.peak_buffered_bytes <= budget as u64,
+            "peak {} over the budget {budget}",
+            stats.peak_buffered_bytes
+        );
+        // The budget, not the shards, is what stopped the fetching: one
+        // more call's reservation would not fit, far below the 100 MB the
+        // shards hold.
+        let full = (budget - super::call_reservation(10_000)) as u64;
+        assert!(
+            stats.buffered_bytes > full && stats.buffered_bytes < total,
+            "buffered {} of {total}",
+            stats.buffered_bytes
+        );
+        // Draining every reader gets every record, and gives the budget back.
+        let mut records = 0;
+        for reader in &mut readers {
+            let mut got = 0;
+            while got < PER_SHARD {
+                got += reader.next_batch().await.expect("batch").records.len();
+            }
+            records += got;
+        }
+        assert_eq!(records, SHARDS * PER_SHARD);
+        drop(readers);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(source.stats().buffered_bytes, 0);
+        assert!(source.stats().peak_buffered_bytes <= budget as u64);
+    }
+}

@@ -1,0 +1,99 @@
+//! What real Kinesis does to a subscription and the emulator never: a
+//! connection that dies without a reset, KMS and access errors, a shard
+//! past retention, a checkpoint behind the trim horizon.
+
+use std::time::Duration;
+
+use kcl_core::source::StartPosition;
+use tokio::time::Instant;
+
+use super::fake::{StreamFault, SubscribeFault};
+use super::reader::SUBSCRIBE_INTERVAL;
+use super::tests::{
+    STREAM, config, expected, held, open, open_at, payloads, put_plain, read_n, setup,
+};
+use crate::calls::IteratorStart;
+
+#[tokio::test(start_paused = true)]
+async fn a_silent_subscription_is_replaced_within_the_event_timeout() {
+    let timeout = Duration::from_secs(5);
+    let s = setup(config().event_timeout(timeout).build().expect("config"));
+    put_plain(&s, 0..5);
+    // One event, then nothing: no records, no heartbeat, no error.
+    s.fake.fail_stream_after(1, StreamFault::Silent);
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    let (first, _) = read_n(reader.as_mut(), 5).await;
+    assert_eq!(payloads(&first), expected(0..5));
+    put_plain(&s, 5..10);
+    let waiting = Instant::now();
+    let (rest, errors) = read_n(reader.as_mut(), 5).await;
+    assert_eq!((payloads(&rest), errors), (expected(5..10), 0));
+    let stats = s.source.stats();
+    assert_eq!((stats.silent_subscriptions, stats.resubscribes), (1, 1));
+    // The bound: the event timeout, then at most the subscribe pacing.
+    assert!(
+        waiting.elapsed() <= timeout + SUBSCRIBE_INTERVAL,
+        "{:?}",
+        waiting.elapsed()
+    );
+    // The new subscription started right after the last record received.
+    let subs = s.fake.subscriptions();
+    assert!(
+        matches!(&subs[1].1, IteratorStart::AfterSequence(_)),
+        "{subs:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn kms_and_access_errors_keep_the_shard_and_resubscribe() {
+    // Fewer transient retries than failures: these do not count.
+    let s = setup(config().max_transient_retries(1).build().expect("config"));
+    put_plain(&s, 0..3);
+    s.fake.fail_subscribe(SubscribeFault::AccessDenied);
+    s.fake.fail_subscribe(SubscribeFault::AccessDenied);
+    s.fake.fail_stream_after(0, StreamFault::KmsDisabled);
+    s.fake.fail_stream_after(0, StreamFault::KmsDisabled);
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    let (records, errors) = read_n(reader.as_mut(), 3).await;
+    assert_eq!(payloads(&records), expected(0..3));
+    assert_eq!(errors, 0, "nothing reported: the reader keeps the shard");
+    assert_eq!(s.source.stats().access_denied, 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_parent_ends_with_its_children() {
+    let s = setup(config().build().expect("config"));
+    put_plain(&s, 0..2);
+    let kids = s.kinesis.split(STREAM, &s.shard, true);
+    s.kinesis.expire(STREAM, &s.shard);
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    let batch = reader.next_batch().await.expect("the end");
+    assert!(batch.records.is_empty());
+    let children = batch.shard_end.expect("SHARD_END");
+    let ids: Vec<&str> = children.iter().map(|c| c.shard_id.as_str()).collect();
+    assert_eq!(ids, kids.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(s.source.stats().expired_shards, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_trimmed_checkpoint_resubscribes_at_trim_horizon_and_is_counted() {
+    let s = setup(config().build().expect("config"));
+    let seqs = put_plain(&s, 0..8);
+    s.kinesis.trim(STREAM, &s.shard, 5);
+    let mut reader = open_at(
+        &s,
+        &s.shard,
+        StartPosition::AfterCheckpoint {
+            seq: seqs[1].clone(),
+            sub: 0,
+        },
+        held(&s.shard),
+    )
+    .await
+    .expect("open");
+    let (records, errors) = read_n(reader.as_mut(), 3).await;
+    assert_eq!((payloads(&records), errors), (expected(5..8), 0));
+    assert_eq!(s.source.stats().trimmed_starts, 1);
+    let subs = s.fake.subscriptions();
+    assert_eq!(subs.last().map(|s| &s.1), Some(&IteratorStart::TrimHorizon));
+}

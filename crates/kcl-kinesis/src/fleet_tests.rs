@@ -1,0 +1,268 @@
+//! Whole kcl-core workers on [`KinesisShardSource`] over the fake Kinesis
+//! API and the in-memory lease table, under paused time: how a retrieval
+//! fault plays out across the fleet (who holds the lease, what reaches
+//! the processor), not just inside one reader.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use kcl_core::checkpointer::Checkpointer;
+use kcl_core::processor::{ProcessorError, RecordBatch, RecordProcessor, ShardContext};
+use kcl_core::source::InitialPosition;
+use kcl_core::store::memory::InMemoryLeaseStore;
+use kcl_core::worker::{StreamSpec, Worker, WorkerConfig, WorkerError, WorkerHandle};
+use kcl_core::{Checkpoint, LeaseConfig, LeaseLayout, LeaseStore};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep};
+
+use crate::calls::KinesisApi;
+use crate::fake::FakeKinesis;
+use crate::faults::{Call, Fault, FaultInjector, Faulty};
+use crate::{KinesisShardSource, PollingConfig, StatsSnapshot};
+
+const STREAM: &str = "orders";
+
+/// What the processors saw: (shard, payload), in order.
+type Seen = Arc<Mutex<Vec<(String, String)>>>;
+
+struct Recorder {
+    shard: String,
+    seen: Seen,
+}
+
+#[async_trait]
+impl RecordProcessor for Recorder {
+    async fn process_records(
+        &mut self,
+        batch: &RecordBatch,
+        cp: &mut Checkpointer,
+    ) -> Result<(), ProcessorError> {
+        {
+            let mut seen = self.seen.lock().unwrap();
+            for r in &batch.records {
+                seen.push((
+                    self.shard.clone(),
+                    String::from_utf8_lossy(&r.data).into_owned(),
+                ));
+            }
+        }
+        cp.checkpoint().await?;
+        Ok(())
+    }
+
+    async fn shard_ended(&mut self, cp: &mut Checkpointer) -> Result<(), ProcessorError> {
+        cp.checkpoint().await?;
+        Ok(())
+    }
+
+    async fn shutdown_requested(&mut self, cp: &mut Checkpointer) -> Result<(), ProcessorError> {
+        cp.checkpoint().await?;
+        Ok(())
+    }
+}
+
+struct Fleet {
+    fake: Arc<FakeKinesis>,
+    store: InMemoryLeaseStore,
+    seen: Seen,
+    workers: Vec<(WorkerHandle, JoinHandle<Result<(), WorkerError>>)>,
+    sources: Vec<KinesisShardSource>,
+    /// One injector for every worker's calls: a KMS key or a policy fails
+    /// the whole fleet alike.
+    faults: FaultInjector,
+}
+
+impl Fleet {
+    fn new(shards: usize) -> (Self, Vec<String>) {
+        let fake = Arc::new(FakeKinesis::default());
+        let ids = fake.create_stream(STREAM, shards);
+        let fleet = Fleet {
+            fake,
+            store: InMemoryLeaseStore::new(),
+            seen: Arc::default(),
+            workers: Vec::new(),
+            sources: Vec::new(),
+            faults: FaultInjector::new(),
+        };
+        (fleet, ids)
+    }
+
+    fn start(&mut self, id: &str) {
+        let api: Arc<dyn KinesisApi> = Arc::new(Faulty {
+            inner: Arc::clone(&self.fake) as Arc<dyn KinesisApi>,
+            faults: self.faults.clone(),
+        });
+        let polling = PollingConfig::builder()
+            .retry_min_delay(Duration::from_millis(50))
+            .retry_max_delay(Duration::from_secs(2))
+            .build()
+            .unwrap();
+        let source = KinesisShardSource::with_api(api, polling);
+        self.sources.push(source.clone());
+        let lease = LeaseConfig::builder(id)
+            .taker_interval(Duration::from_secs(10))
+            .seed(id.len() as u64 * 17)
+            .release_on_drop(false)
+            .build()
+            .unwrap();
+        let config = WorkerConfig::builder(lease)
+            .stream(StreamSpec {
+                name: STREAM.into(),
+                layout: LeaseLayout::SingleStream,
+            })
+            .initial_position(InitialPosition::TrimHorizon)
+            .parent_poll_interval(Duration::from_secs(1))
+            .shard_sync_interval(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let seen = Arc::clone(&self.seen);
+        let factory = move |ctx: &ShardContext| Recorder {
+            shard: ctx.shard_id.clone(),
+            seen: Arc::clone(&seen),
+        };
+        let worker = Worker::new(
+            config,
+            Arc::new(self.store.handle()),
+            Arc::new(source),
+            Arc::new(factory),
+        );
+        let handle = worker.handle();
+        self.workers.push((handle, tokio::spawn(worker.run())));
+    }
+
+    fn put(&self, shard: &str, payload: &str) {
+        self.fake.put(STREAM, shard, "pk", payload.to_owned());
+    }
+
+    fn seen(&self) -> Vec<(String, String)> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    async fn wait_until(&self, what: &str, limit: Duration, done: impl Fn(&Self) -> bool) {
+        let started = Instant::now();
+        while !done(self) {
+            assert!(started.elapsed() < limit, "not within {limit:?}: {what}");
+            sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    fn owners(&self) -> BTreeMap<String, Option<String>> {
+        self.store
+            .snapshot()
+            .into_iter()
+            .map(|l| (l.key.clone(), l.owner.clone()))
+            .collect()
+    }
+
+    fn stats(&self) -> StatsSnapshot {
+        let mut total = StatsSnapshot::default();
+        for s in &self.sources {
+            let one = s.stats();
+            total.access_denied += one.access_denied;
+            total.expired_shards += one.expired_shards;
+        }
+        total
+    }
+
+    async fn stop_all(&mut self) {
+        for (handle, _) in &self.workers {
+            handle.shutdown();
+        }
+        for (_, task) in self.workers.drain(..) {
+            task.await.unwrap().unwrap();
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_kms_outage_keeps_every_lease_where_it_is() {
+    let (mut fleet, ids) = Fleet::new(4);
+    fleet.start("w-a");
+    fleet.start("w-b");
+    for (i, id) in ids.iter().enumerate() {
+        fleet.put(id, &format!("before-{i}"));
+    }
+    fleet
+        .wait_until(
+            "all shards read and the leases balanced",
+            Duration::from_secs(300),
+            |f| {
+                let owners = f.owners();
+                let a = owners
+                    .values()
+                    .filter(|o| o.as_deref() == Some("w-a"))
+                    .count();
+                f.seen().len() == 4 && a == 2 && owners.values().all(Option::is_some)
+            },
+        )
+        .await;
+    let before = fleet.store.owner_changes().len();
+    let owners = fleet.owners();
+
+    // The stream's KMS key is disabled for five minutes: every read of
+    // every worker fails.
+    fleet.faults.fail_all(Call::GetRecords, Fault::KmsDisabled);
+    sleep(Duration::from_secs(300)).await;
+    let during = fleet.stats().access_denied;
+    fleet.faults.clear(Call::GetRecords);
+    for (i, id) in ids.iter().enumerate() {
+        fleet.put(id, &format!("after-{i}"));
+    }
+    fleet
+        .wait_until("reading resumed", Duration::from_secs(60), |f| {
+            f.seen().len() == 8
+        })
+        .await;
+
+    assert_eq!(
+        fleet.store.owner_changes().len() - before,
+        0,
+        "no lease moved during the outage"
+    );
+    assert_eq!(fleet.owners(), owners);
+    assert!(
+        during > 100,
+        "the outage was retried ({during} denied calls)"
+    );
+    let mut payloads: Vec<String> = fleet.seen().into_iter().map(|(_, p)| p).collect();
+    payloads.sort();
+    assert_eq!(payloads.len(), 8, "each record once: {payloads:?}");
+    payloads.dedup();
+    assert_eq!(payloads.len(), 8);
+    fleet.stop_all().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_children_of_an_expired_split_parent_are_processed() {
+    let (mut fleet, ids) = Fleet::new(1);
+    let parent = ids[0].clone();
+    // The parent's records were never read, and it aged out of retention
+    // after a split: nothing of it can be read any more.
+    fleet.put(&parent, "lost");
+    let kids = fleet.fake.split(STREAM, &parent, true);
+    fleet.fake.expire(STREAM, &parent);
+    for kid in &kids {
+        fleet.put(kid, &format!("child-{kid}"));
+    }
+    // The parent's lease exists (from before the outage), at TRIM_HORIZON.
+    fleet
+        .store
+        .create_if_absent(&kcl_core::Lease::new(&parent, Checkpoint::TrimHorizon))
+        .await
+        .unwrap();
+    fleet.start("w-a");
+    fleet
+        .wait_until("both children read", Duration::from_secs(300), |f| {
+            f.seen().len() == 2
+        })
+        .await;
+    let seen: Vec<String> = fleet.seen().into_iter().map(|(s, _)| s).collect();
+    assert!(kids.iter().all(|k| seen.contains(k)), "{seen:?}");
+    let parent_lease = fleet.store.get(&parent).await.unwrap().unwrap();
+    assert_eq!(parent_lease.checkpoint, Checkpoint::ShardEnd);
+    assert_eq!(fleet.stats().expired_shards, 1);
+    fleet.stop_all().await;
+}

@@ -1,0 +1,249 @@
+//! What real Kinesis does and the emulator never: shards past retention,
+//! deleted streams, trimmed checkpoints, calls that never answer, denied
+//! access, and partial pages while far behind. Each under paused time.
+
+use std::time::Duration;
+
+use kcl_core::source::{OpenShard, ShardSource, SourceError, StartPosition};
+use tokio::time::Instant;
+
+use super::tests::{
+    STREAM, Setup, expected, handle, open, payloads, polling, put_plain, read_n, setup,
+};
+use crate::faults::{Call, Fault};
+
+fn hour() -> Duration {
+    Duration::from_secs(3600)
+}
+
+async fn try_open(s: &Setup, position: StartPosition) -> Result<(), SourceError> {
+    s.source
+        .open(OpenShard {
+            stream: STREAM.to_owned(),
+            shard_id: s.shard.clone(),
+            position,
+            lease: handle(&s.shard, hour()),
+        })
+        .await
+        .map(drop)
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_split_parent_ends_with_its_children_so_they_start() {
+    let s = setup(polling().build().expect("config"));
+    put_plain(&s, 3);
+    let kids = s.fake.split(STREAM, &s.shard, true);
+    s.fake.expire(STREAM, &s.shard);
+    let mut reader = open(&s, StartPosition::TrimHorizon, handle(&s.shard, hour())).await;
+    let batch = reader.next_batch().await.expect("the end");
+    assert!(batch.records.is_empty(), "its records are gone");
+    let children = batch.shard_end.expect("SHARD_END, not an error");
+    let ids: Vec<&str> = children.iter().map(|c| c.shard_id.as_str()).collect();
+    assert_eq!(ids, kids.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(s.source.stats().expired_shards, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shard_that_expires_while_read_ends_where_it_was() {
+    let s = setup(polling().build().expect("config"));
+    put_plain(&s, 5);
+    let mut reader = open(&s, StartPosition::TrimHorizon, handle(&s.shard, hour())).await;
+    let (records, _) = read_n(reader.as_mut(), 5).await;
+    assert_eq!(payloads(&records), expected(0..5));
+    // An open shard past retention has no children yet: its end says so.
+    s.fake.expire(STREAM, &s.shard);
+    let end = loop {
+        let batch = reader.next_batch().await.expect("batch");
+        if let Some(children) = batch.shard_end {
+            break children;
+        }
+    };
+    assert!(end.is_empty());
+    assert_eq!(s.source.stats().expired_shards, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deleted_stream_is_stream_not_found_not_an_expired_shard() {
+    let s = setup(polling().build().expect("config"));
+    put_plain(&s, 2);
+    s.fake.delete_stream(STREAM);
+    let err = try_open(&s, StartPosition::TrimHorizon)
+        .await
+        .expect_err("no stream");
+    assert!(matches!(err, SourceError::StreamNotFound { .. }), "{err:?}");
+    assert_eq!(s.source.stats().expired_shards, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn not_found_for_a_shard_still_listed_is_retryable() {
+    let s = setup(polling().build().expect("config"));
+    s.faults
+        .inject(Call::GetShardIterator, Fault::ResourceNotFound);
+    let err = try_open(&s, StartPosition::TrimHorizon)
+        .await
+        .expect_err("stale answer");
+    assert!(err.is_retryable(), "{err:?}");
+    assert_eq!(s.source.stats().expired_shards, 0);
+    try_open(&s, StartPosition::TrimHorizon)
+        .await
+        .expect("the retry opens");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_checkpoint_behind_the_trim_horizon_resumes_there_and_is_counted() {
+    let s = setup(polling().build().expect("config"));
+    let seqs = put_plain(&s, 10);
+    s.fake.trim(STREAM, &s.shard, 6);
+    let mut reader = open(
+        &s,
+        StartPosition::AfterCheckpoint {
+            seq: seqs[2].clone(),
+            sub: 0,
+        },
+        handle(&s.shard, hour()),
+    )
+    .await;
+    let (records, errors) = read_n(reader.as_mut(), 4).await;
+    assert_eq!((payloads(&records), errors), (expected(6..10), 0));
+    assert_eq!(s.source.stats().trimmed_starts, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_get_records_is_abandoned_after_the_call_timeout() {
+    let timeout = Duration::from_secs(2);
+    let s = setup(polling().call_timeout(timeout).build().expect("config"));
+    put_plain(&s, 3);
+    s.faults.inject(Call::GetRecords, Fault::Hang);
+    let started = Instant::now();
+    let mut reader = open(&s, StartPosition::TrimHorizon, handle(&s.shard, hour())).await;
+    let (records, errors) = read_n(reader.as_mut(), 3).await;
+    assert_eq!((payloads(&records), errors), (expected(0..3), 0));
+    let stats = s.source.stats();
+    assert_eq!((stats.call_timeouts, stats.get_records_calls), (1, 2));
+    // The bound: the timeout plus one retry pause (at most 2 x 10 ms).
+    assert!(
+        started.elapsed() <= timeout + Duration::from_millis(20),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_get_shard_iterator_is_abandoned_too() {
+    let s = setup(
+        polling()
+            .call_timeout(Duration::from_secs(1))
+            .build()
+            .expect("config"),
+    );
+    put_plain(&s, 2);
+    s.faults.inject(Call::GetShardIterator, Fault::Hang);
+    let mut reader = open(&s, StartPosition::TrimHorizon, handle(&s.shard, hour())).await;
+    let (records, _) = read_n(reader.as_mut(), 2).await;
+    assert_eq!(payloads(&records), expected(0..2));
+    assert_eq!(s.source.stats().call_timeouts, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn kms_and_access_errors_are_retried_without_giving_the_shard_up() {
+    // Far more failures than max_transient_retries: access errors do not
+    // count toward it while the lease lasts.
+    let s = setup(polling().max_transient_retries(2).build().expect("config"));
+    put_plain(&s, 4);
+    for fault in Fault::ACCESS {
+        s.faults.inject(Call::GetShardIterator, Fault::AccessDenied);
+        s.faults.inject(Call::GetRecords, fault);
+    }
+    let mut reader = open(&s, StartPosition::TrimHorizon, handle(&s.shard, hour())).await;
+    let (records, errors) = read_n(reader.as_mut(), 4).await;
+    assert_eq!(payloads(&records), expected(0..4));
+    assert_eq!(errors, 0, "nothing reported: the reader keeps the shard");
+    let stats = s.source.stats();
+    assert_eq!(stats.access_denied, 12);
+    assert_eq!(s.faults.pending(Call::GetRecords), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn catching_up_through_partial_pages_is_not_held_back_by_the_idle_pause() {
+    // Pauses of a minute when caught up; pages of 10 records from a
+    // shard 100 behind (a response cut short by its size limit).
+    let minute = Duration::from_secs(60);
+    let s = setup(
+        polling()
+            .max_records(1000)
+            .idle_time_between_reads(minute)
+            .time_between_reads(minute)
+            .build()
+            .expect("config"),
+    );
+    put_plain(&s, 100);
+    s.fake.cap_pages(STREAM, &s.shard, Some(10));
+    let started = Instant::now();
+    let mut reader = open(&s, StartPosition::TrimHorizon, handle(&s.shard, hour())).await;
+    let (records, _) = read_n(reader.as_mut(), 100).await;
+    assert_eq!(payloads(&records), expected(0..100));
+    assert_eq!(s.fake.get_records_calls(), 10);
+    // Nine pauses of 200 ms (the per-shard floor), none of a minute.
+    assert!(
+        started.elapsed() <= Duration::from_millis(9 * 200 + 50),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn empty_pages_while_behind_are_followed_at_the_floor_not_the_idle_time() {
+    let s = setup(
+        polling()
+            .idle_time_between_reads(Duration::from_secs(60))
+            .build()
+            .expect("config"),
+    );
+    put_plain(&s, 5);
+    s.fake.cap_pages(STREAM, &s.shard, Some(0));
+    let _reader = open(&s, StartPosition::TrimHorizon, handle(&s.shard, hour())).await;
+    tokio::time::sleep(Duration::from_millis(1990)).await;
+    // One call every 200 ms: 10 in the first two seconds.
+    assert_eq!(s.fake.get_records_calls(), 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_trickling_shard_costs_time_between_reads_and_an_idle_one_the_idle_time() {
+    // The default pacing (only retries made quick).
+    let s = setup(
+        crate::PollingConfig::builder()
+            .retry_min_delay(Duration::from_millis(10))
+            .build()
+            .expect("the defaults are valid"),
+    );
+    let mut reader = open(&s, StartPosition::TrimHorizon, handle(&s.shard, hour())).await;
+    // Idle: one call a second.
+    let mut batches = 0;
+    let until = Instant::now() + Duration::from_millis(9_990);
+    while Instant::now() < until {
+        tokio::select! {
+            b = reader.next_batch() => { b.expect("batch"); batches += 1; }
+            () = tokio::time::sleep_until(until) => {}
+        }
+    }
+    assert_eq!(s.fake.get_records_calls(), 10, "{batches} batches");
+    // Trickling (a record every 100 ms): two calls a second.
+    let calls = s.fake.get_records_calls();
+    let mut got = 0;
+    for i in 0..100 {
+        s.fake.put(STREAM, &s.shard, "pk", format!("t{i}"));
+        let tick = Instant::now() + Duration::from_millis(100);
+        while Instant::now() < tick {
+            tokio::select! {
+                b = reader.next_batch() => got += b.expect("batch").records.len(),
+                () = tokio::time::sleep_until(tick) => {}
+            }
+        }
+    }
+    let trickle_calls = s.fake.get_records_calls() - calls;
+    assert!(
+        (19..=21).contains(&trickle_calls),
+        "{trickle_calls} calls in 10 s"
+    );
+    assert!(got >= 95, "{got} of 100 records read");
+}
