@@ -299,6 +299,29 @@ async fn bad_configuration_and_a_missing_stream_are_clear_errors() {
         ),
         (
             Worker::builder("ok-app")
+                .stream("arn:aws:kinesis:us-east-1:1234:stream/s")
+                .sdk_config(env.sdk_config())
+                .processor(factory.clone()),
+            "stream",
+        ),
+        (
+            // The test configuration is in us-east-1.
+            Worker::builder("ok-app")
+                .stream("arn:aws:kinesis:ap-south-2:123456789012:stream/s")
+                .sdk_config(env.sdk_config())
+                .processor(factory.clone()),
+            "stream",
+        ),
+        (
+            Worker::builder("ok-app")
+                .stream("s")
+                .sdk_config(env.sdk_config())
+                .processor(factory.clone())
+                .idle_time_between_reads(Duration::from_millis(50)),
+            "idle_time_between_reads",
+        ),
+        (
+            Worker::builder("ok-app")
                 .stream("s")
                 .stream("s")
                 .sdk_config(env.sdk_config())
@@ -332,4 +355,62 @@ async fn bad_configuration_and_a_missing_stream_are_clear_errors() {
         table.is_err(),
         "a misspelt stream must not leave a lease table behind"
     );
+}
+
+/// A stream named by its ARN is read through `StreamARN` on every call, and
+/// its multi-stream lease keys name the account from the ARN, as the Java
+/// KCL writes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stream_named_by_arn_is_consumed_with_java_compatible_lease_keys() {
+    for multi_stream in [false, true] {
+        let mut s = Scenario::new(2).await;
+        s.produce(10).await;
+        let summary = s
+            .env
+            .kinesis()
+            .describe_stream_summary()
+            .stream_name(&s.stream)
+            .send()
+            .await
+            .unwrap();
+        let summary = summary.stream_description_summary().unwrap();
+        let arn = summary.stream_arn().to_owned();
+        let account = arn.split(':').nth(4).unwrap().to_owned();
+        let log = RecordedBatches::default();
+        let mut builder = Worker::builder(&s.app)
+            .stream(&arn)
+            .sdk_config(s.env.sdk_config())
+            .worker_id("arn-1")
+            .initial_position(InitialPosition::TrimHorizon)
+            .lease_duration(LEASE)
+            .taker_interval(Duration::from_secs(2));
+        builder = builder.multi_stream(multi_stream);
+        let worker = builder.processor(log.factory()).build().unwrap();
+        let handle = worker.handle();
+        let running = tokio::spawn(worker.run());
+        let per_key = s.produced;
+        let batches = wait_complete(|| log.all(), per_key, Duration::from_secs(90)).await;
+        let keys: Vec<String> = s
+            .lease_items()
+            .await
+            .iter()
+            .filter_map(|i| i.get("leaseKey")?.as_s().ok().cloned())
+            .collect();
+        handle.shutdown();
+        running.await.unwrap().unwrap();
+        verify(&batches, KEYS, per_key).assert_correct();
+        assert_eq!(keys.len(), 2, "{keys:?}");
+        for key in &keys {
+            if multi_stream {
+                let epoch = summary.stream_creation_timestamp().secs();
+                let prefix = format!("{account}:{}:{epoch}:shardId-", s.stream);
+                assert!(
+                    key.starts_with(&prefix),
+                    "{key} does not start with {prefix}"
+                );
+            } else {
+                assert!(key.starts_with("shardId-"), "{key}");
+            }
+        }
+    }
 }

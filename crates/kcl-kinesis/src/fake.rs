@@ -380,6 +380,7 @@ impl KinesisApi for FakeKinesis {
 
     async fn get_records(
         &self,
+        _stream: &str,
         iterator: &str,
         limit: i32,
     ) -> Result<GetRecordsOutput, SdkError<GetRecordsError>> {

@@ -413,13 +413,14 @@ impl KinesisApi for Faulty {
 
     async fn get_records(
         &self,
+        stream: &str,
         iterator: &str,
         limit: i32,
     ) -> Result<GetRecordsOutput, SdkError<GetRecordsError>> {
         match self.faults.next(Call::GetRecords) {
             Some(Fault::Hang) => std::future::pending().await,
             Some(fault) => Err(get_records_error(fault)),
-            None => self.inner.get_records(iterator, limit).await,
+            None => self.inner.get_records(stream, iterator, limit).await,
         }
     }
 }

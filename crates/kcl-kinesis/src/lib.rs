@@ -53,6 +53,7 @@
 
 pub mod kpl;
 
+mod arn;
 mod budget;
 mod calls;
 mod config;
@@ -71,6 +72,7 @@ mod source;
 mod stats;
 mod task_reader;
 
+pub use arn::StreamArn;
 pub use budget::DEFAULT_PREFETCH_BUDGET;
 pub use config::{
     ConfigError, MAX_GET_RECORDS_LIMIT, MIN_TIME_BETWEEN_READS, PollingConfig, PollingConfigBuilder,

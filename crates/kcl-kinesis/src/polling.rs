@@ -420,7 +420,7 @@ impl Fetcher {
             async move {
                 ctx.shared
                     .api
-                    .get_records(iterator, limit)
+                    .get_records(&ctx.stream, iterator, limit)
                     .await
                     .map_err(classify)
             }

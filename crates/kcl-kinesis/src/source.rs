@@ -53,10 +53,12 @@ pub struct KinesisShardSource {
 impl KinesisShardSource {
     /// A source with default settings on `client` (build the client from
     /// an `aws_config::SdkConfig`; endpoints and credentials come from it).
+    /// The source uses a copy of the client with the SDK's retries turned
+    /// off: it retries every call itself.
     pub fn new(client: aws_sdk_kinesis::Client) -> Self {
         KinesisShardSource {
             shared: Shared::new(
-                Arc::new(client),
+                Arc::new(one_retry_layer(&client)),
                 PollingConfig::default(),
                 None,
                 DEFAULT_PREFETCH_BUDGET,
@@ -67,6 +69,7 @@ impl KinesisShardSource {
 
     /// A builder for a source with non-default settings.
     pub fn builder(client: aws_sdk_kinesis::Client) -> KinesisShardSourceBuilder {
+        let client = one_retry_layer(&client);
         KinesisShardSourceBuilder {
             fanout_api: Arc::new(client.clone()),
             fan_out: None,
@@ -136,6 +139,20 @@ impl KinesisShardSource {
             fanout: None,
         }
     }
+}
+
+/// The same client with the SDK's retries turned off: kcl retries every
+/// Kinesis call itself (`calls::retry`), with a policy per call, counting
+/// every attempt and throttle. The SDK's standard retry under it would
+/// multiply the delays, hide throttles from the counters and share one
+/// token bucket across every shard.
+fn one_retry_layer(client: &aws_sdk_kinesis::Client) -> aws_sdk_kinesis::Client {
+    let config = client
+        .config()
+        .to_builder()
+        .retry_config(aws_sdk_kinesis::config::retry::RetryConfig::disabled())
+        .build();
+    aws_sdk_kinesis::Client::from_conf(config)
 }
 
 /// Builds a [`KinesisShardSource`].

@@ -19,7 +19,7 @@ use kcl_core::worker::{
 };
 use kcl_core::{ConfigError, LeaseLayout};
 use kcl_dynamodb::{Capacity, DynamoDbLeaseStore, ensure_table};
-use kcl_kinesis::{FanOutConfig, KinesisShardSource, PollingConfig, Retrieval};
+use kcl_kinesis::{FanOutConfig, KinesisShardSource, PollingConfig, Retrieval, StreamArn};
 use tracing::{info, warn};
 
 /// Why a worker could not be built or could not run.
@@ -359,40 +359,40 @@ async fn stream_identifier(
     kinesis: &aws_sdk_kinesis::Client,
     stream: &str,
 ) -> Result<String, Error> {
-    let out = kinesis
-        .describe_stream_summary()
-        .stream_name(stream)
-        .send()
-        .await
-        .map_err(|e| {
-            if e.as_service_error()
-                .is_some_and(|s| s.is_resource_not_found_exception())
-            {
-                Error::StreamNotFound {
-                    stream: stream.to_owned(),
-                }
-            } else {
-                Error::DescribeStream {
-                    stream: stream.to_owned(),
-                    source: Box::new(e),
-                }
+    let arn = StreamArn::parse(stream).ok().flatten();
+    let request = match &arn {
+        Some(arn) => kinesis.describe_stream_summary().stream_arn(arn.as_str()),
+        None => kinesis.describe_stream_summary().stream_name(stream),
+    };
+    let out = request.send().await.map_err(|e| {
+        if e.as_service_error()
+            .is_some_and(|s| s.is_resource_not_found_exception())
+        {
+            Error::StreamNotFound {
+                stream: stream.to_owned(),
             }
-        })?;
+        } else {
+            Error::DescribeStream {
+                stream: stream.to_owned(),
+                source: Box::new(e),
+            }
+        }
+    })?;
     let summary = out
         .stream_description_summary()
         .ok_or_else(|| Error::DescribeStream {
             stream: stream.to_owned(),
             source: "DescribeStreamSummary returned no summary".into(),
         })?;
-    // arn:aws:kinesis:REGION:ACCOUNT:stream/NAME
-    let account = summary
-        .stream_arn()
-        .split(':')
-        .nth(4)
-        .unwrap_or_default()
-        .to_owned();
+    // The stream's own account and name (a stream given by ARN may be of
+    // another account): arn:aws:kinesis:REGION:ACCOUNT:stream/NAME.
+    let described = StreamArn::parse(summary.stream_arn()).ok().flatten();
+    let (account, name) = match described.as_ref().or(arn.as_ref()) {
+        Some(arn) => (arn.account().to_owned(), arn.name().to_owned()),
+        None => (String::new(), stream.to_owned()),
+    };
     let epoch = summary.stream_creation_timestamp().secs();
-    Ok(format!("{account}:{stream}:{epoch}"))
+    Ok(format!("{account}:{name}:{epoch}"))
 }
 
 /// Configures a [`Worker`]. Every setting has a default except the streams,
@@ -485,8 +485,12 @@ impl WorkerBuilder {
         }
     }
 
-    /// Adds a stream to consume. Several streams use the Java KCL's
-    /// multi-stream lease keys.
+    /// Adds a stream to consume, by name or by ARN
+    /// (`arn:aws:kinesis:REGION:ACCOUNT:stream/NAME`, which AWS recommends
+    /// and which reaches a stream of another account through its resource
+    /// policy; the ARN's region must be the AWS configuration's). Several
+    /// streams use the Java KCL's multi-stream lease keys, which name the
+    /// stream's own account.
     pub fn stream(mut self, name: impl Into<String>) -> Self {
         self.streams.push(name.into());
         self
@@ -688,6 +692,26 @@ impl WorkerBuilder {
             ));
         }
         let sdk = self.sdk.clone();
+        let sdk_region = sdk
+            .as_ref()
+            .and_then(|c| c.region())
+            .or_else(|| self.kinesis.as_ref().and_then(|k| k.config().region()))
+            .map(|r| r.as_ref().to_owned());
+        for stream in &self.streams {
+            let arn = StreamArn::parse(stream).map_err(|e| invalid(e.field, e.reason))?;
+            if let (Some(arn), Some(region)) = (arn, &sdk_region)
+                && arn.region() != region
+            {
+                return Err(invalid(
+                    "stream",
+                    format!(
+                        "{stream:?} is in region {}, the AWS configuration in {region}; a worker \
+                         reads through one regional client: run one per region",
+                        arn.region()
+                    ),
+                ));
+            }
+        }
         let (kinesis, dynamodb) = match (self.kinesis, self.dynamodb, &sdk) {
             (Some(kinesis), Some(dynamodb), _) => (Some(kinesis), Some(dynamodb)),
             (_, _, Some(sdk)) => (Some(aws_sdk_kinesis::Client::new(sdk)), None),

@@ -22,6 +22,7 @@ use aws_sdk_kinesis::operation::list_shards::{ListShardsError, ListShardsOutput}
 use aws_sdk_kinesis::primitives::DateTime;
 use aws_sdk_kinesis::types::{ShardFilter, ShardIteratorType};
 
+use crate::arn::stream_fields;
 use crate::budget::Budget;
 use crate::config::PollingConfig;
 use crate::stats::SourceStats;
@@ -99,8 +100,11 @@ pub(crate) trait KinesisApi: Send + Sync + fmt::Debug {
         start: &IteratorStart,
     ) -> Result<GetShardIteratorOutput, SdkError<GetShardIteratorError>>;
 
+    /// `stream` (a name or an ARN) is sent as the `StreamARN` when it is an
+    /// ARN: a resource policy of another account is checked against it.
     async fn get_records(
         &self,
+        stream: &str,
         iterator: &str,
         limit: i32,
     ) -> Result<GetRecordsOutput, SdkError<GetRecordsError>>;
@@ -114,10 +118,13 @@ impl KinesisApi for aws_sdk_kinesis::Client {
         max_results: Option<i32>,
     ) -> Result<ListShardsOutput, SdkError<ListShardsError>> {
         let request = match page {
-            ListShardsPage::First { stream, filter } => self
-                .list_shards()
-                .stream_name(stream)
-                .set_shard_filter(filter),
+            ListShardsPage::First { stream, filter } => {
+                let (name, arn) = stream_fields(stream);
+                self.list_shards()
+                    .set_stream_name(name)
+                    .set_stream_arn(arn)
+                    .set_shard_filter(filter)
+            }
             ListShardsPage::Next { token } => self.list_shards().next_token(token),
         };
         request.set_max_results(max_results).send().await
@@ -129,9 +136,11 @@ impl KinesisApi for aws_sdk_kinesis::Client {
         shard_id: &str,
         start: &IteratorStart,
     ) -> Result<GetShardIteratorOutput, SdkError<GetShardIteratorError>> {
+        let (name, arn) = stream_fields(stream);
         let request = self
             .get_shard_iterator()
-            .stream_name(stream)
+            .set_stream_name(name)
+            .set_stream_arn(arn)
             .shard_id(shard_id);
         let request = match start {
             IteratorStart::TrimHorizon => {
@@ -153,10 +162,13 @@ impl KinesisApi for aws_sdk_kinesis::Client {
 
     async fn get_records(
         &self,
+        stream: &str,
         iterator: &str,
         limit: i32,
     ) -> Result<GetRecordsOutput, SdkError<GetRecordsError>> {
+        let (_, arn) = stream_fields(stream);
         self.get_records()
+            .set_stream_arn(arn)
             .shard_iterator(iterator)
             .limit(limit)
             .send()

@@ -118,8 +118,10 @@ impl FanOutApi for aws_sdk_kinesis::Client {
         &self,
         stream: &str,
     ) -> Result<DescribeStreamSummaryOutput, SdkError<DescribeStreamSummaryError>> {
+        let (name, arn) = crate::arn::stream_fields(stream);
         self.describe_stream_summary()
-            .stream_name(stream)
+            .set_stream_name(name)
+            .set_stream_arn(arn)
             .send()
             .await
     }

@@ -220,7 +220,7 @@ impl FakeFanOut {
         }
         let out = self
             .kinesis
-            .get_records(&format!("{stream}|{shard}|{}", pos - 1), 1)
+            .get_records(stream, &format!("{stream}|{shard}|{}", pos - 1), 1)
             .await
             .expect("record before");
         out.records
@@ -581,7 +581,7 @@ impl EventStream for FakeEvents {
             let out = self
                 .fake
                 .kinesis
-                .get_records(&iterator, 10_000)
+                .get_records("", &iterator, 10_000)
                 .await
                 .expect("get records");
             let at_end = out.next_shard_iterator.is_none();

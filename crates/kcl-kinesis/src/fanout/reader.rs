@@ -782,7 +782,13 @@ impl Subscriber {
             || {
                 shared.stats.get_records_call();
                 let iterator = iterator.as_str();
-                async move { shared.api.get_records(iterator, 1).await.map_err(classify) }
+                async move {
+                    shared
+                        .api
+                        .get_records(stream, iterator, 1)
+                        .await
+                        .map_err(classify)
+                }
             },
         )
         .await;
