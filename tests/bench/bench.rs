@@ -23,7 +23,14 @@
 //!   `GetRecords` loop, and the DynamoDB cost of an idle fleet;
 //! - `bench_fleet.rs`: scenarios with worker processes (this binary
 //!   re-executed as `kcl-bench worker`): cold start, scale-out, failover,
-//!   graceful stop, peak RSS; and the fan-out helper's latency bench.
+//!   graceful stop, peak RSS; and the fan-out helper's latency bench;
+//! - `bench_retrieval.rs`: polling pacing at the defaults (latency and
+//!   calls a second at 5 records/s, idle calls) and the worker-wide
+//!   prefetch budget with 1000 shards (re-executed as
+//!   `kcl-bench budget-worker`).
+//!
+//! Every figure a section lists under `figures` also goes to
+//! `docs/benchmarks.json` (merged: a partial run updates its own keys).
 //!
 //! # Concurrency model
 //!
@@ -35,6 +42,7 @@
 
 mod bench_fleet;
 mod bench_local;
+mod bench_retrieval;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -63,6 +71,8 @@ pub(crate) struct Section {
     pub(crate) extra: String,
     /// One line for the summary at the top.
     pub(crate) headline: String,
+    /// Figures for `docs/benchmarks.json`, by key.
+    pub(crate) figures: Vec<(&'static str, f64)>,
 }
 
 impl Section {
@@ -120,6 +130,8 @@ const SCENARIOS: &[&str] = &[
     "rss",
     "cost",
     "latency",
+    "pacing",
+    "budget",
 ];
 
 struct Options {
@@ -255,9 +267,39 @@ fn render(sections: &[(Section, f64)], total: f64, partial: bool) -> String {
     out
 }
 
+/// Merges every section's figures into `docs/benchmarks.json`.
+fn write_figures(sections: &[(Section, f64)]) -> anyhow::Result<()> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/benchmarks.json");
+    let mut figures: serde_json::Map<String, serde_json::Value> =
+        match std::fs::read_to_string(&path) {
+            Ok(text) => serde_json::from_str(&text)
+                .with_context(|| format!("{} is not a JSON object", path.display()))?,
+            Err(_) => serde_json::Map::new(),
+        };
+    let mut wrote = 0;
+    for (s, _) in sections {
+        if s.failed.is_some() && s.figures.is_empty() {
+            continue;
+        }
+        for (key, value) in &s.figures {
+            figures.insert((*key).to_owned(), serde_json::json!(value));
+            wrote += 1;
+        }
+    }
+    if wrote == 0 {
+        return Ok(());
+    }
+    let text = serde_json::to_string_pretty(&figures)? + "\n";
+    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("wrote {wrote} figures to {}", path.display());
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
-    if std::env::args().nth(1).as_deref() == Some("worker") {
-        return bench_fleet::worker_main();
+    match std::env::args().nth(1).as_deref() {
+        Some("worker") => return bench_fleet::worker_main(),
+        Some("budget-worker") => return bench_retrieval::budget_worker_main(),
+        _ => {}
     }
     let opts = options()?;
     let wanted = |name: &str| {
@@ -316,6 +358,13 @@ fn main() -> anyhow::Result<()> {
     run("rss", &mut || rt.block_on(bench_fleet::peak_rss(&exe)));
     run("cost", &mut || rt.block_on(bench_local::idle_fleet_cost()));
     run("latency", &mut || rt.block_on(bench_fleet::latency(&exe)));
+    run("pacing", &mut || {
+        rt.block_on(bench_retrieval::polling_pacing())
+    });
+    run("budget", &mut || {
+        rt.block_on(bench_retrieval::prefetch_budget(&exe))
+    });
+    write_figures(&sections)?;
 
     let total = started.elapsed().as_secs_f64();
     let report = render(&sections, total, opts.only.is_some());

@@ -577,6 +577,14 @@ pub(crate) async fn throughput() -> anyhow::Result<Section> {
             format!("{:.2}", kcl_rate / bare_rate),
         );
         ratios.push(format!("{:.2} on {shards} shard(s)", kcl_rate / bare_rate));
+        s.figures.push((
+            if shards == 1 {
+                "throughput_ratio_1_shard"
+            } else {
+                "throughput_ratio_8_shards"
+            },
+            (kcl_rate / bare_rate * 100.0).round() / 100.0,
+        ));
         eprintln!("   (pre-filling {total} records on {shards} shard(s) took {fill_secs:.1} s)");
     }
     s.headline = format!(

@@ -209,13 +209,14 @@ async fn main() -> anyhow::Result<()> {
     let env = TestEnv::connect().await?;
     let modes: Vec<(&'static str, Retrieval)> = vec![
         (
-            "polling, idle_time_between_reads 1 s (default)",
+            "polling, defaults (500 ms after records, 1 s idle)",
             Retrieval::Polling(PollingConfig::default()),
         ),
         (
-            "polling, idle_time_between_reads 200 ms",
+            "polling, time_between_reads 200 ms",
             Retrieval::Polling(
                 PollingConfig::builder()
+                    .time_between_reads(Duration::from_millis(200))
                     .idle_time_between_reads(Duration::from_millis(200))
                     .build()?,
             ),

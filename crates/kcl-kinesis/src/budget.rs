@@ -195,15 +195,16 @@ mod tests {
             "buffered {} of {total}",
             stats.buffered_bytes
         );
-        // Draining every reader gets every record, and gives the budget back.
-        let mut records = 0;
-        for reader in &mut readers {
+        // Draining every reader (all at once, as each shard's consumer does)
+        // gets every record, and gives the budget back.
+        let drains = readers.iter_mut().map(|reader| async move {
             let mut got = 0;
             while got < PER_SHARD {
                 got += reader.next_batch().await.expect("batch").records.len();
             }
-            records += got;
-        }
+            got
+        });
+        let records: usize = futures::future::join_all(drains).await.into_iter().sum();
         assert_eq!(records, SHARDS * PER_SHARD);
         drop(readers);
         tokio::time::sleep(Duration::from_secs(1)).await;

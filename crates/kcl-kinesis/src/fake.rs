@@ -1,5 +1,9 @@
-//! An in-memory stand-in for the three Kinesis calls, for unit tests of the
-//! source and its readers without an emulator.
+//! An in-memory stand-in for the Kinesis calls polling retrieval makes
+//! (`ListShards`, `GetShardIterator`, `GetRecords`), with the faults the
+//! emulator never produces: shards past retention, trimmed records, pages
+//! cut short while far behind. For unit tests of the source and its
+//! readers, and (feature `test-util`) for benchmarks that need thousands
+//! of shards without an emulator: see [`crate::KinesisShardSource::on_fake`].
 //!
 //! Iterators are `stream|shard|position`; sequence numbers are zero-padded
 //! so that string and numeric order agree, as with Kinesis.
@@ -64,8 +68,9 @@ struct State {
     get_records_calls: u64,
 }
 
+/// The fake service. Share it with `Arc`; every method takes `&self`.
 #[derive(Debug, Default)]
-pub(crate) struct FakeKinesis {
+pub struct FakeKinesis {
     state: Mutex<State>,
 }
 
@@ -87,8 +92,9 @@ impl FakeKinesis {
         self.state.lock().expect("fake lock")
     }
 
-    /// A stream of `n` open shards splitting the hash keys evenly.
-    pub(crate) fn create_stream(&self, stream: &str, n: usize) -> Vec<String> {
+    /// A stream of `n` open shards splitting the hash keys evenly; returns
+    /// their ids.
+    pub fn create_stream(&self, stream: &str, n: usize) -> Vec<String> {
         let width = u128::MAX / n as u128;
         let ids: Vec<String> = (0..n).map(|i| format!("shardId-{i:012}")).collect();
         let shards = ids
@@ -133,14 +139,8 @@ impl FakeKinesis {
         }
     }
 
-    /// Appends a record; returns its sequence number.
-    pub(crate) fn put(
-        &self,
-        stream: &str,
-        shard: &str,
-        pk: &str,
-        data: impl Into<Bytes>,
-    ) -> String {
+    /// Appends a record to `shard`; returns its sequence number.
+    pub fn put(&self, stream: &str, shard: &str, pk: &str, data: impl Into<Bytes>) -> String {
         let mut s = self.lock();
         s.next_sequence += 1;
         let seq = format!("{:030}", s.next_sequence);
@@ -163,7 +163,7 @@ impl FakeKinesis {
 
     /// Splits `shard` into two children; `report_children` decides whether
     /// the final GetRecords names them.
-    pub(crate) fn split(&self, stream: &str, shard: &str, report_children: bool) -> [String; 2] {
+    pub fn split(&self, stream: &str, shard: &str, report_children: bool) -> [String; 2] {
         let mut s = self.lock();
         s.next_sequence += 1;
         let end = format!("{:030}", s.next_sequence);
@@ -219,33 +219,35 @@ impl FakeKinesis {
     /// Ages `shard` out of the retention period: its unread records are
     /// gone, ListShards no longer returns it, and calls on it answer
     /// ResourceNotFound.
-    pub(crate) fn expire(&self, stream: &str, shard: &str) {
+    pub fn expire(&self, stream: &str, shard: &str) {
         Self::shard_mut(&mut self.lock(), stream, shard).expired = true;
     }
 
     /// Deletes `stream`.
-    pub(crate) fn delete_stream(&self, stream: &str) {
+    pub fn delete_stream(&self, stream: &str) {
         self.lock().streams.remove(stream);
     }
 
     /// Trims the first `n` records of `shard`: TRIM_HORIZON starts after
     /// them, and a sequence-number start among them answers
     /// InvalidArgument.
-    pub(crate) fn trim(&self, stream: &str, shard: &str, n: usize) {
+    pub fn trim(&self, stream: &str, shard: &str, n: usize) {
         Self::shard_mut(&mut self.lock(), stream, shard).trim_horizon = n;
     }
 
     /// Makes each GetRecords on `shard` return at most `cap` records (0:
     /// empty pages), with MillisBehindLatest saying how far behind.
-    pub(crate) fn cap_pages(&self, stream: &str, shard: &str, cap: Option<usize>) {
+    pub fn cap_pages(&self, stream: &str, shard: &str, cap: Option<usize>) {
         Self::shard_mut(&mut self.lock(), stream, shard).page_cap = cap;
     }
 
+    #[cfg(test)]
     pub(crate) fn list_requests(&self) -> Vec<ListRequest> {
         self.lock().list_requests.clone()
     }
 
-    pub(crate) fn get_records_calls(&self) -> u64 {
+    /// `GetRecords` calls answered so far.
+    pub fn get_records_calls(&self) -> u64 {
         self.lock().get_records_calls
     }
 }

@@ -1,10 +1,11 @@
 //! kcl's `ShardSource` on Amazon Kinesis.
 //!
-//! When complete, this crate connects the engine in `kcl-core` to Kinesis:
-//! shard discovery (paginated `ListShards` with parent/child lineage),
-//! polling retrieval (`GetShardIterator` + `GetRecords`), enhanced fan-out
+//! This crate connects the engine in `kcl-core` to Kinesis: shard
+//! discovery (paginated `ListShards` with parent/child lineage), polling
+//! retrieval (`GetShardIterator` + `GetRecords`), enhanced fan-out
 //! retrieval (`SubscribeToShard`), and de-aggregation of records written by
-//! the Kinesis Producer Library (KPL).
+//! the Kinesis Producer Library (KPL), under the faults real Kinesis
+//! produces and the emulator does not.
 //!
 //! # Layout
 //!
@@ -14,25 +15,35 @@
 //!   sub-records a checkpoint already covers on resume, checks sub-records
 //!   against the shard's hash-key range, and encodes aggregates for tests
 //!   and benchmarks.
-//! - [`KinesisShardSource`] (`source`): the `ShardSource` on Kinesis.
-//!   `ListShards` following `NextToken` to the end, with lineage from
-//!   `ParentShardId` / `AdjacentParentShardId`; `open` starts a polling or
-//!   a fan-out reader, as [`Retrieval`] says.
-//! - `polling`: the polling reader and its fetch task (`GetShardIterator`,
-//!   `GetRecords`, expired-iterator recovery, throttling backoff, bounded
-//!   prefetch, shard end with the children).
+//! - [`KinesisShardSource`] (`source`): the `ShardSource` on Kinesis; `open`
+//!   starts a polling or a fan-out reader, as [`Retrieval`] says.
+//! - `calls`: the call layer. The Kinesis calls behind a crate-private
+//!   trait (the seam where [`faults`], feature `test-util`, injects the
+//!   service's real errors), their classification by what retrying can fix
+//!   (`classify`), and the one retry layer with a policy per kind of call
+//!   (`retry`: attempt timeouts, jittered backoff, lease checks).
+//! - `discovery`: `ListShards` to the end, lineage, a closed shard's
+//!   children.
+//! - `records`: the record pipeline both readers feed (start positions,
+//!   de-aggregation, resume skipping, what a batch holds in memory).
+//! - `gone`: what `ResourceNotFound` and a trimmed start mean (an expired
+//!   shard, a deleted stream, data loss behind the trim horizon).
+//! - `budget`: the worker-wide prefetch budget.
+//! - `arn`: streams named by ARN ([`StreamArn`]).
+//! - `polling`: the polling reader and its fetch task (pacing from
+//!   `MillisBehindLatest`, expired-iterator recovery, bounded prefetch,
+//!   shard end with the children).
 //! - [`PollingConfig`] (`config`): polling settings, validated at `build()`.
-//! - [`SourceStats`] (`stats`): call, retry and record counters for tests
-//!   and tools (the same events go to `metrics`).
-//! - `api`: the three Kinesis calls behind a crate-private trait, the seam
-//!   where `faults` (feature `test-util`) injects the service's real
-//!   error variants.
+//! - [`SourceStats`] (`stats`): call, retry, fault and memory counters for
+//!   tests and tools (the same events go to `metrics`).
 //! - `fanout`: enhanced fan-out retrieval ([`FanOutConfig`]): the stream
 //!   consumer (found or registered once per stream, waited for until
 //!   ACTIVE, deregistered at shutdown only if [`DeregisterConsumer`] says
 //!   so), and the reader whose task holds one `SubscribeToShard`
-//!   subscription at a time and renews it from the continuation sequence
-//!   number.
+//!   subscription at a time, renews it from the continuation sequence
+//!   number and replaces it when it falls silent.
+//! - [`fake`] (feature `test-util`): an in-memory Kinesis for tests and
+//!   benchmarks with thousands of shards.
 //!
 //! # Concurrency model
 //!
@@ -58,8 +69,8 @@ mod budget;
 mod calls;
 mod config;
 mod discovery;
-#[cfg(test)]
-mod fake;
+#[cfg(any(test, feature = "test-util"))]
+pub mod fake;
 mod fanout;
 #[cfg(any(test, feature = "test-util"))]
 pub mod faults;

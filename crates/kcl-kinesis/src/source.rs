@@ -71,7 +71,7 @@ impl KinesisShardSource {
     pub fn builder(client: aws_sdk_kinesis::Client) -> KinesisShardSourceBuilder {
         let client = one_retry_layer(&client);
         KinesisShardSourceBuilder {
-            fanout_api: Arc::new(client.clone()),
+            fanout_api: Some(Arc::new(client.clone())),
             fan_out: None,
             api: Arc::new(client),
             polling: PollingConfig::default(),
@@ -117,6 +117,22 @@ impl KinesisShardSource {
         }
     }
 
+    /// A polling source on an in-memory [`FakeKinesis`](crate::fake::FakeKinesis)
+    /// (feature `test-util`), for benchmarks and tests that need more
+    /// shards than an emulator holds. Fan-out is not available on it.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn on_fake(fake: Arc<crate::fake::FakeKinesis>) -> KinesisShardSourceBuilder {
+        KinesisShardSourceBuilder {
+            api: fake,
+            fanout_api: None,
+            fan_out: None,
+            polling: PollingConfig::default(),
+            max_results: None,
+            prefetch_budget: DEFAULT_PREFETCH_BUDGET,
+            faults: None,
+        }
+    }
+
     /// A fan-out source on fakes, for unit tests.
     #[cfg(test)]
     pub(crate) fn with_fan_out(
@@ -159,7 +175,8 @@ fn one_retry_layer(client: &aws_sdk_kinesis::Client) -> aws_sdk_kinesis::Client 
 #[derive(Debug)]
 pub struct KinesisShardSourceBuilder {
     api: Arc<dyn KinesisApi>,
-    fanout_api: Arc<dyn FanOutApi>,
+    /// `None` on the in-memory fake, which has no fan-out.
+    fanout_api: Option<Arc<dyn FanOutApi>>,
     fan_out: Option<FanOutConfig>,
     polling: PollingConfig,
     max_results: Option<i32>,
@@ -257,7 +274,15 @@ impl KinesisShardSourceBuilder {
                         reason: "is not set; enhanced fan-out subscribes through a named stream consumer (the kcl facade uses the application name)".into(),
                     });
                 };
-                Some(Arc::new(FanOut::new(config, name, self.fanout_api)))
+                let Some(fanout_api) = self.fanout_api else {
+                    return Err(ConfigError {
+                        field: "retrieval",
+                        reason:
+                            "enhanced fan-out needs a Kinesis client; the in-memory fake only polls"
+                                .into(),
+                    });
+                };
+                Some(Arc::new(FanOut::new(config, name, fanout_api)))
             }
             None => None,
         };

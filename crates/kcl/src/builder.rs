@@ -418,6 +418,8 @@ pub struct WorkerBuilder {
     failure_policy: FailurePolicy,
     max_records: Option<i32>,
     idle_time_between_reads: Option<Duration>,
+    time_between_reads: Option<Duration>,
+    prefetch_budget: Option<usize>,
     retrieval: Option<Retrieval>,
     shard_sync_interval: Option<Duration>,
     parent_poll_interval: Option<Duration>,
@@ -472,6 +474,8 @@ impl WorkerBuilder {
             failure_policy: FailurePolicy::Retry,
             max_records: None,
             idle_time_between_reads: None,
+            time_between_reads: None,
+            prefetch_budget: None,
             retrieval: None,
             shard_sync_interval: None,
             parent_poll_interval: None,
@@ -618,8 +622,23 @@ impl WorkerBuilder {
         max_records: i32
     );
     setter!(
-        /// Pause after an empty GetRecords (default 1 s).
+        /// Time between the starts of two GetRecords calls when the first
+        /// returned nothing and the shard is caught up (default 1 s, at
+        /// least 200 ms): what an idle shard costs.
         idle_time_between_reads: Duration
+    );
+    setter!(
+        /// Time between the starts of two GetRecords calls when the first
+        /// returned some records, short of `max_records`, at the tip of the
+        /// shard (default 500 ms, at least 200 ms): a trickling shard's
+        /// latency against its read quota. See [`PollingConfig`].
+        time_between_reads: Duration
+    );
+    setter!(
+        /// Most bytes all of this worker's shards together hold ahead of
+        /// their processors (default 1 GiB); see
+        /// [`kcl_kinesis::KinesisShardSourceBuilder::prefetch_budget`].
+        prefetch_budget: usize
     );
     /// How shards are read (default: polling, tuned with
     /// [`Self::max_records`] and [`Self::idle_time_between_reads`]). With
@@ -756,6 +775,9 @@ impl WorkerBuilder {
         if let Some(d) = self.idle_time_between_reads {
             polling = polling.idle_time_between_reads(d);
         }
+        if let Some(d) = self.time_between_reads {
+            polling = polling.time_between_reads(d);
+        }
         let polling = polling.build().map_err(|e| invalid(e.field, e.reason))?;
         let retrieval = match self.retrieval {
             None => Retrieval::Polling(polling),
@@ -766,6 +788,8 @@ impl WorkerBuilder {
                     Some("max_records")
                 } else if self.idle_time_between_reads.is_some() {
                     Some("idle_time_between_reads")
+                } else if self.time_between_reads.is_some() {
+                    Some("time_between_reads")
                 } else {
                     None
                 };
@@ -788,10 +812,11 @@ impl WorkerBuilder {
                 }
             }
         };
-        let source = KinesisShardSource::builder(kinesis.clone())
-            .retrieval(retrieval)
-            .build()
-            .map_err(|e| invalid(e.field, e.reason))?;
+        let mut source = KinesisShardSource::builder(kinesis.clone()).retrieval(retrieval);
+        if let Some(bytes) = self.prefetch_budget {
+            source = source.prefetch_budget(bytes);
+        }
+        let source = source.build().map_err(|e| invalid(e.field, e.reason))?;
         let lease = lease.build()?;
         let dynamodb = match (dynamodb, &sdk) {
             (Some(dynamodb), _) => dynamodb,

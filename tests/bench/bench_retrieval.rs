@@ -1,0 +1,434 @@
+//! Retrieval scenarios: polling pacing at the defaults (put -> process
+//! latency and `GetRecords` calls a second of a trickling shard, calls of
+//! an idle one), and the worker-wide prefetch budget with 1000 shards (a
+//! child process, `kcl-bench budget-worker`, so its peak RSS is its own).
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail, ensure};
+use aws_sdk_kinesis::primitives::Blob;
+use kcl::{
+    Checkpointer, InitialPosition, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
+    Worker,
+};
+use kcl_core::source::{OpenShard, ShardReader, ShardSource, StartPosition};
+use kcl_core::{Checkpoint, Lease, LeaseHandle};
+use kcl_kinesis::fake::FakeKinesis;
+use kcl_kinesis::{KinesisShardSource, PollingConfig};
+use kcl_tests::{TestEnv, create_stream, delete_stream, unique_name};
+use tokio::process::Command;
+use tokio::time::Instant;
+
+use crate::Section;
+
+/// Records a second of the trickle, and how long it lasts.
+const TRICKLE_RATE: u64 = 5;
+const TRICKLE: Duration = Duration::from_secs(60);
+/// How long the idle shard is watched.
+const IDLE: Duration = Duration::from_secs(30);
+
+fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+#[derive(Debug, Default)]
+struct Seen {
+    latencies: Vec<Duration>,
+    warm: usize,
+}
+
+struct Timer {
+    seen: Arc<Mutex<Seen>>,
+}
+
+#[kcl::async_trait]
+impl RecordProcessor for Timer {
+    async fn process_records(
+        &mut self,
+        batch: &RecordBatch,
+        cp: &mut Checkpointer,
+    ) -> Result<(), ProcessorError> {
+        let now = now_ns();
+        {
+            let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+            for r in &batch.records {
+                let text = std::str::from_utf8(&r.data).unwrap_or_default();
+                if text.starts_with("warm") {
+                    seen.warm += 1;
+                } else if let Some(Ok(put)) = text.strip_prefix("lat:").map(str::parse::<u128>) {
+                    let ns = u64::try_from(now.saturating_sub(put)).unwrap_or(u64::MAX);
+                    seen.latencies.push(Duration::from_nanos(ns));
+                }
+            }
+        }
+        cp.checkpoint().await?;
+        Ok(())
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Polling at the production defaults, one shard: a record every 200 ms
+/// for a minute, then nothing for half a minute.
+pub(crate) async fn polling_pacing() -> anyhow::Result<Section> {
+    let env = TestEnv::connect().await?;
+    let kinesis = env.kinesis().clone();
+    let stream = unique_name("kcl-pacing");
+    create_stream(&kinesis, &stream, 1).await?;
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let for_factory = Arc::clone(&seen);
+    let worker = Worker::builder(unique_name("kcl-pacing-app"))
+        .stream(&stream)
+        .sdk_config(env.sdk_config())
+        .initial_position(InitialPosition::TrimHorizon)
+        .lease_duration(Duration::from_secs(6))
+        .taker_interval(Duration::from_secs(1))
+        .processor(move |_: &ShardContext| Timer {
+            seen: Arc::clone(&for_factory),
+        })
+        .build()?;
+    let stats = worker.source_stats();
+    let handle = worker.handle();
+    let running = tokio::spawn(worker.run());
+    let put = |payload: String| {
+        let kinesis = kinesis.clone();
+        let stream = stream.clone();
+        async move {
+            kinesis
+                .put_record()
+                .stream_name(stream)
+                .partition_key("pk")
+                .data(Blob::new(payload))
+                .send()
+                .await
+                .context("PutRecord")
+        }
+    };
+
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while seen.lock().unwrap_or_else(|e| e.into_inner()).warm == 0 {
+        put("warm".into()).await?;
+        ensure!(
+            Instant::now() < deadline,
+            "the worker read nothing within 120 s"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    // Caught up after the warm-up, then the trickle.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let records = TRICKLE_RATE * TRICKLE.as_secs();
+    let every = Duration::from_nanos(1_000_000_000 / TRICKLE_RATE);
+    let before = stats.snapshot();
+    let started = Instant::now();
+    for i in 0..records {
+        tokio::time::sleep_until(started + every * u32::try_from(i)?).await;
+        put(format!("lat:{}", now_ns())).await?;
+    }
+    let trickle_secs = started.elapsed().as_secs_f64();
+    let trickle_calls = stats.snapshot().get_records_calls - before.get_records_calls;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let n = seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .latencies
+            .len();
+        if n as u64 >= records {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("{n} of {records} records processed 30 s after the last put");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Idle: nothing more is put.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = stats.snapshot();
+    let idle_started = Instant::now();
+    tokio::time::sleep(IDLE).await;
+    let idle_calls = stats.snapshot().get_records_calls - before.get_records_calls;
+    let idle_secs = idle_started.elapsed().as_secs_f64();
+    handle.shutdown();
+    running.await??;
+    delete_stream(&kinesis, &stream).await?;
+
+    let mut latencies =
+        std::mem::take(&mut seen.lock().unwrap_or_else(|e| e.into_inner()).latencies);
+    latencies.sort();
+    let (p50, p99) = (percentile(&latencies, 50.0), percentile(&latencies, 99.0));
+    let trickle_rate = trickle_calls as f64 / trickle_secs;
+    let idle_rate = idle_calls as f64 / idle_secs;
+    let defaults = PollingConfig::default();
+    let mut s = Section::new("Polling pacing at the defaults: latency and read quota");
+    s.what = format!(
+        "One worker (kcl facade, default PollingConfig) on a 1-shard stream: {records} \
+         single-record puts, one every {} ms ({TRICKLE_RATE} records/s for {} s), each \
+         carrying its put time; put -> process_records latency from the processor. Then \
+         {} s with no puts. GetRecords calls counted by the source's stats over each phase.",
+        every.as_millis(),
+        TRICKLE.as_secs(),
+        IDLE.as_secs()
+    );
+    s.row("records", latencies.len().to_string());
+    s.row("latency p50", format!("{:.0} ms", ms(p50)));
+    s.row("latency p99", format!("{:.0} ms", ms(p99)));
+    s.row(
+        "latency max",
+        format!(
+            "{:.0} ms",
+            ms(latencies.last().copied().unwrap_or_default())
+        ),
+    );
+    s.row(
+        "GetRecords calls/s, 5 records/s",
+        format!("{trickle_rate:.2}"),
+    );
+    s.row("GetRecords calls/s, idle", format!("{idle_rate:.2}"));
+    s.figures = vec![
+        ("polling_latency_p50_ms_5rps", ms(p50).round()),
+        ("polling_latency_p99_ms_5rps", ms(p99).round()),
+        (
+            "polling_calls_per_s_5rps",
+            (trickle_rate * 100.0).round() / 100.0,
+        ),
+        (
+            "polling_calls_per_s_idle",
+            (idle_rate * 100.0).round() / 100.0,
+        ),
+    ];
+    s.headline = format!(
+        "5 records/s: p50 {:.0} ms, p99 {:.0} ms at {trickle_rate:.2} GetRecords/s; idle {idle_rate:.2} calls/s",
+        ms(p50),
+        ms(p99)
+    );
+    s.settings = format!(
+        "The defaults: time_between_reads {:?} after a short batch with records, \
+         idle_time_between_reads {:?} after an empty one, 200 ms while MillisBehindLatest > 0, \
+         none after a full batch. Lease 6 s and a 1 s taker tick only to start quickly.",
+        defaults.time_between_reads(),
+        defaults.idle_time_between_reads()
+    );
+    s.java = "The Java KCL 3.x polls every idleTimeBetweenReadsInMillis (1.5 s by default) \
+              whatever the response held; lifion-kinesis every 250 ms (about 4 of the \
+              shard's 5 reads/s)."
+        .into();
+    s.limits = "Latency is the wait for the next call (up to 500 ms, 250 ms on average) plus \
+                kinesis-mock's answer on a shared 2-core machine."
+        .into();
+    let mut failed = Vec::new();
+    if ms(p50) > 300.0 {
+        failed.push(format!("p50 {:.0} ms is above 300 ms", ms(p50)));
+    }
+    if trickle_rate > 2.0 {
+        failed.push(format!(
+            "{trickle_rate:.2} calls/s at 5 records/s is above 2"
+        ));
+    }
+    if idle_rate > 1.1 {
+        failed.push(format!("{idle_rate:.2} idle calls/s is above 1.1"));
+    }
+    if !failed.is_empty() {
+        s.failed = Some(failed.join("; "));
+    }
+    Ok(s)
+}
+
+/// Shards, records per shard and payload of the budget scenario.
+const BUDGET_SHARDS: usize = 1000;
+const BUDGET_PER_SHARD: usize = 20;
+const BUDGET_PAYLOAD: usize = 10 * 1024;
+const BUDGET_MIB: usize = 128;
+
+/// What the budget worker prints (one line, `key=value` pairs).
+fn parse_report(line: &str) -> std::collections::BTreeMap<String, String> {
+    line.split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// `kcl-bench budget-worker`: a KinesisShardSource on the in-memory fake
+/// with 1000 shards holding 200 MB, a 128 MiB worker-wide budget, a reader
+/// on every shard and no processor: everything the budgets allow is
+/// fetched. Prints what the source accounted and this process's peak RSS.
+pub(crate) fn budget_worker_main() -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let fake = Arc::new(FakeKinesis::default());
+        let ids = fake.create_stream("s", BUDGET_SHARDS);
+        let payload = vec![b'x'; BUDGET_PAYLOAD];
+        for id in &ids {
+            for i in 0..BUDGET_PER_SHARD {
+                fake.put("s", id, &format!("pk-{i}"), payload.clone());
+            }
+        }
+        let baseline = vm("VmRSS");
+        let source = KinesisShardSource::on_fake(Arc::clone(&fake))
+            .prefetch_budget(BUDGET_MIB * 1024 * 1024)
+            .build()?;
+        let mut readers: Vec<Box<dyn ShardReader>> = Vec::new();
+        for id in &ids {
+            let lease = LeaseHandle::detached(
+                Lease::new(id, Checkpoint::TrimHorizon),
+                Duration::from_secs(3600),
+            );
+            readers.push(
+                source
+                    .open(OpenShard {
+                        stream: "s".into(),
+                        shard_id: id.clone(),
+                        position: StartPosition::TrimHorizon,
+                        lease,
+                    })
+                    .await?,
+            );
+        }
+        // Until the fetching stops: the budget is full.
+        let mut last = 0;
+        loop {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let calls = fake.get_records_calls();
+            if calls == last {
+                break;
+            }
+            last = calls;
+        }
+        let held = source.stats();
+        // Every shard's consumer drains its own reader, all at once, as a
+        // worker's do (one after another, a reader still waiting for budget
+        // would wait for readers not drained yet).
+        let drains = readers.iter_mut().map(|reader| async move {
+            let mut got = 0;
+            while got < BUDGET_PER_SHARD {
+                got += reader.next_batch().await?.records.len();
+            }
+            anyhow::Ok(got)
+        });
+        let mut delivered = 0usize;
+        for got in futures::future::join_all(drains).await {
+            delivered += got?;
+        }
+        println!(
+            "shards={BUDGET_SHARDS} data_bytes={} budget_bytes={} buffered_bytes={} peak_buffered_bytes={} \
+             delivered={delivered} baseline_rss_kb={baseline} peak_rss_kb={}",
+            BUDGET_SHARDS * BUDGET_PER_SHARD * BUDGET_PAYLOAD,
+            BUDGET_MIB * 1024 * 1024,
+            held.buffered_bytes,
+            source.stats().peak_buffered_bytes,
+            vm("VmHWM")
+        );
+        anyhow::Ok(())
+    })
+}
+
+/// A `Vm*` field of this process's status, in kB.
+fn vm(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+        .unwrap_or(0)
+}
+
+/// Runs the budget worker and reports its figures.
+pub(crate) async fn prefetch_budget(exe: &Path) -> anyhow::Result<Section> {
+    let run = Command::new(exe)
+        .arg("budget-worker")
+        .kill_on_drop(true)
+        .output();
+    let out = match tokio::time::timeout(Duration::from_secs(600), run).await {
+        Ok(out) => out?,
+        Err(_) => bail!("the budget worker did not finish within 600 s"),
+    };
+    ensure!(
+        out.status.success(),
+        "the budget worker failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .last()
+            .unwrap_or("")
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report = parse_report(stdout.lines().last().unwrap_or(""));
+    let get = |k: &str| -> anyhow::Result<f64> {
+        report
+            .get(k)
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("{k} missing from {stdout:?}"))
+    };
+    let mib = |b: f64| b / 1024.0 / 1024.0;
+    let (budget, peak, data) = (
+        get("budget_bytes")?,
+        get("peak_buffered_bytes")?,
+        get("data_bytes")?,
+    );
+    let (rss, baseline) = (
+        get("peak_rss_kb")? / 1024.0,
+        get("baseline_rss_kb")? / 1024.0,
+    );
+    let mut s = Section::new("Memory: the worker-wide prefetch budget with 1000 shards");
+    s.what = format!(
+        "A KinesisShardSource on the in-memory Kinesis fake (a child process): {BUDGET_SHARDS} \
+         shards holding {:.0} MiB of records, a reader on every shard and nobody consuming, \
+         with a {BUDGET_MIB} MiB worker-wide budget (each shard's own budget at its 8 MiB \
+         default). Fetching goes on until it stops by itself; then every reader is drained.",
+        mib(data)
+    );
+    s.row(
+        "records held when fetching stopped",
+        format!("{:.1} MiB", mib(get("buffered_bytes")?)),
+    );
+    s.row(
+        "most held at once (accounted)",
+        format!("{:.1} MiB of {:.0} MiB", mib(peak), mib(budget)),
+    );
+    s.row(
+        "records delivered after draining",
+        format!("{:.0}", get("delivered")?),
+    );
+    s.row(
+        "RSS before the readers (the fake's data)",
+        format!("{baseline:.1} MiB"),
+    );
+    s.row("peak RSS (VmHWM)", format!("{rss:.1} MiB"));
+    s.figures = vec![
+        (
+            "budget_1000_shards_peak_buffered_mib",
+            (mib(peak) * 10.0).round() / 10.0,
+        ),
+        (
+            "budget_1000_shards_peak_rss_mib",
+            (rss * 10.0).round() / 10.0,
+        ),
+    ];
+    s.headline = format!(
+        "1000 shards, {:.0} MiB of records: at most {:.1} MiB held (budget {BUDGET_MIB} MiB), peak RSS {rss:.0} MiB of which {baseline:.0} MiB is the fake's data",
+        mib(data),
+        mib(peak)
+    );
+    s.settings = "The default budget is 1 GiB; here 128 MiB so that it binds.".into();
+    s.limits = "The fake answers at once, so every shard fetches as soon as budget frees.".into();
+    if peak > budget {
+        s.failed = Some(format!("{peak} bytes held, over the {budget}-byte budget"));
+    }
+    Ok(s)
+}
