@@ -5,18 +5,16 @@
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
 use aws_sdk_kinesis::primitives::Blob;
-use kcl::{
-    Checkpointer, InitialPosition, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
-    Worker,
-};
+use kcl::{InitialPosition, ShardContext, Worker};
 use kcl_core::source::{OpenShard, ShardReader, ShardSource, StartPosition};
 use kcl_core::{Checkpoint, Lease, LeaseHandle};
 use kcl_kinesis::fake::FakeKinesis;
 use kcl_kinesis::{KinesisShardSource, PollingConfig};
+use kcl_tests::latency::{LatencyProcessor, Seen, now_ns, percentile};
 use kcl_tests::{TestEnv, create_stream, delete_stream, unique_name};
 use tokio::process::Command;
 use tokio::time::Instant;
@@ -28,56 +26,6 @@ const TRICKLE_RATE: u64 = 5;
 const TRICKLE: Duration = Duration::from_secs(60);
 /// How long the idle shard is watched.
 const IDLE: Duration = Duration::from_secs(30);
-
-fn now_ns() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
-}
-
-#[derive(Debug, Default)]
-struct Seen {
-    latencies: Vec<Duration>,
-    warm: usize,
-}
-
-struct Timer {
-    seen: Arc<Mutex<Seen>>,
-}
-
-#[kcl::async_trait]
-impl RecordProcessor for Timer {
-    async fn process_records(
-        &mut self,
-        batch: &RecordBatch,
-        cp: &mut Checkpointer,
-    ) -> Result<(), ProcessorError> {
-        let now = now_ns();
-        {
-            let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-            for r in &batch.records {
-                let text = std::str::from_utf8(&r.data).unwrap_or_default();
-                if text.starts_with("warm") {
-                    seen.warm += 1;
-                } else if let Some(Ok(put)) = text.strip_prefix("lat:").map(str::parse::<u128>) {
-                    let ns = u64::try_from(now.saturating_sub(put)).unwrap_or(u64::MAX);
-                    seen.latencies.push(Duration::from_nanos(ns));
-                }
-            }
-        }
-        cp.checkpoint().await?;
-        Ok(())
-    }
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
@@ -98,7 +46,7 @@ pub(crate) async fn polling_pacing() -> anyhow::Result<Section> {
         .initial_position(InitialPosition::TrimHorizon)
         .lease_duration(Duration::from_secs(6))
         .taker_interval(Duration::from_secs(1))
-        .processor(move |_: &ShardContext| Timer {
+        .processor(move |_: &ShardContext| LatencyProcessor {
             seen: Arc::clone(&for_factory),
         })
         .build()?;

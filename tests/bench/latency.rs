@@ -15,63 +15,16 @@
 //! pushes records as they arrive (typically ~70 ms).
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use aws_sdk_kinesis::primitives::Blob;
-use kcl::{
-    Checkpointer, FanOutConfig, InitialPosition, PollingConfig, ProcessorError, RecordBatch,
-    RecordProcessor, Retrieval, ShardContext, Worker,
-};
+use kcl::{FanOutConfig, InitialPosition, PollingConfig, Retrieval, ShardContext, Worker};
+use kcl_tests::latency::{LatencyProcessor, Seen, now_ns, percentile};
 use kcl_tests::{TestEnv, create_stream, delete_stream, unique_name};
 use tokio::time::Instant;
 
 const SHARDS: i32 = 2;
-
-/// Wall-clock nanoseconds: put and process run on this host, so they share
-/// the clock.
-fn now_ns() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
-}
-
-/// Latencies seen by the processors, and the warm-up records seen.
-#[derive(Debug, Default)]
-struct Seen {
-    latencies: Vec<Duration>,
-    warm: usize,
-}
-
-struct Timer {
-    seen: Arc<Mutex<Seen>>,
-}
-
-#[kcl::async_trait]
-impl RecordProcessor for Timer {
-    async fn process_records(
-        &mut self,
-        batch: &RecordBatch,
-        cp: &mut Checkpointer,
-    ) -> Result<(), ProcessorError> {
-        let now = now_ns();
-        {
-            let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-            for record in &batch.records {
-                let text = std::str::from_utf8(&record.data).unwrap_or_default();
-                if text.starts_with("warm:") {
-                    seen.warm += 1;
-                } else if let Some(Ok(put)) = text.strip_prefix("lat:").map(str::parse::<u128>) {
-                    let ns = u64::try_from(now.saturating_sub(put)).unwrap_or(u64::MAX);
-                    seen.latencies.push(Duration::from_nanos(ns));
-                }
-            }
-        }
-        cp.checkpoint().await?;
-        Ok(())
-    }
-}
 
 #[derive(Debug)]
 struct Report {
@@ -81,14 +34,6 @@ struct Report {
     p90: Duration,
     p99: Duration,
     max: Duration,
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 async fn put(
@@ -127,7 +72,7 @@ async fn measure(
         .lease_duration(Duration::from_secs(6))
         .taker_interval(Duration::from_secs(1))
         .retrieval(retrieval)
-        .processor(move |_: &ShardContext| Timer {
+        .processor(move |_: &ShardContext| LatencyProcessor {
             seen: Arc::clone(&for_factory),
         })
         .build()?;

@@ -26,6 +26,7 @@
 
 pub mod e2e;
 pub mod fault_proxy;
+pub mod latency;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

@@ -369,9 +369,6 @@ impl Fetcher {
 
     /// Sends the shard's end (it expired: no records are left).
     async fn end(&mut self, children: Vec<ChildShard>) {
-        let Some((records, bytes)) = self.reserve(0, 0).await else {
-            return;
-        };
         let Some(worker) = self.ctx.shared.budget.take(0).await else {
             return;
         };
@@ -380,15 +377,23 @@ impl Fetcher {
             millis_behind_latest: Some(0),
             shard_end: Some(children),
         };
-        let _ = self
-            .tx
-            .send(Ok(Prefetched {
-                batch,
-                _records: records,
-                _bytes: bytes,
-                _worker: worker,
-            }))
-            .await;
+        self.queue(batch, 0, worker).await;
+    }
+
+    /// Takes this reader's budget for `batch` (which holds `bytes`, and
+    /// `worker` of the worker-wide budget) and queues it for the reader.
+    /// False if the reader is gone.
+    async fn queue(&self, batch: Batch, bytes: usize, worker: Held) -> bool {
+        let Some((records, bytes)) = self.reserve(batch.records.len(), bytes).await else {
+            return false;
+        };
+        let prefetched = Prefetched {
+            batch,
+            _records: records,
+            _bytes: bytes,
+            _worker: worker,
+        };
+        self.tx.send(Ok(prefetched)).await.is_ok()
     }
 
     /// Waits until some prefetch budget is free; returns how many records
@@ -523,24 +528,13 @@ impl Fetcher {
             return Ok(Flow::Continue);
         }
         let worker = self.ctx.shared.budget.keep(reservation, bytes);
-        let Some((records, bytes)) = self.reserve(user.len(), bytes).await else {
-            return Ok(Flow::Stop);
-        };
         let batch = Batch {
             records: user,
             millis_behind_latest: behind,
             shard_end,
         };
-        let sent = self
-            .tx
-            .send(Ok(Prefetched {
-                batch,
-                _records: records,
-                _bytes: bytes,
-                _worker: worker,
-            }))
-            .await;
-        Ok(if sent.is_err() || end {
+        let sent = self.queue(batch, bytes, worker).await;
+        Ok(if !sent || end {
             Flow::Stop
         } else {
             Flow::Continue

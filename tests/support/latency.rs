@@ -1,0 +1,67 @@
+//! Put -> process latency, for the benchmarks: a processor that reads the
+//! put time each payload carries (`lat:<unix ns>`), and counts warm-up
+//! records (`warm...`) apart.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use kcl::{Checkpointer, ProcessorError, RecordBatch, RecordProcessor};
+
+/// Wall-clock nanoseconds since the epoch: put and process run on one
+/// host, so they share the clock.
+pub fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+/// What the processors saw.
+#[derive(Debug, Default)]
+pub struct Seen {
+    /// Put -> process latency of each `lat:` record.
+    pub latencies: Vec<Duration>,
+    /// Warm-up records seen.
+    pub warm: usize,
+}
+
+/// Records latencies into a shared [`Seen`]; checkpoints every batch.
+#[derive(Debug)]
+pub struct LatencyProcessor {
+    /// Shared by every shard's processor.
+    pub seen: Arc<Mutex<Seen>>,
+}
+
+#[kcl::async_trait]
+impl RecordProcessor for LatencyProcessor {
+    async fn process_records(
+        &mut self,
+        batch: &RecordBatch,
+        cp: &mut Checkpointer,
+    ) -> Result<(), ProcessorError> {
+        let now = now_ns();
+        {
+            let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+            for record in &batch.records {
+                let text = std::str::from_utf8(&record.data).unwrap_or_default();
+                if text.starts_with("warm") {
+                    seen.warm += 1;
+                } else if let Some(Ok(put)) = text.strip_prefix("lat:").map(str::parse::<u128>) {
+                    let ns = u64::try_from(now.saturating_sub(put)).unwrap_or(u64::MAX);
+                    seen.latencies.push(Duration::from_nanos(ns));
+                }
+            }
+        }
+        cp.checkpoint().await?;
+        Ok(())
+    }
+}
+
+/// The `p`th percentile of `sorted` (nearest rank); zero when empty.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
