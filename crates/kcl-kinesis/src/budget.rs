@@ -4,16 +4,18 @@
 //! `max_buffered_bytes`); this one bounds what a worker with many shards
 //! holds when all of them fill up at once.
 //!
-//! A polling call reserves, before it is made, the most its response can
-//! hold ([`call_reservation`]), and keeps of that what the batch really
-//! holds: whatever the responses, the batches held and the calls in flight
-//! never exceed the budget together. (A KPL aggregate whose sub-records
-//! hold more than the estimate is counted at the reservation: the
-//! difference is not waited for, which could deadlock readers that each
-//! hold a reservation.) A fan-out event has arrived before its size is
-//! known: the reader waits for free budget before reading one and takes
-//! what the batch holds after, so each subscribed shard may go over by at
-//! most one event while it waits.
+//! Each attempt of a polling call reserves, before it is made, the most its
+//! response can hold ([`call_reservation`]; given back before a retry
+//! pause), and keeps of that what the batch really holds: whatever the
+//! responses, the batches held and the calls in flight never exceed the
+//! budget together. (A KPL aggregate whose sub-records hold more than the
+//! estimate keeps the whole reservation and is over by the difference:
+//! waiting for it could deadlock readers that each hold a reservation.) A
+//! fan-out event has arrived before its size is known: the reader waits
+//! for some free budget before reading one and takes what is free of what
+//! the batch holds after, without waiting, so each subscribed shard may go
+//! over by at most one event. The stats count what the batches really
+//! hold, so the peak shows any overshoot.
 
 use std::sync::Arc;
 
@@ -55,7 +57,8 @@ pub(crate) struct Reservation {
 /// Budget a batch holds until it is handed out (dropped).
 #[derive(Debug)]
 pub(crate) struct Held {
-    _permit: OwnedSemaphorePermit,
+    _permit: Option<OwnedSemaphorePermit>,
+    /// What the batch holds (the permits may be fewer, never more).
     bytes: usize,
     stats: Arc<SourceStats>,
 }
@@ -95,7 +98,7 @@ impl Budget {
         let reserved = reservation.permit.num_permits();
         let kept = bytes.min(reserved);
         let permit = reservation.permit.split(kept).unwrap_or(reservation.permit);
-        self.held(permit)
+        self.held(permit, bytes)
     }
 
     /// Waits until some budget is free, holding none.
@@ -104,18 +107,29 @@ impl Budget {
         Some(())
     }
 
-    /// Takes `bytes` for a batch that already arrived, waiting for them.
-    pub(crate) async fn take(&self, bytes: usize) -> Option<Held> {
-        let n = self.clamp(bytes);
-        let permit = Arc::clone(&self.bytes).acquire_many_owned(n).await.ok()?;
-        Some(self.held(permit))
+    /// Takes what is free of `bytes` for a batch that already arrived,
+    /// without waiting (see the module's notes on fan-out).
+    pub(crate) fn take_now(&self, bytes: usize) -> Held {
+        let free = self.clamp(bytes.min(self.bytes.available_permits()));
+        let permit = Arc::clone(&self.bytes)
+            .try_acquire_many_owned(free)
+            // Another reader took the free budget meanwhile: none is left.
+            .or_else(|_| Arc::clone(&self.bytes).try_acquire_many_owned(0));
+        match permit {
+            Ok(permit) => self.held(permit, bytes),
+            // Closed: never (the budget lives as long as its readers).
+            Err(_) => Held {
+                _permit: None,
+                bytes: 0,
+                stats: Arc::clone(&self.stats),
+            },
+        }
     }
 
-    fn held(&self, permit: OwnedSemaphorePermit) -> Held {
-        let bytes = permit.num_permits();
+    fn held(&self, permit: OwnedSemaphorePermit, bytes: usize) -> Held {
         self.stats.buffered(bytes as u64);
         Held {
-            _permit: permit,
+            _permit: Some(permit),
             bytes,
             stats: Arc::clone(&self.stats),
         }
@@ -181,6 +195,13 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(30)).await;
         let stats = source.stats();
         let total = (SHARDS * PER_SHARD * PAYLOAD) as u64;
+        // What was fetched, counted apart from the budget's own accounting:
+        // with nothing consumed, all of it is still held.
+        assert!(
+            stats.bytes <= budget as u64,
+            "{} payload bytes fetched with nothing consumed, over the budget {budget}",
+            stats.bytes
+        );
         assert!(
             stats.peak_buffered_bytes <= budget as u64,
             "peak {} over the budget {budget}",

@@ -4,11 +4,15 @@
 //! starting sequence number behind the trim horizon. Both readers (polling
 //! and fan-out) decide the same way, here.
 
+use kcl_core::leases::LeaseHandle;
 use kcl_core::source::{ChildShard, SourceError};
 use tracing::{error, warn};
 
+use crate::calls::classify::classify;
+use crate::calls::retry::{Failure, Op, retrying};
 use crate::calls::{IteratorStart, Shared};
 use crate::discovery::{children_in, list_all, shard_info};
+use crate::records::compare_sequence;
 
 /// Why Kinesis said a shard does not exist.
 #[derive(Debug)]
@@ -37,7 +41,14 @@ pub(crate) async fn why_missing(
         Err(e) => return Err(e),
     };
     let shards: Vec<_> = shards.into_iter().map(|s| shard_info(stream, s)).collect();
-    if shards.iter().any(|s| s.shard_id == shard) {
+    // A shard ages out only after it was closed by a reshard, which
+    // created shards after it (Kinesis numbers shards in creation order):
+    // unlisted with nothing newer listed, it is a shard too new for the
+    // listing (a child right after a reshard), not an expired one.
+    let newer = shards
+        .iter()
+        .any(|s| compare_shard_ids(&s.shard_id, shard).is_gt());
+    if !newer || shards.iter().any(|s| s.shard_id == shard) {
         return Ok(Missing::Listed);
     }
     let children = children_in(shards, shard);
@@ -58,23 +69,44 @@ pub(crate) async fn why_missing(
     Ok(Missing::Expired(children))
 }
 
+/// Orders shard ids (`shardId-` and a zero-padded number) by creation.
+fn compare_shard_ids(a: &str, b: &str) -> std::cmp::Ordering {
+    let number = |id: &str| id.rsplit('-').next().map(str::to_owned).unwrap_or_default();
+    compare_sequence(&number(a), &number(b))
+}
+
 /// Where to read instead when Kinesis rejected `start` as an invalid
-/// argument: a sequence-number start behind the trim horizon means the
-/// checkpointed position was trimmed, and reading resumes at
-/// `TRIM_HORIZON`, the oldest record left. The lost range is counted and
-/// logged at error level: the operator must know that records were never
-/// processed. `None` when `start` is not a sequence number (the argument
-/// was wrong for another reason).
-pub(crate) fn past_trim_horizon(
+/// argument. A sequence-number start behind the trim horizon means the
+/// checkpointed position was trimmed: reading resumes at `TRIM_HORIZON`,
+/// the oldest record left, and the lost range is counted and logged at
+/// error level (the operator must know that records were never
+/// processed). Kinesis answers the same for a sequence number of another
+/// shard or stream, so the oldest record left is read first: only if it
+/// lies after the checkpoint was the checkpoint trimmed. `Ok(None)` when
+/// it was not (or `start` is no sequence number): the argument is wrong
+/// for another reason, and re-reading the shard from its start would be
+/// a guess.
+pub(crate) async fn past_trim_horizon(
     shared: &Shared,
     stream: &str,
     shard: &str,
     start: &IteratorStart,
-) -> Option<IteratorStart> {
+    lease: &LeaseHandle,
+) -> Result<Option<IteratorStart>, SourceError> {
     let seq = match start {
         IteratorStart::AtSequence(seq) | IteratorStart::AfterSequence(seq) => seq,
-        _ => return None,
+        _ => return Ok(None),
     };
+    match oldest_record(shared, stream, shard, lease).await? {
+        Some(oldest) if compare_sequence(&oldest, seq).is_le() => {
+            warn!(stream, shard, sequence_number = %seq, oldest_retained = %oldest,
+                "Kinesis rejected the starting sequence number, which is not behind the trim \
+                 horizon: it is not of this shard");
+            return Ok(None);
+        }
+        // Nothing retained, or the oldest record is after the checkpoint.
+        _ => {}
+    }
     shared.stats.trimmed_start();
     metrics::counter!(
         "kcl_kinesis_trimmed_checkpoints_total",
@@ -90,5 +122,64 @@ pub(crate) fn past_trim_horizon(
          and before the oldest retained one were trimmed unprocessed (DATA LOSS); \
          resuming at TRIM_HORIZON"
     );
-    Some(IteratorStart::TrimHorizon)
+    Ok(Some(IteratorStart::TrimHorizon))
+}
+
+/// The sequence number of the oldest record `shard` retains, if any: a
+/// `TRIM_HORIZON` iterator and the first non-empty page of one record
+/// (a few empty pages at most; a shard whose retained records start far
+/// behind can answer empty pages first).
+async fn oldest_record(
+    shared: &Shared,
+    stream: &str,
+    shard: &str,
+    lease: &LeaseHandle,
+) -> Result<Option<String>, SourceError> {
+    const MAX_PAGES: usize = 20;
+    let policy = shared.polling.retry_policy();
+    let fail = |f: Failure| f.into_source_error(stream, shard);
+    let iterator = retrying(
+        shared,
+        &policy,
+        Op::GetShardIterator,
+        stream,
+        Some(lease),
+        || {
+            shared.stats.get_shard_iterator_call();
+            async {
+                shared
+                    .api
+                    .get_shard_iterator(stream, shard, &IteratorStart::TrimHorizon)
+                    .await
+                    .map_err(classify)
+            }
+        },
+    )
+    .await
+    .map_err(fail)?
+    .shard_iterator;
+    let mut iterator = iterator.filter(|it| !it.is_empty());
+    for _ in 0..MAX_PAGES {
+        let Some(it) = iterator.take() else {
+            return Ok(None);
+        };
+        let out = retrying(shared, &policy, Op::GetRecords, stream, Some(lease), || {
+            shared.stats.get_records_call();
+            let it = it.as_str();
+            async move {
+                shared
+                    .api
+                    .get_records(stream, it, 1)
+                    .await
+                    .map_err(classify)
+            }
+        })
+        .await
+        .map_err(fail)?;
+        if let Some(first) = out.records.first() {
+            return Ok(Some(first.sequence_number.clone()));
+        }
+        iterator = out.next_shard_iterator.filter(|it| !it.is_empty());
+    }
+    Ok(None)
 }

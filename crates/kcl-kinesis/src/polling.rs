@@ -35,7 +35,7 @@ use crate::budget::{Held, Reservation};
 use crate::calls::IteratorStart;
 use crate::calls::Shared;
 use crate::calls::classify::{Class, classify};
-use crate::calls::retry::{Failure, Op, retryable, retrying};
+use crate::calls::retry::{Failure, Op, retryable, retrying, retrying_holding};
 use crate::config::MIN_TIME_BETWEEN_READS;
 use crate::discovery::{children_in, list_after, reported_children};
 use crate::gone::{Missing, past_trim_horizon, why_missing};
@@ -209,7 +209,15 @@ impl Ctx {
                     return self.missing(c.error).await;
                 }
                 Err(Failure::Classified(c)) if c.class == Class::InvalidArgument => {
-                    match past_trim_horizon(&self.shared, &self.stream, &self.shard_id, start) {
+                    let trimmed = past_trim_horizon(
+                        &self.shared,
+                        &self.stream,
+                        &self.shard_id,
+                        start,
+                        &self.lease,
+                    )
+                    .await?;
+                    match trimmed {
                         Some(horizon) => *start = horizon,
                         None => return Err(self.error(Failure::Classified(c))),
                     }
@@ -300,15 +308,10 @@ impl Fetcher {
             let Some(limit) = self.wait_for_budget().await else {
                 return Ok(());
             };
-            // Room for the response in the worker-wide budget, before the
-            // call: however many shards answer at once, they fit.
-            let Some(reservation) = self.ctx.shared.budget.reserve_call(limit).await else {
-                return Ok(());
-            };
-            let out = match self.get_records(&iterator, limit).await {
-                Ok(out) => {
+            let (out, reservation) = match self.get_records(&iterator, limit).await {
+                Ok(answer) => {
                     expired_in_a_row = 0;
-                    out
+                    answer
                 }
                 Err(Failure::Classified(c)) if c.class == Class::ExpiredIterator => {
                     if expired_in_a_row > 0 {
@@ -328,8 +331,23 @@ impl Fetcher {
                 }
                 Err(Failure::Classified(c)) if c.class == Class::NotFound => {
                     // The shard aged out while being read (or the stream was
-                    // deleted): decide as at open.
-                    self.next = self.ctx.missing(c.error).await?;
+                    // deleted): decide as at open. A stale answer is
+                    // reported and tried again after a pause; the task goes
+                    // on.
+                    match self.ctx.missing(c.error).await {
+                        Ok(next) => self.next = next,
+                        Err(e) if e.is_retryable() => {
+                            if !self.report(e).await {
+                                return Ok(());
+                            }
+                            let pause = self.ctx.shared.polling.retry_max_delay;
+                            tokio::select! {
+                                () = tokio::time::sleep(pause) => {}
+                                () = self.ctx.lease.ended() => {}
+                            }
+                        }
+                        Err(e) => return Err(e),
+                    }
                     continue;
                 }
                 Err(Failure::Exhausted(c)) => {
@@ -356,9 +374,17 @@ impl Fetcher {
     fn pause_after(&self, out: &GetRecordsOutput, limit: i32) -> Duration {
         let polling = &self.ctx.shared.polling;
         let got = out.records.len();
-        if got >= usize::try_from(limit).unwrap_or(usize::MAX) {
+        // Full means all a call may return (max_records): more is waiting,
+        // read it at once. A call that only filled the smaller limit a
+        // nearly full prefetch budget left may have more waiting too, but
+        // following it at once would spin against the shard's quota.
+        if got >= usize::try_from(polling.max_records).unwrap_or(usize::MAX) {
             Duration::ZERO
-        } else if out.millis_behind_latest.is_some_and(|ms| ms > 0) {
+        } else if got >= usize::try_from(limit).unwrap_or(usize::MAX)
+            || out.millis_behind_latest.is_some_and(|ms| ms > 0)
+        {
+            // Behind, or cut short by the prefetch budget: more is
+            // waiting, at the shard's floor.
             MIN_TIME_BETWEEN_READS
         } else if got > 0 {
             polling.time_between_reads
@@ -369,9 +395,7 @@ impl Fetcher {
 
     /// Sends the shard's end (it expired: no records are left).
     async fn end(&mut self, children: Vec<ChildShard>) {
-        let Some(worker) = self.ctx.shared.budget.take(0).await else {
-            return;
-        };
+        let worker = self.ctx.shared.budget.take_now(0);
         let batch = Batch {
             records: Vec::new(),
             millis_behind_latest: Some(0),
@@ -408,14 +432,21 @@ impl Fetcher {
         Some(i32::try_from(free).map_or(max, |free| free.min(max)))
     }
 
-    /// One `GetRecords`, retried; notes when the last attempt started, for
-    /// pacing.
+    /// One `GetRecords`, retried; each attempt first reserves room for its
+    /// response in the worker-wide budget (given back before a retry
+    /// pause, so a throttled shard holds none of it while it waits).
     async fn get_records(
         &mut self,
         iterator: &str,
         limit: i32,
-    ) -> Result<GetRecordsOutput, Failure> {
+    ) -> Result<(GetRecordsOutput, Reservation), Failure> {
         let ctx = &self.ctx;
+        let prepare = || async move {
+            tokio::select! {
+                reservation = ctx.shared.budget.reserve_call(limit) => reservation,
+                () = ctx.lease.ended() => None,
+            }
+        };
         // A lock only to keep the future Send; never contended.
         let started = std::sync::Mutex::new(Instant::now());
         let attempt = || {
@@ -430,12 +461,13 @@ impl Fetcher {
                     .map_err(classify)
             }
         };
-        let out = retrying(
+        let out = retrying_holding(
             &ctx.shared,
             &ctx.shared.polling.retry_policy(),
             Op::GetRecords,
             &ctx.stream,
             Some(&ctx.lease),
+            prepare,
             attempt,
         )
         .await;

@@ -205,7 +205,7 @@ impl KinesisShardSourceBuilder {
     /// B / 16 MiB calls run at once (64 at the default): enough for
     /// thousands of idle shards at a call a second each. A fan-out reader
     /// waits for free budget before reading an event and may go over by
-    /// one event while it waits.
+    /// one event.
     ///
     /// [`PollingConfigBuilder::max_prefetch_bytes`]: crate::PollingConfigBuilder::max_prefetch_bytes
     pub fn prefetch_budget(mut self, bytes: usize) -> Self {

@@ -60,6 +60,10 @@ const ACCESS: &[&str] = &[
     "KMSNotFoundException",
     "KMSOptInRequired",
     "UnrecognizedClientException",
+    // Expired credentials, or a clock skewed past the signature's window:
+    // the credential provider or NTP fixes them, not giving the shard up.
+    "ExpiredTokenException",
+    "RequestExpired",
 ];
 
 /// Error codes worth retrying as sent.

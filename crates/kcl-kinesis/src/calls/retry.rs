@@ -136,9 +136,35 @@ pub(crate) async fn retrying<T, F, Fut>(
     op: Op,
     stream: &str,
     lease: Option<&LeaseHandle>,
-    mut attempt: F,
+    attempt: F,
 ) -> Result<T, Failure>
 where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, Classified>>,
+{
+    let prepare = || std::future::ready(Some(()));
+    retrying_holding(shared, policy, op, stream, lease, prepare, attempt)
+        .await
+        .map(|(v, ())| v)
+}
+
+/// [`retrying`], with something `prepare` obtains before each attempt
+/// (outside its timeout) and holds through it: a successful attempt
+/// returns it with the answer, a failed one drops it before the pause, so
+/// nothing is held while the call backs off. `prepare` answering `None`
+/// (the lease ended while it waited) is [`Failure::LeaseLost`].
+pub(crate) async fn retrying_holding<T, G, P, PFut, F, Fut>(
+    shared: &Shared,
+    policy: &RetryPolicy,
+    op: Op,
+    stream: &str,
+    lease: Option<&LeaseHandle>,
+    mut prepare: P,
+    mut attempt: F,
+) -> Result<(T, G), Failure>
+where
+    P: FnMut() -> PFut,
+    PFut: Future<Output = Option<G>>,
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, Classified>>,
 {
@@ -148,8 +174,11 @@ where
         if lease.is_some_and(|l| !l.is_valid()) {
             return Err(Failure::LeaseLost);
         }
+        let Some(held) = prepare().await else {
+            return Err(Failure::LeaseLost);
+        };
         let error = match tokio::time::timeout(policy.attempt_timeout, attempt()).await {
-            Ok(Ok(v)) => return Ok(v),
+            Ok(Ok(v)) => return Ok((v, held)),
             Ok(Err(e)) => e,
             Err(_) => {
                 shared.stats.call_timeout();
@@ -214,6 +243,7 @@ where
             "call" => op.as_str()
         )
         .increment(1);
+        drop(held);
         let delay = backoff.next().unwrap_or(policy.max_delay);
         debug!(stream, call = op.as_str(), code = ?error.code, ?delay, "retrying Kinesis call");
         tokio::time::sleep(delay).await;

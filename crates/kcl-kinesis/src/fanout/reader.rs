@@ -23,7 +23,7 @@ use crate::calls::classify::{Class, Classified, classify};
 use crate::calls::retry::{Failure, Op, retryable, retrying};
 use crate::discovery::{children_in, list_after, reported_children};
 use crate::gone::{Missing, past_trim_horizon, why_missing};
-use crate::records::{Records, Start, Taken, held_bytes};
+use crate::records::{Records, Start, Taken, compare_sequence, held_bytes};
 use crate::task_reader::{Delivery, TaskReader};
 
 /// Kinesis accepts one `SubscribeToShard` per second per consumer and
@@ -470,7 +470,15 @@ impl Subscriber {
                      subscribing again until the permissions or the key are fixed");
             }
             Class::NotFound => {
-                return match why_missing(&self.shared, &self.stream, &self.shard_id).await? {
+                let missing = match why_missing(&self.shared, &self.stream, &self.shard_id).await {
+                    Ok(missing) => missing,
+                    Err(e) if e.is_retryable() => {
+                        self.report_and_back_off(e, backoff).await?;
+                        return Ok(true);
+                    }
+                    Err(e) => return Err(e),
+                };
+                return match missing {
                     // Past retention: the shard is over.
                     Missing::Expired(children) => {
                         self.send_end(children).await;
@@ -489,7 +497,23 @@ impl Subscriber {
             }
             Class::InvalidArgument => {
                 let position = self.position();
-                match past_trim_horizon(&self.shared, &self.stream, &self.shard_id, &position) {
+                let trimmed = past_trim_horizon(
+                    &self.shared,
+                    &self.stream,
+                    &self.shard_id,
+                    &position,
+                    &self.lease,
+                )
+                .await;
+                let trimmed = match trimmed {
+                    Ok(trimmed) => trimmed,
+                    Err(e) if e.is_retryable() => {
+                        self.report_and_back_off(e, backoff).await?;
+                        return Ok(true);
+                    }
+                    Err(e) => return Err(e),
+                };
+                match trimmed {
                     Some(horizon) => {
                         self.restart_at = Some(horizon);
                         return Ok(true);
@@ -504,15 +528,27 @@ impl Subscriber {
         self.back_off(backoff).await.map(|()| true)
     }
 
+    /// Tells the reader about a failure the task keeps retrying, then
+    /// waits out the next backoff step.
+    async fn report_and_back_off(
+        &self,
+        e: SourceError,
+        backoff: &mut (impl Iterator<Item = Duration> + Send),
+    ) -> Result<(), SourceError> {
+        warn!(stream = %self.stream, shard = %self.shard_id, error = %e,
+            "Kinesis keeps failing; still retrying");
+        // If the reader is gone the task ends at its next check.
+        let _ = self.tx.send(Err(e)).await;
+        self.back_off(backoff).await
+    }
+
     /// Queues the end of a shard that has no records left (it expired).
     /// False if the reader is gone.
     async fn send_end(&self, children: Vec<ChildShard>) -> bool {
         let Ok(budget) = Arc::clone(&self.bytes).acquire_many_owned(0).await else {
             return false;
         };
-        let Some(worker) = self.shared.budget.take(0).await else {
-            return false;
-        };
+        let worker = self.shared.budget.take_now(0);
         let batch = Batch {
             records: Vec::new(),
             millis_behind_latest: Some(0),
@@ -706,9 +742,7 @@ impl Subscriber {
         let Ok(budget) = Arc::clone(&self.bytes).acquire_many_owned(wanted).await else {
             return Ok(Flow::ReaderGone);
         };
-        let Some(worker) = self.shared.budget.take(bytes).await else {
-            return Ok(Flow::ReaderGone);
-        };
+        let worker = self.shared.budget.take_now(bytes);
         slot.send(Ok(Buffered {
             batch: Batch {
                 records: user,
@@ -735,31 +769,23 @@ impl Subscriber {
     async fn check_closed(&mut self) -> Result<Closed, SourceError> {
         self.last_closed_check = Instant::now();
         self.meters.closed_checks.increment(1);
-        let start = match self.pipeline.last_sequence() {
-            Some(seq) => IteratorStart::AfterSequence(seq.to_owned()),
-            None => self.start.clone(),
-        };
+        // Where the next subscription would start (after a trimmed start,
+        // TRIM_HORIZON rather than the trimmed position).
+        let start = self.position();
         let shared = &self.shared;
         let (stream, shard) = (self.stream.as_str(), self.shard_id.as_str());
         let policy = shared.polling.retry_policy();
-        let iterator = retrying(
-            shared,
-            &policy,
-            Op::GetShardIterator,
-            stream,
-            Some(&self.lease),
-            || {
-                shared.stats.get_shard_iterator_call();
-                let start = &start;
-                async move {
-                    shared
-                        .api
-                        .get_shard_iterator(stream, shard, start)
-                        .await
-                        .map_err(classify)
-                }
-            },
-        )
+        let iterator = retrying(shared, &policy, Op::GetShardIterator, stream, None, || {
+            shared.stats.get_shard_iterator_call();
+            let start = &start;
+            async move {
+                shared
+                    .api
+                    .get_shard_iterator(stream, shard, start)
+                    .await
+                    .map_err(classify)
+            }
+        })
         .await;
         let iterator = match iterator {
             Ok(out) => match out.shard_iterator {
@@ -773,24 +799,17 @@ impl Subscriber {
                 return Ok(Closed::No);
             }
         };
-        let out = retrying(
-            shared,
-            &policy,
-            Op::GetRecords,
-            stream,
-            Some(&self.lease),
-            || {
-                shared.stats.get_records_call();
-                let iterator = iterator.as_str();
-                async move {
-                    shared
-                        .api
-                        .get_records(stream, iterator, 1)
-                        .await
-                        .map_err(classify)
-                }
-            },
-        )
+        let out = retrying(shared, &policy, Op::GetRecords, stream, None, || {
+            shared.stats.get_records_call();
+            let iterator = iterator.as_str();
+            async move {
+                shared
+                    .api
+                    .get_records(stream, iterator, 1)
+                    .await
+                    .map_err(classify)
+            }
+        })
         .await;
         let out = match out {
             Ok(out) => out,
@@ -860,12 +879,4 @@ enum Closed {
     No,
     Yes(Vec<ChildShard>),
     ReaderGone,
-}
-
-/// Orders Kinesis sequence numbers: decimal strings of up to 128 bits,
-/// compared by value (a longer number is larger; leading zeros ignored).
-pub(crate) fn compare_sequence(a: &str, b: &str) -> Ordering {
-    let a = a.trim_start_matches('0');
-    let b = b.trim_start_matches('0');
-    a.len().cmp(&b.len()).then_with(|| a.cmp(b))
 }

@@ -7,12 +7,12 @@ use kcl_core::source::{OpenShard, ShardReader, ShardSource, SourceError, StartPo
 use kcl_core::{Checkpoint, Lease, Record};
 
 use super::fake::{FakeFanOut, StreamFault, SubscribeFault};
-use super::reader::compare_sequence;
 use super::{DeregisterConsumer, FanOutConfig, FanOutConfigBuilder};
 use crate::KinesisShardSource;
 use crate::calls::{IteratorStart, KinesisApi};
 use crate::fake::FakeKinesis;
 use crate::kpl::{UserRecord, aggregate};
+use crate::records::compare_sequence;
 
 pub(super) const STREAM: &str = "orders";
 

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use super::tests::{
     STREAM, Setup, expected, handle, open, payloads, polling, put_plain, read_n, setup,
 };
+use crate::MIN_TIME_BETWEEN_READS;
 use crate::faults::{Call, Fault};
 
 fn hour() -> Duration {
@@ -50,7 +51,9 @@ async fn a_shard_that_expires_while_read_ends_where_it_was() {
     let mut reader = open(&s, StartPosition::TrimHorizon, handle(&s.shard, hour())).await;
     let (records, _) = read_n(reader.as_mut(), 5).await;
     assert_eq!(payloads(&records), expected(0..5));
-    // An open shard past retention has no children yet: its end says so.
+    // Split while read, and aged out before the rest was read.
+    put_plain(&s, 2);
+    let kids = s.fake.split(STREAM, &s.shard, true);
     s.fake.expire(STREAM, &s.shard);
     let end = loop {
         let batch = reader.next_batch().await.expect("batch");
@@ -58,8 +61,46 @@ async fn a_shard_that_expires_while_read_ends_where_it_was() {
             break children;
         }
     };
-    assert!(end.is_empty());
+    let ids: Vec<&str> = end.iter().map(|c| c.shard_id.as_str()).collect();
+    assert_eq!(ids, kids.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(s.source.stats().expired_shards, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shard_too_new_for_the_listing_is_not_taken_for_expired() {
+    // Right after a reshard a child can answer ResourceNotFound while
+    // ListShards does not list it yet: nothing newer is listed, so it is a
+    // stale answer, not an aged-out shard (which a reshard closed, so
+    // newer shards exist).
+    let s = setup(polling().build().expect("config"));
+    let err = s
+        .source
+        .open(OpenShard {
+            stream: STREAM.to_owned(),
+            shard_id: "shardId-000000000099".to_owned(),
+            position: StartPosition::TrimHorizon,
+            lease: handle("shardId-000000000099", hour()),
+        })
+        .await
+        .map(drop)
+        .expect_err("not readable yet");
+    assert!(err.is_retryable(), "{err:?}");
+    assert_eq!(s.source.stats().expired_shards, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stale_not_found_while_reading_is_reported_and_reading_goes_on() {
+    let s = setup(polling().build().expect("config"));
+    put_plain(&s, 3);
+    let mut reader = open(&s, StartPosition::TrimHorizon, handle(&s.shard, hour())).await;
+    let (first, _) = read_n(reader.as_mut(), 3).await;
+    assert_eq!(payloads(&first), expected(0..3));
+    s.faults.inject(Call::GetRecords, Fault::ResourceNotFound);
+    put_plain(&s, 2);
+    let (rest, errors) = read_n(reader.as_mut(), 2).await;
+    assert_eq!(rest.len(), 2);
+    assert_eq!(errors, 1, "reported once, and the fetch task went on");
+    assert_eq!(s.source.stats().expired_shards, 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -106,6 +147,54 @@ async fn a_checkpoint_behind_the_trim_horizon_resumes_there_and_is_counted() {
     let (records, errors) = read_n(reader.as_mut(), 4).await;
     assert_eq!((payloads(&records), errors), (expected(6..10), 0));
     assert_eq!(s.source.stats().trimmed_starts, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_invalid_checkpoint_that_is_not_trimmed_is_an_error_not_a_replay() {
+    // Kinesis answers InvalidArgument for a sequence number of another
+    // shard too: the oldest record is before the checkpoint, so nothing
+    // was trimmed, and re-reading the shard from TRIM_HORIZON would be a
+    // guess.
+    let s = setup(polling().build().expect("config"));
+    let seqs = put_plain(&s, 5);
+    s.faults
+        .inject(Call::GetShardIterator, Fault::InvalidArgument);
+    let err = try_open(
+        &s,
+        StartPosition::AfterCheckpoint {
+            seq: seqs[3].clone(),
+            sub: 0,
+        },
+    )
+    .await
+    .expect_err("rejected");
+    assert!(matches!(err, SourceError::Fatal { .. }), "{err:?}");
+    assert_eq!(s.source.stats().trimmed_starts, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn calls_cut_short_by_the_prefetch_budget_keep_the_200_ms_floor() {
+    // Room for 5 records ahead of the processor: every call asks for (and
+    // gets) at most 5 of the 100 waiting, never a full max_records batch.
+    let s = setup(
+        polling()
+            .max_records(1000)
+            .max_prefetch_records(5)
+            .build()
+            .expect("config"),
+    );
+    put_plain(&s, 100);
+    let started = Instant::now();
+    let mut reader = open(&s, StartPosition::TrimHorizon, handle(&s.shard, hour())).await;
+    let (records, _) = read_n(reader.as_mut(), 100).await;
+    assert_eq!(payloads(&records), expected(0..100));
+    let calls = s.fake.get_records_calls();
+    assert!(calls >= 20, "{calls} calls");
+    assert!(
+        started.elapsed() >= MIN_TIME_BETWEEN_READS * u32::try_from(calls - 1).unwrap_or(0),
+        "{calls} calls in {:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test(start_paused = true)]
