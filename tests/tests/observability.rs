@@ -182,17 +182,39 @@ async fn metrics_and_probes_follow_the_worker() {
     })
     .await;
     // Both leases are held by now (records were processed from every
-    // shard that got some).
+    // shard that got some). The batch histogram is recorded once
+    // `process_records` returned and its checkpoint was written, a moment
+    // after the processor counted the record: wait for it too.
     let deadline = Instant::now() + Duration::from_secs(20);
     let samples = loop {
         let (status, body) = get(addr, "/metrics").await.unwrap();
         assert_eq!(status, 200);
         let samples = parse(&body);
         let held = find(&samples, "kcl_leases_held", &[("worker", &worker_id)]);
-        if held.first().is_some_and(|s| s.value == 2.0) {
+        let timed = find(
+            &samples,
+            "kcl_batch_processing_seconds_count",
+            &[("stream", &stream)],
+        );
+        let batches_timed: f64 = timed.iter().map(|s| s.value).sum();
+        let batches_with_records = find(
+            &samples,
+            "kcl_records_per_batch_count",
+            &[("stream", &stream)],
+        )
+        .iter()
+        .map(|s| s.value)
+        .sum::<f64>();
+        if held.first().is_some_and(|s| s.value == 2.0)
+            && batches_timed > 0.0
+            && batches_timed >= batches_with_records
+        {
             break samples;
         }
-        assert!(Instant::now() < deadline, "leases held: {held:?}");
+        assert!(
+            Instant::now() < deadline,
+            "leases held: {held:?}; batches timed {batches_timed} of {batches_with_records}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     for shard in &shards {
