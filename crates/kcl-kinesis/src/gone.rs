@@ -8,8 +8,7 @@ use kcl_core::leases::LeaseHandle;
 use kcl_core::source::{ChildShard, SourceError};
 use tracing::{error, warn};
 
-use crate::calls::classify::classify;
-use crate::calls::retry::{Failure, Op, retrying};
+use crate::calls::retry::Failure;
 use crate::calls::{IteratorStart, Shared};
 use crate::discovery::{children_in, list_all, shard_info};
 use crate::records::compare_sequence;
@@ -136,46 +135,19 @@ async fn oldest_record(
     lease: &LeaseHandle,
 ) -> Result<Option<String>, SourceError> {
     const MAX_PAGES: usize = 20;
-    let policy = shared.polling.retry_policy();
     let fail = |f: Failure| f.into_source_error(stream, shard);
-    let iterator = retrying(
-        shared,
-        &policy,
-        Op::GetShardIterator,
-        stream,
-        Some(lease),
-        || {
-            shared.stats.get_shard_iterator_call();
-            async {
-                shared
-                    .api
-                    .get_shard_iterator(stream, shard, &IteratorStart::TrimHorizon)
-                    .await
-                    .map_err(classify)
-            }
-        },
-    )
-    .await
-    .map_err(fail)?
-    .shard_iterator;
-    let mut iterator = iterator.filter(|it| !it.is_empty());
+    let mut iterator = shared
+        .shard_iterator(stream, shard, &IteratorStart::TrimHorizon, Some(lease))
+        .await
+        .map_err(fail)?;
     for _ in 0..MAX_PAGES {
         let Some(it) = iterator.take() else {
             return Ok(None);
         };
-        let out = retrying(shared, &policy, Op::GetRecords, stream, Some(lease), || {
-            shared.stats.get_records_call();
-            let it = it.as_str();
-            async move {
-                shared
-                    .api
-                    .get_records(stream, it, 1)
-                    .await
-                    .map_err(classify)
-            }
-        })
-        .await
-        .map_err(fail)?;
+        let out = shared
+            .peek_records(stream, &it, 1, Some(lease))
+            .await
+            .map_err(fail)?;
         if let Some(first) = out.records.first() {
             return Ok(Some(first.sequence_number.clone()));
         }

@@ -35,7 +35,7 @@ use crate::budget::{Held, Reservation};
 use crate::calls::IteratorStart;
 use crate::calls::Shared;
 use crate::calls::classify::{Class, classify};
-use crate::calls::retry::{Failure, Op, retryable, retrying, retrying_holding};
+use crate::calls::retry::{Failure, Op, retryable, retrying_holding};
 use crate::config::MIN_TIME_BETWEEN_READS;
 use crate::discovery::{children_in, list_after, reported_children};
 use crate::gone::{Missing, past_trim_horizon, why_missing};
@@ -165,33 +165,17 @@ struct Ctx {
 
 impl Ctx {
     async fn get_iterator(&self, start: &IteratorStart) -> Result<String, Failure> {
-        let attempt = || {
-            self.shared.stats.get_shard_iterator_call();
-            async {
-                self.shared
-                    .api
-                    .get_shard_iterator(&self.stream, &self.shard_id, start)
-                    .await
-                    .map_err(classify)
-            }
-        };
-        let out = retrying(
-            &self.shared,
-            &self.shared.polling.retry_policy(),
-            Op::GetShardIterator,
-            &self.stream,
-            Some(&self.lease),
-            attempt,
-        )
-        .await?;
-        match out.shard_iterator {
-            Some(it) if !it.is_empty() => Ok(it),
-            _ => Err(Failure::Classified(crate::calls::classify::Classified {
+        let iterator = self
+            .shared
+            .shard_iterator(&self.stream, &self.shard_id, start, Some(&self.lease))
+            .await?;
+        iterator.ok_or_else(|| {
+            Failure::Classified(crate::calls::classify::Classified {
                 class: Class::Fatal,
                 code: None,
                 error: "GetShardIterator returned no iterator".into(),
-            })),
-        }
+            })
+        })
     }
 
     fn error(&self, failure: Failure) -> SourceError {

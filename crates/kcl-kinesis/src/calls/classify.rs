@@ -148,19 +148,32 @@ pub(crate) fn class_of(code: Option<&str>, status: u16) -> Class {
     }
 }
 
-/// Classifies an SDK error from any of the three operations.
+/// Classifies an SDK error from any operation's response.
 pub(crate) fn classify<E>(err: SdkError<E>) -> Classified
 where
     E: KnownCode + StdError + Send + Sync + 'static,
 {
+    classify_with(err, |raw| raw.status().as_u16())
+}
+
+/// Classifies an SDK error whose service errors answered with the HTTP
+/// status `status` finds in the raw answer (responses and event-stream
+/// messages differ there).
+pub(crate) fn classify_with<E, R>(err: SdkError<E, R>, status: impl Fn(&R) -> u16) -> Classified
+where
+    E: KnownCode + StdError + Send + Sync + 'static,
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
     let (class, code) = match &err {
         SdkError::ServiceError(service) => {
             let code = service.err().known_code().map(str::to_owned);
-            let class = class_of(code.as_deref(), service.raw().status().as_u16());
+            let class = class_of(code.as_deref(), status(service.raw()));
             (class, code)
         }
-        // No answer, or an unreadable one: the call may succeed if repeated.
-        // Reads are idempotent, so repeating them is always safe.
+        // No answer, or an unreadable one (for an event stream: a reset
+        // stream, a dropped connection, a frame that did not decode): the
+        // call may succeed if repeated. Reads are idempotent, and a new
+        // subscription resumes where the last one stopped.
         SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
             (Class::Transient, None)
         }

@@ -22,6 +22,10 @@ use aws_sdk_kinesis::operation::list_shards::{ListShardsError, ListShardsOutput}
 use aws_sdk_kinesis::primitives::DateTime;
 use aws_sdk_kinesis::types::{ShardFilter, ShardIteratorType};
 
+use kcl_core::leases::LeaseHandle;
+
+use self::classify::classify;
+use self::retry::{Failure, Op, retrying};
 use crate::arn::stream_fields;
 use crate::budget::Budget;
 use crate::config::PollingConfig;
@@ -58,6 +62,55 @@ impl Shared {
             budget: Arc::new(Budget::new(budget, Arc::clone(&stats))),
             stats,
         }
+    }
+}
+
+impl Shared {
+    /// A shard iterator at `start`, retried with the polling policy
+    /// (`None` if the answer holds none). With a `lease`, it is checked
+    /// before every attempt.
+    pub(crate) async fn shard_iterator(
+        &self,
+        stream: &str,
+        shard: &str,
+        start: &IteratorStart,
+        lease: Option<&LeaseHandle>,
+    ) -> Result<Option<String>, Failure> {
+        let attempt = || {
+            self.stats.get_shard_iterator_call();
+            async {
+                self.api
+                    .get_shard_iterator(stream, shard, start)
+                    .await
+                    .map_err(classify)
+            }
+        };
+        let policy = self.polling.retry_policy();
+        let out = retrying(self, &policy, Op::GetShardIterator, stream, lease, attempt).await?;
+        Ok(out.shard_iterator.filter(|it| !it.is_empty()))
+    }
+
+    /// One `GetRecords` of at most `limit` records, retried with the
+    /// polling policy: for the short looks a reader takes aside from its
+    /// reading (the oldest record, whether a shard is closed).
+    pub(crate) async fn peek_records(
+        &self,
+        stream: &str,
+        iterator: &str,
+        limit: i32,
+        lease: Option<&LeaseHandle>,
+    ) -> Result<GetRecordsOutput, Failure> {
+        let attempt = || {
+            self.stats.get_records_call();
+            async {
+                self.api
+                    .get_records(stream, iterator, limit)
+                    .await
+                    .map_err(classify)
+            }
+        };
+        let policy = self.polling.retry_policy();
+        retrying(self, &policy, Op::GetRecords, stream, lease, attempt).await
     }
 }
 

@@ -5,7 +5,6 @@
 //! As in `crate::api`, the trait takes and returns the SDK's own types, so
 //! the fake and the production path share the classification code.
 
-use std::error::Error as StdError;
 use std::fmt;
 
 use async_trait::async_trait;
@@ -31,7 +30,7 @@ use aws_sdk_kinesis::types::{ShardIteratorType, StartingPosition, SubscribeToSha
 use aws_smithy_types::event_stream::RawMessage;
 
 use crate::calls::IteratorStart;
-use crate::calls::classify::{Class, Classified, KnownCode, class_of, known_codes};
+use crate::calls::classify::{Classified, classify_with, known_codes};
 
 /// An error read from an open event stream.
 pub(crate) type StreamError = SdkError<SubscribeToShardEventStreamError, RawMessage>;
@@ -231,34 +230,12 @@ pub(crate) const IN_USE: &str = "ResourceInUseException";
 /// Classifies an error read from an open event stream, like
 /// [`crate::calls::classify::classify`] does for responses.
 pub(crate) fn classify_stream(err: StreamError) -> Classified {
-    let (class, code) = match &err {
-        SdkError::ServiceError(service) => {
-            let code = service.err().known_code().map(str::to_owned);
-            // The service ends a subscription with ResourceInUse when it
-            // moves it (another subscriber took over) and with
-            // InternalFailure when it fails internally; subscribing again is
-            // the documented reaction to both, which `class_of` gives. An
-            // event-stream message has no HTTP status of its own.
-            let class = class_of(code.as_deref(), 400);
-            (class, code)
-        }
-        // A reset stream, a dropped connection, a frame that did not
-        // decode: the subscription is gone, a new one resumes where it
-        // stopped.
-        SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
-            (Class::Transient, None)
-        }
-        _ => (Class::Fatal, None),
-    };
-    Classified {
-        class,
-        code,
-        error: boxed(err),
-    }
-}
-
-fn boxed(err: StreamError) -> Box<dyn StdError + Send + Sync> {
-    Box::new(err)
+    // The service ends a subscription with ResourceInUse when it moves it
+    // (another subscriber took over) and with InternalFailure when it fails
+    // internally; subscribing again is the documented reaction to both,
+    // which `class_of` gives. An event-stream message has no HTTP status of
+    // its own.
+    classify_with(err, |_| 400)
 }
 
 #[cfg(test)]
@@ -268,6 +245,7 @@ mod tests {
     use aws_sdk_kinesis::types::error::{InternalFailureException, ResourceInUseException};
 
     use super::*;
+    use crate::calls::classify::Class;
 
     #[test]
     fn starting_positions() {

@@ -20,7 +20,7 @@ use crate::budget::Held;
 use crate::calls::IteratorStart;
 use crate::calls::Shared;
 use crate::calls::classify::{Class, Classified, classify};
-use crate::calls::retry::{Failure, Op, retryable, retrying};
+use crate::calls::retry::{Failure, retryable};
 use crate::discovery::{children_in, list_after, reported_children};
 use crate::gone::{Missing, past_trim_horizon, why_missing};
 use crate::records::{Records, Start, Taken, compare_sequence, held_bytes};
@@ -772,53 +772,28 @@ impl Subscriber {
         // Where the next subscription would start (after a trimmed start,
         // TRIM_HORIZON rather than the trimmed position).
         let start = self.position();
-        let shared = &self.shared;
+        // Best effort, so without the lease: throttles and denied access
+        // count toward the transient limit instead of retrying forever.
         let (stream, shard) = (self.stream.as_str(), self.shard_id.as_str());
-        let policy = shared.polling.retry_policy();
-        let iterator = retrying(shared, &policy, Op::GetShardIterator, stream, None, || {
-            shared.stats.get_shard_iterator_call();
-            let start = &start;
-            async move {
-                shared
-                    .api
-                    .get_shard_iterator(stream, shard, start)
-                    .await
-                    .map_err(classify)
-            }
-        })
-        .await;
-        let iterator = match iterator {
-            Ok(out) => match out.shard_iterator {
-                Some(it) if !it.is_empty() => it,
-                _ => return Ok(Closed::No),
-            },
-            Err(Failure::LeaseLost) => return Err(self.lease_lost()),
-            Err(Failure::Classified(c) | Failure::Exhausted(c)) => {
-                debug!(stream = %self.stream, shard = %self.shard_id, error = %c.error,
-                    "closed-shard check failed; trying again later");
-                return Ok(Closed::No);
-            }
+        let failed = |c: Classified| {
+            debug!(stream, shard, error = %c.error,
+                "closed-shard check failed; trying again later");
+            Ok(Closed::No)
         };
-        let out = retrying(shared, &policy, Op::GetRecords, stream, None, || {
-            shared.stats.get_records_call();
-            let iterator = iterator.as_str();
-            async move {
-                shared
-                    .api
-                    .get_records(stream, iterator, 1)
-                    .await
-                    .map_err(classify)
-            }
-        })
-        .await;
-        let out = match out {
+        let iterator = match self
+            .shared
+            .shard_iterator(stream, shard, &start, None)
+            .await
+        {
+            Ok(Some(it)) => it,
+            Ok(None) => return Ok(Closed::No),
+            Err(Failure::LeaseLost) => return Err(self.lease_lost()),
+            Err(Failure::Classified(c) | Failure::Exhausted(c)) => return failed(c),
+        };
+        let out = match self.shared.peek_records(stream, &iterator, 1, None).await {
             Ok(out) => out,
             Err(Failure::LeaseLost) => return Err(self.lease_lost()),
-            Err(Failure::Classified(c) | Failure::Exhausted(c)) => {
-                debug!(stream = %self.stream, shard = %self.shard_id, error = %c.error,
-                    "closed-shard check failed; trying again later");
-                return Ok(Closed::No);
-            }
+            Err(Failure::Classified(c) | Failure::Exhausted(c)) => return failed(c),
         };
         let open = out
             .next_shard_iterator
