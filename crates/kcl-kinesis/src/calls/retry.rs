@@ -249,3 +249,80 @@ where
         tokio::time::sleep(delay).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::calls::KinesisApi;
+    use crate::config::PollingConfig;
+    use crate::fake::FakeKinesis;
+
+    /// Counts the guards alive.
+    struct Guard(Arc<AtomicUsize>);
+
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn what_an_attempt_holds_is_given_back_before_the_retry_pause() {
+        let api: Arc<dyn KinesisApi> = Arc::new(FakeKinesis::default());
+        let shared = Shared::new(api, PollingConfig::default(), None, 1024 * 1024);
+        let policy = RetryPolicy {
+            attempt_timeout: Duration::from_secs(1),
+            min_delay: Duration::from_secs(60),
+            max_delay: Duration::from_secs(60),
+            max_transient: 10,
+        };
+        let live = Arc::new(AtomicUsize::new(0));
+        let attempts = Arc::new(AtomicUsize::new(0));
+        let (l, a) = (Arc::clone(&live), Arc::clone(&attempts));
+        let task = tokio::spawn(async move {
+            let prepare = || {
+                l.fetch_add(1, Ordering::SeqCst);
+                std::future::ready(Some(Guard(Arc::clone(&l))))
+            };
+            // Throttled once, then answered.
+            let attempt = || {
+                let n = a.fetch_add(1, Ordering::SeqCst);
+                std::future::ready(if n == 0 {
+                    Err(Classified {
+                        class: Class::Throttled,
+                        code: Some("ProvisionedThroughputExceededException".into()),
+                        error: "slow down".into(),
+                    })
+                } else {
+                    Ok(n)
+                })
+            };
+            let (n, guard) = retrying_holding(
+                &shared,
+                &policy,
+                Op::GetRecords,
+                "s",
+                None,
+                prepare,
+                attempt,
+            )
+            .await
+            .map_err(|_| "failed")?;
+            Ok::<_, &str>((n, guard.0.load(Ordering::SeqCst)))
+        });
+        // In the pause after the throttle: nothing held.
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert_eq!(attempts.load(Ordering::SeqCst), 1);
+        assert_eq!(live.load(Ordering::SeqCst), 0, "held through the pause");
+        let (n, held_with_answer) = task.await.expect("task").expect("answered");
+        assert_eq!(
+            (n, held_with_answer),
+            (1, 1),
+            "the answer comes with its guard"
+        );
+    }
+}
