@@ -12,7 +12,7 @@
 //! | variable | | default |
 //! | --- | --- | --- |
 //! | `KCL_APP` | application name; also names the lease table | required |
-//! | `KCL_STREAMS` | comma-separated stream names | required |
+//! | `KCL_STREAMS` | comma-separated stream names or stream ARNs | required |
 //! | `KCL_TABLE_NAME` | lease table | `KCL_APP` |
 //! | `KCL_INITIAL_POSITION` | `LATEST`, `TRIM_HORIZON` or `AT_TIMESTAMP=<RFC 3339 time or epoch seconds>` | `LATEST` |
 //! | `KCL_WORKER_ID` | this process's id in the lease table (keep it unique) | host name + random suffix |
@@ -307,7 +307,9 @@ impl Config {
             &mut problems,
             "KCL_STREAMS",
             get("KCL_STREAMS")
-                .ok_or_else(|| "is required: comma-separated stream names".to_owned())
+                .ok_or_else(|| {
+                    "is required: comma-separated stream names or stream ARNs".to_owned()
+                })
                 .and_then(|v| parse_streams(&v)),
         );
         let initial_position = note(
