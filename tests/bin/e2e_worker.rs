@@ -103,6 +103,11 @@ async fn main() -> anyhow::Result<()> {
         Ok("fanout") => true,
         Ok(other) => anyhow::bail!("KCL_E2E_RETRIEVAL={other}: expected polling or fanout"),
     };
+    let renewal = match std::env::var("KCL_E2E_RENEWAL").as_deref() {
+        Err(_) | Ok("liveness") => kcl::LeaseRenewal::WorkerLiveness,
+        Ok("per-lease") => kcl::LeaseRenewal::PerLease,
+        Ok(other) => anyhow::bail!("KCL_E2E_RENEWAL={other}: expected liveness or per-lease"),
+    };
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let builder = Worker::builder(var("KCL_E2E_APP")?)
         .stream(var("KCL_E2E_STREAM")?)
@@ -110,6 +115,7 @@ async fn main() -> anyhow::Result<()> {
         .worker_id(&worker_id)
         .initial_position(InitialPosition::TrimHorizon)
         .lease_duration(Duration::from_secs(6))
+        .renewal(renewal)
         .taker_interval(Duration::from_secs(2))
         .parent_poll_interval(Duration::from_secs(1))
         .shard_sync_interval(Duration::from_secs(10));

@@ -660,6 +660,17 @@ fn lease_stats(out: &std::path::Path) -> BTreeMap<String, u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_under_process_and_dynamodb_chaos_loses_nothing_and_never_shares_a_shard() {
+    chaos_run("liveness").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_renewing_per_lease_under_chaos_loses_nothing_and_never_shares_a_shard() {
+    chaos_run("per-lease").await;
+}
+
+/// One chaos run with the workers renewing as `renewal` says
+/// (`KCL_E2E_RENEWAL` of the worker processes).
+async fn chaos_run(renewal: &str) {
     let chaos = Duration::from_secs(env_u64("KCL_CHAOS_SECONDS").unwrap_or(75));
     let seed = env_u64("KCL_CHAOS_SEED").unwrap_or_else(|| u64::from(rand::random::<u32>()));
     let log_level = std::env::var("KCL_CHAOS_WORKER_LOG").unwrap_or_else(|_| "error".into());
@@ -669,8 +680,8 @@ async fn a_fleet_under_process_and_dynamodb_chaos_loses_nothing_and_never_shares
         chaos.as_secs_f64() * f64::from(KEYS) / 12_000.0,
     ));
     println!(
-        "chaos: seed {seed} (KCL_CHAOS_SEED), {chaos:?} of chaos, {WORKERS} processes, \
-         {SHARDS} shards, {KEYS} keys, one record per key every {every:?}"
+        "chaos ({renewal} renewal): seed {seed} (KCL_CHAOS_SEED), {chaos:?} of chaos, {WORKERS} \
+         processes, {SHARDS} shards, {KEYS} keys, one record per key every {every:?}"
     );
 
     let s = Scenario::new(SHARDS).await;
@@ -684,6 +695,8 @@ async fn a_fleet_under_process_and_dynamodb_chaos_loses_nothing_and_never_shares
     let mut cfg = s.processes(E2E_WORKER, &out, CheckpointMode::EveryBatch);
     cfg.extra_env
         .push(("AWS_ENDPOINT_URL_DYNAMODB".into(), proxy.url()));
+    cfg.extra_env
+        .push(("KCL_E2E_RENEWAL".into(), renewal.to_owned()));
     let mut driver = Driver {
         cfg,
         out: out.clone(),
@@ -803,7 +816,7 @@ async fn a_fleet_under_process_and_dynamodb_chaos_loses_nothing_and_never_shares
     let total_records = u64::from(KEYS) * per_key;
     let fc: FaultCounts = faults;
     println!(
-        "chaos report (seed {seed}; run data in {}, removed if the run passes):",
+        "chaos report ({renewal} renewal, seed {seed}; run data in {}, removed if the run passes):",
         out.display()
     );
     println!(

@@ -11,7 +11,7 @@ use futures::TryStreamExt;
 use kcl_core::store::metered::MeteredStore;
 use kcl_core::store::{CheckpointUpdate, Holder, LeaseStore, StoreOp};
 use kcl_core::{Checkpoint, Lease};
-use kcl_dynamodb::{Capacity, DynamoDbLeaseStore, ensure_table};
+use kcl_dynamodb::{Capacity, DynamoDbLeaseStore, ensure_table, ensure_workers_table};
 use kcl_tests::{TestEnv, unique_name};
 
 async fn env() -> TestEnv {
@@ -28,7 +28,11 @@ async fn new_store() -> DynamoDbLeaseStore {
     ensure_table(env.dynamodb(), &table, Capacity::OnDemand)
         .await
         .expect("create table");
-    DynamoDbLeaseStore::new(env.dynamodb().clone(), table).with_page_size(10)
+    let store = DynamoDbLeaseStore::new(env.dynamodb().clone(), table).with_page_size(10);
+    ensure_workers_table(env.dynamodb(), store.workers_table(), Capacity::OnDemand)
+        .await
+        .expect("create the workers table");
+    store
 }
 
 kcl_core::lease_store_conformance!(new_store);

@@ -136,6 +136,71 @@ async fn scale_out_from_one_to_three_processes_under_load_loses_and_repeats_noth
     assert_eq!(forced, 0);
 }
 
+/// A fleet moves between the renewal modes with a rolling restart, one
+/// process at a time, under load: per lease to liveness records, then back.
+/// While the modes are mixed each side keeps the other's leases alive (a
+/// lease of a beating instance is judged by its beats, one of an instance
+/// without a record by its renewals), so no shard is taken from a live
+/// holder: nothing lost, order kept, no shard processed by two workers at
+/// once, no handoff forced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_between_the_renewal_modes_never_shares_a_shard() {
+    let mut s = Scenario::new(4).await;
+    let out = out_dir("kcl-e2e-modes");
+    let base = s.processes(E2E_WORKER, &out, CheckpointMode::EveryBatch);
+    let in_mode = |mode: &str| {
+        let mut cfg = base.clone();
+        cfg.extra_env
+            .push(("KCL_E2E_RENEWAL".into(), mode.to_owned()));
+        cfg
+    };
+    let names = ["m-1", "m-2"];
+    let mut procs: Vec<_> = names
+        .iter()
+        .map(|id| in_mode("per-lease").spawn(id).unwrap())
+        .collect();
+    s.produce(5).await;
+    let producer = Producer::start(&s, 2, Duration::from_millis(500));
+    wait_all_owned_by(&s, &names.into(), 1).await;
+    let mut mixed_for = Duration::ZERO;
+    for mode in ["liveness", "per-lease"] {
+        for (i, id) in names.iter().enumerate() {
+            procs[i].terminate(Duration::from_secs(30)).await.unwrap();
+            procs[i] = in_mode(mode).spawn(id).unwrap();
+            wait_all_owned_by(&s, &names.into(), 1).await;
+            // Mixed (or, after the second, uniform) for longer than a lease:
+            // long enough for either side to take what it judged expired.
+            let started = Instant::now();
+            tokio::time::sleep(LEASE * 2).await;
+            if i == 0 {
+                mixed_for += started.elapsed();
+            }
+        }
+    }
+    let per_key = producer.stop().await;
+    let batches = wait_complete(
+        || read_logs(&out).unwrap(),
+        per_key,
+        Duration::from_secs(90),
+    )
+    .await;
+    for p in &mut procs {
+        p.terminate(Duration::from_secs(30)).await.unwrap();
+    }
+    let forced: u64 = names
+        .iter()
+        .map(|id| stat(&stats(&out, id), "handoffs_forced"))
+        .sum();
+    let verdict = verify(&batches, KEYS, per_key);
+    println!(
+        "renewal modes rolled per-lease -> liveness -> per-lease: {mixed_for:?} mixed; \
+         duplicates {}, forced handoffs {forced}, per worker {:?}",
+        verdict.duplicates, verdict.per_worker
+    );
+    verdict.assert_correct();
+    assert_eq!(forced, 0, "a handoff was forced");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handoff_past_a_hung_processor_is_forced_at_the_deadline_with_bounded_overlap() {
     let mut s = Scenario::new(2).await;

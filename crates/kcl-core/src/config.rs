@@ -12,6 +12,25 @@ pub struct ConfigError {
     pub reason: String,
 }
 
+/// How held leases are kept alive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum LeaseRenewal {
+    /// One liveness record per worker process, written every renew
+    /// interval; a lease item is written only when its owner or checkpoint
+    /// changes. A lease is alive while the instance named by its tenure
+    /// beats. Idle cost grows with workers, not shards. Every worker of the
+    /// table must be a kcl worker (a Java KCL worker would see the leases
+    /// unrenewed and take them). The default.
+    #[default]
+    WorkerLiveness,
+    /// Every held lease renewed every renew interval, as the Java KCL
+    /// does: the mode for a table shared with Java KCL workers. kcl
+    /// workers in this mode still read the liveness records, so a fleet
+    /// can move between the modes with a rolling restart.
+    PerLease,
+}
+
 /// Settings of the lease taker and renewer. Build with
 /// [`LeaseConfig::builder`].
 ///
@@ -35,6 +54,7 @@ pub struct LeaseConfig {
     pub(crate) store_timeout: Duration,
     pub(crate) release_on_drop: bool,
     pub(crate) seed: Option<u64>,
+    pub(crate) renewal: LeaseRenewal,
 }
 
 impl LeaseConfig {
@@ -54,6 +74,7 @@ impl LeaseConfig {
             store_timeout: None,
             release_on_drop: true,
             seed: None,
+            renewal: LeaseRenewal::default(),
         }
     }
 
@@ -65,9 +86,14 @@ impl LeaseConfig {
     pub fn lease_duration(&self) -> Duration {
         self.lease_duration
     }
-    /// How often held leases are renewed.
+    /// How often held leases are renewed (each lease, or this worker's
+    /// liveness record, as [`LeaseConfig::renewal`] says).
     pub fn renew_interval(&self) -> Duration {
         self.renew_interval
+    }
+    /// How held leases are kept alive.
+    pub fn renewal(&self) -> LeaseRenewal {
+        self.renewal
     }
     /// How long before expiry (as peers judge it) a worker stops using a
     /// lease it could not renew.
@@ -115,9 +141,17 @@ pub struct LeaseConfigBuilder {
     store_timeout: Option<Duration>,
     release_on_drop: bool,
     seed: Option<u64>,
+    renewal: LeaseRenewal,
 }
 
 impl LeaseConfigBuilder {
+    /// How held leases are kept alive (default
+    /// [`LeaseRenewal::WorkerLiveness`]; [`LeaseRenewal::PerLease`] for a
+    /// table shared with Java KCL workers).
+    pub fn renewal(mut self, mode: LeaseRenewal) -> Self {
+        self.renewal = mode;
+        self
+    }
     /// How long a lease's counter must stand still, as seen by a peer,
     /// before the peer may take it (default 10 s, the Java KCL's
     /// `failoverTimeMillis`).
@@ -126,7 +160,9 @@ impl LeaseConfigBuilder {
         self
     }
     /// How often held leases are renewed (default a third of the lease
-    /// duration). Must leave time for at least one retry before fencing.
+    /// duration per lease, half of it for the liveness record, which is
+    /// retried until its validity runs out). Must leave time for at least
+    /// one retry before fencing.
     pub fn renew_interval(mut self, d: Duration) -> Self {
         self.renew_interval = Some(d);
         self
@@ -211,7 +247,12 @@ impl LeaseConfigBuilder {
                 format!("is {:?}; it must be at least 100ms", self.lease_duration),
             );
         }
-        let renew_interval = self.renew_interval.unwrap_or(self.lease_duration / 3);
+        let liveness = self.renewal == LeaseRenewal::WorkerLiveness;
+        let renew_interval = self.renew_interval.unwrap_or(if liveness {
+            self.lease_duration / 2
+        } else {
+            self.lease_duration / 3
+        });
         let fence_margin = self.fence_margin.unwrap_or(self.lease_duration / 10);
         if fence_margin >= self.lease_duration {
             return err(
@@ -223,13 +264,21 @@ impl LeaseConfigBuilder {
             );
         }
         let usable = self.lease_duration - fence_margin;
-        if renew_interval.is_zero() || renew_interval * 2 > usable {
+        // Per lease, the next round is the retry; a liveness beat retries
+        // inside its round until the validity runs out, so one round must
+        // leave room for a retry after a timed-out attempt.
+        let retry_room = if liveness {
+            renew_interval + renew_interval / 2 > usable
+        } else {
+            renew_interval * 2 > usable
+        };
+        if renew_interval.is_zero() || retry_room {
             return err(
                 "renew_interval",
                 format!(
-                    "is {renew_interval:?}; it must be above zero and at most half of \
-                     lease_duration - fence_margin ({usable:?}) so a failed renewal is \
-                     retried once before the lease is fenced"
+                    "is {renew_interval:?}; it must be above zero and leave lease_duration - \
+                     fence_margin ({usable:?}) room for a retry before the lease is fenced: \
+                     at most half of it per lease, two thirds of it for liveness records"
                 ),
             );
         }
@@ -285,6 +334,7 @@ impl LeaseConfigBuilder {
             store_timeout,
             release_on_drop: self.release_on_drop,
             seed: self.seed,
+            renewal: self.renewal,
         })
     }
 }
@@ -295,9 +345,15 @@ mod tests {
 
     #[test]
     fn defaults_match_the_java_kcl() {
-        let c = LeaseConfig::builder("w").build().unwrap();
+        let c = LeaseConfig::builder("w")
+            .renewal(LeaseRenewal::PerLease)
+            .build()
+            .unwrap();
         assert_eq!(c.lease_duration(), Duration::from_secs(10));
         assert_eq!(c.renew_interval(), Duration::from_secs(10) / 3);
+        let c = LeaseConfig::builder("w").build().unwrap();
+        assert_eq!(c.renewal(), LeaseRenewal::WorkerLiveness);
+        assert_eq!(c.renew_interval(), Duration::from_secs(5));
         // Deliberately above the Java KCL's 1: see `max_leases_to_steal`.
         assert_eq!(c.max_leases_to_steal(), 4);
     }
@@ -324,7 +380,7 @@ mod tests {
             ),
             (LeaseConfig::builder("w").jitter(1.0), "jitter"),
             (
-                LeaseConfig::builder("w").store_timeout(Duration::from_secs(4)),
+                LeaseConfig::builder("w").store_timeout(Duration::from_secs(6)),
                 "store_timeout",
             ),
             (

@@ -78,7 +78,7 @@ pub mod worker;
 
 mod consumer;
 
-pub use config::{ConfigError, LeaseConfig};
+pub use config::{ConfigError, LeaseConfig, LeaseRenewal};
 pub use lease::{Checkpoint, HashKeyRange, Lease, LeaseLayout};
 pub use leases::{EndReason, LeaseCoordinator, LeaseEvent, LeaseHandle, ShutdownMode};
 pub use record::Record;

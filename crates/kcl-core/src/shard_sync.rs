@@ -311,6 +311,34 @@ pub async fn sync_shards(
         .map_err(SyncError::Source)?;
     let pages: Vec<Vec<Lease>> = store.scan().try_collect().await.map_err(SyncError::Store)?;
     let existing: Vec<Lease> = pages.into_iter().flatten().collect();
+    create_planned(store, stream, layout, initial, shards, existing).await
+}
+
+/// [`sync_shards`] from a scan the caller already made: a worker of several
+/// streams reads the lease table once for all of them.
+pub async fn sync_shards_from(
+    source: &dyn ShardSource,
+    store: &dyn LeaseStore,
+    stream: &str,
+    layout: &LeaseLayout,
+    initial: InitialPosition,
+    existing: &[Lease],
+) -> Result<SyncReport, SyncError> {
+    let shards = source
+        .list_shards(stream)
+        .await
+        .map_err(SyncError::Source)?;
+    create_planned(store, stream, layout, initial, shards, existing.to_vec()).await
+}
+
+async fn create_planned(
+    store: &dyn LeaseStore,
+    stream: &str,
+    layout: &LeaseLayout,
+    initial: InitialPosition,
+    shards: Vec<ShardInfo>,
+    existing: Vec<Lease>,
+) -> Result<SyncReport, SyncError> {
     let plan = plan(layout, &shards, &existing, initial);
 
     for hole in &plan.coverage_holes {

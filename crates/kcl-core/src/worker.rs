@@ -24,8 +24,8 @@ use crate::config::{ConfigError, LeaseConfig};
 use crate::consumer::{self, ConsumerExit, ConsumerSetup};
 use crate::lease::{Lease, LeaseLayout};
 use crate::leases::{
-    CoordinatorStats, LeaseCoordinator, LeaseEvent, LeaseFilter, LeaseHandle, ShutdownMode,
-    StatsSnapshot,
+    CoordinatorStats, FleetSignals, LeaseCoordinator, LeaseEvent, LeaseFilter, LeaseHandle,
+    ShutdownMode, StatsSnapshot,
 };
 use crate::processor::{FailurePolicy, ProcessorFactory};
 use crate::shard_sync;
@@ -530,6 +530,7 @@ impl Worker {
         let sync_now = Arc::new(tokio::sync::Notify::new());
         let sync_task = AbortOnDropHandle::new(tokio::spawn(
             self.sync_loop(
+                coordinator.signals(),
                 Arc::clone(&bounded),
                 sync_stop.clone(),
                 Arc::clone(&live),
@@ -720,6 +721,7 @@ impl Worker {
 
     fn sync_loop(
         &self,
+        signals: FleetSignals,
         store: Arc<dyn LeaseStore>,
         stop: CancellationToken,
         live: LiveStreams,
@@ -737,12 +739,12 @@ impl Worker {
             let mut removed_at: HashMap<LeaseLayout, (String, Instant)> = HashMap::new();
             loop {
                 let jittered = interval.mul_f64(rand::rng().random_range(0.75..=1.25));
-                tokio::select! {
+                let asked = tokio::select! {
                     _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(jittered) => {}
+                    _ = tokio::time::sleep(jittered) => false,
                     // A consumer needs a lease only the sync creates.
-                    _ = now.notified() => {}
-                }
+                    _ = now.notified() => true,
+                };
                 if let Some(tracker) = &tracker {
                     match tracker.streams().await {
                         Ok(wanted) => {
@@ -763,18 +765,42 @@ impl Worker {
                         }
                     }
                 }
+                // One round per fleet: the periodic sync and cleanup run on
+                // the leader only; a sync a consumer asked for (its shard
+                // ended, its children need leases) runs here at once.
+                let leader = signals.is_sync_leader();
+                if !leader && !asked {
+                    continue;
+                }
+                // One scan serves every stream of this worker.
+                let leases: Vec<Lease> = match store.scan().try_collect::<Vec<_>>().await {
+                    Ok(pages) => pages.into_iter().flatten().collect(),
+                    Err(e) => {
+                        warn!(error = %e, "shard sync could not read the lease table; retrying next interval");
+                        continue;
+                    }
+                };
+                if leader {
+                    signals.saw_table(&leases);
+                }
                 let streams = read(&live).clone();
+                let mut created = 0;
                 for spec in &streams {
-                    let synced = shard_sync::sync_shards(
+                    let synced = shard_sync::sync_shards_from(
                         source.as_ref(),
                         store.as_ref(),
                         &spec.name,
                         &spec.layout,
                         initial,
+                        &leases,
                     )
                     .await;
                     match synced {
                         Ok(report) => {
+                            created += report.created;
+                            if !leader {
+                                continue;
+                            }
                             let cleanup = cleanups
                                 .entry(spec.layout.clone())
                                 .or_insert_with(|| LeaseCleanup::new(retention));
@@ -786,6 +812,12 @@ impl Worker {
                             warn!(stream = %spec.name, error = %e, "shard sync failed; retrying next interval")
                         }
                     }
+                }
+                if created > 0 {
+                    signals.leases_created();
+                }
+                if !leader {
+                    continue;
                 }
                 if let RemovedStreamPolicy::DeleteAfter(delay) = policy {
                     delete_removed_leases(store.as_ref(), &mut removed_at, delay).await;

@@ -19,7 +19,7 @@ const RENEW: Duration = Duration::from_millis(3333);
 #[tokio::test(start_paused = true)]
 async fn failed_renewal_stops_the_consumer_at_once() {
     let table = table_with(1).await;
-    let a = SimWorker::start(&table, config("a", 1).build().unwrap());
+    let a = SimWorker::start(&table, per_lease("a", 1).build().unwrap());
     sleep(Duration::from_millis(10)).await;
     let handle = a
         .coordinator()
@@ -49,7 +49,7 @@ async fn failed_renewal_stops_the_consumer_at_once() {
 #[tokio::test(start_paused = true)]
 async fn renewal_whose_response_was_lost_heals_within_one_interval() {
     let table = table_with(1).await;
-    let a = SimWorker::start(&table, config("a", 1).build().unwrap());
+    let a = SimWorker::start(&table, per_lease("a", 1).build().unwrap());
     sleep(Duration::from_millis(10)).await;
     let handle = a.coordinator().handle("shardId-000000000000").unwrap();
     let before = handle.lease().counter;
@@ -92,7 +92,7 @@ async fn renewal_whose_response_was_lost_heals_within_one_interval() {
 #[tokio::test(start_paused = true)]
 async fn take_whose_response_was_lost_is_reclaimed_next_tick() {
     let table = table_with(1).await;
-    let a = SimWorker::start(&table, config("a", 1).build().unwrap());
+    let a = SimWorker::start(&table, per_lease("a", 1).build().unwrap());
     // Spawned tasks have not run yet: the very first take loses its response.
     a.store.inject(StoreOp::Take, Fault::LostResponse);
     sleep(Duration::from_millis(10)).await;
@@ -117,13 +117,13 @@ async fn take_whose_response_was_lost_is_reclaimed_next_tick() {
 #[tokio::test(start_paused = true)]
 async fn a_restart_under_the_same_id_takes_its_old_leases_once_they_expire() {
     let table = table_with(3).await;
-    let mut a = SimWorker::start(&table, config("a", 1).build().unwrap());
+    let mut a = SimWorker::start(&table, per_lease("a", 1).build().unwrap());
     sleep(Duration::from_millis(10)).await;
     assert_eq!(a.coordinator().held_keys().len(), 3);
     a.kill().await;
 
     let killed_at = Instant::now();
-    let restarted = SimWorker::start(&table, config("a", 2).build().unwrap());
+    let restarted = SimWorker::start(&table, per_lease("a", 2).build().unwrap());
     sleep(Duration::from_millis(10)).await;
     assert!(
         restarted.coordinator().held_keys().is_empty(),
@@ -150,11 +150,11 @@ async fn a_restart_under_the_same_id_takes_its_old_leases_once_they_expire() {
 #[tokio::test(start_paused = true)]
 async fn a_stuck_worker_fences_itself_before_a_peer_takes_over() {
     let table = table_with(4).await;
-    let a = SimWorker::start(&table, config("a", 1).build().unwrap());
+    let a = SimWorker::start(&table, per_lease("a", 1).build().unwrap());
     sleep(Duration::from_millis(10)).await;
     let b = SimWorker::start(
         &table,
-        config("b", 2).max_leases_to_steal(0).build().unwrap(),
+        per_lease("b", 2).max_leases_to_steal(0).build().unwrap(),
     );
     assert_eq!(a.coordinator().held_keys().len(), 4);
     let handles: Vec<_> = a
@@ -230,7 +230,7 @@ async fn a_stuck_worker_fences_itself_before_a_peer_takes_over() {
 #[tokio::test(start_paused = true)]
 async fn a_hung_renewal_of_one_lease_never_holds_back_the_others() {
     let table = table_with(4).await;
-    let a = SimWorker::start(&table, config("a", 1).build().unwrap());
+    let a = SimWorker::start(&table, per_lease("a", 1).build().unwrap());
     sleep(Duration::from_millis(10)).await;
     let keys = a.coordinator().held_keys();
     assert_eq!(keys.len(), 4);
@@ -298,7 +298,7 @@ async fn a_take_that_lapsed_before_it_answered_starts_no_consumer() {
     }
     let (coordinator, mut events) = LeaseCoordinator::start(
         std::sync::Arc::new(store.clone()),
-        config("a", 1).build().unwrap(),
+        per_lease("a", 1).build().unwrap(),
     );
     let mut acquired = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -344,7 +344,7 @@ async fn a_take_that_lapsed_before_it_answered_starts_no_consumer() {
 async fn renewals_under_throttling_retry_at_most_twice_per_round() {
     const LEASES: u64 = 10;
     let table = table_with(LEASES as usize).await;
-    let a = SimWorker::start(&table, config("a", 1).build().unwrap());
+    let a = SimWorker::start(&table, per_lease("a", 1).build().unwrap());
     sleep(Duration::from_millis(10)).await;
     let before = a.stats.snapshot().op(StoreOp::Renew).calls;
     let rounds = 3;
@@ -373,7 +373,7 @@ async fn renewals_under_throttling_retry_at_most_twice_per_round() {
 #[tokio::test(start_paused = true)]
 async fn a_tenure_whose_consumer_stopped_is_not_renewed_on() {
     let table = table_with(1).await;
-    let a = SimWorker::start(&table, config("a", 1).build().unwrap());
+    let a = SimWorker::start(&table, per_lease("a", 1).build().unwrap());
     sleep(Duration::from_millis(10)).await;
     let first = a.coordinator().handle("shardId-000000000000").unwrap();
     a.coordinator().consumer_stopped(&first).await;
@@ -402,7 +402,10 @@ async fn a_tenure_whose_consumer_stopped_is_not_renewed_on() {
 #[tokio::test(start_paused = true)]
 async fn more_hung_renewals_than_slots_still_hold_back_no_other_lease() {
     let table = table_with(12).await;
-    let a = SimWorker::start(&table, config("a", 1).renew_concurrency(4).build().unwrap());
+    let a = SimWorker::start(
+        &table,
+        per_lease("a", 1).renew_concurrency(4).build().unwrap(),
+    );
     sleep(Duration::from_millis(10)).await;
     let keys = a.coordinator().held_keys();
     assert_eq!(keys.len(), 12);

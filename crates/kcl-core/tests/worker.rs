@@ -415,7 +415,9 @@ async fn a_crashed_worker_loses_nothing_and_its_shards_move_within_lease_duratio
     while fleet.consuming(a) < 4 {
         assert!(
             killed_at.elapsed() <= Duration::from_secs(10) + TICK.mul_f64(1.25),
-            "failover too slow"
+            "failover too slow: {:?} after the kill, {} consuming",
+            killed_at.elapsed(),
+            fleet.consuming(a)
         );
         sleep(Duration::from_millis(100)).await;
     }

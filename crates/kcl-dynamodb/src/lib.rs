@@ -6,7 +6,9 @@
 //!   (single- and multi-stream), and its mapping to [`kcl_core::Lease`].
 //! - [`store`]: [`DynamoDbLeaseStore`], every write conditional, every read
 //!   a strongly consistent paginated scan or get.
-//! - [`table`]: creating the table if missing and checking an existing one.
+//! - [`liveness`]: the workers' liveness records (the worker-liveness
+//!   renewal mode), in a table of their own.
+//! - [`table`]: creating the tables if missing and checking existing ones.
 //!
 //! The store passes the same conformance suite as the in-memory store
 //! (`kcl_core::store::conformance`), run against DynamoDB Local by the
@@ -15,8 +17,9 @@
 
 mod error;
 pub mod item;
+pub mod liveness;
 pub mod store;
 pub mod table;
 
 pub use store::DynamoDbLeaseStore;
-pub use table::{Capacity, ensure_table};
+pub use table::{Capacity, ensure_table, ensure_workers_table};

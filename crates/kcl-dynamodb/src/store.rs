@@ -14,7 +14,9 @@ use aws_sdk_dynamodb::types::{
 use futures::stream::{self, BoxStream, StreamExt};
 use kcl_core::Lease;
 use kcl_core::store::metered::StoreStats;
-use kcl_core::store::{CheckpointUpdate, Holder, Intent, LeaseStore, Page, StoreError, StoreOp};
+use kcl_core::store::{
+    Beat, BeatUpdate, CheckpointUpdate, Holder, Intent, LeaseStore, Page, StoreError, StoreOp,
+};
 use tracing::warn;
 
 use crate::error::{ClassifiedError, classify};
@@ -40,6 +42,7 @@ use crate::item::{ReadItem, attr, from_item, to_item};
 pub struct DynamoDbLeaseStore {
     client: Client,
     table: String,
+    workers_table: String,
     page_size: Option<i32>,
     stats: Option<Arc<StoreStats>>,
 }
@@ -47,9 +50,11 @@ pub struct DynamoDbLeaseStore {
 impl DynamoDbLeaseStore {
     /// A store on `table` (see [`crate::table::ensure_table`] to create it).
     pub fn new(client: Client, table: impl Into<String>) -> Self {
+        let table = table.into();
         DynamoDbLeaseStore {
             client,
-            table: table.into(),
+            workers_table: crate::table::workers_table_for(&table),
+            table,
             page_size: None,
             stats: None,
         }
@@ -74,12 +79,24 @@ impl DynamoDbLeaseStore {
         &self.table
     }
 
+    /// Keeps the liveness records in `table` instead of the default
+    /// `<lease table>-workers`.
+    pub fn with_workers_table(mut self, table: impl Into<String>) -> Self {
+        self.workers_table = table.into();
+        self
+    }
+
+    /// The table of liveness records (see [`crate::liveness`]).
+    pub fn workers_table(&self) -> &str {
+        &self.workers_table
+    }
+
     /// The DynamoDB client.
     pub fn client(&self) -> &Client {
         &self.client
     }
 
-    fn record_capacity(&self, op: StoreOp, capacity: Option<&ConsumedCapacity>) {
+    pub(crate) fn record_capacity(&self, op: StoreOp, capacity: Option<&ConsumedCapacity>) {
         if let (Some(stats), Some(units)) = (
             &self.stats,
             capacity.and_then(ConsumedCapacity::capacity_units),
@@ -630,6 +647,22 @@ impl LeaseStore for DynamoDbLeaseStore {
                 self.condition_failed(key, c, None).map(|_| ())
             }
         }
+    }
+
+    async fn beat(&self, update: &BeatUpdate<'_>) -> Result<Beat, StoreError> {
+        self.write_beat(update).await
+    }
+
+    async fn beats(&self) -> Result<Vec<Beat>, StoreError> {
+        self.read_beats().await
+    }
+
+    async fn poke(&self, instance: &str, ask: Option<&str>) -> Result<(), StoreError> {
+        self.poke_beat(instance, ask).await
+    }
+
+    async fn forget(&self, instance: &str, counter: Option<u64>) -> Result<(), StoreError> {
+        self.forget_beat(instance, counter).await
     }
 }
 

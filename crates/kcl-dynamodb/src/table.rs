@@ -42,11 +42,36 @@ pub async fn ensure_table(
     table: &str,
     capacity: Capacity,
 ) -> Result<(), StoreError> {
-    match describe(client, table).await? {
+    match describe(client, table, attr::LEASE_KEY).await? {
         Some(()) => {}
         None => {
-            create(client, table, capacity).await?;
+            create(client, table, attr::LEASE_KEY, capacity).await?;
             info!(table, "created the lease table");
+        }
+    }
+    wait_active(client, table).await
+}
+
+/// The default name of the liveness records' table for `lease_table`.
+pub fn workers_table_for(lease_table: &str) -> String {
+    format!("{lease_table}-workers")
+}
+
+/// Creates the table of liveness records (hash key `instance`, a string)
+/// if it does not exist, and waits until it is ACTIVE; an existing table
+/// must have that key schema. Only the worker-liveness renewal mode needs
+/// it (see [`crate::liveness`]).
+pub async fn ensure_workers_table(
+    client: &Client,
+    table: &str,
+    capacity: Capacity,
+) -> Result<(), StoreError> {
+    let key = crate::liveness::attr::INSTANCE;
+    match describe(client, table, key).await? {
+        Some(()) => {}
+        None => {
+            create(client, table, key, capacity).await?;
+            info!(table, "created the table of worker liveness records");
         }
     }
     wait_active(client, table).await
@@ -62,7 +87,7 @@ fn fatal(message: String, source: Option<Box<dyn std::error::Error + Send + Sync
 
 /// `Ok(None)` if the table does not exist; an error if its key schema is
 /// not a lease table's.
-async fn describe(client: &Client, table: &str) -> Result<Option<()>, StoreError> {
+async fn describe(client: &Client, table: &str, key: &str) -> Result<Option<()>, StoreError> {
     let out = match client.describe_table().table_name(table).send().await {
         Ok(out) => out,
         Err(e)
@@ -90,19 +115,19 @@ async fn describe(client: &Client, table: &str) -> Result<Option<()>, StoreError
         .map(|k| format!("{} ({})", k.attribute_name(), k.key_type().as_str()))
         .collect();
     let hash_ok = desc.key_schema().len() == 1
-        && desc.key_schema()[0].attribute_name() == attr::LEASE_KEY
+        && desc.key_schema()[0].attribute_name() == key
         && desc.key_schema()[0].key_type() == &KeyType::Hash;
-    let type_ok = desc.attribute_definitions().iter().any(|d| {
-        d.attribute_name() == attr::LEASE_KEY && d.attribute_type() == &ScalarAttributeType::S
-    });
+    let type_ok = desc
+        .attribute_definitions()
+        .iter()
+        .any(|d| d.attribute_name() == key && d.attribute_type() == &ScalarAttributeType::S);
     if !hash_ok || !type_ok {
         return Err(fatal(
             format!(
-                "table {table:?} exists but is not a lease table: its key schema is [{}]; a lease \
-                 table has a single string hash key {:?}. Use another table name (the worker's \
+                "table {table:?} exists but has the wrong key schema [{}]; kcl's table needs a \
+                 single string hash key {key:?}. Use another table name (the worker's \
                  application name by default).",
                 keys.join(", "),
-                attr::LEASE_KEY
             ),
             None,
         ));
@@ -110,7 +135,12 @@ async fn describe(client: &Client, table: &str) -> Result<Option<()>, StoreError
     Ok(Some(()))
 }
 
-async fn create(client: &Client, table: &str, capacity: Capacity) -> Result<(), StoreError> {
+async fn create(
+    client: &Client,
+    table: &str,
+    key: &str,
+    capacity: Capacity,
+) -> Result<(), StoreError> {
     let build_err = |e: aws_sdk_dynamodb::error::BuildError| {
         fatal(format!("invalid table definition: {e}"), None)
     };
@@ -119,14 +149,14 @@ async fn create(client: &Client, table: &str, capacity: Capacity) -> Result<(), 
         .table_name(table)
         .key_schema(
             KeySchemaElement::builder()
-                .attribute_name(attr::LEASE_KEY)
+                .attribute_name(key)
                 .key_type(KeyType::Hash)
                 .build()
                 .map_err(build_err)?,
         )
         .attribute_definitions(
             AttributeDefinition::builder()
-                .attribute_name(attr::LEASE_KEY)
+                .attribute_name(key)
                 .attribute_type(ScalarAttributeType::S)
                 .build()
                 .map_err(build_err)?,

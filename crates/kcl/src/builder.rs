@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_config::SdkConfig;
-use kcl_core::config::LeaseConfig;
+use kcl_core::config::{LeaseConfig, LeaseRenewal};
 use kcl_core::processor::{FailurePolicy, ProcessorFactory};
 use kcl_core::source::{InitialPosition, ShardSource, SourceError};
 use kcl_core::store::LeaseStore;
@@ -18,7 +18,8 @@ use kcl_core::worker::{
     retry_startup,
 };
 use kcl_core::{ConfigError, LeaseLayout};
-use kcl_dynamodb::{Capacity, DynamoDbLeaseStore, ensure_table};
+use kcl_dynamodb::table::workers_table_for;
+use kcl_dynamodb::{Capacity, DynamoDbLeaseStore, ensure_table, ensure_workers_table};
 use kcl_kinesis::{FanOutConfig, KinesisShardSource, PollingConfig, Retrieval, StreamArn};
 use tracing::{info, warn};
 
@@ -237,7 +238,17 @@ impl Worker {
                     .map_err(|source| Error::LeaseTable {
                         table: self.table.clone(),
                         source,
-                    })
+                    })?;
+                if self.config.lease().renewal() == LeaseRenewal::WorkerLiveness {
+                    let workers = workers_table_for(&self.table);
+                    ensure_workers_table(&self.dynamodb, &workers, self.capacity)
+                        .await
+                        .map_err(|source| Error::LeaseTable {
+                            table: workers,
+                            source,
+                        })?;
+                }
+                Ok(())
             },
         )
         .await?;
@@ -410,6 +421,7 @@ pub struct WorkerBuilder {
     worker_id: Option<String>,
     lease_duration: Option<Duration>,
     renew_interval: Option<Duration>,
+    renewal: Option<LeaseRenewal>,
     taker_interval: Option<Duration>,
     max_leases_per_worker: Option<usize>,
     max_leases_to_steal: Option<usize>,
@@ -466,6 +478,7 @@ impl WorkerBuilder {
             worker_id: None,
             lease_duration: None,
             renew_interval: None,
+            renewal: None,
             taker_interval: None,
             max_leases_per_worker: None,
             max_leases_to_steal: None,
@@ -597,8 +610,17 @@ impl WorkerBuilder {
         lease_duration: Duration
     );
     setter!(
-        /// Renewal interval (default a third of the lease duration).
+        /// Renewal interval (default half the lease duration for the
+        /// worker's liveness record, a third of it per lease).
         renew_interval: Duration
+    );
+    setter!(
+        /// How held leases are kept alive (default
+        /// [`LeaseRenewal::WorkerLiveness`]: one liveness record per worker,
+        /// in the table `<lease table>-workers`, which is created if
+        /// missing; idle cost grows with workers, not shards). A lease table
+        /// shared with Java KCL workers needs [`LeaseRenewal::PerLease`].
+        renewal: LeaseRenewal
     );
     setter!(
         /// Mean lease-taker interval (default 10 s, jittered +/-25%).
@@ -755,6 +777,9 @@ impl WorkerBuilder {
         }
         if let Some(d) = self.renew_interval {
             lease = lease.renew_interval(d);
+        }
+        if let Some(mode) = self.renewal {
+            lease = lease.renewal(mode);
         }
         if let Some(d) = self.taker_interval {
             lease = lease.taker_interval(d);

@@ -126,6 +126,14 @@ impl LeaseCoordinator {
         Arc::clone(&self.shared.stats)
     }
 
+    /// What the worker's shard sync needs from the lease engine (see
+    /// [`FleetSignals`]).
+    pub fn signals(&self) -> FleetSignals {
+        FleetSignals {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
     /// Stops taking and stealing leases; held leases stay renewed.
     pub fn stop_taking(&self) {
         self.taker_stop.cancel();
@@ -229,12 +237,14 @@ impl LeaseCoordinator {
     /// (the release then finds the peer owning the lease).
     pub async fn shutdown(self, mode: ShutdownMode) {
         self.taker_stop.cancel();
+        self.shared.beat_state().stopping = true;
         if mode == ShutdownMode::Release {
             self.settle_handoffs().await;
         }
         self.renewer_stop.cancel();
         self.tasks.wait().await;
         let shared = &self.shared;
+        let releasing = shared.held_count();
         each_unblocked(shared.held_snapshot(), RELEASE_CONCURRENCY, |(key, held)| async move {
             match mode {
                 ShutdownMode::Abandon => shared.ended(&key, &held, EndReason::Abandoned).await,
@@ -254,8 +264,84 @@ impl LeaseCoordinator {
             }
         })
         .await;
+        if mode == ShutdownMode::Release {
+            leave_the_fleet(shared, releasing).await;
+        }
         info!(mode = ?mode, "lease coordinator stopped");
     }
+}
+
+/// The lease engine's side of the fleet-wide shard sync, shared with the
+/// worker's sync loop.
+#[derive(Debug, Clone)]
+pub struct FleetSignals {
+    shared: Arc<Shared>,
+}
+
+impl FleetSignals {
+    /// True while this worker runs the fleet's periodic shard sync and
+    /// finished-lease cleanup: one worker per fleet, chosen from the lease
+    /// table itself (the live instance with the smallest id in the liveness
+    /// records, or with per-lease renewal only, the live owner with the
+    /// smallest worker id). Every worker judges it from what it read last,
+    /// so at a change of leader two may sync in one round, which is safe
+    /// (creates are conditional) and rare.
+    pub fn is_sync_leader(&self) -> bool {
+        self.shared
+            .sync_leader
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// This worker created leases (a shard sync): peers learn it from its
+    /// next beat and read the table, and this worker's taker looks now.
+    pub fn leases_created(&self) {
+        self.shared.table_changed();
+    }
+
+    /// A full read of the lease table made outside the taker (the sync
+    /// leader's): if it shows a lease that needs an owner and has none, the
+    /// fleet is told to look (a release or an edit whose signal was missed).
+    pub fn saw_table(&self, leases: &[crate::lease::Lease]) {
+        let free = leases.iter().any(|l| {
+            !l.is_finished() && l.owner.is_none() && !l.in_handoff() && self.shared.accepts(l)
+        });
+        if free && self.shared.liveness_mode() {
+            self.shared.table_changed();
+        }
+    }
+}
+
+/// After a graceful release: this instance's liveness record goes, and
+/// the least loaded live peers (as many as there were leases to pick up,
+/// at least one) are woken to read the table at their next beat instead of
+/// their next tick.
+async fn leave_the_fleet(shared: &Shared, released: usize) {
+    if !shared.liveness_mode() {
+        return;
+    }
+    let released = released.max(1);
+    if let Err(e) = shared.store.forget(shared.instance(), None).await
+        && !e.is_condition_failed()
+    {
+        warn!(error = %e, "deleting this worker's liveness record failed; peers see it stop beating instead");
+    }
+    let mut peers: Vec<(u64, String)> = {
+        let liveness = shared.liveness();
+        liveness
+            .alive(shared.config.lease_duration, Instant::now())
+            .into_iter()
+            .filter(|b| b.instance != shared.instance())
+            .map(|b| (b.held, b.instance.clone()))
+            .collect()
+    };
+    peers.sort();
+    peers.truncate(released);
+    each_unblocked(peers, RELEASE_CONCURRENCY, |(_, instance)| async move {
+        if let Err(e) = shared.store.poke(&instance, None).await {
+            tracing::debug!(%instance, error = %e, "waking a peer failed; it finds the leases at its next tick");
+        }
+    })
+    .await;
 }
 
 impl Drop for LeaseCoordinator {
@@ -315,8 +401,13 @@ fn release_on_drop(shared: &Shared, running: Vec<(String, Arc<Held>)>) {
             warn!(lease = %key, error = %e, "releasing on drop failed; the lease will expire");
         }
     });
-    let done =
-        runtime.block_on(async { tokio::time::timeout(DROP_RELEASE_DEADLINE, releases).await });
+    let done = runtime.block_on(async {
+        tokio::time::timeout(DROP_RELEASE_DEADLINE, async {
+            releases.await;
+            leave_the_fleet(shared, count).await;
+        })
+        .await
+    });
     match done {
         Ok(()) => warn!(
             leases = count,

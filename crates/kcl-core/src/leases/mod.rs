@@ -28,11 +28,12 @@ pub mod coordinator;
 pub mod expiry;
 pub(crate) mod handoff;
 pub(crate) mod held;
+pub(crate) mod liveness;
 pub(crate) mod renewer;
 pub(crate) mod shared;
 pub(crate) mod taker;
 pub(crate) mod tenure;
 
-pub use coordinator::{LeaseCoordinator, ShutdownMode};
+pub use coordinator::{FleetSignals, LeaseCoordinator, ShutdownMode};
 pub use held::{EndReason, LeaseHandle};
 pub use shared::{CoordinatorStats, LeaseEvent, LeaseFilter, StatsSnapshot};

@@ -15,16 +15,152 @@ use crate::leases::handoff::{Ours, Verdict, judge};
 use crate::leases::held::{EndReason, Held, Phase};
 use crate::leases::shared::{Shared, bump, each_unblocked};
 use crate::store::retry::{RetryPolicy, retry_until};
-use crate::store::{StoreError, StoreOp};
+use crate::store::{BeatUpdate, StoreError, StoreOp};
 
 pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     // Fencing runs beside renewal, not after it: a round stuck on a hung
     // store must not delay a fence deadline.
-    tokio::select! {
-        _ = stop.cancelled() => {}
-        _ = renew_loop(&shared) => {}
-        _ = fence_loop(&shared) => {}
-        _ = handoff_loop(&shared) => {}
+    if shared.liveness_mode() {
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = beat_loop(&shared) => {}
+            _ = fence_loop(&shared) => {}
+            _ = handoff_loop(&shared) => {}
+        }
+    } else {
+        let _ = shared.first_beat.send(true);
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = renew_loop(&shared) => {}
+            _ = fence_loop(&shared) => {}
+            _ = handoff_loop(&shared) => {}
+        }
+    }
+}
+
+/// The liveness mode's renewal: one beat of this instance's record per
+/// round, which renews every tenure it holds at once. The first beat goes
+/// out at once, before the taker's first tick, so peers see this instance
+/// before any lease names it.
+async fn beat_loop(shared: &Shared) {
+    let mut next_round = Instant::now();
+    loop {
+        tokio::time::sleep_until(next_round).await;
+        next_round += shared.config.renew_interval;
+        beat_once(shared, next_round).await;
+        let _ = shared.first_beat.send(true);
+        next_round = next_round.max(Instant::now());
+    }
+}
+
+/// One beat, retried until the next round or, when that is later, until the
+/// earliest validity of a tenure it renews: a beat is the renewal of every
+/// lease at once, so it keeps trying as long as trying can still help.
+async fn beat_once(shared: &Shared, next_round: Instant) {
+    let renewed: Vec<(String, Arc<Held>)> = shared
+        .held_snapshot()
+        .into_iter()
+        // A lease being handed off is the new owner's to keep alive.
+        .filter(|(_, h)| h.phase() != Phase::HandingOff)
+        .collect();
+    let deadline = renewed
+        .iter()
+        .map(|(_, h)| h.valid_until())
+        .min()
+        .map_or(next_round, |v| v.max(next_round));
+    let (changes, answered, stopping) = {
+        let state = shared.beat_state();
+        (state.changes, state.answered.clone(), state.stopping)
+    };
+    let held = shared.held_count() as u64;
+    let update = BeatUpdate {
+        instance: shared.instance(),
+        worker: shared.me(),
+        held,
+        changes,
+        answered: &answered,
+        stopping,
+    };
+    // Validity counts from the first attempt: a later attempt may succeed
+    // only because peers already saw an earlier one land.
+    let sent = Instant::now();
+    let result = retry_until(
+        StoreOp::Beat,
+        deadline,
+        renew_policy(&shared.config),
+        || shared.store.beat(&update),
+    )
+    .await;
+    let beat = match result {
+        Ok(beat) => beat,
+        Err(e) => {
+            bump(&shared.stats.renew_failures);
+            metrics::counter!("kcl_lease_renewal_failures_total", "worker" => shared.config.worker_id.clone()).increment(1);
+            warn!(error = %e, leases = renewed.len(), "liveness beat failed; the leases are fenced if this persists");
+            return;
+        }
+    };
+    shared.beat_landed(sent);
+    for (key, held) in &renewed {
+        shared.renewed(key, held, held.lease(), sent).await;
+    }
+    {
+        let mut state = shared.beat_state();
+        state.answered.retain(|k| !answered.contains(k));
+        if state.wake_seen.is_some_and(|w| w != beat.wake) {
+            shared.want_rescan();
+        }
+        state.wake_seen = Some(beat.wake);
+    }
+    // Peers that stole a lease from us asked in our record: judge each from
+    // the lease item, as a failed renewal would be judged.
+    for key in &beat.asked {
+        if let Some(held) = shared.held(key) {
+            match shared.store.get(key).await {
+                Ok(item) => observe_one(shared, key, &held, item.as_ref()).await,
+                Err(e) => {
+                    debug!(lease = %key, error = %e, "reading a lease a peer asked for failed; asking again next beat");
+                    continue;
+                }
+            }
+        }
+        shared.beat_state().answered.push(key.clone());
+    }
+}
+
+/// Applies the judgement of one read of a held, active lease: lost to
+/// another holder ends it now, asked for by a peer starts draining now.
+pub(crate) async fn observe_one(
+    shared: &Shared,
+    key: &str,
+    held: &Arc<Held>,
+    item: Option<&Lease>,
+) {
+    let phase = held.phase();
+    if phase != Phase::Active {
+        // Awaited handoffs are the handoff poller's to move forward.
+        return;
+    }
+    let ours = Ours {
+        holder: held.holder(),
+        counter: held.counter(),
+        phase: &phase,
+    };
+    match judge(ours, item, Instant::now()) {
+        Verdict::Lost { same_id } => {
+            if same_id {
+                shared.same_id_conflict(key);
+            }
+            info!(lease = %key, owner = ?item.and_then(|l| l.owner.as_deref()), "the table shows the lease held by another; stopping");
+            shared.ended(key, held, EndReason::Lost).await;
+        }
+        Verdict::Drain => {
+            if held.request_handoff() {
+                info!(lease = %key, to = ?item.and_then(|l| l.owner.as_deref()), "handoff requested; draining the shard");
+                metrics::counter!("kcl_handoffs_requested_total", "worker" => shared.config.worker_id.clone()).increment(1);
+            }
+        }
+        Verdict::Keep | Verdict::Adopt | Verdict::Activate | Verdict::Force => {}
     }
 }
 

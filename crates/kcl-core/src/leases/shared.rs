@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::StreamExt;
@@ -12,9 +12,10 @@ use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
-use crate::config::LeaseConfig;
+use crate::config::{LeaseConfig, LeaseRenewal};
 use crate::lease::Lease;
 use crate::leases::held::{EndReason, Held, LeaseHandle, Phase};
+use crate::leases::liveness::LivenessTracker;
 use crate::leases::tenure::Tenures;
 use crate::store::timeout::TimeoutStore;
 use crate::store::{Holder, LeaseStore, StoreError};
@@ -38,6 +39,7 @@ pub enum LeaseEvent {
 #[derive(Debug, Default)]
 pub struct CoordinatorStats {
     pub(crate) ticks: AtomicU64,
+    pub(crate) quiet_ticks: AtomicU64,
     pub(crate) scan_failures: AtomicU64,
     pub(crate) taken: AtomicU64,
     pub(crate) stolen: AtomicU64,
@@ -60,6 +62,9 @@ pub struct CoordinatorStats {
 pub struct StatsSnapshot {
     /// Lease-taker ticks.
     pub ticks: u64,
+    /// Ticks that read only the liveness records: nothing in the fleet had
+    /// changed, so the lease table was not read (liveness mode).
+    pub quiet_ticks: u64,
     /// Ticks whose scan failed.
     pub scan_failures: u64,
     /// Unowned or expired leases taken.
@@ -98,6 +103,7 @@ impl CoordinatorStats {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         StatsSnapshot {
             ticks: l(&self.ticks),
+            quiet_ticks: l(&self.quiet_ticks),
             scan_failures: l(&self.scan_failures),
             taken: l(&self.taken),
             stolen: l(&self.stolen),
@@ -138,6 +144,35 @@ pub(crate) struct Shared {
     /// A tenure was added: its deadline may be earlier than the one the
     /// fence loop sleeps towards (takes count validity from the scan).
     pub(crate) held_added: Notify,
+    /// Every instance's liveness, as last read by the taker.
+    pub(crate) liveness: Mutex<LivenessTracker>,
+    /// What this instance's next beat writes.
+    pub(crate) beat_state: Mutex<BeatState>,
+    /// The taker must read the lease table at its next tick (a tenure
+    /// ended under us, a peer poked us, we changed the table).
+    pub(crate) rescan: AtomicBool,
+    /// Wakes the taker for a tick now.
+    pub(crate) tick_now: Notify,
+    /// Set once the first beat was tried (the taker's first tick waits for
+    /// it, so peers can see this instance before it takes anything).
+    pub(crate) first_beat: tokio::sync::watch::Sender<bool>,
+    /// True while this worker runs the fleet's shard sync and cleanup.
+    pub(crate) sync_leader: std::sync::atomic::AtomicBool,
+    /// When the last beat that landed was sent (liveness mode).
+    pub(crate) last_beat: Mutex<Option<Instant>>,
+}
+
+/// The fields of this instance's liveness record that it sets itself.
+#[derive(Debug, Default)]
+pub(crate) struct BeatState {
+    /// See [`crate::store::Beat::changes`].
+    pub(crate) changes: u64,
+    /// Handoff requests to clear from the record at the next beat.
+    pub(crate) answered: Vec<String>,
+    /// The last [`crate::store::Beat::wake`] acted on.
+    pub(crate) wake_seen: Option<u64>,
+    /// See [`crate::store::Beat::stopping`].
+    pub(crate) stopping: bool,
 }
 
 impl fmt::Debug for Shared {
@@ -167,7 +202,72 @@ impl Shared {
             events,
             stats: Arc::default(),
             held_added: Notify::new(),
+            liveness: Mutex::default(),
+            beat_state: Mutex::default(),
+            rescan: AtomicBool::new(false),
+            tick_now: Notify::new(),
+            first_beat: tokio::sync::watch::Sender::new(false),
+            sync_leader: std::sync::atomic::AtomicBool::new(true),
+            last_beat: Mutex::new(None),
         }
+    }
+
+    /// The time a write sent at `sent` may count validity from. In the
+    /// liveness mode peers that know this instance judge its leases by its
+    /// beats alone, whatever the lease items show, so no tenure may outlive
+    /// the last beat that landed: validity counts from the earlier of the
+    /// two (and with no beat landed yet, from so long ago that it is over).
+    pub(crate) fn valid_from(&self, sent: Instant) -> Instant {
+        if !self.liveness_mode() {
+            return sent;
+        }
+        let beat = *self.last_beat.lock().unwrap_or_else(|e| e.into_inner());
+        match beat {
+            Some(beat) => beat.min(sent),
+            None => sent.checked_sub(self.config.lease_duration).unwrap_or(sent),
+        }
+    }
+
+    /// Records a beat sent at `sent` that landed.
+    pub(crate) fn beat_landed(&self, sent: Instant) {
+        let mut last = self.last_beat.lock().unwrap_or_else(|e| e.into_inner());
+        *last = Some(last.map_or(sent, |l| l.max(sent)));
+    }
+
+    /// True in the worker-liveness renewal mode.
+    pub(crate) fn liveness_mode(&self) -> bool {
+        self.config.renewal == LeaseRenewal::WorkerLiveness
+    }
+
+    /// This process's instance id (its liveness record's key).
+    pub(crate) fn instance(&self) -> &str {
+        self.tenures.instance()
+    }
+
+    pub(crate) fn liveness(&self) -> MutexGuard<'_, LivenessTracker> {
+        self.liveness.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn beat_state(&self) -> MutexGuard<'_, BeatState> {
+        self.beat_state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes the taker read the lease table at a tick that comes now.
+    pub(crate) fn want_rescan(&self) {
+        self.rescan.store(true, Ordering::Relaxed);
+        self.tick_now.notify_one();
+    }
+
+    /// This worker changed the lease table in a way peers should look at
+    /// (created or released leases): its next beat says so.
+    pub(crate) fn table_changed(&self) {
+        self.beat_state().changes += 1;
+        self.want_rescan();
+    }
+
+    /// The number of tenures held (active, awaited or handing off).
+    pub(crate) fn held_count(&self) -> usize {
+        self.held_map().len()
     }
 
     /// True if this worker competes for `lease`.
@@ -249,7 +349,8 @@ impl Shared {
     /// the next tick reclaims it from a fresh read.
     pub(crate) async fn acquired(&self, lease: Lease, sent: Instant) {
         let key = lease.key.clone();
-        let valid_until = sent + self.config.lease_duration - self.config.fence_margin;
+        let valid_until =
+            self.valid_from(sent) + self.config.lease_duration - self.config.fence_margin;
         let held = Arc::new(Held::new(lease, valid_until, Phase::Active));
         self.insert(key.clone(), &held);
         if Instant::now() >= valid_until {
@@ -272,7 +373,8 @@ impl Shared {
     /// [`Shared::acquired`]); `sent` is when our handoff write was sent.
     pub(crate) fn awaiting(&self, lease: Lease, from: String, valid_from: Instant, sent: Instant) {
         let key = lease.key.clone();
-        let valid_until = valid_from + self.config.lease_duration - self.config.fence_margin;
+        let valid_until =
+            self.valid_from(valid_from) + self.config.lease_duration - self.config.fence_margin;
         // Forcing no earlier than a lease duration after our write means the
         // previous owner's own validity (from a renewal that landed before
         // our write) has run out by then: no two workers process at once.
@@ -289,7 +391,7 @@ impl Shared {
     /// The previous owner completed the handoff (or it was forced): start
     /// consuming, with validity from the write sent at `sent`.
     pub(crate) async fn activate(&self, key: &str, held: &Arc<Held>, lease: Lease, sent: Instant) {
-        if !held.renewed(lease, sent, &self.config) {
+        if !held.renewed(lease, self.valid_from(sent), &self.config) {
             self.ended(key, held, EndReason::Fenced).await;
             return;
         }
@@ -306,7 +408,7 @@ impl Shared {
     /// Records a successful write of `held` sent at `sent`; a tenure whose
     /// validity lapsed before the answer came ends as fenced instead.
     pub(crate) async fn renewed(&self, key: &str, held: &Arc<Held>, lease: Lease, sent: Instant) {
-        if held.renewed(lease, sent, &self.config) {
+        if held.renewed(lease, self.valid_from(sent), &self.config) {
             bump(&self.stats.renewals);
         } else if !held.is_ended() {
             warn!(lease = %key, "a renewal answered after the lease's validity ran out; fencing this tenure");
@@ -361,6 +463,13 @@ impl Shared {
         self.set_held_gauge(len);
         let first = !held.is_ended();
         self.count_end(held, reason);
+        // Nothing renews a lease item in the liveness mode: a tenure that
+        // ended without a release or handoff may still name this instance
+        // in the table, alive as long as it beats. The taker looks again
+        // (and reclaims it if it is still ours).
+        if first && matches!(reason, EndReason::Lost | EndReason::Fenced) {
+            self.rescan.store(true, Ordering::Relaxed);
+        }
         if first && reason != EndReason::Abandoned {
             // Never wait here: the renewer calls this, and a worker slow to
             // read events must not delay renewals. The handle already told
@@ -382,7 +491,12 @@ impl Shared {
         by: Holder<'_>,
     ) -> Result<(), StoreError> {
         let current = match self.store.release(key, by).await {
-            Ok(_) => return Ok(()),
+            Ok(_) => {
+                // Peers see a free lease only by reading the table: the
+                // next beat tells them to.
+                self.beat_state().changes += 1;
+                return Ok(());
+            }
             Err(StoreError::ConditionFailed { current, .. }) => current,
             Err(e) => return Err(e),
         };

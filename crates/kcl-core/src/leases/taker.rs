@@ -8,8 +8,9 @@
 //! gathers its input and applies its output with conditional writes, each
 //! starting a fresh tenure.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -22,9 +23,10 @@ use tracing::{debug, info, warn};
 use crate::lease::Lease;
 use crate::leases::balance::{BalanceInput, Decision, LeaseView, decide};
 use crate::leases::expiry::ExpiryTracker;
-use crate::leases::handoff::{Ours, Verdict, judge};
-use crate::leases::held::{EndReason, Phase};
+use crate::leases::liveness::FleetDigest;
+use crate::leases::renewer::observe_one;
 use crate::leases::shared::{Shared, bump, each_unblocked};
+use crate::leases::tenure::instance_of;
 use crate::store::{Holder, StoreError};
 
 /// Writes issued at once when a tick takes many leases (a cold start).
@@ -37,7 +39,14 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     };
     let mut taker = Taker {
         tracker: ExpiryTracker::new(),
+        last_digest: None,
+        unsettled: true,
     };
+    // Peers must be able to see this instance alive before a lease names
+    // it: the first tick waits for the first beat (bounded: a store that
+    // does not answer fails the beat, and the taker goes on).
+    let mut first_beat = shared.first_beat.subscribe();
+    let _ = tokio::time::timeout(shared.config.renew_interval, first_beat.wait_for(|b| *b)).await;
     loop {
         let next_wake = taker.tick(&shared).await;
         let interval = shared
@@ -51,6 +60,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
         tokio::select! {
             _ = stop.cancelled() => break,
             _ = tokio::time::sleep_until(wake) => {}
+            _ = shared.tick_now.notified() => {}
         }
     }
 }
@@ -58,6 +68,11 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
 /// What the taker remembers between ticks.
 struct Taker {
     tracker: ExpiryTracker,
+    /// The fleet as the liveness records showed it at the last scan.
+    last_digest: Option<FleetDigest>,
+    /// The last scan's decision moved leases (or this is the first tick):
+    /// look again at the next tick.
+    unsettled: bool,
 }
 
 impl Taker {
@@ -66,6 +81,32 @@ impl Taker {
     /// takes the lease duration plus at most one tick rather than two.
     async fn tick(&mut self, shared: &Shared) -> Option<Instant> {
         bump(&shared.stats.ticks);
+        // The liveness records first: one small read that says who is
+        // alive, and in the liveness mode whether anything changed that
+        // calls for reading the lease table at all.
+        let beats = match shared.store.beats().await {
+            Ok(beats) => beats,
+            Err(e) => {
+                bump(&shared.stats.scan_failures);
+                metrics::counter!("kcl_lease_taker_scan_failures_total", "worker" => shared.config.worker_id.clone()).increment(1);
+                warn!(error = %e, "reading the liveness records failed; retrying next tick");
+                return None;
+            }
+        };
+        let d = shared.config.lease_duration;
+        let digest = {
+            let mut liveness = shared.liveness();
+            liveness.observe(beats, Instant::now());
+            liveness.digest(shared.instance(), d, Instant::now())
+        };
+        if shared.liveness_mode() {
+            let rescan = shared.rescan.swap(false, Ordering::Relaxed);
+            if !rescan && !self.unsettled && self.last_digest.as_ref() == Some(&digest) {
+                bump(&shared.stats.quiet_ticks);
+                self.elect(shared, None);
+                return self.liveness_wake(shared, Instant::now());
+            }
+        }
         // Validity of what this tick takes counts from when the scan asked
         // for the page that held the lease: a take the store reconciles as
         // applied may be an older write of ours that landed after that page
@@ -76,12 +117,13 @@ impl Taker {
                 bump(&shared.stats.scan_failures);
                 metrics::counter!("kcl_lease_taker_scan_failures_total", "worker" => shared.config.worker_id.clone()).increment(1);
                 warn!(error = %e, "lease scan failed; retrying next tick");
+                self.unsettled = true;
                 return None;
             }
         };
         let now = Instant::now();
         self.tracker.observe(&leases, now);
-        observe_held(shared, &leases, now).await;
+        observe_held(shared, &leases).await;
         let config = &shared.config;
         let me = shared.me();
 
@@ -90,53 +132,152 @@ impl Taker {
             .iter()
             .filter(|l| !l.is_finished() && shared.accepts(l))
             .collect();
-        let views = active
-            .iter()
-            .map(|l| {
-                let held_here = shared.is_held(&l.key);
-                LeaseView {
-                    key: &l.key,
-                    owner: l.owner.as_deref(),
-                    expired: self.tracker.is_expired(l, config.lease_duration, now),
-                    unrenewed_for: self.tracker.unchanged_for(l, now),
-                    held_here,
-                    // Our worker id under a tenure this process did not
-                    // write: another process under the same id holds it,
-                    // or held it before it stopped (a restart). The two
-                    // cannot be told apart, so it is taken like any other
-                    // worker's lease, once expired: taking it earlier
-                    // would overlap a live holder.
-                    other_process: l.is_owned_by(me)
-                        && !held_here
-                        && !written_here(shared, l.tenure.as_deref()),
-                    in_handoff: l.in_handoff(),
-                }
-            })
-            .collect();
+        let views: Vec<LeaseView<'_>> = {
+            let liveness = shared.liveness();
+            active
+                .iter()
+                .map(|l| {
+                    let held_here = shared.is_held(&l.key);
+                    LeaseView {
+                        key: &l.key,
+                        owner: l.owner.as_deref(),
+                        expired: match liveness.judge(l, config.lease_duration, now) {
+                            // Named instances with liveness records: no
+                            // tenure of theirs outlives their last beat.
+                            Some(alive) => !alive,
+                            // Renewed per lease (or never seen beating):
+                            // unrenewed for the lease duration.
+                            None => self.tracker.is_expired(l, config.lease_duration, now),
+                        },
+                        unrenewed_for: self.tracker.unchanged_for(l, now),
+                        held_here,
+                        // Our worker id under a tenure this process did not
+                        // write: another process under the same id holds it,
+                        // or held it before it stopped (a restart). The two
+                        // cannot be told apart, so it is taken like any other
+                        // worker's lease, once expired: taking it earlier
+                        // would overlap a live holder.
+                        other_process: l.is_owned_by(me)
+                            && !held_here
+                            && !written_here(shared, l.tenure.as_deref()),
+                        in_handoff: l.in_handoff(),
+                    }
+                })
+                .collect()
+        };
         let decision = decide(&BalanceInput {
             me,
             leases: views,
             max_leases_per_worker: config.max_leases_per_worker,
             max_leases_to_steal: config.max_leases_to_steal,
         });
+        self.unsettled =
+            !decision.take.is_empty() || !decision.steal.is_empty() || !decision.reclaim.is_empty();
+        self.last_digest = Some(digest);
         if !decision.take.is_empty() || !decision.steal.is_empty() || !decision.reclaim.is_empty() {
             debug!(?decision, "lease taker decision");
         }
         apply(shared, &leases, &decision, &asked_at).await;
         finish_orphaned_handoffs(shared, &leases).await;
+        self.elect(shared, Some(&leases));
+        if shared.sync_leader.load(Ordering::Relaxed) {
+            forget_the_dead(shared, &leases).await;
+        }
 
         // A renewing owner moves the counter every renew interval; one that
         // missed two renewals is suspect: look again right when it would
         // expire.
         let suspect_after = config.renew_interval * 2;
-        active
+        let by_lease = active
             .iter()
             .filter(|l| l.owner.is_some() && !shared.is_held(&l.key))
             .filter(|l| self.tracker.unchanged_for(l, now) >= suspect_after)
             .filter_map(|l| self.tracker.expires_at(l, config.lease_duration))
             .filter(|at| *at > now)
             .min()
+            .map(|at| at + Duration::from_millis(1));
+        let by_beat = self.liveness_wake(shared, now);
+        match (by_lease, by_beat) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The moment the next instance holding leases would count as dead if
+    /// it beat no more: the next tick comes no later, so a dead instance is
+    /// seen at most a lease duration after the read that first showed its
+    /// last beat, and its leases move within the lease duration plus one
+    /// tick of its death. Instances that beat push the moment on at each
+    /// read, so this costs at most a read per lease duration.
+    fn liveness_wake(&self, shared: &Shared, now: Instant) -> Option<Instant> {
+        let liveness = shared.liveness();
+        liveness
+            .beats()
+            .filter(|b| b.instance != shared.instance() && b.held > 0)
+            .filter_map(|b| liveness.expires_at(&b.instance, shared.config.lease_duration))
+            .filter(|at| *at > now)
+            .min()
             .map(|at| at + Duration::from_millis(1))
+    }
+
+    /// Whether this worker runs the fleet's shard sync and cleanup: the
+    /// live instance with the smallest id, from the liveness records; with
+    /// none (a fleet renewing per lease), the live owner with the smallest
+    /// worker id, from the scan (this worker counts itself).
+    fn elect(&self, shared: &Shared, scan: Option<&[Lease]>) {
+        let now = Instant::now();
+        let d = shared.config.lease_duration;
+        let liveness = shared.liveness();
+        let alive = liveness.alive(d, now);
+        let leader = if let Some(first) = alive.iter().map(|b| b.instance.as_str()).min() {
+            first == shared.instance()
+        } else if let Some(leases) = scan {
+            let me = shared.me();
+            leases
+                .iter()
+                .filter(|l| !self.tracker.is_expired(l, d, now))
+                .filter_map(|l| l.owner.as_deref())
+                .chain([me])
+                .min()
+                == Some(me)
+        } else {
+            return;
+        };
+        shared.sync_leader.store(leader, Ordering::Relaxed);
+    }
+}
+
+/// Liveness records of instances dead for three lease durations that no
+/// lease names any more (they crashed, and their leases moved on) are
+/// deleted, each only if it has not beaten since, so the records read every
+/// tick stay as many as the live workers.
+async fn forget_the_dead(shared: &Shared, leases: &[Lease]) {
+    let now = Instant::now();
+    let gone_for = shared.config.lease_duration * 3;
+    let named: HashSet<&str> = leases
+        .iter()
+        .flat_map(|l| [l.tenure.as_deref(), l.checkpoint_owner_tenure.as_deref()])
+        .flatten()
+        .map(instance_of)
+        .collect();
+    let dead: Vec<(String, u64)> = {
+        let liveness = shared.liveness();
+        liveness
+            .beats()
+            .filter(|b| liveness.unchanged_for(&b.instance, now) >= Some(gone_for))
+            .filter(|b| !named.contains(b.instance.as_str()))
+            .map(|b| (b.instance.clone(), b.counter))
+            .collect()
+    };
+    for (instance, counter) in dead {
+        match shared.store.forget(&instance, Some(counter)).await {
+            Ok(()) => {
+                info!(%instance, "deleted the liveness record of a worker that stopped beating")
+            }
+            Err(e) => {
+                debug!(%instance, error = %e, "deleting a dead worker's liveness record failed")
+            }
+        }
     }
 }
 
@@ -148,35 +289,10 @@ fn written_here(shared: &Shared, tenure: Option<&str>) -> bool {
 /// The scan is an observation of every tenure held here: one lost to
 /// another holder ends now, one a peer asked for starts draining now,
 /// rather than at the next renewal.
-async fn observe_held(shared: &Shared, leases: &[Lease], now: Instant) {
+async fn observe_held(shared: &Shared, leases: &[Lease]) {
     for lease in leases {
-        let Some(held) = shared.held(&lease.key) else {
-            continue;
-        };
-        let phase = held.phase();
-        if phase != Phase::Active {
-            // Awaited handoffs are the renewer's to move forward.
-            continue;
-        }
-        let ours = Ours {
-            holder: held.holder(),
-            counter: held.counter(),
-            phase: &phase,
-        };
-        match judge(ours, Some(lease), now) {
-            Verdict::Lost { same_id } => {
-                if same_id {
-                    shared.same_id_conflict(&lease.key);
-                }
-                info!(lease = %lease.key, owner = ?lease.owner, "the scan shows the lease held by another; stopping");
-                shared.ended(&lease.key, &held, EndReason::Lost).await;
-            }
-            Verdict::Drain => {
-                if held.request_handoff() {
-                    info!(lease = %lease.key, to = ?lease.owner, "handoff requested; draining the shard");
-                }
-            }
-            Verdict::Keep | Verdict::Adopt | Verdict::Activate | Verdict::Force => {}
+        if let Some(held) = shared.held(&lease.key) {
+            observe_one(shared, &lease.key, &held, Some(lease)).await;
         }
     }
 }
@@ -290,6 +406,9 @@ async fn take_one(shared: &Shared, kind: Kind, seen: &Lease, read_from: Instant)
         };
         match write {
             Ok(lease) => {
+                if kind == Kind::Steal {
+                    ask_victim(shared, &seen).await;
+                }
                 acquired(shared, kind, &seen, lease, read_from, sent).await;
                 return;
             }
@@ -313,6 +432,29 @@ async fn take_one(shared: &Shared, kind: Kind, seen: &Lease, read_from: Instant)
                 bump(&shared.stats.take_failures);
                 warn!(lease = %seen.key, error = %e, "taking a lease failed; retrying next tick");
                 return;
+            }
+        }
+    }
+}
+
+/// Tells the victim of a steal, through its liveness record, that a lease
+/// is asked of it: it never rewrites the lease item in the liveness mode,
+/// so it would otherwise notice only at the handoff deadline. One retry;
+/// past it the handoff is forced at its deadline, as for a victim that does
+/// not answer.
+async fn ask_victim(shared: &Shared, seen: &Lease) {
+    let Some(tenure) = seen.tenure.as_deref() else {
+        return;
+    };
+    let instance = instance_of(tenure);
+    for _ in 0..2 {
+        match shared.store.poke(instance, Some(&seen.key)).await {
+            Ok(()) => return,
+            // No record: a victim renewing per lease sees the handoff in
+            // its next renewal instead.
+            Err(e) if e.is_condition_failed() => return,
+            Err(e) => {
+                debug!(lease = %seen.key, error = %e, "asking the victim for a stolen lease failed")
             }
         }
     }

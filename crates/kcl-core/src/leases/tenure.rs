@@ -40,6 +40,19 @@ impl Tenures {
     pub(crate) fn is_ours(&self, tenure: &str) -> bool {
         tenure.starts_with(&self.prefix)
     }
+
+    /// This coordinator's instance id: the key of its liveness record and
+    /// the prefix of its tenures.
+    pub(crate) fn instance(&self) -> &str {
+        &self.prefix[..self.prefix.len() - 1]
+    }
+}
+
+/// The instance that wrote `tenure` (the part before the first dot).
+pub(crate) fn instance_of(tenure: &str) -> &str {
+    tenure
+        .split_once('.')
+        .map_or(tenure, |(instance, _)| instance)
 }
 
 #[cfg(test)]
@@ -55,5 +68,7 @@ mod tests {
         assert!(!theirs.is_ours(&a));
         assert!(!mine.is_ours(&theirs.fresh()));
         assert!(!mine.is_ours(""));
+        assert_eq!(instance_of(&a), mine.instance());
+        assert_ne!(instance_of(&a), theirs.instance());
     }
 }

@@ -13,7 +13,7 @@ use std::collections::HashSet;
 
 use futures::TryStreamExt;
 
-use super::{CheckpointUpdate, Holder, LeaseStore, StoreError};
+use super::{BeatUpdate, CheckpointUpdate, Holder, LeaseStore, StoreError};
 use crate::lease::{Checkpoint, HashKeyRange, Lease};
 
 /// Rounds of each race case; every round must have exactly one winner.
@@ -47,7 +47,10 @@ macro_rules! lease_store_conformance {
             handoff_steps_are_conditional_on_the_previous_owners_tenure,
             a_java_take_leaves_a_stale_tenure_that_guards_nothing,
             a_checkpoint_naming_its_predecessor_is_conditional_on_it,
-            a_forced_take_never_reconciles_against_a_renewal
+            a_forced_take_never_reconciles_against_a_renewal,
+            beats_bump_the_counter_and_are_conditional_on_the_worker,
+            pokes_ask_and_beats_answer,
+            forgetting_a_record_is_conditional_on_its_counter
         );
     };
     (@cases $factory:path; $($case:ident),+) => {
@@ -825,4 +828,107 @@ pub async fn a_forced_take_never_reconciles_against_a_renewal<S: LeaseStore + ?S
     if let Some(current) = current {
         assert_eq!(current.checkpoint_owner.as_deref(), Some("victim"));
     }
+}
+
+fn beat_of<'a>(instance: &'a str, worker: &'a str, held: u64) -> BeatUpdate<'a> {
+    BeatUpdate {
+        instance,
+        worker,
+        held,
+        changes: 0,
+        answered: &[],
+        stopping: false,
+    }
+}
+
+/// A beat creates the record and every later beat bumps its counter; the
+/// fields it writes read back; another worker id cannot beat for the
+/// instance; a liveness record is never a lease.
+pub async fn beats_bump_the_counter_and_are_conditional_on_the_worker<S: LeaseStore + ?Sized>(
+    store: &S,
+) {
+    assert!(store.beats().await.expect("read").is_empty());
+    let first = store
+        .beat(&beat_of("i-1", "a", 3))
+        .await
+        .expect("first beat");
+    assert_eq!(
+        (first.instance.as_str(), first.worker.as_str()),
+        ("i-1", "a")
+    );
+    assert_eq!(first.held, 3);
+    let mut update = beat_of("i-1", "a", 4);
+    update.changes = 7;
+    update.stopping = true;
+    let second = store.beat(&update).await.expect("second beat");
+    assert!(second.counter > first.counter, "{second:?} after {first:?}");
+    assert_eq!((second.held, second.changes, second.stopping), (4, 7, true));
+    assert_condition_failed(
+        store.beat(&beat_of("i-1", "b", 0)).await,
+        "another worker's beat",
+    );
+    store
+        .beat(&beat_of("i-2", "b", 0))
+        .await
+        .expect("a second instance");
+    let mut all = store.beats().await.expect("read");
+    all.sort_by(|x, y| x.instance.cmp(&y.instance));
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[0], second);
+    let leases: Vec<Lease> = store.scan().try_concat().await.expect("scan");
+    assert!(
+        leases.is_empty(),
+        "liveness records are not leases: {leases:?}"
+    );
+}
+
+/// A poke bumps the wake counter and records the lease asked for; a beat
+/// answering it removes it; a poke never brings back a missing record.
+pub async fn pokes_ask_and_beats_answer<S: LeaseStore + ?Sized>(store: &S) {
+    assert_condition_failed(store.poke("nobody", None).await, "poke of a missing record");
+    assert!(
+        store.beats().await.expect("read").is_empty(),
+        "not created by a poke"
+    );
+    let before = store.beat(&beat_of("i-1", "a", 1)).await.expect("beat");
+    store.poke("i-1", Some("shard-1")).await.expect("ask");
+    store.poke("i-1", Some("shard-2")).await.expect("ask");
+    store.poke("i-1", None).await.expect("wake");
+    let asked = store.beat(&beat_of("i-1", "a", 1)).await.expect("beat");
+    assert_eq!(asked.wake, before.wake + 3);
+    assert_eq!(
+        asked.asked.iter().map(String::as_str).collect::<Vec<_>>(),
+        ["shard-1", "shard-2"]
+    );
+    let answered = ["shard-1".to_owned()];
+    let mut update = beat_of("i-1", "a", 1);
+    update.answered = &answered;
+    let after = store.beat(&update).await.expect("answering beat");
+    assert_eq!(
+        after.asked.iter().map(String::as_str).collect::<Vec<_>>(),
+        ["shard-2"]
+    );
+}
+
+/// A record is forgotten only at the counter the caller saw (a record that
+/// beat since is alive); without a counter, unconditionally and idempotently.
+pub async fn forgetting_a_record_is_conditional_on_its_counter<S: LeaseStore + ?Sized>(store: &S) {
+    let beat = store.beat(&beat_of("i-1", "a", 0)).await.expect("beat");
+    assert_condition_failed(
+        store.forget("i-1", Some(beat.counter + 1)).await,
+        "forget at a stale counter",
+    );
+    assert_eq!(store.beats().await.expect("read").len(), 1);
+    store
+        .forget("i-1", Some(beat.counter))
+        .await
+        .expect("forget");
+    assert!(store.beats().await.expect("read").is_empty());
+    assert_condition_failed(
+        store.forget("i-1", Some(beat.counter)).await,
+        "forget of a missing record at a counter",
+    );
+    store.beat(&beat_of("i-2", "a", 0)).await.expect("beat");
+    store.forget("i-2", None).await.expect("forget");
+    store.forget("i-2", None).await.expect("forget again");
 }

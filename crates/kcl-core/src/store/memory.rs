@@ -15,7 +15,10 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
-use super::{CheckpointUpdate, ErrorKind, Holder, Intent, LeaseStore, Page, StoreError, StoreOp};
+use super::{
+    Beat, BeatUpdate, CheckpointUpdate, ErrorKind, Holder, Intent, LeaseStore, Page, StoreError,
+    StoreOp,
+};
 use crate::lease::Lease;
 
 /// A fault to inject into one store call.
@@ -63,6 +66,8 @@ pub struct OwnerChange {
 struct Table {
     leases: BTreeMap<String, Lease>,
     owner_changes: Vec<OwnerChange>,
+    /// Liveness records by instance id (a table of their own in DynamoDB).
+    beats: BTreeMap<String, Beat>,
 }
 
 #[derive(Debug, Default)]
@@ -177,6 +182,11 @@ impl InMemoryLeaseStore {
     /// A copy of every lease, in key order.
     pub fn snapshot(&self) -> Vec<Lease> {
         self.lock().leases.values().cloned().collect()
+    }
+
+    /// A copy of every liveness record, in instance order.
+    pub fn beats_snapshot(&self) -> Vec<Beat> {
+        self.lock().beats.values().cloned().collect()
     }
 
     /// Every owner change applied so far, in order.
@@ -558,6 +568,75 @@ impl LeaseStore for InMemoryLeaseStore {
                 key: key.to_owned(),
                 current: other.cloned().map(Box::new),
             }),
+        })
+        .await
+    }
+
+    async fn beat(&self, update: &BeatUpdate<'_>) -> Result<Beat, StoreError> {
+        self.call(StoreOp::Beat, Some(update.instance), |t| {
+            let beat = t
+                .beats
+                .entry(update.instance.to_owned())
+                .or_insert_with(|| Beat {
+                    instance: update.instance.to_owned(),
+                    worker: update.worker.to_owned(),
+                    ..Beat::default()
+                });
+            if beat.worker != update.worker {
+                return Err(StoreError::ConditionFailed {
+                    key: update.instance.to_owned(),
+                    current: None,
+                });
+            }
+            beat.counter += 1;
+            beat.held = update.held;
+            beat.changes = update.changes;
+            beat.stopping = update.stopping;
+            for key in update.answered {
+                beat.asked.remove(key);
+            }
+            Ok(beat.clone())
+        })
+        .await
+    }
+
+    async fn beats(&self) -> Result<Vec<Beat>, StoreError> {
+        self.call(StoreOp::ReadBeats, None, |t| {
+            Ok(t.beats.values().cloned().collect())
+        })
+        .await
+    }
+
+    async fn poke(&self, instance: &str, ask: Option<&str>) -> Result<(), StoreError> {
+        self.call(StoreOp::Poke, Some(instance), |t| {
+            let Some(beat) = t.beats.get_mut(instance) else {
+                return Err(StoreError::ConditionFailed {
+                    key: instance.to_owned(),
+                    current: None,
+                });
+            };
+            beat.wake += 1;
+            if let Some(key) = ask {
+                beat.asked.insert(key.to_owned());
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn forget(&self, instance: &str, counter: Option<u64>) -> Result<(), StoreError> {
+        self.call(StoreOp::Forget, Some(instance), |t| {
+            match t.beats.get(instance) {
+                Some(b) if counter.is_none_or(|c| c == b.counter) => {
+                    t.beats.remove(instance);
+                    Ok(())
+                }
+                None if counter.is_none() => Ok(()),
+                _ => Err(StoreError::ConditionFailed {
+                    key: instance.to_owned(),
+                    current: None,
+                }),
+            }
         })
         .await
     }

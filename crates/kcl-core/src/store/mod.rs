@@ -69,6 +69,58 @@ impl CheckpointUpdate {
     }
 }
 
+/// One worker process's liveness record (the worker-liveness renewal mode):
+/// renewed every renew interval instead of every lease, so that a fleet's
+/// idle cost grows with its workers, not its shards.
+///
+/// The record is keyed by the process's instance id, the prefix of every
+/// tenure it writes (`<instance>.<n>`): a lease whose tenure names a live
+/// instance is alive, whatever its own item says. Peers write into it only
+/// to ask something of its owner ([`LeaseStore::poke`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Beat {
+    /// The instance id (the record's key).
+    pub instance: String,
+    /// The worker id the instance runs under.
+    pub worker: String,
+    /// Bumped by every beat: peers judge liveness by seeing it move, on
+    /// their own monotonic clocks (invariant 3).
+    pub counter: u64,
+    /// Leases the instance held at its last beat (peers balance from it
+    /// without reading the lease table).
+    pub held: u64,
+    /// Bumped by the instance when it changed the lease table in a way
+    /// peers should look at (leases created, released or finished).
+    pub changes: u64,
+    /// Bumped by peers that want the instance to read the lease table now
+    /// (a worker that released its leases on its way out).
+    pub wake: u64,
+    /// Lease keys peers asked the instance to hand over (steals), until
+    /// the instance answers them in a later beat.
+    pub asked: std::collections::BTreeSet<String>,
+    /// True once the instance stopped taking leases (a graceful shutdown
+    /// is under way): its leases will be released soon.
+    pub stopping: bool,
+}
+
+/// What one beat writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BeatUpdate<'a> {
+    /// The instance id.
+    pub instance: &'a str,
+    /// Its worker id.
+    pub worker: &'a str,
+    /// Leases held now.
+    pub held: u64,
+    /// The instance's change counter (see [`Beat::changes`]).
+    pub changes: u64,
+    /// Handoff requests (from [`Beat::asked`]) this beat answers: removed
+    /// from the record.
+    pub answered: &'a [String],
+    /// See [`Beat::stopping`].
+    pub stopping: bool,
+}
+
 /// Who writes: a worker id and the tenure it holds the lease under.
 ///
 /// Every take writes a fresh tenure into the lease; every later write of
@@ -206,6 +258,26 @@ pub trait LeaseStore: Send + Sync + fmt::Debug {
 
     /// Deletes a lease. Condition: its counter is still `counter`.
     async fn delete(&self, key: &str, counter: u64) -> Result<(), StoreError>;
+
+    /// Writes one beat of `update.instance`'s liveness record, creating it
+    /// if absent: bumps its counter, sets the fields the update carries and
+    /// removes the answered handoff requests. Condition: the record is
+    /// absent or names the same worker. Returns the record as it now
+    /// stands (peers' pokes included).
+    async fn beat(&self, update: &BeatUpdate<'_>) -> Result<Beat, StoreError>;
+
+    /// Reads every liveness record (one paginated read, strongly
+    /// consistent). A store without liveness records returns none.
+    async fn beats(&self) -> Result<Vec<Beat>, StoreError>;
+
+    /// Asks `instance` to look at the lease table (bumps its
+    /// [`Beat::wake`]) and, with `ask`, to hand over that lease. Condition:
+    /// the record exists (a stopped instance is not brought back).
+    async fn poke(&self, instance: &str, ask: Option<&str>) -> Result<(), StoreError>;
+
+    /// Deletes `instance`'s liveness record. Condition: with `counter`, its
+    /// counter is still that (a record that beat since is alive).
+    async fn forget(&self, instance: &str, counter: Option<u64>) -> Result<(), StoreError>;
 }
 
 /// Shared stores are stores: workers and decorators hold `Arc<dyn LeaseStore>`.
@@ -249,12 +321,24 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
     async fn delete(&self, key: &str, counter: u64) -> Result<(), StoreError> {
         (**self).delete(key, counter).await
     }
+    async fn beat(&self, update: &BeatUpdate<'_>) -> Result<Beat, StoreError> {
+        (**self).beat(update).await
+    }
+    async fn beats(&self) -> Result<Vec<Beat>, StoreError> {
+        (**self).beats().await
+    }
+    async fn poke(&self, instance: &str, ask: Option<&str>) -> Result<(), StoreError> {
+        (**self).poke(instance, ask).await
+    }
+    async fn forget(&self, instance: &str, counter: Option<u64>) -> Result<(), StoreError> {
+        (**self).forget(instance, counter).await
+    }
 }
 
 /// Implements [`LeaseStore`] for a decorator `$ty<S> { inner: S, .. }`
 /// whose every call but `scan` runs as `self.$around(op, inner_call)`, and
 /// whose `scan` is the given body (with `$this` bound to `&self`). Keeps the
-/// decorators free of eleven copies of the same delegation.
+/// decorators free of fifteen copies of the same delegation.
 macro_rules! decorate {
     ($ty:ident, around: $around:ident, scan: |$this:ident| $scan:block) => {
         #[async_trait::async_trait]
@@ -366,6 +450,36 @@ macro_rules! decorate {
                 self.$around(
                     $crate::store::StoreOp::Delete,
                     self.inner.delete(key, counter),
+                )
+                .await
+            }
+            async fn beat(
+                &self,
+                update: &$crate::store::BeatUpdate<'_>,
+            ) -> Result<$crate::store::Beat, $crate::store::StoreError> {
+                self.$around($crate::store::StoreOp::Beat, self.inner.beat(update))
+                    .await
+            }
+            async fn beats(&self) -> Result<Vec<$crate::store::Beat>, $crate::store::StoreError> {
+                self.$around($crate::store::StoreOp::ReadBeats, self.inner.beats())
+                    .await
+            }
+            async fn poke(
+                &self,
+                instance: &str,
+                ask: Option<&str>,
+            ) -> Result<(), $crate::store::StoreError> {
+                self.$around($crate::store::StoreOp::Poke, self.inner.poke(instance, ask))
+                    .await
+            }
+            async fn forget(
+                &self,
+                instance: &str,
+                counter: Option<u64>,
+            ) -> Result<(), $crate::store::StoreError> {
+                self.$around(
+                    $crate::store::StoreOp::Forget,
+                    self.inner.forget(instance, counter),
                 )
                 .await
             }
@@ -497,11 +611,15 @@ pub enum StoreOp {
     StartHandoff,
     CompleteHandoff,
     Delete,
+    Beat,
+    ReadBeats,
+    Poke,
+    Forget,
 }
 
 impl StoreOp {
     /// Every operation, in a stable order.
-    pub const ALL: [StoreOp; 11] = [
+    pub const ALL: [StoreOp; 15] = [
         StoreOp::Create,
         StoreOp::ScanPage,
         StoreOp::Get,
@@ -513,6 +631,10 @@ impl StoreOp {
         StoreOp::StartHandoff,
         StoreOp::CompleteHandoff,
         StoreOp::Delete,
+        StoreOp::Beat,
+        StoreOp::ReadBeats,
+        StoreOp::Poke,
+        StoreOp::Forget,
     ];
 
     /// A short snake_case name, used as a metric label.
@@ -529,6 +651,10 @@ impl StoreOp {
             StoreOp::StartHandoff => "start_handoff",
             StoreOp::CompleteHandoff => "complete_handoff",
             StoreOp::Delete => "delete",
+            StoreOp::Beat => "beat",
+            StoreOp::ReadBeats => "read_beats",
+            StoreOp::Poke => "poke",
+            StoreOp::Forget => "forget",
         }
     }
 }

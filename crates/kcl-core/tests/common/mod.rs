@@ -34,6 +34,22 @@ pub fn config(id: &str, seed: u64) -> kcl_core::config::LeaseConfigBuilder {
         .seed(seed)
 }
 
+/// [`config`] renewing every lease, as the Java KCL does.
+#[allow(dead_code)]
+pub fn per_lease(id: &str, seed: u64) -> kcl_core::config::LeaseConfigBuilder {
+    config(id, seed).renewal(kcl_core::LeaseRenewal::PerLease)
+}
+
+/// [`config`] in the given renewal mode.
+#[allow(dead_code)]
+pub fn in_mode(
+    mode: kcl_core::LeaseRenewal,
+    id: &str,
+    seed: u64,
+) -> kcl_core::config::LeaseConfigBuilder {
+    config(id, seed).renewal(mode)
+}
+
 /// What a simulated worker's stand-in consumers do with a lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StandIn {

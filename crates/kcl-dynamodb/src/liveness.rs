@@ -1,0 +1,281 @@
+//! Liveness records on DynamoDB (the worker-liveness renewal mode): one item
+//! per worker process in a table of their own, `<lease table>-workers` by
+//! default, so that reading every worker's record never reads a lease.
+//!
+//! | attribute | type | meaning |
+//! |---|---|---|
+//! | `instance` | S (hash key) | the process's instance id, the prefix of its tenures |
+//! | `workerId` | S | its worker id |
+//! | `beat` | N | bumped by every beat |
+//! | `held` | N | leases held at the last beat |
+//! | `changes` | N | bumped when it created or released leases |
+//! | `wake` | N | bumped by peers asking it to read the lease table |
+//! | `asked` | SS | lease keys peers asked it to hand over |
+//! | `stopping` | BOOL | a graceful shutdown is under way |
+//!
+//! The Java KCL never reads or writes this table; a lease table shared with
+//! it must use per-lease renewal, which writes nothing here.
+
+use std::collections::{BTreeSet, HashMap};
+
+use aws_sdk_dynamodb::types::{
+    AttributeValue, ReturnConsumedCapacity, ReturnValue, ReturnValuesOnConditionCheckFailure,
+};
+use kcl_core::store::{Beat, BeatUpdate, StoreError, StoreOp};
+
+use crate::error::{ClassifiedError, classify};
+use crate::store::DynamoDbLeaseStore;
+
+/// Attribute names of a liveness record.
+pub mod attr {
+    /// Hash key: the instance id.
+    pub const INSTANCE: &str = "instance";
+    /// The worker id.
+    pub const WORKER: &str = "workerId";
+    /// The beat counter.
+    pub const BEAT: &str = "beat";
+    /// Leases held.
+    pub const HELD: &str = "held";
+    /// The change counter.
+    pub const CHANGES: &str = "changes";
+    /// The wake counter.
+    pub const WAKE: &str = "wake";
+    /// Lease keys asked for.
+    pub const ASKED: &str = "asked";
+    /// Shutting down.
+    pub const STOPPING: &str = "stopping";
+}
+
+fn key(instance: &str) -> HashMap<String, AttributeValue> {
+    HashMap::from([(
+        attr::INSTANCE.to_owned(),
+        AttributeValue::S(instance.to_owned()),
+    )])
+}
+
+fn number(item: &HashMap<String, AttributeValue>, name: &str) -> u64 {
+    item.get(name)
+        .and_then(|v| v.as_n().ok())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A record as read; `None` for an item without an instance id.
+pub(crate) fn from_item(item: &HashMap<String, AttributeValue>) -> Option<Beat> {
+    Some(Beat {
+        instance: item.get(attr::INSTANCE)?.as_s().ok()?.clone(),
+        worker: item
+            .get(attr::WORKER)
+            .and_then(|v| v.as_s().ok())
+            .cloned()
+            .unwrap_or_default(),
+        counter: number(item, attr::BEAT),
+        held: number(item, attr::HELD),
+        changes: number(item, attr::CHANGES),
+        wake: number(item, attr::WAKE),
+        asked: item
+            .get(attr::ASKED)
+            .and_then(|v| v.as_ss().ok())
+            .map(|s| s.iter().cloned().collect::<BTreeSet<_>>())
+            .unwrap_or_default(),
+        stopping: item
+            .get(attr::STOPPING)
+            .and_then(|v| v.as_bool().ok())
+            .copied()
+            .unwrap_or(false),
+    })
+}
+
+fn store_error(classified: ClassifiedError, instance: &str) -> StoreError {
+    match classified {
+        ClassifiedError::Store(e) => e,
+        ClassifiedError::ConditionFailed(_) => StoreError::ConditionFailed {
+            key: format!("liveness record {instance}"),
+            current: None,
+        },
+    }
+}
+
+impl DynamoDbLeaseStore {
+    pub(crate) async fn write_beat(&self, update: &BeatUpdate<'_>) -> Result<Beat, StoreError> {
+        let table = self.workers_table();
+        let mut expression = "SET #w = :w, #h = :h, #c = :c, #s = :s ADD #b :one".to_owned();
+        let mut names = HashMap::from([
+            ("#i".to_owned(), attr::INSTANCE.to_owned()),
+            ("#w".to_owned(), attr::WORKER.to_owned()),
+            ("#h".to_owned(), attr::HELD.to_owned()),
+            ("#c".to_owned(), attr::CHANGES.to_owned()),
+            ("#s".to_owned(), attr::STOPPING.to_owned()),
+            ("#b".to_owned(), attr::BEAT.to_owned()),
+        ]);
+        let mut values = HashMap::from([
+            (":w".to_owned(), AttributeValue::S(update.worker.to_owned())),
+            (":h".to_owned(), AttributeValue::N(update.held.to_string())),
+            (
+                ":c".to_owned(),
+                AttributeValue::N(update.changes.to_string()),
+            ),
+            (":s".to_owned(), AttributeValue::Bool(update.stopping)),
+            (":one".to_owned(), AttributeValue::N("1".into())),
+        ]);
+        if !update.answered.is_empty() {
+            expression.push_str(" DELETE #a :answered");
+            names.insert("#a".to_owned(), attr::ASKED.to_owned());
+            values.insert(
+                ":answered".to_owned(),
+                AttributeValue::Ss(update.answered.to_vec()),
+            );
+        }
+        let result = self
+            .client()
+            .update_item()
+            .table_name(table)
+            .set_key(Some(key(update.instance)))
+            .update_expression(expression)
+            .condition_expression("attribute_not_exists(#i) OR #w = :w")
+            .set_expression_attribute_names(Some(names))
+            .set_expression_attribute_values(Some(values))
+            .return_values(ReturnValue::AllNew)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::None)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .send()
+            .await;
+        match result {
+            Ok(out) => {
+                self.record_capacity(StoreOp::Beat, out.consumed_capacity());
+                out.attributes()
+                    .and_then(from_item)
+                    .ok_or_else(|| StoreError::Fatal {
+                        op: StoreOp::Beat,
+                        message: format!("a beat in table {table:?} returned no record"),
+                        source: None,
+                    })
+            }
+            Err(e) => Err(store_error(
+                classify(StoreOp::Beat, table, update.instance, e, |e| {
+                    e.is_conditional_check_failed_exception().then_some(None)
+                }),
+                update.instance,
+            )),
+        }
+    }
+
+    pub(crate) async fn read_beats(&self) -> Result<Vec<Beat>, StoreError> {
+        let table = self.workers_table();
+        let mut beats = Vec::new();
+        let mut start = None;
+        loop {
+            let result = self
+                .client()
+                .scan()
+                .table_name(table)
+                .consistent_read(true)
+                .set_exclusive_start_key(start)
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                .send()
+                .await;
+            let out = match result {
+                Ok(out) => out,
+                // No such table: nobody renews by liveness record here (a
+                // fleet renewing per lease, or a table shared with the
+                // Java KCL).
+                Err(e)
+                    if e.as_service_error()
+                        .is_some_and(|s| s.is_resource_not_found_exception()) =>
+                {
+                    return Ok(Vec::new());
+                }
+                Err(e) => {
+                    return Err(store_error(
+                        classify(StoreOp::ReadBeats, table, "", e, |_| None),
+                        "",
+                    ));
+                }
+            };
+            self.record_capacity(StoreOp::ReadBeats, out.consumed_capacity());
+            beats.extend(out.items().iter().filter_map(from_item));
+            match out.last_evaluated_key().filter(|k| !k.is_empty()) {
+                Some(next) => start = Some(next.clone()),
+                None => return Ok(beats),
+            }
+        }
+    }
+
+    pub(crate) async fn poke_beat(
+        &self,
+        instance: &str,
+        ask: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let table = self.workers_table();
+        let mut expression = "ADD #k :one".to_owned();
+        let mut names = HashMap::from([
+            ("#i".to_owned(), attr::INSTANCE.to_owned()),
+            ("#k".to_owned(), attr::WAKE.to_owned()),
+        ]);
+        let mut values = HashMap::from([(":one".to_owned(), AttributeValue::N("1".into()))]);
+        if let Some(lease) = ask {
+            expression.push_str(", #a :ask");
+            names.insert("#a".to_owned(), attr::ASKED.to_owned());
+            values.insert(
+                ":ask".to_owned(),
+                AttributeValue::Ss(vec![lease.to_owned()]),
+            );
+        }
+        let result = self
+            .client()
+            .update_item()
+            .table_name(table)
+            .set_key(Some(key(instance)))
+            .update_expression(expression)
+            .condition_expression("attribute_exists(#i)")
+            .set_expression_attribute_names(Some(names))
+            .set_expression_attribute_values(Some(values))
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .send()
+            .await;
+        match result {
+            Ok(out) => {
+                self.record_capacity(StoreOp::Poke, out.consumed_capacity());
+                Ok(())
+            }
+            Err(e) => Err(store_error(
+                classify(StoreOp::Poke, table, instance, e, |e| {
+                    e.is_conditional_check_failed_exception().then_some(None)
+                }),
+                instance,
+            )),
+        }
+    }
+
+    pub(crate) async fn forget_beat(
+        &self,
+        instance: &str,
+        counter: Option<u64>,
+    ) -> Result<(), StoreError> {
+        let table = self.workers_table();
+        let mut request = self
+            .client()
+            .delete_item()
+            .table_name(table)
+            .set_key(Some(key(instance)))
+            .return_consumed_capacity(ReturnConsumedCapacity::Total);
+        if let Some(counter) = counter {
+            request = request
+                .condition_expression("#b = :b")
+                .expression_attribute_names("#b", attr::BEAT)
+                .expression_attribute_values(":b", AttributeValue::N(counter.to_string()));
+        }
+        match request.send().await {
+            Ok(out) => {
+                self.record_capacity(StoreOp::Forget, out.consumed_capacity());
+                Ok(())
+            }
+            Err(e) => Err(store_error(
+                classify(StoreOp::Forget, table, instance, e, |e| {
+                    e.is_conditional_check_failed_exception().then_some(None)
+                }),
+                instance,
+            )),
+        }
+    }
+}
