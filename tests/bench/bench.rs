@@ -40,6 +40,7 @@
 //! multi-threaded runtime. Worker processes are children of this process
 //! (killed on drop), and every wait is bounded.
 
+mod bench_cost;
 mod bench_fleet;
 mod bench_local;
 mod bench_retrieval;
@@ -71,8 +72,9 @@ pub(crate) struct Section {
     pub(crate) extra: String,
     /// One line for the summary at the top.
     pub(crate) headline: String,
-    /// Figures for `docs/benchmarks.json`, by key.
-    pub(crate) figures: Vec<(&'static str, f64)>,
+    /// Figures for `docs/benchmarks.json`: name (stable from run to run),
+    /// value, unit.
+    pub(crate) figures: Vec<(&'static str, f64, &'static str)>,
 }
 
 impl Section {
@@ -81,6 +83,12 @@ impl Section {
             title: title.to_owned(),
             ..Section::default()
         }
+    }
+
+    /// Records a figure for `docs/benchmarks.json`, rounded to 3 significant decimals.
+    pub(crate) fn figure(&mut self, name: &'static str, value: f64, unit: &'static str) {
+        let rounded = (value * 1000.0).round() / 1000.0;
+        self.figures.push((name, rounded, unit));
     }
 
     pub(crate) fn row(&mut self, figure: &str, value: impl Into<String>) {
@@ -129,6 +137,10 @@ const SCENARIOS: &[&str] = &[
     "throughput",
     "rss",
     "cost",
+    "cold-start-defaults",
+    "pickup-defaults",
+    "failover-defaults",
+    "sim",
     "latency",
     "pacing",
     "budget",
@@ -267,13 +279,23 @@ fn render(sections: &[(Section, f64)], total: f64, partial: bool) -> String {
     out
 }
 
-/// Merges every section's figures into `docs/benchmarks.json`.
+/// Merges every section's figures into `docs/benchmarks.json`:
+/// `{"figures": {name: {"value": number, "unit": text}}}`, names stable
+/// from run to run so that a script can compare runs. A partial run
+/// (`--only`) updates its own names and keeps the rest.
 fn write_figures(sections: &[(Section, f64)]) -> anyhow::Result<()> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/benchmarks.json");
     let mut figures: serde_json::Map<String, serde_json::Value> =
         match std::fs::read_to_string(&path) {
-            Ok(text) => serde_json::from_str(&text)
-                .with_context(|| format!("{} is not a JSON object", path.display()))?,
+            Ok(text) => {
+                let doc: serde_json::Value = serde_json::from_str(&text)
+                    .with_context(|| format!("{} is not JSON", path.display()))?;
+                match doc.get("figures").and_then(|f| f.as_object()) {
+                    Some(f) => f.clone(),
+                    // The earlier flat layout: re-written by the next run.
+                    None => serde_json::Map::new(),
+                }
+            }
             Err(_) => serde_json::Map::new(),
         };
     let mut wrote = 0;
@@ -281,15 +303,18 @@ fn write_figures(sections: &[(Section, f64)]) -> anyhow::Result<()> {
         if s.failed.is_some() && s.figures.is_empty() {
             continue;
         }
-        for (key, value) in &s.figures {
-            figures.insert((*key).to_owned(), serde_json::json!(value));
+        for (name, value, unit) in &s.figures {
+            figures.insert(
+                (*name).to_owned(),
+                serde_json::json!({ "value": value, "unit": unit }),
+            );
             wrote += 1;
         }
     }
     if wrote == 0 {
         return Ok(());
     }
-    let text = serde_json::to_string_pretty(&figures)? + "\n";
+    let text = serde_json::to_string_pretty(&serde_json::json!({ "figures": figures }))? + "\n";
     std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("wrote {wrote} figures to {}", path.display());
     Ok(())
@@ -356,7 +381,17 @@ fn main() -> anyhow::Result<()> {
     });
     run("throughput", &mut || rt.block_on(bench_local::throughput()));
     run("rss", &mut || rt.block_on(bench_fleet::peak_rss(&exe)));
-    run("cost", &mut || rt.block_on(bench_local::idle_fleet_cost()));
+    run("cost", &mut || rt.block_on(bench_cost::idle_fleet_cost()));
+    run("cold-start-defaults", &mut || {
+        rt.block_on(bench_fleet::cold_start_at_defaults(&exe))
+    });
+    run("pickup-defaults", &mut || {
+        rt.block_on(bench_fleet::graceful_pickup_at_defaults(&exe))
+    });
+    run("failover-defaults", &mut || {
+        rt.block_on(bench_fleet::failover_at_defaults(&exe))
+    });
+    run("sim", &mut bench_cost::fleet_simulation);
     run("latency", &mut || rt.block_on(bench_fleet::latency(&exe)));
     run("pacing", &mut || {
         rt.block_on(bench_retrieval::polling_pacing())

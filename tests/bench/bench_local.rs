@@ -18,13 +18,8 @@ use kcl::{
 use kcl_core::source::memory::InMemoryShardSource;
 use kcl_core::source::{OpenShard, ShardSource, StartPosition};
 use kcl_core::store::memory::InMemoryLeaseStore;
-use kcl_core::store::metered::{MeteredStore, StoreStats};
-use kcl_core::store::{LeaseStore, StoreOp};
 use kcl_core::worker::{StreamSpec, WorkerConfig};
-use kcl_core::{
-    Checkpoint, Lease, LeaseConfig, LeaseCoordinator, LeaseHandle, LeaseLayout, ShutdownMode,
-};
-use kcl_dynamodb::{Capacity, DynamoDbLeaseStore, ensure_table};
+use kcl_core::{Checkpoint, Lease, LeaseConfig, LeaseHandle, LeaseLayout};
 use kcl_kinesis::kpl::{self, Deaggregator, RawRecord, ShardHashRange, UserRecord};
 use kcl_tests::{
     TestEnv, create_stream, delete_stream, delete_table, list_all_shards, unique_name,
@@ -577,14 +572,15 @@ pub(crate) async fn throughput() -> anyhow::Result<Section> {
             format!("{:.2}", kcl_rate / bare_rate),
         );
         ratios.push(format!("{:.2} on {shards} shard(s)", kcl_rate / bare_rate));
-        s.figures.push((
+        s.figure(
             if shards == 1 {
                 "throughput_ratio_1_shard"
             } else {
                 "throughput_ratio_8_shards"
             },
             (kcl_rate / bare_rate * 100.0).round() / 100.0,
-        ));
+            "kcl / bare GetRecords loop",
+        );
         eprintln!("   (pre-filling {total} records on {shards} shard(s) took {fill_secs:.1} s)");
     }
     s.headline = format!(
@@ -606,140 +602,5 @@ pub(crate) async fn throughput() -> anyhow::Result<Section> {
                 that shares the 2 cores with the consumer. The ratio, not the absolute \
                 rate, is the figure about kcl."
         .into();
-    Ok(s)
-}
-
-// ---------------------------------------------------------------------------
-// DynamoDB cost of an idle fleet
-// ---------------------------------------------------------------------------
-
-const COST_WORKERS: usize = 4;
-const COST_LEASES: usize = 100;
-const COST_WINDOW: Duration = Duration::from_secs(60);
-
-pub(crate) async fn idle_fleet_cost() -> anyhow::Result<Section> {
-    let env = TestEnv::connect().await?;
-    let table = unique_name("kcl-bench-idle");
-    ensure_table(env.dynamodb(), &table, Capacity::OnDemand).await?;
-    let base = DynamoDbLeaseStore::new(env.dynamodb().clone(), &table);
-    for i in 0..COST_LEASES {
-        base.create_if_absent(&Lease::new(
-            format!("shardId-{i:012}"),
-            Checkpoint::TrimHorizon,
-        ))
-        .await?;
-    }
-    let mut fleet = Vec::new();
-    for w in 0..COST_WORKERS {
-        let stats = Arc::new(StoreStats::default());
-        let store = MeteredStore::with_stats(
-            base.clone().with_stats(Arc::clone(&stats)),
-            Arc::clone(&stats),
-        );
-        let config = LeaseConfig::builder(format!("worker-{w}")).build()?;
-        let (coordinator, events) = LeaseCoordinator::start(Arc::new(store), config);
-        drop(events);
-        fleet.push((coordinator, stats));
-    }
-    let settling = Instant::now();
-    loop {
-        let counts: Vec<usize> = fleet.iter().map(|(c, _)| c.held_keys().len()).collect();
-        let spread = counts.iter().max().unwrap_or(&0) - counts.iter().min().unwrap_or(&0);
-        if counts.iter().sum::<usize>() == COST_LEASES && spread <= 1 {
-            break;
-        }
-        ensure!(
-            settling.elapsed() < Duration::from_secs(300),
-            "the idle fleet did not settle: {counts:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    let settled = settling.elapsed();
-    // One more renewal round, so no acquisition write lands in the window.
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let before: Vec<_> = fleet
-        .iter()
-        .map(|(c, s)| (c.stats(), s.snapshot()))
-        .collect();
-    let started = Instant::now();
-    tokio::time::sleep(COST_WINDOW).await;
-    let per_min = 60.0 / started.elapsed().as_secs_f64();
-    let mut rows: Vec<(StoreOp, f64, f64)> = Vec::new();
-    let (mut ticks, mut scans) = (0, 0);
-    for ((c, s), (c0, s0)) in fleet.iter().zip(&before) {
-        let d = s.snapshot().since(s0);
-        ticks += c.stats().ticks - c0.ticks;
-        scans += d.scans;
-        for op in StoreOp::ALL {
-            let o = d.op(op);
-            match rows.iter_mut().find(|r| r.0 == op) {
-                Some(row) => {
-                    row.1 += o.calls as f64;
-                    row.2 += o.capacity;
-                }
-                None => rows.push((op, o.calls as f64, o.capacity)),
-            }
-        }
-    }
-    for (c, _) in fleet {
-        c.shutdown(ShutdownMode::Release).await;
-    }
-    let _ = delete_table(env.dynamodb(), &table).await;
-
-    let mut s = Section::new("DynamoDB cost of an idle fleet");
-    s.what = format!(
-        "{COST_WORKERS} lease coordinators (the lease part of a worker) holding \
-         {COST_LEASES} leases in DynamoDB Local at the default settings, settled and \
-         balanced ({:.0} s after start), then measured for {:.0} s: requests and consumed \
-         capacity units per minute, by operation, as the SDK reports them.",
-        settled.as_secs_f64(),
-        COST_WINDOW.as_secs_f64()
-    );
-    let (mut total_req, mut total_cap) = (0.0, 0.0);
-    for (op, calls, cap) in rows.iter().filter(|r| r.1 > 0.0) {
-        s.row(
-            &format!("{op}"),
-            format!(
-                "{:.0} req/min, {:.0} CU/min",
-                calls * per_min,
-                cap * per_min
-            ),
-        );
-        total_req += calls * per_min;
-        total_cap += cap * per_min;
-    }
-    s.row(
-        "total",
-        format!("{total_req:.0} req/min, {total_cap:.0} CU/min"),
-    );
-    s.headline = format!(
-        "{total_req:.0} requests/min, {total_cap:.0} capacity units/min for 4 workers x 100 leases at the defaults; one scan per taker tick"
-    );
-    s.row(
-        "scans per taker tick",
-        format!(
-            "{:.2} ({scans} scans, {ticks} ticks)",
-            scans as f64 / ticks.max(1) as f64
-        ),
-    );
-    s.settings = "Production defaults: lease 10 s, renewal every 3.33 s, a taker tick every \
-                  10 s +/-25 %, each tick one paginated scan."
-        .into();
-    s.java = "The Java KCL 2.x at its defaults renews the same way (100 leases every 3.33 s \
-              is 1800 UpdateItem/min for the fleet) and scans the whole table once per \
-              taker run, every 20 s (2 x (failoverTimeMillis + epsilon)) per worker: about \
-              1812 requests/min for this fleet. This engine ticks twice as often (24 scans/min \
-              of 100 items for 4 workers, one scan per tick), which costs 12 more requests a \
-              minute and halves the time a newcomer or a free lease waits for a tick."
-        .into();
-    s.limits = "Nothing machine-bound: request counts follow from the settings. Capacity \
-                units are DynamoDB Local's figures (strongly consistent scans, items of \
-                about 200 B)."
-        .into();
-    if scans != ticks {
-        s.failed = Some(format!(
-            "{scans} scans for {ticks} ticks: one scan per tick expected"
-        ));
-    }
     Ok(s)
 }

@@ -147,18 +147,18 @@ pub(crate) async fn polling_pacing() -> anyhow::Result<Section> {
         format!("{trickle_rate:.2}"),
     );
     s.row("GetRecords calls/s, idle", format!("{idle_rate:.2}"));
-    s.figures = vec![
-        ("polling_latency_p50_ms_5rps", ms(p50).round()),
-        ("polling_latency_p99_ms_5rps", ms(p99).round()),
-        (
-            "polling_calls_per_s_5rps",
-            (trickle_rate * 100.0).round() / 100.0,
-        ),
-        (
-            "polling_calls_per_s_idle",
-            (idle_rate * 100.0).round() / 100.0,
-        ),
-    ];
+    s.figure("polling_latency_p50_ms_5rps", ms(p50).round(), "ms");
+    s.figure("polling_latency_p99_ms_5rps", ms(p99).round(), "ms");
+    s.figure(
+        "polling_calls_per_s_5rps",
+        (trickle_rate * 100.0).round() / 100.0,
+        "GetRecords/s per shard",
+    );
+    s.figure(
+        "polling_calls_per_s_idle",
+        (idle_rate * 100.0).round() / 100.0,
+        "GetRecords/s per shard",
+    );
     s.headline = format!(
         "5 records/s: p50 {:.0} ms, p99 {:.0} ms at {trickle_rate:.2} GetRecords/s; idle {idle_rate:.2} calls/s",
         ms(p50),
@@ -358,16 +358,16 @@ pub(crate) async fn prefetch_budget(exe: &Path) -> anyhow::Result<Section> {
         format!("{baseline:.1} MiB"),
     );
     s.row("peak RSS (VmHWM)", format!("{rss:.1} MiB"));
-    s.figures = vec![
-        (
-            "budget_1000_shards_peak_buffered_mib",
-            (mib(peak) * 10.0).round() / 10.0,
-        ),
-        (
-            "budget_1000_shards_peak_rss_mib",
-            (rss * 10.0).round() / 10.0,
-        ),
-    ];
+    s.figure(
+        "budget_1000_shards_peak_buffered_mib",
+        (mib(peak) * 10.0).round() / 10.0,
+        "MiB",
+    );
+    s.figure(
+        "budget_1000_shards_peak_rss_mib",
+        (rss * 10.0).round() / 10.0,
+        "MiB",
+    );
     s.headline = format!(
         "1000 shards, {:.0} MiB of records: at most {:.1} MiB held (budget {BUDGET_MIB} MiB), peak RSS {rss:.0} MiB of which {baseline:.0} MiB is the fake's data",
         mib(data),

@@ -75,12 +75,43 @@ pub(crate) struct ShardSlots {
 }
 
 impl ShardSlots {
-    fn slot(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+    /// The slot of `key`, held by the returned value until it drops.
+    fn slot(self: &Arc<Self>, key: &str) -> SlotRef {
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        // Slots nobody holds or waits for go, so the map stays as small as
-        // the set of shards in use.
-        slots.retain(|k, slot| k == key || Arc::strong_count(slot) > 1);
-        Arc::clone(slots.entry(key.to_owned()).or_default())
+        SlotRef {
+            slots: Arc::clone(self),
+            key: key.to_owned(),
+            slot: Some(Arc::clone(slots.entry(key.to_owned()).or_default())),
+        }
+    }
+}
+
+/// A consumer's reference to its shard's slot. When the last one goes, so
+/// does the slot: the map stays as small as the set of shards in use, at a
+/// constant cost per consumer (a sweep over every slot at each start made
+/// a cold start of many shards quadratic).
+struct SlotRef {
+    slots: Arc<ShardSlots>,
+    key: String,
+    slot: Option<Arc<tokio::sync::Mutex<()>>>,
+}
+
+impl SlotRef {
+    fn mutex(&self) -> Arc<tokio::sync::Mutex<()>> {
+        self.slot.clone().unwrap_or_default()
+    }
+}
+
+impl Drop for SlotRef {
+    fn drop(&mut self) {
+        let mut slots = self.slots.slots.lock().unwrap_or_else(|e| e.into_inner());
+        drop(self.slot.take());
+        if slots
+            .get(&self.key)
+            .is_some_and(|slot| Arc::strong_count(slot) == 1)
+        {
+            slots.remove(&self.key);
+        }
     }
 }
 
@@ -191,7 +222,7 @@ pub(crate) async fn run(
     // this worker starts after it (see ShardSlots).
     let slot = c.setup.slots.slot(&c.ctx.lease_key);
     let _slot = tokio::select! {
-        guard = slot.lock_owned() => Some(guard),
+        guard = slot.mutex().lock_owned() => Some(guard),
         _ = tokio::time::sleep(PREVIOUS_CONSUMER_GRACE) => {
             warn!(grace = ?PREVIOUS_CONSUMER_GRACE, "the previous consumer of this shard has not finished; starting anyway");
             None

@@ -4,7 +4,7 @@
 //! Store- and source-agnostic: the `kcl` crate wires it to DynamoDB and
 //! Kinesis; tests wire it to the in-memory store and source.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex, RwLock};
@@ -276,6 +276,11 @@ pub struct WorkerHandle {
     status: Arc<Mutex<WorkerStatus>>,
     /// The running coordinator's counters, read live by `status()`.
     leases: Arc<Mutex<Option<Arc<CoordinatorStats>>>>,
+    /// Consumers per lease key, kept by the worker as they start and end
+    /// and read by `status()`: a cost per change of O(log S), where
+    /// publishing a sorted list at every change made a cold start of S
+    /// shards quadratic.
+    consuming: Arc<Mutex<BTreeMap<String, usize>>>,
 }
 
 impl Default for WorkerHandle {
@@ -292,6 +297,7 @@ impl WorkerHandle {
             shutdown: CancellationToken::new(),
             status: Arc::default(),
             leases: Arc::default(),
+            consuming: Arc::default(),
         }
     }
 
@@ -322,6 +328,13 @@ impl WorkerHandle {
         {
             status.leases = live.snapshot();
         }
+        status.consuming = self
+            .consuming
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .cloned()
+            .collect();
         status
     }
 
@@ -542,7 +555,7 @@ impl Worker {
 
         let mut setups: HashMap<LeaseLayout, Arc<ConsumerSetup>> = HashMap::new();
         let mut consumers: JoinSet<(String, ConsumerExit)> = JoinSet::new();
-        let mut running = Running::default();
+        let mut running = Running::new(&self.handle);
         let shutdown = self.handle.shutdown.clone();
         loop {
             tokio::select! {
@@ -568,9 +581,9 @@ impl Worker {
                                 .instrument(span),
                         );
                         running.insert(task.id(), tenure, spec.layout, stop);
-                        self.publish(&coordinator, &running);
+                        self.publish(&coordinator);
                     }
-                    Some(_) => self.publish(&coordinator, &running),
+                    Some(_) => self.publish(&coordinator),
                     None => break,
                 },
                 Some(done) = consumers.join_next_with_id() => {
@@ -611,10 +624,12 @@ impl Worker {
         }
         let _ = sync_task.await;
         coordinator.shutdown(ShutdownMode::Release).await;
-        self.handle.update(|s| {
-            s.ready = false;
-            s.consuming.clear();
-        });
+        self.handle.update(|s| s.ready = false);
+        self.handle
+            .consuming
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         info!("worker stopped");
         Ok(())
     }
@@ -664,7 +679,7 @@ impl Worker {
                 }
             }
         }
-        self.publish(coordinator, running);
+        self.publish(coordinator);
     }
 
     fn consumer_setup(
@@ -690,13 +705,9 @@ impl Worker {
         })
     }
 
-    fn publish(&self, coordinator: &LeaseCoordinator, running: &Running) {
-        let consuming = running.keys();
+    fn publish(&self, coordinator: &LeaseCoordinator) {
         let leases = coordinator.stats();
-        self.handle.update(|s| {
-            s.consuming = consuming;
-            s.leases = leases;
-        });
+        self.handle.update(|s| s.leases = leases);
     }
 
     async fn sync(
@@ -893,9 +904,11 @@ async fn delete_removed_leases(
 }
 
 /// The running consumers: task id to lease key, stream, and stop token.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Running {
     by_task: HashMap<tokio::task::Id, RunningConsumer>,
+    /// The handle's consumer counts per lease key.
+    keys: Arc<Mutex<BTreeMap<String, usize>>>,
 }
 
 #[derive(Debug)]
@@ -908,6 +921,12 @@ struct RunningConsumer {
 }
 
 impl Running {
+    fn new(handle: &WorkerHandle) -> Self {
+        Running {
+            by_task: HashMap::new(),
+            keys: Arc::clone(&handle.consuming),
+        }
+    }
     fn insert(
         &mut self,
         id: tokio::task::Id,
@@ -915,6 +934,12 @@ impl Running {
         layout: LeaseLayout,
         stop: CancellationToken,
     ) {
+        *self
+            .keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(lease.key().to_owned())
+            .or_default() += 1;
         self.by_task.insert(
             id,
             RunningConsumer {
@@ -926,7 +951,15 @@ impl Running {
         );
     }
     fn remove(&mut self, id: tokio::task::Id) -> Option<RunningConsumer> {
-        self.by_task.remove(&id)
+        let removed = self.by_task.remove(&id)?;
+        let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = keys.get_mut(removed.lease.key()) {
+            *n -= 1;
+            if *n == 0 {
+                keys.remove(removed.lease.key());
+            }
+        }
+        Some(removed)
     }
     fn stop_all(&self) {
         for c in self.by_task.values() {
@@ -942,15 +975,6 @@ impl Running {
             n += 1;
         }
         n
-    }
-    fn keys(&self) -> Vec<String> {
-        let mut keys: Vec<String> = self
-            .by_task
-            .values()
-            .map(|c| c.lease.key().to_owned())
-            .collect();
-        keys.sort();
-        keys
     }
 }
 

@@ -61,6 +61,13 @@ pub struct BalanceInput<'a> {
     pub max_leases_per_worker: usize,
     /// Upper bound on leases stolen in one decision (0 disables stealing).
     pub max_leases_to_steal: usize,
+    /// Live workers known from their liveness records (this one included or
+    /// not), counted even while they hold nothing: a fleet starting together
+    /// divides the leases at once instead of the first tick taking all.
+    pub peers: Vec<&'a str>,
+    /// How long an unowned lease must stay untaken before any worker takes
+    /// it beyond its target (the lease duration).
+    pub stale_after: Duration,
 }
 
 /// What the lease taker should do this tick.
@@ -87,6 +94,9 @@ pub fn decide(input: &BalanceInput<'_>) -> Decision {
     let me = input.me;
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
     counts.insert(me, 0);
+    for peer in &input.peers {
+        counts.entry(peer).or_insert(0);
+    }
     let mut reclaim = Vec::new();
     for lease in &input.leases {
         match lease.owner {
@@ -117,7 +127,22 @@ pub fn decide(input: &BalanceInput<'_>) -> Decision {
         live_workers,
         ..Decision::default()
     };
+    // Leases nobody took for a lease duration are taken whatever the
+    // target says: a peer counted above may not compete for them (another
+    // stream set), and a lease must never stay unread.
+    let stale: Vec<String> = input
+        .leases
+        .iter()
+        .filter(|l| l.owner.is_none() && !l.in_handoff && l.unrenewed_for >= input.stale_after)
+        .map(|l| l.key.to_owned())
+        .collect();
     if mine >= target {
+        if !stale.is_empty() && mine < input.max_leases_per_worker {
+            decision.take = stale
+                .into_iter()
+                .take(input.max_leases_per_worker - mine)
+                .collect();
+        }
         return decision;
     }
     let owed = target - mine;
@@ -134,12 +159,21 @@ pub fn decide(input: &BalanceInput<'_>) -> Decision {
         .collect();
     if !available.is_empty() {
         // Unowned leases first (nobody will renew them), then the longest
-        // unrenewed; ties broken by a per-worker hash so that workers starting
-        // together try different leases first.
+        // unrenewed. Workers that know each other (liveness records) start
+        // from a slice of their own (the leases whose hash falls on their
+        // rank), so a fleet starting together splits without collisions;
+        // ties otherwise broken by a per-worker hash so that workers
+        // starting together try different leases first.
+        let ranked: Vec<&str> = counts.keys().copied().collect();
+        let (rank, n) = match ranked.iter().position(|w| *w == me) {
+            Some(r) if !input.peers.is_empty() => (r as u64, ranked.len() as u64),
+            _ => (0, 1),
+        };
         available.sort_by_key(|l| {
             (
                 l.owner.is_some(),
                 std::cmp::Reverse(l.unrenewed_for),
+                (spread("", l.key) % n + n - rank) % n,
                 spread(me, l.key),
             )
         });

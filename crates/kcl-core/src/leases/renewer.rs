@@ -46,6 +46,7 @@ async fn beat_loop(shared: &Shared) {
     let mut next_round = Instant::now();
     loop {
         tokio::time::sleep_until(next_round).await;
+        *shared.beat_round.lock().unwrap_or_else(|e| e.into_inner()) = Some(next_round);
         next_round += shared.config.renew_interval;
         beat_once(shared, next_round).await;
         let _ = shared.first_beat.send(true);

@@ -160,6 +160,8 @@ pub(crate) struct Shared {
     pub(crate) sync_leader: std::sync::atomic::AtomicBool,
     /// When the last beat that landed was sent (liveness mode).
     pub(crate) last_beat: Mutex<Option<Instant>>,
+    /// When the current beat round was due (the taker ticks between rounds).
+    pub(crate) beat_round: Mutex<Option<Instant>>,
 }
 
 /// The fields of this instance's liveness record that it sets itself.
@@ -209,6 +211,7 @@ impl Shared {
             first_beat: tokio::sync::watch::Sender::new(false),
             sync_leader: std::sync::atomic::AtomicBool::new(true),
             last_beat: Mutex::new(None),
+            beat_round: Mutex::new(None),
         }
     }
 

@@ -54,6 +54,11 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
             .taker_interval
             .mul_f64(1.0 + shared.config.jitter * rng.random_range(-1.0..=1.0));
         let mut wake = Instant::now() + interval;
+        if shared.liveness_mode()
+            && let Some(round) = *shared.beat_round.lock().unwrap_or_else(|e| e.into_inner())
+        {
+            wake = between_beats(wake, round, shared.config.renew_interval);
+        }
         if let Some(at) = next_wake {
             wake = wake.min(at);
         }
@@ -63,6 +68,24 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
             _ = shared.tick_now.notified() => {}
         }
     }
+}
+
+/// The midpoint between two of this instance's beats nearest to `wake`
+/// (beats are due at `round` plus whole renew intervals). A peer's request
+/// to look at the table (a departing worker's wake-up) is seen at this
+/// instance's next beat or next liveness read, whichever comes first:
+/// ticks half-way between beats halve the longest wait for either, at no
+/// extra request.
+fn between_beats(wake: Instant, round: Instant, interval: Duration) -> Instant {
+    let first = round + interval / 2;
+    if interval.is_zero() {
+        return wake;
+    }
+    if wake <= first {
+        return first;
+    }
+    let k = ((wake - first).as_secs_f64() / interval.as_secs_f64()).round();
+    first + interval.mul_f64(k)
 }
 
 /// What the taker remembers between ticks.
@@ -94,6 +117,17 @@ impl Taker {
             }
         };
         let d = shared.config.lease_duration;
+        // A peer that woke us (through our own record) is seen here as
+        // well as at our next beat.
+        if let Some(own) = beats.iter().find(|b| b.instance == shared.instance()) {
+            let mut state = shared.beat_state();
+            if state.wake_seen.is_some_and(|w| w != own.wake) {
+                shared.rescan.store(true, Ordering::Relaxed);
+            }
+            if state.wake_seen.is_some() {
+                state.wake_seen = Some(own.wake);
+            }
+        }
         let digest = {
             let mut liveness = shared.liveness();
             liveness.observe(beats, Instant::now());
@@ -165,11 +199,20 @@ impl Taker {
                 })
                 .collect()
         };
+        let peers: Vec<String> = shared
+            .liveness()
+            .alive(config.lease_duration, now)
+            .into_iter()
+            .filter(|b| !b.stopping)
+            .map(|b| b.worker.clone())
+            .collect();
         let decision = decide(&BalanceInput {
             me,
             leases: views,
             max_leases_per_worker: config.max_leases_per_worker,
             max_leases_to_steal: config.max_leases_to_steal,
+            peers: peers.iter().map(String::as_str).collect(),
+            stale_after: config.lease_duration,
         });
         self.unsettled =
             !decision.take.is_empty() || !decision.steal.is_empty() || !decision.reclaim.is_empty();
@@ -492,6 +535,33 @@ async fn acquired(
         None => {
             info!(lease = %lease.key, from = ?seen.owner, how, "lease acquired");
             shared.acquired(lease, read_from).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn ticks_fall_half_way_between_beats() {
+        let round = Instant::now();
+        let i = Duration::from_secs(5);
+        let s = |x: f64| round + Duration::from_secs_f64(x);
+        // Nearest midpoint: 2.5, 7.5, 12.5, ...
+        assert_eq!(between_beats(s(10.1), round, i), s(12.5));
+        assert_eq!(between_beats(s(9.0), round, i), s(7.5));
+        assert_eq!(between_beats(s(11.0), round, i), s(12.5));
+        assert_eq!(between_beats(s(1.0), round, i), s(2.5));
+        // Never moves a tick by more than half an interval.
+        for x in [3.0, 7.9, 12.4, 40.1] {
+            let moved = between_beats(s(x), round, i);
+            let d = if moved > s(x) {
+                moved - s(x)
+            } else {
+                s(x) - moved
+            };
+            assert!(d <= Duration::from_millis(2500), "{x}: {d:?}");
         }
     }
 }

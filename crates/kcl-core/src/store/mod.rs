@@ -18,6 +18,8 @@ use crate::lease::{Checkpoint, Lease};
 #[cfg(any(test, feature = "test-util"))]
 pub mod conformance;
 #[cfg(any(test, feature = "test-util"))]
+pub mod cost;
+#[cfg(any(test, feature = "test-util"))]
 pub mod memory;
 pub mod metered;
 pub(crate) mod retry;

@@ -1,0 +1,212 @@
+//! A [`LeaseStore`](super::LeaseStore) decorator that bills every call as
+//! DynamoDB would, for simulations of fleets too large for DynamoDB Local:
+//! item sizes from the attribute names and values of the Java KCL layout,
+//! read units per 4 KB of a strongly consistent read (a scan page or a
+//! query is billed on the sum of its items), write units per 1 KB of the
+//! larger of the item before and after (a failed condition still bills
+//! its write).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use futures::stream::StreamExt;
+
+use super::{Beat, StoreError, StoreOp};
+use crate::lease::{Checkpoint, Lease};
+
+/// Requests and capacity units counted by a [`CostedStore`].
+#[derive(Debug, Default)]
+pub struct Bill {
+    requests: AtomicU64,
+    read_units: AtomicU64,
+    write_units: AtomicU64,
+}
+
+/// A copy of a [`Bill`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BillSnapshot {
+    /// Requests (a scan page is one).
+    pub requests: u64,
+    /// Read capacity units.
+    pub read_units: u64,
+    /// Write capacity units.
+    pub write_units: u64,
+}
+
+impl BillSnapshot {
+    /// The difference from an earlier snapshot.
+    pub fn since(&self, earlier: &BillSnapshot) -> BillSnapshot {
+        BillSnapshot {
+            requests: self.requests - earlier.requests,
+            read_units: self.read_units - earlier.read_units,
+            write_units: self.write_units - earlier.write_units,
+        }
+    }
+}
+
+impl Bill {
+    /// The counts so far.
+    pub fn snapshot(&self) -> BillSnapshot {
+        BillSnapshot {
+            requests: self.requests.load(Ordering::Relaxed),
+            read_units: self.read_units.load(Ordering::Relaxed),
+            write_units: self.write_units.load(Ordering::Relaxed),
+        }
+    }
+
+    fn read(&self, bytes: usize) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.read_units
+            .fetch_add(bytes.div_ceil(4096).max(1) as u64, Ordering::Relaxed);
+    }
+
+    fn write(&self, bytes: usize) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.write_units
+            .fetch_add(bytes.div_ceil(1024).max(1) as u64, Ordering::Relaxed);
+    }
+}
+
+/// The size DynamoDB counts for a number attribute's value.
+fn number_bytes(n: u64) -> usize {
+    n.to_string().len().div_ceil(2) + 1
+}
+
+fn checkpoint_bytes(c: &Checkpoint) -> usize {
+    match c {
+        Checkpoint::Sequence { seq, .. } => seq.len(),
+        other => other.to_string().len(),
+    }
+}
+
+/// The size of a lease item in the Java KCL layout (names plus values).
+pub fn lease_bytes(l: &Lease) -> usize {
+    let text = |name: &str, v: Option<&str>| v.map_or(0, |v| name.len() + v.len());
+    let mut bytes = "leaseKey".len()
+        + l.key.len()
+        + "leaseCounter".len()
+        + number_bytes(l.counter)
+        + "checkpoint".len()
+        + checkpoint_bytes(&l.checkpoint)
+        + "checkpointSubSequenceNumber".len()
+        + 2
+        + "ownerSwitchesSinceCheckpoint".len()
+        + number_bytes(l.owner_switches_since_checkpoint);
+    bytes += text("leaseOwner", l.owner.as_deref());
+    bytes += text("kclTenure", l.tenure.as_deref());
+    bytes += text("checkpointOwner", l.checkpoint_owner.as_deref());
+    bytes += text(
+        "kclCheckpointOwnerTenure",
+        l.checkpoint_owner_tenure.as_deref(),
+    );
+    bytes += text("streamName", l.stream.as_deref());
+    if !l.parent_shard_ids.is_empty() {
+        bytes += "parentShardId".len() + l.parent_shard_ids.iter().map(String::len).sum::<usize>();
+    }
+    if !l.child_shard_ids.is_empty() {
+        bytes += "childShardIds".len() + l.child_shard_ids.iter().map(String::len).sum::<usize>();
+    }
+    if l.hash_key_range.is_some() {
+        bytes += "startingHashKey".len() + "endingHashKey".len() + 2 * 39;
+    }
+    if let Some(p) = &l.pending_checkpoint {
+        bytes += "pendingCheckpoint".len() + checkpoint_bytes(p);
+    }
+    bytes
+}
+
+/// The size of a liveness record.
+pub fn beat_bytes(b: &Beat) -> usize {
+    "instance".len()
+        + b.instance.len()
+        + "workerId".len()
+        + b.worker.len()
+        + "beat".len()
+        + number_bytes(b.counter)
+        + "held".len()
+        + number_bytes(b.held)
+        + "changes".len()
+        + number_bytes(b.changes)
+        + "wake".len()
+        + number_bytes(b.wake)
+        + "stopping".len()
+        + 1
+        + b.asked.iter().map(String::len).sum::<usize>()
+}
+
+/// What a call's answer tells about its billed size.
+pub trait Billed {
+    /// The bytes to bill, as far as the answer shows them.
+    fn bytes(&self) -> usize;
+}
+
+impl Billed for Lease {
+    fn bytes(&self) -> usize {
+        lease_bytes(self)
+    }
+}
+impl Billed for Option<Lease> {
+    fn bytes(&self) -> usize {
+        self.as_ref().map_or(0, lease_bytes)
+    }
+}
+impl Billed for () {
+    fn bytes(&self) -> usize {
+        0
+    }
+}
+impl Billed for Beat {
+    fn bytes(&self) -> usize {
+        beat_bytes(self)
+    }
+}
+impl Billed for Vec<Beat> {
+    fn bytes(&self) -> usize {
+        self.iter().map(beat_bytes).sum()
+    }
+}
+
+/// Bills every call of the wrapped store into a shared [`Bill`].
+#[derive(Debug, Clone)]
+pub struct CostedStore<S> {
+    inner: S,
+    bill: Arc<Bill>,
+}
+
+impl<S> CostedStore<S> {
+    /// Wraps `inner`, billing into `bill`.
+    pub fn new(inner: S, bill: Arc<Bill>) -> Self {
+        CostedStore { inner, bill }
+    }
+
+    async fn billed<T: Billed>(
+        &self,
+        op: StoreOp,
+        fut: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let result = fut.await;
+        let bytes = match &result {
+            Ok(v) => v.bytes(),
+            Err(e) => e.current().map_or(0, lease_bytes),
+        };
+        match op {
+            StoreOp::Get | StoreOp::ReadBeats | StoreOp::ScanPage => self.bill.read(bytes),
+            _ => self.bill.write(bytes),
+        }
+        result
+    }
+}
+
+super::decorate! {
+    CostedStore, around: billed,
+    scan: |this| {
+        this.inner
+            .scan()
+            .map(move |page| {
+                let bytes = page.as_ref().map_or(0, |p| p.iter().map(lease_bytes).sum());
+                this.bill.read(bytes);
+                page
+            })
+            .boxed()
+    }
+}
