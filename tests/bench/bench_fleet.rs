@@ -590,6 +590,14 @@ pub(crate) async fn cold_start(exe: &Path) -> anyhow::Result<Section> {
         "leases moved between workers (seen in the table)",
         moved.to_string(),
     );
+    let as_secs = |ns: Option<u128>| ns.unwrap_or_default() as f64 / 1e9;
+    s.figure("cold_start_64x4_all_leased_s", as_secs(all_leased), "s");
+    s.figure(
+        "cold_start_64x4_all_delivering_s",
+        as_secs(all_delivered),
+        "s",
+    );
+    s.figure("cold_start_64x4_balanced_s", as_secs(balanced_at), "s");
     s.headline = format!(
         "64 shards leased in {}, all delivering in {}, balanced {:?} in {} (taker tick 2 s)",
         secs(all_leased.unwrap_or_default()),
@@ -674,6 +682,11 @@ pub(crate) async fn scale_out(exe: &Path) -> anyhow::Result<Section> {
         LOAD_EVERY.as_millis()
     );
     s.row("balanced after", secs(balanced_after));
+    s.figure(
+        "scale_out_1_to_4_balanced_s",
+        balanced_after as f64 / 1e9,
+        "s",
+    );
     s.row(
         "handoffs (completed / forced at the deadline)",
         format!(
@@ -848,6 +861,18 @@ pub(crate) async fn lose_a_worker(exe: &Path, loss: Loss) -> anyhow::Result<Sect
     if let Some(e) = exit_after {
         s.row("the stopped process exited after", secs(e));
     }
+    let (first_name, last_name) = match loss {
+        Loss::Kill => (
+            "failover_4x16_fast_first_shard_s",
+            "failover_4x16_fast_last_shard_s",
+        ),
+        Loss::Term => (
+            "graceful_stop_4x16_fast_first_shard_s",
+            "graceful_stop_4x16_fast_last_shard_s",
+        ),
+    };
+    s.figure(first_name, fastest as f64 / 1e9, "s");
+    s.figure(last_name, slowest as f64 / 1e9, "s");
     s.row(
         "its leases owned by survivors after",
         secs(taken_over.unwrap_or_default()),
@@ -992,6 +1017,12 @@ pub(crate) async fn peak_rss(exe: &Path) -> anyhow::Result<Section> {
     };
     s.row("leases held", held.to_string());
     s.row("peak RSS (VmHWM)", mib("VmHWM"));
+    let peak_kb: f64 = field("VmHWM")
+        .trim_end_matches(" kB")
+        .trim()
+        .parse()
+        .unwrap_or(0.0);
+    s.figure("rss_peak_mib_200_shards", peak_kb / 1024.0, "MiB");
     s.row("RSS at the end (VmRSS)", mib("VmRSS"));
     s.headline = format!(
         "{} peak RSS for one worker process holding {held} shards",
@@ -1064,6 +1095,35 @@ pub(crate) async fn latency(exe: &Path) -> anyhow::Result<Section> {
         return Ok(s);
     }
     s.extra = format!("```text\n{}\n```", stdout.trim_end());
+    // The table's p50 and p99 per mode, as figures.
+    for line in stdout.lines() {
+        let name = if line.starts_with("polling, defaults") {
+            (
+                "latency_p50_ms_polling_defaults",
+                "latency_p99_ms_polling_defaults",
+            )
+        } else if line.starts_with("polling, time_between_reads 200 ms") {
+            (
+                "latency_p50_ms_polling_200ms",
+                "latency_p99_ms_polling_200ms",
+            )
+        } else if line.starts_with("enhanced fan-out") {
+            ("latency_p50_ms_fanout", "latency_p99_ms_fanout")
+        } else {
+            continue;
+        };
+        // The mode column is 48 wide; the numbers follow.
+        let ms: Vec<f64> = line
+            .get(48..)
+            .unwrap_or_default()
+            .split(" ms")
+            .filter_map(|part| part.split_whitespace().last()?.parse().ok())
+            .collect();
+        if let [p50, _p90, p99, ..] = ms[..] {
+            s.figure(name.0, p50, "ms");
+            s.figure(name.1, p99, "ms");
+        }
+    }
     s.headline = "p50 / p99 per retrieval mode in the table (fan-out on kinesis-mock is bound by its one push a second)".into();
     s.settings = "As latency-bench sets them (see its header).".into();
     s.limits = "kinesis-mock pushes fan-out events about once a second per subscription, \

@@ -218,6 +218,17 @@ pub(crate) fn cpu_per_record() -> anyhow::Result<Section> {
             MEM_RECORDS / reads.max(1)
         ),
     );
+    s.figure("cpu_ns_per_record_worker", noop.round(), "ns/record");
+    s.figure(
+        "cpu_ns_per_record_kcl_share",
+        (noop - bare).round(),
+        "ns/record",
+    );
+    s.figure(
+        "cpu_ns_per_record_checkpoint_every_batch",
+        cp.round(),
+        "ns/record",
+    );
     s.headline = format!(
         "{noop:.0} ns/record through a whole worker, of which {:.0} ns kcl's own (the rest is the in-memory source)",
         noop - bare
@@ -310,6 +321,15 @@ pub(crate) fn deaggregation() -> Section {
         ),
     ] {
         let (rate, mb, ns) = deaggregate_rate(&d, &agg, agg_bytes, agg_users);
+        s.figure(
+            if s.figures.is_empty() {
+                "deaggregation_ns_per_user_record"
+            } else {
+                "deaggregation_ns_per_user_record_hash_checked"
+            },
+            ns.round(),
+            "ns/record",
+        );
         s.row(
             name,
             format!(
@@ -327,6 +347,7 @@ pub(crate) fn deaggregation() -> Section {
         .map(|(_, v)| format!("aggregated records: {v}"))
         .unwrap_or_default();
     let (rate, mb, ns) = deaggregate_rate(&Deaggregator::new(), &plain, 1000 * 1024, 1000);
+    s.figure("deaggregation_ns_per_plain_record", ns.round(), "ns/record");
     s.row(
         "plain records, 1000 x 1 KiB (pass-through)",
         format!(

@@ -56,6 +56,53 @@ fn assert_at_most_one_scan_per_tick(mode: LeaseRenewal, workers: &[SimWorker]) {
     }
 }
 
+/// Renewal writes per minute follow the workers with liveness records (one
+/// beat per worker every 5 s, no lease renewed) and the leases when every
+/// lease is renewed (one write per lease every 3.33 s).
+async fn renewal_writes_follow_workers_not_leases(mode: LeaseRenewal) {
+    const SHARDS: usize = 40;
+    let table = table_with(SHARDS).await;
+    let names = ids(4);
+    let workers: Vec<SimWorker> = names
+        .iter()
+        .enumerate()
+        .map(|(i, id)| SimWorker::start(&table, in_mode(mode, id, 50 + i as u64).build().unwrap()))
+        .collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut log = OverlapLog::default();
+    while !balanced(&table, &refs) {
+        run_for(
+            &workers,
+            &mut log,
+            Duration::from_secs(1),
+            Duration::from_millis(100),
+        )
+        .await;
+    }
+    sleep(TICK * 2).await;
+    let before: Vec<_> = workers.iter().map(|w| w.stats.snapshot()).collect();
+    sleep(Duration::from_secs(60)).await;
+    let (mut beats, mut renewals) = (0, 0);
+    for (w, b) in workers.iter().zip(&before) {
+        let d = w.stats.snapshot().since(b);
+        beats += d.op(StoreOp::Beat).calls;
+        renewals += d.op(StoreOp::Renew).calls;
+    }
+    println!(
+        "{mode:?}: {beats} beats and {renewals} renewals a minute for 4 workers x {SHARDS} leases"
+    );
+    match mode {
+        LeaseRenewal::PerLease => {
+            assert_eq!(beats, 0);
+            assert!((680..=730).contains(&renewals), "{renewals} renewals");
+        }
+        _ => {
+            assert_eq!(renewals, 0, "no lease item renewed");
+            assert!((44..=52).contains(&beats), "{beats} beats: 4 workers x 12");
+        }
+    }
+}
+
 /// Runs a simulation in both renewal modes, as two tests.
 macro_rules! in_both_modes {
     ($($name:ident),* $(,)?) => {
@@ -79,6 +126,7 @@ macro_rules! in_both_modes {
 }
 
 in_both_modes!(
+    renewal_writes_follow_workers_not_leases,
     cold_start_claims_everything_in_one_tick_then_balances,
     a_killed_workers_leases_are_taken_within_lease_duration_plus_one_tick,
     faults_never_make_two_workers_believe_in_one_lease,

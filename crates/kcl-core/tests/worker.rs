@@ -972,3 +972,26 @@ async fn a_consumer_stopped_by_a_rejected_checkpoint_resumes_in_a_new_tenure() {
     check_complete(&fleet.log, 4, 40);
     assert_eq!((leases.lost, leases.reclaimed), (1, 1), "{leases:?}");
 }
+
+/// Shard sync runs once per round for the whole fleet, on the worker the
+/// lease table names as leader, not once per worker: three workers syncing
+/// every 5 s list the stream about as often as one would.
+#[tokio::test(start_paused = true)]
+async fn shard_sync_runs_once_per_round_for_the_fleet() {
+    let mut fleet = Fleet::new(6);
+    for id in ["w-a", "w-b", "w-c"] {
+        fleet.start(id, Behaviour::default(), FailurePolicy::Retry);
+    }
+    sleep(TICK * 3).await;
+    let before = fleet.source.listings();
+    let window = Duration::from_secs(120);
+    sleep(window).await;
+    let syncs = fleet.source.listings() - before;
+    // One worker, a round every 5 s +/-25 %: 24 rounds, at most 32; every
+    // worker syncing would make about 72.
+    println!("{syncs} shard listings in {window:?} for 3 workers");
+    assert!((16..=33).contains(&syncs), "{syncs} listings in {window:?}");
+    for i in 0..3 {
+        fleet.stop(i).await;
+    }
+}

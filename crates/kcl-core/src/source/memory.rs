@@ -43,6 +43,7 @@ pub struct InMemoryShardSource {
     max_records: usize,
     wait_for_records: Duration,
     reads: Arc<AtomicU64>,
+    listings: Arc<AtomicU64>,
 }
 
 impl Default for InMemoryShardSource {
@@ -62,6 +63,7 @@ impl InMemoryShardSource {
             max_records: 1000,
             wait_for_records: Duration::from_millis(50),
             reads: Arc::default(),
+            listings: Arc::default(),
         }
     }
 
@@ -78,6 +80,12 @@ impl InMemoryShardSource {
     /// Reads made so far (every `next_batch` call).
     pub fn reads(&self) -> u64 {
         self.reads.load(Ordering::Relaxed)
+    }
+
+    /// Shard listings made so far (every `list_shards` call: one per shard
+    /// sync of a stream).
+    pub fn listings(&self) -> u64 {
+        self.listings.load(Ordering::Relaxed)
     }
 
     /// Creates `stream` with `shards` open shards splitting the hash-key
@@ -322,6 +330,7 @@ fn fnv128(key: &str) -> u128 {
 #[async_trait]
 impl ShardSource for InMemoryShardSource {
     async fn list_shards(&self, stream: &str) -> Result<Vec<ShardInfo>, SourceError> {
+        self.listings.fetch_add(1, Ordering::Relaxed);
         match self.lock().streams.get(stream) {
             Some(shards) => Ok(shards.iter().map(|s| s.info.clone()).collect()),
             None => Err(SourceError::StreamNotFound {
