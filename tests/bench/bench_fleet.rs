@@ -1138,7 +1138,7 @@ pub(crate) async fn latency(exe: &Path) -> anyhow::Result<Section> {
 // ---------------------------------------------------------------------------
 
 const PAIR_SHARDS: usize = 8;
-const PICKUP_RUNS: usize = 7;
+const PICKUP_RUNS: usize = 11;
 const COLD_RUNS: usize = 5;
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -750,7 +750,7 @@ impl Worker {
             let mut removed_at: HashMap<LeaseLayout, (String, Instant)> = HashMap::new();
             loop {
                 let jittered = interval.mul_f64(rand::rng().random_range(0.75..=1.25));
-                let asked = tokio::select! {
+                let mut asked = tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep(jittered) => false,
                     // A consumer needs a lease only the sync creates.
@@ -759,7 +759,10 @@ impl Worker {
                 if let Some(tracker) = &tracker {
                     match tracker.streams().await {
                         Ok(wanted) => {
-                            let removed = update_streams(&live, wanted);
+                            let (removed, added) = update_streams(&live, wanted);
+                            // A stream new to this worker needs its leases
+                            // now, whoever leads the fleet's rounds.
+                            asked |= added;
                             for spec in removed {
                                 removed_at.insert(
                                     spec.layout.clone(),
@@ -845,18 +848,22 @@ fn read(live: &LiveStreams) -> std::sync::RwLockReadGuard<'_, Vec<StreamSpec>> {
 }
 
 /// Replaces the live stream list; returns the streams that went away.
-fn update_streams(live: &LiveStreams, wanted: Vec<StreamSpec>) -> Vec<StreamSpec> {
+/// Replaces the live streams; returns the removed ones and whether any
+/// was added.
+fn update_streams(live: &LiveStreams, wanted: Vec<StreamSpec>) -> (Vec<StreamSpec>, bool) {
     let mut current = live.write().unwrap_or_else(|e| e.into_inner());
     let removed: Vec<StreamSpec> = current
         .iter()
         .filter(|s| !wanted.contains(s))
         .cloned()
         .collect();
-    for added in wanted.iter().filter(|s| !current.contains(s)) {
-        info!(stream = %added.name, "stream added");
+    let mut added = false;
+    for spec in wanted.iter().filter(|s| !current.contains(s)) {
+        info!(stream = %spec.name, "stream added");
+        added = true;
     }
     *current = wanted;
-    removed
+    (removed, added)
 }
 
 /// Deletes the released leases of streams removed at least `delay` ago

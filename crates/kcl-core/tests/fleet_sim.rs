@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use common::*;
 use kcl_core::LeaseRenewal;
-use kcl_core::store::StoreOp;
 use kcl_core::store::memory::RandomFaults;
+use kcl_core::store::{ErrorKind, StoreOp};
 use tokio::time::{Instant, sleep};
 
 fn ids(n: usize) -> Vec<String> {
@@ -547,4 +547,110 @@ async fn a_lost_take_is_reclaimed_by_its_own_process_not_by_another_under_the_sa
     assert_eq!(first.valid_keys().len(), 1);
     let s = second.coordinator().stats();
     assert_eq!((s.taken, s.reclaimed), (0, 0), "{s:?}");
+}
+
+/// A steal whose request never reaches the victim's liveness record (the
+/// thief's pokes fail, the victim cannot read the table either) is never
+/// forced: the victim renews the lease by its beats and knows nothing, so
+/// forcing would make two workers believe in it. Once the request lands,
+/// the handoff completes.
+#[tokio::test(start_paused = true)]
+async fn a_steal_the_victim_never_heard_of_is_never_forced() {
+    let table = table_with(4).await;
+    let mut log = OverlapLog::default();
+    let step = Duration::from_millis(50);
+    let mut workers = vec![SimWorker::start(&table, config("a", 1).build().unwrap())];
+    run_for(&workers, &mut log, TICK * 2, step).await;
+    assert_eq!(workers[0].valid_keys().len(), 4);
+    let cut_off = Instant::now() + LEASE * 4;
+    workers[0]
+        .store
+        .fail_until(Some(StoreOp::ScanPage), ErrorKind::Retryable, cut_off);
+    let thief = SimWorker::start(&table, config("b", 2).build().unwrap());
+    thief
+        .store
+        .fail_until(Some(StoreOp::Poke), ErrorKind::Retryable, cut_off);
+    workers.push(thief);
+    run_for(&workers, &mut log, LEASE * 4, step).await;
+    let b = workers[1].coordinator().stats();
+    assert!(b.stolen > 0, "{b:?}");
+    assert_eq!(
+        b.handoffs_forced, 0,
+        "forced while the victim never heard: {b:?}"
+    );
+    assert_eq!(log.max(), Duration::ZERO, "two workers believed one lease");
+    // The requests land: the victim hands over.
+    run_for(&workers, &mut log, LEASE * 2, step).await;
+    let b = workers[1].coordinator().stats();
+    assert!(balanced(&table, &["a", "b"]), "{:?}", table_counts(&table));
+    assert_eq!((b.handoffs_forced, log.max()), (0, Duration::ZERO), "{b:?}");
+}
+
+/// A victim that is told of a steal but cannot read the lease item stops
+/// renewing it by its beats, so the handoff forced at the deadline (the
+/// victim cannot complete it) never overlaps it.
+#[tokio::test(start_paused = true)]
+async fn a_victim_that_cannot_judge_an_asked_lease_stops_renewing_it() {
+    let table = table_with(4).await;
+    let mut log = OverlapLog::default();
+    let step = Duration::from_millis(50);
+    let mut workers = vec![SimWorker::start(&table, config("a", 1).build().unwrap())];
+    run_for(&workers, &mut log, TICK * 2, step).await;
+    let cut_off = Instant::now() + LEASE * 4;
+    for op in [StoreOp::ScanPage, StoreOp::Get] {
+        workers[0]
+            .store
+            .fail_until(Some(op), ErrorKind::Retryable, cut_off);
+    }
+    workers.push(SimWorker::start(&table, config("b", 2).build().unwrap()));
+    run_for(&workers, &mut log, LEASE * 4, step).await;
+    let (a, b) = (
+        workers[0].coordinator().stats(),
+        workers[1].coordinator().stats(),
+    );
+    println!("victim {a:?}\nthief {b:?}");
+    assert!(b.stolen > 0, "{b:?}");
+    assert!(a.fenced > 0, "the asked leases lapsed on the victim: {a:?}");
+    assert_eq!(log.max(), Duration::ZERO, "two workers believed one lease");
+}
+
+/// In a fleet halfway through a roll between the modes, a worker that
+/// renews per lease dies: its leases have no liveness record to show it,
+/// so the liveness worker's taker reads the table again when they could
+/// expire, and takes them within the lease duration plus a tick or two.
+#[tokio::test(start_paused = true)]
+async fn a_dead_per_lease_worker_in_a_mixed_fleet_loses_its_leases() {
+    let table = table_with(8).await;
+    let mut log = OverlapLog::default();
+    let step = Duration::from_millis(50);
+    let mut workers = vec![
+        SimWorker::start(&table, config("l", 1).build().unwrap()),
+        SimWorker::start(&table, per_lease("p", 2).build().unwrap()),
+    ];
+    while !balanced(&table, &["l", "p"]) {
+        run_for(&workers, &mut log, Duration::from_secs(1), step).await;
+    }
+    run_for(&workers, &mut log, TICK * 3, step).await;
+    let theirs = workers[1].coordinator().held_keys();
+    workers[1].kill().await;
+    let killed_at = Instant::now();
+    loop {
+        run_for(&workers, &mut log, Duration::from_millis(500), step).await;
+        let snapshot = table.snapshot();
+        if theirs.iter().all(|k| {
+            snapshot
+                .iter()
+                .any(|l| &l.key == k && l.owner.as_deref() == Some("l"))
+        }) {
+            break;
+        }
+        assert!(
+            killed_at.elapsed() <= LEASE + tick_max() * 2,
+            "the dead per-lease worker's leases still not taken after {:?}: {:?}; {:?}",
+            killed_at.elapsed(),
+            table_counts(&table),
+            workers[0].coordinator().stats()
+        );
+    }
+    assert_eq!(log.max(), Duration::ZERO);
 }

@@ -99,7 +99,12 @@ fn store_error(classified: ClassifiedError, instance: &str) -> StoreError {
 impl DynamoDbLeaseStore {
     pub(crate) async fn write_beat(&self, update: &BeatUpdate<'_>) -> Result<Beat, StoreError> {
         let table = self.workers_table();
-        let mut expression = "SET #w = :w, #h = :h, #c = :c, #s = :s ADD #b :one".to_owned();
+        // A record created anew starts at a random counter: a peer that
+        // remembers an earlier record of this instance (deleted while the
+        // instance was paused) must see the counter move.
+        let mut expression =
+            "SET #w = :w, #h = :h, #c = :c, #s = :s, #b = if_not_exists(#b, :start) + :one"
+                .to_owned();
         let mut names = HashMap::from([
             ("#i".to_owned(), attr::INSTANCE.to_owned()),
             ("#w".to_owned(), attr::WORKER.to_owned()),
@@ -117,6 +122,10 @@ impl DynamoDbLeaseStore {
             ),
             (":s".to_owned(), AttributeValue::Bool(update.stopping)),
             (":one".to_owned(), AttributeValue::N("1".into())),
+            (
+                ":start".to_owned(),
+                AttributeValue::N(u64::from(rand::random::<u32>()).to_string()),
+            ),
         ]);
         if !update.answered.is_empty() {
             expression.push_str(" DELETE #a :answered");

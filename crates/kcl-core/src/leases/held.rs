@@ -77,6 +77,22 @@ struct HeldInner {
     /// write that the store reconciles as applied may in fact be that first
     /// one, landed late: validity counts from here, never from the retry.
     first_write: Option<(u64, Instant)>,
+    /// While awaiting a handoff: whether the previous owner was told (its
+    /// liveness record holds our request, or it has none), and when we last
+    /// tried.
+    ask: AskState,
+}
+
+/// Where telling the previous owner of an awaited handoff stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum AskState {
+    /// Not tried yet (or not an awaited handoff).
+    #[default]
+    Untold,
+    /// Tried at this instant without an answer.
+    Tried(Instant),
+    /// Told (or nothing to tell): the handoff may be forced at its deadline.
+    Told,
 }
 
 /// The shared state behind a [`LeaseHandle`]: one tenure of one lease.
@@ -103,6 +119,7 @@ impl Held {
                 ended: None,
                 phase,
                 first_write: None,
+                ask: AskState::Untold,
             }),
             ended: CancellationToken::new(),
             handoff: CancellationToken::new(),
@@ -166,6 +183,40 @@ impl Held {
 
     pub(crate) fn activate(&self) {
         self.lock().phase = Phase::Active;
+    }
+
+    pub(crate) fn ask_state(&self) -> AskState {
+        self.lock().ask
+    }
+
+    pub(crate) fn ask_tried(&self, at: Instant) {
+        let mut inner = self.lock();
+        if inner.ask != AskState::Told {
+            inner.ask = AskState::Tried(at);
+        }
+    }
+
+    /// The previous owner was told at `at` (or has no liveness record to
+    /// tell): the handoff may be forced `timeout` after that, when a victim
+    /// that learns of it only from its record has stopped renewing it (its
+    /// beats renew nothing it was asked for).
+    pub(crate) fn ask_told(&self, at: Instant, timeout: std::time::Duration) {
+        let mut inner = self.lock();
+        inner.ask = AskState::Told;
+        if let Phase::Awaiting { force_at, .. } = &mut inner.phase {
+            *force_at = (*force_at).max(at + timeout);
+        }
+    }
+
+    /// Extends validity from a beat sent at `sent` (the lease item itself
+    /// unchanged); false if the tenure ended or lapsed first.
+    pub(crate) fn extend(&self, sent: Instant, config: &LeaseConfig) -> bool {
+        let mut inner = self.lock();
+        if inner.ended.is_some() || Instant::now() >= inner.valid_until {
+            return false;
+        }
+        inner.valid_until = sent + config.lease_duration - config.fence_margin;
+        true
     }
 
     /// The lease as last written by this worker.

@@ -19,6 +19,18 @@ use crate::lease::Lease;
 use crate::leases::tenure::instance_of;
 use crate::store::Beat;
 
+/// The entry a thief leaves in its victim's record: the lease key and the
+/// thief's tenure, so that a victim answering one request never erases a
+/// later one for the same lease.
+pub(crate) fn ask_entry(key: &str, thief_tenure: &str) -> String {
+    format!("{key}\u{1f}{thief_tenure}")
+}
+
+/// The lease key of an entry of [`crate::store::Beat::asked`].
+pub(crate) fn asked_lease(entry: &str) -> &str {
+    entry.split('\u{1f}').next().unwrap_or(entry)
+}
+
 #[derive(Debug, Clone)]
 struct Seen {
     beat: Beat,
@@ -57,6 +69,11 @@ impl LivenessTracker {
         self.seen
             .get(instance)
             .is_some_and(|s| now.saturating_duration_since(s.since) < lease_duration)
+    }
+
+    /// True if `instance` had a record at the last read.
+    pub(crate) fn has_record(&self, instance: &str) -> bool {
+        self.seen.contains_key(instance)
     }
 
     /// How long `instance`'s counter has stood still, as seen here.

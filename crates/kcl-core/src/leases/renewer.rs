@@ -2,6 +2,7 @@
 //! parallel and each inside its own deadline, fences tenures it could not
 //! renew in time (invariant 4), and moves awaited handoffs forward.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,8 +13,10 @@ use tracing::{debug, info, warn};
 use crate::config::LeaseConfig;
 use crate::lease::Lease;
 use crate::leases::handoff::{Ours, Verdict, judge};
-use crate::leases::held::{EndReason, Held, Phase};
+use crate::leases::held::{AskState, EndReason, Held, Phase};
+use crate::leases::liveness::{ask_entry, asked_lease};
 use crate::leases::shared::{Shared, bump, each_unblocked};
+use crate::leases::tenure::instance_of;
 use crate::store::retry::{RetryPolicy, retry_until};
 use crate::store::{BeatUpdate, StoreError, StoreOp};
 
@@ -102,9 +105,6 @@ async fn beat_once(shared: &Shared, next_round: Instant) {
         }
     };
     shared.beat_landed(sent);
-    for (key, held) in &renewed {
-        shared.renewed(key, held, held.lease(), sent).await;
-    }
     {
         let mut state = shared.beat_state();
         state.answered.retain(|k| !answered.contains(k));
@@ -113,19 +113,54 @@ async fn beat_once(shared: &Shared, next_round: Instant) {
         }
         state.wake_seen = Some(beat.wake);
     }
-    // Peers that stole a lease from us asked in our record: judge each from
-    // the lease item, as a failed renewal would be judged.
-    for key in &beat.asked {
+    // Peers that stole a lease from us asked in our record. Each is judged
+    // from the lease item before this beat renews anything: a lease asked
+    // for is never renewed by a beat until it was judged (still ours, or
+    // handing off), so a thief that forces the handoff a timeout after its
+    // request landed never overlaps us, even when we could not read the item.
+    let mut unjudged: HashSet<&str> = HashSet::new();
+    for entry in &beat.asked {
+        let key = asked_lease(entry);
         if let Some(held) = shared.held(key) {
             match shared.store.get(key).await {
                 Ok(item) => observe_one(shared, key, &held, item.as_ref()).await,
                 Err(e) => {
-                    debug!(lease = %key, error = %e, "reading a lease a peer asked for failed; asking again next beat");
+                    debug!(lease = %key, error = %e, "reading a lease a peer asked for failed; not renewing it until it is read");
+                    unjudged.insert(key);
                     continue;
                 }
             }
         }
-        shared.beat_state().answered.push(key.clone());
+        shared.beat_state().answered.push(entry.clone());
+    }
+    for (key, held) in &renewed {
+        if held.phase() != Phase::HandingOff && !unjudged.contains(key.as_str()) {
+            shared.extended(key, held, sent).await;
+        }
+    }
+}
+
+/// Tells the previous owner of an awaited handoff, through its liveness
+/// record, that the lease is asked of it (it renews nothing per lease, so
+/// it would not learn from a failed renewal), and starts the handoff's
+/// deadline once it was told. A previous owner without a record (it renews
+/// per lease, or stopped) has nothing to be told. Retried from the handoff
+/// poller, at most once a second, until it answers.
+pub(crate) async fn tell_previous_owner(shared: &Shared, key: &str, held: &Arc<Held>) {
+    let timeout = shared.config.handoff_timeout;
+    let lease = held.lease();
+    let Some(victim) = lease.checkpoint_owner_tenure.as_deref() else {
+        held.ask_told(Instant::now(), timeout);
+        return;
+    };
+    held.ask_tried(Instant::now());
+    let entry = ask_entry(key, held.holder().tenure.unwrap_or_default());
+    match shared.store.poke(instance_of(victim), Some(&entry)).await {
+        Ok(()) => held.ask_told(Instant::now(), timeout),
+        Err(e) if e.is_condition_failed() => held.ask_told(Instant::now(), timeout),
+        Err(e) => {
+            debug!(lease = %key, error = %e, "telling the previous owner of a handoff failed; retrying")
+        }
     }
 }
 
@@ -169,6 +204,9 @@ pub(crate) async fn observe_one(
 /// cheap read of each lease it awaits, only while it awaits any.
 const HANDOFF_POLL: Duration = Duration::from_millis(250);
 
+/// How often a thief tries again to tell a previous owner it did not reach.
+const ASK_RETRY: Duration = Duration::from_secs(1);
+
 /// Renewals retry inside their round, at most twice, starting at a tenth
 /// of the renew interval: the next round is a retry too, and the store's
 /// SDK already retries inside each attempt. Retrying from a few tens of
@@ -197,6 +235,14 @@ async fn handoff_loop(shared: &Shared) {
             awaited,
             shared.config.renew_concurrency,
             |(key, held)| async move {
+                let retry = match held.ask_state() {
+                    AskState::Told => false,
+                    AskState::Untold => true,
+                    AskState::Tried(at) => at.elapsed() >= ASK_RETRY,
+                };
+                if retry {
+                    tell_previous_owner(shared, &key, &held).await;
+                }
                 progress_handoff(shared, &key, &held).await;
             },
         )

@@ -374,14 +374,24 @@ impl Shared {
     /// until [`Shared::activate`]. `valid_from` is no later than the moment
     /// the lease was last seen unchanged before our write (see
     /// [`Shared::acquired`]); `sent` is when our handoff write was sent.
-    pub(crate) fn awaiting(&self, lease: Lease, from: String, valid_from: Instant, sent: Instant) {
+    pub(crate) fn awaiting(
+        &self,
+        lease: Lease,
+        from: String,
+        valid_from: Instant,
+        sent: Instant,
+    ) -> Arc<Held> {
         let key = lease.key.clone();
         let valid_until =
             self.valid_from(valid_from) + self.config.lease_duration - self.config.fence_margin;
         // Forcing no earlier than a lease duration after our write means the
         // previous owner's own validity (from a renewal that landed before
         // our write) has run out by then: no two workers process at once.
-        let force_at = sent + self.config.handoff_timeout;
+        // A previous owner with a liveness record renews by beats, which
+        // renew nothing it was asked for: the deadline then counts from
+        // when our request reached its record (`Held::ask_told`), and until
+        // then the handoff is not forced at all.
+        let force_at = sent + self.config.handoff_timeout + FOREVER;
         let held = Arc::new(Held::new(
             lease,
             valid_until,
@@ -389,6 +399,7 @@ impl Shared {
         ));
         // Held in the table (and renewed) while awaiting: counted as held.
         self.insert(key, &held);
+        held
     }
 
     /// The previous owner completed the handoff (or it was forced): start
@@ -406,6 +417,17 @@ impl Shared {
                 Arc::clone(held),
             )))
             .await;
+    }
+
+    /// Extends `held` from a beat sent at `sent`; a tenure whose validity
+    /// lapsed before the beat answered ends as fenced instead.
+    pub(crate) async fn extended(&self, key: &str, held: &Arc<Held>, sent: Instant) {
+        if held.extend(self.valid_from(sent), &self.config) {
+            bump(&self.stats.renewals);
+        } else if !held.is_ended() {
+            warn!(lease = %key, "a beat answered after the lease's validity ran out; fencing this tenure");
+            self.ended(key, held, EndReason::Fenced).await;
+        }
     }
 
     /// Records a successful write of `held` sent at `sent`; a tenure whose
@@ -529,6 +551,9 @@ impl Shared {
         }
     }
 }
+
+/// A deadline that never comes, until a handoff's previous owner was told.
+const FOREVER: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// How long a call may run before it gives its place among the calls in
 /// flight back (see [`each_unblocked`]); lease-table calls normally answer

@@ -24,7 +24,7 @@ use crate::lease::Lease;
 use crate::leases::balance::{BalanceInput, Decision, LeaseView, decide};
 use crate::leases::expiry::ExpiryTracker;
 use crate::leases::liveness::FleetDigest;
-use crate::leases::renewer::observe_one;
+use crate::leases::renewer::{observe_one, tell_previous_owner};
 use crate::leases::shared::{Shared, bump, each_unblocked};
 use crate::leases::tenure::instance_of;
 use crate::store::{Holder, StoreError};
@@ -41,6 +41,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
         tracker: ExpiryTracker::new(),
         last_digest: None,
         unsettled: true,
+        rescan_at: None,
     };
     // Peers must be able to see this instance alive before a lease names
     // it: the first tick waits for the first beat (bounded: a store that
@@ -70,6 +71,13 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     }
 }
 
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// The midpoint between two of this instance's beats nearest to `wake`
 /// (beats are due at `round` plus whole renew intervals). A peer's request
 /// to look at the table (a departing worker's wake-up) is seen at this
@@ -96,6 +104,10 @@ struct Taker {
     /// The last scan's decision moved leases (or this is the first tick):
     /// look again at the next tick.
     unsettled: bool,
+    /// When the table must be read again whatever the liveness records say:
+    /// a lease judged by its own counter (its holder renews per lease) could
+    /// expire, or a free lease could turn stale, and neither shows in them.
+    rescan_at: Option<Instant>,
 }
 
 impl Taker {
@@ -117,6 +129,24 @@ impl Taker {
             }
         };
         let d = shared.config.lease_duration;
+        // Our own record missing after a beat landed: the read did not see
+        // the liveness table we beat into (deleted, or another name), and
+        // judging leases from it would take every live holder's.
+        let landed = shared
+            .last_beat
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
+        if shared.liveness_mode()
+            && landed
+            && !beats.iter().any(|b| b.instance == shared.instance())
+        {
+            bump(&shared.stats.scan_failures);
+            warn!(
+                "the liveness records read do not include this worker's own; is the workers table there? retrying next tick"
+            );
+            return None;
+        }
         // A peer that woke us (through our own record) is seen here as
         // well as at our next beat.
         if let Some(own) = beats.iter().find(|b| b.instance == shared.instance()) {
@@ -135,10 +165,11 @@ impl Taker {
         };
         if shared.liveness_mode() {
             let rescan = shared.rescan.swap(false, Ordering::Relaxed);
-            if !rescan && !self.unsettled && self.last_digest.as_ref() == Some(&digest) {
+            let due = self.rescan_at.is_some_and(|at| Instant::now() >= at);
+            if !rescan && !due && !self.unsettled && self.last_digest.as_ref() == Some(&digest) {
                 bump(&shared.stats.quiet_ticks);
                 self.elect(shared, None);
-                return self.liveness_wake(shared, Instant::now());
+                return earliest(self.liveness_wake(shared, Instant::now()), self.rescan_at);
             }
         }
         // Validity of what this tick takes counts from when the scan asked
@@ -217,6 +248,27 @@ impl Taker {
         self.unsettled =
             !decision.take.is_empty() || !decision.steal.is_empty() || !decision.reclaim.is_empty();
         self.last_digest = Some(digest);
+        self.rescan_at = {
+            let liveness = shared.liveness();
+            active
+                .iter()
+                // Not ours in the table (one we are handing off counts:
+                // its new owner may renew per lease).
+                .filter(|l| !written_here(shared, l.tenure.as_deref()))
+                .filter(|l| match l.owner {
+                    // Its owner renews per lease (no record to show it
+                    // stop): look again when its counter could expire.
+                    Some(_) => !l
+                        .tenure
+                        .as_deref()
+                        .is_some_and(|t| liveness.has_record(instance_of(t))),
+                    None => !l.in_handoff(),
+                })
+                .filter_map(|l| self.tracker.expires_at(l, config.lease_duration))
+                .filter(|at| *at > now)
+                .min()
+                .map(|at| at + Duration::from_millis(1))
+        };
         if !decision.take.is_empty() || !decision.steal.is_empty() || !decision.reclaim.is_empty() {
             debug!(?decision, "lease taker decision");
         }
@@ -240,10 +292,7 @@ impl Taker {
             .min()
             .map(|at| at + Duration::from_millis(1));
         let by_beat = self.liveness_wake(shared, now);
-        match (by_lease, by_beat) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        earliest(earliest(by_lease, by_beat), self.rescan_at)
     }
 
     /// The moment the next instance holding leases would count as dead if
@@ -449,9 +498,6 @@ async fn take_one(shared: &Shared, kind: Kind, seen: &Lease, read_from: Instant)
         };
         match write {
             Ok(lease) => {
-                if kind == Kind::Steal {
-                    ask_victim(shared, &seen).await;
-                }
                 acquired(shared, kind, &seen, lease, read_from, sent).await;
                 return;
             }
@@ -475,29 +521,6 @@ async fn take_one(shared: &Shared, kind: Kind, seen: &Lease, read_from: Instant)
                 bump(&shared.stats.take_failures);
                 warn!(lease = %seen.key, error = %e, "taking a lease failed; retrying next tick");
                 return;
-            }
-        }
-    }
-}
-
-/// Tells the victim of a steal, through its liveness record, that a lease
-/// is asked of it: it never rewrites the lease item in the liveness mode,
-/// so it would otherwise notice only at the handoff deadline. One retry;
-/// past it the handoff is forced at its deadline, as for a victim that does
-/// not answer.
-async fn ask_victim(shared: &Shared, seen: &Lease) {
-    let Some(tenure) = seen.tenure.as_deref() else {
-        return;
-    };
-    let instance = instance_of(tenure);
-    for _ in 0..2 {
-        match shared.store.poke(instance, Some(&seen.key)).await {
-            Ok(()) => return,
-            // No record: a victim renewing per lease sees the handoff in
-            // its next renewal instead.
-            Err(e) if e.is_condition_failed() => return,
-            Err(e) => {
-                debug!(lease = %seen.key, error = %e, "asking the victim for a stolen lease failed")
             }
         }
     }
@@ -530,7 +553,9 @@ async fn acquired(
     match from {
         Some(from) => {
             info!(lease = %lease.key, from = %from, how, "handoff started");
-            shared.awaiting(lease, from, read_from, sent);
+            let key = lease.key.clone();
+            let held = shared.awaiting(lease, from, read_from, sent);
+            tell_previous_owner(shared, &key, &held).await;
         }
         None => {
             info!(lease = %lease.key, from = ?seen.owner, how, "lease acquired");

@@ -78,7 +78,7 @@ struct FaultPlan {
     any_op: VecDeque<Fault>,
     /// Every call (of one operation, or of all) fails with this kind until
     /// the instant: an outage, or a table that throttles.
-    failing: Option<(Option<StoreOp>, ErrorKind, Instant)>,
+    failing: Vec<(Option<StoreOp>, ErrorKind, Instant)>,
     random: Option<(RandomFaults, SmallRng)>,
     paused_until: Option<Instant>,
     /// Calls on these keys hang forever (a "blackhole").
@@ -142,8 +142,9 @@ impl InMemoryLeaseStore {
     /// Makes every call on this handle of `op` (of every operation for
     /// `None`) fail with an error of `kind` until `until`, as a table in an
     /// outage (`Retryable`) or throttling its callers (`Throttled`) would.
+    /// Several such windows (of different operations) may run at once.
     pub fn fail_until(&self, op: Option<StoreOp>, kind: ErrorKind, until: Instant) {
-        self.plan().failing = Some((op, kind, until));
+        self.plan().failing.push((op, kind, until));
     }
 
     /// Makes the next call of any operation on this handle suffer `fault`.
@@ -211,12 +212,14 @@ impl InMemoryLeaseStore {
         if key.is_some_and(|k| plan.blackhole.iter().any(|b| b == k)) {
             faults.push(Fault::Hang);
         }
-        if let Some((only, kind, until)) = plan.failing {
-            if Instant::now() >= until {
-                plan.failing = None;
-            } else if only.is_none_or(|o| o == op) {
-                faults.push(Fault::Error(kind));
-            }
+        let now = Instant::now();
+        plan.failing.retain(|(_, _, until)| now < *until);
+        if let Some((_, kind, _)) = plan
+            .failing
+            .iter()
+            .find(|(only, _, _)| only.is_none_or(|o| o == op))
+        {
+            faults.push(Fault::Error(*kind));
         }
         if let Some(key) = key
             && let Some(f) = plan
@@ -580,6 +583,9 @@ impl LeaseStore for InMemoryLeaseStore {
                 .or_insert_with(|| Beat {
                     instance: update.instance.to_owned(),
                     worker: update.worker.to_owned(),
+                    // A record created anew starts at a random counter, as
+                    // in DynamoDB: see `kcl_dynamodb::liveness`.
+                    counter: u64::from(rand::random::<u32>()),
                     ..Beat::default()
                 });
             if beat.worker != update.worker {
