@@ -419,3 +419,32 @@ async fn more_hung_renewals_than_slots_still_hold_back_no_other_lease() {
         assert!(h.is_valid(), "{key} held back by the hung leases");
     }
 }
+
+/// With liveness records, a release whose write failed leaves the lease
+/// naming this instance, alive for as long as it beats: the taker reads the
+/// table again and takes it back in a new tenure, instead of leaving a
+/// lease held and read by nobody.
+#[tokio::test(start_paused = true)]
+async fn a_release_that_failed_is_taken_back_rather_than_left_held_and_unread() {
+    let table = table_with(1).await;
+    let a = SimWorker::start(&table, config("a", 1).build().unwrap());
+    // Settled: its ticks read only the liveness records.
+    sleep(tick_max() * 3).await;
+    assert!(
+        a.coordinator().stats().quiet_ticks > 0,
+        "{:?}",
+        a.coordinator().stats()
+    );
+    let key = "shardId-000000000000";
+    let handle = a
+        .coordinator()
+        .handle(key)
+        .expect("taken on the first tick");
+    a.store
+        .inject(StoreOp::Release, Fault::Error(ErrorKind::Retryable));
+    assert!(a.coordinator().release(&handle).await.is_err());
+    assert!(a.coordinator().held_keys().is_empty());
+    sleep(tick_max() + Duration::from_secs(1)).await;
+    assert_eq!(a.coordinator().held_keys(), vec![key.to_owned()]);
+    assert_eq!(a.coordinator().stats().reclaimed, 1);
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::*;
 use kcl_core::LeaseRenewal;
-use kcl_core::store::memory::RandomFaults;
+use kcl_core::store::memory::{Fault, RandomFaults};
 use kcl_core::store::{ErrorKind, StoreOp};
 use tokio::time::{Instant, sleep};
 
@@ -649,6 +649,46 @@ async fn a_dead_per_lease_worker_in_a_mixed_fleet_loses_its_leases() {
             "the dead per-lease worker's leases still not taken after {:?}: {:?}; {:?}",
             killed_at.elapsed(),
             table_counts(&table),
+            workers[0].coordinator().stats()
+        );
+    }
+    assert_eq!(log.max(), Duration::ZERO);
+}
+
+/// A victim whose handoff completion failed (its tenure already over) and
+/// whose thief died while it waited: the victim finishes the orphaned
+/// handoff at its next read of the table and the lease, now owned by a dead
+/// worker, moves on. Nothing in the liveness records changes after the
+/// completion, so without looking again the lease stayed held and unread.
+#[tokio::test(start_paused = true)]
+async fn a_handoff_whose_thief_died_and_whose_completion_failed_still_moves_the_lease() {
+    let table = table_with(4).await;
+    let mut log = OverlapLog::default();
+    let step = Duration::from_millis(50);
+    let mut workers = vec![SimWorker::start(&table, config("a", 1).build().unwrap())];
+    run_for(&workers, &mut log, TICK * 2, step).await;
+    for _ in 0..2 {
+        workers[0]
+            .store
+            .inject(StoreOp::CompleteHandoff, Fault::Error(ErrorKind::Retryable));
+    }
+    workers.push(SimWorker::start(&table, config("b", 2).build().unwrap()));
+    // The victim hands over (its completion write fails); the thief dies
+    // before forcing.
+    while workers[0].coordinator().stats().handed_off == 0 {
+        run_for(&workers, &mut log, Duration::from_millis(100), step).await;
+    }
+    assert_eq!(workers[1].coordinator().stats().handoffs_forced, 0);
+    workers[1].kill().await;
+    let killed_at = Instant::now();
+    while workers[0].valid_keys().len() < 4 {
+        run_for(&workers, &mut log, Duration::from_millis(500), step).await;
+        assert!(
+            killed_at.elapsed() <= LEASE + tick_max() * 3,
+            "after {:?}: {:?} held, table {:?}, {:?}",
+            killed_at.elapsed(),
+            workers[0].valid_keys(),
+            table.snapshot(),
             workers[0].coordinator().stats()
         );
     }

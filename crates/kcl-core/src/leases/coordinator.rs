@@ -153,10 +153,17 @@ impl LeaseCoordinator {
         // End the handle first: the consumer must stop before the lease is
         // visible as free to peers.
         self.shared.ended(key, &held, EndReason::Released).await;
-        self.shared
-            .release_in_table(key, held.holder())
-            .await
-            .map(|()| true)
+        let released = self.shared.release_in_table(key, held.holder()).await;
+        if released.is_err() {
+            // The table may still name this tenure, and with liveness
+            // records this instance's beats keep it alive for as long as
+            // it runs: the taker reads the table again and reclaims it
+            // rather than leave a lease held and read by nobody.
+            self.shared
+                .rescan
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        released.map(|()| true)
     }
 
     /// Completes the handoff of a lease another worker asked for, once its

@@ -545,9 +545,20 @@ impl Shared {
         from: Holder<'_>,
     ) -> Result<(), StoreError> {
         match self.store.complete_handoff(key, from).await {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                // The new owner may have died while it waited: the lease is
+                // then free only to a reader of the table, and nothing else
+                // in the liveness records would say so.
+                self.table_changed();
+                Ok(())
+            }
             Err(e) if e.is_condition_failed() => Ok(()),
-            Err(e) => Err(e),
+            Err(e) => {
+                // Nobody retries the completion but the taker's next read
+                // of the table (the orphaned handoffs it finishes).
+                self.rescan.store(true, Ordering::Relaxed);
+                Err(e)
+            }
         }
     }
 }
