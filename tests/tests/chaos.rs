@@ -902,6 +902,7 @@ async fn chaos_run(renewal: &str) {
     );
     let _ = delete_stream(s.env.kinesis(), &s.stream).await;
     let _ = delete_table(s.env.dynamodb(), &s.app).await;
+    let _ = delete_table(s.env.dynamodb(), &format!("{}-workers", s.app)).await;
     let _ = std::fs::remove_dir_all(&out);
 }
 

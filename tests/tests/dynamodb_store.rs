@@ -285,3 +285,23 @@ async fn consumed_capacity_is_reported_per_operation() {
     }
     assert_eq!(snap.scans, 1);
 }
+
+/// A lease table without a table of liveness records (a fleet renewing per
+/// lease, or shared with the Java KCL): reading the records finds none, and
+/// asking an instance through its record fails as for a missing record, so
+/// a thief renewing per lease never waits on a request it cannot send.
+#[tokio::test]
+async fn without_a_workers_table_there_are_no_records_to_read_or_poke() {
+    let env = env().await;
+    let table = unique_name("kcl-no-workers");
+    ensure_table(env.dynamodb(), &table, Capacity::OnDemand)
+        .await
+        .expect("create table");
+    let store = DynamoDbLeaseStore::new(env.dynamodb().clone(), table);
+    assert!(store.beats().await.expect("read").is_empty());
+    let err = store
+        .poke("some-instance", Some("shard"))
+        .await
+        .unwrap_err();
+    assert!(err.is_condition_failed(), "{err}");
+}

@@ -247,6 +247,17 @@ impl DynamoDbLeaseStore {
                 self.record_capacity(StoreOp::Poke, out.consumed_capacity());
                 Ok(())
             }
+            // No table of records: nobody here renews by liveness record, so
+            // the instance has none (a fleet renewing per lease).
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|s| s.is_resource_not_found_exception()) =>
+            {
+                Err(StoreError::ConditionFailed {
+                    key: format!("liveness record {instance}"),
+                    current: None,
+                })
+            }
             Err(e) => Err(store_error(
                 classify(StoreOp::Poke, table, instance, e, |e| {
                     e.is_conditional_check_failed_exception().then_some(None)
