@@ -611,6 +611,10 @@ async fn a_victim_that_cannot_judge_an_asked_lease_stops_renewing_it() {
     println!("victim {a:?}\nthief {b:?}");
     assert!(b.stolen > 0, "{b:?}");
     assert!(a.fenced > 0, "the asked leases lapsed on the victim: {a:?}");
+    assert_eq!(
+        b.handoffs_forced, b.stolen,
+        "the victim cannot complete: every handoff forced at its deadline: {b:?}"
+    );
     assert_eq!(log.max(), Duration::ZERO, "two workers believed one lease");
 }
 

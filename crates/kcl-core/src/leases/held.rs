@@ -202,9 +202,14 @@ impl Held {
     /// beats renew nothing it was asked for).
     pub(crate) fn ask_told(&self, at: Instant, timeout: std::time::Duration) {
         let mut inner = self.lock();
+        if inner.ask == AskState::Told {
+            return;
+        }
         inner.ask = AskState::Told;
+        // `at` is after the handoff's write, so this is never earlier than
+        // the deadline that write alone would give.
         if let Phase::Awaiting { force_at, .. } = &mut inner.phase {
-            *force_at = (*force_at).max(at + timeout);
+            *force_at = at + timeout;
         }
     }
 
