@@ -100,18 +100,20 @@ impl LivenessTracker {
         lease_duration: Duration,
         now: Instant,
     ) -> Option<bool> {
-        let named: Vec<&str> = [
+        // Called for every lease of a scan: no allocation.
+        let named = [
             lease.tenure.as_deref(),
             lease.checkpoint_owner_tenure.as_deref(),
         ]
-        .into_iter()
-        .flatten()
-        .map(instance_of)
-        .collect();
-        if named.iter().any(|i| self.is_alive(i, lease_duration, now)) {
+        .map(|t| t.map(instance_of));
+        let mut instances = named.iter().flatten();
+        if instances
+            .clone()
+            .any(|i| self.is_alive(i, lease_duration, now))
+        {
             return Some(true);
         }
-        if named.is_empty() || named.iter().any(|i| !self.seen.contains_key(*i)) {
+        if named.iter().all(Option::is_none) || instances.any(|i| !self.has_record(i)) {
             return None;
         }
         Some(false)

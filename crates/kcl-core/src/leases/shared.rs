@@ -384,14 +384,13 @@ impl Shared {
         let key = lease.key.clone();
         let valid_until =
             self.valid_from(valid_from) + self.config.lease_duration - self.config.fence_margin;
-        // Forcing no earlier than a lease duration after our write means the
-        // previous owner's own validity (from a renewal that landed before
-        // our write) has run out by then: no two workers process at once.
-        // A previous owner with a liveness record renews by beats, which
-        // renew nothing it was asked for: the deadline then counts from
-        // when our request reached its record (`Held::ask_told`), and until
-        // then the handoff is not forced at all.
-        let force_at = sent + self.config.handoff_timeout + FOREVER;
+        // Not forced until the previous owner was told (`Held::ask_told`
+        // then sets the deadline a handoff timeout, at least a lease
+        // duration, later): a previous owner renewing per lease learns from
+        // its next renewal, one with a liveness record from its record, and
+        // either way its own validity has run out by the deadline, so no
+        // two workers process at once.
+        let force_at = sent + FOREVER;
         let held = Arc::new(Held::new(
             lease,
             valid_until,
