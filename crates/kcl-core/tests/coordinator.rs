@@ -448,3 +448,75 @@ async fn a_release_that_failed_is_taken_back_rather_than_left_held_and_unread() 
     assert_eq!(a.coordinator().held_keys(), vec![key.to_owned()]);
     assert_eq!(a.coordinator().stats().reclaimed, 1);
 }
+
+/// A holder's beat can land while an observer's lease scan is slow, after
+/// the observer read the liveness records and before it judges the leases
+/// they name. The holder counts its validity from that beat, so the
+/// observer must judge as of its read: judged at the end of the scan, the
+/// beat is missed and a live holder's lease is taken.
+#[tokio::test(start_paused = true)]
+async fn a_beat_that_lands_during_a_slow_scan_keeps_its_holder_alive() {
+    let s = Duration::from_secs;
+    // One lease held by a hand-driven instance, and a finished one that
+    // makes the scan two pages long.
+    let table = InMemoryLeaseStore::new().with_page_size(1);
+    let victim = "00000000000000aa";
+    let held = "shardId-000000000000";
+    let mut lease = kcl_core::Lease::new(held, kcl_core::Checkpoint::TrimHorizon);
+    lease.owner = Some("a".into());
+    lease.tenure = Some(format!("{victim}.1"));
+    table.put_raw(lease);
+    table.put_raw(kcl_core::Lease::new(
+        "shardId-000000000001",
+        kcl_core::Checkpoint::ShardEnd,
+    ));
+    let beat_as_a = || async {
+        table
+            .beat(&kcl_core::store::BeatUpdate {
+                instance: victim,
+                worker: "a",
+                held: 1,
+                changes: 0,
+                answered: &[],
+                stopping: false,
+            })
+            .await
+            .unwrap();
+    };
+    beat_as_a().await;
+
+    let b = SimWorker::start(&table, config("b", 1).store_timeout(s(4)).build().unwrap());
+    sleep(s(1)).await;
+    assert!(b.coordinator().held_keys().is_empty());
+    let b_instance = table
+        .beats_snapshot()
+        .into_iter()
+        .find(|r| r.worker == "b")
+        .expect("b beats")
+        .instance;
+    // b's next tick reads the records at its next beat (about 5 s, when
+    // it sees this wake-up), then scans its three pages for ~7 s, past a
+    // lease duration since it first saw a's counter.
+    for _ in 0..2 {
+        b.store
+            .inject(StoreOp::ScanPage, Fault::Delay(Duration::from_millis(3500)));
+    }
+    table.poke(&b_instance, None).await.unwrap();
+    sleep(s(5)).await;
+    // a beats during the scan, 6 s after its last beat: it counts itself
+    // valid until ~15 s.
+    beat_as_a().await;
+    let scans_before = b.stats.snapshot().op(StoreOp::ScanPage).calls;
+    sleep(s(8)).await;
+    assert!(
+        b.stats.snapshot().op(StoreOp::ScanPage).calls > scans_before,
+        "the slow scan ran"
+    );
+    assert_eq!(
+        table.get(held).await.unwrap().unwrap().owner.as_deref(),
+        Some("a"),
+        "a live holder's lease was taken: {:?}",
+        b.coordinator().stats()
+    );
+    assert_eq!(b.coordinator().stats().taken, 0);
+}

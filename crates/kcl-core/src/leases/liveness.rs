@@ -38,9 +38,19 @@ struct Seen {
 }
 
 /// Remembers, per instance, its last record and when its counter last moved.
+///
+/// Every judgment is made as of the last read, never later: an instance
+/// counts as dead only if a read asked for at least a lease duration after
+/// its counter was first seen still showed that counter. A judgment made
+/// later (after the lease scan that follows the read, which can take
+/// seconds under throttling) would miss a beat that landed in between, and
+/// the instance that sent it keeps its leases for a lease duration from
+/// that beat.
 #[derive(Debug, Default)]
 pub(crate) struct LivenessTracker {
     seen: HashMap<String, Seen>,
+    /// When the last read was asked for.
+    read_at: Option<Instant>,
 }
 
 /// What changed between two reads of the liveness records that a taker
@@ -50,25 +60,40 @@ pub(crate) struct LivenessTracker {
 pub(crate) struct FleetDigest(Vec<(String, bool, u64, u64, bool)>);
 
 impl LivenessTracker {
-    /// Records one read of every liveness record, made at `now`. Records
-    /// gone from the table are forgotten (a stopped instance).
-    pub(crate) fn observe(&mut self, beats: Vec<Beat>, now: Instant) {
+    /// Records one read of every liveness record, asked for at `asked` and
+    /// answered at `answered`. A counter seen for the first time counts
+    /// from the answer (it landed no later), the read as a whole from the
+    /// ask (what it shows held no earlier). Records gone from the table are
+    /// forgotten (a stopped instance).
+    pub(crate) fn observe(&mut self, beats: Vec<Beat>, asked: Instant, answered: Instant) {
         let mut next = HashMap::with_capacity(beats.len());
         for beat in beats {
             let since = match self.seen.remove(&beat.instance) {
                 Some(s) if s.beat.counter == beat.counter => s.since,
-                _ => now,
+                _ => answered,
             };
             next.insert(beat.instance.clone(), Seen { beat, since });
         }
         self.seen = next;
+        self.read_at = Some(asked);
     }
 
-    /// True if `instance` beat within `lease_duration` of `now`, as seen here.
+    /// The moment a judgment at `now` is made as of: the last read.
+    fn as_of(&self, now: Instant) -> Instant {
+        self.read_at.map_or(now, |r| r.min(now))
+    }
+
+    /// How long the counter of `seen` had stood still at the last read.
+    fn still_for(&self, seen: &Seen, now: Instant) -> Duration {
+        self.as_of(now).saturating_duration_since(seen.since)
+    }
+
+    /// True if `instance` beat within `lease_duration` of the last read
+    /// (made no later than `now`), as seen here.
     pub(crate) fn is_alive(&self, instance: &str, lease_duration: Duration, now: Instant) -> bool {
         self.seen
             .get(instance)
-            .is_some_and(|s| now.saturating_duration_since(s.since) < lease_duration)
+            .is_some_and(|s| self.still_for(s, now) < lease_duration)
     }
 
     /// True if `instance` had a record at the last read.
@@ -76,11 +101,9 @@ impl LivenessTracker {
         self.seen.contains_key(instance)
     }
 
-    /// How long `instance`'s counter has stood still, as seen here.
+    /// How long `instance`'s counter had stood still at the last read.
     pub(crate) fn unchanged_for(&self, instance: &str, now: Instant) -> Option<Duration> {
-        self.seen
-            .get(instance)
-            .map(|s| now.saturating_duration_since(s.since))
+        self.seen.get(instance).map(|s| self.still_for(s, now))
     }
 
     /// When `instance` counts as dead if it beats no more.
@@ -128,7 +151,7 @@ impl LivenessTracker {
     pub(crate) fn alive(&self, lease_duration: Duration, now: Instant) -> Vec<&Beat> {
         self.seen
             .values()
-            .filter(|s| now.saturating_duration_since(s.since) < lease_duration)
+            .filter(|s| self.still_for(s, now) < lease_duration)
             .map(|s| &s.beat)
             .collect()
     }
@@ -144,7 +167,7 @@ impl LivenessTracker {
             .map(|s| {
                 (
                     s.beat.instance.clone(),
-                    now.saturating_duration_since(s.since) < lease_duration,
+                    self.still_for(s, now) < lease_duration,
                     s.beat.held,
                     s.beat.changes,
                     s.beat.stopping,
@@ -170,32 +193,70 @@ mod tests {
         }
     }
 
+    /// One read answered at once (asked and answered at `at`).
+    fn read(t: &mut LivenessTracker, beats: Vec<Beat>, at: Instant) {
+        t.observe(beats, at, at);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn an_instance_is_alive_while_its_counter_moves_and_its_leases_with_it() {
         let d = Duration::from_secs(10);
         let t0 = Instant::now();
+        let s = Duration::from_secs;
         let mut t = LivenessTracker::default();
-        t.observe(vec![beat("a", 1)], t0);
+        read(&mut t, vec![beat("a", 1)], t0);
         let mut lease = Lease::new("s", Checkpoint::TrimHorizon);
         lease.owner = Some("w".into());
         lease.tenure = Some("a.1".into());
-        assert_eq!(t.judge(&lease, d, t0 + Duration::from_secs(9)), Some(true));
-        t.observe(vec![beat("a", 2)], t0 + Duration::from_secs(9));
-        assert_eq!(t.judge(&lease, d, t0 + Duration::from_secs(18)), Some(true));
-        assert_eq!(
-            t.judge(&lease, d, t0 + Duration::from_secs(19)),
-            Some(false)
-        );
-        assert_eq!(t.expires_at("a", d), Some(t0 + Duration::from_secs(19)));
+        assert_eq!(t.judge(&lease, d, t0 + s(9)), Some(true));
+        read(&mut t, vec![beat("a", 2)], t0 + s(9));
+        read(&mut t, vec![beat("a", 2)], t0 + s(18));
+        assert_eq!(t.judge(&lease, d, t0 + s(18)), Some(true));
+        read(&mut t, vec![beat("a", 2)], t0 + s(19));
+        assert_eq!(t.judge(&lease, d, t0 + s(19)), Some(false));
+        assert_eq!(t.expires_at("a", d), Some(t0 + s(19)));
         // The previous owner of a handoff keeps it alive too.
+        read(&mut t, vec![beat("a", 3)], t0 + s(20));
         lease.tenure = Some("b.7".into());
         lease.checkpoint_owner_tenure = Some("a.1".into());
-        assert_eq!(t.judge(&lease, d, t0 + Duration::from_secs(10)), Some(true));
+        assert_eq!(t.judge(&lease, d, t0 + s(20)), Some(true));
         // An instance without a record cannot be judged from records.
         lease.checkpoint_owner_tenure = None;
-        assert_eq!(t.judge(&lease, d, t0), None);
+        assert_eq!(t.judge(&lease, d, t0 + s(20)), None);
         lease.tenure = None;
-        assert_eq!(t.judge(&lease, d, t0), None);
+        assert_eq!(t.judge(&lease, d, t0 + s(20)), None);
+    }
+
+    /// A beat may land after a read and before the judgment that uses it
+    /// (the lease scan in between can take seconds): death is judged as of
+    /// the read, so a later clock alone never kills an instance.
+    #[tokio::test(start_paused = true)]
+    async fn death_is_judged_as_of_the_last_read_not_the_moment_of_judgment() {
+        let d = Duration::from_secs(10);
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut lease = Lease::new("s", Checkpoint::TrimHorizon);
+        lease.owner = Some("w".into());
+        lease.tenure = Some("a.1".into());
+        let mut t = LivenessTracker::default();
+        read(&mut t, vec![beat("a", 1)], t0);
+        // Read at 6 s, judged after a 6 s scan: the read showed it alive.
+        read(&mut t, vec![beat("a", 1)], t0 + s(6));
+        assert_eq!(t.judge(&lease, d, t0 + s(12)), Some(true));
+        assert!(t.is_alive("a", d, t0 + s(12)));
+        assert_eq!(t.alive(d, t0 + s(12)).len(), 1);
+        assert_eq!(t.unchanged_for("a", t0 + s(12)), Some(s(6)));
+        // A read asked for a lease duration after the counter was first
+        // seen, still showing it: dead, however late its answer came.
+        t.observe(vec![beat("a", 1)], t0 + s(10), t0 + s(11));
+        assert_eq!(t.judge(&lease, d, t0 + s(11)), Some(false));
+        // A new counter counts from when the read answered: it landed no
+        // later, perhaps just before.
+        t.observe(vec![beat("a", 2)], t0 + s(12), t0 + s(14));
+        read(&mut t, vec![beat("a", 2)], t0 + s(23));
+        assert_eq!(t.judge(&lease, d, t0 + s(23)), Some(true));
+        read(&mut t, vec![beat("a", 2)], t0 + s(24));
+        assert_eq!(t.judge(&lease, d, t0 + s(24)), Some(false));
     }
 
     #[tokio::test(start_paused = true)]
@@ -203,29 +264,36 @@ mod tests {
         let d = Duration::from_secs(10);
         let t0 = Instant::now();
         let mut t = LivenessTracker::default();
-        t.observe(vec![beat("a", 1), beat("b", 1)], t0);
+        read(&mut t, vec![beat("a", 1), beat("b", 1)], t0);
         let quiet = t.digest("me", d, t0);
         // Beating alone changes nothing.
-        t.observe(
+        read(
+            &mut t,
             vec![beat("a", 2), beat("b", 2)],
             t0 + Duration::from_secs(1),
         );
         assert_eq!(t.digest("me", d, t0 + Duration::from_secs(1)), quiet);
         // "b" stops beating: once it counts as dead, the digest differs.
-        t.observe(
+        read(
+            &mut t,
             vec![beat("a", 3), beat("b", 2)],
             t0 + Duration::from_secs(5),
         );
         assert_eq!(t.digest("me", d, t0 + Duration::from_secs(5)), quiet);
+        read(
+            &mut t,
+            vec![beat("a", 4), beat("b", 2)],
+            t0 + Duration::from_secs(11),
+        );
         assert_ne!(t.digest("me", d, t0 + Duration::from_secs(11)), quiet);
         // A change counter, or a record that goes away, changes it too.
         let mut changed = beat("a", 4);
         changed.changes = 1;
         let mut t2 = LivenessTracker::default();
-        t2.observe(vec![beat("a", 1), beat("b", 1)], t0);
-        t2.observe(vec![changed, beat("b", 2)], t0);
+        read(&mut t2, vec![beat("a", 1), beat("b", 1)], t0);
+        read(&mut t2, vec![changed, beat("b", 2)], t0);
         assert_ne!(t2.digest("me", d, t0), quiet);
-        t2.observe(vec![beat("a", 5)], t0);
+        read(&mut t2, vec![beat("a", 5)], t0);
         assert_eq!(t2.digest("me", d, t0).0.len(), 1);
     }
 }

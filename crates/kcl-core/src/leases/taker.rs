@@ -119,6 +119,7 @@ impl Taker {
         // The liveness records first: one small read that says who is
         // alive, and in the liveness mode whether anything changed that
         // calls for reading the lease table at all.
+        let asked = Instant::now();
         let beats = match shared.store.beats().await {
             Ok(beats) => beats,
             Err(e) => {
@@ -160,7 +161,7 @@ impl Taker {
         }
         let digest = {
             let mut liveness = shared.liveness();
-            liveness.observe(beats, Instant::now());
+            liveness.observe(beats, asked, Instant::now());
             liveness.digest(shared.instance(), d, Instant::now())
         };
         if shared.liveness_mode() {
