@@ -698,3 +698,96 @@ async fn a_handoff_whose_thief_died_and_whose_completion_failed_still_moves_the_
     }
     assert_eq!(log.max(), Duration::ZERO);
 }
+
+/// Renewing per lease, a handoff is the Java KCL's: the previous owner keeps
+/// renewing the lease while it drains (its counter moves), the thief
+/// renews nothing it awaits, and the handoff completes, never forced, with
+/// no moment two workers believe in one lease.
+#[tokio::test(start_paused = true)]
+async fn a_per_lease_previous_owner_renews_while_it_drains_and_the_handoff_completes() {
+    let table = table_with(4).await;
+    let mut log = OverlapLog::default();
+    let step = Duration::from_millis(50);
+    let drain = LEASE * 2;
+    let mut workers = vec![SimWorker::start_with(
+        &table,
+        per_lease("a", 1).build().unwrap(),
+        StandIn::SlowHandoff(drain),
+    )];
+    run_for(&workers, &mut log, TICK * 2, step).await;
+    workers.push(SimWorker::start(&table, per_lease("b", 2).build().unwrap()));
+    // Watch the first lease handed off: its counter while in handoff.
+    let mut in_handoff: Option<(String, u64, u64)> = None;
+    let started = Instant::now();
+    while workers[1].coordinator().stats().handoffs_completed == 0 {
+        run_for(&workers, &mut log, Duration::from_millis(100), step).await;
+        for l in table.snapshot() {
+            if l.checkpoint_owner.as_deref() != Some("a") {
+                continue;
+            }
+            match &mut in_handoff {
+                Some((key, _, last)) if *key == l.key => *last = l.counter,
+                Some(_) => {}
+                None => in_handoff = Some((l.key.clone(), l.counter, l.counter)),
+            }
+        }
+        assert!(started.elapsed() < TICK * 10, "no handoff completed");
+    }
+    let thief_renewals = workers[1].stats.snapshot().op(StoreOp::Renew).calls;
+    assert!(
+        thief_renewals <= workers[1].coordinator().stats().handoffs_completed,
+        "the thief renewed what it awaited ({thief_renewals} renewals; one per activation expected)"
+    );
+    let (key, first, last) = in_handoff.expect("a handoff was seen");
+    assert!(
+        last >= first + 3,
+        "{key}: the previous owner renews while it drains for {drain:?}: counter {first} -> {last}"
+    );
+    let b = workers[1].coordinator().stats();
+    assert_eq!(b.handoffs_forced, 0, "{b:?}");
+    assert_eq!(log.max(), Duration::ZERO, "two workers believed one lease");
+    run_for(&workers, &mut log, TICK * 4, step).await;
+    assert!(balanced(&table, &["a", "b"]), "{:?}", table_counts(&table));
+    assert_eq!(workers[1].coordinator().stats().handoffs_forced, 0);
+    assert_eq!(log.max(), Duration::ZERO);
+}
+
+/// A per-lease previous owner whose processor never finishes draining
+/// renews the lease until the handoff timeout, then lets it lapse (fenced)
+/// and completes the handoff it no longer drains; the thief starts only
+/// then, never while the previous owner could still believe in the lease.
+#[tokio::test(start_paused = true)]
+async fn a_stuck_per_lease_previous_owner_lets_go_only_after_the_handoff_timeout() {
+    let table = table_with(4).await;
+    let mut log = OverlapLog::default();
+    let step = Duration::from_millis(50);
+    let mut workers = vec![SimWorker::start_with(
+        &table,
+        per_lease("a", 1).build().unwrap(),
+        StandIn::NeverHandsOff,
+    )];
+    run_for(&workers, &mut log, TICK * 2, step).await;
+    let timeout = per_lease("a", 1).build().unwrap().handoff_timeout();
+    workers.push(SimWorker::start(&table, per_lease("b", 2).build().unwrap()));
+    let joined = Instant::now();
+    while workers[1].valid_keys().is_empty() {
+        run_for(&workers, &mut log, Duration::from_millis(100), step).await;
+        assert!(
+            joined.elapsed() < timeout + LEASE * 3 + TICK * 2,
+            "the thief never started: {:?}",
+            workers[1].coordinator().stats()
+        );
+    }
+    assert!(
+        joined.elapsed() >= timeout,
+        "the thief started after {:?}, before the previous owner's renewals stopped",
+        joined.elapsed()
+    );
+    let (a, b) = (
+        workers[0].coordinator().stats(),
+        workers[1].coordinator().stats(),
+    );
+    assert!(a.fenced > 0, "the stuck drain lapsed on the victim: {a:?}");
+    assert!(b.handoffs_completed + b.handoffs_forced > 0, "{b:?}");
+    assert_eq!(log.max(), Duration::ZERO, "two workers believed one lease");
+}

@@ -464,7 +464,11 @@ impl LeaseStore for DynamoDbLeaseStore {
     async fn renew(&self, key: &str, by: Holder<'_>, counter: u64) -> Result<Lease, StoreError> {
         let update = Update::new(
             "SET #leaseCounter = :next",
-            &format!("{} AND #leaseCounter = :counter", owned_by(by)),
+            &format!(
+                "(({}) OR ({})) AND #leaseCounter = :counter",
+                owned_by(by),
+                hands_off(by)
+            ),
         )
         .s(":owner", by.owner)
         .tenure(":tenure", by.tenure)
@@ -559,13 +563,9 @@ impl LeaseStore for DynamoDbLeaseStore {
             return Err(StoreError::lost_race(seen));
         };
         // The counter guard makes the previous owner's tenure the one `seen`
-        // shows: it is recorded for the previous owner's last writes.
-        let mut set = vec![
-            "#leaseOwner = :to",
-            "#checkpointOwner = :from",
-            "#leaseCounter = :next",
-            "#ownerSwitchesSinceCheckpoint = if_not_exists(#ownerSwitchesSinceCheckpoint, :zero) + :one",
-        ];
+        // shows: it is recorded for the previous owner's last writes. The
+        // counter itself stays, as the Java KCL writes a handoff.
+        let mut set = vec!["#leaseOwner = :to", "#checkpointOwner = :from"];
         let mut remove = Vec::new();
         match to.tenure {
             Some(_) => set.push("#kclTenure = :tenure"),
@@ -587,14 +587,11 @@ impl LeaseStore for DynamoDbLeaseStore {
         .tenure(":tenure", to.tenure)
         .s(":from", from)
         .tenure(":fromTenure", seen.tenure.as_deref())
-        .n(":counter", seen.counter)
-        .n(":next", seen.counter + 1)
-        .n(":zero", 0)
-        .n(":one", 1);
+        .n(":counter", seen.counter);
         let intent = Intent::HandoffStarted {
             from,
             to,
-            counter: seen.counter + 1,
+            counter: seen.counter,
         };
         self.update(StoreOp::StartHandoff, &seen.key, update, Some(intent))
             .await

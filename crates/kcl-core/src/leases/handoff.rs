@@ -16,6 +16,14 @@
 //!                    \--deadline passed---> Force (take, consume)
 //! ```
 //!
+//! The handoff is written and renewed as the Java KCL 3.x does it: the
+//! handoff write leaves the counter alone, the previous owner renews the
+//! lease until it completes (if it renews per lease), and the thief renews
+//! nothing it awaits. The deadline of a previous owner that renews per
+//! lease is a lease duration after its counter last moved (it stopped:
+//! dead, or its drain passed the handoff timeout); of one with a liveness
+//! record, a handoff timeout after it was told.
+//!
 //! A tenure is ours only while the table shows our worker id *and* our
 //! tenure id: the same worker id under another tenure is another process
 //! (or a later restart) of this worker, and the lease is lost to it.
@@ -94,9 +102,8 @@ pub(crate) fn judge(ours: Ours<'_>, table: Option<&Lease>, now: Instant) -> Verd
                 lost
             }
         }
-        // The new owner renews while our processor drains; we only need the
-        // right to checkpoint, which ends when the handoff completes or is
-        // forced.
+        // We renew (per lease) while our processor drains; the right to
+        // checkpoint ends when the handoff completes or is forced.
         Phase::HandingOff => {
             if me.hands_off(l) {
                 Verdict::Keep

@@ -53,9 +53,11 @@ impl fmt::Display for EndReason {
 pub(crate) enum Phase {
     /// Ours to process.
     Active,
-    /// We asked `from` to hand the lease over: we own and renew it in the
-    /// table, but do not process until `from` completes the handoff (its
-    /// processor checkpoints first) or until `force_at`.
+    /// We asked `from` to hand the lease over: we own it in the table, but
+    /// do not process until `from` completes the handoff (its processor
+    /// checkpoints first) or until `force_at`. A previous owner that renews
+    /// per lease keeps renewing it meanwhile (the Java KCL's protocol), so
+    /// we do not; one with a liveness record does not, so our beats do.
     Awaiting {
         /// The previous owner, still the checkpoint owner.
         from: String,
@@ -63,7 +65,9 @@ pub(crate) enum Phase {
         force_at: Instant,
     },
     /// Another worker asked for the lease: stop fetching, let the processor
-    /// checkpoint, then complete the handoff.
+    /// checkpoint, then complete the handoff. Renewing per lease, we keep
+    /// renewing it until then (or until the handoff timeout), as the Java
+    /// KCL's previous owner does.
     HandingOff,
 }
 
@@ -81,6 +85,14 @@ struct HeldInner {
     /// liveness record holds our request, or it has none), and when we last
     /// tried.
     ask: AskState,
+    /// While awaiting a handoff from a previous owner that renews per
+    /// lease: the counter last read and when a read first showed it.
+    victim: Option<(u64, Instant)>,
+    /// While handing off: when draining started.
+    draining_since: Option<Instant>,
+    /// While handing off: the renewals of this tenure stopped (the handoff
+    /// timeout passed, or the new owner renews it: an older kcl).
+    renewals_over: bool,
 }
 
 /// Where telling the previous owner of an awaited handoff stands.
@@ -120,6 +132,9 @@ impl Held {
                 phase,
                 first_write: None,
                 ask: AskState::Untold,
+                victim: None,
+                draining_since: None,
+                renewals_over: false,
             }),
             ended: CancellationToken::new(),
             handoff: CancellationToken::new(),
@@ -176,9 +191,58 @@ impl Held {
             return false;
         }
         inner.phase = Phase::HandingOff;
+        inner.draining_since = Some(Instant::now());
         drop(inner);
         self.handoff.cancel();
         true
+    }
+
+    /// Whether a renewal round should renew this tenure: not while
+    /// awaiting a handoff (the previous owner renews it), and while handing
+    /// off only until the handoff timeout (a drain stuck that long lets
+    /// the lease expire to the new owner) or until the new owner is seen
+    /// renewing it itself.
+    pub(crate) fn renews_per_lease(&self, handoff_timeout: std::time::Duration) -> bool {
+        let inner = self.lock();
+        match inner.phase {
+            Phase::Active => true,
+            Phase::Awaiting { .. } => false,
+            Phase::HandingOff => {
+                !inner.renewals_over
+                    && inner
+                        .draining_since
+                        .is_none_or(|since| since.elapsed() < handoff_timeout)
+            }
+        }
+    }
+
+    /// Stops the renewals of a tenure handing off (see
+    /// [`Held::renews_per_lease`]).
+    pub(crate) fn stop_renewals(&self) {
+        self.lock().renewals_over = true;
+    }
+
+    /// One read of an awaited lease whose previous owner renews per lease,
+    /// answered at `answered`: the handoff is forced once a read asked for
+    /// a lease duration after its counter was first seen still shows that
+    /// counter. By then every renewal the previous owner made has lapsed
+    /// (its validity counts from the renewal's send, which was before
+    /// that first sight), so the forced take overlaps nothing it does.
+    pub(crate) fn watch_previous_owner(
+        &self,
+        counter: u64,
+        answered: Instant,
+        lease_duration: std::time::Duration,
+    ) {
+        let mut inner = self.lock();
+        let since = match inner.victim {
+            Some((c, since)) if c == counter => since,
+            _ => answered,
+        };
+        inner.victim = Some((counter, since));
+        if let Phase::Awaiting { force_at, .. } = &mut inner.phase {
+            *force_at = since + lease_duration;
+        }
     }
 
     pub(crate) fn activate(&self) {

@@ -294,6 +294,7 @@ async fn advance_handoff(
     if !matches!(phase, Phase::Awaiting { .. }) || held.is_ended() {
         return None;
     }
+    let asked = Instant::now();
     let item = match shared.store.get(key).await {
         Ok(item) => item,
         Err(e) => {
@@ -301,14 +302,26 @@ async fn advance_handoff(
             return None;
         }
     };
+    let now = Instant::now();
+    // A previous owner that renews per lease (kcl in that mode, or a Java
+    // worker) renews on while it drains: the handoff is forced only once
+    // it stopped, judged like expiry. One with a liveness record renews
+    // nothing we asked for, and is forced at the deadline its request set.
+    if let Some(item) = &item
+        && renews_per_lease(shared, item)
+    {
+        held.watch_previous_owner(item.counter, now, shared.config.lease_duration);
+    }
+    let phase = held.phase();
     let holder = held.holder();
     let ours = Ours {
         holder,
         counter: held.counter(),
         phase: &phase,
     };
-    let now = Instant::now();
-    let forced = match judge(ours, item.as_ref(), now) {
+    // Judged as of the read: a renewal that landed after it says nothing
+    // about what the read showed.
+    let forced = match judge(ours, item.as_ref(), asked) {
         Verdict::Activate => false,
         Verdict::Force => true,
         Verdict::Adopt => {
@@ -343,6 +356,17 @@ async fn advance_handoff(
             None
         }
     }
+}
+
+/// True if the previous owner of `lease`'s handoff renews it per lease: it
+/// has no liveness record (a kcl worker renewing per lease, or a Java KCL
+/// worker, whose handoff names no tenure).
+fn renews_per_lease(shared: &Shared, lease: &Lease) -> bool {
+    lease.checkpoint_owner.is_some()
+        && lease
+            .checkpoint_owner_tenure
+            .as_deref()
+            .is_none_or(|t| !shared.liveness().has_record(instance_of(t)))
 }
 
 async fn renew_loop(shared: &Shared) {
@@ -396,9 +420,11 @@ async fn renew_all(shared: &Shared, next_round: Instant) {
 /// Renews one tenure, retrying transient failures until the next round is
 /// due or the tenure's validity runs out, whichever comes first.
 async fn renew_one(shared: &Shared, key: &str, held: &Arc<Held>, next_round: Instant) {
-    // A lease being handed off is no longer ours to renew: the new owner
-    // renews it while our processor checkpoints.
-    if held.phase() == Phase::HandingOff {
+    // In a handoff the previous owner renews, as the Java KCL 3.x does:
+    // its renewals tell every observer (a Java leader included) that the
+    // lease is alive while it drains, and a Java previous owner takes a
+    // counter moved by anyone else for a lost lease.
+    if !held.renews_per_lease(shared.config.handoff_timeout) {
         return;
     }
     let deadline = next_round.min(held.valid_until());
@@ -423,7 +449,17 @@ async fn renew_one(shared: &Shared, key: &str, held: &Arc<Held>, next_round: Ins
     )
     .await;
     match result {
-        Ok(lease) => shared.renewed(key, held, lease, sent).await,
+        Ok(lease) => {
+            // Renewals of a lease handed off from us succeed (we keep it
+            // alive while draining): the answer is how we learn of it.
+            let asked = holder.hands_off(&lease) && held.phase() == Phase::Active;
+            let to = lease.owner.clone();
+            shared.renewed(key, held, lease, sent).await;
+            if asked && held.request_handoff() {
+                info!(lease = %key, to = ?to, "handoff requested; draining the shard");
+                metrics::counter!("kcl_handoffs_requested_total", "worker" => shared.config.worker_id.clone()).increment(1);
+            }
+        }
         Err(StoreError::ConditionFailed { current, .. }) => {
             let phase = held.phase();
             let ours = Ours {
@@ -432,6 +468,18 @@ async fn renew_one(shared: &Shared, key: &str, held: &Arc<Held>, next_round: Ins
                 phase: &phase,
             };
             match judge(ours, current.as_deref(), Instant::now()) {
+                // Still ours to hand off, at a counter someone else moved:
+                // the new owner renews it while it waits (an older kcl).
+                // Two renewers would fail each other's conditions every
+                // round; we stop, and our validity runs out before it
+                // forces the handoff.
+                Verdict::Keep
+                    if phase == Phase::HandingOff
+                        && current.as_ref().is_some_and(|c| c.counter > counter) =>
+                {
+                    debug!(lease = %key, "the new owner renews the lease we hand off; we stop renewing it");
+                    held.stop_renewals();
+                }
                 Verdict::Keep => {}
                 // Still ours, at a counter a handoff step (or our own lost
                 // write) moved: renew from it next round. While awaiting,

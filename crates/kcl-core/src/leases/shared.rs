@@ -382,8 +382,14 @@ impl Shared {
         sent: Instant,
     ) -> Arc<Held> {
         let key = lease.key.clone();
-        let valid_until =
-            self.valid_from(valid_from) + self.config.lease_duration - self.config.fence_margin;
+        // Renewing per lease, nothing renews an awaited handoff but its
+        // previous owner (see `Phase::Awaiting`), and nothing is processed
+        // under it: validity starts when it activates.
+        let valid_until = if self.liveness_mode() {
+            self.valid_from(valid_from) + self.config.lease_duration - self.config.fence_margin
+        } else {
+            sent + FOREVER
+        };
         // Not forced until the previous owner was told (`Held::ask_told`
         // then sets the deadline a handoff timeout, at least a lease
         // duration, later): a previous owner renewing per lease learns from

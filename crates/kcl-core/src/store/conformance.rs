@@ -356,7 +356,11 @@ pub async fn handoff_moves_checkpoint_rights<S: LeaseStore + ?Sized>(store: &S) 
         .expect("start handoff");
     assert_eq!(started.owner.as_deref(), Some("b"));
     assert_eq!(started.checkpoint_owner.as_deref(), Some("a"));
-    assert_eq!(started.counter, l.counter + 1);
+    assert_eq!(
+        (started.counter, started.owner_switches_since_checkpoint),
+        (l.counter, l.owner_switches_since_checkpoint),
+        "written as the Java KCL writes a handoff: the counter and the switch count stay"
+    );
     assert_eq!(
         started.tenure.as_deref(),
         Some("t-b"),
@@ -381,9 +385,22 @@ pub async fn handoff_moves_checkpoint_rights<S: LeaseStore + ?Sized>(store: &S) 
         store.checkpoint("s", h("b"), &cp).await,
         "new owner before completion",
     );
-    // The new owner keeps the lease alive meanwhile.
+    // The previous owner keeps the lease alive meanwhile (the Java KCL's
+    // protocol), in the tenure the handoff recorded and no other.
+    assert_condition_failed(
+        store.renew("s", a_in("t-old"), started.counter).await,
+        "renewal by another tenure of the previous owner",
+    );
     let renewed = store
-        .renew("s", h("b"), started.counter)
+        .renew("s", h("a"), started.counter)
+        .await
+        .expect("previous owner renews");
+    assert_eq!(renewed.checkpoint_owner.as_deref(), Some("a"));
+    assert_eq!(renewed.owner.as_deref(), Some("b"));
+    assert_eq!(renewed.counter, started.counter + 1);
+    // So does a new owner that renews while it awaits (an older kcl).
+    let renewed = store
+        .renew("s", h("b"), renewed.counter)
         .await
         .expect("new owner renews");
 

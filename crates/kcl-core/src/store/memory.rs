@@ -463,7 +463,7 @@ impl LeaseStore for InMemoryLeaseStore {
                 t,
                 key,
                 Some(intent),
-                |l| by.owns(l) && l.counter == counter,
+                |l| (by.owns(l) || by.hands_off(l)) && l.counter == counter,
                 |l| l.counter += 1,
             )
         })
@@ -520,7 +520,7 @@ impl LeaseStore for InMemoryLeaseStore {
         let intent = Intent::HandoffStarted {
             from,
             to,
-            counter: seen.counter + 1,
+            counter: seen.counter,
         };
         self.call(StoreOp::StartHandoff, Some(&seen.key), |t| {
             Self::update(
@@ -536,8 +536,6 @@ impl LeaseStore for InMemoryLeaseStore {
                     // The counter guard makes the tenure the one `seen` shows.
                     l.checkpoint_owner_tenure = l.tenure.take();
                     l.tenure = to.tenure.map(str::to_owned);
-                    l.owner_switches_since_checkpoint += 1;
-                    l.counter += 1;
                 },
             )
         })

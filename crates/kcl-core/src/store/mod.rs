@@ -222,8 +222,10 @@ pub trait LeaseStore: Send + Sync + fmt::Debug {
     /// Bumps the counter; keeps a handoff in progress, unlike a take.
     async fn reclaim(&self, seen: &Lease, by: Holder<'_>) -> Result<Lease, StoreError>;
 
-    /// Renews a held lease. Condition: `by` owns it (worker and tenure) at
-    /// `counter`.
+    /// Renews a held lease. Condition: `by` owns it (worker and tenure), or
+    /// hands it off ([`Holder::hands_off`]: the previous owner keeps a
+    /// lease in a graceful handoff alive until it completes, as the Java
+    /// KCL 3.x does), at `counter`.
     async fn renew(&self, key: &str, by: Holder<'_>, counter: u64) -> Result<Lease, StoreError>;
 
     /// Removes the owner and its tenure so that any worker may take the
@@ -251,7 +253,11 @@ pub trait LeaseStore: Send + Sync + fmt::Debug {
     /// becomes the owner in a new tenure, the previous owner the checkpoint
     /// owner (with its tenure) until it calls
     /// [`LeaseStore::complete_handoff`]. Condition: the owner and counter
-    /// are still those of `seen` and no handoff runs.
+    /// are still those of `seen` and no handoff runs. Leaves the counter
+    /// (and the owner-switch count) alone, exactly as the Java KCL 3.x's
+    /// `initiateGracefulLeaseHandoff`: the previous owner's renewals go on
+    /// while it drains, and a Java previous owner treats a moved counter as
+    /// a lost lease.
     async fn start_handoff(&self, seen: &Lease, to: Holder<'_>) -> Result<Lease, StoreError>;
 
     /// Ends a handoff: clears the checkpoint owner. Condition: `from` is
@@ -709,7 +715,7 @@ pub enum Intent<'a> {
         update: &'a CheckpointUpdate,
     },
     /// A handoff start: `to` owns (in its new tenure), `from` checkpoints,
-    /// at `counter`.
+    /// at `counter` or later.
     HandoffStarted {
         /// The previous owner.
         from: &'a str,
@@ -727,14 +733,18 @@ impl Intent<'_> {
             Intent::Taken { by, counter } => {
                 by.owns(current) && current.counter == counter && !current.in_handoff()
             }
-            Intent::Own { by, counter } => by.owns(current) && current.counter == counter,
+            Intent::Own { by, counter } => {
+                (by.owns(current) || by.hands_off(current)) && current.counter == counter
+            }
             Intent::Checkpointed { by, update } => {
                 by.may_checkpoint(current) && update.applied_in(current)
             }
+            // The previous owner renews on during the handoff; the new
+            // tenure alone says the write was ours.
             Intent::HandoffStarted { from, to, counter } => {
                 to.owns(current)
                     && current.checkpoint_owner.as_deref() == Some(from)
-                    && current.counter == counter
+                    && current.counter >= counter
             }
         }
     }

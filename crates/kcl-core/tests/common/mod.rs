@@ -59,6 +59,11 @@ pub enum StandIn {
     /// records, so two consumers of one shard would write interleaved,
     /// diverging positions), and once more when handing over.
     Checkpointing,
+    /// Hand the lease over this long after being asked (a processor that
+    /// takes its time in `shutdown_requested`).
+    SlowHandoff(Duration),
+    /// Never hand it over (a processor stuck in `shutdown_requested`).
+    NeverHandsOff,
 }
 
 /// One simulated worker process.
@@ -170,8 +175,21 @@ async fn consume(
     loop {
         tokio::select! {
             _ = handle.handoff_requested() => {
-                if stand_in == StandIn::Checkpointing {
-                    let _ = cp.checkpoint().await;
+                match stand_in {
+                    StandIn::Checkpointing => {
+                        let _ = cp.checkpoint().await;
+                    }
+                    StandIn::SlowHandoff(d) => {
+                        tokio::select! {
+                            _ = tokio::time::sleep(d) => {}
+                            _ = handle.ended() => return,
+                        }
+                    }
+                    StandIn::NeverHandsOff => {
+                        handle.ended().await;
+                        return;
+                    }
+                    StandIn::Idle => {}
                 }
                 let _ = coordinator.complete_handoff(&handle).await;
                 return;
