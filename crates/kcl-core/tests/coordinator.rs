@@ -520,3 +520,63 @@ async fn a_beat_that_lands_during_a_slow_scan_keeps_its_holder_alive() {
     );
     assert_eq!(b.coordinator().stats().taken, 0);
 }
+
+/// A holder judged dead by a liveness read can come back right after it:
+/// its beat lands, and it reclaims its lease in a new tenure, validity
+/// counted from that beat. An observer whose lease scan comes after the
+/// reclaim must not take the new tenure on the strength of the older read.
+#[tokio::test(start_paused = true)]
+async fn a_tenure_written_after_the_liveness_read_is_not_judged_by_it() {
+    let s = Duration::from_secs;
+    let table = InMemoryLeaseStore::new();
+    let victim = "00000000000000aa";
+    let key = "shardId-000000000000";
+    let mut lease = kcl_core::Lease::new(key, kcl_core::Checkpoint::TrimHorizon);
+    lease.owner = Some("x".into());
+    lease.tenure = Some(format!("{victim}.1"));
+    table.put_raw(lease);
+    let beat_as_x = || async {
+        table
+            .beat(&kcl_core::store::BeatUpdate {
+                instance: victim,
+                worker: "x",
+                held: 1,
+                changes: 0,
+                answered: &[],
+                stopping: false,
+            })
+            .await
+            .unwrap();
+    };
+    beat_as_x().await;
+    let b = SimWorker::start(&table, config("b", 1).build().unwrap());
+    sleep(s(9)).await;
+    assert!(b.coordinator().held_keys().is_empty());
+    // b's next tick comes when x would count as dead (~10 s): its read
+    // shows x dead; its scan then takes a second.
+    b.store.inject(StoreOp::ScanPage, Fault::Delay(s(1)));
+    sleep(Duration::from_millis(1500)).await;
+    // x comes back during that scan: beats, and reclaims its lease.
+    beat_as_x().await;
+    let current = table.get(key).await.unwrap().unwrap();
+    let reclaimed = table
+        .reclaim(&current, kcl_core::Holder::new("x", &format!("{victim}.2")))
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        sleep(s(3)).await;
+        beat_as_x().await;
+    }
+    assert!(
+        b.stats.snapshot().op(StoreOp::ScanPage).calls >= 2,
+        "the slow scan ran"
+    );
+    let now = table.get(key).await.unwrap().unwrap();
+    assert_eq!(
+        (now.owner.as_deref(), now.tenure.as_deref()),
+        (Some("x"), reclaimed.tenure.as_deref()),
+        "the reclaimed tenure was taken: {:?}",
+        b.coordinator().stats()
+    );
+    assert_eq!(b.coordinator().stats().taken, 0);
+}

@@ -23,7 +23,9 @@
 //!   `min(target - mine, (victim - mine) / 2)` leases, capped by
 //!   `max_leases_to_steal`. Stealing half the gap at most means the thief
 //!   never ends above its victim, so steals never flip-flop; a lead of a
-//!   single lease is never worth a steal.
+//!   single lease is never worth a steal. Only leases whose holder this
+//!   worker has seen write are stolen (a worker that stopped before this
+//!   one started gets no handoff requests; its leases expire first).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -48,6 +50,13 @@ pub struct LeaseView<'a> {
     /// True while a graceful handoff of the lease runs; it is never stolen
     /// again before it completes.
     pub in_handoff: bool,
+    /// True when this worker has seen the lease's holder write since it
+    /// started watching (the lease renewed or taken, or a beat of the
+    /// holder's liveness record). Only such leases are stolen: a worker
+    /// seen only standing still may have stopped before this one started,
+    /// and a handoff asked of it would never complete; its leases are
+    /// taken once they expire instead.
+    pub seen_alive: bool,
 }
 
 /// The inputs of one decision.
@@ -204,7 +213,7 @@ pub fn decide(input: &BalanceInput<'_>) -> Decision {
     let mut candidates: Vec<&LeaseView<'_>> = input
         .leases
         .iter()
-        .filter(|l| l.owner == Some(victim) && !l.expired && !l.in_handoff)
+        .filter(|l| l.owner == Some(victim) && !l.expired && !l.in_handoff && l.seen_alive)
         .collect();
     // Thieves stealing from the same victim at the same time pick different
     // leases (per-thief order), so their conditional writes rarely collide.

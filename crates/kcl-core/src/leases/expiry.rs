@@ -17,6 +17,8 @@ struct Seen {
     counter: u64,
     owner: Option<String>,
     since: Instant,
+    /// The lease changed at least once while watched here.
+    moved: bool,
 }
 
 /// Remembers, per lease, when this worker last saw its counter change.
@@ -38,10 +40,11 @@ impl ExpiryTracker {
         for lease in leases {
             let seen = match self.seen.remove(&lease.key) {
                 Some(s) if s.counter == lease.counter && s.owner == lease.owner => s,
-                _ => Seen {
+                before => Seen {
                     counter: lease.counter,
                     owner: lease.owner.clone(),
                     since: now,
+                    moved: before.is_some(),
                 },
             };
             next.insert(lease.key.clone(), seen);
@@ -57,6 +60,23 @@ impl ExpiryTracker {
             }
             _ => Duration::ZERO,
         }
+    }
+
+    /// When this worker first saw `lease` as it stands (`None` for a lease
+    /// never observed in this state).
+    pub fn seen_since(&self, lease: &Lease) -> Option<Instant> {
+        self.seen
+            .get(&lease.key)
+            .filter(|s| s.counter == lease.counter && s.owner == lease.owner)
+            .map(|s| s.since)
+    }
+
+    /// True if this worker has seen `lease` change (a renewal, a take)
+    /// since it started watching it: proof that someone writes it, where a
+    /// lease seen only standing still may belong to a worker that stopped
+    /// before this one started.
+    pub fn has_moved(&self, lease: &Lease) -> bool {
+        self.seen.get(&lease.key).is_some_and(|s| s.moved)
     }
 
     /// When `lease` will count as expired if its counter keeps standing

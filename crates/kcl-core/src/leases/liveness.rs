@@ -35,6 +35,8 @@ pub(crate) fn asked_lease(entry: &str) -> &str {
 struct Seen {
     beat: Beat,
     since: Instant,
+    /// The counter moved at least once while watched here.
+    moved: bool,
 }
 
 /// Remembers, per instance, its last record and when its counter last moved.
@@ -68,11 +70,11 @@ impl LivenessTracker {
     pub(crate) fn observe(&mut self, beats: Vec<Beat>, asked: Instant, answered: Instant) {
         let mut next = HashMap::with_capacity(beats.len());
         for beat in beats {
-            let since = match self.seen.remove(&beat.instance) {
-                Some(s) if s.beat.counter == beat.counter => s.since,
-                _ => answered,
+            let (since, moved) = match self.seen.remove(&beat.instance) {
+                Some(s) if s.beat.counter == beat.counter => (s.since, s.moved),
+                before => (answered, before.is_some()),
             };
-            next.insert(beat.instance.clone(), Seen { beat, since });
+            next.insert(beat.instance.clone(), Seen { beat, since, moved });
         }
         self.seen = next;
         self.read_at = Some(asked);
@@ -94,6 +96,18 @@ impl LivenessTracker {
         self.seen
             .get(instance)
             .is_some_and(|s| self.still_for(s, now) < lease_duration)
+    }
+
+    /// True if this worker has seen a beat of an instance `lease`'s tenures
+    /// name since it started watching: proof that the holder runs.
+    pub(crate) fn has_moved(&self, lease: &Lease) -> bool {
+        [
+            lease.tenure.as_deref(),
+            lease.checkpoint_owner_tenure.as_deref(),
+        ]
+        .into_iter()
+        .flatten()
+        .any(|t| self.seen.get(instance_of(t)).is_some_and(|s| s.moved))
     }
 
     /// True if `instance` had a record at the last read.

@@ -198,6 +198,11 @@ impl Taker {
             .iter()
             .filter(|l| !l.is_finished() && shared.accepts(l))
             .collect();
+        // A lease whose holder the liveness read judged dead is free only if
+        // its item already stood as it does before that read was asked: a
+        // state written after it (a holder that came back, beat, and
+        // reclaimed in a new tenure) may rest on a beat the read missed.
+        let mut held_back = false;
         let views: Vec<LeaseView<'_>> = {
             let liveness = shared.liveness();
             active
@@ -210,7 +215,13 @@ impl Taker {
                         expired: match liveness.judge(l, config.lease_duration, now) {
                             // Named instances with liveness records: no
                             // tenure of theirs outlives their last beat.
-                            Some(alive) => !alive,
+                            Some(true) => false,
+                            Some(false) => {
+                                let before_read =
+                                    self.tracker.seen_since(l).is_some_and(|s| s <= asked);
+                                held_back |= !before_read;
+                                before_read
+                            }
                             // Renewed per lease (or never seen beating):
                             // unrenewed for the lease duration.
                             None => self.tracker.is_expired(l, config.lease_duration, now),
@@ -227,10 +238,17 @@ impl Taker {
                             && !held_here
                             && !written_here(shared, l.tenure.as_deref()),
                         in_handoff: l.in_handoff(),
+                        seen_alive: self.tracker.has_moved(l) || liveness.has_moved(l),
                     }
                 })
                 .collect()
         };
+        // Leases of holders not yet seen writing are not stolen (they may
+        // have stopped); one more look settles it: their next write, or
+        // their expiry.
+        held_back |= views.iter().any(|v| {
+            v.owner.is_some() && !v.held_here && !v.expired && !v.in_handoff && !v.seen_alive
+        });
         let peers: Vec<String> = shared
             .liveness()
             .alive(config.lease_duration, now)
@@ -246,8 +264,10 @@ impl Taker {
             peers: peers.iter().map(String::as_str).collect(),
             stale_after: config.lease_duration,
         });
-        self.unsettled =
-            !decision.take.is_empty() || !decision.steal.is_empty() || !decision.reclaim.is_empty();
+        self.unsettled = held_back
+            || !decision.take.is_empty()
+            || !decision.steal.is_empty()
+            || !decision.reclaim.is_empty();
         self.last_digest = Some(digest);
         self.rescan_at = {
             let liveness = shared.liveness();

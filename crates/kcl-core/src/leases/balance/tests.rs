@@ -65,6 +65,7 @@ impl Fleet {
                 held_here: *o == Some(w),
                 other_process: false,
                 in_handoff: false,
+                seen_alive: true,
             })
             .collect();
         decide(&BalanceInput {
@@ -267,6 +268,7 @@ fn view<'a>(key: &'a str, owner: Option<&'a str>, expired: bool, secs: u64) -> L
         held_here: false,
         other_process: false,
         in_handoff: false,
+        seen_alive: true,
     }
 }
 
@@ -467,4 +469,33 @@ fn a_lease_left_untaken_for_a_lease_duration_is_taken_beyond_the_target() {
     });
     assert_eq!(d.target, 1);
     assert_eq!(d.take, vec!["b".to_owned()]);
+}
+
+/// A worker restarted into a fleet sees every lease for the first time:
+/// an owner it has not seen write since may have stopped, so it asks it
+/// for nothing and waits for its leases to expire; once a lease of that
+/// owner moves, the owner is alive and the steal goes ahead.
+#[test]
+fn an_owner_never_seen_writing_gets_no_handoff_requests() {
+    let mut leases: Vec<LeaseView<'_>> = ["a", "b", "c", "d"]
+        .into_iter()
+        .map(|k| LeaseView {
+            seen_alive: false,
+            ..view(k, Some("stopped"), false, 3)
+        })
+        .collect();
+    let input = |leases: Vec<LeaseView<'static>>| BalanceInput {
+        me: "me",
+        leases,
+        max_leases_per_worker: usize::MAX,
+        max_leases_to_steal: 2,
+        peers: vec![],
+        stale_after: Duration::from_secs(10),
+    };
+    let d = decide(&input(leases.clone()));
+    assert!(d.steal.is_empty(), "{d:?}");
+    leases[2].seen_alive = true;
+    let d = decide(&input(leases));
+    assert_eq!(d.steal, vec!["c".to_owned()]);
+    assert_eq!(d.victim.as_deref(), Some("stopped"));
 }
