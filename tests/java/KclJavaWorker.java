@@ -9,7 +9,7 @@
 // KCL_E2E_LEASE_MS (failover time, default 6000, kcl's e2e lease).
 // Polling retrieval, metrics off. SIGTERM shuts down gracefully (every
 // processor gets shutdownRequested and checkpoints), then the process
-// exits 0.
+// exits 0 (1 if the shutdown did not complete in 30 s).
 
 import java.io.FileWriter;
 import java.io.IOException;
@@ -56,6 +56,10 @@ public final class KclJavaWorker {
 
         Log(String path) throws IOException {
             out = new PrintWriter(new FileWriter(path, StandardCharsets.UTF_8, true));
+        }
+
+        synchronized void close() {
+            out.close();
         }
 
         synchronized void batch(String worker, String shard, long startNs, long endNs, StringBuilder records) {
@@ -182,8 +186,13 @@ public final class KclJavaWorker {
             try {
                 boolean done = scheduler.startGracefulShutdown().get(30, TimeUnit.SECONDS);
                 System.err.println("graceful shutdown " + (done ? "completed" : "did not complete"));
+                log.close();
+                // The JVM would exit 143 after a SIGTERM; a clean stop is 0,
+                // as for the e2e-worker.
+                Runtime.getRuntime().halt(done ? 0 : 1);
             } catch (Exception e) {
                 System.err.println("graceful shutdown failed: " + e);
+                Runtime.getRuntime().halt(1);
             }
         }));
         Thread thread = new Thread(scheduler, "scheduler");

@@ -371,6 +371,51 @@ impl Scenario {
     }
 }
 
+/// Produces the next round of every key every `every` until stopped (a
+/// failed put panics the task, and [`Producer::stop`] with it).
+#[derive(Debug)]
+pub struct Producer {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<u64>,
+}
+
+impl Producer {
+    /// Starts producing `per_round` records of every key each `every`,
+    /// after what `s` produced so far.
+    pub fn start(s: &Scenario, per_round: u64, every: Duration) -> Producer {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (kinesis, stream, mut next) = (s.env.kinesis().clone(), s.stream.clone(), s.produced);
+        let flag = std::sync::Arc::clone(&stop);
+        let task = tokio::spawn(async move {
+            while !flag.load(Ordering::Relaxed) {
+                let records: Vec<TestRecord> = (next..next + per_round)
+                    .flat_map(|counter| (0..KEYS).map(move |key| TestRecord { key, counter }))
+                    .collect();
+                if let Err(e) = put_records(&kinesis, &stream, &records).await {
+                    panic!("producing to {stream}: {e:#}");
+                }
+                next += per_round;
+                tokio::time::sleep(every).await;
+            }
+            next
+        });
+        Producer { stop, task }
+    }
+
+    /// Stops and returns the records produced per key in total (also
+    /// recorded in `s`).
+    pub async fn stop(self, s: &mut Scenario) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let produced = match self.task.await {
+            Ok(n) => n,
+            Err(e) => panic!("the producer failed: {e}"),
+        };
+        s.produced = produced;
+        produced
+    }
+}
+
 /// The lease counters an `e2e-worker` process wrote at its graceful exit
 /// (`{id}.jsonl.stats` in `out`); `Null` if it never exited gracefully.
 pub fn process_stats(out: &Path, id: &str) -> serde_json::Value {

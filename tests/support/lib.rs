@@ -26,6 +26,7 @@
 
 pub mod e2e;
 pub mod fault_proxy;
+pub mod java_kcl;
 pub mod latency;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -6,55 +6,21 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kcl::{InitialPosition, Worker};
 use kcl_tests::e2e::{
-    CheckpointMode, KEYS, LEASE, RecordedBatches, Scenario, TICK_MAX, now_ns, out_dir,
+    CheckpointMode, KEYS, LEASE, Producer, RecordedBatches, Scenario, TICK_MAX, now_ns, out_dir,
     process_stats as stats, read_logs, stat, verify, wait_all_owned_by, wait_complete,
 };
 use kcl_tests::{
     TestRecord, create_stream, list_all_shards, merge_shards, put_records, split_shard_in_half,
     unique_name,
 };
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 const E2E_WORKER: &str = env!("CARGO_BIN_EXE_e2e-worker");
-
-/// Produces the next round of every key every `every` until stopped.
-struct Producer {
-    stop: Arc<AtomicBool>,
-    task: JoinHandle<u64>,
-}
-
-impl Producer {
-    fn start(s: &Scenario, per_round: u64, every: Duration) -> Producer {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (kinesis, stream, mut next) = (s.env.kinesis().clone(), s.stream.clone(), s.produced);
-        let flag = Arc::clone(&stop);
-        let task = tokio::spawn(async move {
-            while !flag.load(Ordering::Relaxed) {
-                let records: Vec<TestRecord> = (next..next + per_round)
-                    .flat_map(|counter| (0..KEYS).map(move |key| TestRecord { key, counter }))
-                    .collect();
-                put_records(&kinesis, &stream, &records).await.unwrap();
-                next += per_round;
-                tokio::time::sleep(every).await;
-            }
-            next
-        });
-        Producer { stop, task }
-    }
-
-    /// Stops and returns the records produced per key in total.
-    async fn stop(self) -> u64 {
-        self.stop.store(true, Ordering::Relaxed);
-        self.task.await.unwrap()
-    }
-}
 
 fn owner_counts(owners: &[Option<String>]) -> BTreeMap<String, usize> {
     let mut m = BTreeMap::new();
@@ -102,7 +68,7 @@ async fn scale_out_from_one_to_three_processes_under_load_loses_and_repeats_noth
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let per_key = producer.stop().await;
+    let per_key = producer.stop(&mut s).await;
     let batches = wait_complete(
         || read_logs(&out).unwrap(),
         per_key,
@@ -177,7 +143,7 @@ async fn a_rolling_restart_between_the_renewal_modes_never_shares_a_shard() {
             }
         }
     }
-    let per_key = producer.stop().await;
+    let per_key = producer.stop(&mut s).await;
     let batches = wait_complete(
         || read_logs(&out).unwrap(),
         per_key,
@@ -344,7 +310,7 @@ async fn split_and_merge(retrieval: &str) {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let per_key = producer.stop().await;
+    let per_key = producer.stop(&mut s).await;
     let batches = wait_complete(
         || read_logs(&out).unwrap(),
         per_key,
