@@ -182,6 +182,61 @@ async fn a_kcl_worker_joining_a_java_worker_takes_its_share_by_completed_handoff
     assert!(verdict.per_worker.get("kcl-1").copied().unwrap_or(0) > 0);
 }
 
+/// kcl first, Java joins: the Java worker takes no lease itself (its
+/// leader assigns only unassigned or expired leases, and balances only
+/// over workers that report to its `WorkerMetricStats` table, which kcl
+/// does not). kcl reads those reports, counts the Java worker, and hands
+/// it its share the way the Java leader would: a handoff naming the Java
+/// worker, completed once kcl's processor checkpointed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_java_worker_joining_a_kcl_worker_is_handed_its_share() {
+    let java = JavaKcl::prepare().unwrap_or_else(|e| panic!("{e:#}"));
+    let mut s = Scenario::new(SHARDS).await;
+    let out = out_dir("kcl-kcl-first");
+    let cfg = kcl_processes(&s, &out);
+    let mut k = cfg.spawn("kcl-1").unwrap();
+    s.produce(5).await;
+    wait_owned(&s, &counts(&[("kcl-1", 4)]), Duration::from_secs(30)).await;
+    wait_complete(|| batches(&out), s.produced, Duration::from_secs(60)).await;
+    let producer = Producer::start(&s, 1, Duration::from_millis(500));
+
+    let mut j = java.spawn(&cfg, "java-1").unwrap();
+    let joined = Instant::now();
+    // Its first report comes once it made its tables (a minute or so);
+    // kcl reads the reports every 30 s and gives a lease per tick.
+    wait_owned(&s, &counts(&[("java-1", 2), ("kcl-1", 2)]), JAVA_START).await;
+    println!(
+        "split 2/2 {:?} after the Java worker started",
+        joined.elapsed()
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let per_key = producer.stop(&mut s).await;
+    wait_complete(|| batches(&out), per_key, Duration::from_secs(60)).await;
+
+    // Stopping the Java worker first: its leases expire to kcl (its own
+    // graceful shutdown checkpoints in shutdown_requested but releases
+    // nothing), so nothing repeats.
+    stop(&mut j).await;
+    s.produce(3).await;
+    wait_complete(|| batches(&out), s.produced, Duration::from_secs(90)).await;
+    stop(&mut k).await;
+    let kcl = process_stats(&out, "kcl-1");
+
+    let verdict = verify(&batches(&out), KEYS, s.produced);
+    println!(
+        "kcl first, Java joins: per worker {:?}, duplicates {}, kcl {kcl}",
+        verdict.per_worker, verdict.duplicates
+    );
+    verdict.assert_correct();
+    assert_eq!(
+        verdict.duplicates, 0,
+        "a shard moved without its checkpoint"
+    );
+    assert!(stat(&kcl, "handed_off") >= 2, "{kcl}");
+    assert_eq!(stat(&kcl, "handoffs_forced"), 0, "{kcl}");
+    assert!(verdict.per_worker.get("java-1").copied().unwrap_or(0) > 0);
+}
+
 /// The one-restart move, both ways and across a split: kcl consumes
 /// alone, a shard splits under it, it stops; the Java worker starts on the
 /// table kcl left and resumes every shard (parents finished, children

@@ -17,6 +17,7 @@
 
 mod error;
 pub mod item;
+pub mod java;
 pub mod liveness;
 pub mod store;
 pub mod table;

@@ -661,6 +661,10 @@ impl LeaseStore for DynamoDbLeaseStore {
     async fn forget(&self, instance: &str, counter: Option<u64>) -> Result<(), StoreError> {
         self.forget_beat(instance, counter).await
     }
+
+    async fn java_workers(&self) -> Result<Vec<kcl_core::store::JavaWorker>, StoreError> {
+        self.read_java_workers().await
+    }
 }
 
 /// Reads one scanned item, or the item a failed condition returned.

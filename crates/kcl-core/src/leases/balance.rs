@@ -77,6 +77,10 @@ pub struct BalanceInput<'a> {
     /// How long an unowned lease must stay untaken before any worker takes
     /// it beyond its target (the lease duration).
     pub stale_after: Duration,
+    /// Live workers of the Java KCL 3.x (known from their reports, and
+    /// among `peers` too): they take no lease themselves (their leader
+    /// assigns), so the most loaded kcl worker hands them their share.
+    pub foreign: Vec<&'a str>,
 }
 
 /// What the lease taker should do this tick.
@@ -92,6 +96,10 @@ pub struct Decision {
     pub steal: Vec<String>,
     /// The worker being stolen from, when `steal` is not empty.
     pub victim: Option<String>,
+    /// Leases of ours to hand to `give_to` by graceful handoff.
+    pub give: Vec<String>,
+    /// The Java KCL worker `give` goes to.
+    pub give_to: Option<String>,
     /// The target this worker computed (for logs and metrics).
     pub target: usize,
     /// Live workers counted, this one included.
@@ -151,6 +159,8 @@ pub fn decide(input: &BalanceInput<'_>) -> Decision {
                 .into_iter()
                 .take(input.max_leases_per_worker - mine)
                 .collect();
+        } else {
+            give(input, &counts, target, &mut decision);
         }
         return decision;
     }
@@ -225,6 +235,51 @@ pub fn decide(input: &BalanceInput<'_>) -> Decision {
         .collect();
     decision.victim = Some(victim.to_owned());
     decision
+}
+
+/// Hands leases to the least loaded Java KCL worker, which takes none
+/// itself. Only the most loaded kcl worker gives (ties: the smallest id),
+/// so a fleet gives one worker's worth at a time, and only while the Java
+/// worker is below the target and two or more behind: giving half the gap
+/// at most, the giver never ends below the receiver, so a gift is never
+/// stolen back.
+fn give(
+    input: &BalanceInput<'_>,
+    counts: &BTreeMap<&str, usize>,
+    target: usize,
+    decision: &mut Decision,
+) {
+    let me = input.me;
+    let is_foreign = |w: &str| input.foreign.contains(&w);
+    let Some((&to, &theirs)) = counts
+        .iter()
+        .filter(|(w, _)| is_foreign(w))
+        .min_by(|a, b| a.1.cmp(b.1).then_with(|| a.0.cmp(b.0)))
+    else {
+        return;
+    };
+    let giver = counts
+        .iter()
+        .filter(|(w, _)| !is_foreign(w))
+        .max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0)))
+        .map(|(w, _)| *w);
+    let mine = counts[me];
+    if giver != Some(me) || theirs >= target || mine < theirs + 2 {
+        return;
+    }
+    let count = ((mine - theirs) / 2)
+        .min(target - theirs)
+        .min(input.max_leases_to_steal);
+    let mut ours: Vec<&LeaseView<'_>> = input
+        .leases
+        .iter()
+        .filter(|l| l.owner == Some(me) && l.held_here && !l.other_process && !l.in_handoff)
+        .collect();
+    ours.sort_by_key(|l| spread(me, l.key));
+    decision.give = ours.iter().take(count).map(|l| l.key.to_owned()).collect();
+    if !decision.give.is_empty() {
+        decision.give_to = Some(to.to_owned());
+    }
 }
 
 /// A stable per-(worker, lease) ordering key (FNV-1a), so that the

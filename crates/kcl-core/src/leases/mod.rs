@@ -28,6 +28,7 @@ pub mod coordinator;
 pub mod expiry;
 pub(crate) mod handoff;
 pub(crate) mod held;
+pub(crate) mod java_fleet;
 pub(crate) mod liveness;
 pub(crate) mod renewer;
 pub(crate) mod shared;

@@ -23,6 +23,8 @@ use tracing::{debug, info, warn};
 use crate::lease::Lease;
 use crate::leases::balance::{BalanceInput, Decision, LeaseView, decide};
 use crate::leases::expiry::ExpiryTracker;
+use crate::leases::held::Phase;
+use crate::leases::java_fleet::JavaFleet;
 use crate::leases::liveness::FleetDigest;
 use crate::leases::renewer::{observe_one, tell_previous_owner};
 use crate::leases::shared::{Shared, bump, each_unblocked};
@@ -42,6 +44,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
         last_digest: None,
         unsettled: true,
         rescan_at: None,
+        java: JavaFleet::default(),
     };
     // Peers must be able to see this instance alive before a lease names
     // it: the first tick waits for the first beat (bounded: a store that
@@ -108,6 +111,8 @@ struct Taker {
     /// a lease judged by its own counter (its holder renews per lease) could
     /// expire, or a free lease could turn stale, and neither shows in them.
     rescan_at: Option<Instant>,
+    /// Java KCL 3.x workers on the table (per-lease renewal only).
+    java: JavaFleet,
 }
 
 impl Taker {
@@ -173,6 +178,14 @@ impl Taker {
                 return earliest(self.liveness_wake(shared, Instant::now()), self.rescan_at);
             }
         }
+        // In the Java-compatible mode, Java KCL 3.x workers on the table
+        // count in the balance: they take nothing themselves.
+        if !shared.liveness_mode() && self.java.due(Instant::now()) {
+            match shared.store.java_workers().await {
+                Ok(workers) => self.java.observe(workers, Instant::now(), wall_secs()),
+                Err(e) => debug!(error = %e, "reading the Java KCL workers' reports failed"),
+            }
+        }
         // Validity of what this tick takes counts from when the scan asked
         // for the page that held the lease: a take the store reconciles as
         // applied may be an older write of ours that landed after that page
@@ -197,6 +210,31 @@ impl Taker {
         let active: Vec<&Lease> = leases
             .iter()
             .filter(|l| !l.is_finished() && shared.accepts(l))
+            .collect();
+        // A Java worker finds a lease its leader (or a kcl gift) assigned it
+        // only at its next discovery, up to a failover time later, and
+        // renews it from then: a lease of a Java worker that still reports
+        // expires after twice the lease duration, not once.
+        let java_expiry = config.lease_duration * 2;
+        let reporting: Vec<String> = self
+            .java
+            .alive(now)
+            .into_iter()
+            .filter(|id| id != me)
+            .collect();
+        // Its reports go on for a while after it stopped (nothing deletes
+        // them): one that leaves a lease of its own unrenewed for more than
+        // that discovery lag is not processing, and is neither counted nor
+        // given anything.
+        let java: Vec<String> = reporting
+            .iter()
+            .filter(|j| {
+                !active.iter().any(|l| {
+                    l.owner.as_deref() == Some(j.as_str())
+                        && self.tracker.unchanged_for(l, now) >= config.lease_duration * 3 / 2
+                })
+            })
+            .cloned()
             .collect();
         // A lease whose holder the liveness read judged dead is free only if
         // its item already stood as it does before that read was asked: a
@@ -224,7 +262,18 @@ impl Taker {
                             }
                             // Renewed per lease (or never seen beating):
                             // unrenewed for the lease duration.
-                            None => self.tracker.is_expired(l, config.lease_duration, now),
+                            None => {
+                                let reports = l
+                                    .owner
+                                    .as_deref()
+                                    .is_some_and(|o| reporting.iter().any(|j| j == o));
+                                let d = if reports {
+                                    java_expiry
+                                } else {
+                                    config.lease_duration
+                                };
+                                self.tracker.is_expired(l, d, now)
+                            }
                         },
                         unrenewed_for: self.tracker.unchanged_for(l, now),
                         held_here,
@@ -256,18 +305,21 @@ impl Taker {
             .filter(|b| !b.stopping)
             .map(|b| b.worker.clone())
             .collect();
+        let peers: Vec<&str> = peers.iter().chain(&java).map(String::as_str).collect();
         let decision = decide(&BalanceInput {
             me,
             leases: views,
             max_leases_per_worker: config.max_leases_per_worker,
             max_leases_to_steal: config.max_leases_to_steal,
-            peers: peers.iter().map(String::as_str).collect(),
+            peers,
             stale_after: config.lease_duration,
+            foreign: java.iter().map(String::as_str).collect(),
         });
         self.unsettled = held_back
             || !decision.take.is_empty()
             || !decision.steal.is_empty()
-            || !decision.reclaim.is_empty();
+            || !decision.reclaim.is_empty()
+            || !decision.give.is_empty();
         self.last_digest = Some(digest);
         self.rescan_at = {
             let liveness = shared.liveness();
@@ -497,6 +549,72 @@ async fn apply(
             )
         })
         .await;
+    if let Some(to) = &decision.give_to {
+        for key in &decision.give {
+            give_one(shared, key, to).await;
+        }
+    }
+}
+
+/// Hands one of our leases to a Java KCL worker by the handoff the Java
+/// KCL's leader would write: it becomes the owner, we the checkpoint owner
+/// while our processor drains; then we complete the handoff and the Java
+/// worker finds the lease at its next discovery.
+async fn give_one(shared: &Shared, key: &str, to: &str) {
+    let Some(held) = shared.held(key) else {
+        return;
+    };
+    if held.phase() != Phase::Active || held.is_ended() {
+        return;
+    }
+    let Ok(_writing) = tokio::time::timeout(shared.config.store_timeout, held.writing.lock()).await
+    else {
+        return;
+    };
+    let mut seen = held.lease();
+    for attempt in 0..2 {
+        match shared
+            .store
+            .start_handoff(
+                &seen,
+                Holder {
+                    owner: to,
+                    tenure: None,
+                },
+            )
+            .await
+        {
+            Ok(_) => {
+                if held.request_handoff() {
+                    info!(lease = %key, to, "handing a lease to a Java KCL worker; draining the shard");
+                    metrics::counter!("kcl_handoffs_given_total", "worker" => shared.config.worker_id.clone()).increment(1);
+                }
+                return;
+            }
+            // Our own renewal moved the counter since: once more from it.
+            Err(StoreError::ConditionFailed { current, .. }) => match current {
+                Some(cur)
+                    if attempt == 0
+                        && held.holder().owns(&cur)
+                        && cur.checkpoint_owner.is_none() =>
+                {
+                    seen = *cur;
+                }
+                _ => return,
+            },
+            Err(e) => {
+                debug!(lease = %key, error = %e, "handing a lease to a Java KCL worker failed");
+                return;
+            }
+        }
+    }
+}
+
+/// Seconds since the epoch on this host's clock.
+fn wall_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// One take, reclaim or steal, in a fresh tenure. A write whose outcome is

@@ -165,6 +165,12 @@ impl Billed for Vec<Beat> {
         self.iter().map(beat_bytes).sum()
     }
 }
+/// A `WorkerMetricStats` entry as this store reads it: `wid` and `lut`.
+impl Billed for Vec<crate::store::JavaWorker> {
+    fn bytes(&self) -> usize {
+        self.iter().map(|w| 3 + w.id.len() + 3 + 8).sum()
+    }
+}
 
 /// Bills every call of the wrapped store into a shared [`Bill`].
 #[derive(Debug, Clone)]

@@ -16,8 +16,8 @@ use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
 use super::{
-    Beat, BeatUpdate, CheckpointUpdate, ErrorKind, Holder, Intent, LeaseStore, Page, StoreError,
-    StoreOp,
+    Beat, BeatUpdate, CheckpointUpdate, ErrorKind, Holder, Intent, JavaWorker, LeaseStore, Page,
+    StoreError, StoreOp,
 };
 use crate::lease::Lease;
 
@@ -68,6 +68,8 @@ struct Table {
     owner_changes: Vec<OwnerChange>,
     /// Liveness records by instance id (a table of their own in DynamoDB).
     beats: BTreeMap<String, Beat>,
+    /// Java KCL workers' `WorkerMetricStats` entries, as a test sets them.
+    java_workers: Vec<JavaWorker>,
 }
 
 #[derive(Debug, Default)]
@@ -178,6 +180,12 @@ impl InMemoryLeaseStore {
     /// a hand edit), without conditions.
     pub fn put_raw(&self, lease: Lease) {
         self.lock().leases.insert(lease.key.clone(), lease);
+    }
+
+    /// Sets the Java KCL workers' `WorkerMetricStats` entries (as Java
+    /// workers reporting would).
+    pub fn set_java_workers(&self, workers: Vec<JavaWorker>) {
+        self.lock().java_workers = workers;
     }
 
     /// A copy of every lease, in key order.
@@ -624,6 +632,13 @@ impl LeaseStore for InMemoryLeaseStore {
                 beat.asked.insert(key.to_owned());
             }
             Ok(())
+        })
+        .await
+    }
+
+    async fn java_workers(&self) -> Result<Vec<JavaWorker>, StoreError> {
+        self.call(StoreOp::ReadJavaWorkers, None, |t| {
+            Ok(t.java_workers.clone())
         })
         .await
     }

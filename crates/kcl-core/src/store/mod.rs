@@ -286,6 +286,24 @@ pub trait LeaseStore: Send + Sync + fmt::Debug {
     /// Deletes `instance`'s liveness record. Condition: with `counter`, its
     /// counter is still that (a record that beat since is alive).
     async fn forget(&self, instance: &str, counter: Option<u64>) -> Result<(), StoreError>;
+
+    /// Reads the Java KCL 3.x workers that share this lease table: their
+    /// entries in the application's `WorkerMetricStats` table (written by
+    /// the Java workers, only read here). None where there is no such
+    /// table.
+    async fn java_workers(&self) -> Result<Vec<JavaWorker>, StoreError> {
+        Ok(Vec::new())
+    }
+}
+
+/// A Java KCL 3.x worker, from its `WorkerMetricStats` entry: it reports
+/// every 30 s, and its leader assigns leases only to workers that report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JavaWorker {
+    /// Its worker id (the `leaseOwner` it writes).
+    pub id: String,
+    /// When it last reported (`lut`: epoch seconds, on its own clock).
+    pub last_update_secs: u64,
 }
 
 /// Shared stores are stores: workers and decorators hold `Arc<dyn LeaseStore>`.
@@ -340,6 +358,9 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
     }
     async fn forget(&self, instance: &str, counter: Option<u64>) -> Result<(), StoreError> {
         (**self).forget(instance, counter).await
+    }
+    async fn java_workers(&self) -> Result<Vec<JavaWorker>, StoreError> {
+        (**self).java_workers().await
     }
 }
 
@@ -491,6 +512,15 @@ macro_rules! decorate {
                 )
                 .await
             }
+            async fn java_workers(
+                &self,
+            ) -> Result<Vec<$crate::store::JavaWorker>, $crate::store::StoreError> {
+                self.$around(
+                    $crate::store::StoreOp::ReadJavaWorkers,
+                    self.inner.java_workers(),
+                )
+                .await
+            }
         }
     };
 }
@@ -623,11 +653,12 @@ pub enum StoreOp {
     ReadBeats,
     Poke,
     Forget,
+    ReadJavaWorkers,
 }
 
 impl StoreOp {
     /// Every operation, in a stable order.
-    pub const ALL: [StoreOp; 15] = [
+    pub const ALL: [StoreOp; 16] = [
         StoreOp::Create,
         StoreOp::ScanPage,
         StoreOp::Get,
@@ -643,6 +674,7 @@ impl StoreOp {
         StoreOp::ReadBeats,
         StoreOp::Poke,
         StoreOp::Forget,
+        StoreOp::ReadJavaWorkers,
     ];
 
     /// A short snake_case name, used as a metric label.
@@ -663,6 +695,7 @@ impl StoreOp {
             StoreOp::ReadBeats => "read_beats",
             StoreOp::Poke => "poke",
             StoreOp::Forget => "forget",
+            StoreOp::ReadJavaWorkers => "read_java_workers",
         }
     }
 }

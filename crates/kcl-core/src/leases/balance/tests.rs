@@ -9,6 +9,9 @@ use super::*;
 struct Fleet {
     workers: usize,
     owners: Vec<Option<usize>>,
+    /// The last `foreign` workers are Java KCL workers: they decide
+    /// nothing (their leader assigns), and kcl workers give them leases.
+    foreign: usize,
 }
 
 fn name(w: usize) -> String {
@@ -26,7 +29,12 @@ impl Fleet {
         Fleet {
             workers: counts.len(),
             owners,
+            foreign: 0,
         }
+    }
+
+    fn is_foreign(&self, w: usize) -> bool {
+        w >= self.workers - self.foreign
     }
 
     fn counts(&self) -> Vec<usize> {
@@ -68,13 +76,18 @@ impl Fleet {
                 seen_alive: true,
             })
             .collect();
+        let foreign: Vec<&str> = (0..self.workers)
+            .filter(|w| self.is_foreign(*w))
+            .map(|w| names[w].as_str())
+            .collect();
         decide(&BalanceInput {
             me: &me,
             leases,
             max_leases_per_worker: usize::MAX,
             max_leases_to_steal: max_steal,
-            peers: Vec::new(),
+            peers: foreign.clone(),
             stale_after: Duration::from_secs(10),
+            foreign,
         })
     }
 
@@ -87,14 +100,45 @@ impl Fleet {
             let i: usize = key["shard-".len()..].parse().expect("test key");
             self.owners[i] = Some(w);
         }
+        if let Some(to) = &d.give_to {
+            let to: usize = to["worker-".len()..].parse().expect("test worker");
+            assert!(self.is_foreign(to), "a gift goes to a Java worker");
+            for key in &d.give {
+                let i: usize = key["shard-".len()..].parse().expect("test key");
+                assert_eq!(self.owners[i], Some(w), "a worker gives only its own");
+                self.owners[i] = Some(to);
+            }
+        }
     }
 
     /// One round: every worker decides once, in `order`, each on the table
     /// as the previous one left it.
     fn round(&mut self, order: &[usize], max_steal: usize) {
-        for &w in order {
+        let kcl = self.workers - self.foreign;
+        for &w in order.iter().filter(|w| **w < kcl) {
             let d = self.decide_for(w, max_steal);
             self.apply(w, &d);
+        }
+        // The Java leader assigns what is unassigned to its least loaded
+        // worker, and evens out its own workers (never kcl's: they send no
+        // reports), one lease a round.
+        if self.foreign > 0 {
+            for i in 0..self.owners.len() {
+                if self.owners[i].is_none() {
+                    let counts = self.counts();
+                    let to = (kcl..self.workers).min_by_key(|w| (counts[*w], *w));
+                    self.owners[i] = to;
+                }
+            }
+            let counts = self.counts();
+            let most = (kcl..self.workers).max_by_key(|w| (counts[*w], *w));
+            let least = (kcl..self.workers).min_by_key(|w| (counts[*w], *w));
+            if let (Some(most), Some(least)) = (most, least)
+                && counts[most] >= counts[least] + 2
+                && let Some(i) = self.owners.iter().position(|o| *o == Some(most))
+            {
+                self.owners[i] = Some(least);
+            }
         }
     }
 }
@@ -153,7 +197,7 @@ proptest! {
                 (v < workers).then_some(v)
             })
             .collect();
-        let fleet = Fleet { workers, owners };
+        let fleet = Fleet { workers, owners, foreign: 0 };
         // Shuffled worker order per round, derived from the drawn seeds.
         let orders: Vec<Vec<usize>> = orders
             .iter()
@@ -173,6 +217,67 @@ proptest! {
             "took {rounds} rounds, bound {}", round_bound(leases, max_steal)
         );
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1000))]
+
+    /// kcl workers beside Java KCL workers that take nothing themselves:
+    /// kcl takes what is free, steals from a Java worker two ahead, and
+    /// gives to one two behind, and the whole fleet ends within one of
+    /// even without a state repeating (no lease stolen back after a gift).
+    #[test]
+    fn a_fleet_mixing_kcl_and_java_workers_balances_without_oscillating(
+        kcl in 1usize..=4,
+        java in 1usize..=3,
+        leases in 0usize..=32,
+        max_steal in 1usize..=4,
+        seed_owners in prop::collection::vec(any::<u8>(), 32),
+        seed in any::<u64>(),
+    ) {
+        let workers = kcl + java;
+        let owners = (0..leases)
+            .map(|i| {
+                let v = seed_owners[i] as usize % (workers + 1);
+                (v < workers).then_some(v)
+            })
+            .collect();
+        let fleet = Fleet { workers, owners, foreign: java };
+        let mut s = seed | 1;
+        let orders: Vec<Vec<usize>> = (0..8)
+            .map(|_| {
+                let mut order: Vec<usize> = (0..kcl).collect();
+                for i in (1..kcl).rev() {
+                    s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+                    order.swap(i, (s % (i as u64 + 1)) as usize);
+                }
+                order
+            })
+            .collect();
+        let rounds = rounds_to_balance(fleet, max_steal, &orders);
+        prop_assert!(rounds <= leases + 3, "took {rounds} rounds for {leases} leases");
+    }
+}
+
+#[test]
+fn the_most_loaded_kcl_worker_gives_an_idle_java_worker_half_its_lead() {
+    let mut fleet = Fleet::with_counts(&[4, 0]);
+    fleet.foreign = 1;
+    let d = fleet.decide_for(0, 1);
+    assert_eq!((d.give.len(), d.give_to.as_deref()), (1, Some("worker-1")));
+    assert!(d.steal.is_empty() && d.take.is_empty());
+    // Never below the receiver, and nothing once within one.
+    let mut fleet = Fleet::with_counts(&[3, 2, 0]);
+    fleet.foreign = 1;
+    assert_eq!(
+        fleet.decide_for(1, 4).give.len(),
+        0,
+        "only the most loaded gives"
+    );
+    assert_eq!(fleet.decide_for(0, 4).give.len(), 1);
+    let mut fleet = Fleet::with_counts(&[2, 1]);
+    fleet.foreign = 1;
+    assert_eq!(fleet.decide_for(0, 4).give.len(), 0);
 }
 
 fn counts_after_rounds(counts: &[usize], max_steal: usize, rounds: usize) -> Vec<usize> {
@@ -288,6 +393,7 @@ fn takes_everything_owed_in_one_decision_longest_unrenewed_first() {
         max_leases_to_steal: 1,
         peers: Vec::new(),
         stale_after: Duration::from_secs(10),
+        foreign: vec![],
     });
     // Live: me, alive. 5 leases -> target 3, all owed in this one tick.
     assert_eq!(d.target, 3);
@@ -309,6 +415,7 @@ fn expired_owners_are_not_live_workers() {
         max_leases_to_steal: 1,
         peers: Vec::new(),
         stale_after: Duration::from_secs(10),
+        foreign: vec![],
     });
     assert_eq!((d.live_workers, d.target, d.take.len()), (1, 3, 3));
 }
@@ -324,6 +431,7 @@ fn max_leases_per_worker_caps_the_target() {
         max_leases_to_steal: 1,
         peers: Vec::new(),
         stale_after: Duration::from_secs(10),
+        foreign: vec![],
     });
     assert_eq!((d.target, d.take.len()), (4, 4));
 }
@@ -346,6 +454,7 @@ fn owned_but_not_held_is_reclaimed_and_counted() {
         max_leases_to_steal: 4,
         peers: Vec::new(),
         stale_after: Duration::from_secs(10),
+        foreign: vec![],
     });
     assert_eq!(d.reclaim, vec!["a"]);
     assert!(
@@ -373,6 +482,7 @@ fn another_process_under_our_id_keeps_its_leases_until_they_expire() {
         max_leases_to_steal: 4,
         peers: Vec::new(),
         stale_after: Duration::from_secs(10),
+        foreign: vec![],
     });
     assert!(
         d.reclaim.is_empty(),
@@ -389,6 +499,7 @@ fn another_process_under_our_id_keeps_its_leases_until_they_expire() {
         max_leases_to_steal: 4,
         peers: Vec::new(),
         stale_after: Duration::from_secs(10),
+        foreign: vec![],
     });
     assert_eq!(d.take, vec!["c"], "taken once expired: {d:?}");
 }
@@ -406,6 +517,7 @@ fn an_unowned_lease_mid_handoff_waits_for_its_previous_owner() {
         max_leases_to_steal: 4,
         peers: Vec::new(),
         stale_after: Duration::from_secs(10),
+        foreign: vec![],
     });
     assert_eq!(d.take, vec!["b"], "only the expired one: {d:?}");
 }
@@ -441,6 +553,7 @@ fn peers_known_from_liveness_split_a_cold_start_without_collisions() {
             max_leases_to_steal: 4,
             peers: workers.iter().map(String::as_str).collect(),
             stale_after: Duration::from_secs(10),
+            foreign: vec![],
         });
         assert_eq!(d.target, 100);
         assert_eq!(d.live_workers, 10);
@@ -466,6 +579,7 @@ fn a_lease_left_untaken_for_a_lease_duration_is_taken_beyond_the_target() {
         max_leases_to_steal: 4,
         peers: vec!["me", "other-stream-worker"],
         stale_after: Duration::from_secs(10),
+        foreign: vec![],
     });
     assert_eq!(d.target, 1);
     assert_eq!(d.take, vec!["b".to_owned()]);
@@ -491,6 +605,7 @@ fn an_owner_never_seen_writing_gets_no_handoff_requests() {
         max_leases_to_steal: 2,
         peers: vec![],
         stale_after: Duration::from_secs(10),
+        foreign: vec![],
     };
     let d = decide(&input(leases.clone()));
     assert!(d.steal.is_empty(), "{d:?}");

@@ -1,0 +1,82 @@
+//! The Java KCL 3.x's own table, read in the Java-compatible mode so that a
+//! mixed fleet shares the shards: `<lease table>-WorkerMetricStats`, one
+//! entry per Java worker, which its leader balances over.
+//!
+//! | attribute | type | meaning |
+//! |---|---|---|
+//! | `wid` (hash key) | S | the worker id, as in `leaseOwner` |
+//! | `lut` | N | when it last reported, epoch seconds (every 30 s) |
+//!
+//! kcl only reads this table (the `wid` and `lut` of every entry, one
+//! paginated scan); it never creates it and never writes to it.
+
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
+use kcl_core::store::{JavaWorker, StoreError, StoreOp};
+
+use crate::error::{ClassifiedError, classify};
+use crate::store::DynamoDbLeaseStore;
+
+/// The Java KCL 3.x's table of worker reports for `lease_table` (its
+/// default name: the application name, which is the lease table's).
+pub fn worker_metric_stats_table_for(lease_table: &str) -> String {
+    format!("{lease_table}-WorkerMetricStats")
+}
+
+impl DynamoDbLeaseStore {
+    pub(crate) async fn read_java_workers(&self) -> Result<Vec<JavaWorker>, StoreError> {
+        let table = worker_metric_stats_table_for(self.table());
+        let mut workers = Vec::new();
+        let mut start = None;
+        loop {
+            let result = self
+                .client()
+                .scan()
+                .table_name(&table)
+                .projection_expression("wid, lut")
+                .set_exclusive_start_key(start)
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                .send()
+                .await;
+            let out = match result {
+                Ok(out) => out,
+                // No Java KCL 3.x worker ever ran on this table.
+                Err(e)
+                    if e.as_service_error()
+                        .is_some_and(|s| s.is_resource_not_found_exception()) =>
+                {
+                    return Ok(Vec::new());
+                }
+                Err(e) => {
+                    return Err(
+                        match classify(StoreOp::ReadJavaWorkers, &table, "", e, |_| None) {
+                            ClassifiedError::Store(e) => e,
+                            ClassifiedError::ConditionFailed(_) => StoreError::ConditionFailed {
+                                key: table.clone(),
+                                current: None,
+                            },
+                        },
+                    );
+                }
+            };
+            self.record_capacity(StoreOp::ReadJavaWorkers, out.consumed_capacity());
+            workers.extend(out.items().iter().filter_map(|item| {
+                let id = match item.get("wid") {
+                    Some(AttributeValue::S(id)) => id.clone(),
+                    _ => return None,
+                };
+                let last_update_secs = match item.get("lut") {
+                    Some(AttributeValue::N(n)) => n.parse().ok()?,
+                    _ => return None,
+                };
+                Some(JavaWorker {
+                    id,
+                    last_update_secs,
+                })
+            }));
+            match out.last_evaluated_key().filter(|k| !k.is_empty()) {
+                Some(next) => start = Some(next.clone()),
+                None => return Ok(workers),
+            }
+        }
+    }
+}
