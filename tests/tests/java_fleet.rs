@@ -260,6 +260,21 @@ async fn a_one_restart_move_either_way_resumes_exactly_after_the_other_librarys_
     s.produce(5).await;
     wait_complete(|| batches(&out), s.produced, Duration::from_secs(60)).await;
     stop(&mut k).await;
+    // The parent records its children at SHARD_END, as the Java KCL does.
+    let parent = s
+        .lease_items()
+        .await
+        .into_iter()
+        .find(|i| i.get("leaseKey") == Some(&AttributeValue::S(shards[0].shard_id.clone())))
+        .expect("the parent's lease");
+    assert_eq!(
+        parent.get("checkpoint"),
+        Some(&AttributeValue::S("SHARD_END".into()))
+    );
+    match parent.get("childShardIds") {
+        Some(AttributeValue::Ss(children)) => assert_eq!(children.len(), 2, "{children:?}"),
+        other => panic!("the parent has no childShardIds: {other:?}"),
+    }
 
     // The move to Java: it starts on kcl's table.
     s.produce(5).await;

@@ -53,6 +53,8 @@ pub struct Checkpointer {
     last_checkpoint: Checkpoint,
     last_delivered: Option<(String, u64)>,
     shard_ended: bool,
+    /// The children recorded with SHARD_END.
+    children: Vec<String>,
     lost: CancellationToken,
     /// `stream` and `shard` labels of this shard's metrics.
     labels: [(&'static str, String); 2],
@@ -87,6 +89,7 @@ impl Checkpointer {
             last_checkpoint: starting,
             last_delivered: None,
             shard_ended: false,
+            children: Vec::new(),
             lost,
         }
     }
@@ -127,8 +130,11 @@ impl Checkpointer {
         self.last_delivered = Some((seq.to_owned(), sub));
     }
 
-    pub(crate) fn set_shard_ended(&mut self) {
+    /// The shard ended, its children being `children`: the next
+    /// `checkpoint` records SHARD_END, and the children with it.
+    pub(crate) fn set_shard_ended(&mut self, children: Vec<String>) {
         self.shard_ended = true;
+        self.children = children;
     }
 
     /// The tenure this worker holds the shard's lease under: every
@@ -164,7 +170,13 @@ impl Checkpointer {
                 None => return Ok(()),
             }
         };
-        self.write(CheckpointUpdate::to(target)).await
+        let update = match target {
+            Checkpoint::ShardEnd => {
+                CheckpointUpdate::to(target).with_children(self.children.clone())
+            }
+            _ => CheckpointUpdate::to(target),
+        };
+        self.write(update).await
     }
 
     /// Checkpoints `record`: it and everything before it are done.
@@ -344,7 +356,7 @@ mod tests {
             store.get("s").await.unwrap().unwrap().checkpoint,
             Checkpoint::at("100", 3)
         );
-        cp.set_shard_ended();
+        cp.set_shard_ended(vec![]);
         cp.checkpoint().await.unwrap();
         assert_eq!(
             store.get("s").await.unwrap().unwrap().checkpoint,

@@ -593,7 +593,7 @@ async fn finish_shard(
     children: &[ChildShard],
 ) -> Result<(), Stop> {
     create_children(c, children).await?;
-    checkpointer.set_shard_ended();
+    checkpointer.set_shard_ended(children.iter().map(|c| c.shard_id.clone()).collect());
     let mut backoff = Backoff::new(c.setup.max_backoff);
     loop {
         match processor.shard_ended(checkpointer).await {

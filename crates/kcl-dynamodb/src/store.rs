@@ -226,6 +226,7 @@ impl Update {
             attr::CHECKPOINT_OWNER,
             attr::TENURE,
             attr::CHECKPOINT_OWNER_TENURE,
+            attr::CHILD_SHARD_IDS,
         ] {
             let placeholder = format!("#{a}");
             if uses(&u.expression, &placeholder) || uses(&u.condition, &placeholder) {
@@ -515,6 +516,9 @@ impl LeaseStore for DynamoDbLeaseStore {
             Some(_) => set.push("#pendingCheckpointState = :pstate"),
             None => remove.push("#pendingCheckpointState"),
         }
+        if !update.children.is_empty() {
+            set.push("#childShardIds = :children");
+        }
         let mut expression = format!("SET {}", set.join(", "));
         if !remove.is_empty() {
             expression.push_str(&format!(" REMOVE {}", remove.join(", ")));
@@ -552,6 +556,12 @@ impl LeaseStore for DynamoDbLeaseStore {
         }
         if let Some(p) = &update.replacing {
             full = full.s(":prev", p.as_str()).n(":prevsub", p.sub_sequence());
+        }
+        if !update.children.is_empty() {
+            full.values.insert(
+                ":children".into(),
+                AttributeValue::Ss(update.children.iter().cloned().collect()),
+            );
         }
         let intent = Intent::Checkpointed { by, update };
         self.update(StoreOp::Checkpoint, key, full, Some(intent))

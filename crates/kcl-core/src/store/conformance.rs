@@ -47,6 +47,7 @@ macro_rules! lease_store_conformance {
             handoff_steps_are_conditional_on_the_previous_owners_tenure,
             a_java_take_leaves_a_stale_tenure_that_guards_nothing,
             a_checkpoint_naming_its_predecessor_is_conditional_on_it,
+            a_shard_end_checkpoint_records_the_children,
             a_forced_take_never_reconciles_against_a_renewal,
             beats_bump_the_counter_and_are_conditional_on_the_worker,
             pokes_ask_and_beats_answer,
@@ -422,6 +423,33 @@ pub async fn handoff_moves_checkpoint_rights<S: LeaseStore + ?Sized>(store: &S) 
         .checkpoint("s", h("b"), &cp)
         .await
         .expect("new owner after completion");
+}
+
+/// SHARD_END is checkpointed with the shard's children, recorded on the
+/// parent as the Java KCL records them (`childShardIds`); written again it
+/// succeeds, and a later checkpoint without children keeps them.
+pub async fn a_shard_end_checkpoint_records_the_children<S: LeaseStore + ?Sized>(store: &S) {
+    let l = owned_by(store, "s", "a").await;
+    let children = ["shardId-000000000001", "shardId-000000000002"].map(str::to_owned);
+    let end = CheckpointUpdate::to(Checkpoint::ShardEnd).with_children(children.clone());
+    let done = store
+        .checkpoint("s", h("a"), &end)
+        .await
+        .expect("shard end");
+    assert_eq!(done.checkpoint, Checkpoint::ShardEnd);
+    assert_eq!(done.child_shard_ids, children.clone().into());
+    let read = store.get("s").await.expect("get").expect("exists");
+    assert_eq!(read.child_shard_ids, children.clone().into());
+    store
+        .checkpoint("s", h("a"), &end)
+        .await
+        .expect("written again");
+    let again = store
+        .checkpoint("s", h("a"), &CheckpointUpdate::to(Checkpoint::ShardEnd))
+        .await
+        .expect("checkpoint without children");
+    assert_eq!(again.child_shard_ids, children.into());
+    assert_eq!(l.counter, again.counter, "checkpoints never race renewals");
 }
 
 /// Taking a lease (a forced handoff after its deadline) clears the

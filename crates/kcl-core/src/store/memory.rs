@@ -515,6 +515,9 @@ impl LeaseStore for InMemoryLeaseStore {
                     l.pending_checkpoint = update.pending.clone();
                     l.pending_checkpoint_state = update.pending_state.clone();
                     l.owner_switches_since_checkpoint = 0;
+                    if !update.children.is_empty() {
+                        l.child_shard_ids = update.children.clone();
+                    }
                 },
             )
         })

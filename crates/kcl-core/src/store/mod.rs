@@ -6,6 +6,7 @@
 //! [`Intent::applied_in`]) can tell a lost race from a write of their own whose
 //! response was lost.
 
+use std::collections::BTreeSet;
 use std::fmt;
 
 use std::sync::Arc;
@@ -42,6 +43,10 @@ pub struct CheckpointUpdate {
     /// tenure that answered late (its attempt given up, the request still
     /// on its way) fails instead of moving the checkpoint back.
     pub replacing: Option<Checkpoint>,
+    /// The shard's children, recorded on the lease with its SHARD_END
+    /// checkpoint (`childShardIds`, as the Java KCL records them); empty
+    /// leaves the lease's list as it is.
+    pub children: BTreeSet<String>,
 }
 
 impl CheckpointUpdate {
@@ -52,7 +57,14 @@ impl CheckpointUpdate {
             pending: None,
             pending_state: None,
             replacing: None,
+            children: BTreeSet::new(),
         }
+    }
+
+    /// The same update, recording `children` as the shard's children.
+    pub fn with_children(mut self, children: impl IntoIterator<Item = String>) -> Self {
+        self.children = children.into_iter().collect();
+        self
     }
 
     /// The same update, conditional on the table's checkpoint being
@@ -68,6 +80,7 @@ impl CheckpointUpdate {
         lease.checkpoint == self.checkpoint
             && lease.pending_checkpoint == self.pending
             && lease.pending_checkpoint_state == self.pending_state
+            && (self.children.is_empty() || lease.child_shard_ids == self.children)
     }
 }
 
