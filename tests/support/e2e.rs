@@ -215,21 +215,37 @@ pub struct WorkerProcess {
 }
 
 impl WorkerProcessConfig {
+    /// The environment of worker `id` (an `e2e-worker`, or the Java KCL
+    /// worker of `java_kcl`, which reads the same variables).
+    pub fn env_for(&self, id: &str) -> Vec<(String, std::ffi::OsString)> {
+        let checkpoint = match self.checkpoint {
+            CheckpointMode::EveryBatch => "batch",
+            CheckpointMode::OnShutdown => "shutdown",
+        };
+        [
+            ("KCL_E2E_APP", self.app.clone().into()),
+            ("KCL_E2E_STREAM", self.stream.clone().into()),
+            ("KCL_E2E_WORKER_ID", id.into()),
+            (
+                "KCL_E2E_OUT",
+                self.out_dir.join(format!("{id}.jsonl")).into_os_string(),
+            ),
+            ("KCL_E2E_CHECKPOINT", checkpoint.into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .chain(
+            self.extra_env
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone().into())),
+        )
+        .collect()
+    }
+
     /// Starts a worker process with id `id`.
     pub fn spawn(&self, id: &str) -> anyhow::Result<WorkerProcess> {
         let child = Command::new(&self.binary)
-            .env("KCL_E2E_APP", &self.app)
-            .env("KCL_E2E_STREAM", &self.stream)
-            .env("KCL_E2E_WORKER_ID", id)
-            .env("KCL_E2E_OUT", self.out_dir.join(format!("{id}.jsonl")))
-            .env(
-                "KCL_E2E_CHECKPOINT",
-                match self.checkpoint {
-                    CheckpointMode::EveryBatch => "batch",
-                    CheckpointMode::OnShutdown => "shutdown",
-                },
-            )
-            .envs(self.extra_env.iter().map(|(k, v)| (k, v)))
+            .envs(self.env_for(id))
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .spawn()

@@ -10,7 +10,7 @@ use std::process::Stdio;
 use anyhow::{Context, bail};
 use tokio::process::Command;
 
-use crate::e2e::{CheckpointMode, WorkerProcess, WorkerProcessConfig};
+use crate::e2e::{WorkerProcess, WorkerProcessConfig};
 
 /// The version the jars must be (`localstack/common.sh` pins the wheel).
 const KCL_JAR: &str = "amazon-kinesis-client-3.1.3.jar";
@@ -70,18 +70,7 @@ impl JavaKcl {
         let child = Command::new("java")
             .arg(format!("-Dlogback.configurationFile={LOGBACK}"))
             .args(["-Xmx512m", "-cp", &classpath, "KclJavaWorker"])
-            .env("KCL_E2E_APP", &config.app)
-            .env("KCL_E2E_STREAM", &config.stream)
-            .env("KCL_E2E_WORKER_ID", id)
-            .env("KCL_E2E_OUT", config.out_dir.join(format!("{id}.jsonl")))
-            .env(
-                "KCL_E2E_CHECKPOINT",
-                match config.checkpoint {
-                    CheckpointMode::EveryBatch => "batch",
-                    CheckpointMode::OnShutdown => "shutdown",
-                },
-            )
-            .envs(config.extra_env.iter().map(|(k, v)| (k, v)))
+            .envs(config.env_for(id))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

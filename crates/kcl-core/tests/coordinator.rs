@@ -470,19 +470,7 @@ async fn a_beat_that_lands_during_a_slow_scan_keeps_its_holder_alive() {
         "shardId-000000000001",
         kcl_core::Checkpoint::ShardEnd,
     ));
-    let beat_as_a = || async {
-        table
-            .beat(&kcl_core::store::BeatUpdate {
-                instance: victim,
-                worker: "a",
-                held: 1,
-                changes: 0,
-                answered: &[],
-                stopping: false,
-            })
-            .await
-            .unwrap();
-    };
+    let beat_as_a = || beat_as(&table, victim, "a");
     beat_as_a().await;
 
     let b = SimWorker::start(&table, config("b", 1).store_timeout(s(4)).build().unwrap());
@@ -535,19 +523,7 @@ async fn a_tenure_written_after_the_liveness_read_is_not_judged_by_it() {
     lease.owner = Some("x".into());
     lease.tenure = Some(format!("{victim}.1"));
     table.put_raw(lease);
-    let beat_as_x = || async {
-        table
-            .beat(&kcl_core::store::BeatUpdate {
-                instance: victim,
-                worker: "x",
-                held: 1,
-                changes: 0,
-                answered: &[],
-                stopping: false,
-            })
-            .await
-            .unwrap();
-    };
+    let beat_as_x = || beat_as(&table, victim, "x");
     beat_as_x().await;
     let b = SimWorker::start(&table, config("b", 1).build().unwrap());
     sleep(s(9)).await;
@@ -579,4 +555,20 @@ async fn a_tenure_written_after_the_liveness_read_is_not_judged_by_it() {
         b.coordinator().stats()
     );
     assert_eq!(b.coordinator().stats().taken, 0);
+}
+
+/// One beat of a liveness record driven by hand (an instance holding one
+/// lease), as its renewer would write it.
+async fn beat_as(table: &InMemoryLeaseStore, instance: &str, worker: &str) {
+    table
+        .beat(&kcl_core::store::BeatUpdate {
+            instance,
+            worker,
+            held: 1,
+            changes: 0,
+            answered: &[],
+            stopping: false,
+        })
+        .await
+        .unwrap();
 }

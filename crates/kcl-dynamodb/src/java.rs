@@ -10,10 +10,9 @@
 //! kcl only reads this table (the `wid` and `lut` of every entry, one
 //! paginated scan); it never creates it and never writes to it.
 
-use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
+use aws_sdk_dynamodb::types::AttributeValue;
 use kcl_core::store::{JavaWorker, StoreError, StoreOp};
 
-use crate::error::{ClassifiedError, classify};
 use crate::store::DynamoDbLeaseStore;
 
 /// The Java KCL 3.x's table of worker reports for `lease_table` (its
@@ -25,41 +24,14 @@ pub fn worker_metric_stats_table_for(lease_table: &str) -> String {
 impl DynamoDbLeaseStore {
     pub(crate) async fn read_java_workers(&self) -> Result<Vec<JavaWorker>, StoreError> {
         let table = worker_metric_stats_table_for(self.table());
-        let mut workers = Vec::new();
-        let mut start = None;
-        loop {
-            let result = self
-                .client()
-                .scan()
-                .table_name(&table)
-                .projection_expression("wid, lut")
-                .set_exclusive_start_key(start)
-                .return_consumed_capacity(ReturnConsumedCapacity::Total)
-                .send()
-                .await;
-            let out = match result {
-                Ok(out) => out,
-                // No Java KCL 3.x worker ever ran on this table.
-                Err(e)
-                    if e.as_service_error()
-                        .is_some_and(|s| s.is_resource_not_found_exception()) =>
-                {
-                    return Ok(Vec::new());
-                }
-                Err(e) => {
-                    return Err(
-                        match classify(StoreOp::ReadJavaWorkers, &table, "", e, |_| None) {
-                            ClassifiedError::Store(e) => e,
-                            ClassifiedError::ConditionFailed(_) => StoreError::ConditionFailed {
-                                key: table.clone(),
-                                current: None,
-                            },
-                        },
-                    );
-                }
-            };
-            self.record_capacity(StoreOp::ReadJavaWorkers, out.consumed_capacity());
-            workers.extend(out.items().iter().filter_map(|item| {
+        // No such table: no Java KCL 3.x worker ever ran here.
+        let items = self
+            .scan_all(StoreOp::ReadJavaWorkers, &table, false, Some("wid, lut"))
+            .await?
+            .unwrap_or_default();
+        Ok(items
+            .iter()
+            .filter_map(|item| {
                 let id = match item.get("wid") {
                     Some(AttributeValue::S(id)) => id.clone(),
                     _ => return None,
@@ -72,11 +44,7 @@ impl DynamoDbLeaseStore {
                     id,
                     last_update_secs,
                 })
-            }));
-            match out.last_evaluated_key().filter(|k| !k.is_empty()) {
-                Some(next) => start = Some(next.clone()),
-                None => return Ok(workers),
-            }
-        }
+            })
+            .collect())
     }
 }

@@ -170,44 +170,13 @@ impl DynamoDbLeaseStore {
     }
 
     pub(crate) async fn read_beats(&self) -> Result<Vec<Beat>, StoreError> {
-        let table = self.workers_table();
-        let mut beats = Vec::new();
-        let mut start = None;
-        loop {
-            let result = self
-                .client()
-                .scan()
-                .table_name(table)
-                .consistent_read(true)
-                .set_exclusive_start_key(start)
-                .return_consumed_capacity(ReturnConsumedCapacity::Total)
-                .send()
-                .await;
-            let out = match result {
-                Ok(out) => out,
-                // No such table: nobody renews by liveness record here (a
-                // fleet renewing per lease, or a table shared with the
-                // Java KCL).
-                Err(e)
-                    if e.as_service_error()
-                        .is_some_and(|s| s.is_resource_not_found_exception()) =>
-                {
-                    return Ok(Vec::new());
-                }
-                Err(e) => {
-                    return Err(store_error(
-                        classify(StoreOp::ReadBeats, table, "", e, |_| None),
-                        "",
-                    ));
-                }
-            };
-            self.record_capacity(StoreOp::ReadBeats, out.consumed_capacity());
-            beats.extend(out.items().iter().filter_map(from_item));
-            match out.last_evaluated_key().filter(|k| !k.is_empty()) {
-                Some(next) => start = Some(next.clone()),
-                None => return Ok(beats),
-            }
-        }
+        // No such table: nobody renews by liveness record here (a fleet
+        // renewing per lease, or a table shared with the Java KCL).
+        let items = self
+            .scan_all(StoreOp::ReadBeats, self.workers_table(), true, None)
+            .await?
+            .unwrap_or_default();
+        Ok(items.iter().filter_map(from_item).collect())
     }
 
     pub(crate) async fn poke_beat(

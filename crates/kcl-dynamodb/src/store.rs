@@ -91,6 +91,58 @@ impl DynamoDbLeaseStore {
         &self.workers_table
     }
 
+    /// Every item of `table` in one paginated scan (strongly consistent
+    /// when `consistent`, only the attributes of `projection` when given),
+    /// or `None` when the table does not exist. Billed to `op`.
+    pub(crate) async fn scan_all(
+        &self,
+        op: StoreOp,
+        table: &str,
+        consistent: bool,
+        projection: Option<&str>,
+    ) -> Result<Option<Vec<HashMap<String, AttributeValue>>>, StoreError> {
+        let mut items = Vec::new();
+        let mut start = None;
+        loop {
+            let result = self
+                .client
+                .scan()
+                .table_name(table)
+                .consistent_read(consistent)
+                .set_projection_expression(projection.map(str::to_owned))
+                .set_exclusive_start_key(start)
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                .send()
+                .await;
+            let out = match result {
+                Ok(out) => out,
+                Err(e)
+                    if e.as_service_error()
+                        .is_some_and(|s| s.is_resource_not_found_exception()) =>
+                {
+                    return Ok(None);
+                }
+                Err(e) => {
+                    return Err(match classify(op, table, "", e, |_| None) {
+                        crate::error::ClassifiedError::Store(e) => e,
+                        crate::error::ClassifiedError::ConditionFailed(_) => {
+                            StoreError::ConditionFailed {
+                                key: table.to_owned(),
+                                current: None,
+                            }
+                        }
+                    });
+                }
+            };
+            self.record_capacity(op, out.consumed_capacity());
+            items.extend_from_slice(out.items());
+            match out.last_evaluated_key().filter(|k| !k.is_empty()) {
+                Some(next) => start = Some(next.clone()),
+                None => return Ok(Some(items)),
+            }
+        }
+    }
+
     /// The DynamoDB client.
     pub fn client(&self) -> &Client {
         &self.client
