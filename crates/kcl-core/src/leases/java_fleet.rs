@@ -46,6 +46,12 @@ impl JavaFleet {
             .is_none_or(|at| now.saturating_duration_since(at) >= READ_EVERY)
     }
 
+    /// A read that failed at `now`: the next comes a period later (a table
+    /// this worker may not read must not cost a scan every tick).
+    pub(crate) fn failed(&mut self, now: Instant) {
+        self.read_at = Some(now);
+    }
+
     /// Records one read of every report, made at `now` when this host's
     /// wall clock read `wall_secs`.
     pub(crate) fn observe(&mut self, workers: Vec<JavaWorker>, now: Instant, wall_secs: u64) {

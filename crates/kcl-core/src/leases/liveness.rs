@@ -98,16 +98,35 @@ impl LivenessTracker {
             .is_some_and(|s| self.still_for(s, now) < lease_duration)
     }
 
+    /// The instances `lease`'s tenures name (owner's, then previous
+    /// owner's in a handoff), each only while it names the worker the
+    /// lease gives it to. A Java KCL take leaves the last kcl holder's
+    /// tenure in place: that instance, live or dead, says nothing about the
+    /// Java worker that owns the lease now.
+    pub(crate) fn named<'l>(&self, lease: &'l Lease) -> [Option<&'l str>; 2] {
+        let current = |tenure: Option<&'l str>, worker: Option<&str>| {
+            tenure.map(instance_of).filter(|i| {
+                self.seen
+                    .get(*i)
+                    .is_none_or(|s| Some(s.beat.worker.as_str()) == worker)
+            })
+        };
+        [
+            current(lease.tenure.as_deref(), lease.owner.as_deref()),
+            current(
+                lease.checkpoint_owner_tenure.as_deref(),
+                lease.checkpoint_owner.as_deref(),
+            ),
+        ]
+    }
+
     /// True if this worker has seen a beat of an instance `lease`'s tenures
     /// name since it started watching: proof that the holder runs.
     pub(crate) fn has_moved(&self, lease: &Lease) -> bool {
-        [
-            lease.tenure.as_deref(),
-            lease.checkpoint_owner_tenure.as_deref(),
-        ]
-        .into_iter()
-        .flatten()
-        .any(|t| self.seen.get(instance_of(t)).is_some_and(|s| s.moved))
+        self.named(lease)
+            .into_iter()
+            .flatten()
+            .any(|i| self.seen.get(i).is_some_and(|s| s.moved))
     }
 
     /// True if `instance` had a record at the last read.
@@ -138,11 +157,7 @@ impl LivenessTracker {
         now: Instant,
     ) -> Option<bool> {
         // Called for every lease of a scan: no allocation.
-        let named = [
-            lease.tenure.as_deref(),
-            lease.checkpoint_owner_tenure.as_deref(),
-        ]
-        .map(|t| t.map(instance_of));
+        let named = self.named(lease);
         let mut instances = named.iter().flatten();
         if instances
             .clone()
@@ -231,7 +246,9 @@ mod tests {
         assert_eq!(t.expires_at("a", d), Some(t0 + s(19)));
         // The previous owner of a handoff keeps it alive too.
         read(&mut t, vec![beat("a", 3)], t0 + s(20));
+        lease.owner = Some("peer".into());
         lease.tenure = Some("b.7".into());
+        lease.checkpoint_owner = Some("w".into());
         lease.checkpoint_owner_tenure = Some("a.1".into());
         assert_eq!(t.judge(&lease, d, t0 + s(20)), Some(true));
         // An instance without a record cannot be judged from records.
@@ -239,6 +256,29 @@ mod tests {
         assert_eq!(t.judge(&lease, d, t0 + s(20)), None);
         lease.tenure = None;
         assert_eq!(t.judge(&lease, d, t0 + s(20)), None);
+    }
+
+    /// A Java KCL take leaves the last kcl holder's tenure on the lease:
+    /// that instance's record (its worker another) judges nothing, and the
+    /// lease falls back to its counter.
+    #[tokio::test(start_paused = true)]
+    async fn a_tenure_left_by_a_java_take_does_not_judge_the_java_workers_lease() {
+        let d = Duration::from_secs(10);
+        let t0 = Instant::now();
+        let mut t = LivenessTracker::default();
+        read(&mut t, vec![beat("a", 1)], t0);
+        read(&mut t, vec![beat("a", 1)], t0 + Duration::from_secs(11));
+        let mut lease = Lease::new("s", Checkpoint::TrimHorizon);
+        lease.owner = Some("w".into());
+        lease.tenure = Some("a.1".into());
+        assert_eq!(
+            t.judge(&lease, d, t0 + Duration::from_secs(11)),
+            Some(false)
+        );
+        lease.owner = Some("java-worker".into());
+        assert_eq!(t.judge(&lease, d, t0 + Duration::from_secs(11)), None);
+        assert!(!t.has_moved(&lease));
+        assert_eq!(t.named(&lease), [None, None]);
     }
 
     /// A beat may land after a read and before the judgment that uses it

@@ -183,7 +183,10 @@ impl Taker {
         if !shared.liveness_mode() && self.java.due(Instant::now()) {
             match shared.store.java_workers().await {
                 Ok(workers) => self.java.observe(workers, Instant::now(), wall_secs()),
-                Err(e) => debug!(error = %e, "reading the Java KCL workers' reports failed"),
+                Err(e) => {
+                    self.java.failed(Instant::now());
+                    warn!(error = %e, "reading the Java KCL workers' reports failed; retrying in 30 s");
+                }
             }
         }
         // Validity of what this tick takes counts from when the scan asked
@@ -419,14 +422,15 @@ impl Taker {
 async fn forget_the_dead(shared: &Shared, leases: &[Lease]) {
     let now = Instant::now();
     let gone_for = shared.config.lease_duration * 3;
-    let named: HashSet<&str> = leases
-        .iter()
-        .flat_map(|l| [l.tenure.as_deref(), l.checkpoint_owner_tenure.as_deref()])
-        .flatten()
-        .map(instance_of)
-        .collect();
     let dead: Vec<(String, u64)> = {
         let liveness = shared.liveness();
+        // A tenure left on a lease another worker took since (a Java KCL
+        // take) does not keep its instance's record.
+        let named: HashSet<&str> = leases
+            .iter()
+            .flat_map(|l| liveness.named(l))
+            .flatten()
+            .collect();
         liveness
             .beats()
             .filter(|b| liveness.unchanged_for(&b.instance, now) >= Some(gone_for))

@@ -779,9 +779,12 @@ impl Intent<'_> {
             Intent::Taken { by, counter } => {
                 by.owns(current) && current.counter == counter && !current.in_handoff()
             }
-            Intent::Own { by, counter } => {
-                (by.owns(current) || by.hands_off(current)) && current.counter == counter
-            }
+            // Not for a holder handing off: anyone renewing the lease while
+            // it drains (an older kcl's thief) leaves the same state, and a
+            // renewal taken for ours would extend validity from a write we
+            // never made. Our own lost answer then reads as someone else's
+            // renewal: we stop renewing, which is only slower.
+            Intent::Own { by, counter } => by.owns(current) && current.counter == counter,
             Intent::Checkpointed { by, update } => {
                 by.may_checkpoint(current) && update.applied_in(current)
             }
