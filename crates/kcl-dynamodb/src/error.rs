@@ -35,20 +35,36 @@ pub(crate) fn classify<E>(
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {
+    if let SdkError::ServiceError(service) = &err
+        && let Some(item) = conditional(service.err())
+    {
+        return ClassifiedError::ConditionFailed(item);
+    }
+    ClassifiedError::Store(unconditional_error(op, table, key, err))
+}
+
+/// Classifies the error of a call without a condition (a read, a scan, a
+/// describe), which cannot fail one.
+pub(crate) fn unconditional_error<E>(
+    op: StoreOp,
+    table: &str,
+    key: &str,
+    err: SdkError<E, Response>,
+) -> StoreError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
     if let SdkError::ServiceError(service) = &err {
-        if let Some(item) = conditional(service.err()) {
-            return ClassifiedError::ConditionFailed(item);
-        }
         let code = service.err().code().unwrap_or_default().to_owned();
         let status = service.raw().status().as_u16();
         if THROTTLING.contains(&code.as_str()) {
-            return ClassifiedError::Store(StoreError::Throttled {
+            return StoreError::Throttled {
                 op,
                 source: Box::new(err),
-            });
+            };
         }
         if TRANSIENT.contains(&code.as_str()) || status >= 500 {
-            return ClassifiedError::Store(StoreError::retryable(op, err));
+            return StoreError::retryable(op, err);
         }
         let message = match code.as_str() {
             "ResourceNotFoundException" => format!(
@@ -61,22 +77,22 @@ where
             ),
             _ => format!("{op} on {key:?} in table {table:?} failed with {code} (HTTP {status})"),
         };
-        return ClassifiedError::Store(StoreError::Fatal {
+        return StoreError::Fatal {
             op,
             message,
             source: Some(Box::new(err)),
-        });
+        };
     }
     match err {
         // No answer, or an unreadable one: the request may have applied.
         SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
-            ClassifiedError::Store(StoreError::retryable(op, err))
+            StoreError::retryable(op, err)
         }
-        other => ClassifiedError::Store(StoreError::Fatal {
+        other => StoreError::Fatal {
             op,
             message: format!("{op} on {key:?} in table {table:?} could not be sent"),
             source: Some(Box::new(other)),
-        }),
+        },
     }
 }
 

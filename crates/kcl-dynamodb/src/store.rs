@@ -19,7 +19,7 @@ use kcl_core::store::{
 };
 use tracing::warn;
 
-use crate::error::{ClassifiedError, classify};
+use crate::error::{ClassifiedError, classify, unconditional_error};
 use crate::item::{ReadItem, attr, from_item, to_item};
 
 /// A [`LeaseStore`] on a DynamoDB table with the Java KCL's item layout.
@@ -122,17 +122,7 @@ impl DynamoDbLeaseStore {
                 {
                     return Ok(None);
                 }
-                Err(e) => {
-                    return Err(match classify(op, table, "", e, |_| None) {
-                        crate::error::ClassifiedError::Store(e) => e,
-                        crate::error::ClassifiedError::ConditionFailed(_) => {
-                            StoreError::ConditionFailed {
-                                key: table.to_owned(),
-                                current: None,
-                            }
-                        }
-                    });
-                }
+                Err(e) => return Err(unconditional_error(op, table, "", e)),
             };
             self.record_capacity(op, out.consumed_capacity());
             items.extend_from_slice(out.items());
@@ -421,19 +411,11 @@ impl LeaseStore for DynamoDbLeaseStore {
                         let next = out.last_evaluated_key().filter(|k| !k.is_empty()).cloned();
                         Some((Ok(page), next.map(Some)))
                     }
-                    Err(e) => {
-                        let c = classify(StoreOp::ScanPage, &self.table, "", e, |_| None);
-                        let err = match c {
-                            ClassifiedError::Store(e) => e,
-                            ClassifiedError::ConditionFailed(_) => StoreError::Fatal {
-                                op: StoreOp::ScanPage,
-                                message: "scan reported a failed condition".into(),
-                                source: None,
-                            },
-                        };
-                        // A failed page ends the scan; the caller retries it whole.
-                        Some((Err(err), None))
-                    }
+                    // A failed page ends the scan; the caller retries it whole.
+                    Err(e) => Some((
+                        Err(unconditional_error(StoreOp::ScanPage, &self.table, "", e)),
+                        None,
+                    )),
                 }
             },
         )
@@ -455,10 +437,7 @@ impl LeaseStore for DynamoDbLeaseStore {
                 self.record_capacity(StoreOp::Get, out.consumed_capacity());
                 out.item().map(|i| self.parse(i)).transpose()
             }
-            Err(e) => match classify(StoreOp::Get, &self.table, key, e, |_| None) {
-                ClassifiedError::Store(e) => Err(e),
-                ClassifiedError::ConditionFailed(_) => Ok(None),
-            },
+            Err(e) => Err(unconditional_error(StoreOp::Get, &self.table, key, e)),
         }
     }
 

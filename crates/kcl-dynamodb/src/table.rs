@@ -11,7 +11,7 @@ use aws_sdk_dynamodb::types::{
 use kcl_core::store::{StoreError, StoreOp};
 use tracing::info;
 
-use crate::error::{ClassifiedError, classify};
+use crate::error::unconditional_error;
 use crate::item::attr;
 
 /// How the table is billed when this library creates it.
@@ -209,10 +209,9 @@ fn startup_error<E>(
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {
-    match classify(op, table, "", e, |_| None) {
-        ClassifiedError::Store(StoreError::Fatal { source, .. }) => fatal(fatal_message, source),
-        ClassifiedError::Store(e) => e,
-        ClassifiedError::ConditionFailed(_) => fatal(fatal_message, None),
+    match unconditional_error(op, table, "", e) {
+        StoreError::Fatal { source, .. } => fatal(fatal_message, source),
+        e => e,
     }
 }
 

@@ -202,7 +202,7 @@ impl Held {
     /// off only until the handoff timeout (a drain stuck that long lets
     /// the lease expire to the new owner) or until the new owner is seen
     /// renewing it itself.
-    pub(crate) fn renews_per_lease(&self, handoff_timeout: std::time::Duration) -> bool {
+    pub(crate) fn due_for_renewal(&self, handoff_timeout: std::time::Duration) -> bool {
         let inner = self.lock();
         match inner.phase {
             Phase::Active => true,
@@ -217,7 +217,7 @@ impl Held {
     }
 
     /// Stops the renewals of a tenure handing off (see
-    /// [`Held::renews_per_lease`]).
+    /// [`Held::due_for_renewal`]).
     pub(crate) fn stop_renewals(&self) {
         self.lock().renewals_over = true;
     }

@@ -308,7 +308,7 @@ async fn advance_handoff(
     // it stopped, judged like expiry. One with a liveness record renews
     // nothing we asked for, and is forced at the deadline its request set.
     if let Some(item) = &item
-        && renews_per_lease(shared, item)
+        && previous_owner_renews_per_lease(shared, item)
     {
         held.watch_previous_owner(item.counter, now, shared.config.lease_duration);
     }
@@ -361,7 +361,7 @@ async fn advance_handoff(
 /// True if the previous owner of `lease`'s handoff renews it per lease: it
 /// has no liveness record (a kcl worker renewing per lease, or a Java KCL
 /// worker, whose handoff names no tenure).
-fn renews_per_lease(shared: &Shared, lease: &Lease) -> bool {
+fn previous_owner_renews_per_lease(shared: &Shared, lease: &Lease) -> bool {
     lease.checkpoint_owner.is_some()
         && lease
             .checkpoint_owner_tenure
@@ -424,7 +424,7 @@ async fn renew_one(shared: &Shared, key: &str, held: &Arc<Held>, next_round: Ins
     // its renewals tell every observer (a Java leader included) that the
     // lease is alive while it drains, and a Java previous owner takes a
     // counter moved by anyone else for a lost lease.
-    if !held.renews_per_lease(shared.config.handoff_timeout) {
+    if !held.due_for_renewal(shared.config.handoff_timeout) {
         return;
     }
     let deadline = next_round.min(held.valid_until());

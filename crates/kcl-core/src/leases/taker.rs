@@ -229,14 +229,18 @@ impl Taker {
         // them): one that leaves a lease of its own unrenewed for more than
         // that discovery lag is not processing, and is neither counted nor
         // given anything.
+        let idle: HashSet<&str> = if reporting.is_empty() {
+            HashSet::new()
+        } else {
+            active
+                .iter()
+                .filter(|l| self.tracker.unchanged_for(l, now) >= config.lease_duration * 3 / 2)
+                .filter_map(|l| l.owner.as_deref())
+                .collect()
+        };
         let java: Vec<String> = reporting
             .iter()
-            .filter(|j| {
-                !active.iter().any(|l| {
-                    l.owner.as_deref() == Some(j.as_str())
-                        && self.tracker.unchanged_for(l, now) >= config.lease_duration * 3 / 2
-                })
-            })
+            .filter(|j| !idle.contains(j.as_str()))
             .cloned()
             .collect();
         // A lease whose holder the liveness read judged dead is free only if
