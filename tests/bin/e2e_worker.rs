@@ -9,13 +9,24 @@
 //! Optional: KCL_E2E_HANG_AT=N makes every shard's first batch holding a
 //! record with counter N hang forever (a stuck processor), after appending
 //! a marker line to `<out>.hang`. At exit the worker's lease counters go to `<out>.stats`.
+//! Optional: KCL_E2E_LANES=n processes each shard in n parallel lanes.
+//! Optional: KCL_E2E_POISON=key:counter[,key:counter...] makes every batch
+//! holding one of those records fail before anything of it is logged (one
+//! line per failed call in `<out>.failures`); with KCL_E2E_DLQ_STREAM set,
+//! the worker runs `FailurePolicy::Isolate` sending them to that stream
+//! (KCL_E2E_MAX_ATTEMPTS, default 3), the first KCL_E2E_DLQ_REFUSE sends
+//! refused, and each accepted send's time (ns) appended to `<out>.dlq`.
 
 use std::io::Write;
 use std::time::Duration;
 
 use anyhow::Context;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use kcl::{
-    Checkpointer, InitialPosition, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
+    Checkpointer, FailedRecord, FailureDestination, FailurePolicy, InitialPosition,
+    KinesisDestination, PoisonPolicy, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
     Worker,
 };
 use kcl_tests::e2e::{BatchLog, now_ns};
@@ -26,6 +37,40 @@ struct Logger {
     every_batch: bool,
     hang_at: Option<u64>,
     hang_marker: String,
+    poison: HashSet<(u32, u64)>,
+    failures: String,
+}
+
+fn append(path: &str, line: &str) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    f.write_all(format!("{line}\n").as_bytes())
+}
+
+/// The Kinesis destination, refusing its first sends and logging when it
+/// accepted.
+struct LoggedDestination {
+    inner: KinesisDestination,
+    refuse: AtomicU32,
+    log: String,
+}
+
+#[kcl::async_trait]
+impl FailureDestination for LoggedDestination {
+    async fn send(&self, failed: &[FailedRecord]) -> Result<(), ProcessorError> {
+        if self
+            .refuse
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err("refused by the test".into());
+        }
+        self.inner.send(failed).await?;
+        append(&self.log, &now_ns().to_string())?;
+        Ok(())
+    }
 }
 
 #[kcl::async_trait]
@@ -36,6 +81,16 @@ impl RecordProcessor for Logger {
         cp: &mut Checkpointer,
     ) -> Result<(), ProcessorError> {
         let start = now_ns();
+        if batch
+            .records
+            .iter()
+            .filter_map(|r| kcl_tests::TestRecord::parse(&r.data))
+            .any(|t| self.poison.contains(&(t.key, t.counter)))
+        {
+            let line = serde_json::json!({ "size": batch.records.len(), "ns": start.to_string() });
+            append(&self.failures, &line.to_string())?;
+            return Err("a poison record".into());
+        }
         if let Some(n) = self.hang_at
             && batch
                 .records
@@ -108,12 +163,42 @@ async fn main() -> anyhow::Result<()> {
         Ok("per-lease") => kcl::LeaseRenewal::PerLease,
         Ok(other) => anyhow::bail!("KCL_E2E_RENEWAL={other}: expected liveness or per-lease"),
     };
+    let poison: HashSet<(u32, u64)> = match std::env::var("KCL_E2E_POISON") {
+        Err(_) => HashSet::new(),
+        Ok(list) => list
+            .split(',')
+            .map(|r| {
+                let (k, c) = r
+                    .split_once(':')
+                    .with_context(|| format!("KCL_E2E_POISON: {r:?} is not key:counter"))?;
+                Ok((k.parse()?, c.parse()?))
+            })
+            .collect::<anyhow::Result<_>>()?,
+    };
+    let lanes: usize = std::env::var("KCL_E2E_LANES").map_or(Ok(1), |v| v.parse())?;
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let policy = match std::env::var("KCL_E2E_DLQ_STREAM") {
+        Err(_) => FailurePolicy::Retry,
+        Ok(stream) => {
+            let attempts: u32 =
+                std::env::var("KCL_E2E_MAX_ATTEMPTS").map_or(Ok(3), |v| v.parse())?;
+            let refuse: u32 = std::env::var("KCL_E2E_DLQ_REFUSE").map_or(Ok(0), |v| v.parse())?;
+            let destination = LoggedDestination {
+                inner: KinesisDestination::new(aws_sdk_kinesis::Client::new(&sdk), stream),
+                refuse: AtomicU32::new(refuse),
+                log: format!("{out_path}.dlq"),
+            };
+            FailurePolicy::Isolate(PoisonPolicy::send_to(destination).max_attempts(attempts))
+        }
+    };
+    let failures = format!("{out_path}.failures");
     let builder = Worker::builder(var("KCL_E2E_APP")?)
         .stream(var("KCL_E2E_STREAM")?)
         .sdk_config(&sdk)
         .worker_id(&worker_id)
         .initial_position(InitialPosition::TrimHorizon)
+        .failure_policy(policy)
+        .parallelism_per_shard(lanes)
         .lease_duration(Duration::from_secs(6))
         .renewal(renewal)
         .taker_interval(Duration::from_secs(2))
@@ -140,6 +225,8 @@ async fn main() -> anyhow::Result<()> {
             every_batch,
             hang_at,
             hang_marker: hang_marker.clone(),
+            poison: poison.clone(),
+            failures: failures.clone(),
         })
         .build()?;
     let handle = worker.handle();

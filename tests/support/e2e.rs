@@ -109,6 +109,17 @@ impl Verdict {
 /// Checks `batches` against the records produced: `keys` keys with
 /// counters `0..per_key`.
 pub fn verify(batches: &[BatchLog], keys: u32, per_key: u64) -> Verdict {
+    verify_skipping(batches, keys, per_key, &HashSet::new())
+}
+
+/// [`verify`], where the records `skipped` (set aside as poison) are not
+/// expected in any batch.
+pub fn verify_skipping(
+    batches: &[BatchLog],
+    keys: u32,
+    per_key: u64,
+    skipped: &HashSet<(u32, u64)>,
+) -> Verdict {
     let mut verdict = Verdict::default();
     let mut ordered: Vec<&BatchLog> = batches.iter().collect();
     ordered.sort_by_key(|b| (b.start_ns, b.end_ns));
@@ -120,6 +131,9 @@ pub fn verify(batches: &[BatchLog], keys: u32, per_key: u64) -> Verdict {
         *verdict.per_worker.entry(b.worker.clone()).or_default() += b.records.len();
         for &(key, counter) in &b.records {
             let expected = next.entry(key).or_default();
+            while skipped.contains(&(key, *expected)) {
+                *expected += 1;
+            }
             if counter == *expected {
                 *expected += 1;
             } else if counter < *expected {
@@ -135,7 +149,11 @@ pub fn verify(batches: &[BatchLog], keys: u32, per_key: u64) -> Verdict {
     }
     for key in 0..keys {
         let done = next.get(&key).copied().unwrap_or(0);
-        verdict.missing.extend((done..per_key).map(|c| (key, c)));
+        verdict.missing.extend(
+            (done..per_key)
+                .map(|c| (key, c))
+                .filter(|r| !skipped.contains(r)),
+        );
     }
 
     let mut by_shard: HashMap<&str, Vec<&BatchLog>> = HashMap::new();

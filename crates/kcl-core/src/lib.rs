@@ -28,9 +28,13 @@
 //!   from the scan to a take to its renewal).
 //! - [`config`]: lease settings, validated at `build()`.
 //! - [`processor`]: the application's `RecordProcessor` and its factory.
-//! - [`checkpointer`]: ownership-guarded, validated checkpoints.
+//! - [`poison`]: setting aside records a processor keeps failing on
+//!   (bisection, attempts, age) and the destinations they go to.
+//! - [`checkpointer`]: ownership-guarded, validated checkpoints, and the
+//!   low watermark of a shard processed in parallel lanes.
 //! - `consumer` (private): one shard's state machine, WaitingOnParents ->
-//!   Initializing -> Processing -> ShuttingDown.
+//!   Initializing -> Processing -> ShuttingDown; the delivery of a batch
+//!   under the failure policy; the parallel lanes of a shard.
 //! - [`worker`]: the `Worker` engine and its configuration.
 //!
 //! # Concurrency model
@@ -51,7 +55,10 @@
 //! - the **shard sync** task (abort-on-drop), which lists shards, creates
 //!   leases, cleans up finished ones and polls the stream tracker;
 //! - one **consumer** task per held lease in a `JoinSet`, each with its own
-//!   stop token; its processor is called from that task only.
+//!   stop token; its processor is called from that task only. With
+//!   `parallelism_per_shard(n)`, n > 1, the consumer task owns n lane
+//!   processors and runs each lane's batch in a task of its own (a
+//!   `JoinSet` it joins before it ends), one batch per lane at a time.
 //!
 //! The coordinator's tasks share the map of held leases (a mutex never held
 //! across an `.await`). Acquisitions reach the worker on a bounded channel of
@@ -69,6 +76,7 @@ pub mod cleanup;
 pub mod config;
 pub mod lease;
 pub mod leases;
+pub mod poison;
 pub mod processor;
 pub mod record;
 pub mod shard_sync;

@@ -5,6 +5,7 @@ use async_trait::async_trait;
 
 use crate::checkpointer::Checkpointer;
 use crate::lease::Checkpoint;
+use crate::poison::PoisonPolicy;
 use crate::record::Record;
 
 /// An error returned by a processor; what happens next is decided by the
@@ -22,6 +23,20 @@ pub struct ShardContext {
     pub lease_key: String,
     /// This worker's id.
     pub worker_id: String,
+    /// The lane this processor serves when the shard is processed in
+    /// parallel lanes (`parallelism_per_shard` above 1), `None` otherwise.
+    pub lane: Option<Lane>,
+}
+
+/// One of the parallel lanes of a shard: a processor instance that sees
+/// every record of the partition keys hashed to it, in shard order, and no
+/// other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lane {
+    /// This lane, `0..count`.
+    pub index: usize,
+    /// How many lanes the shard has.
+    pub count: usize,
 }
 
 /// What [`RecordProcessor::initialize`] is told.
@@ -116,7 +131,7 @@ where
 }
 
 /// What the worker does when a processor returns an error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub enum FailurePolicy {
     /// Deliver the same batch again after a backoff (capped exponential),
@@ -130,4 +145,16 @@ pub enum FailurePolicy {
     /// Stop processing the shard and release its lease, so that another
     /// worker (or this one, later) starts again from the last checkpoint.
     ReleaseShard,
+    /// Find the records the processor keeps failing on and set them aside
+    /// (to a [`FailureDestination`](crate::poison::FailureDestination), or
+    /// dropped and counted), so that one bad record never stalls the
+    /// shard; see [`crate::poison`]. Failures outside `process_records`
+    /// (in `initialize`, `shard_ended`) are retried as under `Retry`.
+    Isolate(PoisonPolicy),
+}
+
+impl FailurePolicy {
+    pub(crate) fn releases(&self) -> bool {
+        matches!(self, FailurePolicy::ReleaseShard)
+    }
 }

@@ -49,6 +49,7 @@ pub struct WorkerConfig {
     pub(crate) streams: Vec<StreamSpec>,
     pub(crate) initial_position: InitialPosition,
     pub(crate) failure_policy: FailurePolicy,
+    pub(crate) parallelism_per_shard: usize,
     pub(crate) shard_sync_interval: Duration,
     pub(crate) parent_poll_interval: Duration,
     pub(crate) shutdown_timeout: Duration,
@@ -66,6 +67,7 @@ impl WorkerConfig {
                 streams: Vec::new(),
                 initial_position: InitialPosition::Latest,
                 failure_policy: FailurePolicy::Retry,
+                parallelism_per_shard: 1,
                 shard_sync_interval: Duration::from_secs(60),
                 parent_poll_interval: Duration::from_secs(10),
                 shutdown_timeout: Duration::from_secs(25),
@@ -124,6 +126,21 @@ impl WorkerConfigBuilder {
         self.config.failure_policy = p;
         self
     }
+
+    /// Processes each shard in up to `n` parallel lanes (default 1, at
+    /// most [`MAX_PARALLELISM_PER_SHARD`]): the records of one partition
+    /// key always go to the same lane, in shard order, so a key's records
+    /// never overtake each other, while records of different keys are
+    /// processed concurrently. Each lane has its own processor instance
+    /// (the factory is called once per lane, with
+    /// [`ShardContext::lane`](crate::processor::ShardContext::lane) set),
+    /// and the shard's checkpoint advances to the highest position below
+    /// which every lane is done.
+    pub fn parallelism_per_shard(mut self, n: usize) -> Self {
+        self.config.parallelism_per_shard = n;
+        self
+    }
+
     /// How often shards are listed to create leases for new ones (default
     /// 60 s, jittered by +/-25%).
     pub fn shard_sync_interval(mut self, d: Duration) -> Self {
@@ -205,9 +222,29 @@ impl WorkerConfigBuilder {
         if c.max_backoff < Duration::from_millis(100) {
             return err("max_backoff", "must be at least 100ms");
         }
+        if !(1..=MAX_PARALLELISM_PER_SHARD).contains(&c.parallelism_per_shard) {
+            return Err(ConfigError {
+                field: "parallelism_per_shard",
+                reason: format!(
+                    "must be between 1 and {MAX_PARALLELISM_PER_SHARD}, not {}",
+                    c.parallelism_per_shard
+                ),
+            });
+        }
+        if let FailurePolicy::Isolate(p) = &c.failure_policy
+            && p.max_attempts == 0
+        {
+            return err(
+                "failure_policy",
+                "Isolate needs max_attempts of at least 1 (1 gives up on a record at its first failure)",
+            );
+        }
         Ok(c)
     }
 }
+
+/// The most lanes a shard can be processed in.
+pub const MAX_PARALLELISM_PER_SHARD: usize = 100;
 
 /// Supplies the streams a multi-stream worker consumes; polled at every
 /// shard sync, so streams can be added and removed while it runs (the Java
@@ -697,7 +734,8 @@ impl Worker {
             layout: spec.layout.clone(),
             worker_id: config.lease.worker_id().to_owned(),
             initial: config.initial_position,
-            policy: config.failure_policy,
+            policy: config.failure_policy.clone(),
+            parallelism: config.parallelism_per_shard,
             parent_poll_interval: config.parent_poll_interval,
             max_backoff: config.max_backoff,
             slots: Arc::default(),

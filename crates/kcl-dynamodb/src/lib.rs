@@ -8,6 +8,8 @@
 //!   a strongly consistent paginated scan or get.
 //! - [`liveness`]: the workers' liveness records (the worker-liveness
 //!   renewal mode), in a table of their own.
+//! - [`destination`]: [`DynamoDbDestination`], a table for records a
+//!   processor keeps failing on (`FailurePolicy::Isolate`).
 //! - [`table`]: creating the tables if missing and checking existing ones.
 //!
 //! The store passes the same conformance suite as the in-memory store
@@ -15,6 +17,7 @@
 //! workspace's end-to-end tests.
 #![warn(missing_docs)]
 
+pub mod destination;
 mod error;
 pub mod item;
 pub mod java;
@@ -22,5 +25,6 @@ pub mod liveness;
 pub mod store;
 pub mod table;
 
+pub use destination::DynamoDbDestination;
 pub use store::DynamoDbLeaseStore;
 pub use table::{Capacity, ensure_table, ensure_workers_table};

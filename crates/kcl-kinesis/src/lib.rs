@@ -42,6 +42,8 @@
 //!   so), and the reader whose task holds one `SubscribeToShard`
 //!   subscription at a time, renews it from the continuation sequence
 //!   number and replaces it when it falls silent.
+//! - [`KinesisDestination`] (`destination`): a dead-letter stream for
+//!   records a processor keeps failing on (`FailurePolicy::Isolate`).
 //! - [`fake`] (feature `test-util`): an in-memory Kinesis for tests and
 //!   benchmarks with thousands of shards.
 //!
@@ -68,6 +70,7 @@ mod arn;
 mod budget;
 mod calls;
 mod config;
+mod destination;
 mod discovery;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fake;
@@ -88,6 +91,7 @@ pub use budget::DEFAULT_PREFETCH_BUDGET;
 pub use config::{
     ConfigError, MAX_GET_RECORDS_LIMIT, MIN_TIME_BETWEEN_READS, PollingConfig, PollingConfigBuilder,
 };
+pub use destination::KinesisDestination;
 pub use fanout::{DeregisterConsumer, FanOutConfig, FanOutConfigBuilder, MAX_CONSUMER_NAME_LEN};
 pub use source::{
     KinesisShardSource, KinesisShardSourceBuilder, MAX_LIST_SHARDS_RESULTS, Retrieval,

@@ -428,6 +428,7 @@ pub struct WorkerBuilder {
     handoff_timeout: Option<Duration>,
     initial_position: InitialPosition,
     failure_policy: FailurePolicy,
+    parallelism_per_shard: Option<usize>,
     max_records: Option<i32>,
     idle_time_between_reads: Option<Duration>,
     time_between_reads: Option<Duration>,
@@ -485,6 +486,7 @@ impl WorkerBuilder {
             handoff_timeout: None,
             initial_position: InitialPosition::Latest,
             failure_policy: FailurePolicy::Retry,
+            parallelism_per_shard: None,
             max_records: None,
             idle_time_between_reads: None,
             time_between_reads: None,
@@ -603,6 +605,16 @@ impl WorkerBuilder {
         self.failure_policy = policy;
         self
     }
+
+    setter!(
+        /// Processes each shard in up to this many parallel lanes (default
+        /// 1, at most 100): a partition key always goes to the same lane
+        /// and its records stay in shard order; each lane has its own
+        /// processor instance (see
+        /// [`ShardContext::lane`](crate::ShardContext::lane)); the
+        /// checkpoint advances to the point below which every lane is done.
+        parallelism_per_shard: usize
+    );
 
     setter!(
         /// Lease duration (default 10 s): how long peers wait for a silent
@@ -851,6 +863,9 @@ impl WorkerBuilder {
         let mut config = WorkerConfig::builder(lease)
             .initial_position(self.initial_position)
             .failure_policy(self.failure_policy);
+        if let Some(n) = self.parallelism_per_shard {
+            config = config.parallelism_per_shard(n);
+        }
         if let Some(d) = self.shard_sync_interval {
             config = config.shard_sync_interval(d);
         }

@@ -54,17 +54,19 @@ mod signal;
 pub use async_trait::async_trait;
 pub use builder::{Error, Worker, WorkerBuilder};
 pub use kcl_core::checkpointer::{CheckpointError, Checkpointer};
+pub use kcl_core::poison::{FailedRecord, FailureDestination, FailureReason, PoisonPolicy};
 pub use kcl_core::processor::{
-    FailurePolicy, InitializeInput, ProcessorError, ProcessorFactory, RecordBatch, RecordProcessor,
-    ShardContext,
+    FailurePolicy, InitializeInput, Lane, ProcessorError, ProcessorFactory, RecordBatch,
+    RecordProcessor, ShardContext,
 };
 pub use kcl_core::source::InitialPosition;
 pub use kcl_core::worker::{RemovedStreamPolicy, WorkerHandle, WorkerStatus};
 pub use kcl_core::{Checkpoint, ConfigError, LeaseRenewal, Record};
-pub use kcl_kinesis::PollingConfig;
+pub use kcl_dynamodb::DynamoDbDestination;
 pub use kcl_kinesis::{
     DeregisterConsumer, FanOutConfig, FanOutConfigBuilder, Retrieval, SourceStats,
 };
+pub use kcl_kinesis::{KinesisDestination, PollingConfig};
 pub use signal::shutdown_signal;
 
 /// The building blocks, for applications that wire their own store or

@@ -17,6 +17,11 @@ use crate::leases::LeaseHandle;
 use crate::record::Record;
 use crate::store::{CheckpointUpdate, LeaseStore, StoreError};
 
+mod window;
+
+use window::Position;
+pub(crate) use window::Window;
+
 /// Why a checkpoint was not written.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -44,9 +49,23 @@ pub enum CheckpointError {
     /// The lease store failed even after retries.
     #[error("checkpoint could not be written")]
     Store(#[source] StoreError),
+    /// The call does not apply to a shard processed in parallel lanes.
+    #[error("{call} is not available in a shard processed in parallel lanes: {why}")]
+    NotInLanes {
+        /// The method called.
+        call: &'static str,
+        /// Why it does not apply.
+        why: &'static str,
+    },
 }
 
 /// Writes checkpoints for one shard. Given to the processor with each batch.
+///
+/// In a shard processed in parallel lanes, each lane's processor has its
+/// own checkpointer, and a checkpoint means "this lane is done up to
+/// here": the shard's checkpoint moves to the low watermark, the highest
+/// position below which every lane is done, so a restart never skips a
+/// record a slower lane had not finished.
 pub struct Checkpointer {
     store: Arc<dyn LeaseStore>,
     lease: LeaseHandle,
@@ -58,6 +77,23 @@ pub struct Checkpointer {
     lost: CancellationToken,
     /// `stream` and `shard` labels of this shard's metrics.
     labels: [(&'static str, String); 2],
+    /// Set for a lane's checkpointer: where its writes go.
+    lane: Option<LaneLink>,
+}
+
+/// A lane's tie to its shard: the window of records handed to the lanes,
+/// and the one checkpointer that writes the shard's checkpoint (one, so
+/// that each write is conditional on the checkpoint before it).
+struct LaneLink {
+    index: usize,
+    window: Arc<std::sync::Mutex<Window>>,
+    shard: Arc<tokio::sync::Mutex<Checkpointer>>,
+}
+
+impl LaneLink {
+    fn window(&self) -> std::sync::MutexGuard<'_, Window> {
+        self.window.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl fmt::Debug for Checkpointer {
@@ -91,6 +127,41 @@ impl Checkpointer {
             shard_ended: false,
             children: Vec::new(),
             lost,
+            lane: None,
+        }
+    }
+
+    /// The checkpointer of lane `index` of the shard whose checkpointer is
+    /// `shard` (locked by the caller while it builds the lanes).
+    pub(crate) fn for_lane(
+        template: &Checkpointer,
+        index: usize,
+        window: Arc<std::sync::Mutex<Window>>,
+        shard: Arc<tokio::sync::Mutex<Checkpointer>>,
+    ) -> Self {
+        Checkpointer {
+            store: Arc::clone(&template.store),
+            lease: template.lease.clone(),
+            last_checkpoint: template.last_checkpoint.clone(),
+            last_delivered: None,
+            shard_ended: false,
+            children: Vec::new(),
+            lost: template.lost.clone(),
+            labels: template.labels.clone(),
+            lane: Some(LaneLink {
+                index,
+                window,
+                shard,
+            }),
+        }
+    }
+
+    /// The records delivered so far were processed (the processor
+    /// returned `Ok`, or they were set aside): in a lane, they no longer
+    /// hold the shard's watermark back. Nothing is written.
+    pub(crate) fn processed(&mut self) {
+        if let (Some(link), Some(through)) = (&self.lane, &self.last_delivered) {
+            link.window().done_through(link.index, through);
         }
     }
 
@@ -133,6 +204,8 @@ impl Checkpointer {
     /// The shard ended, its children being `children`: the next
     /// `checkpoint` records SHARD_END, and the children with it.
     pub(crate) fn set_shard_ended(&mut self, children: Vec<String>) {
+        // A lane's checkpoint at the end writes through the shard's
+        // checkpointer, which the consumer marks ended too.
         self.shard_ended = true;
         self.children = children;
     }
@@ -151,8 +224,38 @@ impl Checkpointer {
     }
 
     /// Checkpoints the last record delivered; in `shard_ended`, records
-    /// SHARD_END so the shard's children can start.
+    /// SHARD_END so the shard's children can start. In a lane: this lane is
+    /// done up to its last delivered record, and the shard's checkpoint
+    /// moves to the low watermark of all lanes.
     pub async fn checkpoint(&mut self) -> Result<(), CheckpointError> {
+        if self.lane.is_some() {
+            self.processed();
+            return self.write_watermark().await;
+        }
+        self.checkpoint_delivered().await
+    }
+
+    /// Moves the shard's checkpoint to the lanes' low watermark (or to
+    /// SHARD_END once the shard ended, every lane being drained by then).
+    async fn write_watermark(&mut self) -> Result<(), CheckpointError> {
+        let Some(link) = &self.lane else {
+            return Ok(());
+        };
+        let watermark = link.window().watermark().cloned();
+        let mut shard = link.shard.lock().await;
+        let result = match watermark {
+            _ if shard.shard_ended => shard.checkpoint_delivered().await,
+            Some(position) => {
+                shard.last_delivered = Some(position);
+                shard.checkpoint_delivered().await
+            }
+            None => Ok(()),
+        };
+        self.last_checkpoint = shard.last_checkpoint.clone();
+        result
+    }
+
+    async fn checkpoint_delivered(&mut self) -> Result<(), CheckpointError> {
         let target = if self.shard_ended {
             Checkpoint::ShardEnd
         } else {
@@ -187,8 +290,16 @@ impl Checkpointer {
 
     /// Checkpoints at `(seq, sub)`, which must lie after the last checkpoint
     /// and at or before the last record delivered.
+    ///
+    /// In a lane: this lane's records up to `(seq, sub)` are done, and the
+    /// shard's checkpoint moves to the low watermark of all lanes.
     pub async fn checkpoint_at(&mut self, seq: &str, sub: u64) -> Result<(), CheckpointError> {
         let target = self.validate(seq, sub)?;
+        if let Some(link) = &self.lane {
+            let through: Position = (seq.to_owned(), sub);
+            link.window().done_through(link.index, &through);
+            return self.write_watermark().await;
+        }
         self.write(CheckpointUpdate::to(target)).await
     }
 
@@ -202,6 +313,13 @@ impl Checkpointer {
         sub: u64,
         state: Option<Vec<u8>>,
     ) -> Result<(), CheckpointError> {
+        if self.lane.is_some() {
+            return Err(CheckpointError::NotInLanes {
+                call: "prepare_checkpoint",
+                why: "a pending checkpoint names one position of the shard, and lanes finish \
+                      out of order; commit each lane's work with checkpoint() instead",
+            });
+        }
         let pending = self.validate(seq, sub)?;
         let update = CheckpointUpdate {
             pending: Some(pending),

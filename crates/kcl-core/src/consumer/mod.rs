@@ -19,11 +19,16 @@ use crate::leases::LeaseHandle;
 use crate::processor::{
     FailurePolicy, InitializeInput, ProcessorFactory, RecordBatch, RecordProcessor, ShardContext,
 };
+
+mod delivery;
+mod lanes;
+
 use crate::source::{
     Batch, ChildShard, InitialPosition, OpenShard, ShardReader, ShardSource, SourceError,
     StartPosition,
 };
 use crate::store::LeaseStore;
+use delivery::deliver;
 
 /// Everything a consumer needs besides its lease; shared by all consumers
 /// of one stream.
@@ -37,6 +42,8 @@ pub(crate) struct ConsumerSetup {
     pub(crate) worker_id: String,
     pub(crate) initial: InitialPosition,
     pub(crate) policy: FailurePolicy,
+    /// Lanes per shard; 1 processes a shard in one task, batch by batch.
+    pub(crate) parallelism: usize,
     pub(crate) parent_poll_interval: Duration,
     pub(crate) max_backoff: Duration,
     /// One consumer per shard at a time in this worker (see [`ShardSlots`]).
@@ -133,6 +140,7 @@ pub(crate) enum ConsumerExit {
     HandedOff,
 }
 
+#[derive(Debug, Clone, Copy)]
 enum Stop {
     LeaseLost,
     Shutdown,
@@ -164,12 +172,16 @@ impl Backoff {
     }
 }
 
+#[derive(Clone)]
 struct Consumer {
     setup: Arc<ConsumerSetup>,
     lease: LeaseHandle,
     shutdown: CancellationToken,
     /// Cancelled by the checkpointer when a checkpoint is rejected.
     lost: CancellationToken,
+    /// Cancelled when a shard processed in lanes stops, for the lanes still
+    /// retrying: the consumer already knows why it stops.
+    halt: CancellationToken,
     ctx: ShardContext,
 }
 
@@ -177,11 +189,20 @@ impl Consumer {
     /// Waits `d` unless the lease ends or shutdown is requested first.
     async fn pause(&self, d: Duration) -> Result<(), Stop> {
         tokio::select! {
-            _ = self.lease.ended() => Err(Stop::LeaseLost),
-            _ = self.lost.cancelled() => Err(Stop::LeaseLost),
-            _ = self.lease.handoff_requested() => Err(Stop::Handoff),
-            _ = self.shutdown.cancelled() => Err(Stop::Shutdown),
+            stop = self.stopped() => Err(stop),
+            _ = self.halt.cancelled() => Err(Stop::Release),
             _ = tokio::time::sleep(d) => Ok(()),
+        }
+    }
+
+    /// Completes when the consumer must stop, saying why.
+    async fn stopped(&self) -> Stop {
+        tokio::select! {
+            biased;
+            _ = self.lease.ended() => Stop::LeaseLost,
+            _ = self.lost.cancelled() => Stop::LeaseLost,
+            _ = self.lease.handoff_requested() => Stop::Handoff,
+            _ = self.shutdown.cancelled() => Stop::Shutdown,
         }
     }
 
@@ -210,12 +231,14 @@ pub(crate) async fn run(
         shard_id: held.shard_id.clone(),
         lease_key: held.key.clone(),
         worker_id: setup.worker_id.clone(),
+        lane: None,
     };
     let c = Consumer {
         setup,
         lease,
         shutdown,
         lost: CancellationToken::new(),
+        halt: CancellationToken::new(),
         ctx,
     };
     // Held until this consumer returns: the next consumer of the shard in
@@ -260,6 +283,11 @@ pub(crate) async fn run(
         debug!("shard already finished");
         return ConsumerExit::ShardEnded;
     }
+    if c.setup.parallelism > 1 {
+        let exit = lanes::run(&c, &current, c.setup.parallelism).await;
+        forget_lag(&c);
+        return exit;
+    }
     let mut processor = c.setup.factory.create(&c.ctx);
     let mut checkpointer = Checkpointer::new(
         Arc::clone(&c.setup.store),
@@ -285,15 +313,7 @@ pub(crate) async fn run(
         }
         Err(stop) => Err(stop),
     };
-    // This worker no longer reads the shard: its lag drops out of the
-    // fleet's max(), where the new owner's own gauge counts instead of a
-    // stale value frozen at the moment the lease moved.
-    metrics::gauge!(
-        "kcl_millis_behind_latest",
-        "stream" => c.ctx.stream.clone(),
-        "shard" => c.ctx.shard_id.clone()
-    )
-    .set(0.0);
+    forget_lag(&c);
     // ShuttingDown: exactly one of the three endings reaches the processor.
     match outcome {
         Ok(()) => ConsumerExit::ShardEnded,
@@ -320,6 +340,18 @@ pub(crate) async fn run(
             ConsumerExit::Release
         }
     }
+}
+
+/// This worker no longer reads the shard: its lag drops out of the fleet's
+/// max(), where the new owner's own gauge counts instead of a stale value
+/// frozen at the moment the lease moved.
+fn forget_lag(c: &Consumer) {
+    metrics::gauge!(
+        "kcl_millis_behind_latest",
+        "stream" => c.ctx.stream.clone(),
+        "shard" => c.ctx.shard_id.clone()
+    )
+    .set(0.0);
 }
 
 fn exit_without_processor(stop: Stop) -> ConsumerExit {
@@ -382,7 +414,7 @@ async fn initialize(
             Ok(()) => return Ok(()),
             Err(e) => {
                 processor_error("initialize", &c.ctx, &*e);
-                if c.setup.policy == FailurePolicy::ReleaseShard {
+                if c.setup.policy.releases() {
                     return Err(Stop::Release);
                 }
                 c.pause(backoff.step()).await?;
@@ -434,80 +466,23 @@ async fn process(
         return Ok(());
     };
     let mut reader = open_reader(c, position.clone()).await?;
-    let mut read_backoff = Backoff::new(c.setup.max_backoff);
-    let mut failed_reads = 0u32;
-    let labels = [
-        ("stream", c.ctx.stream.clone()),
-        ("shard", c.ctx.shard_id.clone()),
-    ];
+    let mut reads = ReadFailures::new(c.setup.max_backoff);
+    let labels = shard_labels(c);
     loop {
         let fetched = tokio::select! {
             biased;
-            _ = c.lease.ended() => return Err(Stop::LeaseLost),
-            _ = c.lost.cancelled() => return Err(Stop::LeaseLost),
-            _ = c.lease.handoff_requested() => return Err(Stop::Handoff),
-            _ = c.shutdown.cancelled() => return Err(Stop::Shutdown),
+            stop = c.stopped() => return Err(stop),
             fetched = reader.next_batch() => fetched,
         };
-        let batch: Batch = match fetched {
-            Ok(batch) => {
-                read_backoff.reset();
-                failed_reads = 0;
-                batch
-            }
-            Err(SourceError::LeaseLost { .. }) => {
-                return Err(c.still_ours().err().unwrap_or(Stop::LeaseLost));
-            }
-            Err(e) if e.is_retryable() => {
-                warn!(error = %e, "reading the shard failed; retrying");
-                c.pause(read_backoff.step()).await?;
-                continue;
-            }
-            Err(e @ SourceError::StreamNotFound { .. }) => {
-                // The stream was deleted. Every worker would find the same,
-                // so the lease (and its checkpoint) stays here rather than
-                // moving around the fleet; the stream tracker retires the
-                // consumer if the stream is dropped from the application,
-                // and the removed-stream policy decides about its leases.
-                error!(error = %e, "the stream is gone; keeping the shard and checking again");
-                c.pause(read_backoff.step()).await?;
-                reader = open_reader(c, position.clone()).await?;
-                continue;
-            }
-            Err(e) => {
-                // The reader cannot go on (the shard was trimmed or the
-                // stream deleted): reopen from the last delivered record a
-                // few times, then give the shard back.
-                failed_reads += 1;
-                error!(error = %e, attempt = failed_reads, "shard reader failed");
-                if failed_reads >= 5 {
-                    return Err(Stop::Release);
-                }
-                c.pause(read_backoff.step()).await?;
-                reader = open_reader(c, position.clone()).await?;
-                continue;
-            }
+        let Some(batch) = reads.judge(c, fetched, &mut reader, &position).await? else {
+            continue;
         };
-        // The reader checked the lease when it was asked for this batch,
-        // but the batch can arrive much later (the process was paused with
-        // the batch prefetched, and resumes after a peer took the lease):
-        // nothing reaches the processor unless the lease is still ours
-        // (invariant 1).
-        c.still_ours()?;
         if let Some(last) = batch.records.last() {
             position = StartPosition::AfterCheckpoint {
                 seq: last.sequence_number.clone(),
                 sub: last.sub_sequence_number,
             };
-            let bytes: usize = batch.records.iter().map(|r| r.data.len()).sum();
-            metrics::counter!("kcl_records_processed_total", &labels)
-                .increment(batch.records.len() as u64);
-            metrics::counter!("kcl_bytes_processed_total", &labels).increment(bytes as u64);
-            metrics::histogram!("kcl_records_per_batch", &labels)
-                .record(batch.records.len() as f64);
-            if let Some(ms) = batch.millis_behind_latest {
-                metrics::gauge!("kcl_millis_behind_latest", &labels).set(ms as f64);
-            }
+            count_batch(&labels, &batch);
             let records = RecordBatch {
                 records: batch.records,
                 millis_behind_latest: batch.millis_behind_latest,
@@ -520,52 +495,96 @@ async fn process(
             metrics::gauge!("kcl_millis_behind_latest", &labels).set(ms as f64);
         }
         if let Some(children) = batch.shard_end {
-            return finish_shard(c, processor, checkpointer, &children).await;
+            return finish_shard(c, &mut [(processor, checkpointer)], None, &children).await;
         }
     }
 }
 
-/// Hands one batch to the processor, applying the failure policy.
-async fn deliver(
-    c: &Consumer,
-    processor: &mut dyn RecordProcessor,
-    checkpointer: &mut Checkpointer,
-    batch: &RecordBatch,
-) -> Result<(), Stop> {
-    let mut backoff = Backoff::new(c.setup.max_backoff);
-    let before = checkpointer.delivered_position();
-    loop {
-        if let Some(last) = batch.records.last() {
-            checkpointer.delivered(last);
+fn shard_labels(c: &Consumer) -> [(&'static str, String); 2] {
+    [
+        ("stream", c.ctx.stream.clone()),
+        ("shard", c.ctx.shard_id.clone()),
+    ]
+}
+
+/// The metrics of one fetched batch with records.
+fn count_batch(labels: &[(&'static str, String); 2], batch: &Batch) {
+    let bytes: usize = batch.records.iter().map(|r| r.data.len()).sum();
+    metrics::counter!("kcl_records_processed_total", labels).increment(batch.records.len() as u64);
+    metrics::counter!("kcl_bytes_processed_total", labels).increment(bytes as u64);
+    metrics::histogram!("kcl_records_per_batch", labels).record(batch.records.len() as f64);
+    if let Some(ms) = batch.millis_behind_latest {
+        metrics::gauge!("kcl_millis_behind_latest", labels).set(ms as f64);
+    }
+}
+
+/// What a consumer does about a failed fetch: wait and retry, reopen the
+/// reader, or give the shard up.
+struct ReadFailures {
+    backoff: Backoff,
+    failed: u32,
+}
+
+impl ReadFailures {
+    fn new(max_backoff: Duration) -> Self {
+        ReadFailures {
+            backoff: Backoff::new(max_backoff),
+            failed: 0,
         }
-        match processor.process_records(batch, checkpointer).await {
-            Ok(()) => return c.still_ours_after_checkpoint(),
-            Err(e) => {
-                processor_error("process_records", &c.ctx, &*e);
-                // Not processed: a checkpoint taken before the retry succeeds
-                // (in shutdown_requested, at a handoff) must not cover it.
-                checkpointer.rewind(before.clone());
+    }
+
+    /// The batch to hand on, `None` to fetch again (after a pause or a
+    /// reopen from `position`), or why the consumer stops.
+    async fn judge(
+        &mut self,
+        c: &Consumer,
+        fetched: Result<Batch, SourceError>,
+        reader: &mut Box<dyn ShardReader>,
+        position: &StartPosition,
+    ) -> Result<Option<Batch>, Stop> {
+        match fetched {
+            Ok(batch) => {
+                self.backoff.reset();
+                self.failed = 0;
+                // The reader checked the lease when it was asked for this
+                // batch, but the batch can arrive much later (the process
+                // was paused with the batch prefetched, and resumes after a
+                // peer took the lease): nothing reaches the processor unless
+                // the lease is still ours (invariant 1).
                 c.still_ours()?;
-                match c.setup.policy {
-                    FailurePolicy::Retry => c.pause(backoff.step()).await?,
-                    FailurePolicy::Skip => {
-                        if let Some(last) = batch.records.last() {
-                            checkpointer.delivered(last);
-                        }
-                        metrics::counter!(
-                            "kcl_processor_batches_skipped_total",
-                            "stream" => c.ctx.stream.clone(),
-                            "shard" => c.ctx.shard_id.clone()
-                        )
-                        .increment(1);
-                        warn!(
-                            records = batch.records.len(),
-                            "skipping the failed batch, as configured"
-                        );
-                        return Ok(());
-                    }
-                    FailurePolicy::ReleaseShard => return Err(Stop::Release),
+                Ok(Some(batch))
+            }
+            Err(SourceError::LeaseLost { .. }) => {
+                Err(c.still_ours().err().unwrap_or(Stop::LeaseLost))
+            }
+            Err(e) if e.is_retryable() => {
+                warn!(error = %e, "reading the shard failed; retrying");
+                c.pause(self.backoff.step()).await?;
+                Ok(None)
+            }
+            Err(e @ SourceError::StreamNotFound { .. }) => {
+                // The stream was deleted. Every worker would find the same,
+                // so the lease (and its checkpoint) stays here rather than
+                // moving around the fleet; the stream tracker retires the
+                // consumer if the stream is dropped from the application,
+                // and the removed-stream policy decides about its leases.
+                error!(error = %e, "the stream is gone; keeping the shard and checking again");
+                c.pause(self.backoff.step()).await?;
+                *reader = open_reader(c, position.clone()).await?;
+                Ok(None)
+            }
+            Err(e) => {
+                // The reader cannot go on (the shard was trimmed or the
+                // stream deleted): reopen from the last delivered record a
+                // few times, then give the shard back.
+                self.failed += 1;
+                error!(error = %e, attempt = self.failed, "shard reader failed");
+                if self.failed >= 5 {
+                    return Err(Stop::Release);
                 }
+                c.pause(self.backoff.step()).await?;
+                *reader = open_reader(c, position.clone()).await?;
+                Ok(None)
             }
         }
     }
@@ -584,42 +603,60 @@ impl Consumer {
 }
 
 /// ShuttingDown at SHARD_END: create the children's leases (so they start
-/// without waiting for a shard sync), then let the processor checkpoint
-/// SHARD_END, retrying until it does.
+/// without waiting for a shard sync), then let the processors (one, or one
+/// per lane, every lane drained) checkpoint SHARD_END, retrying until one
+/// does. `shard` is the shard's own checkpointer when the processors have
+/// lane checkpointers.
 async fn finish_shard(
     c: &Consumer,
-    processor: &mut dyn RecordProcessor,
-    checkpointer: &mut Checkpointer,
+    processors: &mut [(&mut dyn RecordProcessor, &mut Checkpointer)],
+    shard: Option<&tokio::sync::Mutex<Checkpointer>>,
     children: &[ChildShard],
 ) -> Result<(), Stop> {
     create_children(c, children).await?;
-    checkpointer.set_shard_ended(children.iter().map(|c| c.shard_id.clone()).collect());
+    let ids: Vec<String> = children.iter().map(|c| c.shard_id.clone()).collect();
+    if let Some(shard) = shard {
+        shard.lock().await.set_shard_ended(ids.clone());
+    }
+    for (_, checkpointer) in processors.iter_mut() {
+        checkpointer.set_shard_ended(ids.clone());
+    }
     let mut backoff = Backoff::new(c.setup.max_backoff);
     loop {
-        match processor.shard_ended(checkpointer).await {
-            Ok(()) if *checkpointer.last_checkpoint() == Checkpoint::ShardEnd => {
-                info!("shard finished");
-                return Ok(());
-            }
-            Ok(()) => {
-                c.still_ours_after_checkpoint()?;
-                error!(
-                    "the processor returned from shard_ended without checkpointing; the shard's children cannot start until it does"
-                );
-                metrics::counter!(
-                    "kcl_shard_end_not_checkpointed_total",
-                    "stream" => c.ctx.stream.clone(),
-                    "shard" => c.ctx.shard_id.clone()
-                )
-                .increment(1);
-            }
-            Err(e) => {
-                processor_error("shard_ended", &c.ctx, &*e);
-                c.still_ours()?;
-                if c.setup.policy == FailurePolicy::ReleaseShard {
-                    return Err(Stop::Release);
+        let mut failed = false;
+        for (processor, checkpointer) in processors.iter_mut() {
+            match processor.shard_ended(checkpointer).await {
+                Ok(()) => c.still_ours_after_checkpoint()?,
+                Err(e) => {
+                    processor_error("shard_ended", &c.ctx, &*e);
+                    c.still_ours()?;
+                    if c.setup.policy.releases() {
+                        return Err(Stop::Release);
+                    }
+                    failed = true;
                 }
             }
+        }
+        let ended = match shard {
+            Some(shard) => *shard.lock().await.last_checkpoint() == Checkpoint::ShardEnd,
+            None => processors
+                .iter()
+                .any(|(_, cp)| *cp.last_checkpoint() == Checkpoint::ShardEnd),
+        };
+        if ended {
+            info!("shard finished");
+            return Ok(());
+        }
+        if !failed {
+            error!(
+                "the processor returned from shard_ended without checkpointing; the shard's children cannot start until it does"
+            );
+            metrics::counter!(
+                "kcl_shard_end_not_checkpointed_total",
+                "stream" => c.ctx.stream.clone(),
+                "shard" => c.ctx.shard_id.clone()
+            )
+            .increment(1);
         }
         c.pause(backoff.step()).await?;
     }

@@ -1,0 +1,215 @@
+//! Handing one batch to a processor under the failure policy: retried,
+//! skipped, given back, or (under `Isolate`) bisected until the records the
+//! processor keeps failing on stand alone and go to their destination.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+
+use tracing::{error, warn};
+
+use super::{Backoff, Consumer, Stop, processor_error};
+use crate::checkpointer::Checkpointer;
+use crate::poison::{FailedRecord, FailureReason, PoisonPolicy};
+use crate::processor::{FailurePolicy, RecordBatch, RecordProcessor};
+
+/// Hands one batch to the processor, applying the failure policy. `Ok`
+/// once every record of it is processed or set aside.
+pub(super) async fn deliver(
+    c: &Consumer,
+    processor: &mut dyn RecordProcessor,
+    checkpointer: &mut Checkpointer,
+    batch: &RecordBatch,
+) -> Result<(), Stop> {
+    if let FailurePolicy::Isolate(policy) = &c.setup.policy {
+        return isolate(c, processor, checkpointer, batch, policy).await;
+    }
+    let mut backoff = Backoff::new(c.setup.max_backoff);
+    let before = checkpointer.delivered_position();
+    loop {
+        if let Some(last) = batch.records.last() {
+            checkpointer.delivered(last);
+        }
+        match processor.process_records(batch, checkpointer).await {
+            Ok(()) => {
+                c.still_ours_after_checkpoint()?;
+                checkpointer.processed();
+                return Ok(());
+            }
+            Err(e) => {
+                processor_error("process_records", &c.ctx, &*e);
+                // Not processed: a checkpoint taken before the retry succeeds
+                // (in shutdown_requested, at a handoff) must not cover it.
+                checkpointer.rewind(before.clone());
+                c.still_ours()?;
+                match c.setup.policy {
+                    FailurePolicy::Skip => {
+                        if let Some(last) = batch.records.last() {
+                            checkpointer.delivered(last);
+                        }
+                        checkpointer.processed();
+                        metrics::counter!(
+                            "kcl_processor_batches_skipped_total",
+                            "stream" => c.ctx.stream.clone(),
+                            "shard" => c.ctx.shard_id.clone()
+                        )
+                        .increment(1);
+                        warn!(
+                            records = batch.records.len(),
+                            "skipping the failed batch, as configured"
+                        );
+                        return Ok(());
+                    }
+                    FailurePolicy::ReleaseShard => return Err(Stop::Release),
+                    _ => c.pause(backoff.step()).await?,
+                }
+            }
+        }
+    }
+}
+
+/// `FailurePolicy::Isolate`: the batch is a queue of ranges, first the
+/// whole batch. A failing range is split in halves (with bisection) until
+/// it is one record; a range that cannot be split is retried until its
+/// records run out of attempts or age, then set aside. Ranges run in shard
+/// order, so everything before the range being tried is done and the
+/// checkpointer's "last delivered" is always a safe checkpoint.
+async fn isolate(
+    c: &Consumer,
+    processor: &mut dyn RecordProcessor,
+    checkpointer: &mut Checkpointer,
+    batch: &RecordBatch,
+    policy: &PoisonPolicy,
+) -> Result<(), Stop> {
+    let records = &batch.records;
+    let mut ranges: VecDeque<Range<usize>> = VecDeque::new();
+    ranges.push_back(0..records.len());
+    let mut attempts = vec![0u32; records.len()];
+    let mut backoff = Backoff::new(c.setup.max_backoff);
+    while let Some(range) = ranges.pop_front() {
+        if range.is_empty() {
+            continue;
+        }
+        let before = checkpointer.delivered_position();
+        checkpointer.delivered(&records[range.end - 1]);
+        let part;
+        let sub = if range.len() == records.len() {
+            batch
+        } else {
+            part = RecordBatch {
+                records: records[range.clone()].to_vec(),
+                millis_behind_latest: batch.millis_behind_latest,
+            };
+            &part
+        };
+        let e = match processor.process_records(sub, checkpointer).await {
+            Ok(()) => {
+                c.still_ours_after_checkpoint()?;
+                checkpointer.processed();
+                backoff.reset();
+                continue;
+            }
+            Err(e) => e,
+        };
+        processor_error("process_records", &c.ctx, &*e);
+        checkpointer.rewind(before);
+        c.still_ours()?;
+        if policy.bisect && range.len() > 1 {
+            // The halves are tried at once, as Lambda does: backing off at
+            // each of log2(n) levels would hold a shard for minutes behind
+            // one bad record of a full batch.
+            let mid = range.start + range.len() / 2;
+            ranges.push_front(mid..range.end);
+            ranges.push_front(range.start..mid);
+            continue;
+        }
+        for a in &mut attempts[range.clone()] {
+            *a += 1;
+        }
+        let verdicts: Vec<Option<FailureReason>> = range
+            .clone()
+            .map(|i| policy.verdict(&records[i], attempts[i]))
+            .collect();
+        if let Some(reason) = verdicts.iter().flatten().next().copied() {
+            // Given up on together: they were tried together.
+            let failed: Vec<FailedRecord> = range
+                .clone()
+                .map(|i| {
+                    FailedRecord::new(
+                        c.ctx.clone(),
+                        records[i].clone(),
+                        e.to_string(),
+                        attempts[i],
+                        verdicts[i - range.start].unwrap_or(reason),
+                    )
+                })
+                .collect();
+            set_aside(c, policy, &failed).await?;
+            checkpointer.delivered(&records[range.end - 1]);
+            checkpointer.processed();
+            backoff.reset();
+            continue;
+        }
+        ranges.push_front(range);
+        c.pause(backoff.step()).await?;
+    }
+    Ok(())
+}
+
+/// Sends `failed` to the policy's destination, retrying until it accepts
+/// them or the lease ends; or drops them, counted and logged.
+async fn set_aside(
+    c: &Consumer,
+    policy: &PoisonPolicy,
+    failed: &[FailedRecord],
+) -> Result<(), Stop> {
+    let labels = |outcome: &'static str| {
+        [
+            ("stream", c.ctx.stream.clone()),
+            ("shard", c.ctx.shard_id.clone()),
+            ("outcome", outcome.to_owned()),
+        ]
+    };
+    let Some(destination) = policy.destination() else {
+        for f in failed {
+            error!(
+                sequence_number = %f.record.sequence_number,
+                sub_sequence_number = f.record.sub_sequence_number,
+                partition_key = %f.record.partition_key,
+                attempts = f.attempts,
+                reason = %f.reason,
+                error = %f.error,
+                "dropping a record the processor keeps failing on, as configured"
+            );
+        }
+        metrics::counter!("kcl_poison_records_total", &labels("dropped"))
+            .increment(failed.len() as u64);
+        return Ok(());
+    };
+    let mut backoff = Backoff::new(c.setup.max_backoff);
+    loop {
+        c.still_ours()?;
+        match destination.send(failed).await {
+            Ok(()) => {
+                warn!(
+                    records = failed.len(),
+                    first = %failed[0].record.sequence_number,
+                    reason = %failed[0].reason,
+                    "records the processor keeps failing on went to the failure destination"
+                );
+                metrics::counter!("kcl_poison_records_total", &labels("sent"))
+                    .increment(failed.len() as u64);
+                return Ok(());
+            }
+            Err(e) => {
+                warn!(error = %e, records = failed.len(), "the failure destination refused the records; retrying");
+                metrics::counter!(
+                    "kcl_failure_destination_errors_total",
+                    "stream" => c.ctx.stream.clone(),
+                    "shard" => c.ctx.shard_id.clone()
+                )
+                .increment(1);
+                c.pause(backoff.step()).await?;
+            }
+        }
+    }
+}

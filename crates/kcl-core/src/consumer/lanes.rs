@@ -1,0 +1,340 @@
+//! A shard processed in parallel lanes (`parallelism_per_shard(n)`, n > 1).
+//!
+//! Each lane has its own processor instance, made by the application's
+//! factory with [`Lane`] in its context. A record goes to the lane its
+//! partition key hashes to, so a key always meets the same instance, in
+//! shard order, and per-key state needs no locking. Each lane runs one
+//! batch at a time in a task of its own; the consumer task fetches the
+//! next batch meanwhile, and stops fetching while any lane has
+//! [`QUEUE_DEPTH`] batches waiting. The shard's checkpoint follows the low
+//! watermark (see [`Window`]).
+//!
+//! At a shutdown or handoff, each lane works through the batches it was
+//! given (at most [`QUEUE_DEPTH`] besides the running one; a lane whose
+//! retries see the shutdown stops and drops its queue), then each lane's
+//! processor gets `shutdown_requested` to checkpoint: the watermark then
+//! covers everything fetched, and the next owner repeats nothing. At a
+//! lost lease, running calls finish (a call is never cut off), queued
+//! batches are dropped, and each processor gets `lease_lost`.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use tokio::task::{JoinError, JoinSet};
+use tracing::{info, warn};
+
+use super::{
+    Consumer, ConsumerExit, ReadFailures, Stop, count_batch, deliver, finish_shard, initialize,
+    open_reader, shard_labels,
+};
+use crate::checkpointer::{Checkpointer, Window};
+use crate::lease::{Checkpoint, Lease};
+use crate::processor::{InitializeInput, Lane, RecordBatch, RecordProcessor, ShardContext};
+use crate::record::Record;
+use crate::source::StartPosition;
+
+/// Batches a lane may have waiting before the consumer stops fetching.
+const QUEUE_DEPTH: usize = 2;
+
+type Processor = Box<dyn RecordProcessor>;
+type LaneDone = (usize, Processor, Checkpointer, Result<(), Stop>);
+
+/// The lane of a partition key: FNV-1a, stable across processes and
+/// releases (std's hasher promises neither), so a key stays in its lane
+/// from one owner of the shard to the next.
+pub(crate) fn lane_of(partition_key: &str, lanes: usize) -> usize {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in partition_key.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    usize::try_from(h % lanes as u64).unwrap_or(0)
+}
+
+struct Lanes {
+    /// Each lane's processor and checkpointer while it is idle.
+    idle: Vec<Option<(Processor, Checkpointer)>>,
+    queues: Vec<VecDeque<RecordBatch>>,
+    running: JoinSet<LaneDone>,
+    window: Arc<Mutex<Window>>,
+}
+
+impl Lanes {
+    fn has_room(&self) -> bool {
+        self.queues.iter().all(|q| q.len() < QUEUE_DEPTH)
+    }
+
+    fn drained(&self) -> bool {
+        self.running.is_empty() && self.queues.iter().all(VecDeque::is_empty)
+    }
+
+    /// Splits `records` by lane, in shard order within each, and starts
+    /// the idle lanes that got some.
+    fn dispatch(&mut self, c: &Arc<Consumer>, records: Vec<Record>, behind: Option<u64>) {
+        let count = self.queues.len();
+        let mut parts: Vec<Vec<Record>> = vec![Vec::new(); count];
+        {
+            let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
+            for record in records {
+                let lane = lane_of(&record.partition_key, count);
+                window.dispatch(
+                    lane,
+                    (record.sequence_number.clone(), record.sub_sequence_number),
+                );
+                parts[lane].push(record);
+            }
+        }
+        for (lane, records) in parts.into_iter().enumerate() {
+            if !records.is_empty() {
+                self.queues[lane].push_back(RecordBatch {
+                    records,
+                    millis_behind_latest: behind,
+                });
+                self.start(c, lane);
+            }
+        }
+    }
+
+    /// Starts lane `lane` on its next batch if it is idle and has one.
+    fn start(&mut self, c: &Arc<Consumer>, lane: usize) {
+        if self.idle[lane].is_none() || self.queues[lane].is_empty() {
+            return;
+        }
+        let (Some((mut processor, mut checkpointer)), Some(batch)) =
+            (self.idle[lane].take(), self.queues[lane].pop_front())
+        else {
+            return;
+        };
+        let c = Arc::clone(c);
+        self.running.spawn(async move {
+            let result = deliver(&c, processor.as_mut(), &mut checkpointer, &batch).await;
+            (lane, processor, checkpointer, result)
+        });
+    }
+
+    /// A lane finished its batch: it takes the next one, or the consumer
+    /// stops if the lane had to.
+    fn finished(
+        &mut self,
+        c: &Arc<Consumer>,
+        joined: Option<Result<LaneDone, JoinError>>,
+    ) -> Result<(), Stop> {
+        let Some(joined) = joined else {
+            return Ok(());
+        };
+        let (lane, processor, checkpointer, result) = rejoin(joined)?;
+        self.idle[lane] = Some((processor, checkpointer));
+        result?;
+        self.start(c, lane);
+        Ok(())
+    }
+
+    /// Lets every lane work through the batches it was given, so that the
+    /// watermark covers everything fetched and the next owner repeats
+    /// nothing. A lane that stops (its retries see the shutdown) drops its
+    /// queue.
+    async fn drain(&mut self, c: &Arc<Consumer>) {
+        while let Some(joined) = self.running.join_next().await {
+            let Ok((lane, processor, checkpointer, result)) = rejoin(joined) else {
+                continue;
+            };
+            self.idle[lane] = Some((processor, checkpointer));
+            if result.is_ok() {
+                self.start(c, lane);
+            } else {
+                self.queues[lane].clear();
+            }
+        }
+    }
+
+    /// Waits for every running lane to give its processor back; queued
+    /// batches are dropped.
+    async fn settle(&mut self) {
+        while let Some(joined) = self.running.join_next().await {
+            if let Ok((lane, processor, checkpointer, _)) = rejoin(joined) {
+                self.idle[lane] = Some((processor, checkpointer));
+            }
+        }
+        for q in &mut self.queues {
+            q.clear();
+        }
+    }
+}
+
+/// A lane task's result; a processor's panic goes on unwinding in the
+/// consumer task, where it does what a panic of a one-lane shard does.
+fn rejoin(joined: Result<LaneDone, JoinError>) -> Result<LaneDone, Stop> {
+    match joined {
+        Ok(done) => Ok(done),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => Err(Stop::LeaseLost),
+    }
+}
+
+/// Runs a shard in `count` lanes, from `start` to the shard's end, its
+/// lease's end, or shutdown; each lane's processor gets one ending.
+pub(super) async fn run(c: &Consumer, current: &Lease, count: usize) -> ConsumerExit {
+    let c = Arc::new(c.clone());
+    let start = &current.checkpoint;
+    let shard = Checkpointer::new(
+        Arc::clone(&c.setup.store),
+        c.lease.clone(),
+        start.clone(),
+        c.lost.clone(),
+    )
+    .for_shard(&c.ctx.stream, &c.ctx.shard_id);
+    let window = Arc::new(Mutex::new(Window::new(count)));
+    let shard = Arc::new(tokio::sync::Mutex::new(shard));
+    let lane_checkpointers: Vec<Checkpointer> = {
+        let template = shard.lock().await;
+        (0..count)
+            .map(|i| Checkpointer::for_lane(&template, i, Arc::clone(&window), Arc::clone(&shard)))
+            .collect()
+    };
+    let mut lanes = Lanes {
+        idle: Vec::with_capacity(count),
+        queues: vec![VecDeque::new(); count],
+        running: JoinSet::new(),
+        window,
+    };
+    let mut outcome = Ok(());
+    for (index, checkpointer) in lane_checkpointers.into_iter().enumerate() {
+        let ctx = ShardContext {
+            lane: Some(Lane { index, count }),
+            ..c.ctx.clone()
+        };
+        let mut processor = c.setup.factory.create(&ctx);
+        if outcome.is_ok() {
+            let input = InitializeInput {
+                shard: ctx,
+                checkpoint: start.clone(),
+                pending_checkpoint: current.pending_checkpoint.clone(),
+            };
+            outcome = initialize(&c, processor.as_mut(), &input).await;
+        }
+        lanes.idle.push(Some((processor, checkpointer)));
+    }
+    if outcome.is_ok() {
+        info!(lanes = count, "processing the shard in parallel lanes");
+        outcome = process(&c, &mut lanes, &shard, start).await;
+    }
+    match outcome {
+        // A graceful end: what was fetched is processed first.
+        Err(Stop::Shutdown | Stop::Handoff) => lanes.drain(&c).await,
+        // Lanes still retrying stop now; running calls finish.
+        _ => {
+            c.halt.cancel();
+            lanes.settle().await;
+        }
+    }
+    let mut processors: Vec<(Processor, Checkpointer)> = lanes.idle.into_iter().flatten().collect();
+    match outcome {
+        Ok(()) => ConsumerExit::ShardEnded,
+        Err(Stop::LeaseLost | Stop::Release) => {
+            info!("lease lost or given back; stopping the lanes' processors");
+            for (processor, _) in &mut processors {
+                processor.lease_lost().await;
+            }
+            match outcome {
+                Err(Stop::Release) => ConsumerExit::Release,
+                _ => ConsumerExit::LeaseLost,
+            }
+        }
+        Err(stop @ (Stop::Shutdown | Stop::Handoff)) => {
+            for (processor, checkpointer) in &mut processors {
+                if let Err(e) = processor.shutdown_requested(checkpointer).await {
+                    warn!(error = %e, "processor failed in shutdown_requested");
+                }
+            }
+            match stop {
+                Stop::Handoff => ConsumerExit::HandedOff,
+                _ => ConsumerExit::ShutDown,
+            }
+        }
+    }
+}
+
+/// Fetches and dispatches to the lanes until the shard ends (`Ok` once
+/// SHARD_END is checkpointed) or the consumer stops.
+async fn process(
+    c: &Arc<Consumer>,
+    lanes: &mut Lanes,
+    shard: &tokio::sync::Mutex<Checkpointer>,
+    start: &Checkpoint,
+) -> Result<(), Stop> {
+    let Some(mut position) = StartPosition::from_checkpoint(start, c.setup.initial) else {
+        return Ok(());
+    };
+    let mut reader = open_reader(c, position.clone()).await?;
+    let mut reads = ReadFailures::new(c.setup.max_backoff);
+    let labels = shard_labels(c);
+    loop {
+        while !lanes.has_room() {
+            tokio::select! {
+                biased;
+                stop = c.stopped() => return Err(stop),
+                joined = lanes.running.join_next() => lanes.finished(c, joined)?,
+            }
+        }
+        // The fetch runs while lanes finish: their results are taken as
+        // they come, and the fetch is never cut off and restarted.
+        let fetched = {
+            let fetch = reader.next_batch();
+            tokio::pin!(fetch);
+            loop {
+                tokio::select! {
+                    biased;
+                    stop = c.stopped() => return Err(stop),
+                    joined = lanes.running.join_next(), if !lanes.running.is_empty() => {
+                        lanes.finished(c, joined)?;
+                    }
+                    fetched = &mut fetch => break fetched,
+                }
+            }
+        };
+        let Some(batch) = reads.judge(c, fetched, &mut reader, &position).await? else {
+            continue;
+        };
+        if let Some(last) = batch.records.last() {
+            position = StartPosition::AfterCheckpoint {
+                seq: last.sequence_number.clone(),
+                sub: last.sub_sequence_number,
+            };
+            count_batch(&labels, &batch);
+            lanes.dispatch(c, batch.records, batch.millis_behind_latest);
+        } else if let Some(ms) = batch.millis_behind_latest {
+            metrics::gauge!("kcl_millis_behind_latest", &labels).set(ms as f64);
+        }
+        if let Some(children) = batch.shard_end {
+            while !lanes.drained() {
+                tokio::select! {
+                    biased;
+                    stop = c.stopped() => return Err(stop),
+                    joined = lanes.running.join_next() => lanes.finished(c, joined)?,
+                }
+            }
+            let mut refs: Vec<(&mut dyn RecordProcessor, &mut Checkpointer)> = lanes
+                .idle
+                .iter_mut()
+                .flatten()
+                .map(|(p, cp)| (p.as_mut() as &mut dyn RecordProcessor, cp))
+                .collect();
+            return finish_shard(c, &mut refs, Some(shard), &children).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lane_of;
+
+    #[test]
+    fn a_key_has_one_lane_and_keys_spread_over_all() {
+        assert_eq!(lane_of("order-17", 10), lane_of("order-17", 10));
+        let mut used = [0usize; 10];
+        for k in 0..1000 {
+            used[lane_of(&format!("key-{k}"), 10)] += 1;
+        }
+        assert!(used.iter().all(|n| *n > 50), "{used:?}");
+    }
+}

@@ -1,0 +1,719 @@
+//! Parallel lanes inside a shard and poison records, on whole workers over
+//! the in-memory store and source under a paused clock: each key's records
+//! in order whatever the lanes and delays, a checkpoint that never passes
+//! an unfinished record (kill anywhere, restart, nothing lost), handoff and
+//! shutdown mid-lane without loss or repeats, and poison records bisected
+//! out to a destination before the checkpoint passes them.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use kcl_core::checkpointer::Checkpointer;
+use kcl_core::poison::{FailedRecord, FailureDestination, FailureReason, PoisonPolicy};
+use kcl_core::processor::{
+    FailurePolicy, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
+};
+use kcl_core::source::InitialPosition;
+use kcl_core::source::memory::InMemoryShardSource;
+use kcl_core::store::memory::InMemoryLeaseStore;
+use kcl_core::worker::{StreamSpec, Worker, WorkerConfig, WorkerError, WorkerHandle};
+use kcl_core::{Checkpoint, LeaseConfig, LeaseLayout, LeaseStore};
+use proptest::prelude::*;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep};
+
+const STREAM: &str = "orders";
+
+/// What the processors saw.
+#[derive(Default)]
+struct Log {
+    /// (partition key, record number), in the order processed.
+    processed: Mutex<Vec<(String, u64)>>,
+    running: AtomicUsize,
+    most_running: AtomicUsize,
+    /// Failed calls of process_records (poison present).
+    failures: AtomicU32,
+}
+
+impl Log {
+    fn by_key(&self) -> BTreeMap<String, Vec<u64>> {
+        let mut m: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        for (pk, n) in self.processed.lock().unwrap().iter() {
+            m.entry(pk.clone()).or_default().push(*n);
+        }
+        m
+    }
+    fn count(&self) -> usize {
+        self.processed.lock().unwrap().len()
+    }
+}
+
+/// How long the processor works on record `(pk, n)`.
+type Delay = Arc<dyn Fn(&str, u64) -> Duration + Send + Sync>;
+
+#[derive(Clone)]
+struct Behaviour {
+    /// Per-record work: `(pk, n) -> delay`.
+    delay: Delay,
+    checkpoint_each_batch: bool,
+    /// Records (pk, n) the processor always fails on; a batch holding one
+    /// fails before anything of it is processed.
+    poison: Arc<HashSet<(String, u64)>>,
+}
+
+impl Behaviour {
+    fn work(ms: u64) -> Self {
+        Behaviour {
+            delay: Arc::new(move |_, _| Duration::from_millis(ms)),
+            checkpoint_each_batch: true,
+            poison: Arc::default(),
+        }
+    }
+}
+
+struct Recorder {
+    log: Arc<Log>,
+    b: Behaviour,
+}
+
+fn parse(data: &[u8]) -> (String, u64) {
+    let s = std::str::from_utf8(data).unwrap();
+    let (pk, n) = s.split_once(':').unwrap();
+    (pk.to_owned(), n.parse().unwrap())
+}
+
+#[async_trait]
+impl RecordProcessor for Recorder {
+    async fn process_records(
+        &mut self,
+        batch: &RecordBatch,
+        cp: &mut Checkpointer,
+    ) -> Result<(), ProcessorError> {
+        let parsed: Vec<(String, u64)> = batch.records.iter().map(|r| parse(&r.data)).collect();
+        if parsed.iter().any(|r| self.b.poison.contains(r)) {
+            self.log.failures.fetch_add(1, Ordering::Relaxed);
+            return Err("poison record".into());
+        }
+        let now = self.log.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.log.most_running.fetch_max(now, Ordering::SeqCst);
+        for (pk, n) in parsed {
+            sleep((self.b.delay)(&pk, n)).await;
+            self.log.processed.lock().unwrap().push((pk, n));
+        }
+        self.log.running.fetch_sub(1, Ordering::SeqCst);
+        if self.b.checkpoint_each_batch {
+            cp.checkpoint().await?;
+        }
+        Ok(())
+    }
+
+    async fn shutdown_requested(&mut self, cp: &mut Checkpointer) -> Result<(), ProcessorError> {
+        cp.checkpoint().await?;
+        Ok(())
+    }
+}
+
+/// A destination that keeps what it accepts and refuses the first sends.
+#[derive(Default)]
+struct Collect {
+    got: Mutex<Vec<FailedRecord>>,
+    refuse: AtomicU32,
+}
+
+#[async_trait]
+impl FailureDestination for Collect {
+    async fn send(&self, failed: &[FailedRecord]) -> Result<(), ProcessorError> {
+        if self
+            .refuse
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err("destination unavailable".into());
+        }
+        self.got.lock().unwrap().extend_from_slice(failed);
+        Ok(())
+    }
+}
+
+struct Fleet {
+    store: InMemoryLeaseStore,
+    source: InMemoryShardSource,
+    log: Arc<Log>,
+    workers: Vec<(WorkerHandle, JoinHandle<Result<(), WorkerError>>)>,
+}
+
+impl Fleet {
+    fn new(shards: usize) -> Self {
+        let source = InMemoryShardSource::new().with_max_records(40);
+        source.create_stream(STREAM, shards);
+        Fleet {
+            store: InMemoryLeaseStore::new(),
+            source,
+            log: Arc::default(),
+            workers: Vec::new(),
+        }
+    }
+
+    fn start(&mut self, id: &str, lanes: usize, b: Behaviour, policy: FailurePolicy) -> usize {
+        let lease = LeaseConfig::builder(id)
+            .taker_interval(Duration::from_secs(5))
+            .seed(id.len() as u64 * 31)
+            .build()
+            .unwrap();
+        let config = WorkerConfig::builder(lease)
+            .stream(StreamSpec {
+                name: STREAM.into(),
+                layout: LeaseLayout::SingleStream,
+            })
+            .initial_position(InitialPosition::TrimHorizon)
+            .failure_policy(policy)
+            .parallelism_per_shard(lanes)
+            .max_backoff(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let log = Arc::clone(&self.log);
+        let factory = move |_: &ShardContext| Recorder {
+            log: Arc::clone(&log),
+            b: b.clone(),
+        };
+        let worker = Worker::new(
+            config,
+            Arc::new(self.store.handle()),
+            Arc::new(self.source.clone()),
+            Arc::new(factory),
+        );
+        let handle = worker.handle();
+        self.workers.push((handle, tokio::spawn(worker.run())));
+        self.workers.len() - 1
+    }
+
+    fn produce(&self, keys: usize, from: u64, per_key: u64) {
+        for n in from..from + per_key {
+            for k in 0..keys {
+                let pk = format!("pk-{k}");
+                self.source.put(STREAM, &pk, format!("{pk}:{n}")).unwrap();
+            }
+        }
+    }
+
+    async fn wait_for(&self, count: usize, limit: Duration) {
+        let started = Instant::now();
+        while self.log.count() < count {
+            assert!(
+                started.elapsed() < limit,
+                "only {} of {count} records processed",
+                self.log.count()
+            );
+            sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until each of `keys` had its record `per_key - 1` processed.
+    async fn wait_for_last(&self, keys: usize, per_key: u64, limit: Duration) {
+        let started = Instant::now();
+        loop {
+            let by_key = self.log.by_key();
+            let missing = (0..keys)
+                .filter(|k| {
+                    !by_key
+                        .get(&format!("pk-{k}"))
+                        .is_some_and(|v| v.contains(&(per_key - 1)))
+                })
+                .count();
+            if missing == 0 {
+                return;
+            }
+            assert!(
+                started.elapsed() < limit,
+                "{missing} keys never got to record {}",
+                per_key - 1
+            );
+            sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn stop(&mut self, i: usize) {
+        let (handle, task) = &mut self.workers[i];
+        handle.shutdown();
+        task.await.unwrap().unwrap();
+    }
+
+    async fn kill(&mut self, i: usize) {
+        let (_, task) = &mut self.workers[i];
+        task.abort();
+        let _ = task.await;
+    }
+
+    fn consuming(&self, i: usize) -> usize {
+        self.workers[i].0.status().consuming.len()
+    }
+
+    async fn checkpoint_of_only_shard(&self) -> Checkpoint {
+        let leases = self.store.snapshot();
+        assert_eq!(leases.len(), 1);
+        self.store
+            .get(&leases[0].key)
+            .await
+            .unwrap()
+            .unwrap()
+            .checkpoint
+    }
+}
+
+/// Every record of `keys` x `0..per_key` except `skip` was processed, each
+/// key's in order (a replay after a crash restarts from a checkpoint, so
+/// order holds within each delivery); returns the number of repeats.
+fn check_complete(log: &Log, keys: usize, per_key: u64, skip: &HashSet<(String, u64)>) -> usize {
+    let by_key = log.by_key();
+    let mut repeats = 0;
+    for k in 0..keys {
+        let pk = format!("pk-{k}");
+        let seen = by_key.get(&pk).cloned().unwrap_or_default();
+        let mut expected = 0;
+        let mut last: Option<u64> = None;
+        for n in seen {
+            while skip.contains(&(pk.clone(), expected)) {
+                expected += 1;
+            }
+            if n == expected {
+                expected += 1;
+            } else {
+                // A repeat: a replay starts again at or before the last
+                // record seen, then goes on in order.
+                let in_order = last.is_some_and(|l| n <= l || n == l + 1);
+                assert!(
+                    n < expected && in_order,
+                    "{pk}: {n} processed after {last:?} when {expected} was next (order broken or record lost)"
+                );
+                repeats += 1;
+            }
+            last = Some(n);
+        }
+        while skip.contains(&(pk.clone(), expected)) {
+            expected += 1;
+        }
+        assert_eq!(
+            expected, per_key,
+            "{pk}: records from {expected} on were never processed"
+        );
+    }
+    repeats
+}
+
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
+/// A delay in `0..max` ms per record, fixed by `seed`.
+fn random_delays(seed: u64, max_ms: u64) -> Delay {
+    Arc::new(move |pk: &str, n: u64| {
+        let mut h = seed ^ 0x9e37_79b9_7f4a_7c15;
+        for b in pk.as_bytes().iter().chain(&n.to_le_bytes()) {
+            h = (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        Duration::from_millis(h % max_ms.max(1))
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Per-key order holds in 1..10 lanes whatever the mix of keys and
+    /// per-record delays, and every record is processed exactly once.
+    #[test]
+    fn each_keys_records_stay_in_order_in_any_number_of_lanes(
+        lanes in 1usize..=10,
+        keys in 1usize..24,
+        per_key in 1u64..12,
+        seed in any::<u64>(),
+        max_delay_ms in 1u64..40,
+    ) {
+        paused_runtime().block_on(async {
+            let mut fleet = Fleet::new(1);
+            fleet.produce(keys, 0, per_key);
+            let b = Behaviour { delay: random_delays(seed, max_delay_ms), ..Behaviour::work(0) };
+            let w = fleet.start("w-a", lanes, b, FailurePolicy::Retry);
+            let total = keys * per_key as usize;
+            fleet.wait_for(total, Duration::from_secs(600)).await;
+            fleet.stop(w).await;
+            assert_eq!(check_complete(&fleet.log, keys, per_key, &HashSet::new()), 0);
+        });
+    }
+
+    /// A worker killed at any moment and replaced: every record is
+    /// processed at least once and each key's in order, so the checkpoint
+    /// never passed a record a slower lane had not finished.
+    #[test]
+    fn a_kill_at_any_moment_loses_no_record_of_any_lane(
+        lanes in 2usize..=10,
+        keys in 2usize..24,
+        seed in any::<u64>(),
+        kill_after_ms in 0u64..3_000,
+    ) {
+        paused_runtime().block_on(async {
+            let per_key = 10;
+            let mut fleet = Fleet::new(1);
+            fleet.produce(keys, 0, per_key);
+            let b = Behaviour { delay: random_delays(seed, 60), ..Behaviour::work(0) };
+            let a = fleet.start("w-a", lanes, b.clone(), FailurePolicy::Retry);
+            sleep(Duration::from_millis(kill_after_ms)).await;
+            fleet.kill(a).await;
+            let done_before = fleet.log.count();
+            let rest = fleet.start("w-b", lanes, b, FailurePolicy::Retry);
+            fleet.wait_for_last(keys, per_key, Duration::from_secs(600)).await;
+            fleet.stop(rest).await;
+            let repeats = check_complete(&fleet.log, keys, per_key, &HashSet::new());
+            assert!(repeats <= done_before, "{repeats} repeats of {done_before} done before the kill");
+        });
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn records_of_an_aggregate_spread_over_lanes_resume_at_their_sub_sequence() {
+    let mut fleet = Fleet::new(1);
+    // Two aggregates of 8 keys each, then plain records.
+    let shard_id = {
+        let (id, _) = fleet.source.put(STREAM, "pk-0", "pk-0:0").unwrap();
+        id
+    };
+    for n in 1..3u64 {
+        let records: Vec<(String, Bytes)> = (0..8)
+            .map(|k| (format!("pk-{k}"), Bytes::from(format!("pk-{k}:{n}"))))
+            .collect();
+        let refs: Vec<(&str, Bytes)> = records
+            .iter()
+            .map(|(pk, d)| (pk.as_str(), d.clone()))
+            .collect();
+        fleet
+            .source
+            .put_aggregate(STREAM, &shard_id, &refs)
+            .unwrap();
+    }
+    for k in 1..8 {
+        fleet
+            .source
+            .put(STREAM, &format!("pk-{k}"), format!("pk-{k}:0"))
+            .unwrap();
+    }
+    // pk-0:0 first, then aggregates 1 and 2, then pk-1..7:0: per-key order
+    // differs from shard order for keys 1..7, so check only what holds
+    // per key in shard order.
+    let a = fleet.start("w-a", 4, Behaviour::work(10), FailurePolicy::Retry);
+    fleet.wait_for(1 + 16 + 7, Duration::from_secs(60)).await;
+    fleet.stop(a).await;
+    match fleet.checkpoint_of_only_shard().await {
+        Checkpoint::Sequence { .. } => {}
+        other => panic!("checkpoint {other:?}"),
+    }
+    let by_key = fleet.log.by_key();
+    assert_eq!(by_key["pk-0"], vec![0, 1, 2]);
+    for k in 1..8 {
+        assert_eq!(by_key[&format!("pk-{k}")], vec![1, 2, 0], "pk-{k}");
+    }
+    // A second worker resumes after the last checkpoint: nothing again.
+    let before = fleet.log.count();
+    let b = fleet.start("w-b", 4, Behaviour::work(10), FailurePolicy::Retry);
+    sleep(Duration::from_secs(30)).await;
+    fleet.stop(b).await;
+    assert_eq!(
+        fleet.log.count(),
+        before,
+        "a shutdown checkpointed everything"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn lanes_process_different_keys_at_the_same_time() {
+    let mut fleet = Fleet::new(1);
+    fleet.produce(16, 0, 20);
+    let w = fleet.start("w-a", 8, Behaviour::work(10), FailurePolicy::Retry);
+    let started = Instant::now();
+    fleet.wait_for(16 * 20, Duration::from_secs(60)).await;
+    let took = started.elapsed();
+    fleet.stop(w).await;
+    assert_eq!(check_complete(&fleet.log, 16, 20, &HashSet::new()), 0);
+    let most = fleet.log.most_running.load(Ordering::SeqCst);
+    assert!(most >= 4, "at most {most} lanes ran at once");
+    // One lane would take 320 x 10 ms = 3.2 s of (paused) time.
+    println!("8 lanes: {took:?} for 320 records of 10 ms, {most} at once");
+    assert!(took < Duration::from_millis(3200), "{took:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_handoff_and_a_shutdown_in_the_middle_of_lane_work_lose_and_repeat_nothing() {
+    let mut fleet = Fleet::new(2);
+    // Checkpoints only in shutdown_requested: no repeats can only come
+    // from the watermark written at the handoff and at the shutdown.
+    let lazy = Behaviour {
+        checkpoint_each_batch: false,
+        ..Behaviour::work(50)
+    };
+    fleet.produce(12, 0, 100);
+    let a = fleet.start("w-a", 4, lazy.clone(), FailurePolicy::Retry);
+    sleep(Duration::from_secs(2)).await;
+    assert_eq!(fleet.consuming(a), 2);
+    assert!(fleet.log.count() < 12 * 100, "still working when b joins");
+    // b steals one shard from a: a hands it over mid-work.
+    let b = fleet.start("w-b", 4, lazy.clone(), FailurePolicy::Retry);
+    let started = Instant::now();
+    while fleet.consuming(b) < 1 {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "b never got a shard"
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+    assert!(fleet.log.count() < 12 * 100, "the handoff came mid-work");
+    // a shuts down mid-work: b takes the rest.
+    fleet.stop(a).await;
+    assert!(fleet.log.count() < 12 * 100, "the shutdown came mid-work");
+    fleet.produce(12, 100, 10);
+    fleet.wait_for_last(12, 110, Duration::from_secs(600)).await;
+    fleet.stop(b).await;
+    assert_eq!(
+        check_complete(&fleet.log, 12, 110, &HashSet::new()),
+        0,
+        "handoff and shutdown must not repeat records"
+    );
+    assert!(fleet.workers[1].0.status().leases.taken >= 1);
+}
+
+fn poison(pk: &str, n: u64) -> Arc<HashSet<(String, u64)>> {
+    Arc::new(HashSet::from([(pk.to_owned(), n)]))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_poison_record_is_bisected_out_to_the_destination_and_the_shard_goes_on() {
+    let mut fleet = Fleet::new(1);
+    fleet.produce(4, 0, 10);
+    let bad = poison("pk-2", 5);
+    let dest = Arc::new(Collect {
+        refuse: AtomicU32::new(3),
+        ..Collect::default()
+    });
+    let policy = PoisonPolicy::send_to(Arc::clone(&dest)).max_attempts(3);
+    let b = Behaviour {
+        poison: Arc::clone(&bad),
+        ..Behaviour::work(1)
+    };
+    let w = fleet.start("w-a", 1, b, FailurePolicy::Isolate(policy));
+    fleet.wait_for(4 * 10 - 1, Duration::from_secs(120)).await;
+    fleet.stop(w).await;
+    let got = dest.got.lock().unwrap().clone();
+    assert_eq!(got.len(), 1, "only the poison record: {got:?}");
+    assert_eq!(parse(&got[0].record.data), ("pk-2".to_owned(), 5));
+    assert_eq!(got[0].attempts, 3);
+    assert_eq!(got[0].reason, FailureReason::MaxAttempts);
+    assert_eq!(got[0].error, "poison record");
+    assert_eq!(
+        check_complete(&fleet.log, 4, 10, &bad),
+        0,
+        "every other record exactly once"
+    );
+    // A restart starts after everything: the poison record is not retried.
+    let failures = fleet.log.failures.load(Ordering::Relaxed);
+    let again = fleet.start("w-b", 1, Behaviour::work(1), FailurePolicy::Retry);
+    sleep(Duration::from_secs(20)).await;
+    fleet.stop(again).await;
+    assert_eq!(fleet.log.count(), 4 * 10 - 1);
+    assert_eq!(fleet.log.failures.load(Ordering::Relaxed), failures);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_checkpoint_passes_a_poison_record_only_after_its_destination_accepted_it() {
+    let mut fleet = Fleet::new(1);
+    let seqs: Vec<String> = (0..6)
+        .map(|n| {
+            fleet
+                .source
+                .put(STREAM, "pk-0", format!("pk-0:{n}"))
+                .unwrap()
+                .1
+        })
+        .collect();
+    let dest = Arc::new(Collect {
+        refuse: AtomicU32::new(u32::MAX),
+        ..Collect::default()
+    });
+    let b = Behaviour {
+        poison: poison("pk-0", 3),
+        ..Behaviour::work(1)
+    };
+    let policy = PoisonPolicy::send_to(Arc::clone(&dest)).max_attempts(2);
+    let w = fleet.start("w-a", 1, b, FailurePolicy::Isolate(policy));
+    fleet.wait_for(3, Duration::from_secs(60)).await;
+    sleep(Duration::from_secs(30)).await;
+    // 0..2 done, 3 refused by its destination: nothing after it processed,
+    // the checkpoint at record 2, before the poison record.
+    assert_eq!(fleet.log.count(), 3);
+    assert_eq!(
+        fleet.checkpoint_of_only_shard().await,
+        Checkpoint::at(seqs[2].clone(), 0)
+    );
+    assert!(dest.got.lock().unwrap().is_empty());
+    // A shutdown now checkpoints no further.
+    fleet.stop(w).await;
+    assert_eq!(
+        fleet.checkpoint_of_only_shard().await,
+        Checkpoint::at(seqs[2].clone(), 0)
+    );
+    dest.refuse.store(0, Ordering::SeqCst);
+    let b = Behaviour {
+        poison: poison("pk-0", 3),
+        ..Behaviour::work(1)
+    };
+    let policy = PoisonPolicy::send_to(Arc::clone(&dest)).max_attempts(2);
+    let again = fleet.start("w-b", 1, b, FailurePolicy::Isolate(policy));
+    fleet.wait_for(5, Duration::from_secs(60)).await;
+    fleet.stop(again).await;
+    let got = dest.got.lock().unwrap().clone();
+    assert_eq!(got.len(), 1);
+    assert_eq!(parse(&got[0].record.data), ("pk-0".to_owned(), 3));
+    assert_eq!(
+        check_complete(&fleet.log, 1, 6, &poison("pk-0", 3)),
+        0,
+        "the first worker's checkpoint stopped before the poison record"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_bisection_the_whole_failing_batch_goes_to_the_destination() {
+    let mut fleet = Fleet::new(1);
+    fleet.produce(1, 0, 5);
+    let dest = Arc::new(Collect::default());
+    let policy = PoisonPolicy::send_to(Arc::clone(&dest))
+        .max_attempts(2)
+        .bisect(false);
+    let b = Behaviour {
+        poison: poison("pk-0", 2),
+        ..Behaviour::work(1)
+    };
+    let w = fleet.start("w-a", 1, b, FailurePolicy::Isolate(policy));
+    let started = Instant::now();
+    while dest.got.lock().unwrap().is_empty() {
+        assert!(started.elapsed() < Duration::from_secs(60));
+        sleep(Duration::from_millis(100)).await;
+    }
+    fleet.stop(w).await;
+    let got = dest.got.lock().unwrap().clone();
+    let numbers: Vec<u64> = got.iter().map(|f| parse(&f.record.data).1).collect();
+    assert_eq!(numbers, vec![0, 1, 2, 3, 4], "the batch, whole");
+    assert!(got.iter().all(|f| f.attempts == 2));
+    assert_eq!(fleet.log.failures.load(Ordering::Relaxed), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_record_older_than_the_age_limit_is_set_aside_at_once() {
+    let mut fleet = Fleet::new(1);
+    fleet.produce(1, 0, 3);
+    let dest = Arc::new(Collect::default());
+    // Records arrive at the wall clock's now; an age limit of zero makes
+    // each already too old.
+    let policy = PoisonPolicy::send_to(Arc::clone(&dest))
+        .max_attempts(10)
+        .max_record_age(Duration::ZERO);
+    let b = Behaviour {
+        poison: poison("pk-0", 1),
+        ..Behaviour::work(1)
+    };
+    let w = fleet.start("w-a", 1, b, FailurePolicy::Isolate(policy));
+    fleet.wait_for(2, Duration::from_secs(60)).await;
+    fleet.stop(w).await;
+    let got = dest.got.lock().unwrap().clone();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].reason, FailureReason::MaxRecordAge);
+    assert_eq!(got[0].attempts, 1, "no retry of a record too old");
+    assert!(got[0].failed_at <= SystemTime::now());
+}
+
+#[tokio::test(start_paused = true)]
+async fn poison_records_in_lanes_hold_back_only_their_own_lane() {
+    let mut fleet = Fleet::new(1);
+    fleet.produce(8, 0, 10);
+    let bad = Arc::new(HashSet::from([
+        ("pk-1".to_owned(), 4),
+        ("pk-6".to_owned(), 7),
+    ]));
+    let dest = Arc::new(Collect::default());
+    let b = Behaviour {
+        poison: Arc::clone(&bad),
+        ..Behaviour::work(5)
+    };
+    let w = fleet.start(
+        "w-a",
+        4,
+        b,
+        FailurePolicy::Isolate(PoisonPolicy::send_to(Arc::clone(&dest))),
+    );
+    fleet.wait_for(8 * 10 - 2, Duration::from_secs(120)).await;
+    fleet.stop(w).await;
+    let mut sent: Vec<(String, u64)> = dest
+        .got
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|f| parse(&f.record.data))
+        .collect();
+    sent.sort();
+    assert_eq!(sent, vec![("pk-1".to_owned(), 4), ("pk-6".to_owned(), 7)]);
+    assert_eq!(check_complete(&fleet.log, 8, 10, &bad), 0);
+    // Everything, the poison records included, is behind the checkpoint.
+    let before = fleet.log.count();
+    let again = fleet.start("w-b", 4, Behaviour::work(1), FailurePolicy::Retry);
+    sleep(Duration::from_secs(20)).await;
+    fleet.stop(again).await;
+    assert_eq!(fleet.log.count(), before);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropping_policy_moves_past_the_poison_record() {
+    let mut fleet = Fleet::new(1);
+    fleet.produce(2, 0, 5);
+    let b = Behaviour {
+        poison: poison("pk-1", 2),
+        ..Behaviour::work(1)
+    };
+    let w = fleet.start(
+        "w-a",
+        1,
+        b,
+        FailurePolicy::Isolate(PoisonPolicy::drop_failed().max_attempts(1)),
+    );
+    fleet.wait_for(2 * 5 - 1, Duration::from_secs(60)).await;
+    fleet.stop(w).await;
+    assert_eq!(check_complete(&fleet.log, 2, 5, &poison("pk-1", 2)), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn lanes_and_the_poison_policy_are_validated() {
+    let lease = LeaseConfig::builder("w").build().unwrap();
+    let spec = StreamSpec {
+        name: STREAM.into(),
+        layout: LeaseLayout::SingleStream,
+    };
+    for n in [0, 101] {
+        let e = WorkerConfig::builder(lease.clone())
+            .stream(spec.clone())
+            .parallelism_per_shard(n)
+            .build()
+            .unwrap_err();
+        assert!(e.to_string().contains("parallelism_per_shard"), "{e}");
+    }
+    let e = WorkerConfig::builder(lease)
+        .stream(spec)
+        .failure_policy(FailurePolicy::Isolate(
+            PoisonPolicy::drop_failed().max_attempts(0),
+        ))
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("max_attempts"), "{e}");
+}
