@@ -24,6 +24,8 @@
 //! - `bench_fleet.rs`: scenarios with worker processes (this binary
 //!   re-executed as `kcl-bench worker`): cold start, scale-out, failover,
 //!   graceful stop, peak RSS; and the fan-out helper's latency bench;
+//! - `bench_parallel.rs`: records a second through one shard in 1 to 10
+//!   parallel lanes, for a processor spending 10 ms per record;
 //! - `bench_retrieval.rs`: polling pacing at the defaults (latency and
 //!   calls a second at 5 records/s, idle calls) and the worker-wide
 //!   prefetch budget with 1000 shards (re-executed as
@@ -43,6 +45,7 @@
 mod bench_cost;
 mod bench_fleet;
 mod bench_local;
+mod bench_parallel;
 mod bench_retrieval;
 
 use std::fmt::Write as _;
@@ -135,6 +138,7 @@ const SCENARIOS: &[&str] = &[
     "failover",
     "graceful-stop",
     "throughput",
+    "parallel",
     "rss",
     "cost",
     "cold-start-defaults",
@@ -380,6 +384,7 @@ fn main() -> anyhow::Result<()> {
         rt.block_on(bench_fleet::lose_a_worker(&exe, bench_fleet::Loss::Term))
     });
     run("throughput", &mut || rt.block_on(bench_local::throughput()));
+    run("parallel", &mut || rt.block_on(bench_parallel::lanes()));
     run("rss", &mut || rt.block_on(bench_fleet::peak_rss(&exe)));
     run("cost", &mut || rt.block_on(bench_cost::idle_fleet_cost()));
     run("cold-start-defaults", &mut || {

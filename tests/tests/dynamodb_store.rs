@@ -305,3 +305,84 @@ async fn without_a_workers_table_there_are_no_records_to_read_or_poke() {
         .unwrap_err();
     assert!(err.is_condition_failed(), "{err}");
 }
+
+#[tokio::test]
+async fn the_failure_table_gets_one_item_per_record_and_a_resend_overwrites_it() {
+    use kcl_core::poison::{FailedRecord, FailureDestination, FailureReason};
+    use kcl_core::processor::ShardContext;
+    use kcl_dynamodb::DynamoDbDestination;
+
+    let env = env().await;
+    let table = unique_name("kcl-failed");
+    let destination = DynamoDbDestination::new(env.dynamodb().clone(), &table);
+    destination.create_table_if_absent().await.unwrap();
+    destination.create_table_if_absent().await.unwrap();
+    let ctx = ShardContext {
+        stream: "orders".into(),
+        shard_id: "shardId-000000000003".into(),
+        lease_key: "shardId-000000000003".into(),
+        worker_id: "w-1".into(),
+        lane: None,
+    };
+    let record = |sub: u64, data: Vec<u8>| kcl_core::Record {
+        data: data.into(),
+        partition_key: "customer-7".into(),
+        explicit_hash_key: None,
+        sequence_number: "4959".into(),
+        sub_sequence_number: sub,
+        approximate_arrival: Some(std::time::SystemTime::now()),
+        aggregated: true,
+    };
+    let failed = [
+        FailedRecord::new(
+            ctx.clone(),
+            record(0, b"{bad".to_vec()),
+            "x".repeat(100_000),
+            3,
+            FailureReason::MaxAttempts,
+        ),
+        FailedRecord::new(
+            ctx,
+            record(1, vec![b'y'; 380_000]),
+            "too old".into(),
+            1,
+            FailureReason::MaxRecordAge,
+        ),
+    ];
+    destination.send(&failed).await.unwrap();
+    destination.send(&failed).await.unwrap();
+    let items: Vec<HashMap<String, AttributeValue>> = env
+        .dynamodb()
+        .scan()
+        .table_name(&table)
+        .into_paginator()
+        .items()
+        .send()
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(items.len(), 2, "a resend overwrote its items");
+    let first = items
+        .iter()
+        .find(|i| i["id"].as_s().unwrap() == "orders/shardId-000000000003/4959/0")
+        .unwrap();
+    assert_eq!(first["data"].as_b().unwrap().as_ref(), b"{bad");
+    assert_eq!(first["reason"].as_s().unwrap(), "max_attempts");
+    assert_eq!(first["attempts"].as_n().unwrap(), "3");
+    assert_eq!(
+        first["error"].as_s().unwrap().len(),
+        8 * 1024,
+        "a long error is cut"
+    );
+    let second = items
+        .iter()
+        .find(|i| i["id"].as_s().unwrap().ends_with("/4959/1"))
+        .unwrap();
+    assert!(
+        second.get("data").is_none(),
+        "data above 350 KB is left out"
+    );
+    assert_eq!(second["data_omitted"].as_bool().unwrap(), &true);
+    assert_eq!(second["data_bytes"].as_n().unwrap(), "380000");
+    assert_eq!(second["reason"].as_s().unwrap(), "max_record_age");
+}

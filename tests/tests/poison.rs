@@ -3,7 +3,8 @@
 //! three times alone, and written with its error to a dead-letter Kinesis
 //! stream; every other record is processed once; the shard keeps going;
 //! and the checkpoint passes the poison record only once the destination
-//! accepted it. Then the same in four lanes per shard.
+//! accepted it. Then the same in four lanes per shard, over polling and
+//! over enhanced fan-out.
 
 // Setup helpers live outside #[test] fns; a failed setup should panic with its error.
 #![allow(clippy::unwrap_used)]
@@ -73,7 +74,7 @@ fn lines(path: &Path) -> Vec<String> {
         .collect()
 }
 
-async fn poison_goes_to_the_failure_stream(lanes: usize) {
+async fn poison_goes_to_the_failure_stream(lanes: usize, retrieval: &str) {
     let mut s = Scenario::new(1).await;
     let dlq = unique_name("kcl-e2e-dlq");
     create_stream(s.env.kinesis(), &dlq, 1).await.unwrap();
@@ -98,6 +99,7 @@ async fn poison_goes_to_the_failure_stream(lanes: usize) {
         // wait for it meanwhile.
         ("KCL_E2E_DLQ_REFUSE".into(), "3".into()),
         ("KCL_E2E_LANES".into(), lanes.to_string()),
+        ("KCL_E2E_RETRIEVAL".into(), retrieval.into()),
     ];
     let mut worker = config.spawn("w-1").unwrap();
     let skipped = HashSet::from([poison]);
@@ -203,7 +205,7 @@ async fn poison_goes_to_the_failure_stream(lanes: usize) {
         "the checkpoint moved past the poison record in the end"
     );
     println!(
-        "poison ({lanes} lanes): {} failed calls, {} checkpoint samples ({} before the destination accepted), {} batches",
+        "poison ({lanes} lanes, {retrieval}): {} failed calls, {} checkpoint samples ({} before the destination accepted), {} batches",
         failures.len(),
         samples.len(),
         before.len(),
@@ -213,10 +215,15 @@ async fn poison_goes_to_the_failure_stream(lanes: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poison_record_goes_to_the_failure_stream_and_the_shard_keeps_going() {
-    poison_goes_to_the_failure_stream(1).await;
+    poison_goes_to_the_failure_stream(1, "polling").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poison_record_in_one_of_four_lanes_goes_to_the_failure_stream() {
-    poison_goes_to_the_failure_stream(4).await;
+    poison_goes_to_the_failure_stream(4, "polling").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_record_in_lanes_over_enhanced_fan_out_goes_to_the_failure_stream() {
+    poison_goes_to_the_failure_stream(4, "fanout").await;
 }

@@ -83,6 +83,19 @@ impl FailedRecord {
             failed_at: SystemTime::now(),
         }
     }
+
+    /// The error text cut to at most `max_bytes` (at a character boundary),
+    /// for destinations with item or record size limits.
+    pub fn error_within(&self, max_bytes: usize) -> &str {
+        if self.error.len() <= max_bytes {
+            return &self.error;
+        }
+        let mut end = max_bytes;
+        while !self.error.is_char_boundary(end) {
+            end -= 1;
+        }
+        &self.error[..end]
+    }
 }
 
 /// Where records go that a processor keeps failing on: a dead-letter
@@ -239,6 +252,26 @@ mod tests {
             approximate_arrival: age.map(|a| SystemTime::now() - a),
             aggregated: false,
         }
+    }
+
+    #[test]
+    fn a_long_error_is_cut_at_a_character_boundary() {
+        let ctx = ShardContext {
+            stream: "s".into(),
+            shard_id: "sh".into(),
+            lease_key: "sh".into(),
+            worker_id: "w".into(),
+            lane: None,
+        };
+        let f = FailedRecord::new(
+            ctx,
+            record(None),
+            "é".repeat(10),
+            1,
+            FailureReason::MaxAttempts,
+        );
+        assert_eq!(f.error_within(5), "éé");
+        assert_eq!(f.error_within(100), f.error);
     }
 
     #[test]

@@ -38,6 +38,19 @@ struct Log {
     most_running: AtomicUsize,
     /// Failed calls of process_records (poison present).
     failures: AtomicU32,
+    /// (worker, when) of each process_records call that went to work.
+    starts: Mutex<Vec<(String, Instant)>>,
+    lease_lost_calls: AtomicU32,
+    /// Endings given to a processor whose initialize was never called.
+    endings_without_initialize: AtomicU32,
+    /// Failures left to inject (shard_ended of lane 1, initialize of lane
+    /// 2), fleet-wide.
+    shard_ended_failures_left: AtomicU32,
+    initialize_failures_left: AtomicU32,
+    /// When lane 1's shard_ended first succeeded, per shard.
+    lane_one_ended_at: Mutex<BTreeMap<String, Instant>>,
+    /// When each shard's first record was processed.
+    first_record_at: Mutex<BTreeMap<String, Instant>>,
 }
 
 impl Log {
@@ -64,6 +77,11 @@ struct Behaviour {
     /// Records (pk, n) the processor always fails on; a batch holding one
     /// fails before anything of it is processed.
     poison: Arc<HashSet<(String, u64)>>,
+    /// The processor panics on this record, once fleet-wide.
+    panic_on: Option<(&'static str, u64)>,
+    /// Lanes other than 0 keep their records in memory and make them
+    /// durable (log them) only when they checkpoint, at shutdown.
+    buffering_lanes: bool,
 }
 
 impl Behaviour {
@@ -72,6 +90,8 @@ impl Behaviour {
             delay: Arc::new(move |_, _| Duration::from_millis(ms)),
             checkpoint_each_batch: true,
             poison: Arc::default(),
+            panic_on: None,
+            buffering_lanes: false,
         }
     }
 }
@@ -79,6 +99,30 @@ impl Behaviour {
 struct Recorder {
     log: Arc<Log>,
     b: Behaviour,
+    ctx: ShardContext,
+    initialized: bool,
+    buffer: Vec<(String, u64)>,
+}
+
+fn take_one(budget: &AtomicU32) -> bool {
+    budget
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+}
+
+static PANICS_LEFT: AtomicU32 = AtomicU32::new(1);
+
+impl Recorder {
+    fn ending(&self) {
+        if !self.initialized {
+            self.log
+                .endings_without_initialize
+                .fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    fn lane(&self) -> usize {
+        self.ctx.lane.map_or(0, |l| l.index)
+    }
 }
 
 fn parse(data: &[u8]) -> (String, u64) {
@@ -89,6 +133,17 @@ fn parse(data: &[u8]) -> (String, u64) {
 
 #[async_trait]
 impl RecordProcessor for Recorder {
+    async fn initialize(
+        &mut self,
+        _: &kcl_core::processor::InitializeInput,
+    ) -> Result<(), ProcessorError> {
+        self.initialized = true;
+        if self.lane() == 2 && take_one(&self.log.initialize_failures_left) {
+            return Err("injected initialize failure".into());
+        }
+        Ok(())
+    }
+
     async fn process_records(
         &mut self,
         batch: &RecordBatch,
@@ -98,6 +153,27 @@ impl RecordProcessor for Recorder {
         if parsed.iter().any(|r| self.b.poison.contains(r)) {
             self.log.failures.fetch_add(1, Ordering::Relaxed);
             return Err("poison record".into());
+        }
+        if let Some((pk, n)) = self.b.panic_on
+            && parsed.iter().any(|(p, m)| p == pk && *m == n)
+            && take_one(&PANICS_LEFT)
+        {
+            panic!("injected processor panic");
+        }
+        self.log
+            .starts
+            .lock()
+            .unwrap()
+            .push((self.ctx.worker_id.clone(), Instant::now()));
+        self.log
+            .first_record_at
+            .lock()
+            .unwrap()
+            .entry(self.ctx.shard_id.clone())
+            .or_insert_with(Instant::now);
+        if self.b.buffering_lanes && self.lane() != 0 {
+            self.buffer.extend(parsed);
+            return Ok(());
         }
         let now = self.log.running.fetch_add(1, Ordering::SeqCst) + 1;
         self.log.most_running.fetch_max(now, Ordering::SeqCst);
@@ -113,8 +189,33 @@ impl RecordProcessor for Recorder {
     }
 
     async fn shutdown_requested(&mut self, cp: &mut Checkpointer) -> Result<(), ProcessorError> {
+        self.ending();
+        let flushed = std::mem::take(&mut self.buffer);
+        self.log.processed.lock().unwrap().extend(flushed);
         cp.checkpoint().await?;
         Ok(())
+    }
+
+    async fn shard_ended(&mut self, cp: &mut Checkpointer) -> Result<(), ProcessorError> {
+        self.ending();
+        if self.lane() == 1 {
+            if take_one(&self.log.shard_ended_failures_left) {
+                return Err("injected shard_ended failure".into());
+            }
+            self.log
+                .lane_one_ended_at
+                .lock()
+                .unwrap()
+                .entry(self.ctx.shard_id.clone())
+                .or_insert_with(Instant::now);
+        }
+        cp.checkpoint().await?;
+        Ok(())
+    }
+
+    async fn lease_lost(&mut self) {
+        self.ending();
+        self.log.lease_lost_calls.fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -145,6 +246,9 @@ struct Fleet {
     source: InMemoryShardSource,
     log: Arc<Log>,
     workers: Vec<(WorkerHandle, JoinHandle<Result<(), WorkerError>>)>,
+    /// Each worker's handle on the table, for its own faults.
+    stores: Vec<InMemoryLeaseStore>,
+    parent_poll: Duration,
 }
 
 impl Fleet {
@@ -156,6 +260,8 @@ impl Fleet {
             source,
             log: Arc::default(),
             workers: Vec::new(),
+            stores: Vec::new(),
+            parent_poll: Duration::from_secs(10),
         }
     }
 
@@ -174,16 +280,22 @@ impl Fleet {
             .failure_policy(policy)
             .parallelism_per_shard(lanes)
             .max_backoff(Duration::from_secs(1))
+            .parent_poll_interval(self.parent_poll)
             .build()
             .unwrap();
         let log = Arc::clone(&self.log);
-        let factory = move |_: &ShardContext| Recorder {
+        let factory = move |ctx: &ShardContext| Recorder {
             log: Arc::clone(&log),
             b: b.clone(),
+            ctx: ctx.clone(),
+            initialized: false,
+            buffer: Vec::new(),
         };
+        let store = self.store.handle();
+        self.stores.push(store.clone());
         let worker = Worker::new(
             config,
-            Arc::new(self.store.handle()),
+            Arc::new(store),
             Arc::new(self.source.clone()),
             Arc::new(factory),
         );
@@ -636,7 +748,7 @@ async fn a_failing_record_older_than_the_age_limit_is_set_aside_at_once() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn poison_records_in_lanes_hold_back_only_their_own_lane() {
+async fn poison_records_in_lanes_are_set_aside_and_the_other_lanes_complete() {
     let mut fleet = Fleet::new(1);
     fleet.produce(8, 0, 10);
     let bad = Arc::new(HashSet::from([
@@ -672,6 +784,54 @@ async fn poison_records_in_lanes_hold_back_only_their_own_lane() {
     sleep(Duration::from_secs(20)).await;
     fleet.stop(again).await;
     assert_eq!(fleet.log.count(), before);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_poison_sub_record_of_an_aggregate_is_set_aside_alone_in_any_lanes() {
+    for lanes in [1, 3] {
+        let mut fleet = Fleet::new(1);
+        let (shard_id, _) = fleet.source.put(STREAM, "pk-0", "pk-0:0").unwrap();
+        let records: Vec<(String, Bytes)> = (0..6)
+            .map(|k| (format!("pk-{k}"), Bytes::from(format!("pk-{k}:1"))))
+            .collect();
+        let refs: Vec<(&str, Bytes)> = records
+            .iter()
+            .map(|(pk, d)| (pk.as_str(), d.clone()))
+            .collect();
+        let seq = fleet
+            .source
+            .put_aggregate(STREAM, &shard_id, &refs)
+            .unwrap();
+        let dest = Arc::new(Collect::default());
+        let b = Behaviour {
+            poison: poison("pk-3", 1),
+            ..Behaviour::work(1)
+        };
+        let w = fleet.start(
+            "w-a",
+            lanes,
+            b,
+            FailurePolicy::Isolate(PoisonPolicy::send_to(Arc::clone(&dest))),
+        );
+        fleet.wait_for(6, Duration::from_secs(60)).await;
+        fleet.stop(w).await;
+        let got = dest.got.lock().unwrap().clone();
+        assert_eq!(got.len(), 1, "{lanes} lanes: {got:?}");
+        assert_eq!(
+            (
+                got[0].record.sequence_number.as_str(),
+                got[0].record.sub_sequence_number
+            ),
+            (seq.as_str(), 3)
+        );
+        // The checkpoint covers the whole aggregate, set-aside sub-record
+        // included.
+        assert_eq!(
+            fleet.checkpoint_of_only_shard().await,
+            Checkpoint::at(seq.clone(), 5),
+            "{lanes} lanes"
+        );
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -716,4 +876,143 @@ async fn lanes_and_the_poison_policy_are_validated() {
         .build()
         .unwrap_err();
     assert!(e.to_string().contains("max_attempts"), "{e}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_lost_during_a_drain_starts_no_more_queued_batches() {
+    let mut fleet = Fleet::new(1);
+    // 40-record batches over 4 lanes, 1 s a record: a drain of three
+    // batches a lane would take about half a minute.
+    fleet.produce(16, 0, 20);
+    let a = fleet.start("w-a", 4, Behaviour::work(1000), FailurePolicy::Retry);
+    let b = fleet.start("w-b", 4, Behaviour::work(1), FailurePolicy::Retry);
+    sleep(Duration::from_secs(3)).await;
+    assert_eq!(fleet.consuming(a), 1);
+    // a's table goes away and a shuts down: its drain outlives its lease.
+    fleet.stores[a].fail_until(
+        None,
+        kcl_core::ErrorKind::Retryable,
+        Instant::now() + Duration::from_secs(600),
+    );
+    fleet.workers[a].0.shutdown();
+    let started = Instant::now();
+    while fleet.consuming(b) < 1 {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "b never took over"
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+    let b_from = Instant::now();
+    let (_, task) = &mut fleet.workers[a];
+    task.await.unwrap().unwrap();
+    let late: Vec<Instant> = fleet
+        .log
+        .starts
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(w, at)| w == "w-a" && *at >= b_from)
+        .map(|(_, at)| *at)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "w-a started {} batches after w-b took the shard over",
+        late.len()
+    );
+    assert!(fleet.log.lease_lost_calls.load(Ordering::SeqCst) >= 4);
+    fleet.wait_for_last(16, 20, Duration::from_secs(600)).await;
+    fleet.stop(b).await;
+    check_complete(&fleet.log, 16, 20, &HashSet::new());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panic_in_one_lane_lets_the_others_finish_and_end_before_the_shard_is_given_back() {
+    let mut fleet = Fleet::new(1);
+    fleet.produce(8, 0, 10);
+    let b = Behaviour {
+        panic_on: Some(("pk-5", 4)),
+        ..Behaviour::work(20)
+    };
+    let w = fleet.start("w-a", 4, b, FailurePolicy::Retry);
+    fleet.wait_for_last(8, 10, Duration::from_secs(120)).await;
+    fleet.stop(w).await;
+    // The three other lanes of the first consumer had lease_lost; the
+    // panicking lane's processor unwound with its task.
+    assert_eq!(fleet.log.lease_lost_calls.load(Ordering::SeqCst), 3);
+    assert!(fleet.workers[w].0.status().leases.released >= 1);
+    check_complete(&fleet.log, 8, 10, &HashSet::new());
+}
+
+#[tokio::test(start_paused = true)]
+async fn shard_end_is_written_only_once_every_lane_checkpointed_it() {
+    let mut fleet = Fleet::new(1);
+    fleet.parent_poll = Duration::from_millis(100);
+    fleet.produce(8, 0, 5);
+    fleet
+        .log
+        .shard_ended_failures_left
+        .store(3, Ordering::SeqCst);
+    let w = fleet.start("w-a", 4, Behaviour::work(1), FailurePolicy::Retry);
+    fleet.wait_for_last(8, 5, Duration::from_secs(60)).await;
+    let parent = fleet.store.snapshot()[0].shard_id.clone();
+    let children = fleet.source.split(STREAM, &parent).unwrap();
+    fleet.produce(8, 5, 5);
+    fleet.wait_for_last(8, 10, Duration::from_secs(120)).await;
+    fleet.stop(w).await;
+    let ended = fleet.log.lane_one_ended_at.lock().unwrap()[&parent];
+    let first = fleet.log.first_record_at.lock().unwrap();
+    for child in &children {
+        let at = first[child];
+        assert!(
+            at > ended,
+            "{child} started before lane 1 of its parent checkpointed the end"
+        );
+    }
+    assert_eq!(
+        fleet.log.shard_ended_failures_left.load(Ordering::SeqCst),
+        0
+    );
+    check_complete(&fleet.log, 8, 10, &HashSet::new());
+}
+
+#[tokio::test(start_paused = true)]
+async fn lanes_after_one_whose_initialize_failed_are_never_made_or_ended() {
+    let mut fleet = Fleet::new(1);
+    fleet.produce(8, 0, 5);
+    fleet
+        .log
+        .initialize_failures_left
+        .store(1, Ordering::SeqCst);
+    let w = fleet.start("w-a", 4, Behaviour::work(1), FailurePolicy::ReleaseShard);
+    fleet.wait_for_last(8, 5, Duration::from_secs(120)).await;
+    fleet.stop(w).await;
+    assert_eq!(
+        fleet.log.endings_without_initialize.load(Ordering::SeqCst),
+        0,
+        "an ending reached a processor never initialized"
+    );
+    // Lanes 0-2 of the first consumer ended with lease_lost.
+    assert_eq!(fleet.log.lease_lost_calls.load(Ordering::SeqCst), 3);
+    check_complete(&fleet.log, 8, 5, &HashSet::new());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lanes_records_count_as_done_only_once_that_lane_checkpoints() {
+    let mut fleet = Fleet::new(1);
+    fleet.produce(12, 0, 10);
+    let buffering = Behaviour {
+        buffering_lanes: true,
+        ..Behaviour::work(5)
+    };
+    // Lane 0 checkpoints each batch; the other lanes hold their records
+    // in memory. A crash loses what they hold, so the watermark must not
+    // have passed it for lane 0's checkpoints.
+    let a = fleet.start("w-a", 3, buffering, FailurePolicy::Retry);
+    sleep(Duration::from_secs(5)).await;
+    fleet.kill(a).await;
+    let b = fleet.start("w-b", 3, Behaviour::work(5), FailurePolicy::Retry);
+    fleet.wait_for_last(12, 10, Duration::from_secs(120)).await;
+    fleet.stop(b).await;
+    check_complete(&fleet.log, 12, 10, &HashSet::new());
 }

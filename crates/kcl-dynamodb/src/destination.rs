@@ -22,6 +22,9 @@ pub const FAILURE_KEY: &str = "id";
 /// at most 400 KB, and the other attributes need room).
 const MAX_DATA_BYTES: usize = 350 * 1024;
 
+/// An error text is cut to this many bytes, so that the item fits.
+const MAX_ERROR_BYTES: usize = 8 * 1024;
+
 /// Writes failed records to a DynamoDB table whose partition key is the
 /// string attribute `id` ([`FAILURE_KEY`]):
 ///
@@ -30,7 +33,7 @@ const MAX_DATA_BYTES: usize = 350 * 1024;
 /// | `id` | S | `stream/shard/sequence/sub-sequence` |
 /// | `stream`, `shard_id`, `sequence_number`, `partition_key`, `worker_id` | S | |
 /// | `sub_sequence_number`, `attempts` | N | |
-/// | `error`, `reason` | S | the processor's last error; `max_attempts` or `max_record_age` |
+/// | `error`, `reason` | S | the processor's last error (cut to 8 KiB); `max_attempts` or `max_record_age` |
 /// | `failed_at_ms`, `approximate_arrival_ms` | N | milliseconds since the epoch |
 /// | `data` | B | left out above 350 KB, with `data_omitted` true |
 /// | `data_bytes` | N | |
@@ -137,7 +140,7 @@ pub(crate) fn item(failed: &FailedRecord) -> Vec<(&'static str, AttributeValue)>
         ("sub_sequence_number", n(r.sub_sequence_number)),
         ("partition_key", s(&r.partition_key)),
         ("worker_id", s(&failed.shard.worker_id)),
-        ("error", s(&failed.error)),
+        ("error", s(failed.error_within(MAX_ERROR_BYTES))),
         ("reason", s(failed.reason.as_str())),
         ("attempts", n(u64::from(failed.attempts))),
         ("failed_at_ms", n(millis(failed.failed_at))),

@@ -1,7 +1,8 @@
 //! A [`FailureDestination`] that writes records a processor kept failing on
 //! to a Kinesis stream (a dead-letter stream), one JSON document per
-//! record, under the record's own partition key so the dead-letter stream
-//! keeps each key's order.
+//! record, under the record's own partition key (so a key's failed records
+//! share a shard of the dead-letter stream; `PutRecords` does not promise
+//! their order, and a refused entry is resent after the others).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -20,6 +21,8 @@ const MAX_RECORDS_PER_CALL: usize = 500;
 const MAX_BYTES_PER_CALL: usize = 5 * 1024 * 1024;
 /// ... and at most this many per record.
 const MAX_RECORD_BYTES: usize = 1024 * 1024;
+/// An error text is cut to this many bytes.
+const MAX_ERROR_BYTES: usize = 8 * 1024;
 /// Rounds of resending the entries a `PutRecords` refused (throttled
 /// shards) before `send` fails and the consumer retries it with backoff.
 const ROUNDS: usize = 3;
@@ -83,7 +86,7 @@ pub(crate) fn document(failed: &FailedRecord, with_data: bool) -> Vec<u8> {
         "explicit_hash_key": r.explicit_hash_key,
         "aggregated": r.aggregated,
         "approximate_arrival_ms": r.approximate_arrival.map(millis),
-        "error": failed.error,
+        "error": failed.error_within(MAX_ERROR_BYTES),
         "attempts": failed.attempts,
         "reason": failed.reason.as_str(),
         "failed_at_ms": millis(failed.failed_at),

@@ -156,12 +156,17 @@ impl Checkpointer {
         }
     }
 
-    /// The records delivered so far were processed (the processor
-    /// returned `Ok`, or they were set aside): in a lane, they no longer
-    /// hold the shard's watermark back. Nothing is written.
-    pub(crate) fn processed(&mut self) {
-        if let (Some(link), Some(through)) = (&self.lane, &self.last_delivered) {
-            link.window().done_through(link.index, through);
+    /// `records` were set aside (skipped, or sent to a failure
+    /// destination) and count as done: in a lane, they no longer hold the
+    /// shard's watermark back, while the lane's earlier records its
+    /// processor has not checkpointed still do. Nothing is written.
+    pub(crate) fn set_aside(&mut self, records: &[Record]) {
+        if let Some(link) = &self.lane {
+            let positions: Vec<Position> = records
+                .iter()
+                .map(|r| (r.sequence_number.clone(), r.sub_sequence_number))
+                .collect();
+            link.window().done_exactly(link.index, &positions);
         }
     }
 
@@ -228,15 +233,19 @@ impl Checkpointer {
     /// done up to its last delivered record, and the shard's checkpoint
     /// moves to the low watermark of all lanes.
     pub async fn checkpoint(&mut self) -> Result<(), CheckpointError> {
+        if let (Some(link), Some(through)) = (&self.lane, &self.last_delivered) {
+            link.window().done_through(link.index, through);
+        }
         if self.lane.is_some() {
-            self.processed();
             return self.write_watermark().await;
         }
         self.checkpoint_delivered().await
     }
 
-    /// Moves the shard's checkpoint to the lanes' low watermark (or to
-    /// SHARD_END once the shard ended, every lane being drained by then).
+    /// Moves the shard's checkpoint to the lanes' low watermark; once the
+    /// shard ended (every lane drained by then), to SHARD_END when the last
+    /// lane checkpoints in `shard_ended`, so that no lane is still flushing
+    /// when the children start.
     async fn write_watermark(&mut self) -> Result<(), CheckpointError> {
         let Some(link) = &self.lane else {
             return Ok(());
@@ -244,7 +253,13 @@ impl Checkpointer {
         let watermark = link.window().watermark().cloned();
         let mut shard = link.shard.lock().await;
         let result = match watermark {
-            _ if shard.shard_ended => shard.checkpoint_delivered().await,
+            _ if shard.shard_ended => {
+                if link.window().end_lane(link.index) {
+                    shard.checkpoint_delivered().await
+                } else {
+                    Ok(())
+                }
+            }
             Some(position) => {
                 shard.last_delivered = Some(position);
                 shard.checkpoint_delivered().await

@@ -26,12 +26,15 @@ pub(crate) struct Window {
     /// Each lane's records not yet done, in shard order, by ordinal.
     lanes: Vec<VecDeque<(u64, Position)>>,
     watermark: Option<Position>,
+    /// The lanes that checkpointed since the shard ended.
+    ended: Vec<bool>,
 }
 
 impl Window {
     pub(crate) fn new(lanes: usize) -> Self {
         Window {
             lanes: vec![VecDeque::new(); lanes],
+            ended: vec![false; lanes],
             ..Window::default()
         }
     }
@@ -45,17 +48,47 @@ impl Window {
 
     /// Every record of `lane` at or before `through` is done.
     pub(crate) fn done_through(&mut self, lane: usize, through: &Position) {
-        let owed = &mut self.lanes[lane];
-        while let Some((ordinal, position)) = owed.front() {
+        while let Some((ordinal, position)) = self.lanes[lane].front() {
             if !at_or_before(position, through) {
                 break;
             }
-            let index = usize::try_from(ordinal - self.base).unwrap_or(usize::MAX);
-            if let Some(slot) = self.slots.get_mut(index) {
-                slot.1 = true;
-            }
-            owed.pop_front();
+            let ordinal = *ordinal;
+            self.mark(ordinal);
+            self.lanes[lane].pop_front();
         }
+        self.advance();
+    }
+
+    /// The records of `lane` at exactly `positions` are done (set aside),
+    /// and no other: records before them the lane's processor has not
+    /// checkpointed still hold the watermark back.
+    pub(crate) fn done_exactly(&mut self, lane: usize, positions: &[Position]) {
+        let mut owed = std::mem::take(&mut self.lanes[lane]);
+        owed.retain(|(ordinal, position)| {
+            let hit = positions.contains(position);
+            if hit {
+                self.mark(*ordinal);
+            }
+            !hit
+        });
+        self.lanes[lane] = owed;
+        self.advance();
+    }
+
+    /// `lane` checkpointed after the shard ended; true once every lane has.
+    pub(crate) fn end_lane(&mut self, lane: usize) -> bool {
+        self.ended[lane] = true;
+        self.ended.iter().all(|e| *e)
+    }
+
+    fn mark(&mut self, ordinal: u64) {
+        let index = usize::try_from(ordinal - self.base).unwrap_or(usize::MAX);
+        if let Some(slot) = self.slots.get_mut(index) {
+            slot.1 = true;
+        }
+    }
+
+    fn advance(&mut self) {
         while self.slots.front().is_some_and(|(_, done)| *done) {
             if let Some((position, _)) = self.slots.pop_front() {
                 self.watermark = Some(position);
@@ -100,6 +133,20 @@ mod tests {
         w.done_through(1, &pos(3));
         assert_eq!(w.watermark(), Some(&pos(4)));
         assert_eq!(w.outstanding(), 0);
+    }
+
+    #[test]
+    fn a_record_set_aside_leaves_the_lanes_earlier_records_owed() {
+        let mut w = Window::new(1);
+        for n in 1..=3 {
+            w.dispatch(0, pos(n));
+        }
+        w.done_exactly(0, &[pos(2)]);
+        assert_eq!(w.watermark(), None, "record 1 is not checkpointed");
+        w.done_through(0, &pos(1));
+        assert_eq!(w.watermark(), Some(&pos(2)));
+        w.done_through(0, &pos(3));
+        assert_eq!(w.watermark(), Some(&pos(3)));
     }
 
     proptest! {

@@ -26,15 +26,15 @@ pub(super) async fn deliver(
     let mut backoff = Backoff::new(c.setup.max_backoff);
     let before = checkpointer.delivered_position();
     loop {
+        // A lane's queued batch can start long after it was fetched (a
+        // drain at a handoff): nothing reaches the processor once the
+        // lease ended or lapsed (invariant 1).
+        c.may_finish()?;
         if let Some(last) = batch.records.last() {
             checkpointer.delivered(last);
         }
         match processor.process_records(batch, checkpointer).await {
-            Ok(()) => {
-                c.still_ours_after_checkpoint()?;
-                checkpointer.processed();
-                return Ok(());
-            }
+            Ok(()) => return c.still_ours_after_checkpoint(),
             Err(e) => {
                 processor_error("process_records", &c.ctx, &*e);
                 // Not processed: a checkpoint taken before the retry succeeds
@@ -46,7 +46,7 @@ pub(super) async fn deliver(
                         if let Some(last) = batch.records.last() {
                             checkpointer.delivered(last);
                         }
-                        checkpointer.processed();
+                        checkpointer.set_aside(&batch.records);
                         metrics::counter!(
                             "kcl_processor_batches_skipped_total",
                             "stream" => c.ctx.stream.clone(),
@@ -89,6 +89,7 @@ async fn isolate(
         if range.is_empty() {
             continue;
         }
+        c.may_finish()?;
         let before = checkpointer.delivered_position();
         checkpointer.delivered(&records[range.end - 1]);
         let part;
@@ -104,7 +105,6 @@ async fn isolate(
         let e = match processor.process_records(sub, checkpointer).await {
             Ok(()) => {
                 c.still_ours_after_checkpoint()?;
-                checkpointer.processed();
                 backoff.reset();
                 continue;
             }
@@ -145,7 +145,7 @@ async fn isolate(
                 .collect();
             set_aside(c, policy, &failed).await?;
             checkpointer.delivered(&records[range.end - 1]);
-            checkpointer.processed();
+            checkpointer.set_aside(&records[range.clone()]);
             backoff.reset();
             continue;
         }
@@ -188,7 +188,14 @@ async fn set_aside(
     let mut backoff = Backoff::new(c.setup.max_backoff);
     loop {
         c.still_ours()?;
-        match destination.send(failed).await {
+        // A destination that hangs must not outlast the lease: the record
+        // is then delivered again to the next owner, and sent again.
+        let sent = tokio::select! {
+            stop = c.stopped() => return Err(stop),
+            _ = c.halt.cancelled() => return Err(Stop::Release),
+            sent = destination.send(failed) => sent,
+        };
+        match sent {
             Ok(()) => {
                 warn!(
                     records = failed.len(),

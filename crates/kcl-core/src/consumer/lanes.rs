@@ -21,7 +21,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use tokio::task::{JoinError, JoinSet};
-use tracing::{info, warn};
+use tracing::{Instrument as _, info, warn};
 
 use super::{
     Consumer, ConsumerExit, ReadFailures, Stop, count_batch, deliver, finish_shard, initialize,
@@ -57,6 +57,9 @@ struct Lanes {
     queues: Vec<VecDeque<RecordBatch>>,
     running: JoinSet<LaneDone>,
     window: Arc<Mutex<Window>>,
+    /// A lane processor's panic, resumed once the other lanes stopped and
+    /// had their ending.
+    panic: Option<Box<dyn std::any::Any + Send>>,
 }
 
 impl Lanes {
@@ -106,10 +109,14 @@ impl Lanes {
             return;
         };
         let c = Arc::clone(c);
-        self.running.spawn(async move {
+        let work = async move {
+            let started = tokio::time::Instant::now();
             let result = deliver(&c, processor.as_mut(), &mut checkpointer, &batch).await;
+            metrics::histogram!("kcl_batch_processing_seconds", &shard_labels(&c))
+                .record(started.elapsed().as_secs_f64());
             (lane, processor, checkpointer, result)
-        });
+        };
+        self.running.spawn(work.in_current_span());
     }
 
     /// A lane finished its batch: it takes the next one, or the consumer
@@ -122,21 +129,45 @@ impl Lanes {
         let Some(joined) = joined else {
             return Ok(());
         };
-        let (lane, processor, checkpointer, result) = rejoin(joined)?;
+        let (lane, processor, checkpointer, result) = self.rejoin(joined)?;
         self.idle[lane] = Some((processor, checkpointer));
         result?;
         self.start(c, lane);
         Ok(())
     }
 
+    /// A lane task's result. A processor's panic is kept, and the shard
+    /// stops as if given back; `run` resumes the panic after the other
+    /// lanes finished their calls and had their ending, so it then does
+    /// what a panic of a one-lane shard does.
+    fn rejoin(&mut self, joined: Result<LaneDone, JoinError>) -> Result<LaneDone, Stop> {
+        match joined {
+            Ok(done) => Ok(done),
+            Err(e) if e.is_panic() => {
+                self.panic.get_or_insert(e.into_panic());
+                Err(Stop::Release)
+            }
+            Err(_) => Err(Stop::LeaseLost),
+        }
+    }
+
     /// Lets every lane work through the batches it was given, so that the
     /// watermark covers everything fetched and the next owner repeats
     /// nothing. A lane that stops (its retries see the shutdown) drops its
-    /// queue.
-    async fn drain(&mut self, c: &Arc<Consumer>) {
-        while let Some(joined) = self.running.join_next().await {
-            let Ok((lane, processor, checkpointer, result)) = rejoin(joined) else {
-                continue;
+    /// queue; if the lease ends meanwhile, so does every lane's queue.
+    async fn drain(&mut self, c: &Arc<Consumer>) -> Result<(), Stop> {
+        loop {
+            let joined = tokio::select! {
+                biased;
+                _ = c.lease.ended() => return Err(Stop::LeaseLost),
+                _ = c.lost.cancelled() => return Err(Stop::LeaseLost),
+                joined = self.running.join_next() => joined,
+            };
+            let Some(joined) = joined else {
+                return Ok(());
+            };
+            let Ok((lane, processor, checkpointer, result)) = self.rejoin(joined) else {
+                return Err(Stop::Release);
             };
             self.idle[lane] = Some((processor, checkpointer));
             if result.is_ok() {
@@ -151,23 +182,13 @@ impl Lanes {
     /// batches are dropped.
     async fn settle(&mut self) {
         while let Some(joined) = self.running.join_next().await {
-            if let Ok((lane, processor, checkpointer, _)) = rejoin(joined) {
+            if let Ok((lane, processor, checkpointer, _)) = self.rejoin(joined) {
                 self.idle[lane] = Some((processor, checkpointer));
             }
         }
         for q in &mut self.queues {
             q.clear();
         }
-    }
-}
-
-/// A lane task's result; a processor's panic goes on unwinding in the
-/// consumer task, where it does what a panic of a one-lane shard does.
-fn rejoin(joined: Result<LaneDone, JoinError>) -> Result<LaneDone, Stop> {
-    match joined {
-        Ok(done) => Ok(done),
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(_) => Err(Stop::LeaseLost),
     }
 }
 
@@ -196,6 +217,7 @@ pub(super) async fn run(c: &Consumer, current: &Lease, count: usize) -> Consumer
         queues: vec![VecDeque::new(); count],
         running: JoinSet::new(),
         window,
+        panic: None,
     };
     let mut outcome = Ok(());
     for (index, checkpointer) in lane_checkpointers.into_iter().enumerate() {
@@ -204,35 +226,51 @@ pub(super) async fn run(c: &Consumer, current: &Lease, count: usize) -> Consumer
             ..c.ctx.clone()
         };
         let mut processor = c.setup.factory.create(&ctx);
-        if outcome.is_ok() {
-            let input = InitializeInput {
-                shard: ctx,
-                checkpoint: start.clone(),
-                pending_checkpoint: current.pending_checkpoint.clone(),
-            };
-            outcome = initialize(&c, processor.as_mut(), &input).await;
-        }
+        let input = InitializeInput {
+            shard: ctx,
+            checkpoint: start.clone(),
+            pending_checkpoint: current.pending_checkpoint.clone(),
+        };
+        outcome = initialize(&c, processor.as_mut(), &input).await;
         lanes.idle.push(Some((processor, checkpointer)));
+        if outcome.is_err() {
+            // Lanes after it are never made: nothing to end.
+            lanes.idle.resize_with(count, || None);
+            break;
+        }
     }
     if outcome.is_ok() {
         info!(lanes = count, "processing the shard in parallel lanes");
         outcome = process(&c, &mut lanes, &shard, start).await;
     }
-    match outcome {
-        // A graceful end: what was fetched is processed first.
-        Err(Stop::Shutdown | Stop::Handoff) => lanes.drain(&c).await,
-        // Lanes still retrying stop now; running calls finish.
-        _ => {
-            c.halt.cancel();
-            lanes.settle().await;
-        }
+    // A graceful end: what was fetched is processed first.
+    if let Err(Stop::Shutdown | Stop::Handoff) = outcome
+        && let Err(stop) = lanes.drain(&c).await
+    {
+        outcome = Err(stop);
     }
+    // Lanes still retrying stop now; running calls finish.
+    c.halt.cancel();
+    lanes.settle().await;
+    let panic = lanes.panic.take();
     let mut processors: Vec<(Processor, Checkpointer)> = lanes.idle.into_iter().flatten().collect();
+    let exit = end_lanes(&mut processors, outcome).await;
+    if let Some(panic) = panic {
+        std::panic::resume_unwind(panic);
+    }
+    exit
+}
+
+/// Gives each lane's processor its ending.
+async fn end_lanes(
+    processors: &mut [(Processor, Checkpointer)],
+    outcome: Result<(), Stop>,
+) -> ConsumerExit {
     match outcome {
         Ok(()) => ConsumerExit::ShardEnded,
         Err(Stop::LeaseLost | Stop::Release) => {
             info!("lease lost or given back; stopping the lanes' processors");
-            for (processor, _) in &mut processors {
+            for (processor, _) in processors.iter_mut() {
                 processor.lease_lost().await;
             }
             match outcome {
@@ -241,7 +279,7 @@ pub(super) async fn run(c: &Consumer, current: &Lease, count: usize) -> Consumer
             }
         }
         Err(stop @ (Stop::Shutdown | Stop::Handoff)) => {
-            for (processor, checkpointer) in &mut processors {
+            for (processor, checkpointer) in processors.iter_mut() {
                 if let Err(e) = processor.shutdown_requested(checkpointer).await {
                     warn!(error = %e, "processor failed in shutdown_requested");
                 }

@@ -206,6 +206,18 @@ impl Consumer {
         }
     }
 
+    /// Whether a batch already fetched may still go to the processor: the
+    /// lease has not ended or lapsed. Unlike [`Consumer::still_ours`], this
+    /// holds while handing the lease off, when the owner finishes what it
+    /// fetched (it renews the lease until it lets go).
+    fn may_finish(&self) -> Result<(), Stop> {
+        if self.lost.is_cancelled() || !self.lease.may_checkpoint() {
+            Err(Stop::LeaseLost)
+        } else {
+            Ok(())
+        }
+    }
+
     fn still_ours(&self) -> Result<(), Stop> {
         if self.lost.is_cancelled() {
             Err(Stop::LeaseLost)
@@ -623,6 +635,8 @@ async fn finish_shard(
     }
     let mut backoff = Backoff::new(c.setup.max_backoff);
     loop {
+        // Every processor gets its call in each round, so that a lane's
+        // failure does not keep the others from theirs.
         let mut failed = false;
         for (processor, checkpointer) in processors.iter_mut() {
             match processor.shard_ended(checkpointer).await {
@@ -630,9 +644,6 @@ async fn finish_shard(
                 Err(e) => {
                     processor_error("shard_ended", &c.ctx, &*e);
                     c.still_ours()?;
-                    if c.setup.policy.releases() {
-                        return Err(Stop::Release);
-                    }
                     failed = true;
                 }
             }
@@ -646,6 +657,9 @@ async fn finish_shard(
         if ended {
             info!("shard finished");
             return Ok(());
+        }
+        if failed && c.setup.policy.releases() {
+            return Err(Stop::Release);
         }
         if !failed {
             error!(
