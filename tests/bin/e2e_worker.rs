@@ -10,6 +10,9 @@
 //! record with counter N hang forever (a stuck processor), after appending
 //! a marker line to `<out>.hang`. At exit the worker's lease counters go to `<out>.stats`.
 //! Optional: KCL_E2E_LANES=n processes each shard in n parallel lanes.
+//! Optional: KCL_E2E_COUNT_TABLE=<table> replaces the batch log with
+//! counting records per key into that table (`kcl_tests::counting`), in
+//! KCL_E2E_COUNT_MODE=exactly-once (default) or at-least-once.
 //! Optional: KCL_E2E_POISON=key:counter[,key:counter...] makes every batch
 //! holding one of those records fail before anything of it is logged (one
 //! line per failed call in `<out>.failures`); with KCL_E2E_DLQ_STREAM set,
@@ -214,6 +217,26 @@ async fn main() -> anyhow::Result<()> {
     } else {
         builder.idle_time_between_reads(Duration::from_millis(200))
     };
+    if let Ok(table) = std::env::var("KCL_E2E_COUNT_TABLE") {
+        let mode = kcl_tests::counting::Mode::parse(
+            &std::env::var("KCL_E2E_COUNT_MODE").unwrap_or_else(|_| "exactly-once".into()),
+        )?;
+        let dynamodb = aws_sdk_dynamodb::Client::new(&sdk);
+        let exactly_once = kcl::ExactlyOnce::new(dynamodb.clone(), var("KCL_E2E_APP")?);
+        let worker = builder
+            .processor(move |_: &ShardContext| kcl_tests::counting::Counter {
+                mode,
+                dynamodb: dynamodb.clone(),
+                table: table.clone(),
+                exactly_once: exactly_once.clone(),
+                work: Duration::from_millis(300),
+            })
+            .build()?;
+        return worker
+            .run_until(kcl::shutdown_signal())
+            .await
+            .map_err(Into::into);
+    }
     let worker = builder
         .processor(move |ctx: &ShardContext| Logger {
             ctx: ctx.clone(),

@@ -109,6 +109,8 @@ pub struct FaultCounts {
     pub upstream_failures: u64,
     /// Requests swallowed by the blackhole.
     pub blackholed: u64,
+    /// `TransactionCanceledException` answers with a `TransactionConflict`.
+    pub conflicts: u64,
 }
 
 impl FaultCounts {
@@ -119,6 +121,7 @@ impl FaultCounts {
             + self.throttles
             + self.dropped_responses
             + self.blackholed
+            + self.conflicts
     }
 }
 
@@ -132,6 +135,7 @@ struct Counters {
     dropped_responses: AtomicU64,
     upstream_failures: AtomicU64,
     blackholed: AtomicU64,
+    conflicts: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -140,6 +144,11 @@ struct Shared {
     faults: Mutex<Faults>,
     /// The JSON fragment naming the blackholed lease key.
     blackhole: Mutex<Option<String>>,
+    /// Faults go only to requests of this operation (`X-Amz-Target`
+    /// suffix), when set; the rest are forwarded untouched.
+    only: Mutex<Option<String>>,
+    /// Chance that a TransactWriteItems is answered with a conflict.
+    conflicts: Mutex<f64>,
     rng: Mutex<SmallRng>,
     counters: Counters,
 }
@@ -213,6 +222,8 @@ impl FaultProxy {
             upstream,
             faults: Mutex::new(faults),
             blackhole: Mutex::new(None),
+            only: Mutex::new(None),
+            conflicts: Mutex::new(0.0),
             rng: Mutex::new(SmallRng::seed_from_u64(seed)),
             counters: Counters::default(),
         });
@@ -255,6 +266,25 @@ impl FaultProxy {
             .unwrap_or_else(|e| e.into_inner()) = fragment;
     }
 
+    /// Injects faults only into requests of `operation` (as in
+    /// `X-Amz-Target: DynamoDB_20120810.<operation>`); `None` into all.
+    pub fn set_only(&self, operation: Option<&str>) {
+        *self.shared.only.lock().unwrap_or_else(|e| e.into_inner()) =
+            operation.map(|o| format!(".{o}"));
+    }
+
+    /// Answers this share of `TransactWriteItems` requests (before the
+    /// other faults are drawn) with `TransactionCanceledException` whose
+    /// every reason is `TransactionConflict`, as DynamoDB answers a
+    /// transaction that raced another on one of its items.
+    pub fn set_transaction_conflicts(&self, chance: f64) {
+        *self
+            .shared
+            .conflicts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = chance;
+    }
+
     /// The current fault probabilities.
     pub fn faults(&self) -> Faults {
         *self.shared.faults()
@@ -273,6 +303,7 @@ impl FaultProxy {
             dropped_responses: l(&c.dropped_responses),
             upstream_failures: l(&c.upstream_failures),
             blackholed: l(&c.blackholed),
+            conflicts: l(&c.conflicts),
         }
     }
 }
@@ -340,6 +371,47 @@ async fn handle(
         c.blackholed.fetch_add(1, Ordering::Relaxed);
         std::future::pending::<()>().await;
     }
+    let target = parts
+        .headers
+        .get("x-amz-target")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let only = shared
+        .only
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    if only.as_ref().is_some_and(|o| !target.ends_with(o.as_str())) {
+        return match tokio::time::timeout(UPSTREAM_TIMEOUT, forward(shared.upstream, parts, body))
+            .await
+        {
+            Ok(Ok(response)) => {
+                c.forwarded.fetch_add(1, Ordering::Relaxed);
+                response
+            }
+            _ => {
+                c.upstream_failures.fetch_add(1, Ordering::Relaxed);
+                amz_error(
+                    StatusCode::BAD_GATEWAY,
+                    "InternalServerError",
+                    "the fault proxy could not reach DynamoDB",
+                )
+            }
+        };
+    }
+    if target.ends_with(".TransactWriteItems") {
+        let chance = *shared.conflicts.lock().unwrap_or_else(|e| e.into_inner());
+        let roll: f64 = shared
+            .rng
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .random();
+        if roll < chance {
+            c.conflicts.fetch_add(1, Ordering::Relaxed);
+            return conflict(&body);
+        }
+    }
     let (fate, delay) = shared.decide();
     if let Some(delay) = delay {
         c.delayed.fetch_add(1, Ordering::Relaxed);
@@ -395,6 +467,26 @@ async fn handle(
     response
 }
 
+/// A `TransactionCanceledException` with one `TransactionConflict` reason
+/// per item of the transaction in `body`.
+fn conflict(body: &[u8]) -> Response<Full<Bytes>> {
+    let items = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("TransactItems")?.as_array().map(Vec::len))
+        .unwrap_or(1);
+    let reasons: Vec<serde_json::Value> = (0..items)
+        .map(|_| serde_json::json!({ "Code": "TransactionConflict", "Message": "Transaction is ongoing for the item" }))
+        .collect();
+    amz_json(
+        StatusCode::BAD_REQUEST,
+        &serde_json::json!({
+            "__type": "com.amazonaws.dynamodb.v20120810#TransactionCanceledException",
+            "message": "Transaction cancelled, please refer cancellation reasons for specific reasons [TransactionConflict] (injected by the fault proxy)",
+            "CancellationReasons": reasons,
+        }),
+    )
+}
+
 /// Headers that describe one hop's connection, not the message.
 fn hop_by_hop(name: &header::HeaderName) -> bool {
     name == header::CONNECTION
@@ -444,12 +536,18 @@ async fn forward(
 /// modelled error, which the SDK maps (and retries when it is transient or
 /// throttling).
 fn amz_error(status: StatusCode, kind: &str, message: &str) -> Response<Full<Bytes>> {
-    let body = serde_json::json!({
-        "__type": format!("com.amazonaws.dynamodb.v20120810#{kind}"),
-        "message": message,
-    })
-    .to_string();
-    let mut response = Response::new(Full::new(Bytes::from(body)));
+    amz_json(
+        status,
+        &serde_json::json!({
+            "__type": format!("com.amazonaws.dynamodb.v20120810#{kind}"),
+            "message": message,
+        }),
+    )
+}
+
+/// A DynamoDB JSON-protocol answer with `body`.
+fn amz_json(status: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
     *response.status_mut() = status;
     response
         .headers_mut()
@@ -470,6 +568,8 @@ mod tests {
             upstream: SocketAddr::from(([127, 0, 0, 1], 1)),
             faults: Mutex::new(faults),
             blackhole: Mutex::new(None),
+            only: Mutex::new(None),
+            conflicts: Mutex::new(0.0),
             rng: Mutex::new(SmallRng::seed_from_u64(7)),
             counters: Counters::default(),
         }

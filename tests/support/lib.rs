@@ -24,6 +24,7 @@
 //! has its own runtime, and an SDK client's connection pool must not outlive the
 //! runtime that created it, so clients are not shared through statics.
 
+pub mod counting;
 pub mod e2e;
 pub mod fault_proxy;
 pub mod java_kcl;

@@ -10,6 +10,8 @@
 //!   renewal mode), in a table of their own.
 //! - [`destination`]: [`DynamoDbDestination`], a table for records a
 //!   processor keeps failing on (`FailurePolicy::Isolate`).
+//! - [`exactly_once`]: a batch's writes and its checkpoint in one
+//!   transaction, conditional on the lease's tenure ([`ExactlyOnce`]).
 //! - [`table`]: creating the tables if missing and checking existing ones.
 //!
 //! The store passes the same conformance suite as the in-memory store
@@ -19,6 +21,7 @@
 
 pub mod destination;
 mod error;
+pub mod exactly_once;
 pub mod item;
 pub mod java;
 pub mod liveness;
@@ -26,5 +29,6 @@ pub mod store;
 pub mod table;
 
 pub use destination::DynamoDbDestination;
+pub use exactly_once::{ExactlyOnce, Transaction, TransactionError};
 pub use store::DynamoDbLeaseStore;
 pub use table::{Capacity, ensure_table, ensure_workers_table};

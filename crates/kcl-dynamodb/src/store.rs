@@ -341,6 +341,115 @@ fn uses(expr: &str, placeholder: &str) -> bool {
     })
 }
 
+/// The UpdateItem of a checkpoint by `by`: conditional on `by` owning the
+/// lease in its tenure (or handing it off), and on the checkpoint it
+/// replaces. The lease store's checkpoint and the transactional checkpoint
+/// of [`crate::exactly_once`] both write it.
+fn checkpoint_update(by: Holder<'_>, update: &CheckpointUpdate) -> Update {
+    let mut set = vec![
+        "#checkpoint = :cp",
+        "#checkpointSubSequenceNumber = :sub",
+        "#ownerSwitchesSinceCheckpoint = :zero",
+    ];
+    let mut remove = Vec::new();
+    match &update.pending {
+        Some(_) => {
+            set.push("#pendingCheckpoint = :pcp");
+            set.push("#pendingCheckpointSubSequenceNumber = :psub");
+        }
+        None => remove.extend(["#pendingCheckpoint", "#pendingCheckpointSubSequenceNumber"]),
+    }
+    match &update.pending_state {
+        Some(_) => set.push("#pendingCheckpointState = :pstate"),
+        None => remove.push("#pendingCheckpointState"),
+    }
+    if !update.children.is_empty() {
+        set.push("#childShardIds = :children");
+    }
+    let mut expression = format!("SET {}", set.join(", "));
+    if !remove.is_empty() {
+        expression.push_str(&format!(" REMOVE {}", remove.join(", ")));
+    }
+    let mut condition = format!(
+        "(({}) OR (attribute_not_exists(#checkpointOwner) AND {}))",
+        hands_off(by),
+        owned_by(by)
+    );
+    // Items the Java KCL wrote before it stored sub-sequence numbers lack
+    // the attribute, which means 0.
+    match &update.replacing {
+        Some(p) if p.sub_sequence() == 0 => condition.push_str(
+            " AND #checkpoint = :prev AND (#checkpointSubSequenceNumber = :prevsub \
+                 OR attribute_not_exists(#checkpointSubSequenceNumber))",
+        ),
+        Some(_) => condition
+            .push_str(" AND #checkpoint = :prev AND #checkpointSubSequenceNumber = :prevsub"),
+        None => {}
+    }
+    let mut full = Update::new(&expression, &condition)
+        .s(":owner", by.owner)
+        .tenure(":tenure", by.tenure)
+        .s(":cp", update.checkpoint.as_str())
+        .n(":sub", update.checkpoint.sub_sequence())
+        .n(":zero", 0);
+    if let Some(p) = &update.pending {
+        full = full.s(":pcp", p.as_str()).n(":psub", p.sub_sequence());
+    }
+    if let Some(state) = &update.pending_state {
+        full.values.insert(
+            ":pstate".into(),
+            AttributeValue::B(Blob::new(state.clone())),
+        );
+    }
+    if let Some(p) = &update.replacing {
+        full = full.s(":prev", p.as_str()).n(":prevsub", p.sub_sequence());
+    }
+    if !update.children.is_empty() {
+        full.values.insert(
+            ":children".into(),
+            AttributeValue::Ss(update.children.iter().cloned().collect()),
+        );
+    }
+    full
+}
+
+/// A checkpoint of lease `key` by `by` as one item of a TransactWriteItems,
+/// returning the lease item if its condition fails (to reconcile a lost
+/// response).
+pub(crate) fn checkpoint_transact_item(
+    table: &str,
+    key: &str,
+    by: Holder<'_>,
+    update: &CheckpointUpdate,
+) -> Result<aws_sdk_dynamodb::types::TransactWriteItem, aws_sdk_dynamodb::error::BuildError> {
+    let u = checkpoint_update(by, update);
+    let item = aws_sdk_dynamodb::types::Update::builder()
+        .table_name(table)
+        .set_key(Some(DynamoDbLeaseStore::key(key)))
+        .update_expression(u.expression)
+        .condition_expression(u.condition)
+        .set_expression_attribute_names(Some(u.names))
+        .set_expression_attribute_values(Some(u.values).filter(|v| !v.is_empty()))
+        .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+        .build()?;
+    Ok(aws_sdk_dynamodb::types::TransactWriteItem::builder()
+        .update(item)
+        .build())
+}
+
+/// True if the lease item `item` (returned by a failed condition) shows the
+/// checkpoint `update` by `by` applied: an earlier attempt whose response
+/// was lost committed.
+pub(crate) fn checkpoint_applied(
+    table: &str,
+    item: &HashMap<String, AttributeValue>,
+    by: Holder<'_>,
+    update: &CheckpointUpdate,
+) -> bool {
+    read_lenient(table, item)
+        .is_some_and(|current| Intent::Checkpointed { by, update }.applied_in(&current))
+}
+
 fn owner_condition(owner: Option<&str>) -> &'static str {
     match owner {
         Some(_) => "#leaseOwner = :old",
@@ -530,70 +639,7 @@ impl LeaseStore for DynamoDbLeaseStore {
         by: Holder<'_>,
         update: &CheckpointUpdate,
     ) -> Result<Lease, StoreError> {
-        let mut set = vec![
-            "#checkpoint = :cp",
-            "#checkpointSubSequenceNumber = :sub",
-            "#ownerSwitchesSinceCheckpoint = :zero",
-        ];
-        let mut remove = Vec::new();
-        match &update.pending {
-            Some(_) => {
-                set.push("#pendingCheckpoint = :pcp");
-                set.push("#pendingCheckpointSubSequenceNumber = :psub");
-            }
-            None => remove.extend(["#pendingCheckpoint", "#pendingCheckpointSubSequenceNumber"]),
-        }
-        match &update.pending_state {
-            Some(_) => set.push("#pendingCheckpointState = :pstate"),
-            None => remove.push("#pendingCheckpointState"),
-        }
-        if !update.children.is_empty() {
-            set.push("#childShardIds = :children");
-        }
-        let mut expression = format!("SET {}", set.join(", "));
-        if !remove.is_empty() {
-            expression.push_str(&format!(" REMOVE {}", remove.join(", ")));
-        }
-        let mut condition = format!(
-            "(({}) OR (attribute_not_exists(#checkpointOwner) AND {}))",
-            hands_off(by),
-            owned_by(by)
-        );
-        // Items the Java KCL wrote before it stored sub-sequence numbers lack
-        // the attribute, which means 0.
-        match &update.replacing {
-            Some(p) if p.sub_sequence() == 0 => condition.push_str(
-                " AND #checkpoint = :prev AND (#checkpointSubSequenceNumber = :prevsub \
-                 OR attribute_not_exists(#checkpointSubSequenceNumber))",
-            ),
-            Some(_) => condition
-                .push_str(" AND #checkpoint = :prev AND #checkpointSubSequenceNumber = :prevsub"),
-            None => {}
-        }
-        let mut full = Update::new(&expression, &condition)
-            .s(":owner", by.owner)
-            .tenure(":tenure", by.tenure)
-            .s(":cp", update.checkpoint.as_str())
-            .n(":sub", update.checkpoint.sub_sequence())
-            .n(":zero", 0);
-        if let Some(p) = &update.pending {
-            full = full.s(":pcp", p.as_str()).n(":psub", p.sub_sequence());
-        }
-        if let Some(state) = &update.pending_state {
-            full.values.insert(
-                ":pstate".into(),
-                AttributeValue::B(Blob::new(state.clone())),
-            );
-        }
-        if let Some(p) = &update.replacing {
-            full = full.s(":prev", p.as_str()).n(":prevsub", p.sub_sequence());
-        }
-        if !update.children.is_empty() {
-            full.values.insert(
-                ":children".into(),
-                AttributeValue::Ss(update.children.iter().cloned().collect()),
-            );
-        }
+        let full = checkpoint_update(by, update);
         let intent = Intent::Checkpointed { by, update };
         self.update(StoreOp::Checkpoint, key, full, Some(intent))
             .await

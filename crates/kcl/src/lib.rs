@@ -62,7 +62,7 @@ pub use kcl_core::processor::{
 pub use kcl_core::source::InitialPosition;
 pub use kcl_core::worker::{RemovedStreamPolicy, WorkerHandle, WorkerStatus};
 pub use kcl_core::{Checkpoint, ConfigError, LeaseRenewal, Record};
-pub use kcl_dynamodb::DynamoDbDestination;
+pub use kcl_dynamodb::{DynamoDbDestination, ExactlyOnce, Transaction, TransactionError};
 pub use kcl_kinesis::{
     DeregisterConsumer, FanOutConfig, FanOutConfigBuilder, Retrieval, SourceStats,
 };

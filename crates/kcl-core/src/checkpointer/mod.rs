@@ -15,7 +15,7 @@ use tracing::warn;
 use crate::lease::Checkpoint;
 use crate::leases::LeaseHandle;
 use crate::record::Record;
-use crate::store::{CheckpointUpdate, LeaseStore, StoreError};
+use crate::store::{CheckpointUpdate, Holder, LeaseStore, StoreError};
 
 mod window;
 
@@ -57,6 +57,44 @@ pub enum CheckpointError {
         /// Why it does not apply.
         why: &'static str,
     },
+}
+
+/// A checkpoint the caller writes itself, together with its own writes in
+/// one atomic operation (a DynamoDB transaction): see
+/// [`Checkpointer::commit_with`]. Its condition must be the store's own
+/// checkpoint condition for `holder()` and `update` (owner, tenure, and the
+/// checkpoint it replaces).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct PreparedCheckpoint {
+    /// The lease key.
+    pub key: String,
+    /// The worker id checkpointing.
+    pub owner: String,
+    /// Its tenure of the lease.
+    pub tenure: Option<String>,
+    /// What to write, `replacing` the last checkpoint.
+    pub update: CheckpointUpdate,
+}
+
+impl PreparedCheckpoint {
+    /// The holder the write is conditional on.
+    pub fn holder(&self) -> Holder<'_> {
+        Holder {
+            owner: &self.owner,
+            tenure: self.tenure.as_deref(),
+        }
+    }
+}
+
+/// How a caller-written checkpoint ([`Checkpointer::commit_with`]) failed.
+#[derive(Debug)]
+pub enum CommitFailure<E> {
+    /// Its lease condition failed and it was not applied: the lease is
+    /// someone else's, the consumer stops.
+    LeaseLost,
+    /// Anything else, the caller's to handle; the checkpoint did not move.
+    Other(E),
 }
 
 /// Writes checkpoints for one shard. Given to the processor with each batch.
@@ -228,6 +266,25 @@ impl Checkpointer {
         &self.last_checkpoint
     }
 
+    /// True if the last checkpoint covers `record`: a batch redelivered
+    /// after a failure may hold records a commit inside it already
+    /// checkpointed (see [`Checkpointer::commit_with`]), whose effects must
+    /// not be applied again.
+    pub fn is_checkpointed(&self, record: &Record) -> bool {
+        match &self.last_checkpoint {
+            Checkpoint::ShardEnd => true,
+            Checkpoint::Sequence { seq, sub } => {
+                compare(
+                    &record.sequence_number,
+                    record.sub_sequence_number,
+                    seq,
+                    *sub,
+                ) != Ordering::Greater
+            }
+            _ => false,
+        }
+    }
+
     /// Checkpoints the last record delivered; in `shard_ended`, records
     /// SHARD_END so the shard's children can start. In a lane: this lane is
     /// done up to its last delivered record, and the shard's checkpoint
@@ -342,6 +399,65 @@ impl Checkpointer {
             ..CheckpointUpdate::to(self.last_checkpoint.clone())
         };
         self.write(update).await
+    }
+
+    /// Checkpoints at `(seq, sub)` (validated as for
+    /// [`Checkpointer::checkpoint_at`]) through `write`, which writes the
+    /// checkpoint and the caller's own changes in one atomic operation: the
+    /// way to apply a batch's effects exactly once. `write` gets the
+    /// checkpoint to write and must make it conditional exactly as the
+    /// lease store's checkpoint write is, reconciling a lost response
+    /// itself. On success the checkpointer moves on; `Ok(Err(e))` is a
+    /// failure `write` reports (the checkpoint did not move);
+    /// [`CommitFailure::LeaseLost`] stops the consumer as a rejected
+    /// checkpoint does.
+    ///
+    /// Not available in parallel lanes: the shard's checkpoint there is a
+    /// watermark that may not cover this lane's records, and their effects
+    /// would then be applied again after a restart.
+    pub async fn commit_with<E, F, Fut>(
+        &mut self,
+        seq: &str,
+        sub: u64,
+        write: F,
+    ) -> Result<Result<(), E>, CheckpointError>
+    where
+        F: FnOnce(PreparedCheckpoint) -> Fut,
+        Fut: std::future::Future<Output = Result<(), CommitFailure<E>>>,
+    {
+        if self.lane.is_some() {
+            return Err(CheckpointError::NotInLanes {
+                call: "commit_with",
+                why: "the shard's checkpoint follows the slowest lane, so a transaction's \
+                      checkpoint could not cover its own records",
+            });
+        }
+        let target = self.validate(seq, sub)?;
+        let key = self.lease.key().to_owned();
+        if !self.lease.may_checkpoint() {
+            self.lost.cancel();
+            return Err(CheckpointError::LeaseLost { key });
+        }
+        let holder = self.lease.holder();
+        let prepared = PreparedCheckpoint {
+            key: key.clone(),
+            owner: holder.owner.to_owned(),
+            tenure: holder.tenure.map(str::to_owned),
+            update: CheckpointUpdate::to(target.clone()).replacing(self.last_checkpoint.clone()),
+        };
+        match write(prepared).await {
+            Ok(()) => {
+                metrics::counter!("kcl_checkpoints_total", &self.labels).increment(1);
+                self.last_checkpoint = target;
+                Ok(Ok(()))
+            }
+            Err(CommitFailure::LeaseLost) => {
+                warn!(lease = %key, "transactional checkpoint rejected: another worker owns the shard; stopping");
+                self.lost.cancel();
+                Err(CheckpointError::LeaseLost { key })
+            }
+            Err(CommitFailure::Other(e)) => Ok(Err(e)),
+        }
     }
 
     fn validate(&self, seq: &str, sub: u64) -> Result<Checkpoint, CheckpointError> {
