@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use kcl::{ExactlyOnce, InitialPosition, Worker};
+use kcl::{Checkpointer, ExactlyOnce, InitialPosition, Worker};
 use kcl_tests::counting::{self, Counter, Mode};
 use kcl_tests::e2e::{CheckpointMode, KEYS, LEASE, Producer, Scenario, WorkerProcess, out_dir};
 use kcl_tests::fault_proxy::{FaultProxy, Faults};
@@ -235,5 +235,176 @@ async fn counters_are_exact_under_kills_and_pauses_where_at_least_once_counts_tw
         plain.extra() >= 0,
         "at-least-once lost records: {:?}",
         plain.counts
+    );
+}
+
+/// A lease table on DynamoDB Local with one lease held by `w-1` in tenure
+/// `t-1`, a checkpointer for it that has been handed records up to
+/// `100/5`, and a sink table.
+async fn held_lease() -> (
+    kcl_tests::TestEnv,
+    kcl_dynamodb::DynamoDbLeaseStore,
+    Checkpointer,
+    ExactlyOnce,
+    String,
+) {
+    use kcl_core::store::LeaseStore as _;
+    let env = kcl_tests::TestEnv::connect()
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let lease_table = unique_name("kcl-eo-leases");
+    kcl_dynamodb::ensure_table(
+        env.dynamodb(),
+        &lease_table,
+        kcl_dynamodb::Capacity::OnDemand,
+    )
+    .await
+    .unwrap();
+    let store = kcl_dynamodb::DynamoDbLeaseStore::new(env.dynamodb().clone(), &lease_table);
+    let lease = store
+        .create_if_absent(&kcl_core::Lease::new(
+            "shard-1",
+            kcl_core::Checkpoint::TrimHorizon,
+        ))
+        .await
+        .unwrap();
+    let lease = store
+        .take(&lease, kcl_core::Holder::new("w-1", "t-1"))
+        .await
+        .unwrap();
+    let handle = kcl_core::LeaseHandle::detached(lease, Duration::from_secs(300));
+    let mut cp = Checkpointer::for_test(std::sync::Arc::new(store.clone()), handle);
+    cp.delivered_for_test("100", 5);
+    let sink = unique_name("kcl-eo-sink");
+    counting::create_table(env.dynamodb(), &sink).await.unwrap();
+    let eo = ExactlyOnce::new(env.dynamodb().clone(), &lease_table);
+    (env, store, cp, eo, sink)
+}
+
+fn record(seq: &str, sub: u64) -> kcl::Record {
+    kcl::Record {
+        data: bytes::Bytes::from_static(b"x"),
+        partition_key: "pk-0".into(),
+        explicit_hash_key: None,
+        sequence_number: seq.into(),
+        sub_sequence_number: sub,
+        approximate_arrival: None,
+        aggregated: sub > 0,
+    }
+}
+
+fn put(table: &str, key: &str) -> aws_sdk_dynamodb::types::TransactWriteItem {
+    use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+    TransactWriteItem::builder()
+        .put(
+            Put::builder()
+                .table_name(table)
+                .item(counting::KEY, AttributeValue::S(key.into()))
+                .item(counting::COUNT, AttributeValue::N("1".into()))
+                .build()
+                .unwrap(),
+        )
+        .build()
+}
+
+#[tokio::test]
+async fn a_commit_moves_the_checkpoint_with_its_writes_at_a_sub_sequence_position() {
+    use kcl_core::store::LeaseStore as _;
+    let (env, store, mut cp, eo, sink) = held_lease().await;
+    let mut tx = kcl::Transaction::new();
+    tx.push(put(&sink, "a")).unwrap();
+    eo.commit(&mut cp, tx, &record("100", 3)).await.unwrap();
+    let lease = store.get("shard-1").await.unwrap().unwrap();
+    assert_eq!(lease.checkpoint, kcl_core::Checkpoint::at("100", 3));
+    assert_eq!(
+        counting::counts(env.dynamodb(), &sink).await.unwrap()["a"],
+        1
+    );
+    assert!(cp.is_checkpointed(&record("100", 3)));
+    assert!(!cp.is_checkpointed(&record("100", 4)));
+}
+
+#[tokio::test]
+async fn a_failed_condition_of_the_applications_own_writes_writes_nothing() {
+    use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem};
+    use kcl_core::store::LeaseStore as _;
+    let (env, store, mut cp, eo, sink) = held_lease().await;
+    let mut tx = kcl::Transaction::new();
+    tx.push(put(&sink, "a")).unwrap();
+    tx.push(
+        TransactWriteItem::builder()
+            .condition_check(
+                ConditionCheck::builder()
+                    .table_name(&sink)
+                    .key(counting::KEY, AttributeValue::S("missing".into()))
+                    .condition_expression("attribute_exists(#k)")
+                    .expression_attribute_names("#k", counting::KEY)
+                    .build()
+                    .unwrap(),
+            )
+            .build(),
+    )
+    .unwrap();
+    let e = eo.commit(&mut cp, tx, &record("100", 0)).await.unwrap_err();
+    assert!(
+        matches!(e, kcl::TransactionError::ConditionFailed { index: 1, .. }),
+        "{e}"
+    );
+    let lease = store.get("shard-1").await.unwrap().unwrap();
+    assert_eq!(lease.checkpoint, kcl_core::Checkpoint::TrimHorizon);
+    assert!(
+        counting::counts(env.dynamodb(), &sink)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn a_stale_tenure_writes_nothing_and_learns_its_lease_is_lost() {
+    use kcl_core::store::LeaseStore as _;
+    let (env, store, mut cp, eo, sink) = held_lease().await;
+    // The same worker id took the lease again (a restart): this tenure is
+    // stale though the owner's name matches.
+    let current = store.get("shard-1").await.unwrap().unwrap();
+    store
+        .reclaim(&current, kcl_core::Holder::new("w-1", "t-2"))
+        .await
+        .unwrap();
+    let mut tx = kcl::Transaction::new();
+    tx.push(put(&sink, "a")).unwrap();
+    let e = eo.commit(&mut cp, tx, &record("100", 0)).await.unwrap_err();
+    assert!(matches!(e, kcl::TransactionError::LeaseLost { .. }), "{e}");
+    assert!(
+        counting::counts(env.dynamodb(), &sink)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        store.get("shard-1").await.unwrap().unwrap().checkpoint,
+        kcl_core::Checkpoint::TrimHorizon
+    );
+}
+
+#[tokio::test]
+async fn the_previous_owner_commits_while_it_hands_the_lease_off() {
+    use kcl_core::store::LeaseStore as _;
+    let (env, store, mut cp, eo, sink) = held_lease().await;
+    let current = store.get("shard-1").await.unwrap().unwrap();
+    store
+        .start_handoff(&current, kcl_core::Holder::new("w-2", "t-9"))
+        .await
+        .unwrap();
+    let mut tx = kcl::Transaction::new();
+    tx.push(put(&sink, "a")).unwrap();
+    eo.commit(&mut cp, tx, &record("100", 5)).await.unwrap();
+    assert_eq!(
+        store.get("shard-1").await.unwrap().unwrap().checkpoint,
+        kcl_core::Checkpoint::at("100", 5)
+    );
+    assert_eq!(
+        counting::counts(env.dynamodb(), &sink).await.unwrap()["a"],
+        1
     );
 }

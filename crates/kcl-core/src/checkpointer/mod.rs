@@ -707,6 +707,42 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_caller_written_checkpoint_moves_on_only_when_its_write_succeeded() {
+        let (_, mut cp) = setup().await;
+        cp.delivered_for_test("9", 2);
+        let out_of_range = cp
+            .commit_with("10", 0, |_| async { Ok::<(), CommitFailure<()>>(()) })
+            .await;
+        assert!(matches!(
+            out_of_range,
+            Err(CheckpointError::OutOfRange { .. })
+        ));
+        let failed = cp
+            .commit_with("9", 1, |p| async move {
+                assert_eq!(p.update.checkpoint, Checkpoint::at("9", 1));
+                assert_eq!(p.update.replacing, Some(Checkpoint::TrimHorizon));
+                assert_eq!(p.holder(), Holder::new("me", "t1"));
+                Err(CommitFailure::Other("sink said no"))
+            })
+            .await
+            .unwrap();
+        assert_eq!(failed, Err("sink said no"));
+        assert_eq!(cp.last_checkpoint(), &Checkpoint::TrimHorizon);
+        cp.commit_with("9", 1, |_| async { Ok::<(), CommitFailure<()>>(()) })
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(cp.last_checkpoint(), &Checkpoint::at("9", 1));
+        let lost = cp
+            .commit_with("9", 2, |_| async {
+                Err::<(), _>(CommitFailure::<()>::LeaseLost)
+            })
+            .await;
+        assert!(matches!(lost, Err(CheckpointError::LeaseLost { .. })));
+        assert!(cp.lost.is_cancelled(), "the consumer stops");
+    }
+
+    #[tokio::test]
     async fn pending_checkpoints_are_stored_without_moving_the_checkpoint() {
         let (store, mut cp) = setup().await;
         cp.delivered_for_test("9", 0);
