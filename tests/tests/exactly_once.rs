@@ -50,6 +50,15 @@ async fn settled_counts(s: &Scenario, table: &str, per_key: u64) -> HashMap<Stri
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_stay_exact_through_lost_responses_conflicts_and_throttling() {
+    exact_under_transaction_faults(kcl::LeaseRenewal::WorkerLiveness).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_stay_exact_through_transaction_faults_with_per_lease_renewal() {
+    exact_under_transaction_faults(kcl::LeaseRenewal::PerLease).await;
+}
+
+async fn exact_under_transaction_faults(renewal: kcl::LeaseRenewal) {
     let mut s = Scenario::new(2).await;
     let table = unique_name("kcl-counts");
     counting::create_table(s.env.dynamodb(), &table)
@@ -81,6 +90,7 @@ async fn counters_stay_exact_through_lost_responses_conflicts_and_throttling() {
         .stream(&s.stream)
         .clients(s.env.kinesis().clone(), through_proxy)
         .worker_id("eo-1")
+        .renewal(renewal)
         .initial_position(InitialPosition::TrimHorizon)
         .lease_duration(LEASE)
         .taker_interval(Duration::from_secs(2))
@@ -112,7 +122,7 @@ async fn counters_stay_exact_through_lost_responses_conflicts_and_throttling() {
     task.await.unwrap().unwrap();
     let faults = proxy.counts();
     println!(
-        "exactly-once under faults: {} requests through the proxy, {} transaction responses lost, {} conflicts, {} throttled; counts {counts:?}; leases {leases:?}",
+        "exactly-once under faults ({renewal:?}): {} requests through the proxy, {} transaction responses lost, {} conflicts, {} throttled; counts {counts:?}; leases {leases:?}",
         faults.requests, faults.dropped_responses, faults.conflicts, faults.throttles
     );
     // A lost response was reconciled as the commit it was, not taken for
