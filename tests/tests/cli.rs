@@ -164,8 +164,21 @@ async fn lists_every_state_as_a_table_and_as_json() {
         ))
         .unwrap();
     assert_eq!(json["table"], table.as_str());
+    let read_at = json["read_at"].as_str().unwrap();
+    assert!(
+        aws_sdk_dynamodb::primitives::DateTime::from_str(
+            read_at,
+            aws_sdk_dynamodb::primitives::DateTimeFormat::DateTime
+        )
+        .is_ok(),
+        "read_at {read_at:?} is RFC 3339"
+    );
     let leases = json["leases"].as_array().unwrap();
     assert_eq!(leases.len(), 4);
+    assert!(
+        leases.iter().all(|l| l.get("stream").is_none()),
+        "a single-stream table's leases name no stream: {leases:?}"
+    );
     let by_shard: HashMap<&str, &Value> = leases
         .iter()
         .map(|l| (l["shard"].as_str().unwrap(), l))

@@ -148,12 +148,13 @@ impl Table {
 /// `kcl leases`: prints the listing.
 pub(crate) async fn list(args: &TableArgs, json: bool, wide: bool) -> anyhow::Result<()> {
     let table = Table::open(args).await?;
+    let asked = std::time::SystemTime::now();
     let leases = table.leases().await?;
     let rows = leases
         .iter()
         .map(|l| Row::new(l, State::of(l, false), None))
         .collect();
-    let listing = Listing::new(table.name(), rows);
+    let listing = Listing::new(table.name(), asked, rows);
     if json {
         println!("{}", serde_json::to_string_pretty(&listing)?);
     } else {

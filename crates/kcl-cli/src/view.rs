@@ -59,9 +59,13 @@ impl State {
 pub(crate) struct Row {
     /// The table's hash key.
     pub(crate) key: String,
-    /// The stream name, for multi-stream tables (from the identifier).
+    /// The stream name, for multi-stream tables (from the identifier);
+    /// left out of the JSON for a single-stream table, whose leases name
+    /// no stream.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
     pub(crate) stream: Option<String>,
     /// The multi-stream identifier `account:stream:creationEpoch`.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
     pub(crate) stream_id: Option<String>,
     pub(crate) shard: String,
     pub(crate) owner: Option<String>,
@@ -164,6 +168,9 @@ pub(crate) struct Totals {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Listing {
     pub(crate) table: String,
+    /// When the scan behind this listing was asked (RFC 3339, UTC): what a
+    /// lease shows was true at or after this moment.
+    pub(crate) read_at: String,
     pub(crate) leases: Vec<Row>,
     pub(crate) workers: Vec<WorkerSummary>,
     pub(crate) totals: Totals,
@@ -171,7 +178,11 @@ pub(crate) struct Listing {
 
 impl Listing {
     /// Sorts the rows (stream, then shard) and sums them up.
-    pub(crate) fn new(table: &str, mut leases: Vec<Row>) -> Listing {
+    pub(crate) fn new(
+        table: &str,
+        read_at: std::time::SystemTime,
+        mut leases: Vec<Row>,
+    ) -> Listing {
         leases.sort_by(|a, b| (&a.stream, &a.shard, &a.key).cmp(&(&b.stream, &b.shard, &b.key)));
         let mut workers: BTreeMap<String, WorkerSummary> = BTreeMap::new();
         let mut totals = Totals {
@@ -201,6 +212,9 @@ impl Listing {
         }
         Listing {
             table: table.to_owned(),
+            read_at: aws_smithy_types::DateTime::from(read_at)
+                .fmt(aws_smithy_types::date_time::Format::DateTime)
+                .unwrap_or_default(),
             leases,
             workers: workers.into_values().collect(),
             totals,
@@ -391,7 +405,11 @@ mod tests {
             .iter()
             .map(|l| Row::new(l, State::of(l, false), None))
             .collect();
-        Listing::new("orders", rows)
+        Listing::new(
+            "orders",
+            std::time::UNIX_EPOCH + Duration::from_secs(1_764_600_000),
+            rows,
+        )
     }
 
     #[test]
@@ -434,6 +452,10 @@ mod tests {
         let back: Listing = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
         assert_eq!(back, l);
         assert!(text.contains(r#""state":"handoff""#), "{text}");
+        assert!(
+            text.contains(r#""read_at":"2025-12-01T14:40:00Z""#),
+            "{text}"
+        );
     }
 
     #[test]

@@ -135,7 +135,7 @@ impl Watcher {
             self.record(format!("{clock}  {key}: lease deleted"));
         }
         self.seen = present;
-        Listing::new(table, rows)
+        Listing::new(table, std::time::SystemTime::now(), rows)
     }
 
     fn record(&mut self, event: String) {
