@@ -730,3 +730,120 @@ async fn two_consumers_share_a_stream_exactly_once_and_resume() {
     exactly_once(&lines, &second, &stream);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The checkpoint of every lease of `app`, by shard, read directly.
+async fn checkpoints(env: &TestEnv, app: &str) -> BTreeMap<String, String> {
+    let items = env
+        .dynamodb()
+        .scan()
+        .table_name(app)
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap();
+    items
+        .items()
+        .iter()
+        .map(|i| {
+            (
+                i["leaseKey"].as_s().unwrap().clone(),
+                i["checkpoint"].as_s().unwrap().clone(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_all_rewinds_a_running_application_and_a_dry_run_writes_nothing() {
+    let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
+    let stream = unique_name("kcl-cli-reset-all");
+    let app = unique_name("kcl-cli-reset-all-app");
+    create_stream(env.kinesis(), &stream, 2).await.unwrap();
+    let dir = std::env::temp_dir().join(unique_name("kcl-cli-reset-all"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let c = Consumer::spawn(&dir, "r1", &app, &stream);
+    let sent = put_records(env.kinesis(), &stream, &records(0, 5))
+        .await
+        .unwrap();
+    wait_for_lines(&[&c], sent.len()).await;
+    // Both leases checkpointed past the start (`kcl consume` checkpoints
+    // each batch).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let before = loop {
+        let cps = checkpoints(&env, &app).await;
+        if cps.len() == 2
+            && cps
+                .values()
+                .all(|cp| cp.bytes().all(|b| b.is_ascii_digit()))
+        {
+            break cps;
+        }
+        assert!(Instant::now() < deadline, "never checkpointed: {cps:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+
+    // Held by a running worker: refused as a whole, nothing written.
+    let args = [
+        "leases",
+        "reset",
+        "--app",
+        &app,
+        "--all",
+        "--to",
+        "TRIM_HORIZON",
+    ];
+    let refused = kcl(&args, &[]).await;
+    assert!(!refused.status.success());
+    let why = text(&refused.stderr);
+    assert!(
+        why.contains("refusing to reset 2 of 2 shards, so nothing was written")
+            && why.contains("held by r1"),
+        "{why}"
+    );
+    // A dry run with --force says what it would do and writes nothing.
+    let dry = ok(&kcl(&[&args[..], &["--force", "--dry-run"]].concat(), &[]).await);
+    assert_eq!(
+        dry.lines()
+            .filter(|l| l.starts_with("would reset shard"))
+            .count(),
+        2,
+        "{dry}"
+    );
+    assert!(
+        dry.contains("evicting r1") && dry.contains("nothing was written"),
+        "{dry}"
+    );
+    let after_dry = checkpoints(&env, &app).await;
+    assert_eq!(
+        after_dry.keys().collect::<Vec<_>>(),
+        before.keys().collect::<Vec<_>>()
+    );
+    assert!(
+        after_dry.values().all(|cp| cp != "TRIM_HORIZON"),
+        "{after_dry:?}"
+    );
+
+    // The real thing: both rewound in one command, the worker evicted; it
+    // takes the shards again and reads them from the start.
+    let done = ok(&kcl(&[&args[..], &["--force"]].concat(), &[]).await);
+    assert_eq!(
+        done.lines()
+            .filter(|l| l.starts_with("reset shard"))
+            .count(),
+        2,
+        "{done}"
+    );
+    wait_for_lines(&[&c], 2 * sent.len()).await;
+    let lines = c.terminate(Duration::from_secs(30)).await;
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for l in &lines {
+        *seen
+            .entry(l["data"].as_str().unwrap().to_owned())
+            .or_default() += 1;
+    }
+    assert!(
+        sent.iter()
+            .all(|s| seen.get(&s.record.payload()).copied().unwrap_or(0) >= 2),
+        "every record read again after the rewind: {seen:?}"
+    );
+}

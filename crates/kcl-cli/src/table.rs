@@ -175,8 +175,13 @@ pub(crate) struct ResetArgs {
     #[command(flatten)]
     table: TableArgs,
     /// The shard (shardId-000000000001), or its lease key.
+    #[arg(long, required_unless_present = "all", conflicts_with = "all")]
+    shard: Option<String>,
+    /// Every shard of the application (of `--stream`, if given) that is
+    /// not completed; with `--force`, completed ones too. Rewinds a whole
+    /// application in one command.
     #[arg(long)]
-    shard: String,
+    all: bool,
     /// The stream, when the table holds several (multi-stream
     /// applications).
     #[arg(long)]
@@ -190,39 +195,134 @@ pub(crate) struct ResetArgs {
     /// the shard is completed.
     #[arg(long)]
     force: bool,
+    /// Print what would change, and write nothing.
+    #[arg(long)]
+    dry_run: bool,
 }
 
-/// `kcl leases reset`.
+/// `kcl leases reset`: one shard, or every shard with `--all`. Every lease
+/// is checked before anything is written, so a refusal writes nothing.
 pub(crate) async fn reset(a: ResetArgs) -> anyhow::Result<()> {
     let table = Table::open(&a.table).await?;
-    let lease = table.find(&a.shard, a.stream.as_deref()).await?;
-    let shard = &lease.shard_id;
+    let leases: Vec<Lease> = match &a.shard {
+        Some(shard) => vec![table.find(shard, a.stream.as_deref()).await?],
+        None => {
+            let mut all: Vec<Lease> = table
+                .leases()
+                .await?
+                .into_iter()
+                .filter(|l| {
+                    a.stream.as_deref().is_none_or(|s| {
+                        l.stream
+                            .as_deref()
+                            .is_some_and(|id| id == s || stream_name(id) == s)
+                    })
+                })
+                .filter(|l| a.force || !l.is_finished())
+                .collect();
+            all.sort_by(|x, y| (&x.stream, &x.shard_id).cmp(&(&y.stream, &y.shard_id)));
+            if all.is_empty() {
+                bail!(
+                    "no lease to reset in table {}{}",
+                    table.name(),
+                    a.stream
+                        .as_deref()
+                        .map(|s| format!(" for stream {s}"))
+                        .unwrap_or_default()
+                );
+            }
+            all
+        }
+    };
     if !a.force {
-        if let Some(from) = &lease.checkpoint_owner {
-            bail!(
-                "refusing to reset shard {shard}: a handoff from {from} to {} is in progress \
-                 (counter {}); its workers would overwrite the checkpoint. Stop the application \
-                 first, or pass --force to evict both in the same write",
-                lease.owner.as_deref().unwrap_or("nobody"),
-                lease.counter
-            );
+        let refusals: Vec<String> = leases.iter().filter_map(refusal).collect();
+        if let [one] = refusals.as_slice() {
+            bail!("{one}");
         }
-        if lease.is_finished() {
+        if !refusals.is_empty() {
             bail!(
-                "refusing to reset shard {shard}: it is completed (SHARD_END) and its child \
-                 shards may already be processed; pass --force to read it again anyway"
-            );
-        }
-        if let Some(owner) = &lease.owner {
-            bail!(
-                "refusing to reset shard {shard}: it is held by {owner} (counter {}), which \
-                 would overwrite the checkpoint with its next one. Stop the application first, \
-                 or pass --force to evict the owner in the same write (it stops processing the \
-                 shard at its next renewal or checkpoint)",
-                lease.counter
+                "refusing to reset {} of {} shards, so nothing was written:\n  {}",
+                refusals.len(),
+                leases.len(),
+                refusals.join("\n  ")
             );
         }
     }
+    if a.dry_run {
+        for lease in &leases {
+            println!(
+                "would reset shard {} of table {} to {} (now {}, counter {}){}",
+                lease.shard_id,
+                table.name(),
+                a.to,
+                lease.checkpoint,
+                lease.counter,
+                lease
+                    .owner
+                    .as_deref()
+                    .map(|o| format!(", evicting {o}"))
+                    .unwrap_or_default()
+            );
+        }
+        println!("dry run: nothing was written");
+        return Ok(());
+    }
+    let mut failed = Vec::new();
+    for lease in &leases {
+        if let Err(e) = reset_one(&table, lease, &a.to, a.force).await {
+            failed.push(format!("{e:#}"));
+        }
+    }
+    match failed.as_slice() {
+        [] => Ok(()),
+        [one] if leases.len() == 1 => bail!("{one}"),
+        _ => bail!(
+            "{} of {} shards were not reset (the others were):\n  {}",
+            failed.len(),
+            leases.len(),
+            failed.join("\n  ")
+        ),
+    }
+}
+
+/// Why `lease` may not be reset without `--force`, if it may not.
+fn refusal(lease: &Lease) -> Option<String> {
+    let shard = &lease.shard_id;
+    if let Some(from) = &lease.checkpoint_owner {
+        return Some(format!(
+            "refusing to reset shard {shard}: a handoff from {from} to {} is in progress \
+             (counter {}); its workers would overwrite the checkpoint. Stop the application \
+             first, or pass --force to evict both in the same write",
+            lease.owner.as_deref().unwrap_or("nobody"),
+            lease.counter
+        ));
+    }
+    if lease.is_finished() {
+        return Some(format!(
+            "refusing to reset shard {shard}: it is completed (SHARD_END) and its child \
+             shards may already be processed; pass --force to read it again anyway"
+        ));
+    }
+    lease.owner.as_ref().map(|owner| {
+        format!(
+            "refusing to reset shard {shard}: it is held by {owner} (counter {}), which \
+             would overwrite the checkpoint with its next one. Stop the application first, \
+             or pass --force to evict the owner in the same write (it stops processing the \
+             shard at its next renewal or checkpoint)",
+            lease.counter
+        )
+    })
+}
+
+/// Resets one lease, conditional on the counter it was seen at (and, without
+/// `force`, on nobody holding it).
+async fn reset_one(
+    table: &Table,
+    lease: &Lease,
+    to: &Checkpoint,
+    force: bool,
+) -> anyhow::Result<()> {
+    let shard = &lease.shard_id;
     let s = |v: &str| AttributeValue::S(v.to_owned());
     let n = |v: u64| AttributeValue::N(v.to_string());
     // The counter is bumped like any ownership change: a worker about to
@@ -231,7 +331,7 @@ pub(crate) async fn reset(a: ResetArgs) -> anyhow::Result<()> {
     // ends every holder's tenure: an evicted owner's checkpoint still in
     // flight fails its condition instead of overwriting the reset.
     let mut condition = "#counter = :seen".to_owned();
-    if !a.force {
+    if !force {
         condition.push_str(" AND attribute_not_exists(#owner) AND attribute_not_exists(#cpOwner)");
     }
     let names = HashMap::from(
@@ -254,8 +354,8 @@ pub(crate) async fn reset(a: ResetArgs) -> anyhow::Result<()> {
         [
             (":seen", n(lease.counter)),
             (":next", n(lease.counter + 1)),
-            (":cp", s(a.to.as_str())),
-            (":sub", n(a.to.sub_sequence())),
+            (":cp", s(to.as_str())),
+            (":sub", n(to.sub_sequence())),
             (":zero", n(0)),
         ]
         .map(|(k, v)| (k.to_owned(), v)),
@@ -282,7 +382,7 @@ pub(crate) async fn reset(a: ResetArgs) -> anyhow::Result<()> {
             println!(
                 "reset shard {shard} of table {} to {} (was {}; counter {} -> {})",
                 table.name(),
-                a.to,
+                to,
                 lease.checkpoint,
                 lease.counter,
                 lease.counter + 1
