@@ -6,7 +6,7 @@
 // Setup helpers live outside #[test] fns; a failed setup should panic with its error.
 #![allow(clippy::unwrap_used)]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
@@ -548,7 +548,7 @@ struct Consumer {
 }
 
 impl Consumer {
-    fn spawn(dir: &Path, id: &str, app: &str, stream: &str) -> Consumer {
+    fn spawn(dir: &Path, id: &str, app: &str, stream: &str, extra: &[&str]) -> Consumer {
         let stdout = dir.join(format!("{id}.jsonl"));
         let stderr = dir.join(format!("{id}.log"));
         let child = Command::new(KCL)
@@ -571,6 +571,7 @@ impl Consumer {
                 "--shutdown-timeout",
                 "10s",
             ])
+            .args(extra)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&stdout).unwrap())
@@ -703,8 +704,8 @@ async fn two_consumers_share_a_stream_exactly_once_and_resume() {
     std::fs::create_dir_all(&dir).unwrap();
 
     // Round 1: both copies share the shards, then the records come.
-    let a = Consumer::spawn(&dir, "c1", &app, &stream);
-    let b = Consumer::spawn(&dir, "c2", &app, &stream);
+    let a = Consumer::spawn(&dir, "c1", &app, &stream, &[]);
+    let b = Consumer::spawn(&dir, "c2", &app, &stream, &[]);
     balanced(&app).await;
     let first = put_records(env.kinesis(), &stream, &records(0, 10))
         .await
@@ -719,8 +720,8 @@ async fn two_consumers_share_a_stream_exactly_once_and_resume() {
     let second = put_records(env.kinesis(), &stream, &records(10, 20))
         .await
         .unwrap();
-    let a = Consumer::spawn(&dir, "c1-again", &app, &stream);
-    let b = Consumer::spawn(&dir, "c2-again", &app, &stream);
+    let a = Consumer::spawn(&dir, "c1-again", &app, &stream, &[]);
+    let b = Consumer::spawn(&dir, "c2-again", &app, &stream, &[]);
     wait_for_lines(&[&a, &b], second.len()).await;
     // Let the second copy get its share (handoffs drain gracefully), and
     // make sure nothing old shows up meanwhile.
@@ -761,7 +762,7 @@ async fn reset_all_rewinds_a_running_application_and_a_dry_run_writes_nothing() 
     create_stream(env.kinesis(), &stream, 2).await.unwrap();
     let dir = std::env::temp_dir().join(unique_name("kcl-cli-reset-all"));
     std::fs::create_dir_all(&dir).unwrap();
-    let c = Consumer::spawn(&dir, "r1", &app, &stream);
+    let c = Consumer::spawn(&dir, "r1", &app, &stream, &["--meta"]);
     let sent = put_records(env.kinesis(), &stream, &records(0, 5))
         .await
         .unwrap();
@@ -835,6 +836,20 @@ async fn reset_all_rewinds_a_running_application_and_a_dry_run_writes_nothing() 
     );
     wait_for_lines(&[&c], 2 * sent.len()).await;
     let lines = c.terminate(Duration::from_secs(30)).await;
+    // --meta: every line says who processed it, in which tenure, and when.
+    for l in &lines {
+        assert_eq!(l["worker"], "r1", "{l}");
+        assert!(l["tenure"].as_str().is_some_and(|t| !t.is_empty()), "{l}");
+        assert!(
+            l["processed_at"].as_str().is_some_and(|t| t.ends_with('Z')),
+            "{l}"
+        );
+    }
+    let tenures: HashSet<&str> = lines.iter().filter_map(|l| l["tenure"].as_str()).collect();
+    assert!(
+        tenures.len() >= 3,
+        "the rewind started new tenures: {tenures:?}"
+    );
     let mut seen: HashMap<String, usize> = HashMap::new();
     for l in &lines {
         *seen

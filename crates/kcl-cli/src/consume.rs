@@ -66,18 +66,25 @@ pub(crate) struct ConsumeArgs {
     /// (for example 127.0.0.1:9090).
     #[arg(long)]
     metrics_addr: Option<SocketAddr>,
+    /// Add to each line who processed it and when: `worker` (this copy's
+    /// id), `tenure` (its tenure of the shard's lease) and `processed_at`
+    /// (RFC 3339, when the batch was written), so one file can audit a
+    /// whole fleet.
+    #[arg(long)]
+    meta: bool,
 }
 
 /// `kcl consume`.
 pub(crate) async fn run(a: ConsumeArgs) -> anyhow::Result<()> {
     let sdk = aws::sdk_config(false).await;
     let out = Arc::new(Output::new());
+    let meta = a.meta;
     let mut builder = Worker::builder(&a.app)
         .sdk_config(&sdk)
         .initial_position(a.position)
         .processor({
             let out = Arc::clone(&out);
-            move |shard: &ShardContext| JsonLines::new(shard, Arc::clone(&out))
+            move |shard: &ShardContext| JsonLines::new(shard, Arc::clone(&out), meta)
         });
     for stream in &a.streams {
         builder = builder.stream(stream);
@@ -160,10 +167,27 @@ struct Line<'a> {
     data: Cow<'a, str>,
     /// "utf-8", or "base64" when the payload is not valid UTF-8.
     data_encoding: &'static str,
+    /// With `--meta`: who processed the record, and when.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    meta: Option<&'a Meta>,
+}
+
+/// What `--meta` adds to a line.
+#[derive(Debug, Serialize)]
+struct Meta {
+    worker: String,
+    tenure: String,
+    /// When the batch was written, RFC 3339.
+    processed_at: String,
 }
 
 /// Formats `record` as one line, newline included.
-fn line(stream: &str, shard: &str, record: &Record) -> Result<String, serde_json::Error> {
+fn line(
+    stream: &str,
+    shard: &str,
+    record: &Record,
+    meta: Option<&Meta>,
+) -> Result<String, serde_json::Error> {
     let (data, data_encoding) = match std::str::from_utf8(&record.data) {
         Ok(text) => (Cow::Borrowed(text), "utf-8"),
         Err(_) => (
@@ -182,6 +206,7 @@ fn line(stream: &str, shard: &str, record: &Record) -> Result<String, serde_json
             .and_then(|t| DateTime::from(t).fmt(Format::DateTime).ok()),
         data,
         data_encoding,
+        meta,
     };
     let mut text = serde_json::to_string(&line)?;
     text.push('\n');
@@ -205,16 +230,19 @@ struct JsonLines {
     written: Option<(String, u64)>,
     /// Lines written, for the log line at the end.
     lines: u64,
+    /// This copy's id, when lines carry `--meta`.
+    meta_worker: Option<String>,
 }
 
 impl JsonLines {
-    fn new(shard: &ShardContext, out: Arc<Output>) -> Self {
+    fn new(shard: &ShardContext, out: Arc<Output>, meta: bool) -> Self {
         JsonLines {
             stream: shard.stream.clone(),
             shard: shard.shard_id.clone(),
             out,
             written: None,
             lines: 0,
+            meta_worker: meta.then(|| shard.worker_id.clone()),
         }
     }
 }
@@ -232,11 +260,18 @@ impl RecordProcessor for JsonLines {
                     == Ordering::Greater
             })
         });
+        let meta = self.meta_worker.as_ref().map(|worker| Meta {
+            worker: worker.clone(),
+            tenure: checkpointer.lease_tenure().to_owned(),
+            processed_at: DateTime::from(std::time::SystemTime::now())
+                .fmt(Format::DateTime)
+                .unwrap_or_default(),
+        });
         let mut text = String::new();
         let mut count = 0u64;
         let mut last = None;
         for record in fresh {
-            text.push_str(&line(&self.stream, &self.shard, record)?);
+            text.push_str(&line(&self.stream, &self.shard, record, meta.as_ref())?);
             count += 1;
             last = Some((record.sequence_number.clone(), record.sub_sequence_number));
         }
@@ -295,8 +330,13 @@ mod tests {
 
     #[test]
     fn lines_are_json_with_text_or_base64() {
-        let text = line("orders", "shardId-1", &record(b"hello \"x\"", "42", 0))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let text = line(
+            "orders",
+            "shardId-1",
+            &record(b"hello \"x\"", "42", 0),
+            None,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         assert!(text.ends_with('\n'));
         let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
         assert_eq!(v["stream"], "orders");
@@ -308,12 +348,35 @@ mod tests {
         assert_eq!(v["data"], "hello \"x\"");
         assert_eq!(v["data_encoding"], "utf-8");
 
-        let text = line("orders", "shardId-1", &record(&[0xff, 0x00, 0x41], "43", 2))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let text = line(
+            "orders",
+            "shardId-1",
+            &record(&[0xff, 0x00, 0x41], "43", 2),
+            None,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
         assert_eq!(v["data"], "/wBB");
         assert_eq!(v["data_encoding"], "base64");
         assert_eq!(v["sub_sequence"], 2);
+    }
+
+    #[test]
+    fn meta_adds_who_processed_a_record_and_when() {
+        let meta = Meta {
+            worker: "copy-1".into(),
+            tenure: "t-9".into(),
+            processed_at: "2026-12-01T18:00:00Z".into(),
+        };
+        let text = line("orders", "shardId-1", &record(b"x", "42", 0), Some(&meta))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        assert_eq!(v["worker"], "copy-1");
+        assert_eq!(v["tenure"], "t-9");
+        assert_eq!(v["processed_at"], "2026-12-01T18:00:00Z");
+        let plain = line("orders", "shardId-1", &record(b"x", "42", 0), None)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!plain.contains("worker"), "{plain}");
     }
 
     #[test]
