@@ -427,6 +427,79 @@ async fn friendly_errors_for_a_missing_table_and_an_unreachable_endpoint() {
     assert!(started.elapsed() < Duration::from_secs(30));
 }
 
+/// An instance-metadata endpoint that answers 403 to everything, as where
+/// IMDS is disabled; returns its URL. Lives as long as the runtime.
+async fn forbidden_metadata_endpoint() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut buf = [0u8; 4096];
+                let _ = socket.read(&mut buf).await;
+                let _ = socket
+                    .write_all(
+                        b"HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                    )
+                    .await;
+            });
+        }
+    });
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_credentials_end_in_one_actionable_line_and_the_sdk_chain_shows_with_v() {
+    let imds = forbidden_metadata_endpoint().await;
+    let run = |verbose: bool| {
+        let imds = imds.clone();
+        async move {
+            let mut cmd = Command::new(KCL);
+            cmd.args(["leases", "--app", "anything"]).kill_on_drop(true);
+            if verbose {
+                cmd.arg("-v");
+            }
+            // No credentials anywhere but the (forbidden) metadata service.
+            for var in [
+                "AWS_ACCESS_KEY_ID",
+                "AWS_SECRET_ACCESS_KEY",
+                "AWS_SESSION_TOKEN",
+                "AWS_PROFILE",
+                "AWS_WEB_IDENTITY_TOKEN_FILE",
+                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                "AWS_CONFIG_FILE",
+                "AWS_SHARED_CREDENTIALS_FILE",
+                "RUST_LOG",
+            ] {
+                cmd.env_remove(var);
+            }
+            // A home without ~/.aws.
+            let home = std::env::temp_dir().join(unique_name("kcl-cli-home"));
+            std::fs::create_dir_all(&home).unwrap();
+            cmd.env("HOME", &home)
+                .env("AWS_EC2_METADATA_SERVICE_ENDPOINT", &imds)
+                .env("AWS_REGION", "us-east-1");
+            tokio::time::timeout(Duration::from_secs(60), cmd.output())
+                .await
+                .unwrap()
+                .unwrap()
+        }
+    };
+    let err = failed(&run(false).await);
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.contains("no AWS credentials found"), "{err}");
+    assert!(err.contains("-v shows the SDK's error"), "{err}");
+    assert!(!err.contains("WARN") && !err.contains("IMDS"), "{err}");
+    assert!(err.len() < 400, "{} bytes: {err}", err.len());
+    let verbose = failed(&run(true).await);
+    assert!(
+        verbose.contains("no AWS credentials found") && verbose.contains("IMDS session token"),
+        "-v shows the SDK's chain: {verbose}"
+    );
+}
+
 /// Checkpoints every batch.
 struct Quiet;
 

@@ -1,6 +1,7 @@
 //! The AWS configuration, and failures turned into advice.
 
 use std::error::Error as StdError;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use aws_config::{BehaviorVersion, SdkConfig};
@@ -22,6 +23,19 @@ pub(crate) async fn sdk_config(quick: bool) -> SdkConfig {
         );
     }
     loader.load().await
+}
+
+/// Whether `-v` was given: failures then show the SDK's whole error chain
+/// after the advice.
+static VERBOSE: AtomicBool = AtomicBool::new(false);
+
+/// Records `-v` for the error messages.
+pub(crate) fn set_verbose(on: bool) {
+    VERBOSE.store(on, Ordering::Relaxed);
+}
+
+fn verbose() -> bool {
+    VERBOSE.load(Ordering::Relaxed)
 }
 
 fn env(name: &str) -> Option<String> {
@@ -125,10 +139,15 @@ fn classify_chain(err: &(dyn StdError + 'static)) -> Option<Trouble> {
         if text.contains("region") && (text.contains("no region") || text.contains("missing")) {
             return Some(Trouble::NoRegion);
         }
+        // The last provider of the default chain is the instance
+        // metadata service: with no credentials anywhere else, its failure
+        // (a 403 where IMDS is disabled, a timeout off EC2) is what the
+        // chain reports.
         if text.contains("credential")
             && (text.contains("no credentials")
                 || text.contains("not loaded")
                 || text.contains("failed to load")
+                || text.contains("loading credentials")
                 || text.contains("no providers")
                 || text.contains("not enabled"))
         {
@@ -150,9 +169,28 @@ where
     R: std::fmt::Debug + Send + Sync + 'static,
 {
     match trouble(&err) {
-        Some(t) => anyhow::anyhow!("{context}: {}", t.advice(service)),
+        Some(t) if verbose() => anyhow::anyhow!(
+            "{context}: {}\n  the SDK's error: {}",
+            t.advice(service),
+            chain_of(&err)
+        ),
+        Some(t) => anyhow::anyhow!(
+            "{context}: {} (-v shows the SDK's error)",
+            t.advice(service)
+        ),
         None => anyhow::Error::new(err).context(context),
     }
+}
+
+/// An error and its sources, on one line.
+fn chain_of(err: &(dyn StdError + 'static)) -> String {
+    let mut parts = Vec::new();
+    let mut current = Some(err);
+    while let Some(e) = current {
+        parts.push(e.to_string());
+        current = e.source();
+    }
+    parts.join(": ")
 }
 
 /// The one-line message printed for a failed command: the error chain,
@@ -174,7 +212,12 @@ pub(crate) fn explain(e: &anyhow::Error) -> String {
             } else {
                 "DYNAMODB"
             };
-            format!("{chain}\n  hint: {}", t.advice(service))
+            // One actionable line; the SDK's chain behind -v.
+            if verbose() {
+                format!("{chain}\n  hint: {}", t.advice(service))
+            } else {
+                format!("{e}: {} (-v shows the SDK's error)", t.advice(service))
+            }
         }
         None => chain,
     }

@@ -172,6 +172,7 @@ struct ListArgs {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose);
+    aws::set_verbose(cli.verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -214,9 +215,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 /// Logs to stderr (stdout carries the commands' output): `warn` by
-/// default, `info` with `verbose`, `RUST_LOG` when set.
+/// default, `info` with `verbose`, `RUST_LOG` when set. Without
+/// `verbose`, the SDK's credential chain logs errors only: its warning for
+/// each provider that found nothing is noise before the one-line advice a
+/// failed command prints.
 pub fn init_logging(verbose: bool) {
-    let default = if verbose { "info" } else { "warn" };
+    let default = if verbose {
+        "info"
+    } else {
+        "warn,aws_config=error"
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     // A second call (a test that calls it twice) keeps the first logger.
