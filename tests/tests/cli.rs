@@ -935,3 +935,80 @@ async fn reset_all_rewinds_a_running_application_and_a_dry_run_writes_nothing() 
         "every record read again after the rewind: {seen:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sustained_throttling_shows_at_warn_once_per_interval() {
+    use kcl_tests::fault_proxy::{FaultProxy, Faults};
+    let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
+    let stream = unique_name("kcl-cli-throttled");
+    let app = unique_name("kcl-cli-throttled-app");
+    create_stream(env.kinesis(), &stream, 1).await.unwrap();
+    let upstream = std::env::var("AWS_ENDPOINT_URL_DYNAMODB")
+        .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
+        .expect("AWS_ENDPOINT_URL_DYNAMODB (start the emulators: localstack/up)");
+    let proxy = FaultProxy::start(
+        &upstream,
+        Faults {
+            throttle: 0.6,
+            ..Faults::NONE
+        },
+        23,
+    )
+    .await
+    .unwrap();
+    let dir = std::env::temp_dir().join(unique_name("kcl-cli-throttled"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let stderr = dir.join("stderr.log");
+    // The default log level (no RUST_LOG, no -v): what an operator sees.
+    let mut child = Command::new(KCL)
+        .args([
+            "consume",
+            "--app",
+            &app,
+            "--stream",
+            &stream,
+            "--position",
+            "TRIM_HORIZON",
+            "--lease-duration",
+            "6s",
+            "--taker-interval",
+            "1s",
+        ])
+        .env_remove("RUST_LOG")
+        .env("AWS_ENDPOINT_URL_DYNAMODB", proxy.url())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let warning = "the lease table is throttling";
+    loop {
+        let log = std::fs::read_to_string(&stderr).unwrap_or_default();
+        if log.contains(warning) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no warning after 60 s of throttling ({} throttled): {log}",
+            proxy.counts().throttles
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    child.kill().await.unwrap();
+    let log = std::fs::read_to_string(&stderr).unwrap_or_default();
+    let warnings = log.lines().filter(|l| l.contains(warning)).count();
+    let throttled = proxy.counts().throttles;
+    let allowed = started.elapsed().as_secs() / 30 + 1;
+    assert!(
+        warnings as u64 <= allowed,
+        "{warnings} warnings in {:?} for {throttled} throttled calls: rate-limited to one per 30 s",
+        started.elapsed()
+    );
+    assert!(
+        throttled > warnings as u64,
+        "{throttled} throttled, {warnings} warnings"
+    );
+}

@@ -36,6 +36,8 @@
 //!   Initializing -> Processing -> ShuttingDown; the delivery of a batch
 //!   under the failure policy; the parallel lanes of a shard.
 //! - [`worker`]: the `Worker` engine and its configuration.
+//! - [`warn_limit`]: warnings about recurring conditions (throttling,
+//!   retries), at most once per interval, with their counts.
 //!
 //! # Concurrency model
 //!
@@ -82,6 +84,7 @@ pub mod record;
 pub mod shard_sync;
 pub mod source;
 pub mod store;
+pub mod warn_limit;
 pub mod worker;
 
 mod consumer;

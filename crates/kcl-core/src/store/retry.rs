@@ -15,6 +15,12 @@ use tokio::time::Instant;
 
 use super::timeout::bounded;
 use super::{ErrorKind, StoreError, StoreOp};
+use crate::warn_limit::{RateLimitedWarn, WARN_INTERVAL};
+
+/// Throttled lease-table calls, and other retried ones, process-wide: a
+/// storm shows at warn level, once per interval.
+static THROTTLED: RateLimitedWarn = RateLimitedWarn::new(WARN_INTERVAL);
+static RETRIED: RateLimitedWarn = RateLimitedWarn::new(WARN_INTERVAL);
 
 /// How one kind of call is retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +72,15 @@ where
         )
         .sleep(tokio::time::sleep)
         .when(StoreError::is_retryable)
+        .notify(move |e: &StoreError, pause: Duration| {
+            if e.kind() == ErrorKind::Throttled {
+                if let Some(n) = THROTTLED.hit() {
+                    tracing::warn!(%op, calls = n, ?pause, "the lease table is throttling: {n} throttled calls since the last warning, retried with backoff (leases and checkpoints lag while it lasts)");
+                }
+            } else if let Some(n) = RETRIED.hit() {
+                tracing::warn!(%op, calls = n, error = %e, ?pause, "lease-table calls are failing: {n} retried since the last warning");
+            }
+        })
         .adjust(move |e, pause| {
             let pause = pause?;
             let pause = if e.kind() == ErrorKind::Throttled {

@@ -12,10 +12,16 @@ use std::time::Duration;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use kcl_core::leases::LeaseHandle;
 use kcl_core::source::SourceError;
+use kcl_core::warn_limit::{RateLimitedWarn, WARN_INTERVAL};
 use tracing::{debug, warn};
 
 use super::Shared;
 use super::classify::{Class, Classified};
+
+/// Throttled Kinesis calls, and other retried ones, process-wide: a storm
+/// shows at warn level, once per interval.
+static THROTTLED: RateLimitedWarn = RateLimitedWarn::new(WARN_INTERVAL);
+static RETRIED: RateLimitedWarn = RateLimitedWarn::new(WARN_INTERVAL);
 
 /// How one kind of call is retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -246,6 +252,16 @@ where
         drop(held);
         let delay = backoff.next().unwrap_or(policy.max_delay);
         debug!(stream, call = op.as_str(), code = ?error.code, ?delay, "retrying Kinesis call");
+        let limiter = if error.class == Class::Throttled {
+            &THROTTLED
+        } else {
+            &RETRIED
+        };
+        if let Some(n) = limiter.hit() {
+            warn!(stream, call = op.as_str(), code = ?error.code, calls = n, ?delay,
+                "Kinesis calls are {}: {n} retried since the last warning (the shards lag while it lasts)",
+                if error.class == Class::Throttled { "throttled" } else { "failing" });
+        }
         tokio::time::sleep(delay).await;
     }
 }
