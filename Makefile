@@ -34,8 +34,9 @@ down: ## stop the local emulators
 	localstack/down
 
 .PHONY: test
-test: ## start the emulators, then cargo test the whole workspace
+test: ## start the emulators, then cargo test the whole workspace (doctests too: the README's quickstart)
 	$(call with_emulators,$(CARGO) test --workspace --all-targets --no-fail-fast)
+	$(CARGO) test --workspace --doc
 
 .PHONY: demo
 demo: ## start the emulators, then run the demo (produce and consume a stream)

@@ -71,7 +71,7 @@
 //!
 //! All timing uses `tokio::time`, so the whole engine runs under a paused
 //! clock in tests.
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 pub mod checkpointer;
 pub mod cleanup;

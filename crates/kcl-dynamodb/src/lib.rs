@@ -17,7 +17,7 @@
 //! The store passes the same conformance suite as the in-memory store
 //! (`kcl_core::store::conformance`), run against DynamoDB Local by the
 //! workspace's end-to-end tests.
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 pub mod destination;
 mod error;

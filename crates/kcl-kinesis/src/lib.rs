@@ -62,7 +62,7 @@
 //! Each fan-out reader likewise owns one subscription task; it stops
 //! reading the event stream while its channel or byte budget is full, so
 //! the transport's flow control pushes back on the service. See `fanout`.
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 pub mod kpl;
 

@@ -44,7 +44,13 @@
 //!
 //! The engine lives in `kcl-core` (no AWS dependency), the lease table in
 //! `kcl-dynamodb`, and retrieval in `kcl-kinesis`.
-#![warn(missing_docs)]
+#![deny(missing_docs)]
+
+// The README's quickstart compiles as a doctest (its fragments are
+// marked `ignore`): the first program a user copies cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+mod readme {}
 
 mod builder;
 #[cfg(feature = "prometheus")]
