@@ -1012,3 +1012,28 @@ async fn sustained_throttling_shows_at_warn_once_per_interval() {
         "{throttled} throttled, {warnings} warnings"
     );
 }
+
+#[tokio::test]
+async fn a_renew_interval_too_long_for_the_lease_is_refused_naming_it() {
+    let _env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
+    let out = kcl(
+        &[
+            "consume",
+            "--app",
+            "anything",
+            "--stream",
+            "anything",
+            "--lease-duration",
+            "6s",
+            "--renew-interval",
+            "6s",
+        ],
+        &[],
+    )
+    .await;
+    let err = failed(&out);
+    assert!(
+        err.contains("renew_interval") && err.contains("6s"),
+        "{err}"
+    );
+}

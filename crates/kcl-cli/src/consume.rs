@@ -55,6 +55,11 @@ pub(crate) struct ConsumeArgs {
     /// How often leases are balanced between copies (default 10s).
     #[arg(long, value_parser = args::duration)]
     taker_interval: Option<Duration>,
+    /// How often this copy renews its hold (default half the lease
+    /// duration); must leave the lease duration room for a renewal to
+    /// land (checked at start, naming the setting).
+    #[arg(long, value_parser = args::duration)]
+    renew_interval: Option<Duration>,
     /// Pause after an empty read of a shard (default 1s).
     #[arg(long, value_parser = args::duration)]
     idle_time_between_reads: Option<Duration>,
@@ -100,6 +105,9 @@ pub(crate) async fn run(a: ConsumeArgs) -> anyhow::Result<()> {
     }
     if let Some(d) = a.taker_interval {
         builder = builder.taker_interval(d);
+    }
+    if let Some(d) = a.renew_interval {
+        builder = builder.renew_interval(d);
     }
     if let Some(d) = a.idle_time_between_reads {
         builder = builder.idle_time_between_reads(d);
