@@ -23,15 +23,11 @@ use std::sync::{Arc, Mutex};
 use tokio::task::{JoinError, JoinSet};
 use tracing::{Instrument as _, info, warn};
 
-use super::{
-    Consumer, ConsumerExit, ReadFailures, Stop, count_batch, deliver, finish_shard, initialize,
-    open_reader, shard_labels,
-};
+use super::{Consumer, ConsumerExit, Fetch, Stop, deliver, finish_shard, initialize, shard_labels};
 use crate::checkpointer::{Checkpointer, Window};
 use crate::lease::{Checkpoint, Lease};
 use crate::processor::{InitializeInput, Lane, RecordBatch, RecordProcessor, ShardContext};
 use crate::record::Record;
-use crate::source::StartPosition;
 
 /// Batches a lane may have waiting before the consumer stops fetching.
 const QUEUE_DEPTH: usize = 2;
@@ -300,12 +296,9 @@ async fn process(
     shard: &tokio::sync::Mutex<Checkpointer>,
     start: &Checkpoint,
 ) -> Result<(), Stop> {
-    let Some(mut position) = StartPosition::from_checkpoint(start, c.setup.initial) else {
+    let Some(mut fetch) = Fetch::open(c, start).await? else {
         return Ok(());
     };
-    let mut reader = open_reader(c, position.clone()).await?;
-    let mut reads = ReadFailures::new(c.setup.max_backoff);
-    let labels = shard_labels(c);
     loop {
         while !lanes.has_room() {
             tokio::select! {
@@ -317,8 +310,8 @@ async fn process(
         // The fetch runs while lanes finish: their results are taken as
         // they come, and the fetch is never cut off and restarted.
         let fetched = {
-            let fetch = reader.next_batch();
-            tokio::pin!(fetch);
+            let next = fetch.reader.next_batch();
+            tokio::pin!(next);
             loop {
                 tokio::select! {
                     biased;
@@ -326,22 +319,15 @@ async fn process(
                     joined = lanes.running.join_next(), if !lanes.running.is_empty() => {
                         lanes.finished(c, joined)?;
                     }
-                    fetched = &mut fetch => break fetched,
+                    fetched = &mut next => break fetched,
                 }
             }
         };
-        let Some(batch) = reads.judge(c, fetched, &mut reader, &position).await? else {
+        let Some(batch) = fetch.judge(c, fetched).await? else {
             continue;
         };
-        if let Some(last) = batch.records.last() {
-            position = StartPosition::AfterCheckpoint {
-                seq: last.sequence_number.clone(),
-                sub: last.sub_sequence_number,
-            };
-            count_batch(&labels, &batch);
+        if !batch.records.is_empty() {
             lanes.dispatch(c, batch.records, batch.millis_behind_latest);
-        } else if let Some(ms) = batch.millis_behind_latest {
-            metrics::gauge!("kcl_millis_behind_latest", &labels).set(ms as f64);
         }
         if let Some(children) = batch.shard_end {
             while !lanes.drained() {

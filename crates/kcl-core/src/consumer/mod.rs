@@ -474,37 +474,27 @@ async fn process(
     checkpointer: &mut Checkpointer,
     start: &Checkpoint,
 ) -> Result<(), Stop> {
-    let Some(mut position) = StartPosition::from_checkpoint(start, c.setup.initial) else {
+    let Some(mut fetch) = Fetch::open(c, start).await? else {
         return Ok(());
     };
-    let mut reader = open_reader(c, position.clone()).await?;
-    let mut reads = ReadFailures::new(c.setup.max_backoff);
-    let labels = shard_labels(c);
     loop {
         let fetched = tokio::select! {
             biased;
             stop = c.stopped() => return Err(stop),
-            fetched = reader.next_batch() => fetched,
+            fetched = fetch.reader.next_batch() => fetched,
         };
-        let Some(batch) = reads.judge(c, fetched, &mut reader, &position).await? else {
+        let Some(batch) = fetch.judge(c, fetched).await? else {
             continue;
         };
-        if let Some(last) = batch.records.last() {
-            position = StartPosition::AfterCheckpoint {
-                seq: last.sequence_number.clone(),
-                sub: last.sub_sequence_number,
-            };
-            count_batch(&labels, &batch);
+        if !batch.records.is_empty() {
             let records = RecordBatch {
                 records: batch.records,
                 millis_behind_latest: batch.millis_behind_latest,
             };
             let started = Instant::now();
             deliver(c, processor, checkpointer, &records).await?;
-            metrics::histogram!("kcl_batch_processing_seconds", &labels)
+            metrics::histogram!("kcl_batch_processing_seconds", &fetch.labels)
                 .record(started.elapsed().as_secs_f64());
-        } else if let Some(ms) = batch.millis_behind_latest {
-            metrics::gauge!("kcl_millis_behind_latest", &labels).set(ms as f64);
         }
         if let Some(children) = batch.shard_end {
             return finish_shard(c, &mut [(processor, checkpointer)], None, &children).await;
@@ -530,29 +520,42 @@ fn count_batch(labels: &[(&'static str, String); 2], batch: &Batch) {
     }
 }
 
-/// What a consumer does about a failed fetch: wait and retry, reopen the
-/// reader, or give the shard up.
-struct ReadFailures {
+/// The reading side of a consumer: its reader, the position after the
+/// last batch it handed on (where a reopened reader resumes), and what it
+/// does about a failed fetch: wait and retry, reopen the reader, or give
+/// the shard up.
+struct Fetch {
+    reader: Box<dyn ShardReader>,
+    position: StartPosition,
+    /// `stream` and `shard` labels of the shard's metrics.
+    labels: [(&'static str, String); 2],
     backoff: Backoff,
     failed: u32,
 }
 
-impl ReadFailures {
-    fn new(max_backoff: Duration) -> Self {
-        ReadFailures {
-            backoff: Backoff::new(max_backoff),
+impl Fetch {
+    /// Opens the shard after `start`; `None` when there is nothing to read
+    /// (the checkpoint is at the shard's end).
+    async fn open(c: &Consumer, start: &Checkpoint) -> Result<Option<Fetch>, Stop> {
+        let Some(position) = StartPosition::from_checkpoint(start, c.setup.initial) else {
+            return Ok(None);
+        };
+        Ok(Some(Fetch {
+            reader: open_reader(c, position.clone()).await?,
+            position,
+            labels: shard_labels(c),
+            backoff: Backoff::new(c.setup.max_backoff),
             failed: 0,
-        }
+        }))
     }
 
-    /// The batch to hand on, `None` to fetch again (after a pause or a
-    /// reopen from `position`), or why the consumer stops.
+    /// The batch to hand on (counted, and the position moved past it),
+    /// `None` to fetch again (after a pause or a reopen from the
+    /// position), or why the consumer stops.
     async fn judge(
         &mut self,
         c: &Consumer,
         fetched: Result<Batch, SourceError>,
-        reader: &mut Box<dyn ShardReader>,
-        position: &StartPosition,
     ) -> Result<Option<Batch>, Stop> {
         match fetched {
             Ok(batch) => {
@@ -564,6 +567,15 @@ impl ReadFailures {
                 // peer took the lease): nothing reaches the processor unless
                 // the lease is still ours (invariant 1).
                 c.still_ours()?;
+                if let Some(last) = batch.records.last() {
+                    self.position = StartPosition::AfterCheckpoint {
+                        seq: last.sequence_number.clone(),
+                        sub: last.sub_sequence_number,
+                    };
+                    count_batch(&self.labels, &batch);
+                } else if let Some(ms) = batch.millis_behind_latest {
+                    metrics::gauge!("kcl_millis_behind_latest", &self.labels).set(ms as f64);
+                }
                 Ok(Some(batch))
             }
             Err(SourceError::LeaseLost { .. }) => {
@@ -582,7 +594,7 @@ impl ReadFailures {
                 // and the removed-stream policy decides about its leases.
                 error!(error = %e, "the stream is gone; keeping the shard and checking again");
                 c.pause(self.backoff.step()).await?;
-                *reader = open_reader(c, position.clone()).await?;
+                self.reader = open_reader(c, self.position.clone()).await?;
                 Ok(None)
             }
             Err(e) => {
@@ -595,7 +607,7 @@ impl ReadFailures {
                     return Err(Stop::Release);
                 }
                 c.pause(self.backoff.step()).await?;
-                *reader = open_reader(c, position.clone()).await?;
+                self.reader = open_reader(c, self.position.clone()).await?;
                 Ok(None)
             }
         }
