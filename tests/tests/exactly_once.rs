@@ -79,9 +79,12 @@ async fn exact_under_transaction_faults(renewal: kcl::LeaseRenewal) {
     // through untouched, so what is measured is the commit path.
     proxy.set_only(Some("TransactWriteItems"));
     proxy.set_transaction_conflicts(0.2);
+    // No SDK retries: every lost response and throttle reaches kcl's own
+    // retries and reconciliation.
     let through_proxy = aws_sdk_dynamodb::Client::from_conf(
         aws_sdk_dynamodb::config::Builder::from(s.env.sdk_config())
             .endpoint_url(proxy.url())
+            .retry_config(aws_sdk_dynamodb::config::retry::RetryConfig::disabled())
             .build(),
     );
     let exactly_once = ExactlyOnce::new(through_proxy.clone(), &s.app);
@@ -417,4 +420,46 @@ async fn the_previous_owner_commits_while_it_hands_the_lease_off() {
         counting::counts(env.dynamodb(), &sink).await.unwrap()["a"],
         1
     );
+}
+
+#[tokio::test]
+async fn a_second_commit_at_the_same_position_is_refused_so_it_cannot_apply_twice() {
+    let (env, _store, mut cp, eo, sink) = held_lease().await;
+    let mut tx = kcl::Transaction::new();
+    tx.push(put_add(&sink, "a")).unwrap();
+    eo.commit(&mut cp, tx, &record("100", 2)).await.unwrap();
+    let mut again = kcl::Transaction::new();
+    again.push(put_add(&sink, "a")).unwrap();
+    let e = eo
+        .commit(&mut cp, again, &record("100", 2))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            kcl::TransactionError::Checkpoint(kcl::CheckpointError::OutOfRange { .. })
+        ),
+        "{e}"
+    );
+    assert_eq!(
+        counting::counts(env.dynamodb(), &sink).await.unwrap()["a"],
+        1
+    );
+}
+
+/// `ADD n 1` to `key`: applied twice, it shows.
+fn put_add(table: &str, key: &str) -> aws_sdk_dynamodb::types::TransactWriteItem {
+    use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
+    TransactWriteItem::builder()
+        .update(
+            Update::builder()
+                .table_name(table)
+                .key(counting::KEY, AttributeValue::S(key.into()))
+                .update_expression("ADD #n :one")
+                .expression_attribute_names("#n", counting::COUNT)
+                .expression_attribute_values(":one", AttributeValue::N("1".into()))
+                .build()
+                .unwrap(),
+        )
+        .build()
 }

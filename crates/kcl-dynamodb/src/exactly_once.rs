@@ -14,10 +14,13 @@
 //!   learns `LeaseLost`.
 //! - The next owner resumes right after the last committed transaction:
 //!   every batch's effects land once.
-//! - A lost response is retried; if the first attempt committed, the retry
-//!   fails its checkpoint condition, and the lease item it returns shows
-//!   the checkpoint already written, which counts as success. No write is
-//!   applied twice.
+//! - A lost response is retried with the same client request token, so
+//!   DynamoDB answers a retry of a committed transaction with success. If
+//!   the retry is judged on its conditions instead, it fails its checkpoint
+//!   condition (a commit must move the checkpoint forward), and the lease
+//!   item returned shows the checkpoint already written, which counts as
+//!   success. When retries run out after an attempt that got no answer,
+//!   the lease is read back to tell. No write is applied twice.
 //! - TransactionConflict, throttling and 5xx are retried with backoff; a
 //!   failed condition of the caller's own items comes back as
 //!   [`TransactionError::ConditionFailed`], for the processor to handle.
@@ -228,11 +231,20 @@ impl ExactlyOnce {
         let user_items = tx.items.len();
         let mut items = tx.items;
         items.push(lease_item);
+        // One token for every attempt of this commit: DynamoDB then answers
+        // a retry of a transaction that already committed (a lost response)
+        // with success, for ten minutes, whatever its conditions say now.
+        let token = format!(
+            "kcl-{:016x}{:016x}",
+            rand::random::<u64>(),
+            rand::random::<u64>()
+        );
         let attempt = || async {
             match self
                 .client
                 .transact_write_items()
                 .set_transact_items(Some(items.clone()))
+                .client_request_token(&token)
                 .send()
                 .await
             {
@@ -259,12 +271,45 @@ impl ExactlyOnce {
         match result {
             Ok(()) | Err(Outcome::Applied) => Ok(()),
             Err(Outcome::LeaseLost) => Err(CommitFailure::LeaseLost),
-            Err(Outcome::Retry(message)) => Err(CommitFailure::Other(TransactionError::Failed {
-                message,
-                retries_exhausted: true,
-            })),
+            // Out of retries: an attempt that got no answer may have
+            // committed. The lease item says whether it did.
+            Err(Outcome::Retry(message)) => match self.read_back(&checkpoint).await {
+                Some(true) => Ok(()),
+                found => Err(CommitFailure::Other(TransactionError::Failed {
+                    message: match found {
+                        Some(_) => format!(
+                            "{message} (not committed, as read back after the last attempt)"
+                        ),
+                        None => format!(
+                            "{message} (whether an attempt committed is unknown: the lease could not be read back)"
+                        ),
+                    },
+                    retries_exhausted: true,
+                })),
+            },
             Err(Outcome::Fail(e)) => Err(CommitFailure::Other(e)),
         }
+    }
+
+    /// Whether the lease item shows `checkpoint` written in its tenure (a
+    /// consistent read); `None` if it cannot be read.
+    async fn read_back(&self, checkpoint: &PreparedCheckpoint) -> Option<bool> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.lease_table)
+            .set_key(Some(crate::store::DynamoDbLeaseStore::key(&checkpoint.key)))
+            .consistent_read(true)
+            .send()
+            .await
+            .ok()?;
+        let item = out.item()?;
+        Some(checkpoint_applied(
+            &self.lease_table,
+            item,
+            checkpoint.holder(),
+            &checkpoint.update,
+        ))
     }
 
     /// What a failed attempt means. The lease item is the last one.

@@ -147,7 +147,7 @@ impl DynamoDbLeaseStore {
         }
     }
 
-    fn key(key: &str) -> HashMap<String, AttributeValue> {
+    pub(crate) fn key(key: &str) -> HashMap<String, AttributeValue> {
         HashMap::from([(
             attr::LEASE_KEY.to_owned(),
             AttributeValue::S(key.to_owned()),

@@ -402,7 +402,8 @@ impl Checkpointer {
     }
 
     /// Checkpoints at `(seq, sub)` (validated as for
-    /// [`Checkpointer::checkpoint_at`]) through `write`, which writes the
+    /// [`Checkpointer::checkpoint_at`], and strictly after the last
+    /// checkpoint) through `write`, which writes the
     /// checkpoint and the caller's own changes in one atomic operation: the
     /// way to apply a batch's effects exactly once. `write` gets the
     /// checkpoint to write and must make it conditional exactly as the
@@ -433,6 +434,20 @@ impl Checkpointer {
             });
         }
         let target = self.validate(seq, sub)?;
+        // A commit must move the checkpoint forward: its condition is the
+        // checkpoint it replaces, and a second commit at the same position
+        // would still pass it after the first landed, applying its writes
+        // twice.
+        if target == self.last_checkpoint {
+            return Err(CheckpointError::OutOfRange {
+                requested: format!("{seq}/{sub}"),
+                last_checkpoint: self.last_checkpoint.to_string(),
+                last_delivered: self
+                    .last_delivered
+                    .as_ref()
+                    .map_or("nothing".to_owned(), |(s, n)| format!("{s}/{n}")),
+            });
+        }
         let key = self.lease.key().to_owned();
         if !self.lease.may_checkpoint() {
             self.lost.cancel();
@@ -733,6 +748,12 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(cp.last_checkpoint(), &Checkpoint::at("9", 1));
+        // Not at the same position again: its condition would still pass
+        // after the first commit landed.
+        let again = cp
+            .commit_with("9", 1, |_| async { Ok::<(), CommitFailure<()>>(()) })
+            .await;
+        assert!(matches!(again, Err(CheckpointError::OutOfRange { .. })));
         let lost = cp
             .commit_with("9", 2, |_| async {
                 Err::<(), _>(CommitFailure::<()>::LeaseLost)
