@@ -64,13 +64,14 @@ impl RecordProcessor for Counter {
             .iter()
             .filter(|r| !checkpointer.is_checkpointed(r))
             .collect();
+        let room = Transaction::new().room();
         let mut counts: BTreeMap<&str, u64> = BTreeMap::new();
         let mut previous: Option<&Record> = None;
         for record in pending {
             // One operation per item per transaction: when a new key would
             // not fit, commit the records so far, checkpointed at the last.
             if !counts.contains_key(record.partition_key.as_str())
-                && counts.len() == Transaction::new().room()
+                && counts.len() == room
                 && let Some(through) = previous
             {
                 self.commit(checkpointer, &counts, through).await?;

@@ -187,10 +187,10 @@ impl RecordProcessor for Counter {
                 // One counter update per key per transaction (DynamoDB
                 // allows one operation on an item in a transaction); a new
                 // transaction when the keys would not fit.
+                let room = Transaction::new().room();
                 let mut counts: BTreeMap<String, u64> = BTreeMap::new();
                 let mut previous: Option<&Record> = None;
                 for r in &records {
-                    let room = kcl::Transaction::new().room();
                     if !counts.contains_key(&r.partition_key)
                         && counts.len() == room
                         && let Some(through) = previous

@@ -439,14 +439,7 @@ impl Checkpointer {
         // would still pass it after the first landed, applying its writes
         // twice.
         if target == self.last_checkpoint {
-            return Err(CheckpointError::OutOfRange {
-                requested: format!("{seq}/{sub}"),
-                last_checkpoint: self.last_checkpoint.to_string(),
-                last_delivered: self
-                    .last_delivered
-                    .as_ref()
-                    .map_or("nothing".to_owned(), |(s, n)| format!("{s}/{n}")),
-            });
+            return Err(self.out_of_range(seq, sub));
         }
         let key = self.lease.key().to_owned();
         if !self.lease.may_checkpoint() {
@@ -475,15 +468,20 @@ impl Checkpointer {
         }
     }
 
-    fn validate(&self, seq: &str, sub: u64) -> Result<Checkpoint, CheckpointError> {
-        let out_of_range = || CheckpointError::OutOfRange {
+    /// The error for `(seq, sub)`, naming the range it must lie in.
+    fn out_of_range(&self, seq: &str, sub: u64) -> CheckpointError {
+        CheckpointError::OutOfRange {
             requested: format!("{seq}/{sub}"),
             last_checkpoint: self.last_checkpoint.to_string(),
             last_delivered: self
                 .last_delivered
                 .as_ref()
                 .map_or("nothing".to_owned(), |(s, n)| format!("{s}/{n}")),
-        };
+        }
+    }
+
+    fn validate(&self, seq: &str, sub: u64) -> Result<Checkpoint, CheckpointError> {
+        let out_of_range = || self.out_of_range(seq, sub);
         let target = Checkpoint::parse(seq, sub).map_err(|_| out_of_range())?;
         if target.is_sentinel() {
             return Err(out_of_range());

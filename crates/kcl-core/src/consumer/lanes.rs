@@ -23,7 +23,10 @@ use std::sync::{Arc, Mutex};
 use tokio::task::{JoinError, JoinSet};
 use tracing::{Instrument as _, info, warn};
 
-use super::{Consumer, ConsumerExit, Fetch, Stop, deliver, finish_shard, initialize, shard_labels};
+use super::{
+    Consumer, ConsumerExit, Fetch, Stop, deliver, exit_without_processor, finish_shard, initialize,
+    shard_labels,
+};
 use crate::checkpointer::{Checkpointer, Window};
 use crate::lease::{Checkpoint, Lease};
 use crate::processor::{InitializeInput, Lane, RecordBatch, RecordProcessor, ShardContext};
@@ -262,30 +265,22 @@ async fn end_lanes(
     processors: &mut [(Processor, Checkpointer)],
     outcome: Result<(), Stop>,
 ) -> ConsumerExit {
-    match outcome {
-        Ok(()) => ConsumerExit::ShardEnded,
-        Err(Stop::LeaseLost | Stop::Release) => {
-            info!("lease lost or given back; stopping the lanes' processors");
-            for (processor, _) in processors.iter_mut() {
-                processor.lease_lost().await;
-            }
-            match outcome {
-                Err(Stop::Release) => ConsumerExit::Release,
-                _ => ConsumerExit::LeaseLost,
+    let Err(stop) = outcome else {
+        return ConsumerExit::ShardEnded;
+    };
+    if matches!(stop, Stop::Shutdown | Stop::Handoff) {
+        for (processor, checkpointer) in processors.iter_mut() {
+            if let Err(e) = processor.shutdown_requested(checkpointer).await {
+                warn!(error = %e, "processor failed in shutdown_requested");
             }
         }
-        Err(stop @ (Stop::Shutdown | Stop::Handoff)) => {
-            for (processor, checkpointer) in processors.iter_mut() {
-                if let Err(e) = processor.shutdown_requested(checkpointer).await {
-                    warn!(error = %e, "processor failed in shutdown_requested");
-                }
-            }
-            match stop {
-                Stop::Handoff => ConsumerExit::HandedOff,
-                _ => ConsumerExit::ShutDown,
-            }
+    } else {
+        info!("lease lost or given back; stopping the lanes' processors");
+        for (processor, _) in processors.iter_mut() {
+            processor.lease_lost().await;
         }
     }
+    exit_without_processor(stop)
 }
 
 /// Fetches and dispatches to the lanes until the shard ends (`Ok` once
