@@ -36,6 +36,7 @@
 //!   Initializing -> Processing -> ShuttingDown; the delivery of a batch
 //!   under the failure policy; the parallel lanes of a shard.
 //! - [`worker`]: the `Worker` engine and its configuration.
+//! - [`counters!`]: counter sets and their snapshots, declared once.
 //! - [`warn_limit`]: warnings about recurring conditions (throttling,
 //!   retries), at most once per interval, with their counts.
 //!
@@ -76,6 +77,7 @@
 pub mod checkpointer;
 pub mod cleanup;
 pub mod config;
+mod counters;
 pub mod lease;
 pub mod leases;
 pub mod poison;

@@ -4,111 +4,64 @@
 //! labels); these plain counters exist so tests and tools can read them
 //! without installing a metrics recorder.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
-/// Counters of one [`crate::KinesisShardSource`] and its readers.
-#[derive(Debug, Default)]
-pub struct SourceStats {
-    list_shards_calls: AtomicU64,
-    get_shard_iterator_calls: AtomicU64,
-    get_records_calls: AtomicU64,
-    throttles: AtomicU64,
-    retries: AtomicU64,
-    expired_iterators: AtomicU64,
-    records: AtomicU64,
-    bytes: AtomicU64,
-    consumer_calls: AtomicU64,
-    subscribe_calls: AtomicU64,
-    resubscribes: AtomicU64,
-    events: AtomicU64,
-    subscription_errors: AtomicU64,
-    access_denied: AtomicU64,
-    call_timeouts: AtomicU64,
-    expired_shards: AtomicU64,
-    trimmed_starts: AtomicU64,
-    silent_subscriptions: AtomicU64,
-    buffered_bytes: AtomicU64,
-    peak_buffered_bytes: AtomicU64,
-}
-
-/// A point-in-time copy of [`SourceStats`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct StatsSnapshot {
-    /// `ListShards` calls (one per page), including failed ones.
-    pub list_shards_calls: u64,
-    /// `GetShardIterator` calls, including failed ones.
-    pub get_shard_iterator_calls: u64,
-    /// `GetRecords` calls, including failed ones.
-    pub get_records_calls: u64,
-    /// Calls the service throttled.
-    pub throttles: u64,
-    /// Calls repeated after a throttle or a transient failure.
-    pub retries: u64,
-    /// Shard iterators that expired and were replaced.
-    pub expired_iterators: u64,
-    /// User records fetched (after de-aggregation, before skipping the ones
-    /// a checkpoint covers).
-    pub records: u64,
-    /// Payload bytes fetched.
-    pub bytes: u64,
-    /// Stream-consumer calls of enhanced fan-out (`DescribeStreamSummary`,
-    /// `DescribeStreamConsumer`, `RegisterStreamConsumer`,
-    /// `DeregisterStreamConsumer`), including failed ones.
-    pub consumer_calls: u64,
-    /// `SubscribeToShard` calls, including failed ones.
-    pub subscribe_calls: u64,
-    /// Subscriptions a fan-out reader opened after its first one (after the
-    /// service or the configured lifetime ended one, or after an error).
-    pub resubscribes: u64,
-    /// `SubscribeToShard` events received.
-    pub events: u64,
-    /// Failed subscriptions (the call or the event stream).
-    pub subscription_errors: u64,
-    /// Calls denied access to the stream or its KMS key (retried while the lease lasts).
-    pub access_denied: u64,
-    /// Calls given up for not answering within their attempt timeout (retried).
-    pub call_timeouts: u64,
-    /// Shards found gone (past retention) before they were read to their end: taken as ended, their remaining records lost.
-    pub expired_shards: u64,
-    /// Starting positions behind the trim horizon (a checkpoint older than the retention): reading resumed at TRIM_HORIZON, the records in between lost.
-    pub trimmed_starts: u64,
-    /// Fan-out subscriptions that delivered no event within the event timeout and were replaced.
-    pub silent_subscriptions: u64,
-    /// Bytes the readers hold right now (fetched, not yet handed out), as
-    /// the worker-wide prefetch budget counts them.
-    pub buffered_bytes: u64,
-    /// The most bytes the readers held at once.
-    pub peak_buffered_bytes: u64,
+kcl_core::counters! {
+    /// Counters of one [`crate::KinesisShardSource`] and its readers.
+    pub struct SourceStats => StatsSnapshot {
+        counts {
+            /// `ListShards` calls (one per page), including failed ones.
+            list_shards_calls,
+            /// `GetShardIterator` calls, including failed ones.
+            get_shard_iterator_calls,
+            /// `GetRecords` calls, including failed ones.
+            get_records_calls,
+            /// Calls the service throttled.
+            throttles,
+            /// Calls repeated after a throttle or a transient failure.
+            retries,
+            /// Shard iterators that expired and were replaced.
+            expired_iterators,
+            /// User records fetched (after de-aggregation, before skipping the ones
+            /// a checkpoint covers).
+            records,
+            /// Payload bytes fetched.
+            bytes,
+            /// Stream-consumer calls of enhanced fan-out (`DescribeStreamSummary`,
+            /// `DescribeStreamConsumer`, `RegisterStreamConsumer`,
+            /// `DeregisterStreamConsumer`), including failed ones.
+            consumer_calls,
+            /// `SubscribeToShard` calls, including failed ones.
+            subscribe_calls,
+            /// Subscriptions a fan-out reader opened after its first one (after the
+            /// service or the configured lifetime ended one, or after an error).
+            resubscribes,
+            /// `SubscribeToShard` events received.
+            events,
+            /// Failed subscriptions (the call or the event stream).
+            subscription_errors,
+            /// Calls denied access to the stream or its KMS key (retried while the lease lasts).
+            access_denied,
+            /// Calls given up for not answering within their attempt timeout (retried).
+            call_timeouts,
+            /// Shards found gone (past retention) before they were read to their end: taken as ended, their remaining records lost.
+            expired_shards,
+            /// Starting positions behind the trim horizon (a checkpoint older than the retention): reading resumed at TRIM_HORIZON, the records in between lost.
+            trimmed_starts,
+            /// Fan-out subscriptions that delivered no event within the event timeout and were replaced.
+            silent_subscriptions,
+        }
+        levels {
+            /// Bytes the readers hold right now (fetched, not yet handed out), as
+            /// the worker-wide prefetch budget counts them.
+            buffered_bytes,
+            /// The most bytes the readers held at once.
+            peak_buffered_bytes,
+        }
+    }
 }
 
 impl SourceStats {
-    /// Reads every counter.
-    pub fn snapshot(&self) -> StatsSnapshot {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        StatsSnapshot {
-            list_shards_calls: get(&self.list_shards_calls),
-            get_shard_iterator_calls: get(&self.get_shard_iterator_calls),
-            get_records_calls: get(&self.get_records_calls),
-            throttles: get(&self.throttles),
-            retries: get(&self.retries),
-            expired_iterators: get(&self.expired_iterators),
-            records: get(&self.records),
-            bytes: get(&self.bytes),
-            consumer_calls: get(&self.consumer_calls),
-            subscribe_calls: get(&self.subscribe_calls),
-            resubscribes: get(&self.resubscribes),
-            events: get(&self.events),
-            subscription_errors: get(&self.subscription_errors),
-            access_denied: get(&self.access_denied),
-            call_timeouts: get(&self.call_timeouts),
-            expired_shards: get(&self.expired_shards),
-            trimmed_starts: get(&self.trimmed_starts),
-            silent_subscriptions: get(&self.silent_subscriptions),
-            buffered_bytes: get(&self.buffered_bytes),
-            peak_buffered_bytes: get(&self.peak_buffered_bytes),
-        }
-    }
-
     pub(crate) fn list_shards_call(&self) {
         self.list_shards_calls.fetch_add(1, Ordering::Relaxed);
     }

@@ -35,90 +35,45 @@ pub enum LeaseEvent {
     },
 }
 
-/// Counters of the coordinator's work, for tests, benchmarks and logs.
-#[derive(Debug, Default)]
-pub struct CoordinatorStats {
-    pub(crate) ticks: AtomicU64,
-    pub(crate) quiet_ticks: AtomicU64,
-    pub(crate) scan_failures: AtomicU64,
-    pub(crate) taken: AtomicU64,
-    pub(crate) stolen: AtomicU64,
-    pub(crate) handoffs_completed: AtomicU64,
-    pub(crate) handoffs_forced: AtomicU64,
-    pub(crate) handed_off: AtomicU64,
-    pub(crate) reclaimed: AtomicU64,
-    pub(crate) take_conflicts: AtomicU64,
-    pub(crate) take_failures: AtomicU64,
-    pub(crate) renewals: AtomicU64,
-    pub(crate) renew_failures: AtomicU64,
-    pub(crate) lost: AtomicU64,
-    pub(crate) fenced: AtomicU64,
-    pub(crate) released: AtomicU64,
-    pub(crate) same_id_conflicts: AtomicU64,
-}
-
-/// A copy of [`CoordinatorStats`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct StatsSnapshot {
-    /// Lease-taker ticks.
-    pub ticks: u64,
-    /// Ticks that read only the liveness records: nothing in the fleet had
-    /// changed, so the lease table was not read (liveness mode).
-    pub quiet_ticks: u64,
-    /// Ticks whose scan failed.
-    pub scan_failures: u64,
-    /// Unowned or expired leases taken.
-    pub taken: u64,
-    /// Handoffs started from another worker (steals).
-    pub stolen: u64,
-    /// Awaited handoffs the previous owner completed.
-    pub handoffs_completed: u64,
-    /// Awaited handoffs forced at their deadline.
-    pub handoffs_forced: u64,
-    /// Leases this worker handed to a worker that asked for them.
-    pub handed_off: u64,
-    /// Leases the table said were this worker's, taken back in a new tenure.
-    pub reclaimed: u64,
-    /// Takes that lost their race.
-    pub take_conflicts: u64,
-    /// Takes that failed otherwise.
-    pub take_failures: u64,
-    /// Successful renewals.
-    pub renewals: u64,
-    /// Renewal rounds of a lease that did not succeed.
-    pub renew_failures: u64,
-    /// Tenures lost to another holder.
-    pub lost: u64,
-    /// Tenures fenced (renewals did not succeed in time).
-    pub fenced: u64,
-    /// Leases released.
-    pub released: u64,
-    /// Tenures lost to another process running under this worker's id.
-    pub same_id_conflicts: u64,
-}
-
-impl CoordinatorStats {
-    /// Copies the counters.
-    pub fn snapshot(&self) -> StatsSnapshot {
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        StatsSnapshot {
-            ticks: l(&self.ticks),
-            quiet_ticks: l(&self.quiet_ticks),
-            scan_failures: l(&self.scan_failures),
-            taken: l(&self.taken),
-            stolen: l(&self.stolen),
-            handoffs_completed: l(&self.handoffs_completed),
-            handoffs_forced: l(&self.handoffs_forced),
-            handed_off: l(&self.handed_off),
-            reclaimed: l(&self.reclaimed),
-            take_conflicts: l(&self.take_conflicts),
-            take_failures: l(&self.take_failures),
-            renewals: l(&self.renewals),
-            renew_failures: l(&self.renew_failures),
-            lost: l(&self.lost),
-            fenced: l(&self.fenced),
-            released: l(&self.released),
-            same_id_conflicts: l(&self.same_id_conflicts),
+crate::counters! {
+    /// Counters of the coordinator's work, for tests, benchmarks and logs.
+    pub struct CoordinatorStats => StatsSnapshot {
+        counts {
+            /// Lease-taker ticks.
+            ticks,
+            /// Ticks that read only the liveness records: nothing in the fleet had
+            /// changed, so the lease table was not read (liveness mode).
+            quiet_ticks,
+            /// Ticks whose scan failed.
+            scan_failures,
+            /// Unowned or expired leases taken.
+            taken,
+            /// Handoffs started from another worker (steals).
+            stolen,
+            /// Awaited handoffs the previous owner completed.
+            handoffs_completed,
+            /// Awaited handoffs forced at their deadline.
+            handoffs_forced,
+            /// Leases this worker handed to a worker that asked for them.
+            handed_off,
+            /// Leases the table said were this worker's, taken back in a new tenure.
+            reclaimed,
+            /// Takes that lost their race.
+            take_conflicts,
+            /// Takes that failed otherwise.
+            take_failures,
+            /// Successful renewals.
+            renewals,
+            /// Renewal rounds of a lease that did not succeed.
+            renew_failures,
+            /// Tenures lost to another holder.
+            lost,
+            /// Tenures fenced (renewals did not succeed in time).
+            fenced,
+            /// Leases released.
+            released,
+            /// Tenures lost to another process running under this worker's id.
+            same_id_conflicts,
         }
     }
 }

@@ -7,53 +7,28 @@
 //! its write).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use futures::stream::StreamExt;
 
 use super::{Beat, StoreError, StoreOp};
 use crate::lease::{Checkpoint, Lease};
 
-/// Requests and capacity units counted by a [`CostedStore`].
-#[derive(Debug, Default)]
-pub struct Bill {
-    requests: AtomicU64,
-    read_units: AtomicU64,
-    write_units: AtomicU64,
-}
-
-/// A copy of a [`Bill`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct BillSnapshot {
-    /// Requests (a scan page is one).
-    pub requests: u64,
-    /// Read capacity units.
-    pub read_units: u64,
-    /// Write capacity units.
-    pub write_units: u64,
-}
-
-impl BillSnapshot {
-    /// The difference from an earlier snapshot.
-    pub fn since(&self, earlier: &BillSnapshot) -> BillSnapshot {
-        BillSnapshot {
-            requests: self.requests - earlier.requests,
-            read_units: self.read_units - earlier.read_units,
-            write_units: self.write_units - earlier.write_units,
+crate::counters! {
+    /// Requests and capacity units counted by a [`CostedStore`].
+    pub struct Bill => BillSnapshot {
+        counts {
+            /// Requests (a scan page is one).
+            requests,
+            /// Read capacity units.
+            read_units,
+            /// Write capacity units.
+            write_units,
         }
     }
 }
 
 impl Bill {
-    /// The counts so far.
-    pub fn snapshot(&self) -> BillSnapshot {
-        BillSnapshot {
-            requests: self.requests.load(Ordering::Relaxed),
-            read_units: self.read_units.load(Ordering::Relaxed),
-            write_units: self.write_units.load(Ordering::Relaxed),
-        }
-    }
-
     fn read(&self, bytes: usize) {
         self.requests.fetch_add(1, Ordering::Relaxed);
         self.read_units
