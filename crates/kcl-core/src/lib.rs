@@ -36,6 +36,7 @@
 //!   Initializing -> Processing -> ShuttingDown; the delivery of a batch
 //!   under the failure policy; the parallel lanes of a shard.
 //! - [`worker`]: the `Worker` engine and its configuration.
+//! - [`backoff`]: the one backoff policy of every retry loop.
 //! - [`counters!`]: counter sets and their snapshots, declared once.
 //! - [`warn_limit`]: warnings about recurring conditions (throttling,
 //!   retries), at most once per interval, with their counts.
@@ -74,6 +75,7 @@
 //! clock in tests.
 #![deny(missing_docs)]
 
+pub mod backoff;
 pub mod checkpointer;
 pub mod cleanup;
 pub mod config;

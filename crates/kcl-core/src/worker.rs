@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, error, info, info_span, warn};
 
+use crate::backoff::Backoff;
 use crate::cleanup::LeaseCleanup;
 use crate::config::{ConfigError, LeaseConfig};
 use crate::consumer::{self, ConsumerExit, ConsumerSetup};
@@ -392,15 +393,7 @@ impl WorkerHandle {
 /// Pauses between startup attempts that failed in a way retrying can fix:
 /// doubling from 200 ms, at most 10 s, jittered so a fleet restarting under
 /// throttling does not retry in step.
-fn startup_pauses() -> impl Iterator<Item = Duration> {
-    use backon::BackoffBuilder;
-    backon::ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(200))
-        .with_max_delay(Duration::from_secs(10))
-        .without_max_times()
-        .with_jitter()
-        .build()
-}
+const STARTUP_BACKOFF: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
 
 /// Runs one startup step (`what`, for the status) until it succeeds or
 /// fails in a way retrying cannot fix (`is_retryable` says which). Failures
@@ -420,7 +413,7 @@ where
     Fut: Future<Output = Result<T, E>>,
 {
     let shutdown = handle.shutdown.clone();
-    let mut pauses = startup_pauses();
+    let mut pauses = STARTUP_BACKOFF.pauses();
     let mut attempts = 0u32;
     loop {
         let outcome = tokio::select! {
@@ -442,7 +435,7 @@ where
         let why = format!("{what} failed ({brief}), attempt {attempts}; retrying");
         warn!(error = ?e, "{why}");
         handle.report_starting(why);
-        let pause = pauses.next().unwrap_or(Duration::from_secs(10));
+        let pause = pauses.next_or_max();
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(None),
             _ = tokio::time::sleep(pause) => {}
@@ -737,7 +730,9 @@ impl Worker {
             policy: config.failure_policy.clone(),
             parallelism: config.parallelism_per_shard,
             parent_poll_interval: config.parent_poll_interval,
-            max_backoff: config.max_backoff,
+            // Exact doubling from 100 ms: the pace of a failing shard is
+            // what tests count.
+            backoff: Backoff::new(Duration::from_millis(100), config.max_backoff).without_jitter(),
             slots: Arc::default(),
             sync_now: Arc::clone(sync_now),
         })

@@ -40,7 +40,8 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
-use backon::{ExponentialBuilder, Retryable};
+use backon::Retryable;
+use kcl_core::backoff::Backoff;
 use kcl_core::checkpointer::{CheckpointError, Checkpointer, CommitFailure, PreparedCheckpoint};
 use kcl_core::record::Record;
 use tracing::warn;
@@ -165,7 +166,7 @@ pub enum TransactionError {
 pub struct ExactlyOnce {
     client: Client,
     lease_table: String,
-    attempts: usize,
+    backoff: Backoff,
 }
 
 impl ExactlyOnce {
@@ -175,7 +176,7 @@ impl ExactlyOnce {
         ExactlyOnce {
             client,
             lease_table: lease_table.into(),
-            attempts: 10,
+            backoff: Backoff::new(Duration::from_millis(50), Duration::from_secs(2)).retries(9),
         }
     }
 
@@ -183,7 +184,7 @@ impl ExactlyOnce {
     /// (conflict, throttling, 5xx, lost response) is returned (default 10,
     /// with jittered backoff from 50 ms to 2 s).
     pub fn attempts(mut self, n: usize) -> Self {
-        self.attempts = n.max(1);
+        self.backoff = self.backoff.retries(n.max(1) - 1);
         self
     }
 
@@ -253,13 +254,7 @@ impl ExactlyOnce {
             }
         };
         let result = attempt
-            .retry(
-                ExponentialBuilder::default()
-                    .with_min_delay(Duration::from_millis(50))
-                    .with_max_delay(Duration::from_secs(2))
-                    .with_max_times(self.attempts - 1)
-                    .with_jitter(),
-            )
+            .retry(self.backoff.pauses())
             .sleep(tokio::time::sleep)
             .when(|o: &Outcome| matches!(o, Outcome::Retry(_)))
             .notify(|o: &Outcome, after: Duration| {

@@ -2,17 +2,9 @@
 
 use std::time::Duration;
 
-use crate::calls::retry::RetryPolicy;
+pub use kcl_core::ConfigError;
 
-/// An impossible setting, named by its field.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid Kinesis source configuration: `{field}` {reason}")]
-pub struct ConfigError {
-    /// The offending field, as named on the builder.
-    pub field: &'static str,
-    /// Why the value cannot work.
-    pub reason: String,
-}
+use crate::calls::retry::{RetryPolicy, RetrySettings};
 
 /// Most records one `GetRecords` call may return (a Kinesis limit).
 pub const MAX_GET_RECORDS_LIMIT: i32 = 10_000;
@@ -49,9 +41,7 @@ pub struct PollingConfig {
     pub(crate) time_between_reads: Duration,
     pub(crate) max_prefetch_records: usize,
     pub(crate) max_prefetch_bytes: usize,
-    pub(crate) retry_min_delay: Duration,
-    pub(crate) retry_max_delay: Duration,
-    pub(crate) max_transient_retries: u32,
+    pub(crate) retry: RetrySettings,
     pub(crate) call_timeout: Duration,
 }
 
@@ -67,9 +57,7 @@ impl Default for PollingConfig {
             // processor stalls, and a single oversized response still
             // passes (it takes the whole budget).
             max_prefetch_bytes: 8 * 1024 * 1024,
-            retry_min_delay: Duration::from_millis(100),
-            retry_max_delay: Duration::from_secs(10),
-            max_transient_retries: 10,
+            retry: RetrySettings::default(),
             // GetRecords answers in tens of milliseconds; the Java KCL gives
             // up after 30 s. 10 s notices a dead connection sooner, and is
             // still far above a slow answer.
@@ -121,12 +109,7 @@ impl PollingConfig {
 
     /// How the reader's calls (and shard listing) are retried.
     pub(crate) fn retry_policy(&self) -> RetryPolicy {
-        RetryPolicy {
-            attempt_timeout: self.call_timeout,
-            min_delay: self.retry_min_delay,
-            max_delay: self.retry_max_delay,
-            max_transient: self.max_transient_retries,
-        }
+        self.retry.policy(self.call_timeout)
     }
 }
 
@@ -175,27 +158,14 @@ impl PollingConfigBuilder {
         self
     }
 
-    /// First retry delay after a throttled or failed call (default 100 ms).
-    pub fn retry_min_delay(mut self, d: Duration) -> Self {
-        self.config.retry_min_delay = d;
-        self
-    }
-
-    /// Longest retry delay (default 10 s).
-    pub fn retry_max_delay(mut self, d: Duration) -> Self {
-        self.config.retry_max_delay = d;
-        self
-    }
-
-    /// Consecutive transient failures (timeouts, 5xx) after which the
-    /// reader reports [`kcl_core::source::SourceError::Retryable`] to its
-    /// caller; it keeps retrying after that (default 10). Throttling is
-    /// retried indefinitely without being reported: it is the service
-    /// pacing us, not a failure.
-    pub fn max_transient_retries(mut self, n: u32) -> Self {
-        self.config.max_transient_retries = n;
-        self
-    }
+    crate::calls::retry::retry_setters!(
+        "a throttled or failed call",
+        /// Consecutive transient failures (timeouts, 5xx) after which the
+        /// reader reports [`kcl_core::source::SourceError::Retryable`] to its
+        /// caller; it keeps retrying after that (default 10). Throttling is
+        /// retried indefinitely without being reported: it is the service
+        /// pacing us, not a failure.
+    );
 
     /// The longest one `GetRecords`, `GetShardIterator` or `ListShards`
     /// call may take before it is given up and made again (default 10 s):
@@ -251,25 +221,11 @@ impl PollingConfigBuilder {
                 ),
             );
         }
-        if c.retry_min_delay.is_zero() {
-            return err(
-                "retry_min_delay",
-                "must be above zero, or throttled calls retry in a tight loop".into(),
-            );
-        }
+        c.retry.validate("throttled calls")?;
         if c.call_timeout < Duration::from_millis(100) {
             return err(
                 "call_timeout",
                 format!("is {:?}; it must be at least 100ms", c.call_timeout),
-            );
-        }
-        if c.retry_max_delay < c.retry_min_delay {
-            return err(
-                "retry_max_delay",
-                format!(
-                    "is {:?}; it must not be below retry_min_delay ({:?})",
-                    c.retry_max_delay, c.retry_min_delay
-                ),
             );
         }
         Ok(c)
@@ -335,7 +291,7 @@ mod tests {
             .retry_max_delay(Duration::from_millis(80))
             .build()
             .expect("config");
-        let delays: Vec<Duration> = c.retry_policy().backoff().take(20).collect();
+        let delays: Vec<Duration> = c.retry_policy().backoff.pauses().take(20).collect();
         assert_eq!(delays.len(), 20, "never runs out");
         // Jitter adds up to one more delay on top of the capped one.
         assert!(

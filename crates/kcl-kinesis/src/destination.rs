@@ -4,7 +4,7 @@
 //! share a shard of the dead-letter stream; `PutRecords` does not promise
 //! their order, and a refused entry is resent after the others).
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use aws_sdk_kinesis::Client;
@@ -12,6 +12,7 @@ use aws_sdk_kinesis::error::DisplayErrorContext;
 use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::PutRecordsRequestEntry;
 use aws_smithy_types::base64;
+use kcl_core::backoff::Backoff;
 use kcl_core::poison::{FailedRecord, FailureDestination};
 use kcl_core::processor::ProcessorError;
 
@@ -23,9 +24,11 @@ const MAX_BYTES_PER_CALL: usize = 5 * 1024 * 1024;
 const MAX_RECORD_BYTES: usize = 1024 * 1024;
 /// An error text is cut to this many bytes.
 const MAX_ERROR_BYTES: usize = 8 * 1024;
-/// Rounds of resending the entries a `PutRecords` refused (throttled
-/// shards) before `send` fails and the consumer retries it with backoff.
-const ROUNDS: usize = 3;
+/// Resending the entries a `PutRecords` refused (throttled shards): twice,
+/// 100 ms then 200 ms later, before `send` fails and the consumer retries
+/// it with its own backoff.
+const RESEND: Backoff =
+    Backoff::new(Duration::from_millis(100), Duration::from_millis(200)).retries(2);
 
 /// Writes failed records to a Kinesis stream as JSON:
 ///
@@ -118,7 +121,8 @@ impl FailureDestination for KinesisDestination {
 impl KinesisDestination {
     /// Puts `entries`, resending those refused a few rounds.
     async fn put(&self, mut entries: Vec<PutRecordsRequestEntry>) -> Result<(), ProcessorError> {
-        for round in 0..ROUNDS {
+        let mut pauses = RESEND.pauses();
+        loop {
             let call = self.client.put_records().set_records(Some(entries.clone()));
             let call = if self.stream.starts_with("arn:") {
                 call.stream_arn(&self.stream)
@@ -145,18 +149,17 @@ impl KinesisDestination {
                     refused.push(entry);
                 }
             }
-            if round + 1 == ROUNDS {
+            let Some(pause) = pauses.next() else {
                 return Err(format!(
                     "the failure stream {:?} refused {} records ({why})",
                     self.stream,
                     refused.len()
                 )
                 .into());
-            }
+            };
             entries = refused;
-            tokio::time::sleep(std::time::Duration::from_millis(100 << round)).await;
+            tokio::time::sleep(pause).await;
         }
-        Ok(())
     }
 }
 

@@ -304,9 +304,10 @@ impl Fetcher {
                             .shared
                             .polling
                             .retry_policy()
-                            .backoff()
+                            .backoff
+                            .pauses()
                             .nth(expired_in_a_row.min(16) as usize)
-                            .unwrap_or(self.ctx.shared.polling.retry_max_delay);
+                            .unwrap_or(self.ctx.shared.polling.retry.max_delay);
                         tokio::time::sleep(delay).await;
                     }
                     expired_in_a_row = expired_in_a_row.saturating_add(1);
@@ -324,7 +325,7 @@ impl Fetcher {
                             if !self.report(e).await {
                                 return Ok(());
                             }
-                            let pause = self.ctx.shared.polling.retry_max_delay;
+                            let pause = self.ctx.shared.polling.retry.max_delay;
                             tokio::select! {
                                 () = tokio::time::sleep(pause) => {}
                                 () = self.ctx.lease.ended() => {}

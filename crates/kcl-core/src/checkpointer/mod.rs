@@ -8,10 +8,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use backon::{ExponentialBuilder, Retryable};
+use backon::Retryable;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
+use crate::backoff::Backoff;
 use crate::lease::Checkpoint;
 use crate::leases::LeaseHandle;
 use crate::record::Record;
@@ -20,6 +21,11 @@ use crate::store::{CheckpointUpdate, Holder, LeaseStore, StoreError};
 mod window;
 
 use window::Position;
+
+/// A checkpoint write that failed retryably is tried 5 more times, from
+/// 50 ms up to 1 s apart.
+const CHECKPOINT_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(50), Duration::from_secs(1)).retries(5);
 pub(crate) use window::Window;
 
 /// Why a checkpoint was not written.
@@ -525,13 +531,7 @@ impl Checkpointer {
             }
             store.checkpoint(&key, lease.holder(), &update).await
         })
-        .retry(
-            ExponentialBuilder::default()
-                .with_min_delay(Duration::from_millis(50))
-                .with_max_delay(Duration::from_secs(1))
-                .with_max_times(5)
-                .with_jitter(),
-        )
+        .retry(CHECKPOINT_BACKOFF.pauses())
         .sleep(tokio::time::sleep)
         .when(StoreError::is_retryable)
         .await;

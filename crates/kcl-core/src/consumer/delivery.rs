@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use tracing::{error, warn};
 
-use super::{Backoff, Consumer, Stop, processor_error};
+use super::{Consumer, Stop, processor_error};
 use crate::checkpointer::Checkpointer;
 use crate::poison::{FailedRecord, FailureReason, PoisonPolicy};
 use crate::processor::{FailurePolicy, RecordBatch, RecordProcessor};
@@ -23,7 +23,7 @@ pub(super) async fn deliver(
     if let FailurePolicy::Isolate(policy) = &c.setup.policy {
         return isolate(c, processor, checkpointer, batch, policy).await;
     }
-    let mut backoff = Backoff::new(c.setup.max_backoff);
+    let mut backoff = c.setup.backoff.pauses();
     let before = checkpointer.delivered_position();
     loop {
         // A lane's queued batch can start long after it was fetched (a
@@ -60,7 +60,7 @@ pub(super) async fn deliver(
                         return Ok(());
                     }
                     FailurePolicy::ReleaseShard => return Err(Stop::Release),
-                    _ => c.pause(backoff.step()).await?,
+                    _ => c.pause(backoff.next_or_max()).await?,
                 }
             }
         }
@@ -84,7 +84,7 @@ async fn isolate(
     let mut ranges: VecDeque<Range<usize>> = VecDeque::new();
     ranges.push_back(0..records.len());
     let mut attempts = vec![0u32; records.len()];
-    let mut backoff = Backoff::new(c.setup.max_backoff);
+    let mut backoff = c.setup.backoff.pauses();
     while let Some(range) = ranges.pop_front() {
         if range.is_empty() {
             continue;
@@ -150,7 +150,7 @@ async fn isolate(
             continue;
         }
         ranges.push_front(range);
-        c.pause(backoff.step()).await?;
+        c.pause(backoff.next_or_max()).await?;
     }
     Ok(())
 }
@@ -185,7 +185,7 @@ async fn set_aside(
             .increment(failed.len() as u64);
         return Ok(());
     };
-    let mut backoff = Backoff::new(c.setup.max_backoff);
+    let mut backoff = c.setup.backoff.pauses();
     loop {
         c.still_ours()?;
         // A destination that hangs must not outlast the lease: the record
@@ -215,7 +215,7 @@ async fn set_aside(
                     "shard" => c.ctx.shard_id.clone()
                 )
                 .increment(1);
-                c.pause(backoff.step()).await?;
+                c.pause(backoff.next_or_max()).await?;
             }
         }
     }

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use crate::backoff::{Backoff, Pauses};
 use crate::checkpointer::Checkpointer;
 use crate::lease::{Checkpoint, LeaseLayout};
 use crate::leases::LeaseHandle;
@@ -45,7 +46,9 @@ pub(crate) struct ConsumerSetup {
     /// Lanes per shard; 1 processes a shard in one task, batch by batch.
     pub(crate) parallelism: usize,
     pub(crate) parent_poll_interval: Duration,
-    pub(crate) max_backoff: Duration,
+    /// Pauses of loops that go on until the lease or the worker stops
+    /// them: a failing processor, read, checkpoint or parent check.
+    pub(crate) backoff: Backoff,
     /// One consumer per shard at a time in this worker (see [`ShardSlots`]).
     pub(crate) slots: Arc<ShardSlots>,
     /// Asks the worker's shard sync to run now (a merge child waits for a
@@ -146,30 +149,6 @@ enum Stop {
     Shutdown,
     Release,
     Handoff,
-}
-
-/// Doubling backoff from 100 ms up to `max`, for loops that must go on
-/// until the lease or the worker stops them.
-struct Backoff {
-    next: Duration,
-    max: Duration,
-}
-
-impl Backoff {
-    fn new(max: Duration) -> Self {
-        Backoff {
-            next: Duration::from_millis(100),
-            max,
-        }
-    }
-    fn step(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (self.next * 2).min(self.max);
-        d
-    }
-    fn reset(&mut self) {
-        self.next = Duration::from_millis(100);
-    }
 }
 
 #[derive(Clone)]
@@ -420,7 +399,7 @@ async fn initialize(
     processor: &mut dyn RecordProcessor,
     input: &InitializeInput,
 ) -> Result<(), Stop> {
-    let mut backoff = Backoff::new(c.setup.max_backoff);
+    let mut backoff = c.setup.backoff.pauses();
     loop {
         match processor.initialize(input).await {
             Ok(()) => return Ok(()),
@@ -429,7 +408,7 @@ async fn initialize(
                 if c.setup.policy.releases() {
                     return Err(Stop::Release);
                 }
-                c.pause(backoff.step()).await?;
+                c.pause(backoff.next_or_max()).await?;
             }
         }
     }
@@ -446,7 +425,7 @@ fn processor_error(
 }
 
 async fn open_reader(c: &Consumer, position: StartPosition) -> Result<Box<dyn ShardReader>, Stop> {
-    let mut backoff = Backoff::new(c.setup.max_backoff);
+    let mut backoff = c.setup.backoff.pauses();
     loop {
         c.still_ours()?;
         let request = OpenShard {
@@ -460,7 +439,7 @@ async fn open_reader(c: &Consumer, position: StartPosition) -> Result<Box<dyn Sh
             Err(SourceError::LeaseLost { .. }) => return Err(Stop::LeaseLost),
             Err(e) => {
                 warn!(error = %e, "opening the shard failed; retrying");
-                c.pause(backoff.step()).await?;
+                c.pause(backoff.next_or_max()).await?;
             }
         }
     }
@@ -529,7 +508,7 @@ struct Fetch {
     position: StartPosition,
     /// `stream` and `shard` labels of the shard's metrics.
     labels: [(&'static str, String); 2],
-    backoff: Backoff,
+    backoff: Pauses,
     failed: u32,
 }
 
@@ -544,7 +523,7 @@ impl Fetch {
             reader: open_reader(c, position.clone()).await?,
             position,
             labels: shard_labels(c),
-            backoff: Backoff::new(c.setup.max_backoff),
+            backoff: c.setup.backoff.pauses(),
             failed: 0,
         }))
     }
@@ -583,7 +562,7 @@ impl Fetch {
             }
             Err(e) if e.is_retryable() => {
                 warn!(error = %e, "reading the shard failed; retrying");
-                c.pause(self.backoff.step()).await?;
+                c.pause(self.backoff.next_or_max()).await?;
                 Ok(None)
             }
             Err(e @ SourceError::StreamNotFound { .. }) => {
@@ -593,7 +572,7 @@ impl Fetch {
                 // consumer if the stream is dropped from the application,
                 // and the removed-stream policy decides about its leases.
                 error!(error = %e, "the stream is gone; keeping the shard and checking again");
-                c.pause(self.backoff.step()).await?;
+                c.pause(self.backoff.next_or_max()).await?;
                 self.reader = open_reader(c, self.position.clone()).await?;
                 Ok(None)
             }
@@ -606,7 +585,7 @@ impl Fetch {
                 if self.failed >= 5 {
                     return Err(Stop::Release);
                 }
-                c.pause(self.backoff.step()).await?;
+                c.pause(self.backoff.next_or_max()).await?;
                 self.reader = open_reader(c, self.position.clone()).await?;
                 Ok(None)
             }
@@ -645,7 +624,7 @@ async fn finish_shard(
     for (_, checkpointer) in processors.iter_mut() {
         checkpointer.set_shard_ended(ids.clone());
     }
-    let mut backoff = Backoff::new(c.setup.max_backoff);
+    let mut backoff = c.setup.backoff.pauses();
     loop {
         // Every processor gets its call in each round, so that a lane's
         // failure does not keep the others from theirs.
@@ -684,7 +663,7 @@ async fn finish_shard(
             )
             .increment(1);
         }
-        c.pause(backoff.step()).await?;
+        c.pause(backoff.next_or_max()).await?;
     }
 }
 
@@ -693,7 +672,7 @@ async fn finish_shard(
 /// sync alone would still be correct, but cleanup and the next owner rely
 /// on a finished parent's children being leased.
 async fn create_children(c: &Consumer, children: &[ChildShard]) -> Result<(), Stop> {
-    let mut backoff = Backoff::new(c.setup.max_backoff);
+    let mut backoff = c.setup.backoff.pauses();
     let mut pending: Vec<&ChildShard> = children.iter().collect();
     loop {
         let mut left = Vec::new();
@@ -710,7 +689,7 @@ async fn create_children(c: &Consumer, children: &[ChildShard]) -> Result<(), St
             return Ok(());
         }
         c.setup.sync_now.notify_one();
-        c.pause(backoff.step()).await?;
+        c.pause(backoff.next_or_max()).await?;
         pending = left;
     }
 }

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::backoff::Backoff;
 use crate::config::LeaseConfig;
 use crate::lease::Lease;
 use crate::leases::handoff::{Ours, Verdict, judge};
@@ -215,9 +216,7 @@ const ASK_RETRY: Duration = Duration::from_secs(1);
 fn renew_policy(config: &LeaseConfig) -> RetryPolicy {
     RetryPolicy {
         attempt_timeout: config.store_timeout,
-        first_pause: config.renew_interval / 10,
-        max_pause: config.renew_interval / 2,
-        max_attempts: 3,
+        backoff: Backoff::new(config.renew_interval / 10, config.renew_interval / 2).retries(2),
     }
 }
 

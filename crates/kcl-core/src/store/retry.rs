@@ -10,11 +10,12 @@
 use std::future::Future;
 use std::time::Duration;
 
-use backon::{ExponentialBuilder, Retryable};
+use backon::Retryable;
 use tokio::time::Instant;
 
 use super::timeout::bounded;
 use super::{ErrorKind, StoreError, StoreOp};
+use crate::backoff::Backoff;
 use crate::warn_limit::{RateLimitedWarn, WARN_INTERVAL};
 
 /// Throttled lease-table calls, and other retried ones, process-wide: a
@@ -27,12 +28,8 @@ static RETRIED: RateLimitedWarn = RateLimitedWarn::new(WARN_INTERVAL);
 pub(crate) struct RetryPolicy {
     /// The longest one attempt may take.
     pub(crate) attempt_timeout: Duration,
-    /// The pause before the first retry (before jitter).
-    pub(crate) first_pause: Duration,
-    /// The longest pause.
-    pub(crate) max_pause: Duration,
-    /// Attempts in all, the first included.
-    pub(crate) max_attempts: usize,
+    /// The pauses between attempts; its retries bound the attempts.
+    pub(crate) backoff: Backoff,
 }
 
 /// The deadline has passed before an attempt could start.
@@ -63,13 +60,7 @@ where
         }
     };
     attempt
-        .retry(
-            ExponentialBuilder::default()
-                .with_min_delay(policy.first_pause)
-                .with_max_delay(policy.max_pause)
-                .with_max_times(policy.max_attempts.saturating_sub(1))
-                .with_jitter(),
-        )
+        .retry(policy.backoff.pauses())
         .sleep(tokio::time::sleep)
         .when(StoreError::is_retryable)
         .notify(move |e: &StoreError, pause: Duration| {
@@ -102,9 +93,7 @@ mod tests {
 
     const POLICY: RetryPolicy = RetryPolicy {
         attempt_timeout: Duration::from_secs(1),
-        first_pause: Duration::from_millis(300),
-        max_pause: Duration::from_secs(2),
-        max_attempts: 3,
+        backoff: Backoff::new(Duration::from_millis(300), Duration::from_secs(2)).retries(2),
     };
 
     fn failing(kind: ErrorKind) -> StoreError {

@@ -9,7 +9,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBuilder};
+use kcl_core::ConfigError;
+use kcl_core::backoff::Backoff;
 use kcl_core::leases::LeaseHandle;
 use kcl_core::source::SourceError;
 use kcl_core::warn_limit::{RateLimitedWarn, WARN_INTERVAL};
@@ -23,12 +24,10 @@ use super::classify::{Class, Classified};
 static THROTTLED: RateLimitedWarn = RateLimitedWarn::new(WARN_INTERVAL);
 static RETRIED: RateLimitedWarn = RateLimitedWarn::new(WARN_INTERVAL);
 
-/// How one kind of call is retried.
+/// The retry settings polling and fan-out share: one struct, one
+/// validation, and one set of builder setters ([`retry_setters!`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct RetryPolicy {
-    /// The longest one attempt may take before it counts as a transient
-    /// failure.
-    pub(crate) attempt_timeout: Duration,
+pub(crate) struct RetrySettings {
     /// The first pause after a failure (before jitter).
     pub(crate) min_delay: Duration,
     /// The longest pause.
@@ -37,18 +36,86 @@ pub(crate) struct RetryPolicy {
     pub(crate) max_transient: u32,
 }
 
-impl RetryPolicy {
-    /// Exponential from `min_delay` to `max_delay`, jittered so that many
-    /// shards failing at once do not retry in step.
-    pub(crate) fn backoff(&self) -> impl Iterator<Item = Duration> + use<> {
-        ExponentialBuilder::default()
-            .with_min_delay(self.min_delay)
-            .with_max_delay(self.max_delay)
-            .with_factor(2.0)
-            .with_jitter()
-            .without_max_times()
-            .build()
+impl Default for RetrySettings {
+    fn default() -> Self {
+        RetrySettings {
+            min_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(10),
+            max_transient: 10,
+        }
     }
+}
+
+impl RetrySettings {
+    /// Checks the settings; `what` names the calls a zero delay would
+    /// retry in a tight loop.
+    pub(crate) fn validate(&self, what: &str) -> Result<(), ConfigError> {
+        if self.min_delay.is_zero() {
+            return Err(ConfigError {
+                field: "retry_min_delay",
+                reason: format!("must be above zero, or {what} retry in a tight loop"),
+            });
+        }
+        if self.max_delay < self.min_delay {
+            return Err(ConfigError {
+                field: "retry_max_delay",
+                reason: format!(
+                    "is {:?}; it must not be below retry_min_delay ({:?})",
+                    self.max_delay, self.min_delay
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The policy of calls that may take up to `attempt_timeout` each.
+    pub(crate) fn policy(&self, attempt_timeout: Duration) -> RetryPolicy {
+        RetryPolicy {
+            attempt_timeout,
+            // Jittered, so that many shards failing at once do not retry
+            // in step.
+            backoff: Backoff::new(self.min_delay, self.max_delay),
+            max_transient: self.max_transient,
+        }
+    }
+}
+
+/// The builder setters of [`RetrySettings`], for a builder whose `config`
+/// has a `retry` field: what a failure is (for the docs) and the docs of
+/// `max_transient_retries`, which say what the reader does past it.
+macro_rules! retry_setters {
+    ($failure:literal, $(#[$transient_doc:meta])*) => {
+        #[doc = concat!("First retry delay after ", $failure, " (default 100 ms).")]
+        pub fn retry_min_delay(mut self, d: std::time::Duration) -> Self {
+            self.config.retry.min_delay = d;
+            self
+        }
+
+        /// Longest retry delay (default 10 s).
+        pub fn retry_max_delay(mut self, d: std::time::Duration) -> Self {
+            self.config.retry.max_delay = d;
+            self
+        }
+
+        $(#[$transient_doc])*
+        pub fn max_transient_retries(mut self, n: u32) -> Self {
+            self.config.retry.max_transient = n;
+            self
+        }
+    };
+}
+pub(crate) use retry_setters;
+
+/// How one kind of call is retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RetryPolicy {
+    /// The longest one attempt may take before it counts as a transient
+    /// failure.
+    pub(crate) attempt_timeout: Duration,
+    /// The pauses after failures.
+    pub(crate) backoff: Backoff,
+    /// Consecutive transient failures after which the caller is told.
+    pub(crate) max_transient: u32,
 }
 
 /// A Kinesis operation, for metric labels.
@@ -174,7 +241,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, Classified>>,
 {
-    let mut backoff = policy.backoff();
+    let mut backoff = policy.backoff.pauses();
     let mut failures: u32 = 0;
     loop {
         if lease.is_some_and(|l| !l.is_valid()) {
@@ -250,7 +317,7 @@ where
         )
         .increment(1);
         drop(held);
-        let delay = backoff.next().unwrap_or(policy.max_delay);
+        let delay = backoff.next_or_max();
         debug!(stream, call = op.as_str(), code = ?error.code, ?delay, "retrying Kinesis call");
         let limiter = if error.class == Class::Throttled {
             &THROTTLED
@@ -292,8 +359,7 @@ mod tests {
         let shared = Shared::new(api, PollingConfig::default(), None, 1024 * 1024);
         let policy = RetryPolicy {
             attempt_timeout: Duration::from_secs(1),
-            min_delay: Duration::from_secs(60),
-            max_delay: Duration::from_secs(60),
+            backoff: Backoff::new(Duration::from_secs(60), Duration::from_secs(60)),
             max_transient: 10,
         };
         let live = Arc::new(AtomicUsize::new(0));

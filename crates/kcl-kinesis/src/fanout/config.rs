@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use crate::calls::retry::RetryPolicy;
+use crate::calls::retry::{RetryPolicy, RetrySettings};
+
+use kcl_core::backoff::Pauses;
 
 use crate::config::ConfigError;
 
@@ -43,9 +45,7 @@ pub struct FanOutConfig {
     pub(crate) consumer_active_timeout: Duration,
     pub(crate) max_buffered_batches: usize,
     pub(crate) max_buffered_bytes: usize,
-    pub(crate) retry_min_delay: Duration,
-    pub(crate) retry_max_delay: Duration,
-    pub(crate) max_transient_retries: u32,
+    pub(crate) retry: RetrySettings,
     pub(crate) closed_shard_check_interval: Option<Duration>,
     pub(crate) event_timeout: Duration,
     pub(crate) deregister: DeregisterConsumer,
@@ -65,9 +65,7 @@ impl Default for FanOutConfig {
             // second (2 MB/s per consumer per shard); 8 MiB holds a few
             // seconds of a saturated shard, as the polling prefetch does.
             max_buffered_bytes: 8 * 1024 * 1024,
-            retry_min_delay: Duration::from_millis(100),
-            retry_max_delay: Duration::from_secs(10),
-            max_transient_retries: 10,
+            retry: RetrySettings::default(),
             // Kinesis announces a shard's end in its last event; the check
             // is for endpoints that do not, and costs the shard's shared
             // polling quota.
@@ -146,18 +144,13 @@ impl FanOutConfig {
     /// How fan-out's calls are retried: subscriptions, and the stream
     /// consumer's lookup and registration (not the polling settings').
     pub(crate) fn retry_policy(&self) -> RetryPolicy {
-        RetryPolicy {
-            attempt_timeout: CONTROL_CALL_TIMEOUT,
-            min_delay: self.retry_min_delay,
-            max_delay: self.retry_max_delay,
-            max_transient: self.max_transient_retries,
-        }
+        self.retry.policy(CONTROL_CALL_TIMEOUT)
     }
 
     /// Delays between retries of a failed subscription: exponential, capped,
     /// with jitter so that many shards failing together do not retry in step.
-    pub(crate) fn backoff(&self) -> impl Iterator<Item = Duration> + Send + use<> {
-        self.retry_policy().backoff()
+    pub(crate) fn backoff(&self) -> Pauses {
+        self.retry_policy().backoff.pauses()
     }
 }
 
@@ -224,28 +217,15 @@ impl FanOutConfigBuilder {
         self
     }
 
-    /// First retry delay after a failed subscription (default 100 ms).
-    pub fn retry_min_delay(mut self, d: Duration) -> Self {
-        self.config.retry_min_delay = d;
-        self
-    }
-
-    /// Longest retry delay (default 10 s).
-    pub fn retry_max_delay(mut self, d: Duration) -> Self {
-        self.config.retry_max_delay = d;
-        self
-    }
-
-    /// Consecutive transient failures (timeouts, 5xx, dropped connections)
-    /// after which the reader reports
-    /// [`kcl_core::source::SourceError::Retryable`]; it keeps
-    /// resubscribing after that (default 10). Throttling, and another
-    /// subscription still holding the shard, are waited out without being
-    /// reported.
-    pub fn max_transient_retries(mut self, n: u32) -> Self {
-        self.config.max_transient_retries = n;
-        self
-    }
+    crate::calls::retry::retry_setters!(
+        "a failed subscription",
+        /// Consecutive transient failures (timeouts, 5xx, dropped connections)
+        /// after which the reader reports
+        /// [`kcl_core::source::SourceError::Retryable`]; it keeps
+        /// resubscribing after that (default 10). Throttling, and another
+        /// subscription still holding the shard, are waited out without being
+        /// reported.
+    );
 
     /// How often a caught-up reader checks (with one `GetShardIterator`
     /// and one `GetRecords`) whether its shard was closed, or `None` to
@@ -315,21 +295,7 @@ impl FanOutConfigBuilder {
                 format!("is {}; it must be 1 to {}", c.max_buffered_bytes, u32::MAX),
             );
         }
-        if c.retry_min_delay.is_zero() {
-            return err(
-                "retry_min_delay",
-                "must be above zero, or failed subscriptions retry in a tight loop".into(),
-            );
-        }
-        if c.retry_max_delay < c.retry_min_delay {
-            return err(
-                "retry_max_delay",
-                format!(
-                    "is {:?}; it must not be below retry_min_delay ({:?})",
-                    c.retry_max_delay, c.retry_min_delay
-                ),
-            );
-        }
+        c.retry.validate("failed subscriptions")?;
         if c.closed_shard_check_interval.is_some_and(|d| d.is_zero()) {
             return err(
                 "closed_shard_check_interval",

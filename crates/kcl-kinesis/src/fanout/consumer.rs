@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use aws_sdk_kinesis::types::ConsumerStatus;
+use kcl_core::backoff::Backoff;
 use kcl_core::source::SourceError;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
@@ -17,11 +18,11 @@ use crate::calls::Shared;
 use crate::calls::classify::{Class, Classified, classify};
 use crate::calls::retry::{Failure, Op, retrying};
 
-/// How often a consumer that is not ACTIVE yet is described again, at
-/// first; the interval doubles up to [`MAX_STATUS_POLL`]. Registration
-/// takes seconds on AWS and a fraction of one on the emulators.
-const FIRST_STATUS_POLL: Duration = Duration::from_millis(100);
-const MAX_STATUS_POLL: Duration = Duration::from_secs(2);
+/// How often a consumer that is not ACTIVE yet is described again: from
+/// 100 ms, doubling up to 2 s. Registration takes seconds on AWS and a
+/// fraction of one on the emulators.
+const STATUS_POLL: Backoff =
+    Backoff::new(Duration::from_millis(100), Duration::from_secs(2)).without_jitter();
 
 /// Fan-out settings, the calls, and the consumer of each stream, shared by
 /// the source and all its readers.
@@ -125,7 +126,7 @@ impl FanOut {
         let timeout = self.config.consumer_active_timeout;
         let deadline = Instant::now() + timeout;
         let stream_arn = self.stream_arn(shared, stream).await?;
-        let mut poll = FIRST_STATUS_POLL;
+        let mut polls = STATUS_POLL.pauses();
         let mut last_status: Option<ConsumerStatus> = None;
         loop {
             let described = retrying(
@@ -177,8 +178,7 @@ impl FanOut {
                     source: None,
                 });
             }
-            tokio::time::sleep(poll.min(deadline - Instant::now())).await;
-            poll = (poll * 2).min(MAX_STATUS_POLL);
+            tokio::time::sleep(polls.next_or_max().min(deadline - Instant::now())).await;
         }
     }
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_kinesis::types::{SubscribeToShardEvent, SubscribeToShardEventStream};
+use kcl_core::backoff::Pauses;
 use kcl_core::leases::LeaseHandle;
 use kcl_core::source::{Batch, ChildShard, OpenShard, SourceError};
 use metrics::{Counter, Gauge};
@@ -286,7 +287,6 @@ impl Subscriber {
     /// left off, until the shard ends, the lease is lost or the reader
     /// goes away.
     async fn subscribe_loop(&mut self) -> Result<(), SourceError> {
-        // A local, not a field: the jittered iterator is not `Sync`.
         let mut backoff = self.fanout.config.backoff();
         loop {
             if !self.lease.is_valid() {
@@ -303,7 +303,7 @@ impl Subscriber {
             if std::mem::take(&mut self.received_event) {
                 // The subscription worked: failures before it no longer
                 // count.
-                backoff = self.fanout.config.backoff();
+                backoff.reset();
                 self.transient_failures = 0;
             }
             match ended {
@@ -416,11 +416,7 @@ impl Subscriber {
     /// persistent transient failures, ends the reader on fatal ones.
     /// `Ok(false)` when the task is done: the reader went away, or the
     /// shard turned out to be past retention and its end was queued.
-    async fn failed(
-        &mut self,
-        c: Classified,
-        backoff: &mut (impl Iterator<Item = Duration> + Send),
-    ) -> Result<bool, SourceError> {
+    async fn failed(&mut self, c: Classified, backoff: &mut Pauses) -> Result<bool, SourceError> {
         self.shared.stats.subscription_error();
         self.meters.error(&c);
         let in_use = c.code.as_deref() == Some(IN_USE);
@@ -442,7 +438,7 @@ impl Subscriber {
             Class::Transient if in_use => {}
             Class::Transient => {
                 self.transient_failures += 1;
-                if self.transient_failures > self.fanout.config.max_transient_retries {
+                if self.transient_failures > self.fanout.config.retry.max_transient {
                     self.transient_failures = 0;
                     let e = retryable(&self.stream, &self.shard_id, c.error);
                     warn!(stream = %self.stream, shard = %self.shard_id, error = %e,
@@ -533,7 +529,7 @@ impl Subscriber {
     async fn report_and_back_off(
         &self,
         e: SourceError,
-        backoff: &mut (impl Iterator<Item = Duration> + Send),
+        backoff: &mut Pauses,
     ) -> Result<(), SourceError> {
         warn!(stream = %self.stream, shard = %self.shard_id, error = %e,
             "Kinesis keeps failing; still retrying");
@@ -564,11 +560,8 @@ impl Subscriber {
             .is_ok()
     }
 
-    async fn back_off(
-        &self,
-        backoff: &mut (impl Iterator<Item = Duration> + Send),
-    ) -> Result<(), SourceError> {
-        let delay = backoff.next().unwrap_or(self.fanout.config.retry_max_delay);
+    async fn back_off(&self, backoff: &mut Pauses) -> Result<(), SourceError> {
+        let delay = backoff.next_or_max();
         self.sleep_until(Instant::now() + delay).await
     }
 
