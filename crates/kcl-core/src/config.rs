@@ -145,6 +145,12 @@ pub struct LeaseConfigBuilder {
 }
 
 impl LeaseConfigBuilder {
+    /// This worker's id in the lease table, replacing the one given to
+    /// [`LeaseConfig::builder`]. Keep it unique per process.
+    pub fn worker_id(mut self, id: impl Into<String>) -> Self {
+        self.worker_id = id.into();
+        self
+    }
     /// How held leases are kept alive (default
     /// [`LeaseRenewal::WorkerLiveness`]; [`LeaseRenewal::PerLease`] for a
     /// table shared with Java KCL workers).

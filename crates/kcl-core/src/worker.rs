@@ -62,21 +62,7 @@ pub struct WorkerConfig {
 impl WorkerConfig {
     /// A builder for the given lease settings (which carry the worker id).
     pub fn builder(lease: LeaseConfig) -> WorkerConfigBuilder {
-        WorkerConfigBuilder {
-            config: WorkerConfig {
-                lease,
-                streams: Vec::new(),
-                initial_position: InitialPosition::Latest,
-                failure_policy: FailurePolicy::Retry,
-                parallelism_per_shard: 1,
-                shard_sync_interval: Duration::from_secs(60),
-                parent_poll_interval: Duration::from_secs(10),
-                shutdown_timeout: Duration::from_secs(25),
-                max_backoff: Duration::from_secs(30),
-                completed_lease_retention: Duration::from_secs(300),
-                removed_stream_policy: RemovedStreamPolicy::Keep,
-            },
-        }
+        WorkerConfigBuilder::default().lease(lease)
     }
 
     /// The lease settings.
@@ -88,43 +74,64 @@ impl WorkerConfig {
     pub fn streams(&self) -> &[StreamSpec] {
         &self.streams
     }
-
-    /// The same settings without streams, for callers that validate the
-    /// stream list first and resolve lease layouts later (they need the
-    /// stream service). Add them back with [`WorkerConfig::with_stream`].
-    pub fn without_streams(mut self) -> Self {
-        self.streams.clear();
-        self
-    }
-
-    /// Adds a stream to validated settings.
-    pub fn with_stream(mut self, spec: StreamSpec) -> Self {
-        self.streams.push(spec);
-        self
-    }
 }
 
-/// Builder of [`WorkerConfig`].
+/// Builder of [`WorkerConfig`]: the lease settings and at least one stream
+/// are required, every other setting has a default.
 #[derive(Debug, Clone)]
 pub struct WorkerConfigBuilder {
-    config: WorkerConfig,
+    lease: Option<LeaseConfig>,
+    streams: Vec<StreamSpec>,
+    initial_position: InitialPosition,
+    failure_policy: FailurePolicy,
+    parallelism_per_shard: usize,
+    shard_sync_interval: Duration,
+    parent_poll_interval: Duration,
+    shutdown_timeout: Duration,
+    max_backoff: Duration,
+    completed_lease_retention: Duration,
+    removed_stream_policy: RemovedStreamPolicy,
+}
+
+impl Default for WorkerConfigBuilder {
+    fn default() -> Self {
+        WorkerConfigBuilder {
+            lease: None,
+            streams: Vec::new(),
+            initial_position: InitialPosition::Latest,
+            failure_policy: FailurePolicy::Retry,
+            parallelism_per_shard: 1,
+            shard_sync_interval: Duration::from_secs(60),
+            parent_poll_interval: Duration::from_secs(10),
+            shutdown_timeout: Duration::from_secs(25),
+            max_backoff: Duration::from_secs(30),
+            completed_lease_retention: Duration::from_secs(300),
+            removed_stream_policy: RemovedStreamPolicy::Keep,
+        }
+    }
 }
 
 impl WorkerConfigBuilder {
+    /// The lease settings (required; they carry the worker id).
+    pub fn lease(mut self, lease: LeaseConfig) -> Self {
+        self.lease = Some(lease);
+        self
+    }
     /// Adds a stream.
     pub fn stream(mut self, spec: StreamSpec) -> Self {
-        self.config.streams.push(spec);
+        self.streams.push(spec);
         self
     }
     /// Where shards without a checkpoint start (default LATEST, as the Java
     /// KCL).
     pub fn initial_position(mut self, p: InitialPosition) -> Self {
-        self.config.initial_position = p;
+        self.initial_position = p;
         self
     }
-    /// What happens when a processor fails (default: retry the batch).
+    /// What happens when a processor returns an error (default: retry the
+    /// same batch with backoff).
     pub fn failure_policy(mut self, p: FailurePolicy) -> Self {
-        self.config.failure_policy = p;
+        self.failure_policy = p;
         self
     }
 
@@ -138,33 +145,33 @@ impl WorkerConfigBuilder {
     /// and the shard's checkpoint advances to the highest position below
     /// which every lane is done.
     pub fn parallelism_per_shard(mut self, n: usize) -> Self {
-        self.config.parallelism_per_shard = n;
+        self.parallelism_per_shard = n;
         self
     }
 
     /// How often shards are listed to create leases for new ones (default
     /// 60 s, jittered by +/-25%).
     pub fn shard_sync_interval(mut self, d: Duration) -> Self {
-        self.config.shard_sync_interval = d;
+        self.shard_sync_interval = d;
         self
     }
     /// How often a child shard checks whether its parents finished
     /// (default 10 s, as the Java KCL's `parentShardPollIntervalMillis`).
     pub fn parent_poll_interval(mut self, d: Duration) -> Self {
-        self.config.parent_poll_interval = d;
+        self.parent_poll_interval = d;
         self
     }
     /// How long a graceful shutdown waits for processors to finish before
     /// it stops them and releases the leases anyway (default 25 s, inside
     /// the 30 s that ECS and Kubernetes give by default).
     pub fn shutdown_timeout(mut self, d: Duration) -> Self {
-        self.config.shutdown_timeout = d;
+        self.shutdown_timeout = d;
         self
     }
     /// Longest pause between retries of a failing processor or read
     /// (default 30 s).
     pub fn max_backoff(mut self, d: Duration) -> Self {
-        self.config.max_backoff = d;
+        self.max_backoff = d;
         self
     }
 
@@ -172,7 +179,7 @@ impl WorkerConfigBuilder {
     /// sync deletes it (default 5 min, as the Java KCL's
     /// `completedLeaseCleanupThreshold`).
     pub fn completed_lease_retention(mut self, d: Duration) -> Self {
-        self.config.completed_lease_retention = d;
+        self.completed_lease_retention = d;
         self
     }
 
@@ -180,59 +187,40 @@ impl WorkerConfigBuilder {
     /// listing (default: keep them, so its checkpoints survive if it comes
     /// back).
     pub fn removed_stream_policy(mut self, policy: RemovedStreamPolicy) -> Self {
-        self.config.removed_stream_policy = policy;
+        self.removed_stream_policy = policy;
         self
     }
 
-    /// Validates the settings.
-    pub fn build(self) -> Result<WorkerConfig, ConfigError> {
-        let c = self.config;
+    /// Checks every setting but the lease settings and the streams: for a
+    /// caller that validates its stream names with [`check_stream_names`]
+    /// and resolves their lease layouts later (that needs the stream
+    /// service), then calls [`Self::build`].
+    pub fn validate(&self) -> Result<(), ConfigError> {
         let err = |field, reason: &str| {
             Err(ConfigError {
                 field,
                 reason: reason.to_owned(),
             })
         };
-        if c.streams.is_empty() {
-            return err("streams", "must name at least one stream");
-        }
-        for (i, s) in c.streams.iter().enumerate() {
-            if s.name.trim().is_empty() {
-                return err("streams", "contains an empty stream name");
-            }
-            if c.streams[..i].iter().any(|o| o.name == s.name) {
-                return Err(ConfigError {
-                    field: "streams",
-                    reason: format!("names {:?} twice", s.name),
-                });
-            }
-        }
-        if c.streams.len() > 1
-            && c.streams
-                .iter()
-                .any(|s| s.layout == LeaseLayout::SingleStream)
-        {
-            return err("streams", "several streams need multi-stream lease keys");
-        }
-        if c.shard_sync_interval.is_zero() {
+        if self.shard_sync_interval.is_zero() {
             return err("shard_sync_interval", "must be above zero");
         }
-        if c.parent_poll_interval.is_zero() {
+        if self.parent_poll_interval.is_zero() {
             return err("parent_poll_interval", "must be above zero");
         }
-        if c.max_backoff < Duration::from_millis(100) {
+        if self.max_backoff < Duration::from_millis(100) {
             return err("max_backoff", "must be at least 100ms");
         }
-        if !(1..=MAX_PARALLELISM_PER_SHARD).contains(&c.parallelism_per_shard) {
+        if !(1..=MAX_PARALLELISM_PER_SHARD).contains(&self.parallelism_per_shard) {
             return Err(ConfigError {
                 field: "parallelism_per_shard",
                 reason: format!(
                     "must be between 1 and {MAX_PARALLELISM_PER_SHARD}, not {}",
-                    c.parallelism_per_shard
+                    self.parallelism_per_shard
                 ),
             });
         }
-        if let FailurePolicy::Isolate(p) = &c.failure_policy
+        if let FailurePolicy::Isolate(p) = &self.failure_policy
             && p.max_attempts == 0
         {
             return err(
@@ -240,8 +228,68 @@ impl WorkerConfigBuilder {
                 "Isolate needs max_attempts of at least 1 (1 gives up on a record at its first failure)",
             );
         }
-        Ok(c)
+        Ok(())
     }
+
+    /// Validates the settings.
+    pub fn build(self) -> Result<WorkerConfig, ConfigError> {
+        self.validate()?;
+        let Some(lease) = self.lease else {
+            return Err(ConfigError {
+                field: "lease",
+                reason: "no lease settings; call .lease(LeaseConfig)".into(),
+            });
+        };
+        check_stream_names(self.streams.iter().map(|s| s.name.as_str()))?;
+        if self.streams.len() > 1
+            && self
+                .streams
+                .iter()
+                .any(|s| s.layout == LeaseLayout::SingleStream)
+        {
+            return Err(ConfigError {
+                field: "streams",
+                reason: "several streams need multi-stream lease keys".into(),
+            });
+        }
+        Ok(WorkerConfig {
+            lease,
+            streams: self.streams,
+            initial_position: self.initial_position,
+            failure_policy: self.failure_policy,
+            parallelism_per_shard: self.parallelism_per_shard,
+            shard_sync_interval: self.shard_sync_interval,
+            parent_poll_interval: self.parent_poll_interval,
+            shutdown_timeout: self.shutdown_timeout,
+            max_backoff: self.max_backoff,
+            completed_lease_retention: self.completed_lease_retention,
+            removed_stream_policy: self.removed_stream_policy,
+        })
+    }
+}
+
+/// Checks a worker's stream names: at least one, none blank, none twice.
+pub fn check_stream_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<(), ConfigError> {
+    let err = |reason: String| {
+        Err(ConfigError {
+            field: "streams",
+            reason,
+        })
+    };
+    let mut seen: Vec<&str> = Vec::new();
+    for name in names {
+        if name.trim().is_empty() {
+            return err("contains an empty stream name".into());
+        }
+        if seen.contains(&name) {
+            return err(format!("names {name:?} twice"));
+        }
+        seen.push(name);
+    }
+    if seen.is_empty() {
+        return err("must name at least one stream".into());
+    }
+    Ok(())
 }
 
 /// The most lanes a shard can be processed in.

@@ -8,19 +8,21 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_config::SdkConfig;
-use kcl_core::config::{LeaseConfig, LeaseRenewal};
+use kcl_core::config::{LeaseConfig, LeaseConfigBuilder, LeaseRenewal};
 use kcl_core::processor::{FailurePolicy, ProcessorFactory};
 use kcl_core::source::{InitialPosition, ShardSource, SourceError};
 use kcl_core::store::LeaseStore;
 use kcl_core::store::metered::{MeteredStore, StoreStats};
 use kcl_core::worker::{
-    RemovedStreamPolicy, StreamSpec, StreamTracker, WorkerConfig, WorkerError, WorkerHandle,
-    retry_startup,
+    RemovedStreamPolicy, StreamSpec, StreamTracker, WorkerConfigBuilder, WorkerError, WorkerHandle,
+    check_stream_names, retry_startup,
 };
 use kcl_core::{ConfigError, LeaseLayout};
 use kcl_dynamodb::table::workers_table_for;
 use kcl_dynamodb::{Capacity, DynamoDbLeaseStore, ensure_table, ensure_workers_table};
-use kcl_kinesis::{FanOutConfig, KinesisShardSource, PollingConfig, Retrieval, StreamArn};
+use kcl_kinesis::{
+    FanOutConfig, KinesisShardSource, PollingConfig, PollingConfigBuilder, Retrieval, StreamArn,
+};
 use tracing::{info, warn};
 
 /// Why a worker could not be built or could not run.
@@ -112,11 +114,13 @@ pub struct Worker {
     app: String,
     table: String,
     streams: Vec<String>,
-    multi_stream: bool,
-    kinesis: aws_sdk_kinesis::Client,
+    resolver: Arc<StreamResolver>,
     dynamodb: aws_sdk_dynamodb::Client,
     capacity: Capacity,
-    config: WorkerConfig,
+    /// Validated at `build()`; the streams are added at `run()`, once
+    /// their lease layouts are known.
+    engine: WorkerConfigBuilder,
+    lease: LeaseConfig,
     /// Built (and so validated) at `build()`; kept to shut it down after
     /// the worker stopped.
     source: KinesisShardSource,
@@ -134,7 +138,7 @@ impl fmt::Debug for Worker {
             .field("application", &self.app)
             .field("table", &self.table)
             .field("streams", &self.streams)
-            .field("worker_id", &self.config.lease().worker_id())
+            .field("worker_id", &self.lease.worker_id())
             .finish_non_exhaustive()
     }
 }
@@ -153,7 +157,7 @@ impl Worker {
 
     /// This worker's id, as written in the lease table.
     pub fn worker_id(&self) -> &str {
-        self.config.lease().worker_id()
+        self.lease.worker_id()
     }
 
     /// Counters of the worker's lease-table calls (calls, errors, consumed
@@ -195,7 +199,7 @@ impl Worker {
             let probe = crate::observability::Probe::new(
                 self.handle.clone(),
                 Arc::clone(&self.store_stats),
-                crate::observability::readiness_window(self.config.lease()),
+                crate::observability::readiness_window(&self.lease),
             );
             let stop = tokio_util::sync::CancellationToken::new();
             let worker = async {
@@ -209,24 +213,24 @@ impl Worker {
         self.run_worker(signal).await
     }
 
-    /// The startup steps before the engine's own: every stream exists (and
-    /// its multi-stream identifier), and the lease table exists with the
-    /// right schema. Streams first: a misspelt stream must not leave an
-    /// empty table. Failures that retrying can fix are retried with capped
+    /// The startup steps before the engine's own: every stream exists (its
+    /// lease layout resolved), and the lease table exists with the right
+    /// schema. Streams first: a misspelt stream must not leave an empty
+    /// table. Failures that retrying can fix are retried with capped
     /// backoff while the readiness probe says why. `None` if a shutdown
     /// came first.
-    async fn prepare(&self) -> Result<Option<Vec<String>>, Error> {
-        let mut identifiers = Vec::with_capacity(self.streams.len());
+    async fn prepare(&self) -> Result<Option<Vec<StreamSpec>>, Error> {
+        let mut specs = Vec::with_capacity(self.streams.len());
         for stream in &self.streams {
-            let id = retry_startup(
+            let spec = retry_startup(
                 &self.handle,
                 "describing the stream",
                 Error::is_retryable,
-                || stream_identifier(&self.kinesis, stream),
+                || self.resolver.spec(stream),
             )
             .await?;
-            let Some(id) = id else { return Ok(None) };
-            identifiers.push(id);
+            let Some(spec) = spec else { return Ok(None) };
+            specs.push(spec);
         }
         let checked = retry_startup(
             &self.handle,
@@ -239,7 +243,7 @@ impl Worker {
                         table: self.table.clone(),
                         source,
                     })?;
-                if self.config.lease().renewal() == LeaseRenewal::WorkerLiveness {
+                if self.lease.renewal() == LeaseRenewal::WorkerLiveness {
                     let workers = workers_table_for(&self.table);
                     ensure_workers_table(&self.dynamodb, &workers, self.capacity)
                         .await
@@ -252,7 +256,7 @@ impl Worker {
             },
         )
         .await?;
-        Ok(checked.map(|()| identifiers))
+        Ok(checked.map(|()| specs))
     }
 
     async fn run_worker(self, signal: impl Future<Output = ()> + Send) -> Result<(), Error> {
@@ -263,22 +267,14 @@ impl Worker {
             prepared = self.prepare() => prepared?,
             _ = &mut signal => None,
         };
-        let Some(identifiers) = prepared else {
+        let Some(specs) = prepared else {
             info!("shut down during startup");
             return Ok(());
         };
-        let mut config = self.config;
-        for (stream, identifier) in self.streams.iter().zip(identifiers) {
-            let layout = if self.multi_stream {
-                LeaseLayout::MultiStream { identifier }
-            } else {
-                LeaseLayout::SingleStream
-            };
-            config = config.with_stream(StreamSpec {
-                name: stream.clone(),
-                layout,
-            });
-        }
+        let config = specs
+            .into_iter()
+            .fold(self.engine, WorkerConfigBuilder::stream)
+            .build()?;
         let store: Arc<dyn LeaseStore> = Arc::new(MeteredStore::with_stats(
             DynamoDbLeaseStore::new(self.dynamodb.clone(), &self.table)
                 .with_stats(Arc::clone(&self.store_stats)),
@@ -291,8 +287,7 @@ impl Worker {
         if let Some(names) = self.tracker {
             worker = worker.with_stream_tracker(Arc::new(NameTracker {
                 names,
-                kinesis: self.kinesis.clone(),
-                identifiers: Mutex::default(),
+                resolver: Arc::clone(&self.resolver),
             }));
         }
         let result = worker.run_until(&mut signal).await;
@@ -310,12 +305,62 @@ impl Worker {
 /// The stream names an application supplies at runtime.
 type StreamNames = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
 
-/// Turns the application's stream names into lease layouts, asking Kinesis
-/// once per stream for its multi-stream identifier.
+/// The one place a stream name becomes a lease layout: the configured
+/// streams at startup and the tracker's at every shard sync. A
+/// multi-stream layout needs the Java KCL's identifier,
+/// `account:stream:creationEpoch`, which Kinesis is asked for once per
+/// stream; a single-stream worker still describes its stream, so a
+/// misspelt name fails at startup.
+struct StreamResolver {
+    kinesis: aws_sdk_kinesis::Client,
+    multi_stream: bool,
+    identifiers: Mutex<HashMap<String, String>>,
+}
+
+impl StreamResolver {
+    fn new(kinesis: aws_sdk_kinesis::Client, multi_stream: bool) -> Self {
+        StreamResolver {
+            kinesis,
+            multi_stream,
+            identifiers: Mutex::default(),
+        }
+    }
+
+    async fn spec(&self, name: &str) -> Result<StreamSpec, Error> {
+        let known = self
+            .identifiers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned();
+        let identifier = match known {
+            Some(id) => id,
+            None => {
+                let id = stream_identifier(&self.kinesis, name).await?;
+                self.identifiers
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(name.to_owned(), id.clone());
+                id
+            }
+        };
+        let layout = if self.multi_stream {
+            LeaseLayout::MultiStream { identifier }
+        } else {
+            LeaseLayout::SingleStream
+        };
+        Ok(StreamSpec {
+            name: name.to_owned(),
+            layout,
+        })
+    }
+}
+
+/// The application's stream names, resolved by the worker's
+/// [`StreamResolver`] (always multi-stream: a tracker implies it).
 struct NameTracker {
     names: StreamNames,
-    kinesis: aws_sdk_kinesis::Client,
-    identifiers: Mutex<HashMap<String, String>>,
+    resolver: Arc<StreamResolver>,
 }
 
 impl fmt::Debug for NameTracker {
@@ -329,37 +374,18 @@ impl StreamTracker for NameTracker {
     async fn streams(&self) -> Result<Vec<StreamSpec>, SourceError> {
         let mut specs = Vec::new();
         for name in (self.names)() {
-            let known = self
-                .identifiers
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&name)
-                .cloned();
-            let identifier = match known {
-                Some(id) => id,
-                None => match stream_identifier(&self.kinesis, &name).await {
-                    Ok(id) => {
-                        self.identifiers
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .insert(name.clone(), id.clone());
-                        id
-                    }
-                    // A stream not created yet is simply not consumed yet.
-                    Err(Error::StreamNotFound { .. }) => continue,
-                    Err(e) => {
-                        return Err(SourceError::Fatal {
-                            stream: name,
-                            message: e.to_string(),
-                            source: None,
-                        });
-                    }
-                },
-            };
-            specs.push(StreamSpec {
-                name,
-                layout: LeaseLayout::MultiStream { identifier },
-            });
+            match self.resolver.spec(&name).await {
+                Ok(spec) => specs.push(spec),
+                // A stream not created yet is simply not consumed yet.
+                Err(Error::StreamNotFound { .. }) => continue,
+                Err(e) => {
+                    return Err(SourceError::Fatal {
+                        stream: name,
+                        message: e.to_string(),
+                        source: None,
+                    });
+                }
+            }
         }
         Ok(specs)
     }
@@ -409,6 +435,11 @@ async fn stream_identifier(
 /// Configures a [`Worker`]. Every setting has a default except the streams,
 /// the AWS configuration and the processor; `build()` rejects impossible
 /// combinations with an error naming the field.
+///
+/// The engine's settings are set on the engine's own builders, which this
+/// one wraps: their defaults and limits are documented (and checked) once,
+/// there. The setters here forward to [`LeaseConfigBuilder`],
+/// [`WorkerConfigBuilder`] and [`PollingConfigBuilder`].
 pub struct WorkerBuilder {
     app: String,
     streams: Vec<String>,
@@ -418,29 +449,16 @@ pub struct WorkerBuilder {
     dynamodb: Option<aws_sdk_dynamodb::Client>,
     table: Option<String>,
     capacity: Capacity,
-    worker_id: Option<String>,
-    lease_duration: Option<Duration>,
-    renew_interval: Option<Duration>,
-    renewal: Option<LeaseRenewal>,
-    taker_interval: Option<Duration>,
-    max_leases_per_worker: Option<usize>,
-    max_leases_to_steal: Option<usize>,
-    handoff_timeout: Option<Duration>,
-    initial_position: InitialPosition,
-    failure_policy: FailurePolicy,
-    parallelism_per_shard: Option<usize>,
-    max_records: Option<i32>,
-    idle_time_between_reads: Option<Duration>,
-    time_between_reads: Option<Duration>,
-    prefetch_budget: Option<usize>,
+    lease: LeaseConfigBuilder,
+    engine: WorkerConfigBuilder,
+    polling: PollingConfigBuilder,
+    /// The first polling setting set here, if any: it conflicts with a
+    /// [`Retrieval`] given whole.
+    polling_field: Option<&'static str>,
     retrieval: Option<Retrieval>,
-    shard_sync_interval: Option<Duration>,
-    parent_poll_interval: Option<Duration>,
-    shutdown_timeout: Option<Duration>,
-    completed_lease_retention: Option<Duration>,
+    prefetch_budget: Option<usize>,
     factory: Option<Arc<dyn ProcessorFactory>>,
     tracker: Option<StreamNames>,
-    removed_stream_policy: Option<RemovedStreamPolicy>,
     #[cfg(feature = "prometheus")]
     metrics_addr: Option<std::net::SocketAddr>,
 }
@@ -455,13 +473,33 @@ impl fmt::Debug for WorkerBuilder {
     }
 }
 
-macro_rules! setter {
-    ($(#[$doc:meta])* $name:ident: $ty:ty) => {
-        $(#[$doc])*
-        pub fn $name(mut self, value: $ty) -> Self {
-            self.$name = Some(value);
-            self
-        }
+/// Setters that hand their value to one of the engine's builders, whose
+/// documentation (linked from each) gives the default and the limits.
+macro_rules! forward {
+    ($inner:ident ($builder:ident) { $( $(#[$doc:meta])* $name:ident: $ty:ty ),* $(,)? }) => {
+        $(
+            $(#[$doc])*
+            #[doc = concat!("\n\nSee [`", stringify!($builder), "::", stringify!($name), "`].")]
+            pub fn $name(mut self, value: $ty) -> Self {
+                self.$inner = self.$inner.$name(value);
+                self
+            }
+        )*
+    };
+}
+
+/// The polling setters, which also note that a polling setting was given.
+macro_rules! forward_polling {
+    ($( $(#[$doc:meta])* $name:ident: $ty:ty ),* $(,)?) => {
+        $(
+            $(#[$doc])*
+            #[doc = concat!("\n\nSee [`PollingConfigBuilder::", stringify!($name), "`]; not combined with [`Self::retrieval`].")]
+            pub fn $name(mut self, value: $ty) -> Self {
+                self.polling = self.polling.$name(value);
+                self.polling_field.get_or_insert(stringify!($name));
+                self
+            }
+        )*
     };
 }
 
@@ -476,29 +514,14 @@ impl WorkerBuilder {
             dynamodb: None,
             table: None,
             capacity: Capacity::OnDemand,
-            worker_id: None,
-            lease_duration: None,
-            renew_interval: None,
-            renewal: None,
-            taker_interval: None,
-            max_leases_per_worker: None,
-            max_leases_to_steal: None,
-            handoff_timeout: None,
-            initial_position: InitialPosition::Latest,
-            failure_policy: FailurePolicy::Retry,
-            parallelism_per_shard: None,
-            max_records: None,
-            idle_time_between_reads: None,
-            time_between_reads: None,
-            prefetch_budget: None,
+            lease: LeaseConfig::builder(default_worker_id()),
+            engine: WorkerConfigBuilder::default(),
+            polling: PollingConfig::builder(),
+            polling_field: None,
             retrieval: None,
-            shard_sync_interval: None,
-            parent_poll_interval: None,
-            shutdown_timeout: None,
-            completed_lease_retention: None,
+            prefetch_budget: None,
             factory: None,
             tracker: None,
-            removed_stream_policy: None,
             #[cfg(feature = "prometheus")]
             metrics_addr: None,
         }
@@ -524,13 +547,6 @@ impl WorkerBuilder {
         names: impl Fn() -> Vec<String> + Send + Sync + 'static,
     ) -> Self {
         self.tracker = Some(Arc::new(names));
-        self
-    }
-
-    /// What happens to the leases of a stream the tracker stops listing
-    /// (default: kept, with their checkpoints).
-    pub fn removed_stream_policy(mut self, policy: RemovedStreamPolicy) -> Self {
-        self.removed_stream_policy = Some(policy);
         self
     }
 
@@ -589,95 +605,77 @@ impl WorkerBuilder {
     /// This worker's id in the lease table (default: the host name and a
     /// random suffix). Keep it unique per process.
     pub fn worker_id(mut self, id: impl Into<String>) -> Self {
-        self.worker_id = Some(id.into());
+        self.lease = self.lease.worker_id(id);
         self
     }
 
-    /// Where shards without a checkpoint start (default LATEST).
-    pub fn initial_position(mut self, position: InitialPosition) -> Self {
-        self.initial_position = position;
+    forward!(lease (LeaseConfigBuilder) {
+        /// How long peers wait for a silent worker's leases.
+        lease_duration: Duration,
+        /// How often held leases (or this worker's liveness record) are
+        /// renewed; validated against the lease duration.
+        renew_interval: Duration,
+        /// How held leases are kept alive: one liveness record per worker
+        /// (the default, in the table `<lease table>-workers`, created if
+        /// missing), or every lease, as a table shared with Java KCL
+        /// workers needs.
+        renewal: LeaseRenewal,
+        /// Mean lease-taker interval.
+        taker_interval: Duration,
+        /// Most leases this worker holds.
+        max_leases_per_worker: usize,
+        /// Most leases stolen per tick.
+        max_leases_to_steal: usize,
+        /// How long a graceful handoff may take before it is forced.
+        handoff_timeout: Duration,
+    });
+
+    forward!(engine (WorkerConfigBuilder) {
+        /// Where shards without a checkpoint start.
+        initial_position: InitialPosition,
+        /// What happens when a processor returns an error.
+        failure_policy: FailurePolicy,
+        /// Processes each shard in up to this many parallel lanes, a
+        /// partition key always in the same lane (see
+        /// [`ShardContext::lane`](crate::ShardContext::lane)).
+        parallelism_per_shard: usize,
+        /// Shard listing interval.
+        shard_sync_interval: Duration,
+        /// How often a child shard checks its parents.
+        parent_poll_interval: Duration,
+        /// How long a graceful shutdown waits for processors.
+        shutdown_timeout: Duration,
+        /// How long a finished shard's lease stays before it is deleted.
+        completed_lease_retention: Duration,
+        /// What happens to the leases of a stream the tracker stops
+        /// listing.
+        removed_stream_policy: RemovedStreamPolicy,
+    });
+
+    forward_polling!(
+        /// Records per GetRecords call.
+        max_records: i32,
+        /// Time between two GetRecords calls on a caught-up idle shard:
+        /// what an idle shard costs.
+        idle_time_between_reads: Duration,
+        /// Time between two GetRecords calls on a caught-up trickling
+        /// shard: its latency against its read quota.
+        time_between_reads: Duration,
+    );
+
+    /// Most bytes all of this worker's shards together hold ahead of
+    /// their processors; see
+    /// [`kcl_kinesis::KinesisShardSourceBuilder::prefetch_budget`].
+    pub fn prefetch_budget(mut self, bytes: usize) -> Self {
+        self.prefetch_budget = Some(bytes);
         self
     }
 
-    /// What happens when a processor returns an error (default: retry the
-    /// same batch with backoff).
-    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
-        self.failure_policy = policy;
-        self
-    }
-
-    setter!(
-        /// Processes each shard in up to this many parallel lanes (default
-        /// 1, at most 100): a partition key always goes to the same lane
-        /// and its records stay in shard order; each lane has its own
-        /// processor instance (see
-        /// [`ShardContext::lane`](crate::ShardContext::lane)); the
-        /// checkpoint advances to the point below which every lane is done.
-        parallelism_per_shard: usize
-    );
-
-    setter!(
-        /// Lease duration (default 10 s): how long peers wait for a silent
-        /// worker's leases.
-        lease_duration: Duration
-    );
-    setter!(
-        /// Renewal interval (default half the lease duration for the
-        /// worker's liveness record, a third of it per lease).
-        renew_interval: Duration
-    );
-    setter!(
-        /// How held leases are kept alive (default
-        /// [`LeaseRenewal::WorkerLiveness`]: one liveness record per worker,
-        /// in the table `<lease table>-workers`, which is created if
-        /// missing; idle cost grows with workers, not shards). A lease table
-        /// shared with Java KCL workers needs [`LeaseRenewal::PerLease`].
-        renewal: LeaseRenewal
-    );
-    setter!(
-        /// Mean lease-taker interval (default 10 s, jittered +/-25%).
-        taker_interval: Duration
-    );
-    setter!(
-        /// Most leases this worker holds (default unbounded).
-        max_leases_per_worker: usize
-    );
-    setter!(
-        /// Most leases stolen per tick (default 4; 0 disables stealing).
-        max_leases_to_steal: usize
-    );
-    setter!(
-        /// How long a graceful handoff may take before it is forced
-        /// (default and minimum: the lease duration).
-        handoff_timeout: Duration
-    );
-    setter!(
-        /// Records per GetRecords call (default 10000, the service maximum).
-        max_records: i32
-    );
-    setter!(
-        /// Time between the starts of two GetRecords calls when the first
-        /// returned nothing and the shard is caught up (default 1 s, at
-        /// least 200 ms): what an idle shard costs.
-        idle_time_between_reads: Duration
-    );
-    setter!(
-        /// Time between the starts of two GetRecords calls when the first
-        /// returned some records, short of `max_records`, at the tip of the
-        /// shard (default 500 ms, at least 200 ms): a trickling shard's
-        /// latency against its read quota. See [`PollingConfig`].
-        time_between_reads: Duration
-    );
-    setter!(
-        /// Most bytes all of this worker's shards together hold ahead of
-        /// their processors (default 1 GiB); see
-        /// [`kcl_kinesis::KinesisShardSourceBuilder::prefetch_budget`].
-        prefetch_budget: usize
-    );
     /// How shards are read (default: polling, tuned with
-    /// [`Self::max_records`] and [`Self::idle_time_between_reads`]). With
-    /// [`Retrieval::FanOut`] and no consumer name, the consumer is named
-    /// after the application, so all its workers share it.
+    /// [`Self::max_records`], [`Self::idle_time_between_reads`] and
+    /// [`Self::time_between_reads`]). With [`Retrieval::FanOut`] and no
+    /// consumer name, the consumer is named after the application, so all
+    /// its workers share it.
     pub fn retrieval(mut self, retrieval: Retrieval) -> Self {
         self.retrieval = Some(retrieval);
         self
@@ -689,24 +687,6 @@ impl WorkerBuilder {
     pub fn enhanced_fan_out(self) -> Self {
         self.retrieval(Retrieval::FanOut(FanOutConfig::default()))
     }
-
-    setter!(
-        /// Shard listing interval (default 60 s).
-        shard_sync_interval: Duration
-    );
-    setter!(
-        /// How often a child shard checks its parents (default 10 s).
-        parent_poll_interval: Duration
-    );
-    setter!(
-        /// How long a graceful shutdown waits for processors (default 25 s).
-        shutdown_timeout: Duration
-    );
-    setter!(
-        /// How long a finished shard's lease stays before it is deleted
-        /// (default 5 min).
-        completed_lease_retention: Duration
-    );
 
     /// Serves Prometheus metrics (`/metrics`) and health probes
     /// (`/healthz`, `/readyz`) on `addr` while the worker runs (feature
@@ -751,7 +731,7 @@ impl WorkerBuilder {
             .or_else(|| self.kinesis.as_ref().and_then(|k| k.config().region()))
             .map(|r| r.as_ref().to_owned());
         for stream in &self.streams {
-            let arn = StreamArn::parse(stream).map_err(|e| invalid(e.field, e.reason))?;
+            let arn = StreamArn::parse(stream)?;
             if let (Some(arn), Some(region)) = (arn, &sdk_region)
                 && arn.region() != region
             {
@@ -782,131 +762,51 @@ impl WorkerBuilder {
                 "no processor factory; call .processor(..)".into(),
             ));
         };
-        let worker_id = self.worker_id.unwrap_or_else(default_worker_id);
-        let mut lease = LeaseConfig::builder(worker_id);
-        if let Some(d) = self.lease_duration {
-            lease = lease.lease_duration(d);
+        // Two places for one setting would leave one of them silently
+        // ignored.
+        if let (Some(_), Some(field)) = (&self.retrieval, self.polling_field) {
+            return Err(invalid(
+                field,
+                "cannot be combined with .retrieval(..): set it on the PollingConfig given there (it does not apply to fan-out)".into(),
+            ));
         }
-        if let Some(d) = self.renew_interval {
-            lease = lease.renew_interval(d);
-        }
-        if let Some(mode) = self.renewal {
-            lease = lease.renewal(mode);
-        }
-        if let Some(d) = self.taker_interval {
-            lease = lease.taker_interval(d);
-        }
-        if let Some(n) = self.max_leases_per_worker {
-            lease = lease.max_leases_per_worker(n);
-        }
-        if let Some(n) = self.max_leases_to_steal {
-            lease = lease.max_leases_to_steal(n);
-        }
-        if let Some(d) = self.handoff_timeout {
-            lease = lease.handoff_timeout(d);
-        }
-        let mut polling = PollingConfig::builder();
-        if let Some(n) = self.max_records {
-            polling = polling.max_records(n);
-        }
-        if let Some(d) = self.idle_time_between_reads {
-            polling = polling.idle_time_between_reads(d);
-        }
-        if let Some(d) = self.time_between_reads {
-            polling = polling.time_between_reads(d);
-        }
-        let polling = polling.build().map_err(|e| invalid(e.field, e.reason))?;
         let retrieval = match self.retrieval {
-            None => Retrieval::Polling(polling),
-            Some(retrieval) => {
-                // Two places for one setting would leave one of them
-                // silently ignored.
-                let polling_field = if self.max_records.is_some() {
-                    Some("max_records")
-                } else if self.idle_time_between_reads.is_some() {
-                    Some("idle_time_between_reads")
-                } else if self.time_between_reads.is_some() {
-                    Some("time_between_reads")
-                } else {
-                    None
-                };
-                if let Some(field) = polling_field {
-                    return Err(invalid(
-                        field,
-                        "cannot be combined with .retrieval(..): set it on the PollingConfig given there (it does not apply to fan-out)".into(),
-                    ));
-                }
-                match retrieval {
-                    Retrieval::FanOut(fan_out) if fan_out.consumer_name().is_none() => {
-                        Retrieval::FanOut(fan_out.with_consumer_name(&self.app).map_err(|e| {
-                            invalid(
-                                e.field,
-                                format!("{} (it defaults to the application name; set FanOutConfig's consumer_name)", e.reason),
-                            )
-                        })?)
-                    }
-                    other => other,
-                }
+            None => Retrieval::Polling(self.polling.build()?),
+            Some(Retrieval::FanOut(fan_out)) if fan_out.consumer_name().is_none() => {
+                Retrieval::FanOut(fan_out.with_consumer_name(&self.app).map_err(|e| {
+                    invalid(
+                        e.field,
+                        format!("{} (it defaults to the application name; set FanOutConfig's consumer_name)", e.reason),
+                    )
+                })?)
             }
+            Some(other) => other,
         };
         let mut source = KinesisShardSource::builder(kinesis.clone()).retrieval(retrieval);
         if let Some(bytes) = self.prefetch_budget {
             source = source.prefetch_budget(bytes);
         }
-        let source = source.build().map_err(|e| invalid(e.field, e.reason))?;
-        let lease = lease.build()?;
+        let source = source.build()?;
+        let lease = self.lease.build()?;
+        self.engine.validate()?;
+        // The names are checked here; their lease keys are resolved at
+        // run(), which can ask Kinesis.
+        check_stream_names(self.streams.iter().map(String::as_str))?;
         let dynamodb = match (dynamodb, &sdk) {
             (Some(dynamodb), _) => dynamodb,
             (None, Some(sdk)) => lease_table_client(sdk, lease.store_timeout()),
             (None, None) => unreachable!("a client pair or an SdkConfig was checked above"),
         };
-        let mut config = WorkerConfig::builder(lease)
-            .initial_position(self.initial_position)
-            .failure_policy(self.failure_policy);
-        if let Some(n) = self.parallelism_per_shard {
-            config = config.parallelism_per_shard(n);
-        }
-        if let Some(d) = self.shard_sync_interval {
-            config = config.shard_sync_interval(d);
-        }
-        if let Some(d) = self.parent_poll_interval {
-            config = config.parent_poll_interval(d);
-        }
-        if let Some(d) = self.shutdown_timeout {
-            config = config.shutdown_timeout(d);
-        }
-        if let Some(d) = self.completed_lease_retention {
-            config = config.completed_lease_retention(d);
-        }
-        if let Some(p) = self.removed_stream_policy {
-            config = config.removed_stream_policy(p);
-        }
-        // Streams are validated here (names, duplicates); their lease keys
-        // are resolved at run(), which can ask Kinesis.
         let multi_stream = self.multi_stream || self.streams.len() > 1 || self.tracker.is_some();
-        for name in &self.streams {
-            let layout = if multi_stream {
-                LeaseLayout::MultiStream {
-                    identifier: format!("pending:{name}"),
-                }
-            } else {
-                LeaseLayout::SingleStream
-            };
-            config = config.stream(StreamSpec {
-                name: name.clone(),
-                layout,
-            });
-        }
-        let config = config.build()?.without_streams();
         Ok(Worker {
             app: self.app,
             table,
             streams: self.streams,
-            multi_stream,
-            kinesis,
+            resolver: Arc::new(StreamResolver::new(kinesis, multi_stream)),
             dynamodb,
             capacity: self.capacity,
-            config,
+            engine: self.engine.lease(lease.clone()),
+            lease,
             source,
             factory,
             handle: WorkerHandle::new(),
@@ -973,6 +873,133 @@ mod tests {
         Error::DescribeStream {
             stream: "s".into(),
             source: Box::new(e),
+        }
+    }
+
+    fn offline_builder() -> WorkerBuilder {
+        let sdk = SdkConfig::builder()
+            .region(aws_config::Region::new("us-east-1"))
+            .behavior_version(aws_config::BehaviorVersion::latest())
+            .build();
+        Worker::builder("facade-app")
+            .stream("orders")
+            .sdk_config(&sdk)
+            .processor(|_: &kcl_core::processor::ShardContext| NoOp)
+    }
+
+    struct NoOp;
+
+    #[async_trait::async_trait]
+    impl kcl_core::processor::RecordProcessor for NoOp {
+        async fn process_records(
+            &mut self,
+            _: &kcl_core::processor::RecordBatch,
+            _: &mut kcl_core::checkpointer::Checkpointer,
+        ) -> Result<(), kcl_core::processor::ProcessorError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn every_setting_given_to_the_facade_reaches_the_engine() {
+        let worker = offline_builder()
+            .worker_id("w-1")
+            .lease_duration(Duration::from_secs(20))
+            .renew_interval(Duration::from_secs(4))
+            .renewal(LeaseRenewal::PerLease)
+            .taker_interval(Duration::from_secs(3))
+            .max_leases_per_worker(9)
+            .max_leases_to_steal(2)
+            .handoff_timeout(Duration::from_secs(40))
+            .initial_position(InitialPosition::TrimHorizon)
+            .parallelism_per_shard(7)
+            .shard_sync_interval(Duration::from_secs(11))
+            .parent_poll_interval(Duration::from_secs(12))
+            .shutdown_timeout(Duration::from_secs(13))
+            .completed_lease_retention(Duration::from_secs(14))
+            .removed_stream_policy(RemovedStreamPolicy::DeleteAfter(Duration::from_secs(15)))
+            .max_records(77)
+            .idle_time_between_reads(Duration::from_millis(1500))
+            .time_between_reads(Duration::from_millis(700))
+            .build()
+            .expect("valid settings");
+        let lease = &worker.lease;
+        assert_eq!(lease.worker_id(), "w-1");
+        assert_eq!(lease.lease_duration(), Duration::from_secs(20));
+        assert_eq!(lease.renew_interval(), Duration::from_secs(4));
+        assert_eq!(lease.renewal(), LeaseRenewal::PerLease);
+        assert_eq!(lease.taker_interval(), Duration::from_secs(3));
+        assert_eq!(lease.max_leases_per_worker(), 9);
+        assert_eq!(lease.max_leases_to_steal(), 2);
+        assert_eq!(lease.handoff_timeout(), Duration::from_secs(40));
+        let polling = worker.source.polling_config();
+        assert_eq!(polling.max_records(), 77);
+        assert_eq!(
+            polling.idle_time_between_reads(),
+            Duration::from_millis(1500)
+        );
+        assert_eq!(polling.time_between_reads(), Duration::from_millis(700));
+        let engine = worker
+            .engine
+            .clone()
+            .stream(StreamSpec {
+                name: "orders".into(),
+                layout: LeaseLayout::SingleStream,
+            })
+            .build()
+            .expect("the streams were all that was left");
+        assert_eq!(
+            engine.lease(),
+            lease,
+            "the engine runs the lease settings built here"
+        );
+        let shown = format!("{engine:?}");
+        for expected in [
+            "initial_position: TrimHorizon",
+            "parallelism_per_shard: 7",
+            "shard_sync_interval: 11s",
+            "parent_poll_interval: 12s",
+            "shutdown_timeout: 13s",
+            "completed_lease_retention: 14s",
+            "removed_stream_policy: DeleteAfter(15s)",
+        ] {
+            assert!(shown.contains(expected), "{expected} in {shown}");
+        }
+    }
+
+    #[test]
+    fn build_names_the_field_of_an_engine_setting_it_rejects() {
+        let cases: Vec<(WorkerBuilder, &str)> = vec![
+            (offline_builder().worker_id(" "), "worker_id"),
+            (
+                offline_builder().renew_interval(Duration::from_secs(60)),
+                "renew_interval",
+            ),
+            (
+                offline_builder().parallelism_per_shard(0),
+                "parallelism_per_shard",
+            ),
+            (
+                offline_builder().shard_sync_interval(Duration::ZERO),
+                "shard_sync_interval",
+            ),
+            (offline_builder().max_records(0), "max_records"),
+            (offline_builder().prefetch_budget(10), "prefetch_budget"),
+            (offline_builder().stream("orders"), "streams"),
+            (offline_builder().stream(" "), "streams"),
+            (
+                offline_builder()
+                    .enhanced_fan_out()
+                    .time_between_reads(Duration::from_secs(1)),
+                "time_between_reads",
+            ),
+        ];
+        for (builder, field) in cases {
+            match builder.build() {
+                Err(Error::Config(e)) => assert_eq!(e.field, field, "{e}"),
+                Err(other) => panic!("{field}: not a config error: {other}"),
+                Ok(_) => panic!("{field}: accepted"),
+            }
         }
     }
 

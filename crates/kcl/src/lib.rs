@@ -75,8 +75,45 @@ pub use kcl_kinesis::{
 pub use kcl_kinesis::{KinesisDestination, PollingConfig};
 pub use signal::shutdown_signal;
 
-/// The building blocks, for applications that wire their own store or
-/// source.
+/// What an application that wires its own lease store or shard source
+/// needs from the engine, and nothing else: the two traits, the types
+/// their methods take and return, and the engine's `Worker` with its
+/// settings. The engine's parts (taker, renewer, consumers, shard sync)
+/// stay inside it; their behaviour is what [`Worker`] documents.
 pub mod core {
-    pub use kcl_core::*;
+    /// The lease table's interface, for a store other than DynamoDB.
+    pub mod store {
+        /// The tests every [`LeaseStore`] must pass (feature `test-util`).
+        #[cfg(feature = "test-util")]
+        pub use kcl_core::store::conformance;
+        /// An in-memory store with fault injection (feature `test-util`).
+        #[cfg(feature = "test-util")]
+        pub use kcl_core::store::memory;
+        pub use kcl_core::store::metered::{MeteredStore, StatsSnapshot, StoreStats};
+        pub use kcl_core::store::{
+            Beat, BeatUpdate, CheckpointUpdate, ErrorKind, Holder, Intent, JavaWorker, LeaseStore,
+            Page, StoreError, StoreOp,
+        };
+    }
+
+    /// The record source's interface, for a source other than Kinesis.
+    pub mod source {
+        pub use kcl_core::leases::LeaseHandle;
+        /// An in-memory source with splits, merges and read faults
+        /// (feature `test-util`).
+        #[cfg(feature = "test-util")]
+        pub use kcl_core::source::memory;
+        pub use kcl_core::source::{
+            Batch, ChildShard, InitialPosition, OpenShard, ShardInfo, ShardReader, ShardSource,
+            SourceError, StartPosition,
+        };
+    }
+
+    pub use kcl_core::config::{LeaseConfig, LeaseConfigBuilder, LeaseRenewal};
+    pub use kcl_core::lease::{Checkpoint, HashKeyRange, InvalidCheckpoint, Lease, LeaseLayout};
+    pub use kcl_core::store::{Holder, LeaseStore};
+    pub use kcl_core::worker::{
+        StreamSpec, StreamTracker, Worker, WorkerConfig, WorkerConfigBuilder, WorkerError,
+        check_stream_names,
+    };
 }
