@@ -1037,3 +1037,135 @@ async fn a_renew_interval_too_long_for_the_lease_is_refused_naming_it() {
         "{err}"
     );
 }
+
+/// One listing judges each lease by its holder's liveness record (alive,
+/// stale, or no record to judge by), and `watch` takes the lease duration
+/// the records give instead of being told it.
+#[tokio::test]
+async fn one_listing_shows_each_holders_liveness_and_watch_learns_the_lease_duration() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    use kcl::core::store::BeatUpdate;
+
+    let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
+    let table = unique_name("kcl-cli-live");
+    create_lease_table(env.dynamodb(), &table).await.unwrap();
+    let workers = kcl_dynamodb::table::workers_table_for(&table);
+    kcl_dynamodb::ensure_workers_table(env.dynamodb(), &workers, kcl_dynamodb::Capacity::OnDemand)
+        .await
+        .unwrap();
+    let store = DynamoDbLeaseStore::new(env.dynamodb().clone(), &table);
+    let held = |shard: &str, worker: &str, tenure: &str| {
+        let mut l = lease(shard, Some(worker), 3, Checkpoint::TrimHorizon);
+        l.tenure = Some(tenure.to_owned());
+        l
+    };
+    for l in [
+        held("shardId-000000000000", "w-live", "inst-live.1"),
+        held("shardId-000000000001", "w-gone", "inst-gone.1"),
+        held("shardId-000000000002", "w-per-lease", "inst-unknown.1"),
+    ] {
+        store.create_if_absent(&l).await.unwrap();
+    }
+    store
+        .beat(&BeatUpdate {
+            instance: "inst-live",
+            worker: "w-live",
+            held: 1,
+            changes: 0,
+            answered: &[],
+            stopping: false,
+            lease_duration: Duration::from_secs(7),
+        })
+        .await
+        .unwrap();
+    // A record last written a minute ago, as a crashed worker leaves it.
+    let a_minute_ago = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        - 60_000;
+    let n = |v: u128| AttributeValue::N(v.to_string());
+    env.dynamodb()
+        .put_item()
+        .table_name(&workers)
+        .item("instance", AttributeValue::S("inst-gone".into()))
+        .item("workerId", AttributeValue::S("w-gone".into()))
+        .item("beat", n(40))
+        .item("leaseDurationMillis", n(7000))
+        .item("writtenAtMillis", n(a_minute_ago))
+        .send()
+        .await
+        .unwrap();
+
+    let json: Value =
+        serde_json::from_str(&ok(
+            &kcl(&["leases", "--table", &table, "--json"], &[]).await
+        ))
+        .unwrap();
+    let by_shard: HashMap<&str, &Value> = json["leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| (l["shard"].as_str().unwrap(), l))
+        .collect();
+    let live = &by_shard["shardId-000000000000"];
+    assert_eq!(live["state"], "active");
+    assert_eq!(live["liveness"]["instance"], "inst-live");
+    assert_eq!(live["liveness"]["alive"], true);
+    assert_eq!(live["liveness"]["lease_duration_ms"], 7000);
+    let gone = &by_shard["shardId-000000000001"];
+    assert_eq!(gone["state"], "expired", "{gone}");
+    assert_eq!(gone["liveness"]["alive"], false);
+    assert!(gone["liveness"]["last_beat_ms_ago"].as_u64().unwrap() >= 60_000);
+    let unjudged = &by_shard["shardId-000000000002"];
+    assert_eq!(unjudged["state"], "active");
+    assert!(
+        unjudged.get("liveness").is_none(),
+        "no record for its instance, nothing to judge by: {unjudged}"
+    );
+    assert_eq!(json["totals"]["expired"], 1);
+
+    let listing = ok(&kcl(&["leases", "--table", &table], &[]).await);
+    assert!(listing.contains("LAST BEAT"), "{listing}");
+
+    let screen = ok(&kcl(
+        &[
+            "leases",
+            "watch",
+            "--table",
+            &table,
+            "--count",
+            "1",
+            "--interval",
+            "100ms",
+        ],
+        &[],
+    )
+    .await);
+    assert!(
+        screen.contains(
+            "counter unchanged for 7s, the lease duration from the workers' liveness records"
+        ),
+        "{screen}"
+    );
+    let told = ok(&kcl(
+        &[
+            "leases",
+            "watch",
+            "--table",
+            &table,
+            "--count",
+            "1",
+            "--interval",
+            "100ms",
+            "--lease-duration",
+            "30s",
+        ],
+        &[],
+    )
+    .await);
+    assert!(
+        told.contains("counter unchanged for 30s, the lease duration from --lease-duration"),
+        "{told}"
+    );
+}

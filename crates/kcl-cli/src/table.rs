@@ -16,11 +16,12 @@ use aws_sdk_dynamodb::types::{
 use clap::Args;
 use futures::TryStreamExt as _;
 use kcl::Checkpoint;
+use kcl::core::store::Beat;
 use kcl::core::{Holder, Lease, LeaseStore as _};
 use kcl_dynamodb::DynamoDbLeaseStore;
 use kcl_dynamodb::item::{ReadItem, attr, from_item};
 
-use crate::view::{Listing, Row, State, stream_name};
+use crate::view::{Listing, Liveness, Row, State, stream_name};
 use crate::{TableArgs, args, aws};
 
 /// A lease table that exists and has a lease table's key.
@@ -97,6 +98,17 @@ impl Table {
         Ok(pages.into_iter().flatten().collect())
     }
 
+    /// The liveness records of the table's workers, by instance (none in
+    /// the per-lease renewal mode, which writes no records).
+    pub(crate) async fn beats(&self) -> anyhow::Result<HashMap<String, Beat>> {
+        let beats = self
+            .store
+            .beats()
+            .await
+            .with_context(|| format!("reading the liveness records of table {}", self.name))?;
+        Ok(beats.into_iter().map(|b| (b.instance.clone(), b)).collect())
+    }
+
     /// The lease of `shard` (a shard id or a lease key), in `stream` when
     /// the table holds several streams.
     async fn find(&self, shard: &str, stream: Option<&str>) -> anyhow::Result<Lease> {
@@ -150,16 +162,25 @@ pub(crate) async fn list(args: &TableArgs, json: bool, wide: bool) -> anyhow::Re
     let table = Table::open(args).await?;
     let asked = std::time::SystemTime::now();
     let leases = table.leases().await?;
+    let beats_read = std::time::SystemTime::now();
+    let beats = table.beats().await?;
     let rows = leases
         .iter()
-        .map(|l| Row::new(l, State::of(l, false), None))
+        .map(|l| {
+            Row::new(l, State::of(l, false), None)
+                .with_liveness(Liveness::of(l, &beats, beats_read))
+        })
         .collect();
     let listing = Listing::new(table.name(), asked, rows);
     if json {
         println!("{}", serde_json::to_string_pretty(&listing)?);
     } else {
         print!("{}", listing.render(wide));
-        if listing.totals.active > 0 {
+        let unjudged = listing
+            .leases
+            .iter()
+            .any(|r| r.state == State::Active && r.liveness.is_none());
+        if unjudged {
             println!(
                 "\n\"active\" means owned: whether an owner is still alive shows over time \
                  (`kcl leases watch` marks leases whose counter stops moving as expired)."

@@ -1,11 +1,12 @@
 //! The lease table as people and scripts read it: one row per lease with a
 //! state, a summary per worker, a terminal table and a JSON document.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use kcl::core::Lease;
+use kcl::core::store::Beat;
 use serde::{Deserialize, Serialize};
 
 /// Where a lease stands.
@@ -83,6 +84,50 @@ pub(crate) struct Row {
     /// How long ago this observer saw the counter move (watch only).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub(crate) counter_unchanged_secs: Option<u64>,
+    /// The holder's liveness, from its liveness record: only where the
+    /// table holds one for the instance named by the lease's tenure (the
+    /// worker-liveness renewal mode).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub(crate) liveness: Option<Liveness>,
+}
+
+/// What the liveness record of a lease's holder says, from one read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Liveness {
+    /// The instance whose tenure holds the lease.
+    pub(crate) instance: String,
+    /// How long before the read its record was last written: this host's
+    /// clock against the writer's, so clock skew is in it.
+    pub(crate) last_beat_ms_ago: u64,
+    /// The instance's lease duration, as it recorded it.
+    pub(crate) lease_duration_ms: u64,
+    /// The last beat is within the lease duration.
+    pub(crate) alive: bool,
+    /// The instance is shutting down and will release its leases.
+    pub(crate) stopping: bool,
+}
+
+impl Liveness {
+    /// The liveness of `lease`'s holder, if `beats` (by instance) has a
+    /// record for it that says when it was written and for how long it
+    /// holds.
+    pub(crate) fn of(
+        lease: &Lease,
+        beats: &HashMap<String, Beat>,
+        read_at: SystemTime,
+    ) -> Option<Liveness> {
+        let instance = lease.tenure_instance()?;
+        let beat = beats.get(instance)?;
+        let (written, duration) = (beat.written_at?, beat.lease_duration?);
+        let ago = read_at.duration_since(written).unwrap_or_default();
+        Some(Liveness {
+            instance: instance.to_owned(),
+            last_beat_ms_ago: ago.as_millis() as u64,
+            lease_duration_ms: duration.as_millis() as u64,
+            alive: ago < duration,
+            stopping: beat.stopping,
+        })
+    }
 }
 
 impl Row {
@@ -103,7 +148,21 @@ impl Row {
             owner_switches_since_checkpoint: lease.owner_switches_since_checkpoint,
             state,
             counter_unchanged_secs: unchanged.map(|d| d.as_secs()),
+            liveness: None,
         }
+    }
+
+    /// The row with its holder's liveness; a holder whose record is older
+    /// than its lease duration makes the lease expired, as its peers would
+    /// judge it.
+    pub(crate) fn with_liveness(mut self, liveness: Option<Liveness>) -> Row {
+        if liveness.as_ref().is_some_and(|l| !l.alive)
+            && matches!(self.state, State::Active | State::Handoff)
+        {
+            self.state = State::Expired;
+        }
+        self.liveness = liveness;
+        self
     }
 
     fn checkpoint_text(&self, wide: bool) -> String {
@@ -239,6 +298,10 @@ impl Listing {
         if watch {
             header.push("COUNTER MOVED");
         }
+        let beats = self.leases.iter().any(|r| r.liveness.is_some());
+        if beats {
+            header.push("LAST BEAT");
+        }
         let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| (*h).to_owned()).collect()];
         for r in &self.leases {
             let mut state = r.state.as_str().to_owned();
@@ -261,6 +324,16 @@ impl Listing {
             if watch {
                 row.push(match r.counter_unchanged_secs {
                     Some(s) => format!("{s}s ago"),
+                    None => "-".into(),
+                });
+            }
+            if beats {
+                row.push(match &r.liveness {
+                    Some(l) => format!(
+                        "{:.1}s ago{}",
+                        l.last_beat_ms_ago as f64 / 1000.0,
+                        if l.stopping { ", stopping" } else { "" }
+                    ),
                     None => "-".into(),
                 });
             }
@@ -378,6 +451,71 @@ mod tests {
             handoff,
             child,
         ]
+    }
+
+    #[test]
+    fn one_read_of_the_liveness_records_judges_the_leases_they_cover() {
+        let read_at = std::time::UNIX_EPOCH + Duration::from_secs(1_764_600_000);
+        let beat = |instance: &str, ago: u64, stopping: bool| Beat {
+            instance: instance.into(),
+            worker: "w".into(),
+            lease_duration: Some(Duration::from_secs(10)),
+            written_at: Some(read_at - Duration::from_secs(ago)),
+            stopping,
+            ..Beat::default()
+        };
+        let beats: HashMap<String, Beat> = [
+            beat("fresh", 2, false),
+            beat("stale", 12, false),
+            beat("leaving", 1, true),
+            Beat {
+                lease_duration: None,
+                ..beat("old-writer", 1, false)
+            },
+        ]
+        .into_iter()
+        .map(|b| (b.instance.clone(), b))
+        .collect();
+        let held_by = |tenure: Option<&str>| {
+            let mut l = lease("shardId-0", Some("w"), Checkpoint::TrimHorizon);
+            l.tenure = tenure.map(str::to_owned);
+            l
+        };
+        let judged = |tenure: Option<&str>| {
+            let l = held_by(tenure);
+            Row::new(&l, State::of(&l, false), None)
+                .with_liveness(Liveness::of(&l, &beats, read_at))
+        };
+        let fresh = judged(Some("fresh.4"));
+        assert_eq!(fresh.state, State::Active);
+        assert_eq!(
+            fresh.liveness,
+            Some(Liveness {
+                instance: "fresh".into(),
+                last_beat_ms_ago: 2000,
+                lease_duration_ms: 10_000,
+                alive: true,
+                stopping: false,
+            })
+        );
+        let stale = judged(Some("stale.1"));
+        assert_eq!(
+            stale.state,
+            State::Expired,
+            "a record older than its lease duration"
+        );
+        assert!(!stale.liveness.unwrap().alive);
+        assert!(judged(Some("leaving.2")).liveness.unwrap().stopping);
+        // Nothing to judge by: no tenure, no record for the instance, or a
+        // record that does not say its lease duration.
+        for tenure in [None, Some("unknown.1"), Some("old-writer.1")] {
+            let row = judged(tenure);
+            assert_eq!(
+                (row.state, row.liveness),
+                (State::Active, None),
+                "{tenure:?}"
+            );
+        }
     }
 
     #[test]

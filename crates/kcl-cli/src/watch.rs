@@ -9,14 +9,26 @@ use std::time::{Duration, SystemTime};
 use aws_smithy_types::date_time::{DateTime, Format};
 use clap::Args;
 use kcl::core::Lease;
+use kcl::core::store::Beat;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::table::Table;
-use crate::view::{Listing, Row, State, stream_name};
+use crate::view::{Listing, Liveness, Row, State, stream_name};
 use crate::{TableArgs, args, aws};
 
 /// Owner changes kept on screen.
 const MOVES_SHOWN: usize = 12;
+
+/// The lease duration of a fleet whose records do not give one: kcl's
+/// and the Java KCL's default.
+const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(10);
+
+/// The longest lease duration the workers recorded: during a rolling
+/// change of the setting, a lease is not expired before every worker
+/// would judge it so.
+fn recorded_lease_duration(beats: &HashMap<String, Beat>) -> Option<Duration> {
+    beats.values().filter_map(|b| b.lease_duration).max()
+}
 
 /// Arguments of `kcl leases watch`.
 #[derive(Debug, Args)]
@@ -27,9 +39,11 @@ pub(crate) struct WatchArgs {
     #[arg(long, default_value = "2s", value_parser = args::duration)]
     interval: Duration,
     /// The workers' lease duration: an owned lease whose counter has not
-    /// moved for this long (as seen from here) is shown as expired.
-    #[arg(long, default_value = "10s", value_parser = args::duration)]
-    lease_duration: Duration,
+    /// moved for this long (as seen from here) is shown as expired
+    /// (default: the longest one the workers' liveness records give, else
+    /// 10s).
+    #[arg(long, value_parser = args::duration)]
+    lease_duration: Option<Duration>,
     /// Print checkpoints in full instead of abbreviated.
     #[arg(long)]
     wide: bool,
@@ -68,12 +82,15 @@ impl Watcher {
         }
     }
 
-    /// Takes in one scan made at `now` (`clock` labels the moves).
+    /// Takes in one scan made at `now` (`clock` labels the moves), and the
+    /// holders' liveness records, read at `wall`.
     pub(crate) fn observe(
         &mut self,
         table: &str,
         leases: &[Lease],
+        beats: &HashMap<String, Beat>,
         now: Instant,
+        wall: SystemTime,
         clock: &str,
     ) -> Listing {
         let first = self.refreshes == 0;
@@ -126,7 +143,10 @@ impl Watcher {
             };
             let unchanged = now.saturating_duration_since(seen.changed_at);
             let expired = unchanged >= self.lease_duration;
-            rows.push(Row::new(lease, State::of(lease, expired), Some(unchanged)));
+            rows.push(
+                Row::new(lease, State::of(lease, expired), Some(unchanged))
+                    .with_liveness(Liveness::of(lease, beats, wall)),
+            );
             present.insert(lease.key.clone(), seen);
         }
         let mut gone: Vec<String> = self.seen.keys().cloned().collect();
@@ -170,7 +190,8 @@ fn clock(at: SystemTime) -> String {
 /// `kcl leases watch`.
 pub(crate) async fn run(a: WatchArgs) -> anyhow::Result<()> {
     let table = Table::open(&a.table).await?;
-    let mut watcher = Watcher::new(a.lease_duration);
+    let mut watcher = Watcher::new(a.lease_duration.unwrap_or(DEFAULT_LEASE_DURATION));
+    let mut beats = HashMap::new();
     let mut ticker = tokio::time::interval(a.interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut last: Option<Listing> = None;
@@ -183,10 +204,30 @@ pub(crate) async fn run(a: WatchArgs) -> anyhow::Result<()> {
             _ = &mut ctrl_c => break,
         }
         let now_wall = SystemTime::now();
+        // The records are read first, so a lease duration they give
+        // judges this scan already; a failed read keeps the last ones.
+        if let Ok(read) = table.beats().await {
+            beats = read;
+        }
+        let (lease_duration, said_by) = match (a.lease_duration, recorded_lease_duration(&beats)) {
+            (Some(d), _) => (d, "--lease-duration"),
+            (None, Some(d)) => (d, "the workers' liveness records"),
+            (None, None) => (
+                DEFAULT_LEASE_DURATION,
+                "the default; no liveness record gives one",
+            ),
+        };
+        watcher.lease_duration = lease_duration;
         let status = match table.leases().await {
             Ok(leases) => {
-                last =
-                    Some(watcher.observe(table.name(), &leases, Instant::now(), &clock(now_wall)));
+                last = Some(watcher.observe(
+                    table.name(),
+                    &leases,
+                    &beats,
+                    Instant::now(),
+                    now_wall,
+                    &clock(now_wall),
+                ));
                 String::new()
             }
             Err(e) => format!(
@@ -196,11 +237,11 @@ pub(crate) async fn run(a: WatchArgs) -> anyhow::Result<()> {
         };
         let mut screen = format!(
             "kcl leases watch: table {} at {} UTC, every {:?}; expired = counter unchanged for \
-             {:?} (Ctrl-C quits)\n{status}\n",
+             {:?}, the lease duration from {said_by} (Ctrl-C quits)\n{status}\n",
             table.name(),
             clock(now_wall),
             a.interval,
-            a.lease_duration
+            lease_duration
         );
         if let Some(listing) = &last {
             screen.push_str(&listing.render(a.wide));
@@ -251,6 +292,11 @@ mod tests {
         l
     }
 
+    /// One scan of table "t" with no liveness records.
+    fn seen(w: &mut Watcher, leases: &[Lease], at: Instant, clock: &str) -> Listing {
+        w.observe("t", leases, &HashMap::new(), at, SystemTime::now(), clock)
+    }
+
     fn states(l: &Listing) -> Vec<State> {
         l.leases.iter().map(|r| r.state).collect()
     }
@@ -261,23 +307,23 @@ mod tests {
         let s = Duration::from_secs;
         let mut w = Watcher::new(s(10));
         // First sight: the counter's age is unknown, so it starts now.
-        let l = w.observe(
-            "t",
+        let l = seen(
+            &mut w,
             &[lease("a", Some("w1"), 5), lease("b", Some("w2"), 9)],
             t0,
             "00:00:00",
         );
         assert_eq!(states(&l), [State::Active, State::Active]);
         // a renews, b does not.
-        let l = w.observe(
-            "t",
+        let l = seen(
+            &mut w,
             &[lease("a", Some("w1"), 6), lease("b", Some("w2"), 9)],
             t0 + s(6),
             "00:00:06",
         );
         assert_eq!(states(&l), [State::Active, State::Active]);
-        let l = w.observe(
-            "t",
+        let l = seen(
+            &mut w,
             &[lease("a", Some("w1"), 7), lease("b", Some("w2"), 9)],
             t0 + s(10),
             "00:00:10",
@@ -286,8 +332,8 @@ mod tests {
         assert_eq!(l.leases[1].counter_unchanged_secs, Some(10));
         assert_eq!(l.workers[1].expired, 1);
         // w1 takes b over: a move, and b is active again.
-        let l = w.observe(
-            "t",
+        let l = seen(
+            &mut w,
             &[lease("a", Some("w1"), 8), lease("b", Some("w1"), 10)],
             t0 + s(12),
             "00:00:12",
@@ -301,21 +347,21 @@ mod tests {
     fn moves_name_what_happened() {
         let t0 = Instant::now();
         let mut w = Watcher::new(Duration::from_secs(10));
-        w.observe(
-            "t",
+        seen(
+            &mut w,
             &[lease("a", Some("w1"), 1), lease("b", None, 1)],
             t0,
             "x",
         );
         let mut handoff = lease("a", Some("w2"), 2);
         handoff.checkpoint_owner = Some("w1".into());
-        w.observe(
-            "t",
+        seen(
+            &mut w,
             &[handoff, lease("b", Some("w2"), 2), lease("c", None, 0)],
             t0,
             "y",
         );
-        w.observe("t", &[lease("a", None, 4)], t0, "z");
+        seen(&mut w, &[lease("a", None, 4)], t0, "z");
         let moves: Vec<&str> = w.moves().map(String::as_str).collect();
         assert_eq!(
             moves,

@@ -162,6 +162,14 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// The worker process (instance id) whose tenure holds the lease: the
+    /// key of its liveness record. `None` for a lease without a tenure.
+    pub fn tenure_instance(&self) -> Option<&str> {
+        self.tenure
+            .as_deref()
+            .map(crate::leases::tenure::instance_of)
+    }
+
     /// A new, unowned lease for `shard_id` starting at `checkpoint`, keyed by
     /// the shard id (single-stream layout).
     pub fn new(shard_id: impl Into<String>, checkpoint: Checkpoint) -> Self {

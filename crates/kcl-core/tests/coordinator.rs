@@ -568,6 +568,7 @@ async fn beat_as(table: &InMemoryLeaseStore, instance: &str, worker: &str) {
             changes: 0,
             answered: &[],
             stopping: false,
+            lease_duration: std::time::Duration::from_secs(10),
         })
         .await
         .unwrap();

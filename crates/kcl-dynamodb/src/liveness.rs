@@ -12,11 +12,14 @@
 //! | `wake` | N | bumped by peers asking it to read the lease table |
 //! | `asked` | SS | lease keys peers asked it to hand over |
 //! | `stopping` | BOOL | a graceful shutdown is under way |
+//! | `leaseDurationMillis` | N | its lease duration, for tools judging its leases |
+//! | `writtenAtMillis` | N | when it last beat, on its wall clock (for tools only) |
 //!
 //! The Java KCL never reads or writes this table; a lease table shared with
 //! it must use per-lease renewal, which writes nothing here.
 
 use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_dynamodb::types::{
     AttributeValue, ReturnConsumedCapacity, ReturnValue, ReturnValuesOnConditionCheckFailure,
@@ -44,6 +47,10 @@ pub mod attr {
     pub const ASKED: &str = "asked";
     /// Shutting down.
     pub const STOPPING: &str = "stopping";
+    /// The instance's lease duration, in milliseconds.
+    pub const LEASE_DURATION: &str = "leaseDurationMillis";
+    /// When the record was last written (epoch milliseconds, the writer's clock).
+    pub const WRITTEN_AT: &str = "writtenAtMillis";
 }
 
 fn key(instance: &str) -> HashMap<String, AttributeValue> {
@@ -83,6 +90,12 @@ pub(crate) fn from_item(item: &HashMap<String, AttributeValue>) -> Option<Beat> 
             .and_then(|v| v.as_bool().ok())
             .copied()
             .unwrap_or(false),
+        lease_duration: item
+            .contains_key(attr::LEASE_DURATION)
+            .then(|| Duration::from_millis(number(item, attr::LEASE_DURATION))),
+        written_at: item
+            .contains_key(attr::WRITTEN_AT)
+            .then(|| UNIX_EPOCH + Duration::from_millis(number(item, attr::WRITTEN_AT))),
     })
 }
 
@@ -103,7 +116,7 @@ impl DynamoDbLeaseStore {
         // remembers an earlier record of this instance (deleted while the
         // instance was paused) must see the counter move.
         let mut expression =
-            "SET #w = :w, #h = :h, #c = :c, #s = :s, #b = if_not_exists(#b, :start) + :one"
+            "SET #w = :w, #h = :h, #c = :c, #s = :s, #d = :d, #t = :t, #b = if_not_exists(#b, :start) + :one"
                 .to_owned();
         let mut names = HashMap::from([
             ("#i".to_owned(), attr::INSTANCE.to_owned()),
@@ -111,8 +124,14 @@ impl DynamoDbLeaseStore {
             ("#h".to_owned(), attr::HELD.to_owned()),
             ("#c".to_owned(), attr::CHANGES.to_owned()),
             ("#s".to_owned(), attr::STOPPING.to_owned()),
+            ("#d".to_owned(), attr::LEASE_DURATION.to_owned()),
+            ("#t".to_owned(), attr::WRITTEN_AT.to_owned()),
             ("#b".to_owned(), attr::BEAT.to_owned()),
         ]);
+        let now_millis = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis();
         let mut values = HashMap::from([
             (":w".to_owned(), AttributeValue::S(update.worker.to_owned())),
             (":h".to_owned(), AttributeValue::N(update.held.to_string())),
@@ -121,6 +140,11 @@ impl DynamoDbLeaseStore {
                 AttributeValue::N(update.changes.to_string()),
             ),
             (":s".to_owned(), AttributeValue::Bool(update.stopping)),
+            (
+                ":d".to_owned(),
+                AttributeValue::N(update.lease_duration.as_millis().to_string()),
+            ),
+            (":t".to_owned(), AttributeValue::N(now_millis.to_string())),
             (":one".to_owned(), AttributeValue::N("1".into())),
             (
                 ":start".to_owned(),

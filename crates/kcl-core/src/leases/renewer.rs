@@ -85,6 +85,7 @@ async fn beat_once(shared: &Shared, next_round: Instant) {
         changes,
         answered: &answered,
         stopping,
+        lease_duration: shared.config.lease_duration,
     };
     // Validity counts from the first attempt: a later attempt may succeed
     // only because peers already saw an earlier one land.

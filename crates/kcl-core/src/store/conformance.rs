@@ -883,11 +883,12 @@ fn beat_of<'a>(instance: &'a str, worker: &'a str, held: u64) -> BeatUpdate<'a> 
         changes: 0,
         answered: &[],
         stopping: false,
+        lease_duration: std::time::Duration::from_millis(12_500),
     }
 }
 
 /// A beat creates the record and every later beat bumps its counter; the
-/// fields it writes read back; another worker id cannot beat for the
+/// fields it writes read back, its lease duration and write time included; another worker id cannot beat for the
 /// instance; a liveness record is never a lease.
 pub async fn beats_bump_the_counter_and_are_conditional_on_the_worker<S: LeaseStore + ?Sized>(
     store: &S,
@@ -908,6 +909,21 @@ pub async fn beats_bump_the_counter_and_are_conditional_on_the_worker<S: LeaseSt
     let second = store.beat(&update).await.expect("second beat");
     assert!(second.counter > first.counter, "{second:?} after {first:?}");
     assert_eq!((second.held, second.changes, second.stopping), (4, 7, true));
+    // What tools read to judge the instance's leases from one sample.
+    assert_eq!(
+        second.lease_duration,
+        Some(std::time::Duration::from_millis(12_500))
+    );
+    let written = second
+        .written_at
+        .expect("a beat records when it was written");
+    let off = written
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or_else(|e| e.duration());
+    assert!(
+        off < std::time::Duration::from_secs(3600),
+        "written_at is the writer's wall clock: {written:?}"
+    );
     assert_condition_failed(
         store.beat(&beat_of("i-1", "b", 0)).await,
         "another worker's beat",

@@ -106,6 +106,10 @@ pub fn beat_bytes(b: &Beat) -> usize {
         + number_bytes(b.wake)
         + "stopping".len()
         + 1
+        + "leaseDurationMillis".len()
+        + number_bytes(b.lease_duration.map_or(0, |d| d.as_millis() as u64))
+        + "writtenAtMillis".len()
+        + number_bytes(u64::MAX / 1000)
         + b.asked.iter().map(String::len).sum::<usize>()
 }
 

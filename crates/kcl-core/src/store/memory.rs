@@ -607,6 +607,8 @@ impl LeaseStore for InMemoryLeaseStore {
             beat.held = update.held;
             beat.changes = update.changes;
             beat.stopping = update.stopping;
+            beat.lease_duration = Some(update.lease_duration);
+            beat.written_at = Some(std::time::SystemTime::now());
             for key in update.answered {
                 beat.asked.remove(key);
             }

@@ -116,6 +116,15 @@ pub struct Beat {
     /// True once the instance stopped taking leases (a graceful shutdown
     /// is under way): its leases will be released soon.
     pub stopping: bool,
+    /// The instance's lease duration, so tools can judge its leases
+    /// without being told the application's settings (`None` in records
+    /// written before it was recorded).
+    pub lease_duration: Option<std::time::Duration>,
+    /// When the record was last written, on the writer's wall clock: for
+    /// operators' tools, which have one sample to judge from; never for
+    /// the engine, which judges by the counter moving on its own clock
+    /// (invariant 3).
+    pub written_at: Option<std::time::SystemTime>,
 }
 
 /// What one beat writes.
@@ -134,6 +143,8 @@ pub struct BeatUpdate<'a> {
     pub answered: &'a [String],
     /// See [`Beat::stopping`].
     pub stopping: bool,
+    /// See [`Beat::lease_duration`].
+    pub lease_duration: std::time::Duration,
 }
 
 /// Who writes: a worker id and the tenure it holds the lease under.
