@@ -11,7 +11,7 @@ use tracing::{error, warn};
 use crate::calls::retry::Failure;
 use crate::calls::{IteratorStart, Shared};
 use crate::discovery::{children_in, list_all, shard_info};
-use crate::records::compare_sequence;
+use kcl_core::checkpointer::SequenceNumber;
 
 /// Why Kinesis said a shard does not exist.
 #[derive(Debug)]
@@ -71,7 +71,7 @@ pub(crate) async fn why_missing(
 /// Orders shard ids (`shardId-` and a zero-padded number) by creation.
 fn compare_shard_ids(a: &str, b: &str) -> std::cmp::Ordering {
     let number = |id: &str| id.rsplit('-').next().map(str::to_owned).unwrap_or_default();
-    compare_sequence(&number(a), &number(b))
+    SequenceNumber::order(&number(a), &number(b))
 }
 
 /// Where to read instead when Kinesis rejected `start` as an invalid
@@ -97,7 +97,7 @@ pub(crate) async fn past_trim_horizon(
         _ => return Ok(None),
     };
     match oldest_record(shared, stream, shard, lease).await? {
-        Some(oldest) if compare_sequence(&oldest, seq).is_le() => {
+        Some(oldest) if SequenceNumber::order(&oldest, seq).is_le() => {
             warn!(stream, shard, sequence_number = %seq, oldest_retained = %oldest,
                 "Kinesis rejected the starting sequence number, which is not behind the trim \
                  horizon: it is not of this shard");

@@ -155,11 +155,3 @@ fn raw_record(r: aws_sdk_kinesis::types::Record) -> RawRecord {
             .and_then(|t| SystemTime::try_from(t).ok()),
     }
 }
-
-/// Orders Kinesis sequence numbers: decimal strings of up to 128 bits,
-/// compared by value (a longer number is larger; leading zeros ignored).
-pub(crate) fn compare_sequence(a: &str, b: &str) -> std::cmp::Ordering {
-    let a = a.trim_start_matches('0');
-    let b = b.trim_start_matches('0');
-    a.len().cmp(&b.len()).then_with(|| a.cmp(b))
-}

@@ -3,7 +3,6 @@
 //! tenure, or of another process under the same id, land), every position
 //! validated.
 
-use std::cmp::Ordering;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,9 +17,10 @@ use crate::leases::LeaseHandle;
 use crate::record::Record;
 use crate::store::{CheckpointUpdate, Holder, LeaseStore, StoreError};
 
+pub mod sequence;
 mod window;
 
-use window::Position;
+pub use sequence::{Position, SequenceNumber};
 
 /// A checkpoint write that failed retryably is tried 5 more times, from
 /// 50 ms up to 1 s apart.
@@ -114,7 +114,7 @@ pub struct Checkpointer {
     store: Arc<dyn LeaseStore>,
     lease: LeaseHandle,
     last_checkpoint: Checkpoint,
-    last_delivered: Option<(String, u64)>,
+    last_delivered: Option<Position>,
     shard_ended: bool,
     /// The children recorded with SHARD_END.
     children: Vec<String>,
@@ -206,10 +206,7 @@ impl Checkpointer {
     /// processor has not checkpointed still do. Nothing is written.
     pub(crate) fn set_aside(&mut self, records: &[Record]) {
         if let Some(link) = &self.lane {
-            let positions: Vec<Position> = records
-                .iter()
-                .map(|r| (r.sequence_number.clone(), r.sub_sequence_number))
-                .collect();
+            let positions: Vec<Position> = records.iter().map(Position::of).collect();
             link.window().done_exactly(link.index, &positions);
         }
     }
@@ -230,24 +227,24 @@ impl Checkpointer {
 
     /// Records that `record` was handed to the processor.
     pub(crate) fn delivered(&mut self, record: &Record) {
-        self.last_delivered = Some((record.sequence_number.clone(), record.sub_sequence_number));
+        self.last_delivered = Some(Position::of(record));
     }
 
     /// The last record handed to the processor, if any.
-    pub(crate) fn delivered_position(&self) -> Option<(String, u64)> {
+    pub(crate) fn delivered_position(&self) -> Option<Position> {
         self.last_delivered.clone()
     }
 
     /// Takes back a delivery the processor failed: `checkpoint()` must not
     /// cover records that were not processed.
-    pub(crate) fn rewind(&mut self, to: Option<(String, u64)>) {
+    pub(crate) fn rewind(&mut self, to: Option<Position>) {
         self.last_delivered = to;
     }
 
     /// Records that `(seq, sub)` was handed to the processor.
     #[cfg(any(test, feature = "test-util"))]
     pub fn delivered_for_test(&mut self, seq: &str, sub: u64) {
-        self.last_delivered = Some((seq.to_owned(), sub));
+        self.last_delivered = Some(Position::new(seq, sub));
     }
 
     /// The shard ended, its children being `children`: the next
@@ -279,15 +276,7 @@ impl Checkpointer {
     pub fn is_checkpointed(&self, record: &Record) -> bool {
         match &self.last_checkpoint {
             Checkpoint::ShardEnd => true,
-            Checkpoint::Sequence { seq, sub } => {
-                compare(
-                    &record.sequence_number,
-                    record.sub_sequence_number,
-                    seq,
-                    *sub,
-                ) != Ordering::Greater
-            }
-            _ => false,
+            last => Position::of(record).covered_by(last),
         }
     }
 
@@ -340,13 +329,13 @@ impl Checkpointer {
             match &self.last_delivered {
                 // Already covered (a failed batch was taken back after the
                 // processor checkpointed part of it): never move backwards.
-                Some((seq, sub))
-                    if matches!(&self.last_checkpoint, Checkpoint::Sequence { seq: cs, sub: csub }
-                        if compare(seq, *sub, cs, *csub) != Ordering::Greater) =>
+                Some(delivered)
+                    if Position::of_checkpoint(&self.last_checkpoint)
+                        .is_some_and(|at| *delivered <= at) =>
                 {
                     return Ok(());
                 }
-                Some((seq, sub)) => Checkpoint::at(seq.clone(), *sub),
+                Some(delivered) => delivered.to_checkpoint(),
                 // Nothing delivered: nothing new to record.
                 None => return Ok(()),
             }
@@ -374,8 +363,8 @@ impl Checkpointer {
     pub async fn checkpoint_at(&mut self, seq: &str, sub: u64) -> Result<(), CheckpointError> {
         let target = self.validate(seq, sub)?;
         if let Some(link) = &self.lane {
-            let through: Position = (seq.to_owned(), sub);
-            link.window().done_through(link.index, &through);
+            link.window()
+                .done_through(link.index, &Position::new(seq, sub));
             return self.write_watermark().await;
         }
         self.write(CheckpointUpdate::to(target)).await
@@ -482,7 +471,7 @@ impl Checkpointer {
             last_delivered: self
                 .last_delivered
                 .as_ref()
-                .map_or("nothing".to_owned(), |(s, n)| format!("{s}/{n}")),
+                .map_or("nothing".to_owned(), Position::to_string),
         }
     }
 
@@ -492,18 +481,18 @@ impl Checkpointer {
         if target.is_sentinel() {
             return Err(out_of_range());
         }
-        let Some((dseq, dsub)) = &self.last_delivered else {
+        let Some(delivered) = &self.last_delivered else {
             return Err(out_of_range());
         };
-        if compare(seq, sub, dseq, *dsub) == Ordering::Greater {
+        let requested = Position::new(seq, sub);
+        if requested > *delivered {
             return Err(out_of_range());
         }
         match &self.last_checkpoint {
-            Checkpoint::Sequence {
-                seq: cseq,
-                sub: csub,
-            } if compare(seq, sub, cseq, *csub) == Ordering::Less => Err(out_of_range()),
             Checkpoint::ShardEnd => Err(out_of_range()),
+            last if Position::of_checkpoint(last).is_some_and(|at| requested < at) => {
+                Err(out_of_range())
+            }
             _ => Ok(target),
         }
     }
@@ -554,39 +543,11 @@ impl Checkpointer {
     }
 }
 
-/// Orders two (sequence, sub-sequence) positions. Sequence numbers are
-/// decimal strings of up to 129 digits: compared by length once leading
-/// zeros are gone, then digit by digit.
-pub(crate) fn compare(a: &str, a_sub: u64, b: &str, b_sub: u64) -> Ordering {
-    let a = a.trim_start_matches('0');
-    let b = b.trim_start_matches('0');
-    a.len()
-        .cmp(&b.len())
-        .then_with(|| a.cmp(b))
-        .then(a_sub.cmp(&b_sub))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::lease::Lease;
     use crate::store::memory::InMemoryLeaseStore;
-
-    #[test]
-    fn sequence_numbers_compare_as_numbers() {
-        assert_eq!(compare("9", 0, "10", 0), Ordering::Less);
-        assert_eq!(compare("0010", 0, "10", 0), Ordering::Equal);
-        assert_eq!(compare("10", 2, "10", 1), Ordering::Greater);
-        assert_eq!(
-            compare(
-                "49590338271490256608559692538361571095921575989136588898",
-                0,
-                "49590338271490256608559692538361571095921575989136588899",
-                0
-            ),
-            Ordering::Less
-        );
-    }
 
     async fn setup() -> (InMemoryLeaseStore, Checkpointer) {
         let store = InMemoryLeaseStore::new();

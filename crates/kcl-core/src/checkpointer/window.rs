@@ -3,17 +3,9 @@
 //! out of shard order, so the shard's checkpoint may only advance to this
 //! position, never to the last record of the lane that happens to be ahead.
 
-use std::cmp::Ordering;
 use std::collections::VecDeque;
 
-use super::compare;
-
-/// A record's position: sequence number and sub-sequence number.
-pub(crate) type Position = (String, u64);
-
-fn at_or_before(a: &Position, b: &Position) -> bool {
-    compare(&a.0, a.1, &b.0, b.1) != Ordering::Greater
-}
+use super::Position;
 
 /// Every record handed to the lanes and not yet passed by the watermark, in
 /// shard order, and which of them each lane still owes.
@@ -49,7 +41,7 @@ impl Window {
     /// Every record of `lane` at or before `through` is done.
     pub(crate) fn done_through(&mut self, lane: usize, through: &Position) {
         while let Some((ordinal, position)) = self.lanes[lane].front() {
-            if !at_or_before(position, through) {
+            if position > through {
                 break;
             }
             let ordinal = *ordinal;
@@ -116,7 +108,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn pos(n: u64) -> Position {
-        (n.to_string(), 0)
+        Position::new(n.to_string(), 0)
     }
 
     #[test]

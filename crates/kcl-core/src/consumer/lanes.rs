@@ -27,7 +27,7 @@ use super::{
     Consumer, ConsumerExit, Fetch, Stop, deliver, exit_without_processor, finish_shard, initialize,
     shard_labels,
 };
-use crate::checkpointer::{Checkpointer, Window};
+use crate::checkpointer::{Checkpointer, Position, Window};
 use crate::lease::{Checkpoint, Lease};
 use crate::processor::{InitializeInput, Lane, RecordBatch, RecordProcessor, ShardContext};
 use crate::record::Record;
@@ -79,10 +79,7 @@ impl Lanes {
             let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
             for record in records {
                 let lane = lane_of(&record.partition_key, count);
-                window.dispatch(
-                    lane,
-                    (record.sequence_number.clone(), record.sub_sequence_number),
-                );
+                window.dispatch(lane, Position::of(&record));
                 parts[lane].push(record);
             }
         }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use aws_sdk_kinesis::types::{SubscribeToShardEvent, SubscribeToShardEventStream};
 use kcl_core::backoff::Pauses;
+use kcl_core::checkpointer::SequenceNumber;
 use kcl_core::leases::LeaseHandle;
 use kcl_core::source::{Batch, ChildShard, OpenShard, SourceError};
 use metrics::{Counter, Gauge};
@@ -24,7 +25,7 @@ use crate::calls::classify::{Class, Classified, classify};
 use crate::calls::retry::{Failure, retryable};
 use crate::discovery::{children_in, list_after, reported_children};
 use crate::gone::{Missing, past_trim_horizon, why_missing};
-use crate::records::{Records, Start, Taken, compare_sequence, held_bytes};
+use crate::records::{Records, Start, Taken, held_bytes};
 use crate::task_reader::{Delivery, TaskReader};
 
 /// Kinesis accepts one `SubscribeToShard` per second per consumer and
@@ -635,10 +636,10 @@ impl Subscriber {
     /// resume checkpoint.
     fn is_new(&self, seq: &str) -> bool {
         if let Some(last) = self.pipeline.last_sequence() {
-            return compare_sequence(seq, last) == Ordering::Greater;
+            return SequenceNumber::order(seq, last) == Ordering::Greater;
         }
         if let Some(floor) = &self.floor {
-            return compare_sequence(seq, floor) != Ordering::Less;
+            return SequenceNumber::order(seq, floor) != Ordering::Less;
         }
         true
     }

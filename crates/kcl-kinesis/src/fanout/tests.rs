@@ -12,7 +12,6 @@ use crate::KinesisShardSource;
 use crate::calls::{IteratorStart, KinesisApi};
 use crate::fake::FakeKinesis;
 use crate::kpl::{UserRecord, aggregate};
-use crate::records::compare_sequence;
 
 pub(super) const STREAM: &str = "orders";
 
@@ -693,19 +692,4 @@ fn a_fan_out_source_needs_a_consumer_name() {
         .build()
         .expect("named");
     assert!(matches!(source.retrieval(), crate::Retrieval::FanOut(_)));
-}
-
-#[test]
-fn sequence_numbers_compare_by_value() {
-    use std::cmp::Ordering::*;
-    assert_eq!(compare_sequence("9", "10"), Less);
-    assert_eq!(compare_sequence("0010", "10"), Equal);
-    assert_eq!(
-        compare_sequence(
-            "49590338271490256608559692538361571095921575989136588898",
-            "49590338271490256608559692538361571095921575989136588899"
-        ),
-        Less
-    );
-    assert_eq!(compare_sequence("2", "1"), Greater);
 }

@@ -6,39 +6,17 @@
 //! aggregate again, and must drop sub-records 0, 1 and 2 itself
 //! (architecture invariant 6).
 
-use std::cmp::Ordering;
-
+use kcl_core::checkpointer::Position;
 use kcl_core::{Checkpoint, Record};
 
 /// Whether the checkpoint already covers `record`, i.e. the processor
-/// checkpointed at it or past it.
-///
-/// For a `Checkpoint::Sequence { seq, sub }` that is: the record's
-/// (sequence number, sub-sequence number) is at or before (`seq`, `sub`),
-/// comparing sequence numbers as integers, then sub-sequence numbers, like
-/// the Java KCL's extended sequence numbers. So a record with the
-/// checkpoint's sequence number is covered when its sub-sequence is at or
-/// below `sub`, and a record from before the checkpoint (a re-delivered
-/// batch) is covered whatever its sub-sequence.
-///
-/// If either sequence number is not a decimal integer they cannot be
-/// ordered, and only an equal sequence number counts. Sentinel checkpoints
-/// (`TRIM_HORIZON`, `LATEST`, ...) cover nothing: when in doubt, deliver
-/// (at-least-once).
+/// checkpointed at it or past it: a record with the checkpoint's sequence
+/// number is covered when its sub-sequence is at or below the
+/// checkpoint's, and a record from before the checkpoint (a re-delivered
+/// batch) whatever its sub-sequence. See [`Position::covered_by`], which
+/// also says what sentinels and numbers that are not decimal do.
 pub fn is_checkpointed(record: &Record, checkpoint: &Checkpoint) -> bool {
-    let Checkpoint::Sequence { seq, sub } = checkpoint else {
-        return false;
-    };
-    let by_seq = match cmp_decimal(&record.sequence_number, seq) {
-        Some(order) => order,
-        None if record.sequence_number == *seq => Ordering::Equal,
-        None => return false,
-    };
-    match by_seq {
-        Ordering::Less => true,
-        Ordering::Equal => record.sub_sequence_number <= *sub,
-        Ordering::Greater => false,
-    }
+    Position::of(record).covered_by(checkpoint)
 }
 
 /// Drops from `records` every record the checkpoint already covers (see
@@ -52,23 +30,6 @@ pub fn skip_checkpointed(records: &mut Vec<Record>, checkpoint: &Checkpoint) -> 
     let before = records.len();
     records.retain(|r| !is_checkpointed(r, checkpoint));
     before - records.len()
-}
-
-/// Compares two non-negative decimal integers of any length; `None` unless
-/// both are non-empty strings of ASCII digits.
-///
-/// Sequence numbers can exceed 128 bits' worth of digits in principle (the
-/// stored form allows 129 characters), so no integer parse: strip leading
-/// zeros, then the longer number is larger, and equal lengths compare
-/// lexicographically.
-fn cmp_decimal(a: &str, b: &str) -> Option<Ordering> {
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit());
-    if !digits(a) || !digits(b) {
-        return None;
-    }
-    let a = a.trim_start_matches('0');
-    let b = b.trim_start_matches('0');
-    Some(a.len().cmp(&b.len()).then_with(|| a.cmp(b)))
 }
 
 #[cfg(test)]
@@ -200,24 +161,5 @@ mod tests {
                 .iter()
                 .all(|r| !(r.sequence_number.ends_with("898") && r.sub_sequence_number <= 1))
         );
-    }
-
-    #[test]
-    fn cmp_decimal_orders_by_value() {
-        use Ordering::*;
-        assert_eq!(cmp_decimal("9", "10"), Some(Less));
-        assert_eq!(cmp_decimal("10", "9"), Some(Greater));
-        assert_eq!(cmp_decimal("0010", "10"), Some(Equal));
-        assert_eq!(cmp_decimal("0", "000"), Some(Equal));
-        assert_eq!(
-            cmp_decimal(
-                "49590338271490256608559692538361571095921575989136588898",
-                "49590338271490256608559692538361571095921575989136588899"
-            ),
-            Some(Less)
-        );
-        assert_eq!(cmp_decimal("", "1"), None);
-        assert_eq!(cmp_decimal("1a", "1"), None);
-        assert_eq!(cmp_decimal("1", "-1"), None);
     }
 }
