@@ -36,6 +36,8 @@
 //!   Initializing -> Processing -> ShuttingDown; the delivery of a batch
 //!   under the failure policy; the parallel lanes of a shard.
 //! - [`worker`]: the `Worker` engine and its configuration.
+//! - [`observe`]: the lease engine's typed events, feeding its counters,
+//!   its metrics and the application's observer through one path.
 //! - [`backoff`]: the one backoff policy of every retry loop.
 //! - [`counters!`]: counter sets and their snapshots, declared once.
 //! - [`warn_limit`]: warnings about recurring conditions (throttling,
@@ -82,6 +84,7 @@ pub mod config;
 mod counters;
 pub mod lease;
 pub mod leases;
+pub mod observe;
 pub mod poison;
 pub mod processor;
 pub mod record;

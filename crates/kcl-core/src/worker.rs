@@ -28,6 +28,7 @@ use crate::leases::{
     CoordinatorStats, FleetSignals, LeaseCoordinator, LeaseEvent, LeaseFilter, LeaseHandle,
     ShutdownMode, StatsSnapshot,
 };
+use crate::observe::Observer;
 use crate::processor::{FailurePolicy, ProcessorFactory};
 use crate::shard_sync;
 use crate::source::{InitialPosition, ShardSource, SourceError};
@@ -500,6 +501,7 @@ pub struct Worker {
     factory: Arc<dyn ProcessorFactory>,
     handle: WorkerHandle,
     tracker: Option<Arc<dyn StreamTracker>>,
+    observer: Option<Arc<dyn Observer>>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -526,7 +528,16 @@ impl Worker {
             factory,
             handle: WorkerHandle::new(),
             tracker: None,
+            observer: None,
         }
+    }
+
+    /// Tells `observer` of every lease event of this worker (takes,
+    /// steals, handoffs, renewals, losses: see [`crate::observe::Event`]),
+    /// besides counting it and emitting its metric.
+    pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = Some(observer);
+        self
     }
 
     /// Lets `tracker` add and remove streams while the worker runs.
@@ -606,6 +617,7 @@ impl Worker {
             Arc::clone(&self.store),
             config.lease.clone(),
             Some(filter),
+            self.observer.clone(),
         );
         *self.handle.leases.lock().unwrap_or_else(|e| e.into_inner()) =
             Some(coordinator.stats_source());

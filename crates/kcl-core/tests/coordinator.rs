@@ -573,3 +573,90 @@ async fn beat_as(table: &InMemoryLeaseStore, instance: &str, worker: &str) {
         .await
         .unwrap();
 }
+
+/// Counts what an application's observer is told, by worker and kind.
+#[derive(Debug, Default)]
+struct Recorder {
+    seen: std::sync::Mutex<Vec<(String, String)>>,
+}
+
+impl kcl_core::observe::Observer for Recorder {
+    fn observe(&self, worker: &str, event: &kcl_core::observe::Event<'_>) {
+        use kcl_core::observe::{Acquisition, Event};
+        let kind = match event {
+            Event::Tick => "tick",
+            Event::Acquired {
+                how: Acquisition::Taken,
+                ..
+            } => "taken",
+            Event::Acquired {
+                how: Acquisition::Stolen,
+                ..
+            } => "stolen",
+            Event::HandoffEnded { forced: false, .. } => "handoff_completed",
+            Event::Ended {
+                reason: EndReason::HandedOff,
+                ..
+            } => "handed_off",
+            Event::Renewed { .. } => "renewed",
+            _ => return,
+        };
+        self.seen
+            .lock()
+            .unwrap()
+            .push((worker.to_owned(), kind.to_owned()));
+    }
+}
+
+impl Recorder {
+    fn count(&self, worker: &str, kind: &str) -> u64 {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(w, k)| w == worker && k == kind)
+            .count() as u64
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_observer_is_told_every_lease_event_the_counters_count() {
+    let table = table_with(4).await;
+    let recorder = std::sync::Arc::new(Recorder::default());
+    let observer = || Some(recorder.clone() as std::sync::Arc<dyn kcl_core::observe::Observer>);
+    let a = SimWorker::start_observed(
+        &table,
+        per_lease("a", 1).build().unwrap(),
+        StandIn::Idle,
+        observer(),
+    );
+    sleep(Duration::from_millis(10)).await;
+    let b = SimWorker::start_observed(
+        &table,
+        per_lease("b", 2).build().unwrap(),
+        StandIn::Idle,
+        observer(),
+    );
+    // b steals its share from a, which hands it over; both renew.
+    sleep(Duration::from_secs(60)).await;
+    let (sa, sb) = (a.coordinator().stats(), b.coordinator().stats());
+    assert_eq!((sa.taken, sb.stolen), (4, 2), "{sa:?} {sb:?}");
+    assert_eq!((sa.handed_off, sb.handoffs_completed), (2, 2));
+    for (worker, s) in [("a", sa), ("b", sb)] {
+        assert_eq!(recorder.count(worker, "tick"), s.ticks, "{worker}");
+        assert_eq!(recorder.count(worker, "taken"), s.taken, "{worker}");
+        assert_eq!(recorder.count(worker, "stolen"), s.stolen, "{worker}");
+        assert_eq!(
+            recorder.count(worker, "handoff_completed"),
+            s.handoffs_completed,
+            "{worker}"
+        );
+        assert_eq!(
+            recorder.count(worker, "handed_off"),
+            s.handed_off,
+            "{worker}"
+        );
+        assert_eq!(recorder.count(worker, "renewed"), s.renewals, "{worker}");
+        assert!(s.ticks > 0 && s.renewals > 0, "{worker}: {s:?}");
+    }
+}

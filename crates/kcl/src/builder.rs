@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use aws_config::SdkConfig;
 use kcl_core::config::{LeaseConfig, LeaseConfigBuilder, LeaseRenewal};
+use kcl_core::observe::Observer;
 use kcl_core::processor::{FailurePolicy, ProcessorFactory};
 use kcl_core::source::{InitialPosition, ShardSource, SourceError};
 use kcl_core::store::LeaseStore;
@@ -128,6 +129,7 @@ pub struct Worker {
     handle: WorkerHandle,
     store_stats: Arc<StoreStats>,
     tracker: Option<StreamNames>,
+    observer: Option<Arc<dyn Observer>>,
     #[cfg(feature = "prometheus")]
     metrics: Option<crate::observability::Endpoint>,
 }
@@ -284,6 +286,9 @@ impl Worker {
         info!(application = %self.app, table = %self.table, worker = %config.lease().worker_id(), "starting kcl worker");
         let mut worker = kcl_core::worker::Worker::new(config, store, source, self.factory)
             .with_handle(self.handle);
+        if let Some(observer) = self.observer {
+            worker = worker.with_observer(observer);
+        }
         if let Some(names) = self.tracker {
             worker = worker.with_stream_tracker(Arc::new(NameTracker {
                 names,
@@ -459,6 +464,7 @@ pub struct WorkerBuilder {
     prefetch_budget: Option<usize>,
     factory: Option<Arc<dyn ProcessorFactory>>,
     tracker: Option<StreamNames>,
+    observer: Option<Arc<dyn Observer>>,
     #[cfg(feature = "prometheus")]
     metrics_addr: Option<std::net::SocketAddr>,
 }
@@ -522,9 +528,20 @@ impl WorkerBuilder {
             prefetch_budget: None,
             factory: None,
             tracker: None,
+            observer: None,
             #[cfg(feature = "prometheus")]
             metrics_addr: None,
         }
+    }
+
+    /// Tells `observer` of every lease event of this worker (takes,
+    /// steals, handoffs, renewals, losses: see [`crate::observe::Event`]),
+    /// besides the metrics and counters kcl keeps: for an application's
+    /// own telemetry or audit trail. It is called on kcl's tasks and must
+    /// return quickly.
+    pub fn observer(mut self, observer: impl Observer + 'static) -> Self {
+        self.observer = Some(Arc::new(observer));
+        self
     }
 
     /// Adds a stream to consume, by name or by ARN
@@ -812,6 +829,7 @@ impl WorkerBuilder {
             handle: WorkerHandle::new(),
             store_stats: Arc::default(),
             tracker: self.tracker,
+            observer: self.observer,
             // Last: nothing is bound when another setting is invalid.
             #[cfg(feature = "prometheus")]
             metrics: self

@@ -59,7 +59,12 @@ mod signal;
 
 pub use async_trait::async_trait;
 pub use builder::{Error, Worker, WorkerBuilder};
-pub use kcl_core::checkpointer::{CheckpointError, Checkpointer};
+pub use kcl_core::checkpointer::{CheckpointError, Checkpointer, Position, SequenceNumber};
+pub use kcl_core::leases::EndReason;
+/// The lease engine's typed events, for [`WorkerBuilder::observer`].
+pub mod observe {
+    pub use kcl_core::observe::{Acquisition, Event, Observer};
+}
 pub use kcl_core::poison::{FailedRecord, FailureDestination, FailureReason, PoisonPolicy};
 pub use kcl_core::processor::{
     FailurePolicy, InitializeInput, Lane, ProcessorError, ProcessorFactory, RecordBatch,

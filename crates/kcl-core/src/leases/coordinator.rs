@@ -25,6 +25,7 @@ use crate::leases::shared::{
     CoordinatorStats, LeaseEvent, LeaseFilter, Shared, StatsSnapshot, each_unblocked,
 };
 use crate::leases::{renewer, taker};
+use crate::observe::Observer;
 use crate::store::{LeaseStore, StoreError};
 
 /// How [`LeaseCoordinator::shutdown`] leaves the leases still held.
@@ -69,18 +70,20 @@ impl LeaseCoordinator {
         store: Arc<dyn LeaseStore>,
         config: LeaseConfig,
     ) -> (LeaseCoordinator, mpsc::Receiver<LeaseEvent>) {
-        Self::start_filtered(store, config, None)
+        Self::start_filtered(store, config, None, None)
     }
 
     /// Like [`LeaseCoordinator::start`], competing only for the leases
-    /// `filter` accepts.
+    /// `filter` accepts, and telling `observer` of every lease event (see
+    /// [`crate::observe`]) besides counting it and emitting its metric.
     pub fn start_filtered(
         store: Arc<dyn LeaseStore>,
         config: LeaseConfig,
         filter: Option<LeaseFilter>,
+        observer: Option<Arc<dyn Observer>>,
     ) -> (LeaseCoordinator, mpsc::Receiver<LeaseEvent>) {
         let (events, rx) = mpsc::channel(EVENT_CAPACITY);
-        let shared = Arc::new(Shared::new(config, store, filter, events));
+        let shared = Arc::new(Shared::new(config, store, filter, events, observer));
         let taker_stop = CancellationToken::new();
         let renewer_stop = CancellationToken::new();
         let tasks = TaskTracker::new();

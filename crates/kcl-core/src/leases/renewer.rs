@@ -16,8 +16,9 @@ use crate::lease::Lease;
 use crate::leases::handoff::{Ours, Verdict, judge};
 use crate::leases::held::{AskState, EndReason, Held, Phase};
 use crate::leases::liveness::{ask_entry, asked_lease};
-use crate::leases::shared::{Shared, bump, each_unblocked};
+use crate::leases::shared::{Shared, each_unblocked};
 use crate::leases::tenure::instance_of;
+use crate::observe::Event;
 use crate::store::retry::{RetryPolicy, retry_until};
 use crate::store::{BeatUpdate, StoreError, StoreOp};
 
@@ -100,8 +101,7 @@ async fn beat_once(shared: &Shared, next_round: Instant) {
     let beat = match result {
         Ok(beat) => beat,
         Err(e) => {
-            bump(&shared.stats.renew_failures);
-            metrics::counter!("kcl_lease_renewal_failures_total", "worker" => shared.config.worker_id.clone()).increment(1);
+            shared.emit(Event::RenewalFailed);
             warn!(error = %e, leases = renewed.len(), "liveness beat failed; the leases are fenced if this persists");
             return;
         }
@@ -195,7 +195,7 @@ pub(crate) async fn observe_one(
         Verdict::Drain => {
             if held.request_handoff() {
                 info!(lease = %key, to = ?item.and_then(|l| l.owner.as_deref()), "handoff requested; draining the shard");
-                metrics::counter!("kcl_handoffs_requested_total", "worker" => shared.config.worker_id.clone()).increment(1);
+                shared.emit(Event::HandoffRequested { key });
             }
         }
         Verdict::Keep | Verdict::Adopt | Verdict::Activate | Verdict::Force => {}
@@ -263,14 +263,7 @@ async fn progress_handoff(shared: &Shared, key: &str, held: &Arc<Held>) {
     };
     // The write lock is released before the event is sent: a full event
     // channel must not hold up this lease's renewals.
-    let (counter, outcome) = if forced {
-        (&shared.stats.handoffs_forced, "forced")
-    } else {
-        (&shared.stats.handoffs_completed, "completed")
-    };
-    bump(counter);
-    metrics::counter!("kcl_handoffs_total", "worker" => shared.config.worker_id.clone(), "outcome" => outcome)
-        .increment(1);
+    shared.emit(Event::HandoffEnded { key, forced });
     if forced {
         warn!(lease = %key, from, "previous owner did not hand over in time; handoff forced");
     } else {
@@ -431,7 +424,7 @@ async fn renew_one(shared: &Shared, key: &str, held: &Arc<Held>, next_round: Ins
     // Another write of this tenure (a handoff step) may hold the lock; it
     // is bounded too, and this round gives up at its deadline.
     let Ok(_writing) = tokio::time::timeout_at(deadline, held.writing.lock()).await else {
-        bump(&shared.stats.renew_failures);
+        shared.emit(Event::RenewalFailed);
         return;
     };
     let holder = held.holder();
@@ -457,7 +450,7 @@ async fn renew_one(shared: &Shared, key: &str, held: &Arc<Held>, next_round: Ins
             shared.renewed(key, held, lease, sent).await;
             if asked && held.request_handoff() {
                 info!(lease = %key, to = ?to, "handoff requested; draining the shard");
-                metrics::counter!("kcl_handoffs_requested_total", "worker" => shared.config.worker_id.clone()).increment(1);
+                shared.emit(Event::HandoffRequested { key });
             }
         }
         Err(StoreError::ConditionFailed { current, .. }) => {
@@ -494,7 +487,7 @@ async fn renew_one(shared: &Shared, key: &str, held: &Arc<Held>, next_round: Ins
                     if held.request_handoff() {
                         let to = current.and_then(|c| c.owner);
                         info!(lease = %key, to = ?to, "handoff requested; draining the shard");
-                        metrics::counter!("kcl_handoffs_requested_total", "worker" => shared.config.worker_id.clone()).increment(1);
+                        shared.emit(Event::HandoffRequested { key });
                     }
                 }
                 Verdict::Lost { same_id } => {
@@ -508,8 +501,7 @@ async fn renew_one(shared: &Shared, key: &str, held: &Arc<Held>, next_round: Ins
             }
         }
         Err(e) => {
-            bump(&shared.stats.renew_failures);
-            metrics::counter!("kcl_lease_renewal_failures_total", "worker" => shared.config.worker_id.clone()).increment(1);
+            shared.emit(Event::RenewalFailed);
             warn!(lease = %key, error = %e, "renewal failed; the lease is fenced if this persists");
         }
     }

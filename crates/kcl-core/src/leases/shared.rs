@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::StreamExt;
@@ -17,6 +17,7 @@ use crate::lease::Lease;
 use crate::leases::held::{EndReason, Held, LeaseHandle, Phase};
 use crate::leases::liveness::LivenessTracker;
 use crate::leases::tenure::Tenures;
+use crate::observe::{Event, Observer, record_metric};
 use crate::store::timeout::TimeoutStore;
 use crate::store::{Holder, LeaseStore, StoreError};
 
@@ -78,10 +79,6 @@ crate::counters! {
     }
 }
 
-pub(crate) fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
-}
-
 /// Decides which leases of the table this worker competes for (a
 /// multi-stream worker ignores leases of streams it was not configured for).
 pub type LeaseFilter = Arc<dyn Fn(&Lease) -> bool + Send + Sync>;
@@ -96,6 +93,8 @@ pub(crate) struct Shared {
     held: Mutex<HashMap<String, Arc<Held>>>,
     events: mpsc::Sender<LeaseEvent>,
     pub(crate) stats: Arc<CoordinatorStats>,
+    /// The application's own observer of lease events, if any.
+    observer: Option<Arc<dyn Observer>>,
     /// A tenure was added: its deadline may be earlier than the one the
     /// fence loop sleeps towards (takes count validity from the scan).
     pub(crate) held_added: Notify,
@@ -148,6 +147,7 @@ impl Shared {
         store: Arc<dyn LeaseStore>,
         filter: Option<LeaseFilter>,
         events: mpsc::Sender<LeaseEvent>,
+        observer: Option<Arc<dyn Observer>>,
     ) -> Self {
         let timeout = config.store_timeout;
         Shared {
@@ -158,6 +158,7 @@ impl Shared {
             held: Mutex::default(),
             events,
             stats: Arc::default(),
+            observer,
             held_added: Notify::new(),
             liveness: Mutex::default(),
             beat_state: Mutex::default(),
@@ -167,6 +168,17 @@ impl Shared {
             sync_leader: std::sync::atomic::AtomicBool::new(true),
             last_beat: Mutex::new(None),
             beat_round: Mutex::new(None),
+        }
+    }
+
+    /// Reports `event`: to the counters, to the metrics, and to the
+    /// application's observer.
+    pub(crate) fn emit(&self, event: Event<'_>) {
+        let worker = &self.config.worker_id;
+        self.stats.observe(worker, &event);
+        record_metric(worker, &event);
+        if let Some(observer) = &self.observer {
+            observer.observe(worker, &event);
         }
     }
 
@@ -278,21 +290,20 @@ impl Shared {
     }
 
     fn set_held_gauge(&self, len: usize) {
-        metrics::gauge!("kcl_leases_held", "worker" => self.config.worker_id.clone())
-            .set(len as f64);
+        self.emit(Event::Held { leases: len });
     }
 
     fn insert(&self, key: String, held: &Arc<Held>) {
         let (previous, len) = {
             let mut map = self.held_map();
-            let previous = map.insert(key, Arc::clone(held));
+            let previous = map.insert(key.clone(), Arc::clone(held));
             (previous, map.len())
         };
         self.held_added.notify_one();
         if let Some(previous) = previous {
             // A re-take replaced a tenure whose loss the renewer had not
             // noticed yet: that loss still counts.
-            self.count_end(&previous, EndReason::Lost);
+            self.count_end(&key, &previous, EndReason::Lost);
         }
         self.set_held_gauge(len);
     }
@@ -383,7 +394,7 @@ impl Shared {
     /// lapsed before the beat answered ends as fenced instead.
     pub(crate) async fn extended(&self, key: &str, held: &Arc<Held>, sent: Instant) {
         if held.extend(self.valid_from(sent), &self.config) {
-            bump(&self.stats.renewals);
+            self.emit(Event::Renewed { key });
         } else if !held.is_ended() {
             warn!(lease = %key, "a beat answered after the lease's validity ran out; fencing this tenure");
             self.ended(key, held, EndReason::Fenced).await;
@@ -394,7 +405,7 @@ impl Shared {
     /// validity lapsed before the answer came ends as fenced instead.
     pub(crate) async fn renewed(&self, key: &str, held: &Arc<Held>, lease: Lease, sent: Instant) {
         if held.renewed(lease, self.valid_from(sent), &self.config) {
-            bump(&self.stats.renewals);
+            self.emit(Event::Renewed { key });
         } else if !held.is_ended() {
             warn!(lease = %key, "a renewal answered after the lease's validity ran out; fencing this tenure");
             self.ended(key, held, EndReason::Fenced).await;
@@ -405,9 +416,7 @@ impl Shared {
     /// process uses this worker id. Worth an error: the two processes take
     /// leases from each other instead of sharing the work.
     pub(crate) fn same_id_conflict(&self, key: &str) {
-        bump(&self.stats.same_id_conflicts);
-        metrics::counter!("kcl_worker_id_conflicts_total", "worker" => self.config.worker_id.clone())
-            .increment(1);
+        self.emit(Event::SameIdConflict { key });
         error!(
             lease = %key,
             worker = %self.config.worker_id,
@@ -416,24 +425,11 @@ impl Shared {
         );
     }
 
-    fn count_end(&self, held: &Held, reason: EndReason) {
+    fn count_end(&self, key: &str, held: &Held, reason: EndReason) {
         if !held.end(reason) {
             return;
         }
-        let counter = match reason {
-            EndReason::Lost => &self.stats.lost,
-            EndReason::Fenced => &self.stats.fenced,
-            EndReason::Released => &self.stats.released,
-            EndReason::HandedOff => &self.stats.handed_off,
-            EndReason::Abandoned => return,
-        };
-        bump(counter);
-        metrics::counter!(
-            "kcl_leases_ended_total",
-            "worker" => self.config.worker_id.clone(),
-            "reason" => reason.to_string()
-        )
-        .increment(1);
+        self.emit(Event::Ended { key, reason });
     }
 
     /// Stops holding `key` if `held` is still its entry; tells the worker.
@@ -447,7 +443,7 @@ impl Shared {
         };
         self.set_held_gauge(len);
         let first = !held.is_ended();
-        self.count_end(held, reason);
+        self.count_end(key, held, reason);
         // Nothing renews a lease item in the liveness mode: a tenure that
         // ended without a release or handoff may still name this instance
         // in the table, alive as long as it beats. The taker looks again

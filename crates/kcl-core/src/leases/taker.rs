@@ -27,8 +27,9 @@ use crate::leases::held::Phase;
 use crate::leases::java_fleet::JavaFleet;
 use crate::leases::liveness::FleetDigest;
 use crate::leases::renewer::{observe_one, tell_previous_owner};
-use crate::leases::shared::{Shared, bump, each_unblocked};
+use crate::leases::shared::{Shared, each_unblocked};
 use crate::leases::tenure::instance_of;
+use crate::observe::{Acquisition, Event};
 use crate::store::{Holder, StoreError};
 
 /// Writes issued at once when a tick takes many leases (a cold start).
@@ -120,7 +121,7 @@ impl Taker {
     /// lease whose owner has missed renewals will expire, so that failover
     /// takes the lease duration plus at most one tick rather than two.
     async fn tick(&mut self, shared: &Shared) -> Option<Instant> {
-        bump(&shared.stats.ticks);
+        shared.emit(Event::Tick);
         // The liveness records first: one small read that says who is
         // alive, and in the liveness mode whether anything changed that
         // calls for reading the lease table at all.
@@ -128,8 +129,7 @@ impl Taker {
         let beats = match shared.store.beats().await {
             Ok(beats) => beats,
             Err(e) => {
-                bump(&shared.stats.scan_failures);
-                metrics::counter!("kcl_lease_taker_scan_failures_total", "worker" => shared.config.worker_id.clone()).increment(1);
+                shared.emit(Event::ScanFailed);
                 warn!(error = %e, "reading the liveness records failed; retrying next tick");
                 return None;
             }
@@ -147,7 +147,7 @@ impl Taker {
             && landed
             && !beats.iter().any(|b| b.instance == shared.instance())
         {
-            bump(&shared.stats.scan_failures);
+            shared.emit(Event::ScanFailed);
             warn!(
                 "the liveness records read do not include this worker's own; is the workers table there? retrying next tick"
             );
@@ -173,7 +173,7 @@ impl Taker {
             let rescan = shared.rescan.swap(false, Ordering::Relaxed);
             let due = self.rescan_at.is_some_and(|at| Instant::now() >= at);
             if !rescan && !due && !self.unsettled && self.last_digest.as_ref() == Some(&digest) {
-                bump(&shared.stats.quiet_ticks);
+                shared.emit(Event::QuietTick);
                 self.elect(shared, None);
                 return earliest(self.liveness_wake(shared, Instant::now()), self.rescan_at);
             }
@@ -196,8 +196,7 @@ impl Taker {
         let (leases, asked_at) = match scan_timed(shared).await {
             Ok(scanned) => scanned,
             Err(e) => {
-                bump(&shared.stats.scan_failures);
-                metrics::counter!("kcl_lease_taker_scan_failures_total", "worker" => shared.config.worker_id.clone()).increment(1);
+                shared.emit(Event::ScanFailed);
                 warn!(error = %e, "lease scan failed; retrying next tick");
                 self.unsettled = true;
                 return None;
@@ -595,7 +594,7 @@ async fn give_one(shared: &Shared, key: &str, to: &str) {
             Ok(_) => {
                 if held.request_handoff() {
                     info!(lease = %key, to, "handing a lease to a Java KCL worker; draining the shard");
-                    metrics::counter!("kcl_handoffs_given_total", "worker" => shared.config.worker_id.clone()).increment(1);
+                    shared.emit(Event::HandoffGiven { key });
                 }
                 return;
             }
@@ -660,12 +659,12 @@ async fn take_one(shared: &Shared, kind: Kind, seen: &Lease, read_from: Instant)
                     seen = cur.clone();
                     continue;
                 }
-                bump(&shared.stats.take_conflicts);
+                shared.emit(Event::TakeConflict { key: &seen.key });
                 debug!(lease = %seen.key, "lost the race for a lease");
                 return;
             }
             Err(e) => {
-                bump(&shared.stats.take_failures);
+                shared.emit(Event::TakeFailed { key: &seen.key });
                 warn!(lease = %seen.key, error = %e, "taking a lease failed; retrying next tick");
                 return;
             }
@@ -682,14 +681,15 @@ async fn acquired(
     sent: Instant,
 ) {
     let me = shared.me();
-    let (counter, how) = match kind {
-        Kind::Reclaim => (&shared.stats.reclaimed, "reclaimed"),
-        Kind::Take => (&shared.stats.taken, "taken"),
-        Kind::Steal => (&shared.stats.stolen, "stolen"),
+    let how = match kind {
+        Kind::Reclaim => Acquisition::Reclaimed,
+        Kind::Take => Acquisition::Taken,
+        Kind::Steal => Acquisition::Stolen,
     };
-    bump(counter);
-    metrics::counter!("kcl_leases_acquired_total", "worker" => shared.config.worker_id.clone(), "how" => how)
-        .increment(1);
+    shared.emit(Event::Acquired {
+        key: &lease.key,
+        how,
+    });
     // A steal, or a reclaim of a lease whose handoff from another worker is
     // still running (our handoff start applied, its answer lost): wait for
     // that worker's processor to checkpoint rather than start under it.
@@ -699,13 +699,13 @@ async fn acquired(
     };
     match from {
         Some(from) => {
-            info!(lease = %lease.key, from = %from, how, "handoff started");
+            info!(lease = %lease.key, from = %from, how = how.as_str(), "handoff started");
             let key = lease.key.clone();
             let held = shared.awaiting(lease, from, read_from, sent);
             tell_previous_owner(shared, &key, &held).await;
         }
         None => {
-            info!(lease = %lease.key, from = ?seen.owner, how, "lease acquired");
+            info!(lease = %lease.key, from = ?seen.owner, how = how.as_str(), "lease acquired");
             shared.acquired(lease, read_from).await;
         }
     }

@@ -81,11 +81,22 @@ impl SimWorker {
     }
 
     pub fn start_with(table: &InMemoryLeaseStore, config: LeaseConfig, stand_in: StandIn) -> Self {
+        Self::start_observed(table, config, stand_in, None)
+    }
+
+    /// Like `start_with`, telling `observer` of every lease event.
+    pub fn start_observed(
+        table: &InMemoryLeaseStore,
+        config: LeaseConfig,
+        stand_in: StandIn,
+        observer: Option<Arc<dyn kcl_core::observe::Observer>>,
+    ) -> Self {
         let store = table.handle();
         let metered = MeteredStore::new(store.clone());
         let stats = Arc::clone(metered.stats());
         let id = config.worker_id().to_owned();
-        let (coordinator, events) = LeaseCoordinator::start(Arc::new(metered), config);
+        let (coordinator, events) =
+            LeaseCoordinator::start_filtered(Arc::new(metered), config, None, observer);
         let coordinator = Arc::new(coordinator);
         let consumers = Consumers {
             coordinator: Arc::clone(&coordinator),

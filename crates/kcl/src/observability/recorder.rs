@@ -79,12 +79,33 @@ fn describe() {
         "Leases another worker asked this worker to hand over"
     );
     counter!(
+        "kcl_handoffs_given_total",
+        "Leases this worker let a Java KCL worker that asked for them have"
+    );
+    counter!(
+        "kcl_lease_renewals_total",
+        "Lease renewals that succeeded (per lease, by its own write or a liveness beat)"
+    );
+    counter!(
         "kcl_lease_renewal_failures_total",
         "Lease renewals that failed (not a lost race); persistent failures fence the lease"
+    );
+    counter!("kcl_lease_taker_ticks_total", "Lease-taker ticks");
+    counter!(
+        "kcl_lease_taker_quiet_ticks_total",
+        "Lease-taker ticks that read only the liveness records (nothing had changed)"
     );
     counter!(
         "kcl_lease_taker_scan_failures_total",
         "Lease-taker ticks whose table scan failed"
+    );
+    counter!(
+        "kcl_lease_take_conflicts_total",
+        "Lease takes that lost their race to another worker"
+    );
+    counter!(
+        "kcl_lease_take_failures_total",
+        "Lease takes that failed otherwise (tried again at the next tick)"
     );
     counter!(
         "kcl_consumer_panics_total",

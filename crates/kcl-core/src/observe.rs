@@ -1,0 +1,224 @@
+//! What the lease engine does, as typed events: one path from each event to
+//! its counter ([`CoordinatorStats`], which tests and tools read), its
+//! metric (the `metrics` facade, the `worker` label set here once) and any
+//! observer the application adds. A call site emits the event; it does not
+//! bump a counter and emit a metric by hand, so the two cannot drift apart.
+//!
+//! | event | counter | metric |
+//! |---|---|---|
+//! | [`Event::Tick`] | `ticks` | `kcl_lease_taker_ticks_total{worker}` |
+//! | [`Event::QuietTick`] | `quiet_ticks` | `kcl_lease_taker_quiet_ticks_total{worker}` |
+//! | [`Event::ScanFailed`] | `scan_failures` | `kcl_lease_taker_scan_failures_total{worker}` |
+//! | [`Event::Acquired`] | `taken`, `stolen`, `reclaimed` | `kcl_leases_acquired_total{worker,how}` |
+//! | [`Event::TakeConflict`] | `take_conflicts` | `kcl_lease_take_conflicts_total{worker}` |
+//! | [`Event::TakeFailed`] | `take_failures` | `kcl_lease_take_failures_total{worker}` |
+//! | [`Event::Renewed`] | `renewals` | `kcl_lease_renewals_total{worker}` |
+//! | [`Event::RenewalFailed`] | `renew_failures` | `kcl_lease_renewal_failures_total{worker}` |
+//! | [`Event::HandoffRequested`] | | `kcl_handoffs_requested_total{worker}` |
+//! | [`Event::HandoffGiven`] | | `kcl_handoffs_given_total{worker}` |
+//! | [`Event::HandoffEnded`] | `handoffs_completed`, `handoffs_forced` | `kcl_handoffs_total{worker,outcome}` |
+//! | [`Event::Ended`] | `lost`, `fenced`, `released`, `handed_off` | `kcl_leases_ended_total{worker,reason}` |
+//! | [`Event::SameIdConflict`] | `same_id_conflicts` | `kcl_worker_id_conflicts_total{worker}` |
+//! | [`Event::Held`] | | `kcl_leases_held{worker}` (gauge) |
+
+use std::fmt;
+use std::sync::atomic::Ordering::Relaxed;
+
+use crate::leases::{CoordinatorStats, EndReason};
+
+/// How a lease was acquired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Acquisition {
+    /// Taken: nobody held it, or its holder's lease had expired.
+    Taken,
+    /// Stolen for balance: a graceful handoff from its holder started.
+    Stolen,
+    /// Taken back in a new tenure: the table said it was this worker's.
+    Reclaimed,
+}
+
+impl Acquisition {
+    /// The `how` label of `kcl_leases_acquired_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Acquisition::Taken => "taken",
+            Acquisition::Stolen => "stolen",
+            Acquisition::Reclaimed => "reclaimed",
+        }
+    }
+}
+
+/// Something the lease engine of one worker did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Event<'a> {
+    /// A lease-taker tick began.
+    Tick,
+    /// The tick read only the liveness records: nothing in the fleet had
+    /// changed, so the lease table was not read (liveness mode).
+    QuietTick,
+    /// A tick whose read of the table (or of the liveness records) failed.
+    ScanFailed,
+    /// A lease acquired.
+    Acquired {
+        /// The lease key.
+        key: &'a str,
+        /// How.
+        how: Acquisition,
+    },
+    /// A take that lost its race to another writer.
+    TakeConflict {
+        /// The lease key.
+        key: &'a str,
+    },
+    /// A take that failed otherwise (it is tried again at a later tick).
+    TakeFailed {
+        /// The lease key.
+        key: &'a str,
+    },
+    /// A held lease renewed (by its own write, or by a liveness beat).
+    Renewed {
+        /// The lease key.
+        key: &'a str,
+    },
+    /// A renewal round that did not succeed (the lease or the beat).
+    RenewalFailed,
+    /// A peer asked this worker to hand over a lease.
+    HandoffRequested {
+        /// The lease key.
+        key: &'a str,
+    },
+    /// This worker let a Java KCL worker that asked for a lease have it
+    /// (the Java-compatible mode's handoff to the Java leader's choice).
+    HandoffGiven {
+        /// The lease key.
+        key: &'a str,
+    },
+    /// A handoff this worker waited for ended, and the lease is its own.
+    HandoffEnded {
+        /// The lease key.
+        key: &'a str,
+        /// The previous owner did not hand over in time.
+        forced: bool,
+    },
+    /// This worker stopped holding a lease.
+    Ended {
+        /// The lease key.
+        key: &'a str,
+        /// Why.
+        reason: EndReason,
+    },
+    /// Another process runs under this worker's id and holds the lease.
+    SameIdConflict {
+        /// The lease key.
+        key: &'a str,
+    },
+    /// Leases held now.
+    Held {
+        /// How many.
+        leases: usize,
+    },
+}
+
+/// Receives a worker's lease events, in addition to its counters and
+/// metrics: for an application's own telemetry or audit. Called on the
+/// engine's tasks, so it must return quickly and never block.
+pub trait Observer: Send + Sync + fmt::Debug {
+    /// `worker` had `event`.
+    fn observe(&self, worker: &str, event: &Event<'_>);
+}
+
+impl Observer for CoordinatorStats {
+    fn observe(&self, _worker: &str, event: &Event<'_>) {
+        let counter = match event {
+            Event::Tick => &self.ticks,
+            Event::QuietTick => &self.quiet_ticks,
+            Event::ScanFailed => &self.scan_failures,
+            Event::Acquired { how, .. } => match how {
+                Acquisition::Taken => &self.taken,
+                Acquisition::Stolen => &self.stolen,
+                Acquisition::Reclaimed => &self.reclaimed,
+            },
+            Event::TakeConflict { .. } => &self.take_conflicts,
+            Event::TakeFailed { .. } => &self.take_failures,
+            Event::Renewed { .. } => &self.renewals,
+            Event::RenewalFailed => &self.renew_failures,
+            Event::HandoffEnded { forced: true, .. } => &self.handoffs_forced,
+            Event::HandoffEnded { forced: false, .. } => &self.handoffs_completed,
+            Event::Ended { reason, .. } => match reason {
+                EndReason::Lost => &self.lost,
+                EndReason::Fenced => &self.fenced,
+                EndReason::Released => &self.released,
+                EndReason::HandedOff => &self.handed_off,
+                EndReason::Abandoned => return,
+            },
+            Event::SameIdConflict { .. } => &self.same_id_conflicts,
+            Event::HandoffRequested { .. } | Event::HandoffGiven { .. } | Event::Held { .. } => {
+                return;
+            }
+        };
+        counter.fetch_add(1, Relaxed);
+    }
+}
+
+/// The `metrics` facade's view of an event (see the module's table).
+pub(crate) fn record_metric(worker: &str, event: &Event<'_>) {
+    let worker = worker.to_owned();
+    match event {
+        Event::Tick => {
+            metrics::counter!("kcl_lease_taker_ticks_total", "worker" => worker).increment(1)
+        }
+        Event::QuietTick => {
+            metrics::counter!("kcl_lease_taker_quiet_ticks_total", "worker" => worker).increment(1)
+        }
+        Event::ScanFailed => {
+            metrics::counter!("kcl_lease_taker_scan_failures_total", "worker" => worker)
+                .increment(1)
+        }
+        Event::Acquired { how, .. } => {
+            metrics::counter!("kcl_leases_acquired_total", "worker" => worker, "how" => how.as_str())
+                .increment(1)
+        }
+        Event::TakeConflict { .. } => {
+            metrics::counter!("kcl_lease_take_conflicts_total", "worker" => worker).increment(1)
+        }
+        Event::TakeFailed { .. } => {
+            metrics::counter!("kcl_lease_take_failures_total", "worker" => worker).increment(1)
+        }
+        Event::Renewed { .. } => {
+            metrics::counter!("kcl_lease_renewals_total", "worker" => worker).increment(1)
+        }
+        Event::RenewalFailed => {
+            metrics::counter!("kcl_lease_renewal_failures_total", "worker" => worker).increment(1)
+        }
+        Event::HandoffRequested { .. } => {
+            metrics::counter!("kcl_handoffs_requested_total", "worker" => worker).increment(1)
+        }
+        Event::HandoffGiven { .. } => {
+            metrics::counter!("kcl_handoffs_given_total", "worker" => worker).increment(1)
+        }
+        Event::HandoffEnded { forced, .. } => metrics::counter!(
+            "kcl_handoffs_total",
+            "worker" => worker,
+            "outcome" => if *forced { "forced" } else { "completed" }
+        )
+        .increment(1),
+        Event::Ended { reason, .. } => {
+            if *reason != EndReason::Abandoned {
+                metrics::counter!(
+                    "kcl_leases_ended_total",
+                    "worker" => worker,
+                    "reason" => reason.to_string()
+                )
+                .increment(1)
+            }
+        }
+        Event::SameIdConflict { .. } => {
+            metrics::counter!("kcl_worker_id_conflicts_total", "worker" => worker).increment(1)
+        }
+        Event::Held { leases } => {
+            metrics::gauge!("kcl_leases_held", "worker" => worker).set(*leases as f64)
+        }
+    }
+}
