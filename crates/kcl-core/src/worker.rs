@@ -30,7 +30,7 @@ use crate::leases::{
 };
 use crate::observe::Observer;
 use crate::processor::{FailurePolicy, ProcessorFactory};
-use crate::shard_sync;
+use crate::shard_sync::{self, SyncError};
 use crate::source::{InitialPosition, ShardSource, SourceError};
 use crate::store::timeout::TimeoutStore;
 use crate::store::{LeaseStore, StoreError};
@@ -597,11 +597,11 @@ impl Worker {
         // backoff while the status says why; the rest ends the run.
         for spec in &config.streams {
             let what = format!("the first shard sync of stream {:?}", spec.name);
-            let synced = retry_startup(&self.handle, &what, SyncFailure::is_retryable, || {
+            let synced = retry_startup(&self.handle, &what, SyncError::is_retryable, || {
                 self.sync(&bounded, spec)
             })
             .await
-            .map_err(|failure| failure.into_worker_error(spec))?;
+            .map_err(|e| sync_failed(e, spec))?;
             if synced.is_none() {
                 info!("shut down during startup");
                 return Ok(());
@@ -803,12 +803,8 @@ impl Worker {
         self.handle.update(|s| s.leases = leases);
     }
 
-    async fn sync(
-        &self,
-        store: &Arc<dyn LeaseStore>,
-        spec: &StreamSpec,
-    ) -> Result<(), SyncFailure> {
-        match shard_sync::sync_shards(
+    async fn sync(&self, store: &Arc<dyn LeaseStore>, spec: &StreamSpec) -> Result<(), SyncError> {
+        shard_sync::sync_shards(
             self.source.as_ref(),
             store.as_ref(),
             &spec.name,
@@ -816,11 +812,7 @@ impl Worker {
             self.config.initial_position,
         )
         .await
-        {
-            Ok(_) => Ok(()),
-            Err(shard_sync::SyncError::Source(e)) => Err(SyncFailure::Source(e)),
-            Err(shard_sync::SyncError::Store(e)) => Err(SyncFailure::Store(e)),
-        }
+        .map(|_| ())
     }
 
     fn sync_loop(
@@ -1078,33 +1070,17 @@ impl Running {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-enum SyncFailure {
-    #[error(transparent)]
-    Source(SourceError),
-    #[error(transparent)]
-    Store(StoreError),
-}
-
-impl SyncFailure {
-    fn is_retryable(&self) -> bool {
-        match self {
-            SyncFailure::Source(e) => e.is_retryable(),
-            SyncFailure::Store(e) => e.is_retryable(),
+/// The worker's error for a failed startup sync of `spec`.
+fn sync_failed(error: SyncError, spec: &StreamSpec) -> WorkerError {
+    match error {
+        SyncError::Source(SourceError::StreamNotFound { stream }) => {
+            WorkerError::StreamNotFound { stream }
         }
-    }
-
-    fn into_worker_error(self, spec: &StreamSpec) -> WorkerError {
-        match self {
-            SyncFailure::Source(SourceError::StreamNotFound { stream }) => {
-                WorkerError::StreamNotFound { stream }
-            }
-            SyncFailure::Source(source) => WorkerError::Source {
-                stream: spec.name.clone(),
-                source,
-            },
-            SyncFailure::Store(e) => WorkerError::Store(e),
-        }
+        SyncError::Source(source) => WorkerError::Source {
+            stream: spec.name.clone(),
+            source,
+        },
+        SyncError::Store(e) => WorkerError::Store(e),
     }
 }
 
