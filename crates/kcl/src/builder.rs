@@ -539,6 +539,21 @@ impl WorkerBuilder {
     /// besides the metrics and counters kcl keeps: for an application's
     /// own telemetry or audit trail. It is called on kcl's tasks and must
     /// return quickly.
+    ///
+    /// ```
+    /// #[derive(Debug)]
+    /// struct Audit;
+    ///
+    /// impl kcl::observe::Observer for Audit {
+    ///     fn observe(&self, worker: &str, event: &kcl::observe::Event<'_>) {
+    ///         if let kcl::observe::Event::Ended { key, reason } = event {
+    ///             eprintln!("{worker} stopped holding {key}: {reason}");
+    ///         }
+    ///     }
+    /// }
+    ///
+    /// let builder = kcl::Worker::builder("orders-counter").observer(Audit);
+    /// ```
     pub fn observer(mut self, observer: impl Observer + 'static) -> Self {
         self.observer = Some(Arc::new(observer));
         self
