@@ -434,10 +434,10 @@ impl Config {
 /// Turns a setting that `build()` rejected into an error naming the
 /// variable it came from (the builder names its own field).
 fn blame_env(e: kcl::Error) -> anyhow::Error {
-    if let kcl::Error::MetricsBind { .. } = &e {
+    if e.kind() == kcl::ErrorKind::MetricsBind {
         return BadEnv(vec![("KCL_METRICS_ADDR", format!("is rejected: {e}"))]).into();
     }
-    let kcl::Error::Config(c) = &e else {
+    let Some(c) = e.config() else {
         return e.into();
     };
     let var = match c.field {

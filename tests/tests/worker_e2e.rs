@@ -343,7 +343,8 @@ async fn bad_configuration_and_a_missing_stream_are_clear_errors() {
         .build()
         .unwrap();
     let err = worker.run().await.unwrap_err();
-    assert!(matches!(err, kcl::Error::StreamNotFound { .. }), "{err:?}");
+    assert_eq!(err.kind(), kcl::ErrorKind::StreamNotFound, "{err:?}");
+    assert_eq!(err.stream(), Some(missing.as_str()));
     assert!(err.to_string().contains(&missing), "{err}");
     let table = env
         .dynamodb()

@@ -27,64 +27,117 @@ use kcl_kinesis::{
 use tracing::{info, warn};
 
 /// Why a worker could not be built or could not run.
+///
+/// Branch on [`Error::kind`]; the cause is behind
+/// [`std::error::Error::source`], and the accessors give the details a
+/// caller acts on (the setting, the stream, the engine's error).
 #[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct Error(Repr);
+
+/// What went wrong, for a caller deciding what to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum Error {
-    /// A setting is impossible; the message names the field.
+pub enum ErrorKind {
+    /// A setting is impossible: [`Error::config`] names the field.
+    Config,
+    /// A configured stream does not exist: [`Error::stream`] names it.
+    StreamNotFound,
+    /// Describing a stream failed (access, endpoint, throttling).
+    DescribeStream,
+    /// The lease table could not be created or is not a lease table.
+    LeaseTable,
+    /// The worker stopped with an error: [`Error::worker`] has it.
+    Worker,
+    /// The metrics endpoint's address cannot be bound.
+    MetricsBind,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Repr {
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// A configured stream does not exist.
     #[error("stream {stream:?} does not exist (check the name, the region and the endpoint)")]
-    StreamNotFound {
-        /// The stream name.
-        stream: String,
-    },
-    /// Describing a stream failed.
+    StreamNotFound { stream: String },
     #[error("cannot describe stream {stream:?}")]
     DescribeStream {
-        /// The stream name.
         stream: String,
-        /// The SDK error.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    /// The lease table could not be created or is not a lease table.
     #[error("lease table {table:?} cannot be used")]
     LeaseTable {
-        /// The table name.
         table: String,
-        /// What went wrong.
         #[source]
         source: kcl_core::StoreError,
     },
-    /// The worker stopped with an error.
     #[error(transparent)]
     Worker(#[from] WorkerError),
-    /// The metrics endpoint's address cannot be bound (in use, or not an
-    /// address of this host).
     #[cfg(feature = "prometheus")]
     #[error("cannot serve metrics on {addr}")]
     MetricsBind {
-        /// The address asked for.
         addr: std::net::SocketAddr,
-        /// Why binding failed.
         #[source]
         source: std::io::Error,
     },
 }
 
+impl<T: Into<Repr>> From<T> for Error {
+    fn from(repr: T) -> Self {
+        Error(repr.into())
+    }
+}
+
 impl Error {
+    /// What went wrong.
+    pub fn kind(&self) -> ErrorKind {
+        match &self.0 {
+            Repr::Config(_) => ErrorKind::Config,
+            Repr::StreamNotFound { .. } => ErrorKind::StreamNotFound,
+            Repr::DescribeStream { .. } => ErrorKind::DescribeStream,
+            Repr::LeaseTable { .. } => ErrorKind::LeaseTable,
+            Repr::Worker(_) => ErrorKind::Worker,
+            #[cfg(feature = "prometheus")]
+            Repr::MetricsBind { .. } => ErrorKind::MetricsBind,
+        }
+    }
+
+    /// The impossible setting, for [`ErrorKind::Config`].
+    pub fn config(&self) -> Option<&ConfigError> {
+        match &self.0 {
+            Repr::Config(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The stream concerned, for [`ErrorKind::StreamNotFound`] and
+    /// [`ErrorKind::DescribeStream`].
+    pub fn stream(&self) -> Option<&str> {
+        match &self.0 {
+            Repr::StreamNotFound { stream } | Repr::DescribeStream { stream, .. } => Some(stream),
+            _ => None,
+        }
+    }
+
+    /// The engine's error, for [`ErrorKind::Worker`].
+    pub fn worker(&self) -> Option<&WorkerError> {
+        match &self.0 {
+            Repr::Worker(e) => Some(e),
+            _ => None,
+        }
+    }
+
     /// True when the same run may succeed if tried again later: the lease
     /// table or Kinesis throttled, answered 5xx or did not answer. A worker
     /// retries these at startup by itself; this tells the rest apart.
     pub fn is_retryable(&self) -> bool {
-        match self {
-            Error::LeaseTable { source, .. } => source.is_retryable(),
-            Error::DescribeStream { source, .. } => source
+        match &self.0 {
+            Repr::LeaseTable { source, .. } => source.is_retryable(),
+            Repr::DescribeStream { source, .. } => source
                 .downcast_ref::<DescribeError>()
                 .is_some_and(describe_is_retryable),
-            Error::Worker(WorkerError::Store(e)) => e.is_retryable(),
-            Error::Worker(WorkerError::Source { source, .. }) => source.is_retryable(),
+            Repr::Worker(WorkerError::Store(e)) => e.is_retryable(),
+            Repr::Worker(WorkerError::Source { source, .. }) => source.is_retryable(),
             _ => false,
         }
     }
@@ -241,7 +294,7 @@ impl Worker {
             || async {
                 ensure_table(&self.dynamodb, &self.table, self.capacity)
                     .await
-                    .map_err(|source| Error::LeaseTable {
+                    .map_err(|source| Repr::LeaseTable {
                         table: self.table.clone(),
                         source,
                     })?;
@@ -249,7 +302,7 @@ impl Worker {
                     let workers = workers_table_for(&self.table);
                     ensure_workers_table(&self.dynamodb, &workers, self.capacity)
                         .await
-                        .map_err(|source| Error::LeaseTable {
+                        .map_err(|source| Repr::LeaseTable {
                             table: workers,
                             source,
                         })?;
@@ -301,8 +354,8 @@ impl Worker {
             warn!(error = %e, "deregistering the stream consumer failed; it stays registered");
         }
         result.map_err(|e| match e {
-            WorkerError::StreamNotFound { stream } => Error::StreamNotFound { stream },
-            other => Error::Worker(other),
+            WorkerError::StreamNotFound { stream } => Repr::StreamNotFound { stream }.into(),
+            other => Repr::Worker(other).into(),
         })
     }
 }
@@ -382,7 +435,7 @@ impl StreamTracker for NameTracker {
             match self.resolver.spec(&name).await {
                 Ok(spec) => specs.push(spec),
                 // A stream not created yet is simply not consumed yet.
-                Err(Error::StreamNotFound { .. }) => continue,
+                Err(e) if e.kind() == ErrorKind::StreamNotFound => continue,
                 Err(e) => {
                     return Err(SourceError::Fatal {
                         stream: name,
@@ -410,11 +463,11 @@ async fn stream_identifier(
         if e.as_service_error()
             .is_some_and(|s| s.is_resource_not_found_exception())
         {
-            Error::StreamNotFound {
+            Repr::StreamNotFound {
                 stream: stream.to_owned(),
             }
         } else {
-            Error::DescribeStream {
+            Repr::DescribeStream {
                 stream: stream.to_owned(),
                 source: Box::new(e),
             }
@@ -422,7 +475,7 @@ async fn stream_identifier(
     })?;
     let summary = out
         .stream_description_summary()
-        .ok_or_else(|| Error::DescribeStream {
+        .ok_or_else(|| Repr::DescribeStream {
             stream: stream.to_owned(),
             source: "DescribeStreamSummary returned no summary".into(),
         })?;
@@ -735,7 +788,7 @@ impl WorkerBuilder {
     /// Validates every setting and returns the worker.
     pub fn build(self) -> Result<Worker, Error> {
         let invalid =
-            |field: &'static str, reason: String| Error::Config(ConfigError { field, reason });
+            |field: &'static str, reason: String| Error::from(ConfigError { field, reason });
         let table = self.table.clone().unwrap_or_else(|| self.app.clone());
         let table_field = if self.table.is_some() {
             "table_name"
@@ -903,10 +956,11 @@ mod tests {
     use kcl_core::store::{StoreError, StoreOp};
 
     fn describe_failure(e: DescribeError) -> Error {
-        Error::DescribeStream {
+        Repr::DescribeStream {
             stream: "s".into(),
             source: Box::new(e),
         }
+        .into()
     }
 
     fn offline_builder() -> WorkerBuilder {
@@ -1029,8 +1083,10 @@ mod tests {
         ];
         for (builder, field) in cases {
             match builder.build() {
-                Err(Error::Config(e)) => assert_eq!(e.field, field, "{e}"),
-                Err(other) => panic!("{field}: not a config error: {other}"),
+                Err(e) => {
+                    assert_eq!(e.kind(), ErrorKind::Config, "{field}: {e}");
+                    assert_eq!(e.config().map(|c| c.field), Some(field), "{e}");
+                }
                 Ok(_) => panic!("{field}: accepted"),
             }
         }
@@ -1068,23 +1124,25 @@ mod tests {
             ),
             (
                 "a throttled lease table",
-                Error::LeaseTable {
+                Repr::LeaseTable {
                     table: "t".into(),
                     source: throttled,
-                },
+                }
+                .into(),
                 true,
             ),
             (
                 "a lease table access denied",
-                Error::LeaseTable {
+                Repr::LeaseTable {
                     table: "t".into(),
                     source: fatal,
-                },
+                }
+                .into(),
                 false,
             ),
             (
                 "a missing stream",
-                Error::StreamNotFound { stream: "s".into() },
+                Repr::StreamNotFound { stream: "s".into() }.into(),
                 false,
             ),
         ];

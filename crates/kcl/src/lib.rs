@@ -58,7 +58,7 @@ pub mod observability;
 mod signal;
 
 pub use async_trait::async_trait;
-pub use builder::{Error, Worker, WorkerBuilder};
+pub use builder::{Error, ErrorKind, Worker, WorkerBuilder};
 pub use kcl_core::checkpointer::{CheckpointError, Checkpointer, Position, SequenceNumber};
 pub use kcl_core::leases::EndReason;
 /// The lease engine's typed events, for [`WorkerBuilder::observer`].

@@ -54,7 +54,8 @@ impl Endpoint {
             let bound = listener.local_addr()?;
             Ok::<_, std::io::Error>((listener, bound))
         };
-        let (listener, bound) = bind().map_err(|source| Error::MetricsBind { addr, source })?;
+        let (listener, bound) =
+            bind().map_err(|source| crate::builder::Repr::MetricsBind { addr, source })?;
         Ok(Endpoint {
             listener,
             addr: bound,
