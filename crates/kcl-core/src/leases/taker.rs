@@ -30,7 +30,8 @@ use crate::leases::renewer::{observe_one, tell_previous_owner};
 use crate::leases::shared::{Shared, each_unblocked};
 use crate::leases::tenure::instance_of;
 use crate::observe::{Acquisition, Event};
-use crate::store::{Holder, StoreError};
+use crate::store::retry::counted_as_throttling;
+use crate::store::{Holder, StoreError, StoreOp};
 
 /// Writes issued at once when a tick takes many leases (a cold start).
 const TAKE_CONCURRENCY: usize = 16;
@@ -130,7 +131,9 @@ impl Taker {
             Ok(beats) => beats,
             Err(e) => {
                 shared.emit(Event::ScanFailed);
-                warn!(error = %e, "reading the liveness records failed; retrying next tick");
+                if !counted_as_throttling(StoreOp::ReadBeats, &e) {
+                    warn!(error = %e, "reading the liveness records failed; retrying next tick");
+                }
                 return None;
             }
         };
@@ -197,7 +200,9 @@ impl Taker {
             Ok(scanned) => scanned,
             Err(e) => {
                 shared.emit(Event::ScanFailed);
-                warn!(error = %e, "lease scan failed; retrying next tick");
+                if !counted_as_throttling(StoreOp::ScanPage, &e) {
+                    warn!(error = %e, "lease scan failed; retrying next tick");
+                }
                 self.unsettled = true;
                 return None;
             }
@@ -665,7 +670,14 @@ async fn take_one(shared: &Shared, kind: Kind, seen: &Lease, read_from: Instant)
             }
             Err(e) => {
                 shared.emit(Event::TakeFailed { key: &seen.key });
-                warn!(lease = %seen.key, error = %e, "taking a lease failed; retrying next tick");
+                let op = match kind {
+                    Kind::Take => StoreOp::Take,
+                    Kind::Steal => StoreOp::StartHandoff,
+                    Kind::Reclaim => StoreOp::Reclaim,
+                };
+                if !counted_as_throttling(op, &e) {
+                    warn!(lease = %seen.key, error = %e, "taking a lease failed; retrying next tick");
+                }
                 return;
             }
         }

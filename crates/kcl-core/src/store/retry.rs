@@ -23,6 +23,23 @@ use crate::warn_limit::{RateLimitedWarn, WARN_INTERVAL};
 static THROTTLED: RateLimitedWarn = RateLimitedWarn::new(WARN_INTERVAL);
 static RETRIED: RateLimitedWarn = RateLimitedWarn::new(WARN_INTERVAL);
 
+/// Counts `e` towards the process-wide throttling warning if the lease
+/// table throttled it, warning when one is due; true if it was throttled.
+/// Callers that give up on a call until their next round (the taker's
+/// reads and takes) warn of other failures themselves, but not of each
+/// throttled one: a storm would repeat it every tick, and under load the
+/// throttles that reach the retries may be few (the SDK retries inside
+/// each attempt, and an attempt that times out reads as unavailable).
+pub(crate) fn counted_as_throttling(op: StoreOp, e: &StoreError) -> bool {
+    if e.kind() != ErrorKind::Throttled {
+        return false;
+    }
+    if let Some(n) = THROTTLED.hit() {
+        tracing::warn!(%op, calls = n, "the lease table is throttling: {n} throttled calls since the last warning, retried with backoff (leases and checkpoints lag while it lasts)");
+    }
+    true
+}
+
 /// How one kind of call is retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RetryPolicy {
@@ -64,11 +81,10 @@ where
         .sleep(tokio::time::sleep)
         .when(StoreError::is_retryable)
         .notify(move |e: &StoreError, pause: Duration| {
-            if e.kind() == ErrorKind::Throttled {
-                if let Some(n) = THROTTLED.hit() {
-                    tracing::warn!(%op, calls = n, ?pause, "the lease table is throttling: {n} throttled calls since the last warning, retried with backoff (leases and checkpoints lag while it lasts)");
-                }
-            } else if let Some(n) = RETRIED.hit() {
+            if counted_as_throttling(op, e) {
+                return;
+            }
+            if let Some(n) = RETRIED.hit() {
                 tracing::warn!(%op, calls = n, error = %e, ?pause, "lease-table calls are failing: {n} retried since the last warning");
             }
         })
