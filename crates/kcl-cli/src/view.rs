@@ -152,14 +152,20 @@ impl Row {
         }
     }
 
-    /// The row with its holder's liveness; a holder whose record is older
-    /// than its lease duration makes the lease expired, as its peers would
-    /// judge it.
+    /// The row with its holder's liveness. Where a record judges the
+    /// lease, it decides as the holder's peers do: a holder whose record is
+    /// older than its lease duration has an expired lease, and one that
+    /// beats holds it, however long the lease item's counter stood still
+    /// (in the liveness mode nothing renews the item itself).
     pub(crate) fn with_liveness(mut self, liveness: Option<Liveness>) -> Row {
-        if liveness.as_ref().is_some_and(|l| !l.alive)
-            && matches!(self.state, State::Active | State::Handoff)
+        if let Some(l) = &liveness
+            && matches!(self.state, State::Active | State::Handoff | State::Expired)
         {
-            self.state = State::Expired;
+            self.state = match (l.alive, self.handoff_from.is_some()) {
+                (false, _) => State::Expired,
+                (true, true) => State::Handoff,
+                (true, false) => State::Active,
+            };
         }
         self.liveness = liveness;
         self
@@ -506,6 +512,18 @@ mod tests {
         );
         assert!(!stale.liveness.unwrap().alive);
         assert!(judged(Some("leaving.2")).liveness.unwrap().stopping);
+        // A counter that stood still (as `watch` sees an idle lease in the
+        // liveness mode, where nothing renews the item) does not expire a
+        // lease whose holder beats.
+        let idle = held_by(Some("fresh.4"));
+        let watched = Row::new(&idle, State::of(&idle, true), Some(Duration::from_secs(30)))
+            .with_liveness(Liveness::of(&idle, &beats, read_at));
+        assert_eq!(watched.state, State::Active);
+        let mut handing = held_by(Some("fresh.4"));
+        handing.checkpoint_owner = Some("w0".into());
+        let watched = Row::new(&handing, State::of(&handing, true), None)
+            .with_liveness(Liveness::of(&handing, &beats, read_at));
+        assert_eq!(watched.state, State::Handoff);
         // Nothing to judge by: no tenure, no record for the instance, or a
         // record that does not say its lease duration.
         for tenure in [None, Some("unknown.1"), Some("old-writer.1")] {

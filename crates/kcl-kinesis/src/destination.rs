@@ -27,8 +27,9 @@ const MAX_ERROR_BYTES: usize = 8 * 1024;
 /// Resending the entries a `PutRecords` refused (throttled shards): twice,
 /// 100 ms then 200 ms later, before `send` fails and the consumer retries
 /// it with its own backoff.
-const RESEND: Backoff =
-    Backoff::new(Duration::from_millis(100), Duration::from_millis(200)).retries(2);
+const RESEND: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_millis(200))
+    .retries(2)
+    .without_jitter();
 
 /// Writes failed records to a Kinesis stream as JSON:
 ///

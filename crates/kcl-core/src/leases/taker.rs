@@ -188,7 +188,9 @@ impl Taker {
                 Ok(workers) => self.java.observe(workers, Instant::now(), wall_secs()),
                 Err(e) => {
                     self.java.failed(Instant::now());
-                    warn!(error = %e, "reading the Java KCL workers' reports failed; retrying in 30 s");
+                    if !counted_as_throttling(StoreOp::ReadJavaWorkers, &e) {
+                        warn!(error = %e, "reading the Java KCL workers' reports failed; retrying in 30 s");
+                    }
                 }
             }
         }

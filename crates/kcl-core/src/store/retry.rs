@@ -35,7 +35,7 @@ pub(crate) fn counted_as_throttling(op: StoreOp, e: &StoreError) -> bool {
         return false;
     }
     if let Some(n) = THROTTLED.hit() {
-        tracing::warn!(%op, calls = n, "the lease table is throttling: {n} throttled calls since the last warning, retried with backoff (leases and checkpoints lag while it lasts)");
+        tracing::warn!(%op, calls = n, "the lease table is throttling: {n} throttled calls since the last warning, each tried again later (leases and checkpoints lag while it lasts)");
     }
     true
 }
