@@ -1091,8 +1091,8 @@ async fn one_listing_shows_each_holders_liveness_and_watch_learns_the_lease_dura
         .item("instance", AttributeValue::S("inst-gone".into()))
         .item("workerId", AttributeValue::S("w-gone".into()))
         .item("beat", n(40))
-        .item("leaseDurationMillis", n(7000))
-        .item("writtenAtMillis", n(a_minute_ago))
+        .item("d", n(7000))
+        .item("t", n(a_minute_ago))
         .send()
         .await
         .unwrap();

@@ -11,9 +11,15 @@
 //! | `changes` | N | bumped when it created or released leases |
 //! | `wake` | N | bumped by peers asking it to read the lease table |
 //! | `asked` | SS | lease keys peers asked it to hand over |
-//! | `stopping` | BOOL | a graceful shutdown is under way |
-//! | `leaseDurationMillis` | N | its lease duration, for tools judging its leases |
-//! | `writtenAtMillis` | N | when it last beat, on its wall clock (for tools only) |
+//! | `stopping` | BOOL | a graceful shutdown is under way (absent otherwise) |
+//! | `d` | N | its lease duration in milliseconds, for tools judging its leases |
+//! | `t` | N | when it last beat (epoch milliseconds, its wall clock; for tools only) |
+//!
+//! Every worker reads every record at each tick, so a record's bytes are
+//! paid workers x workers times a tick: the two fields only tools read
+//! have one-letter names (about 14 bytes a record instead of 49), and
+//! `stopping` is written only while true (9 bytes saved on nearly every
+//! record).
 //!
 //! The Java KCL never reads or writes this table; a lease table shared with
 //! it must use per-lease renewal, which writes nothing here.
@@ -48,9 +54,9 @@ pub mod attr {
     /// Shutting down.
     pub const STOPPING: &str = "stopping";
     /// The instance's lease duration, in milliseconds.
-    pub const LEASE_DURATION: &str = "leaseDurationMillis";
+    pub const LEASE_DURATION: &str = "d";
     /// When the record was last written (epoch milliseconds, the writer's clock).
-    pub const WRITTEN_AT: &str = "writtenAtMillis";
+    pub const WRITTEN_AT: &str = "t";
 }
 
 fn key(instance: &str) -> HashMap<String, AttributeValue> {
@@ -116,8 +122,13 @@ impl DynamoDbLeaseStore {
         // remembers an earlier record of this instance (deleted while the
         // instance was paused) must see the counter move.
         let mut expression =
-            "SET #w = :w, #h = :h, #c = :c, #s = :s, #d = :d, #t = :t, #b = if_not_exists(#b, :start) + :one"
+            "SET #w = :w, #h = :h, #c = :c, #d = :d, #t = :t, #b = if_not_exists(#b, :start) + :one"
                 .to_owned();
+        // `stopping` is kept only while true (an absent one reads false):
+        // the bytes every peer reads every tick stay few.
+        if update.stopping {
+            expression.push_str(", #s = :s");
+        }
         let mut names = HashMap::from([
             ("#i".to_owned(), attr::INSTANCE.to_owned()),
             ("#w".to_owned(), attr::WORKER.to_owned()),
@@ -139,7 +150,6 @@ impl DynamoDbLeaseStore {
                 ":c".to_owned(),
                 AttributeValue::N(update.changes.to_string()),
             ),
-            (":s".to_owned(), AttributeValue::Bool(update.stopping)),
             (
                 ":d".to_owned(),
                 AttributeValue::N(update.lease_duration.as_millis().to_string()),
@@ -151,6 +161,11 @@ impl DynamoDbLeaseStore {
                 AttributeValue::N(u64::from(rand::random::<u32>()).to_string()),
             ),
         ]);
+        if update.stopping {
+            values.insert(":s".to_owned(), AttributeValue::Bool(true));
+        } else {
+            expression.push_str(" REMOVE #s");
+        }
         if !update.answered.is_empty() {
             expression.push_str(" DELETE #a :answered");
             names.insert("#a".to_owned(), attr::ASKED.to_owned());

@@ -936,6 +936,12 @@ pub async fn beats_bump_the_counter_and_are_conditional_on_the_worker<S: LeaseSt
     all.sort_by(|x, y| x.instance.cmp(&y.instance));
     assert_eq!(all.len(), 2);
     assert_eq!(all[0], second);
+    // A shutdown that was called off (a record written again without
+    // `stopping`) reads back as not stopping.
+    let resumed = store.beat(&beat_of("i-1", "a", 4)).await.expect("beat");
+    assert!(!resumed.stopping, "{resumed:?}");
+    let again = store.beats().await.expect("read");
+    assert!(again.iter().all(|b| !b.stopping), "{again:?}");
     let leases: Vec<Lease> = store.scan().try_concat().await.expect("scan");
     assert!(
         leases.is_empty(),

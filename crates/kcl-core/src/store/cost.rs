@@ -104,12 +104,16 @@ pub fn beat_bytes(b: &Beat) -> usize {
         + number_bytes(b.changes)
         + "wake".len()
         + number_bytes(b.wake)
-        + "stopping".len()
-        + 1
-        + "leaseDurationMillis".len()
-        + number_bytes(b.lease_duration.map_or(0, |d| d.as_millis() as u64))
-        + "writtenAtMillis".len()
-        + number_bytes(u64::MAX / 1000)
+        + if b.stopping { "stopping".len() + 1 } else { 0 }
+        + b.lease_duration
+            .map_or(0, |d| "d".len() + number_bytes(d.as_millis() as u64))
+        + b.written_at.map_or(0, |t| {
+            let millis = t
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis();
+            "t".len() + number_bytes(millis as u64)
+        })
         + b.asked.iter().map(String::len).sum::<usize>()
 }
 
