@@ -42,27 +42,6 @@ impl Backoff {
         self
     }
 
-    /// The same policy with the longest pause changed.
-    pub const fn with_max(mut self, max: Duration) -> Self {
-        self.max = max;
-        self
-    }
-
-    /// The first pause (before jitter).
-    pub const fn first(&self) -> Duration {
-        self.first
-    }
-
-    /// The longest pause (before jitter).
-    pub const fn max(&self) -> Duration {
-        self.max
-    }
-
-    /// The most pauses, if bounded.
-    pub const fn max_retries(&self) -> Option<usize> {
-        self.retries
-    }
-
     /// A fresh run of pauses.
     pub fn pauses(&self) -> Pauses {
         Pauses {
