@@ -1074,16 +1074,17 @@ async fn one_listing_shows_each_holders_liveness_and_watch_learns_the_lease_dura
             changes: 0,
             answered: &[],
             stopping: false,
-            lease_duration: Duration::from_secs(7),
+            lease_duration: Duration::from_secs(60),
         })
         .await
         .unwrap();
-    // A record last written a minute ago, as a crashed worker leaves it.
-    let a_minute_ago = std::time::SystemTime::now()
+    // A record last written an hour ago, as a crashed worker leaves it
+    // (both margins far from anything a busy machine could add).
+    let an_hour_ago = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis()
-        - 60_000;
+        - 3_600_000;
     let n = |v: u128| AttributeValue::N(v.to_string());
     env.dynamodb()
         .put_item()
@@ -1091,8 +1092,8 @@ async fn one_listing_shows_each_holders_liveness_and_watch_learns_the_lease_dura
         .item("instance", AttributeValue::S("inst-gone".into()))
         .item("workerId", AttributeValue::S("w-gone".into()))
         .item("beat", n(40))
-        .item("d", n(7000))
-        .item("t", n(a_minute_ago))
+        .item("d", n(60_000))
+        .item("t", n(an_hour_ago))
         .send()
         .await
         .unwrap();
@@ -1112,11 +1113,11 @@ async fn one_listing_shows_each_holders_liveness_and_watch_learns_the_lease_dura
     assert_eq!(live["state"], "active");
     assert_eq!(live["liveness"]["instance"], "inst-live");
     assert_eq!(live["liveness"]["alive"], true);
-    assert_eq!(live["liveness"]["lease_duration_ms"], 7000);
+    assert_eq!(live["liveness"]["lease_duration_ms"], 60_000);
     let gone = &by_shard["shardId-000000000001"];
     assert_eq!(gone["state"], "expired", "{gone}");
     assert_eq!(gone["liveness"]["alive"], false);
-    assert!(gone["liveness"]["last_beat_ms_ago"].as_u64().unwrap() >= 60_000);
+    assert!(gone["liveness"]["last_beat_ms_ago"].as_u64().unwrap() >= 3_600_000);
     let unjudged = &by_shard["shardId-000000000002"];
     assert_eq!(unjudged["state"], "active");
     assert!(
@@ -1144,7 +1145,7 @@ async fn one_listing_shows_each_holders_liveness_and_watch_learns_the_lease_dura
     .await);
     assert!(
         screen.contains(
-            "counter unchanged for 7s, the lease duration from the workers' liveness records"
+            "counter unchanged for 60s, the lease duration from the workers' liveness records"
         ),
         "{screen}"
     );
