@@ -133,7 +133,9 @@ in_both_modes!(
     scans_stay_one_per_tick_balanced_or_not,
     two_processes_with_one_worker_id_never_share_a_lease,
     a_lost_take_is_reclaimed_by_its_own_process_not_by_another_under_the_same_id,
-    a_worker_that_stopped_before_this_one_started_gets_no_handoff_requests
+    a_worker_that_stopped_before_this_one_started_gets_no_handoff_requests,
+    a_previous_owner_renews_while_it_drains_and_the_handoff_completes,
+    a_stuck_previous_owner_lets_go_only_after_the_handoff_timeout
 );
 
 async fn cold_start_claims_everything_in_one_tick_then_balances(mode: LeaseRenewal) {
@@ -700,25 +702,30 @@ async fn a_handoff_whose_thief_died_and_whose_completion_failed_still_moves_the_
     assert_eq!(log.max(), Duration::ZERO);
 }
 
-/// Renewing per lease, a handoff is the Java KCL's: the previous owner keeps
-/// renewing the lease while it drains (its counter moves), the thief
+/// A handoff is the Java KCL's in both renewal modes: the previous owner
+/// keeps renewing the lease while it drains (its counter moves), the thief
 /// renews nothing it awaits, and the handoff completes, never forced, with
-/// no moment two workers believe in one lease.
-#[tokio::test(start_paused = true)]
-async fn a_per_lease_previous_owner_renews_while_it_drains_and_the_handoff_completes() {
+/// no moment two workers may process one lease. With liveness records the
+/// victim's beats renew nothing it hands off: without its per-lease
+/// renewals it was fenced a lease duration after its last beat (4 to 9 s
+/// into a drain at the defaults), its handoff checkpoint refused.
+async fn a_previous_owner_renews_while_it_drains_and_the_handoff_completes(mode: LeaseRenewal) {
     let table = table_with(4).await;
     let mut log = OverlapLog::default();
     let step = Duration::from_millis(50);
     // Within the handoff timeout (a lease duration by default), long
-    // enough for two renewals.
+    // enough for two renewals per lease and one with liveness records.
     let drain = LEASE.mul_f64(0.75);
     let mut workers = vec![SimWorker::start_with(
         &table,
-        per_lease("a", 1).build().unwrap(),
+        in_mode(mode, "a", 1).build().unwrap(),
         StandIn::SlowHandoff(drain),
     )];
     run_for(&workers, &mut log, TICK * 2, step).await;
-    workers.push(SimWorker::start(&table, per_lease("b", 2).build().unwrap()));
+    workers.push(SimWorker::start(
+        &table,
+        in_mode(mode, "b", 2).build().unwrap(),
+    ));
     // Watch the first lease handed off: its counter while in handoff.
     let mut in_handoff: Option<(String, u64, u64)> = None;
     let started = Instant::now();
@@ -748,36 +755,51 @@ async fn a_per_lease_previous_owner_renews_while_it_drains_and_the_handoff_compl
         "the thief renewed what it awaited ({thief_renewals} renewals; one per activation expected)"
     );
     let (key, first, last) = in_handoff.expect("a handoff was seen");
+    let renewals = match mode {
+        LeaseRenewal::PerLease => 2,
+        _ => 1,
+    };
     assert!(
-        last >= first + 2,
+        last >= first + renewals,
         "{key}: the previous owner renews while it drains for {drain:?}: counter {first} -> {last}"
     );
     let b = workers[1].coordinator().stats();
     assert_eq!(b.handoffs_forced, 0, "{b:?}");
-    assert_eq!(log.max(), Duration::ZERO, "two workers believed one lease");
+    assert_eq!(
+        log.max(),
+        Duration::ZERO,
+        "two workers may process one lease"
+    );
     run_for(&workers, &mut log, TICK * 4, step).await;
     assert!(balanced(&table, &["a", "b"]), "{:?}", table_counts(&table));
-    assert_eq!(workers[1].coordinator().stats().handoffs_forced, 0);
+    let (a, b) = (
+        workers[0].coordinator().stats(),
+        workers[1].coordinator().stats(),
+    );
+    assert_eq!(a.fenced, 0, "the draining victim was fenced: {a:?}");
+    assert_eq!(b.handoffs_forced, 0, "{b:?}");
     assert_eq!(log.max(), Duration::ZERO);
 }
 
-/// A per-lease previous owner whose processor never finishes draining
-/// renews the lease until the handoff timeout, then lets it lapse (fenced)
-/// and completes the handoff it no longer drains; the thief starts only
-/// then, never while the previous owner could still believe in the lease.
-#[tokio::test(start_paused = true)]
-async fn a_stuck_per_lease_previous_owner_lets_go_only_after_the_handoff_timeout() {
+/// A previous owner whose processor never finishes draining renews the
+/// lease until the handoff timeout, then lets it lapse (fenced) and
+/// completes the handoff it no longer drains; the thief starts only then,
+/// never while the previous owner could still process the lease.
+async fn a_stuck_previous_owner_lets_go_only_after_the_handoff_timeout(mode: LeaseRenewal) {
     let table = table_with(4).await;
     let mut log = OverlapLog::default();
     let step = Duration::from_millis(50);
     let mut workers = vec![SimWorker::start_with(
         &table,
-        per_lease("a", 1).build().unwrap(),
+        in_mode(mode, "a", 1).build().unwrap(),
         StandIn::NeverHandsOff,
     )];
     run_for(&workers, &mut log, TICK * 2, step).await;
-    let timeout = per_lease("a", 1).build().unwrap().handoff_timeout();
-    workers.push(SimWorker::start(&table, per_lease("b", 2).build().unwrap()));
+    let timeout = in_mode(mode, "a", 1).build().unwrap().handoff_timeout();
+    workers.push(SimWorker::start(
+        &table,
+        in_mode(mode, "b", 2).build().unwrap(),
+    ));
     let joined = Instant::now();
     while workers[1].valid_keys().is_empty() {
         run_for(&workers, &mut log, Duration::from_millis(100), step).await;
@@ -798,7 +820,124 @@ async fn a_stuck_per_lease_previous_owner_lets_go_only_after_the_handoff_timeout
     );
     assert!(a.fenced > 0, "the stuck drain lapsed on the victim: {a:?}");
     assert!(b.handoffs_completed + b.handoffs_forced > 0, "{b:?}");
-    assert_eq!(log.max(), Duration::ZERO, "two workers believed one lease");
+    assert_eq!(
+        log.max(),
+        Duration::ZERO,
+        "two workers may process one lease"
+    );
+}
+
+/// A rolling change of `lease_duration` (liveness records): a worker with
+/// a 30 s lease beats every 15 s and keeps its tenures for 27 s after a
+/// beat. A peer with a 10 s lease judges it by the duration its record
+/// states, not by its own: it never takes a lease of a live holder (judged
+/// by its own 10 s, it took every lease at each gap between beats), and the
+/// two share the leases by handoff.
+#[tokio::test(start_paused = true)]
+async fn workers_with_different_lease_durations_never_process_one_lease_at_once() {
+    let table = table_with(4).await;
+    let mut log = OverlapLog::default();
+    let step = Duration::from_millis(50);
+    let long = LEASE * 3;
+    let mut workers = vec![SimWorker::start_with(
+        &table,
+        config("old", 1).lease_duration(long).build().unwrap(),
+        StandIn::Checkpointing,
+    )];
+    run_for(&workers, &mut log, TICK * 2, step).await;
+    assert_eq!(workers[0].valid_keys().len(), 4);
+    workers.push(SimWorker::start_with(
+        &table,
+        config("new", 2).build().unwrap(),
+        StandIn::Checkpointing,
+    ));
+    let mut checkpoints = CheckpointLog::default();
+    run_checking(&workers, &table, &mut log, &mut checkpoints, long * 6).await;
+    let (old, new) = (
+        workers[0].coordinator().stats(),
+        workers[1].coordinator().stats(),
+    );
+    assert_eq!(
+        log.max(),
+        Duration::ZERO,
+        "two workers may process one lease"
+    );
+    assert!(
+        checkpoints.regressions.is_empty(),
+        "{:?}",
+        checkpoints.regressions
+    );
+    assert_eq!((new.taken, old.lost), (0, 0), "{new:?} {old:?}");
+    assert_eq!(new.handoffs_forced, 0, "{new:?}");
+    assert!(
+        balanced(&table, &["old", "new"]),
+        "{:?}",
+        table_counts(&table)
+    );
+}
+
+/// A worker whose beats fail while its lease-table writes work (only the
+/// workers table throttled, down or write-denied) lets its leases go: its
+/// tenures lapse a lease duration after its last beat, it takes and
+/// reclaims nothing while no beat lands (each reclaim was fenced at once,
+/// and moved the lease's counter so that peers never judged it free), and
+/// a peer takes every lease. Once its beats land again it takes its share
+/// back by handoff.
+#[tokio::test(start_paused = true)]
+async fn a_worker_whose_beats_fail_gives_its_leases_to_peers_until_they_land() {
+    use kcl_core::store::ErrorKind;
+    const SHARDS: usize = 8;
+    let table = table_with(SHARDS).await;
+    let mut log = OverlapLog::default();
+    let step = Duration::from_millis(50);
+    let workers: Vec<SimWorker> = ["a", "b"]
+        .iter()
+        .enumerate()
+        .map(|(i, id)| SimWorker::start(&table, config(id, 30 + i as u64).build().unwrap()))
+        .collect();
+    while !balanced(&table, &["a", "b"]) {
+        run_for(&workers, &mut log, Duration::from_secs(1), step).await;
+    }
+    let outage = Duration::from_secs(120);
+    let started = Instant::now();
+    let before = workers[0].coordinator().stats();
+    workers[0]
+        .store
+        .fail_until(Some(StoreOp::Beat), ErrorKind::Throttled, started + outage);
+    // The last beat landed at most a renew interval before; the peer sees
+    // the record stand still at its next read and takes a lease duration
+    // after that, at its next tick.
+    let bound = LEASE + tick_max() * 2;
+    while workers[1].processing_keys().len() < SHARDS {
+        run_for(&workers, &mut log, Duration::from_millis(100), step).await;
+        assert!(
+            started.elapsed() <= bound,
+            "after {:?} a peer processes {} of {SHARDS} shards: {:?} {:?}",
+            started.elapsed(),
+            workers[1].processing_keys().len(),
+            workers[0].coordinator().stats(),
+            workers[1].coordinator().stats()
+        );
+    }
+    println!(
+        "beats failing: a peer processes every shard {:?} after the outage began",
+        started.elapsed()
+    );
+    run_for(&workers, &mut log, outage - started.elapsed() - LEASE, step).await;
+    let during = workers[0].coordinator().stats();
+    assert_eq!(workers[0].processing_keys(), Vec::<String>::new());
+    assert_eq!(
+        (during.taken, during.reclaimed, during.stolen),
+        (before.taken, before.reclaimed, before.stolen),
+        "took or reclaimed while no beat landed: {during:?}"
+    );
+    run_for(&workers, &mut log, LEASE * 2 + tick_max() * 4, step).await;
+    assert!(balanced(&table, &["a", "b"]), "{:?}", table_counts(&table));
+    assert_eq!(
+        log.max(),
+        Duration::ZERO,
+        "two workers may process one lease"
+    );
 }
 
 /// A worker that starts after another stopped sees the stopped worker's

@@ -85,9 +85,12 @@ struct HeldInner {
     /// liveness record holds our request, or it has none), and when we last
     /// tried.
     ask: AskState,
-    /// While awaiting a handoff from a previous owner that renews per
-    /// lease: the counter last read and when a read first showed it.
+    /// While awaiting a handoff: the counter last read and when a read
+    /// first showed it (a previous owner renews the lease while it drains).
     victim: Option<(u64, Instant)>,
+    /// While awaiting a handoff: the earliest the handoff may be forced
+    /// because the previous owner was told (see [`Held::ask_told`]).
+    told_deadline: Option<Instant>,
     /// While handing off: when draining started.
     draining_since: Option<Instant>,
     /// While handing off: the renewals of this tenure stopped (the handoff
@@ -133,6 +136,7 @@ impl Held {
                 first_write: None,
                 ask: AskState::Untold,
                 victim: None,
+                told_deadline: None,
                 draining_since: None,
                 renewals_over: false,
             }),
@@ -222,17 +226,23 @@ impl Held {
         self.lock().renewals_over = true;
     }
 
-    /// One read of an awaited lease whose previous owner renews per lease,
-    /// answered at `answered`: the handoff is forced once a read asked for
-    /// a lease duration after its counter was first seen still shows that
-    /// counter. By then every renewal the previous owner made has lapsed
-    /// (its validity counts from the renewal's send, which was before
-    /// that first sight), so the forced take overlaps nothing it does.
+    /// One read of an awaited lease, answered at `answered`: the handoff
+    /// is forced once a read asked for `lease_duration` (the previous
+    /// owner's) after its counter was first seen still shows that counter.
+    /// By then every renewal the previous owner made while draining has
+    /// lapsed (its validity counts from the renewal's send, which was
+    /// before that first sight), so the forced take overlaps nothing it
+    /// does. With `told` (a previous owner with a liveness record, told
+    /// through it), never before the deadline its telling set either (an
+    /// older kcl previous owner renews nothing while it drains and counts
+    /// its validity from its beats, up to a handoff timeout after it was
+    /// told), and never at all before it was told.
     pub(crate) fn watch_previous_owner(
         &self,
         counter: u64,
         answered: Instant,
         lease_duration: std::time::Duration,
+        told: bool,
     ) {
         let mut inner = self.lock();
         let since = match inner.victim {
@@ -240,8 +250,15 @@ impl Held {
             _ => answered,
         };
         inner.victim = Some((counter, since));
+        let by_counter = since + lease_duration;
+        let deadline = match (told, inner.told_deadline) {
+            (false, _) => by_counter,
+            (true, Some(told)) => told.max(by_counter),
+            // Not told yet: it may not know, and is never forced.
+            (true, None) => return,
+        };
         if let Phase::Awaiting { force_at, .. } = &mut inner.phase {
-            *force_at = since + lease_duration;
+            *force_at = deadline;
         }
     }
 
@@ -270,6 +287,7 @@ impl Held {
             return;
         }
         inner.ask = AskState::Told;
+        inner.told_deadline = Some(at + timeout);
         // `at` is after the handoff's write, so this is never earlier than
         // the deadline that write alone would give.
         if let Phase::Awaiting { force_at, .. } = &mut inner.phase {

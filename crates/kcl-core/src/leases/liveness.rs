@@ -3,7 +3,7 @@
 //! exactly as lease expiry is (invariant 3).
 //!
 //! An instance is alive while this worker has seen its beat counter move
-//! within the lease duration. A lease is kept alive by the instance named in
+//! within the instance's lease duration (the one its record states). A lease is kept alive by the instance named in
 //! its tenure (or in the tenure of a handoff's previous owner): a lease
 //! item that no one rewrote for minutes is still held while its holder
 //! beats. What this module remembers also tells the taker whether the
@@ -90,12 +90,25 @@ impl LivenessTracker {
         self.as_of(now).saturating_duration_since(seen.since)
     }
 
-    /// True if `instance` beat within `lease_duration` of the last read
-    /// (made no later than `now`), as seen here.
-    pub(crate) fn is_alive(&self, instance: &str, lease_duration: Duration, now: Instant) -> bool {
+    /// True if the instance of `seen` beat within its lease duration of the
+    /// last read (made no later than `now`).
+    fn beats_in_time(&self, seen: &Seen, own: Duration, now: Instant) -> bool {
+        self.still_for(seen, now) < window(&seen.beat, own)
+    }
+
+    /// True if `instance` beat within its lease duration of the last read
+    /// (made no later than `now`), as seen here. `own` is this worker's
+    /// lease duration, used only for a record that does not state one.
+    pub(crate) fn is_alive(&self, instance: &str, own: Duration, now: Instant) -> bool {
         self.seen
             .get(instance)
-            .is_some_and(|s| self.still_for(s, now) < lease_duration)
+            .is_some_and(|s| self.beats_in_time(s, own, now))
+    }
+
+    /// The lease duration `instance`'s tenures are judged by (see
+    /// [`window`]), if it has a record.
+    pub(crate) fn duration_of(&self, instance: &str, own: Duration) -> Option<Duration> {
+        self.seen.get(instance).map(|s| window(&s.beat, own))
     }
 
     /// The instances `lease`'s tenures name (owner's, then previous
@@ -140,8 +153,10 @@ impl LivenessTracker {
     }
 
     /// When `instance` counts as dead if it beats no more.
-    pub(crate) fn expires_at(&self, instance: &str, lease_duration: Duration) -> Option<Instant> {
-        self.seen.get(instance).map(|s| s.since + lease_duration)
+    pub(crate) fn expires_at(&self, instance: &str, own: Duration) -> Option<Instant> {
+        self.seen
+            .get(instance)
+            .map(|s| s.since + window(&s.beat, own))
     }
 
     /// Whether `lease` is held by a live instance, if its liveness records
@@ -150,19 +165,11 @@ impl LivenessTracker {
     /// tenures have all lapsed: see `Shared::valid_from`), `None` if it
     /// names an instance without a record (it renews per lease, or was not
     /// read yet) or names none (a Java KCL lease).
-    pub(crate) fn judge(
-        &self,
-        lease: &Lease,
-        lease_duration: Duration,
-        now: Instant,
-    ) -> Option<bool> {
+    pub(crate) fn judge(&self, lease: &Lease, own: Duration, now: Instant) -> Option<bool> {
         // Called for every lease of a scan: no allocation.
         let named = self.named(lease);
         let mut instances = named.iter().flatten();
-        if instances
-            .clone()
-            .any(|i| self.is_alive(i, lease_duration, now))
-        {
+        if instances.clone().any(|i| self.is_alive(i, own, now)) {
             return Some(true);
         }
         if named.iter().all(Option::is_none) || instances.any(|i| !self.has_record(i)) {
@@ -177,10 +184,10 @@ impl LivenessTracker {
     }
 
     /// The live instances' records.
-    pub(crate) fn alive(&self, lease_duration: Duration, now: Instant) -> Vec<&Beat> {
+    pub(crate) fn alive(&self, own: Duration, now: Instant) -> Vec<&Beat> {
         self.seen
             .values()
-            .filter(|s| self.still_for(s, now) < lease_duration)
+            .filter(|s| self.beats_in_time(s, own, now))
             .map(|s| &s.beat)
             .collect()
     }
@@ -188,7 +195,7 @@ impl LivenessTracker {
     /// The state of the fleet as far as taking leases goes: who is alive,
     /// how many leases each holds, their change counters, who is stopping.
     /// `me` is left out: this worker knows its own changes.
-    pub(crate) fn digest(&self, me: &str, lease_duration: Duration, now: Instant) -> FleetDigest {
+    pub(crate) fn digest(&self, me: &str, own: Duration, now: Instant) -> FleetDigest {
         let mut rows: Vec<_> = self
             .seen
             .values()
@@ -196,7 +203,7 @@ impl LivenessTracker {
             .map(|s| {
                 (
                     s.beat.instance.clone(),
-                    self.still_for(s, now) < lease_duration,
+                    self.beats_in_time(s, own, now),
                     s.beat.held,
                     s.beat.changes,
                     s.beat.stopping,
@@ -206,6 +213,16 @@ impl LivenessTracker {
         rows.sort();
         FleetDigest(rows)
     }
+}
+
+/// How long after its last beat an instance's tenures may still be valid:
+/// the lease duration its record states, which is the one it counts its
+/// own validity with. Judging it by this worker's own duration instead
+/// would take the leases of a live holder with a longer one (a fleet in
+/// the middle of a rolling change of `lease_duration`). `own` stands in
+/// for records written before the duration was recorded.
+fn window(beat: &Beat, own: Duration) -> Duration {
+    beat.lease_duration.unwrap_or(own)
 }
 
 #[cfg(test)]
@@ -311,6 +328,37 @@ mod tests {
         assert_eq!(t.judge(&lease, d, t0 + s(23)), Some(true));
         read(&mut t, vec![beat("a", 2)], t0 + s(24));
         assert_eq!(t.judge(&lease, d, t0 + s(24)), Some(false));
+    }
+
+    /// A holder is judged by the lease duration its record states: the one
+    /// its tenures' validity counts with, whatever this worker's own is.
+    #[tokio::test(start_paused = true)]
+    async fn a_holder_is_judged_by_the_lease_duration_in_its_record() {
+        let own = Duration::from_secs(10);
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut long = beat("a", 1);
+        long.lease_duration = Some(s(30));
+        let mut short = beat("b", 1);
+        short.lease_duration = Some(s(4));
+        let mut t = LivenessTracker::default();
+        read(&mut t, vec![long.clone(), short.clone(), beat("c", 1)], t0);
+        read(&mut t, vec![long, short, beat("c", 1)], t0 + s(12));
+        let mut lease = Lease::new("s", Checkpoint::TrimHorizon);
+        lease.owner = Some("w".into());
+        lease.tenure = Some("a.1".into());
+        // 12 s still: dead by this worker's 10 s, alive by the holder's 30 s.
+        assert_eq!(t.judge(&lease, own, t0 + s(12)), Some(true));
+        assert!(t.is_alive("a", own, t0 + s(12)));
+        assert!(!t.is_alive("b", own, t0 + s(12)));
+        assert!(
+            !t.is_alive("c", own, t0 + s(12)),
+            "no duration recorded: own"
+        );
+        assert_eq!(t.expires_at("a", own), Some(t0 + s(30)));
+        assert_eq!(t.expires_at("b", own), Some(t0 + s(4)));
+        assert_eq!(t.duration_of("c", own), Some(own));
+        assert_eq!(t.alive(own, t0 + s(12)).len(), 1);
     }
 
     #[tokio::test(start_paused = true)]

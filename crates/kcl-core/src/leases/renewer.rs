@@ -26,9 +26,12 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     // Fencing runs beside renewal, not after it: a round stuck on a hung
     // store must not delay a fence deadline.
     if shared.liveness_mode() {
+        // Beats renew every tenure but those handing off: a previous owner
+        // renews those per lease while it drains (see `renew_all`).
         tokio::select! {
             _ = stop.cancelled() => {}
             _ = beat_loop(&shared) => {}
+            _ = renew_loop(&shared) => {}
             _ = fence_loop(&shared) => {}
             _ = handoff_loop(&shared) => {}
         }
@@ -296,14 +299,16 @@ async fn advance_handoff(
         }
     };
     let now = Instant::now();
-    // A previous owner that renews per lease (kcl in that mode, or a Java
-    // worker) renews on while it drains: the handoff is forced only once
-    // it stopped, judged like expiry. One with a liveness record renews
-    // nothing we asked for, and is forced at the deadline its request set.
+    // A previous owner renews the lease while it drains (a Java worker and
+    // kcl in either mode): the handoff is forced only once it stopped,
+    // judged like expiry by the previous owner's lease duration. One with a
+    // liveness record is also never forced before the deadline telling it
+    // set (an older kcl renews nothing while it drains).
     if let Some(item) = &item
-        && previous_owner_renews_per_lease(shared, item)
+        && item.checkpoint_owner.is_some()
     {
-        held.watch_previous_owner(item.counter, now, shared.config.lease_duration);
+        let (window, told) = previous_owner_window(shared, item);
+        held.watch_previous_owner(item.counter, now, window, told);
     }
     let phase = held.phase();
     let holder = held.holder();
@@ -351,15 +356,17 @@ async fn advance_handoff(
     }
 }
 
-/// True if the previous owner of `lease`'s handoff renews it per lease: it
-/// has no liveness record (a kcl worker renewing per lease, or a Java KCL
-/// worker, whose handoff names no tenure).
-fn previous_owner_renews_per_lease(shared: &Shared, lease: &Lease) -> bool {
-    lease.checkpoint_owner.is_some()
-        && lease
-            .checkpoint_owner_tenure
-            .as_deref()
-            .is_none_or(|t| !shared.liveness().has_record(instance_of(t)))
+/// How long the counter of `lease`'s handoff must stand still before the
+/// previous owner's validity is surely over (its own lease duration, from
+/// its liveness record, else this worker's), and whether it has a record
+/// (it was told through it). A Java KCL previous owner names no tenure.
+fn previous_owner_window(shared: &Shared, lease: &Lease) -> (Duration, bool) {
+    let own = shared.config.lease_duration;
+    lease
+        .checkpoint_owner_tenure
+        .as_deref()
+        .and_then(|t| shared.liveness().duration_of(instance_of(t), own))
+        .map_or((own, false), |d| (d, true))
 }
 
 async fn renew_loop(shared: &Shared) {
@@ -400,8 +407,22 @@ async fn fence_loop(shared: &Shared) {
 /// a hung one gives its place among the renewals in flight back, so a lease
 /// whose calls hang costs its own round and no other lease's.
 async fn renew_all(shared: &Shared, next_round: Instant) {
+    // With liveness records a beat renews every tenure but one handing off:
+    // that one the previous owner renews per lease while its processor
+    // drains, so the thief (which forces the handoff only once the counter
+    // stands still) gives it the handoff timeout, not what is left of the
+    // validity of its last beat.
+    let liveness = shared.liveness_mode();
+    let due: Vec<_> = shared
+        .held_snapshot()
+        .into_iter()
+        .filter(|(_, h)| !liveness || h.phase() == Phase::HandingOff)
+        .collect();
+    if due.is_empty() {
+        return;
+    }
     each_unblocked(
-        shared.held_snapshot(),
+        due,
         shared.config.renew_concurrency,
         |(key, held)| async move {
             renew_one(shared, &key, &held, next_round).await;

@@ -198,6 +198,13 @@ impl Shared {
         }
     }
 
+    /// True if a tenure taken now would be valid for a while: always
+    /// renewing per lease; with liveness records, while the last beat that
+    /// landed is less than the usable part of a lease duration old.
+    pub(crate) fn can_hold(&self, now: Instant) -> bool {
+        self.valid_from(now) + self.config.lease_duration - self.config.fence_margin > now
+    }
+
     /// Records a beat sent at `sent` that landed.
     pub(crate) fn beat_landed(&self, sent: Instant) {
         let mut last = self.last_beat.lock().unwrap_or_else(|e| e.into_inner());

@@ -355,6 +355,7 @@ impl Taker {
                 .min()
                 .map(|at| at + Duration::from_millis(1))
         };
+        let decision = unless_unbeaten(shared, decision, now);
         if !decision.take.is_empty() || !decision.steal.is_empty() || !decision.reclaim.is_empty() {
             debug!(?decision, "lease taker decision");
         }
@@ -425,13 +426,41 @@ impl Taker {
     }
 }
 
+/// `decision` without its takes, reclaims and steals while this instance
+/// could not hold what it took: with liveness records a tenure is valid
+/// only up to a lease duration after this instance's last beat that
+/// landed, so with none landed for that long (the workers table down,
+/// throttled or write-denied while the lease table works, or no beat ever
+/// landed) a take would be fenced at once. Worse, a reclaim or take every
+/// tick moves the lease's counter, and peers never judge free a lease
+/// written since their liveness read: the shards would stand unread for
+/// the whole outage. Taking nothing, this instance's leases stand still,
+/// peers take them once its record stops moving, and it takes its share
+/// again once a beat lands.
+fn unless_unbeaten(shared: &Shared, mut decision: Decision, now: Instant) -> Decision {
+    if shared.can_hold(now) {
+        return decision;
+    }
+    if !decision.take.is_empty() || !decision.reclaim.is_empty() || !decision.steal.is_empty() {
+        debug!(
+            ?decision,
+            "no beat landed within the lease duration; taking nothing until one does"
+        );
+    }
+    decision.take.clear();
+    decision.reclaim.clear();
+    decision.steal.clear();
+    decision.victim = None;
+    decision
+}
+
 /// Liveness records of instances dead for three lease durations that no
 /// lease names any more (they crashed, and their leases moved on) are
 /// deleted, each only if it has not beaten since, so the records read every
 /// tick stay as many as the live workers.
 async fn forget_the_dead(shared: &Shared, leases: &[Lease]) {
     let now = Instant::now();
-    let gone_for = shared.config.lease_duration * 3;
+    let own = shared.config.lease_duration;
     let dead: Vec<(String, u64)> = {
         let liveness = shared.liveness();
         // A tenure left on a lease another worker took since (a Java KCL
@@ -443,7 +472,10 @@ async fn forget_the_dead(shared: &Shared, leases: &[Lease]) {
             .collect();
         liveness
             .beats()
-            .filter(|b| liveness.unchanged_for(&b.instance, now) >= Some(gone_for))
+            .filter(|b| {
+                let gone_for = liveness.duration_of(&b.instance, own).unwrap_or(own) * 3;
+                liveness.unchanged_for(&b.instance, now) >= Some(gone_for)
+            })
             .filter(|b| !named.contains(b.instance.as_str()))
             .map(|b| (b.instance.clone(), b.counter))
             .collect()

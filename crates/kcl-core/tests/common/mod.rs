@@ -116,6 +116,20 @@ impl SimWorker {
         self.coordinator.as_ref().expect("running")
     }
 
+    /// Keys this worker may be processing right now: held and valid, or
+    /// handing off (a draining victim processes until its last call
+    /// returns, and may checkpoint until the handoff completes or it is
+    /// fenced).
+    pub fn processing_keys(&self) -> Vec<String> {
+        let Some(c) = &self.coordinator else {
+            return vec![];
+        };
+        c.held_keys()
+            .into_iter()
+            .filter(|k| c.handle(k).is_some_and(|h| h.may_checkpoint()))
+            .collect()
+    }
+
     /// Keys this worker holds and believes valid right now.
     pub fn valid_keys(&self) -> Vec<String> {
         let Some(c) = &self.coordinator else {
@@ -185,6 +199,9 @@ async fn consume(
     let mut rng = SmallRng::seed_from_u64(position ^ handle.tenure().len() as u64);
     loop {
         tokio::select! {
+            // A handoff asked for is seen before the next checkpoint, as
+            // the worker's consumer sees it before its next fetch.
+            biased;
             _ = handle.handoff_requested() => {
                 match stand_in {
                     StandIn::Checkpointing => {
@@ -295,8 +312,9 @@ pub fn balanced(table: &InMemoryLeaseStore, workers: &[&str]) -> bool {
     table.snapshot().iter().all(|l| l.owner.is_some()) && spread(&table_counts(table), workers) <= 1
 }
 
-/// Watches a fleet every `step` and records every moment two workers both
-/// believed the same lease valid.
+/// Watches a fleet every `step` and records every moment two workers may
+/// both process the same lease (see [`SimWorker::processing_keys`]: a
+/// draining victim counts).
 #[derive(Debug, Default)]
 pub struct OverlapLog {
     /// Longest continuous double-validity per lease.
@@ -311,7 +329,7 @@ impl OverlapLog {
         let now = Instant::now();
         let mut believers: HashMap<String, usize> = HashMap::new();
         for w in workers {
-            for k in w.valid_keys() {
+            for k in w.processing_keys() {
                 *believers.entry(k).or_default() += 1;
             }
         }
