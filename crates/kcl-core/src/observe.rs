@@ -9,6 +9,7 @@
 //! | [`Event::Tick`] | `ticks` | `kcl_lease_taker_ticks_total{worker}` |
 //! | [`Event::QuietTick`] | `quiet_ticks` | `kcl_lease_taker_quiet_ticks_total{worker}` |
 //! | [`Event::ScanFailed`] | `scan_failures` | `kcl_lease_taker_scan_failures_total{worker}` |
+//! | [`Event::LivenessReadFailed`] | `liveness_read_failures` | `kcl_liveness_read_failures_total{worker}` |
 //! | [`Event::Acquired`] | `taken`, `stolen`, `reclaimed` | `kcl_leases_acquired_total{worker,how}` |
 //! | [`Event::TakeConflict`] | `take_conflicts` | `kcl_lease_take_conflicts_total{worker}` |
 //! | [`Event::TakeFailed`] | `take_failures` | `kcl_lease_take_failures_total{worker}` |
@@ -58,8 +59,11 @@ pub enum Event<'a> {
     /// The tick read only the liveness records: nothing in the fleet had
     /// changed, so the lease table was not read (liveness mode).
     QuietTick,
-    /// A tick whose read of the table (or of the liveness records) failed.
+    /// A tick whose read of the table failed (or that had no recent read
+    /// of the liveness records to judge from).
     ScanFailed,
+    /// A read of the liveness records failed (the liveness watcher's).
+    LivenessReadFailed,
     /// A lease acquired.
     Acquired {
         /// The lease key.
@@ -135,6 +139,7 @@ impl Observer for CoordinatorStats {
             Event::Tick => &self.ticks,
             Event::QuietTick => &self.quiet_ticks,
             Event::ScanFailed => &self.scan_failures,
+            Event::LivenessReadFailed => &self.liveness_read_failures,
             Event::Acquired { how, .. } => match how {
                 Acquisition::Taken => &self.taken,
                 Acquisition::Stolen => &self.stolen,
@@ -175,6 +180,9 @@ pub(crate) fn record_metric(worker: &str, event: &Event<'_>) {
         Event::ScanFailed => {
             metrics::counter!("kcl_lease_taker_scan_failures_total", "worker" => worker)
                 .increment(1)
+        }
+        Event::LivenessReadFailed => {
+            metrics::counter!("kcl_liveness_read_failures_total", "worker" => worker).increment(1)
         }
         Event::Acquired { how, .. } => {
             metrics::counter!("kcl_leases_acquired_total", "worker" => worker, "how" => how.as_str())

@@ -569,6 +569,7 @@ async fn beat_as(table: &InMemoryLeaseStore, instance: &str, worker: &str) {
             answered: &[],
             stopping: false,
             lease_duration: std::time::Duration::from_secs(10),
+            beat_interval: std::time::Duration::from_secs(5),
         })
         .await
         .unwrap();

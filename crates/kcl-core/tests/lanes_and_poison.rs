@@ -885,6 +885,8 @@ async fn a_lease_lost_during_a_drain_starts_no_more_queued_batches() {
     // batches a lane would take about half a minute.
     fleet.produce(16, 0, 20);
     let a = fleet.start("w-a", 4, Behaviour::work(1000), FailurePolicy::Retry);
+    // w-a takes the shard before w-b starts.
+    sleep(Duration::from_millis(100)).await;
     let b = fleet.start("w-b", 4, Behaviour::work(1), FailurePolicy::Retry);
     sleep(Duration::from_secs(3)).await;
     assert_eq!(fleet.consuming(a), 1);

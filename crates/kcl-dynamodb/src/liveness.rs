@@ -57,6 +57,8 @@ pub mod attr {
     pub const LEASE_DURATION: &str = "d";
     /// When the record was last written (epoch milliseconds, the writer's clock).
     pub const WRITTEN_AT: &str = "t";
+    /// How often the instance beats, in milliseconds.
+    pub const BEAT_INTERVAL: &str = "i";
 }
 
 fn key(instance: &str) -> HashMap<String, AttributeValue> {
@@ -75,6 +77,9 @@ fn number(item: &HashMap<String, AttributeValue>, name: &str) -> u64 {
 
 /// A record as read; `None` for an item without an instance id.
 pub(crate) fn from_item(item: &HashMap<String, AttributeValue>) -> Option<Beat> {
+    let written_at = item
+        .contains_key(attr::WRITTEN_AT)
+        .then(|| UNIX_EPOCH + Duration::from_millis(number(item, attr::WRITTEN_AT)));
     Some(Beat {
         instance: item.get(attr::INSTANCE)?.as_s().ok()?.clone(),
         worker: item
@@ -99,9 +104,13 @@ pub(crate) fn from_item(item: &HashMap<String, AttributeValue>) -> Option<Beat> 
         lease_duration: item
             .contains_key(attr::LEASE_DURATION)
             .then(|| Duration::from_millis(number(item, attr::LEASE_DURATION))),
-        written_at: item
-            .contains_key(attr::WRITTEN_AT)
-            .then(|| UNIX_EPOCH + Duration::from_millis(number(item, attr::WRITTEN_AT))),
+        written_at,
+        // The reader's wall clock against the writer's: a hint only (see
+        // `Beat::age`); a record from the future reads as just written.
+        age: written_at.map(|w| SystemTime::now().duration_since(w).unwrap_or_default()),
+        beat_interval: item
+            .contains_key(attr::BEAT_INTERVAL)
+            .then(|| Duration::from_millis(number(item, attr::BEAT_INTERVAL))),
     })
 }
 
@@ -122,7 +131,7 @@ impl DynamoDbLeaseStore {
         // remembers an earlier record of this instance (deleted while the
         // instance was paused) must see the counter move.
         let mut expression =
-            "SET #w = :w, #h = :h, #c = :c, #d = :d, #t = :t, #b = if_not_exists(#b, :start) + :one"
+            "SET #w = :w, #h = :h, #c = :c, #d = :d, #v = :v, #t = :t, #b = if_not_exists(#b, :start) + :one"
                 .to_owned();
         // `stopping` is kept only while true (an absent one reads false):
         // the bytes every peer reads every tick stay few.
@@ -136,6 +145,7 @@ impl DynamoDbLeaseStore {
             ("#c".to_owned(), attr::CHANGES.to_owned()),
             ("#s".to_owned(), attr::STOPPING.to_owned()),
             ("#d".to_owned(), attr::LEASE_DURATION.to_owned()),
+            ("#v".to_owned(), attr::BEAT_INTERVAL.to_owned()),
             ("#t".to_owned(), attr::WRITTEN_AT.to_owned()),
             ("#b".to_owned(), attr::BEAT.to_owned()),
         ]);
@@ -153,6 +163,10 @@ impl DynamoDbLeaseStore {
             (
                 ":d".to_owned(),
                 AttributeValue::N(update.lease_duration.as_millis().to_string()),
+            ),
+            (
+                ":v".to_owned(),
+                AttributeValue::N(update.beat_interval.as_millis().to_string()),
             ),
             (":t".to_owned(), AttributeValue::N(now_millis.to_string())),
             (":one".to_owned(), AttributeValue::N("1".into())),

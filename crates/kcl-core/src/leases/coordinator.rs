@@ -24,7 +24,7 @@ use crate::leases::held::{EndReason, Held, LeaseHandle, Phase};
 use crate::leases::shared::{
     CoordinatorStats, LeaseEvent, LeaseFilter, Shared, StatsSnapshot, each_unblocked,
 };
-use crate::leases::{renewer, taker};
+use crate::leases::{renewer, taker, watcher};
 use crate::observe::Observer;
 use crate::store::{LeaseStore, StoreError};
 
@@ -89,6 +89,8 @@ impl LeaseCoordinator {
         let tasks = TaskTracker::new();
         let span = info_span!("lease_coordinator", worker = %shared.config.worker_id);
         tasks.spawn(taker::run(Arc::clone(&shared), taker_stop.clone()).instrument(span.clone()));
+        // The watcher stops with the taker: nothing else judges from its reads.
+        tasks.spawn(watcher::run(Arc::clone(&shared), taker_stop.clone()).instrument(span.clone()));
         tasks.spawn(renewer::run(Arc::clone(&shared), renewer_stop.clone()).instrument(span));
         tasks.close();
         (

@@ -96,6 +96,12 @@ struct HeldInner {
     /// While handing off: the renewals of this tenure stopped (the handoff
     /// timeout passed, or the new owner renews it: an older kcl).
     renewals_over: bool,
+    /// While handing off with liveness records: when the last renewal of
+    /// the lease item that succeeded was sent. Beats extend a tenure
+    /// handing off no further than from here: the thief forces the handoff
+    /// once it has seen that renewal's counter stand still for a lease
+    /// duration.
+    drain_renewed: Option<Instant>,
 }
 
 /// Where telling the previous owner of an awaited handoff stands.
@@ -139,6 +145,7 @@ impl Held {
                 told_deadline: None,
                 draining_since: None,
                 renewals_over: false,
+                drain_renewed: None,
             }),
             ended: CancellationToken::new(),
             handoff: CancellationToken::new(),
@@ -262,6 +269,14 @@ impl Held {
         }
     }
 
+    /// Lets an awaited handoff be forced from `now` on (its previous owner
+    /// is known to process nothing).
+    pub(crate) fn force_now(&self, now: Instant) {
+        if let Phase::Awaiting { force_at, .. } = &mut self.lock().phase {
+            *force_at = (*force_at).min(now);
+        }
+    }
+
     pub(crate) fn activate(&self) {
         self.lock().phase = Phase::Active;
     }
@@ -296,14 +311,33 @@ impl Held {
     }
 
     /// Extends validity from a beat sent at `sent` (the lease item itself
-    /// unchanged); false if the tenure ended or lapsed first.
+    /// unchanged); false if the tenure ended or lapsed first. A tenure
+    /// handing off is extended no further than from its last renewal of
+    /// the lease item (see `drain_renewed`), and not at all before one.
     pub(crate) fn extend(&self, sent: Instant, config: &LeaseConfig) -> bool {
         let mut inner = self.lock();
         if inner.ended.is_some() || Instant::now() >= inner.valid_until {
             return false;
         }
-        inner.valid_until = sent + config.lease_duration - config.fence_margin;
+        let base = match inner.phase {
+            Phase::HandingOff => match inner.drain_renewed {
+                Some(renewed) => renewed.min(sent),
+                None => return true,
+            },
+            _ => sent,
+        };
+        let until = base + config.lease_duration - config.fence_margin;
+        inner.valid_until = inner.valid_until.max(until);
         true
+    }
+
+    /// A renewal of the lease item sent at `sent` succeeded while this
+    /// tenure hands off (see `drain_renewed`).
+    pub(crate) fn drain_renewed(&self, sent: Instant) {
+        let mut inner = self.lock();
+        if inner.phase == Phase::HandingOff {
+            inner.drain_renewed = Some(inner.drain_renewed.map_or(sent, |r| r.max(sent)));
+        }
     }
 
     /// The lease as last written by this worker.

@@ -142,6 +142,26 @@ impl LivenessTracker {
             .any(|i| self.seen.get(i).is_some_and(|s| s.moved))
     }
 
+    /// How many instances read last were seen beating (their counter moved
+    /// while watched here).
+    pub(crate) fn moved_instances(&self) -> usize {
+        self.seen.values().filter(|s| s.moved).count()
+    }
+
+    /// True if an instance `lease`'s tenures name is known to run: seen
+    /// beating here, or its record written within about a beat interval of
+    /// the last read by its age (a hint off by the hosts' clock skew, good
+    /// enough for what it decides: whether a steal from it may start now).
+    pub(crate) fn runs(&self, lease: &Lease, own: Duration) -> bool {
+        self.has_moved(lease)
+            || self.named(lease).into_iter().flatten().any(|i| {
+                self.seen.get(i).is_some_and(|s| {
+                    let interval = s.beat.beat_interval.unwrap_or(window(&s.beat, own) / 2);
+                    s.beat.age.is_some_and(|age| age <= interval + RECENT_SLACK)
+                })
+            })
+    }
+
     /// True if `instance` had a record at the last read.
     pub(crate) fn has_record(&self, instance: &str) -> bool {
         self.seen.contains_key(instance)
@@ -214,6 +234,10 @@ impl LivenessTracker {
         FleetDigest(rows)
     }
 }
+
+/// How much older than its beat interval a record may be and still prove
+/// that its instance runs (a beat retried, clocks a little apart).
+const RECENT_SLACK: Duration = Duration::from_secs(1);
 
 /// How long after its last beat an instance's tenures may still be valid:
 /// the lease duration its record states, which is the one it counts its

@@ -24,6 +24,7 @@
 //! tenure, fails its condition instead of landing.
 
 pub mod balance;
+pub(crate) mod cadence;
 pub mod coordinator;
 pub mod expiry;
 pub(crate) mod handoff;
@@ -34,6 +35,7 @@ pub(crate) mod renewer;
 pub(crate) mod shared;
 pub(crate) mod taker;
 pub(crate) mod tenure;
+pub(crate) mod watcher;
 
 pub use coordinator::{FleetSignals, LeaseCoordinator, ShutdownMode};
 pub use held::{EndReason, LeaseHandle};

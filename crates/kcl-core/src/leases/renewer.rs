@@ -36,7 +36,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
             _ = handoff_loop(&shared) => {}
         }
     } else {
-        let _ = shared.first_beat.send(true);
+        let _ = shared.first_beat.send_replace(true);
         tokio::select! {
             _ = stop.cancelled() => {}
             _ = renew_loop(&shared) => {}
@@ -57,7 +57,7 @@ async fn beat_loop(shared: &Shared) {
         *shared.beat_round.lock().unwrap_or_else(|e| e.into_inner()) = Some(next_round);
         next_round += shared.config.renew_interval;
         beat_once(shared, next_round).await;
-        let _ = shared.first_beat.send(true);
+        let _ = shared.first_beat.send_replace(true);
         next_round = next_round.max(Instant::now());
     }
 }
@@ -66,12 +66,9 @@ async fn beat_loop(shared: &Shared) {
 /// earliest validity of a tenure it renews: a beat is the renewal of every
 /// lease at once, so it keeps trying as long as trying can still help.
 async fn beat_once(shared: &Shared, next_round: Instant) {
-    let renewed: Vec<(String, Arc<Held>)> = shared
-        .held_snapshot()
-        .into_iter()
-        // A lease being handed off is the new owner's to keep alive.
-        .filter(|(_, h)| h.phase() != Phase::HandingOff)
-        .collect();
+    // A lease being handed off is extended only as far as its own
+    // renewals allow (see `Held::extend`).
+    let renewed: Vec<(String, Arc<Held>)> = shared.held_snapshot();
     let deadline = renewed
         .iter()
         .map(|(_, h)| h.valid_until())
@@ -90,6 +87,7 @@ async fn beat_once(shared: &Shared, next_round: Instant) {
         answered: &answered,
         stopping,
         lease_duration: shared.config.lease_duration,
+        beat_interval: shared.config.renew_interval,
     };
     // Validity counts from the first attempt: a later attempt may succeed
     // only because peers already saw an earlier one land.
@@ -139,7 +137,7 @@ async fn beat_once(shared: &Shared, next_round: Instant) {
         shared.beat_state().answered.push(entry.clone());
     }
     for (key, held) in &renewed {
-        if held.phase() != Phase::HandingOff && !unjudged.contains(key.as_str()) {
+        if !unjudged.contains(key.as_str()) {
             shared.extended(key, held, sent).await;
         }
     }
@@ -199,6 +197,11 @@ pub(crate) async fn observe_one(
             if held.request_handoff() {
                 info!(lease = %key, to = ?item.and_then(|l| l.owner.as_deref()), "handoff requested; draining the shard");
                 shared.emit(Event::HandoffRequested { key });
+                // With liveness records the lease item is renewed from now
+                // on, the first time at once (see `renew_all`).
+                if shared.liveness_mode() {
+                    shared.renew_now.notify_one();
+                }
             }
         }
         Verdict::Keep | Verdict::Adopt | Verdict::Activate | Verdict::Force => {}
@@ -309,6 +312,12 @@ async fn advance_handoff(
     {
         let (window, told) = previous_owner_window(shared, item);
         held.watch_previous_owner(item.counter, now, window, told);
+        // A previous owner its liveness record shows dead processes
+        // nothing: every tenure of its, the one draining included, lapsed
+        // with its last beat (invariant 4).
+        if previous_owner_dead(shared, item) {
+            held.force_now(now);
+        }
     }
     let phase = held.phase();
     let holder = held.holder();
@@ -356,6 +365,17 @@ async fn advance_handoff(
     }
 }
 
+/// True if the previous owner of `lease`'s handoff has a liveness record
+/// that the last read judged dead.
+fn previous_owner_dead(shared: &Shared, lease: &Lease) -> bool {
+    let Some(instance) = lease.checkpoint_owner_tenure.as_deref().map(instance_of) else {
+        return false;
+    };
+    let liveness = shared.liveness();
+    liveness.has_record(instance)
+        && !liveness.is_alive(instance, shared.config.lease_duration, Instant::now())
+}
+
 /// How long the counter of `lease`'s handoff must stand still before the
 /// previous owner's validity is surely over (its own lease duration, from
 /// its liveness record, else this worker's), and whether it has a record
@@ -372,8 +392,13 @@ fn previous_owner_window(shared: &Shared, lease: &Lease) -> (Duration, bool) {
 async fn renew_loop(shared: &Shared) {
     let mut next_round = Instant::now() + shared.config.renew_interval;
     loop {
-        tokio::time::sleep_until(next_round).await;
-        next_round += shared.config.renew_interval;
+        tokio::select! {
+            _ = tokio::time::sleep_until(next_round) => {
+                next_round += shared.config.renew_interval;
+            }
+            // A tenure started handing off: renew it now, not a round later.
+            _ = shared.renew_now.notified() => {}
+        }
         renew_all(shared, next_round).await;
         // A round that overran does not cause a burst of catch-up rounds.
         next_round = next_round.max(Instant::now());

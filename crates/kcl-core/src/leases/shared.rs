@@ -47,6 +47,8 @@ crate::counters! {
             quiet_ticks,
             /// Ticks whose scan failed.
             scan_failures,
+            /// Reads of the liveness records that failed.
+            liveness_read_failures,
             /// Unowned or expired leases taken.
             taken,
             /// Handoffs started from another worker (steals).
@@ -116,6 +118,20 @@ pub(crate) struct Shared {
     pub(crate) last_beat: Mutex<Option<Instant>>,
     /// When the current beat round was due (the taker ticks between rounds).
     pub(crate) beat_round: Mutex<Option<Instant>>,
+    /// When the last successful read of the liveness records was asked for
+    /// (the watcher's): what the taker judges as of.
+    pub(crate) last_read: Mutex<Option<Instant>>,
+    /// Set once the watcher's first read was tried (the taker's first tick
+    /// waits for it).
+    pub(crate) first_read: tokio::sync::watch::Sender<bool>,
+    /// Asks the watcher for a read now (a decision held back for one).
+    pub(crate) read_now: Notify,
+    /// Asks the renewer for a round now: a tenure started handing off, and
+    /// with liveness records its lease item is renewed from then on.
+    pub(crate) renew_now: Notify,
+    /// The taker held a steal back for want of proof that its victim runs:
+    /// the watcher wakes it once a read brings that proof.
+    pub(crate) wants_proof: AtomicBool,
 }
 
 /// The fields of this instance's liveness record that it sets itself.
@@ -168,6 +184,11 @@ impl Shared {
             sync_leader: std::sync::atomic::AtomicBool::new(true),
             last_beat: Mutex::new(None),
             beat_round: Mutex::new(None),
+            last_read: Mutex::new(None),
+            first_read: tokio::sync::watch::Sender::new(false),
+            read_now: Notify::new(),
+            renew_now: Notify::new(),
+            wants_proof: AtomicBool::new(false),
         }
     }
 
@@ -412,6 +433,7 @@ impl Shared {
     /// validity lapsed before the answer came ends as fenced instead.
     pub(crate) async fn renewed(&self, key: &str, held: &Arc<Held>, lease: Lease, sent: Instant) {
         if held.renewed(lease, self.valid_from(sent), &self.config) {
+            held.drain_renewed(sent);
             self.emit(Event::Renewed { key });
         } else if !held.is_ended() {
             warn!(lease = %key, "a renewal answered after the lease's validity ran out; fencing this tenure");

@@ -53,6 +53,9 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     // does not answer fails the beat, and the taker goes on).
     let mut first_beat = shared.first_beat.subscribe();
     let _ = tokio::time::timeout(shared.config.renew_interval, first_beat.wait_for(|b| *b)).await;
+    // And judges from the watcher's first read of the records.
+    let mut first_read = shared.first_read.subscribe();
+    let _ = tokio::time::timeout(shared.config.renew_interval, first_read.wait_for(|r| *r)).await;
     loop {
         let next_wake = taker.tick(&shared).await;
         let interval = shared
@@ -123,62 +126,28 @@ impl Taker {
     /// takes the lease duration plus at most one tick rather than two.
     async fn tick(&mut self, shared: &Shared) -> Option<Instant> {
         shared.emit(Event::Tick);
-        // The liveness records first: one small read that says who is
+        // The liveness records as the watcher last read them: who is
         // alive, and in the liveness mode whether anything changed that
-        // calls for reading the lease table at all.
-        let asked = Instant::now();
-        let beats = match shared.store.beats().await {
-            Ok(beats) => beats,
-            Err(e) => {
-                shared.emit(Event::ScanFailed);
-                if !counted_as_throttling(StoreOp::ReadBeats, &e) {
-                    warn!(error = %e, "reading the liveness records failed; retrying next tick");
-                }
-                return None;
-            }
-        };
+        // calls for reading the lease table at all. With no read for a
+        // lease duration (the workers table does not answer) nothing can
+        // be judged: a lease renewed by beats would look expired.
         let d = shared.config.lease_duration;
-        // Our own record missing after a beat landed: the read did not see
-        // the liveness table we beat into (deleted, or another name), and
-        // judging leases from it would take every live holder's.
-        let landed = shared
-            .last_beat
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some();
-        if shared.liveness_mode()
-            && landed
-            && !beats.iter().any(|b| b.instance == shared.instance())
-        {
+        let last_read = *shared.last_read.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(asked) = last_read.filter(|at| at.elapsed() < d) else {
             shared.emit(Event::ScanFailed);
-            warn!(
-                "the liveness records read do not include this worker's own; is the workers table there? retrying next tick"
-            );
+            debug!("no read of the liveness records within the lease duration; retrying next tick");
             return None;
-        }
-        // A peer that woke us (through our own record) is seen here as
-        // well as at our next beat.
-        if let Some(own) = beats.iter().find(|b| b.instance == shared.instance()) {
-            let mut state = shared.beat_state();
-            if state.wake_seen.is_some_and(|w| w != own.wake) {
-                shared.rescan.store(true, Ordering::Relaxed);
-            }
-            if state.wake_seen.is_some() {
-                state.wake_seen = Some(own.wake);
-            }
-        }
-        let digest = {
-            let mut liveness = shared.liveness();
-            liveness.observe(beats, asked, Instant::now());
-            liveness.digest(shared.instance(), d, Instant::now())
         };
+        let digest = shared
+            .liveness()
+            .digest(shared.instance(), d, Instant::now());
         if shared.liveness_mode() {
             let rescan = shared.rescan.swap(false, Ordering::Relaxed);
             let due = self.rescan_at.is_some_and(|at| Instant::now() >= at);
             if !rescan && !due && !self.unsettled && self.last_digest.as_ref() == Some(&digest) {
                 shared.emit(Event::QuietTick);
                 self.elect(shared, None);
-                return earliest(self.liveness_wake(shared, Instant::now()), self.rescan_at);
+                return self.rescan_at;
             }
         }
         // In the Java-compatible mode, Java KCL 3.x workers on the table
@@ -254,6 +223,7 @@ impl Taker {
         // state written after it (a holder that came back, beat, and
         // reclaimed in a new tenure) may rest on a beat the read missed.
         let mut held_back = false;
+        let mut held_for_read = false;
         let views: Vec<LeaseView<'_>> = {
             let liveness = shared.liveness();
             active
@@ -270,7 +240,7 @@ impl Taker {
                             Some(false) => {
                                 let before_read =
                                     self.tracker.seen_since(l).is_some_and(|s| s <= asked);
-                                held_back |= !before_read;
+                                held_for_read |= !before_read;
                                 before_read
                             }
                             // Renewed per lease (or never seen beating):
@@ -300,7 +270,8 @@ impl Taker {
                             && !held_here
                             && !written_here(shared, l.tenure.as_deref()),
                         in_handoff: l.in_handoff(),
-                        seen_alive: self.tracker.has_moved(l) || liveness.has_moved(l),
+                        seen_alive: self.tracker.has_moved(l)
+                            || liveness.runs(l, config.lease_duration),
                     }
                 })
                 .collect()
@@ -308,9 +279,19 @@ impl Taker {
         // Leases of holders not yet seen writing are not stolen (they may
         // have stopped); one more look settles it: their next write, or
         // their expiry.
-        held_back |= views.iter().any(|v| {
+        let unproven = views.iter().any(|v| {
             v.owner.is_some() && !v.held_here && !v.expired && !v.in_handoff && !v.seen_alive
         });
+        if unproven {
+            // The watcher wakes us as soon as a read proves them running.
+            shared.wants_proof.store(true, Ordering::Relaxed);
+        }
+        if held_for_read {
+            // A fresh read judges those leases: ask for it now, and look
+            // again when it comes, rather than a tick later.
+            shared.read_now.notify_one();
+        }
+        held_back |= unproven || held_for_read;
         let peers: Vec<String> = shared
             .liveness()
             .alive(config.lease_duration, now)
@@ -378,25 +359,9 @@ impl Taker {
             .filter(|at| *at > now)
             .min()
             .map(|at| at + Duration::from_millis(1));
-        let by_beat = self.liveness_wake(shared, now);
-        earliest(earliest(by_lease, by_beat), self.rescan_at)
-    }
-
-    /// The moment the next instance holding leases would count as dead if
-    /// it beat no more: the next tick comes no later, so a dead instance is
-    /// seen at most a lease duration after the read that first showed its
-    /// last beat, and its leases move within the lease duration plus one
-    /// tick of its death. Instances that beat push the moment on at each
-    /// read, so this costs at most a read per lease duration.
-    fn liveness_wake(&self, shared: &Shared, now: Instant) -> Option<Instant> {
-        let liveness = shared.liveness();
-        liveness
-            .beats()
-            .filter(|b| b.instance != shared.instance() && b.held > 0)
-            .filter_map(|b| liveness.expires_at(&b.instance, shared.config.lease_duration))
-            .filter(|at| *at > now)
-            .min()
-            .map(|at| at + Duration::from_millis(1))
+        // A holder dying is the watcher's to see: it reads at the holder's
+        // deadline and wakes this task then.
+        earliest(by_lease, self.rescan_at)
     }
 
     /// Whether this worker runs the fleet's shard sync and cleanup: the

@@ -884,6 +884,7 @@ fn beat_of<'a>(instance: &'a str, worker: &'a str, held: u64) -> BeatUpdate<'a> 
         answered: &[],
         stopping: false,
         lease_duration: std::time::Duration::from_millis(12_500),
+        beat_interval: std::time::Duration::from_millis(4_250),
     }
 }
 
@@ -914,6 +915,11 @@ pub async fn beats_bump_the_counter_and_are_conditional_on_the_worker<S: LeaseSt
         second.lease_duration,
         Some(std::time::Duration::from_millis(12_500))
     );
+    // What peers schedule their reads of the records by.
+    assert_eq!(
+        second.beat_interval,
+        Some(std::time::Duration::from_millis(4_250))
+    );
     let written = second
         .written_at
         .expect("a beat records when it was written");
@@ -935,7 +941,18 @@ pub async fn beats_bump_the_counter_and_are_conditional_on_the_worker<S: LeaseSt
     let mut all = store.beats().await.expect("read");
     all.sort_by(|x, y| x.instance.cmp(&y.instance));
     assert_eq!(all.len(), 2);
-    assert_eq!(all[0], second);
+    // A read tells how long ago each record was written (a hint for proof
+    // of life, off by the hosts' clock skew): a record just written.
+    let age = all[0].age.expect("a read tells the record's age");
+    assert!(
+        age < std::time::Duration::from_secs(3600),
+        "a record just written: {age:?}"
+    );
+    let without_age = |b: &crate::store::Beat| crate::store::Beat {
+        age: None,
+        ..b.clone()
+    };
+    assert_eq!(without_age(&all[0]), without_age(&second));
     // A shutdown that was called off (a record written again without
     // `stopping`) reads back as not stopping.
     let resumed = store.beat(&beat_of("i-1", "a", 4)).await.expect("beat");

@@ -68,6 +68,9 @@ struct Table {
     owner_changes: Vec<OwnerChange>,
     /// Liveness records by instance id (a table of their own in DynamoDB).
     beats: BTreeMap<String, Beat>,
+    /// When each record was last written, on the (possibly paused) tokio
+    /// clock every handle shares: what [`Beat::age`] is read from.
+    beats_written: HashMap<String, Instant>,
     /// Java KCL workers' `WorkerMetricStats` entries, as a test sets them.
     java_workers: Vec<JavaWorker>,
 }
@@ -608,7 +611,10 @@ impl LeaseStore for InMemoryLeaseStore {
             beat.changes = update.changes;
             beat.stopping = update.stopping;
             beat.lease_duration = Some(update.lease_duration);
+            beat.beat_interval = Some(update.beat_interval);
             beat.written_at = Some(std::time::SystemTime::now());
+            t.beats_written
+                .insert(update.instance.to_owned(), Instant::now());
             for key in update.answered {
                 beat.asked.remove(key);
             }
@@ -619,7 +625,17 @@ impl LeaseStore for InMemoryLeaseStore {
 
     async fn beats(&self) -> Result<Vec<Beat>, StoreError> {
         self.call(StoreOp::ReadBeats, None, |t| {
-            Ok(t.beats.values().cloned().collect())
+            let now = Instant::now();
+            Ok(t.beats
+                .values()
+                .map(|b| Beat {
+                    age: t
+                        .beats_written
+                        .get(&b.instance)
+                        .map(|w| now.saturating_duration_since(*w)),
+                    ..b.clone()
+                })
+                .collect())
         })
         .await
     }
@@ -653,6 +669,7 @@ impl LeaseStore for InMemoryLeaseStore {
             match t.beats.get(instance) {
                 Some(b) if counter.is_none_or(|c| c == b.counter) => {
                     t.beats.remove(instance);
+                    t.beats_written.remove(instance);
                     Ok(())
                 }
                 None if counter.is_none() => Ok(()),

@@ -122,9 +122,19 @@ pub struct Beat {
     pub lease_duration: Option<std::time::Duration>,
     /// When the record was last written, on the writer's wall clock: for
     /// operators' tools, which have one sample to judge from; never for
-    /// the engine, which judges by the counter moving on its own clock
-    /// (invariant 3).
+    /// the engine's judgement of expiry, which is by the counter moving on
+    /// its own clock (invariant 3).
     pub written_at: Option<std::time::SystemTime>,
+    /// How long before the read the record was written, as far as the
+    /// reading store can tell (DynamoDB: the reader's wall clock against
+    /// [`Beat::written_at`], so off by the hosts' clock skew). The engine
+    /// uses it only as a hint that cannot break an invariant: proof that a
+    /// holder runs before stealing from it (a wrong proof costs a handoff
+    /// forced a lease duration later, as the holder's leases expire).
+    pub age: Option<std::time::Duration>,
+    /// How often the instance beats (`None` in records written before it
+    /// was recorded): peers read the records just after its beats land.
+    pub beat_interval: Option<std::time::Duration>,
 }
 
 /// What one beat writes.
@@ -145,6 +155,8 @@ pub struct BeatUpdate<'a> {
     pub stopping: bool,
     /// See [`Beat::lease_duration`].
     pub lease_duration: std::time::Duration,
+    /// See [`Beat::beat_interval`].
+    pub beat_interval: std::time::Duration,
 }
 
 /// Who writes: a worker id and the tenure it holds the lease under.

@@ -100,6 +100,10 @@ fn describe() {
         "Lease-taker ticks whose table scan failed"
     );
     counter!(
+        "kcl_liveness_read_failures_total",
+        "Reads of the liveness records that failed"
+    );
+    counter!(
         "kcl_lease_take_conflicts_total",
         "Lease takes that lost their race to another worker"
     );
