@@ -38,6 +38,10 @@ test: ## start the emulators, then cargo test the whole workspace (doctests too:
 	$(call with_emulators,$(CARGO) test --workspace --all-targets --no-fail-fast)
 	$(CARGO) test --workspace --doc
 
+.PHONY: sim
+sim: ## run the seeded fleet simulator over SEEDS random seeds (default 200; SIM_BASE=n replays from n)
+	SIM_SEEDS=$(or $(SEEDS),200) $(CARGO) test --release -p kcl-core --test sim random_seeds -- --nocapture
+
 .PHONY: demo
 demo: ## start the emulators, then run the demo (produce and consume a stream)
 	$(call with_emulators,$(CARGO) run -p kcl-examples --bin demo)

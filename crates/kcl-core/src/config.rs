@@ -25,9 +25,11 @@ pub enum LeaseRenewal {
     #[default]
     WorkerLiveness,
     /// Every held lease renewed every renew interval, as the Java KCL
-    /// does: the mode for a table shared with Java KCL workers. kcl
-    /// workers in this mode still read the liveness records, so a fleet
-    /// can move between the modes with a rolling restart.
+    /// does: the mode for a table shared with Java KCL workers, which judge
+    /// leases by their counters. kcl workers in this mode beat a liveness
+    /// record too (one write per worker per interval), and kcl peers judge
+    /// their leases by it, so a fleet can mix the modes and lease durations
+    /// during a rolling restart, and fails over as fast in both.
     PerLease,
 }
 

@@ -20,6 +20,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::backoff::Backoff;
+use crate::checkpointer::CheckpointPolicy;
 use crate::cleanup::LeaseCleanup;
 use crate::config::{ConfigError, LeaseConfig};
 use crate::consumer::{self, ConsumerExit, ConsumerSetup};
@@ -52,6 +53,7 @@ pub struct WorkerConfig {
     pub(crate) initial_position: InitialPosition,
     pub(crate) failure_policy: FailurePolicy,
     pub(crate) parallelism_per_shard: usize,
+    pub(crate) checkpoint_policy: CheckpointPolicy,
     pub(crate) shard_sync_interval: Duration,
     pub(crate) parent_poll_interval: Duration,
     pub(crate) shutdown_timeout: Duration,
@@ -86,6 +88,7 @@ pub struct WorkerConfigBuilder {
     initial_position: InitialPosition,
     failure_policy: FailurePolicy,
     parallelism_per_shard: usize,
+    checkpoint_policy: CheckpointPolicy,
     shard_sync_interval: Duration,
     parent_poll_interval: Duration,
     shutdown_timeout: Duration,
@@ -102,6 +105,7 @@ impl Default for WorkerConfigBuilder {
             initial_position: InitialPosition::Latest,
             failure_policy: FailurePolicy::Retry,
             parallelism_per_shard: 1,
+            checkpoint_policy: CheckpointPolicy::every_call(),
             shard_sync_interval: Duration::from_secs(60),
             parent_poll_interval: Duration::from_secs(10),
             shutdown_timeout: Duration::from_secs(25),
@@ -147,6 +151,17 @@ impl WorkerConfigBuilder {
     /// which every lane is done.
     pub fn parallelism_per_shard(mut self, n: usize) -> Self {
         self.parallelism_per_shard = n;
+        self
+    }
+
+    /// How often each shard's checkpoint is written (default: at every
+    /// `checkpoint()` call). With [`CheckpointPolicy::every`], calls within
+    /// the period are coalesced into one write of the latest position at
+    /// its end; a graceful shutdown, a handoff and SHARD_END always write
+    /// the latest position, so a policy only changes how many records a
+    /// crash repeats (at most a period's worth).
+    pub fn checkpoint_policy(mut self, policy: CheckpointPolicy) -> Self {
+        self.checkpoint_policy = policy;
         self
     }
 
@@ -221,6 +236,7 @@ impl WorkerConfigBuilder {
                 ),
             });
         }
+        self.checkpoint_policy.validate()?;
         if let FailurePolicy::Isolate(p) = &self.failure_policy
             && p.max_attempts == 0
         {
@@ -259,6 +275,7 @@ impl WorkerConfigBuilder {
             initial_position: self.initial_position,
             failure_policy: self.failure_policy,
             parallelism_per_shard: self.parallelism_per_shard,
+            checkpoint_policy: self.checkpoint_policy,
             shard_sync_interval: self.shard_sync_interval,
             parent_poll_interval: self.parent_poll_interval,
             shutdown_timeout: self.shutdown_timeout,
@@ -742,7 +759,9 @@ impl Worker {
                     ConsumerExit::ShutDown if entry.retired => release(coordinator, lease).await,
                     ConsumerExit::ShardEnded => {
                         self.handle.update(|s| s.shards_finished += 1);
-                        release(coordinator, lease).await;
+                        if let Err(e) = coordinator.shard_finished(lease).await {
+                            warn!(lease = %key, error = %e, "releasing a finished shard's lease failed; it expires instead");
+                        }
                     }
                     ConsumerExit::Release => release(coordinator, lease).await,
                     ConsumerExit::HandedOff => {
@@ -789,6 +808,7 @@ impl Worker {
             initial: config.initial_position,
             policy: config.failure_policy.clone(),
             parallelism: config.parallelism_per_shard,
+            checkpoint_policy: config.checkpoint_policy,
             parent_poll_interval: config.parent_poll_interval,
             // Exact doubling from 100 ms: the pace of a failing shard is
             // what tests count.

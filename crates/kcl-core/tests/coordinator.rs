@@ -73,8 +73,10 @@ async fn renewal_whose_response_was_lost_heals_within_one_interval() {
     let stored = table.get(handle.key()).await.unwrap().unwrap();
     assert_eq!(stored.counter, before + 1, "applied exactly once");
     assert_eq!(handle.lease().counter, stored.counter);
+    // Renewals count the beats' extensions too (every kcl worker beats).
     let s = a.coordinator().stats();
-    assert_eq!((s.renewals, s.lost, s.fenced), (1, 0, 0));
+    assert_eq!((s.lost, s.fenced), (0, 0));
+    assert!(s.renewals >= 1, "{s:?}");
     assert_eq!(
         a.stats.snapshot().op(StoreOp::Renew).calls,
         2,

@@ -50,7 +50,8 @@ fn assert_at_most_one_scan_per_tick(mode: LeaseRenewal, workers: &[SimWorker]) {
 
 /// Renewal writes per minute follow the workers with liveness records (one
 /// beat per worker every 5 s, no lease renewed) and the leases when every
-/// lease is renewed (one write per lease every 3.33 s).
+/// lease is renewed (one write per lease every 3.33 s, and a beat per
+/// worker).
 async fn renewal_writes_follow_workers_not_leases(mode: LeaseRenewal) {
     const SHARDS: usize = 40;
     let table = table_with(SHARDS).await;
@@ -85,7 +86,9 @@ async fn renewal_writes_follow_workers_not_leases(mode: LeaseRenewal) {
     );
     match mode {
         LeaseRenewal::PerLease => {
-            assert_eq!(beats, 0);
+            // Every lease renewed (for Java KCL workers), and every worker
+            // beats its record too, at the same 3.33 s.
+            assert!((68..=76).contains(&beats), "{beats} beats: 4 workers x 18");
             assert!((680..=730).contains(&renewals), "{renewals} renewals");
         }
         _ => {
@@ -318,16 +321,14 @@ async fn a_killed_workers_leases_are_taken_within_lease_duration_plus_one_tick(m
 /// records a holder's death is seen a lease duration after the watcher's
 /// read just after its last beat, and its leases are taken then: the
 /// bound is the lease duration plus the cadence's precision and a beat's
-/// jitter (`LIVENESS_SLACK`), whatever the phase. Renewing per lease, a
-/// lease counter is seen at the scans, once per tick: the lease duration
-/// plus a tick.
+/// jitter (`LIVENESS_SLACK`), whatever the phase, in both renewal modes
+/// (a worker renewing per lease beats its record too).
 async fn failover_stays_within_its_bound_at_every_kill_phase(mode: LeaseRenewal) {
     const SHARDS: usize = 8;
     const PHASES: u32 = 12;
-    let bound = match mode {
-        LeaseRenewal::PerLease => LEASE + tick_max(),
-        _ => LEASE + LIVENESS_SLACK,
-    };
+    // Every kcl worker beats, so a holder renewing per lease is judged by
+    // its record as well: one bound for both modes.
+    let bound = LEASE + LIVENESS_SLACK;
     let mut took = Vec::new();
     for phase in 0..PHASES {
         let table = table_with(SHARDS).await;
@@ -1104,9 +1105,6 @@ async fn a_worker_that_stopped_before_this_one_started_has_its_leases_within_a_l
     let b = workers[1].coordinator().stats();
     assert_eq!(b.stolen + b.taken, 4, "{b:?}");
     assert_eq!(b.stolen, b.handoffs_forced, "{b:?}");
-    if mode == LeaseRenewal::PerLease {
-        assert_eq!(b.stolen, 0, "no record, no hint of life: {b:?}");
-    }
     assert_eq!(
         log.max(),
         Duration::ZERO,

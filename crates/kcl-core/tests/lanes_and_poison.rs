@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -47,10 +47,14 @@ struct Log {
     /// 2), fleet-wide.
     shard_ended_failures_left: AtomicU32,
     initialize_failures_left: AtomicU32,
-    /// When lane 1's shard_ended first succeeded, per shard.
-    lane_one_ended_at: Mutex<BTreeMap<String, Instant>>,
-    /// When each shard's first record was processed.
-    first_record_at: Mutex<BTreeMap<String, Instant>>,
+    /// When lane 1's shard_ended first checkpointed, per shard, as a
+    /// place in `order` (paused time puts many steps in one instant).
+    lane_one_ended_at: Mutex<BTreeMap<String, u64>>,
+    /// When each shard's first record was processed, as a place in
+    /// `order`.
+    first_record_at: Mutex<BTreeMap<String, u64>>,
+    /// Orders the events above.
+    order: AtomicU64,
 }
 
 impl Log {
@@ -165,12 +169,13 @@ impl RecordProcessor for Recorder {
             .lock()
             .unwrap()
             .push((self.ctx.worker_id.clone(), Instant::now()));
-        self.log
-            .first_record_at
-            .lock()
-            .unwrap()
-            .entry(self.ctx.shard_id.clone())
-            .or_insert_with(Instant::now);
+        {
+            let mut first = self.log.first_record_at.lock().unwrap();
+            if !first.contains_key(&self.ctx.shard_id) {
+                let at = self.log.order.fetch_add(1, Ordering::SeqCst);
+                first.insert(self.ctx.shard_id.clone(), at);
+            }
+        }
         if self.b.buffering_lanes && self.lane() != 0 {
             self.buffer.extend(parsed);
             return Ok(());
@@ -198,18 +203,19 @@ impl RecordProcessor for Recorder {
 
     async fn shard_ended(&mut self, cp: &mut Checkpointer) -> Result<(), ProcessorError> {
         self.ending();
+        if self.lane() == 1 && take_one(&self.log.shard_ended_failures_left) {
+            return Err("injected shard_ended failure".into());
+        }
+        cp.checkpoint().await?;
         if self.lane() == 1 {
-            if take_one(&self.log.shard_ended_failures_left) {
-                return Err("injected shard_ended failure".into());
-            }
+            let at = self.log.order.fetch_add(1, Ordering::SeqCst);
             self.log
                 .lane_one_ended_at
                 .lock()
                 .unwrap()
                 .entry(self.ctx.shard_id.clone())
-                .or_insert_with(Instant::now);
+                .or_insert(at);
         }
-        cp.checkpoint().await?;
         Ok(())
     }
 

@@ -11,13 +11,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use kcl_core::checkpointer::CheckpointPolicy;
 use kcl_core::checkpointer::Checkpointer;
 use kcl_core::processor::{
     FailurePolicy, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
 };
 use kcl_core::source::InitialPosition;
 use kcl_core::source::memory::InMemoryShardSource;
+use kcl_core::store::StoreOp;
 use kcl_core::store::memory::InMemoryLeaseStore;
+use kcl_core::store::metered::{MeteredStore, StoreStats};
 use kcl_core::worker::{StreamSpec, Worker, WorkerConfig, WorkerError, WorkerHandle};
 use kcl_core::{Checkpoint, LeaseConfig, LeaseLayout, LeaseStore};
 use tokio::task::JoinHandle;
@@ -183,6 +186,10 @@ struct Fleet {
     /// Whether a killed (dropped) worker releases its leases; off by
     /// default, so that `kill` is a crash.
     release_on_drop: bool,
+    /// Every worker's checkpoint policy.
+    checkpoint_policy: CheckpointPolicy,
+    /// Each worker's calls on the table, counted.
+    metered: Vec<Arc<StoreStats>>,
 }
 
 impl Fleet {
@@ -198,6 +205,8 @@ impl Fleet {
             retention: Duration::from_secs(300),
             sync_interval: Duration::from_secs(5),
             release_on_drop: false,
+            checkpoint_policy: CheckpointPolicy::every_call(),
+            metered: Vec::new(),
         }
     }
 
@@ -215,6 +224,7 @@ impl Fleet {
             })
             .initial_position(InitialPosition::TrimHorizon)
             .failure_policy(policy)
+            .checkpoint_policy(self.checkpoint_policy)
             .parent_poll_interval(Duration::from_secs(1))
             .shard_sync_interval(self.sync_interval)
             .completed_lease_retention(self.retention)
@@ -237,9 +247,11 @@ impl Fleet {
         };
         let store = self.store.handle();
         self.stores.push(store.clone());
+        let metered = MeteredStore::new(store);
+        self.metered.push(Arc::clone(metered.stats()));
         let worker = Worker::new(
             self.config(id, policy),
-            Arc::new(store),
+            Arc::new(metered),
             Arc::new(self.source.clone()),
             Arc::new(factory),
         );
@@ -482,6 +494,112 @@ async fn children_start_only_after_their_parents_end() {
     assert!(
         first.contains_key(merged.as_str()),
         "the merged child was consumed"
+    );
+}
+
+/// After a split, the children's first records follow the parent's
+/// SHARD_END within a beat interval, with one worker or two: the consumer
+/// that ends the parent creates the children's leases and tells its own
+/// taker, and its peers through its record's change counter. Without that
+/// the children waited for the next shard sync (a minute at the default).
+#[tokio::test(start_paused = true)]
+async fn a_split_shards_children_start_within_a_beat_of_its_shard_end() {
+    for workers in [1, 2] {
+        let mut fleet = Fleet::new(2);
+        fleet.sync_interval = Duration::from_secs(60);
+        for i in 0..workers {
+            fleet.start(
+                &format!("w-{i}"),
+                Behaviour::default(),
+                FailurePolicy::Retry,
+            );
+        }
+        fleet.produce(8, 0, 20);
+        fleet.wait_for(8 * 20, Duration::from_secs(120)).await;
+        // Settled: the takers' ticks are quiet, the next sync far off.
+        sleep(TICK * 2).await;
+        let parent = {
+            use kcl_core::source::ShardSource;
+            fleet.source.list_shards(STREAM).await.unwrap()[0]
+                .shard_id
+                .clone()
+        };
+        let [c1, c2] = fleet.source.split(STREAM, &parent).unwrap();
+        fleet.produce(8, 20, 20);
+        fleet.wait_for(8 * 40, Duration::from_secs(300)).await;
+        let ended = fleet.log.shard_ended_at.lock().unwrap()[parent.as_str()];
+        let first = fleet.log.first_record_at.lock().unwrap().clone();
+        let last_child = [&c1, &c2].iter().map(|c| first[c.as_str()]).max().unwrap();
+        let waited = last_child - ended;
+        println!("{workers} worker(s): the last child's first record {waited:?} after SHARD_END");
+        assert!(
+            waited <= Duration::from_secs(7),
+            "{workers} worker(s): the children started {waited:?} after their parent's SHARD_END"
+        );
+        for i in 0..workers {
+            fleet.stop(i).await;
+        }
+        assert_eq!(check_complete(&fleet.log, 8, 40), 0);
+    }
+}
+
+/// A processor that checkpoints every batch, under a policy of one write
+/// per 5 s per shard: a steal's handoff and a graceful shutdown repeat no
+/// record, although the processor does not checkpoint in
+/// `shutdown_requested` (the position it asked for last is written as the
+/// tenure ends), and the checkpoint writes fall to about one per shard per
+/// period and one per tenure's end (from one per batch).
+#[tokio::test(start_paused = true)]
+async fn a_checkpoint_policy_repeats_no_record_on_handoff_or_graceful_shutdown() {
+    let mut writes = Vec::new();
+    for policy in [
+        CheckpointPolicy::every_call(),
+        CheckpointPolicy::every(Duration::from_secs(5)),
+    ] {
+        let mut fleet = Fleet::new(4);
+        fleet.checkpoint_policy = policy;
+        // One record per batch's worth of time: a shard's 300 records take
+        // a minute, so the policy holds positions back all along.
+        let b = Behaviour {
+            checkpoint_on_shutdown: false,
+            work: Duration::from_millis(1_000),
+            ..Behaviour::default()
+        };
+        fleet.start("w-a", b, FailurePolicy::Retry);
+        // Records keep coming, so a handoff and the shutdown each fall
+        // while a position is held back.
+        fleet.produce(8, 0, 100);
+        sleep(TICK * 2).await;
+        fleet.produce(8, 100, 100);
+        // A second worker steals half the shards by handoff.
+        fleet.start("w-b", b, FailurePolicy::Retry);
+        sleep(TICK * 2).await;
+        fleet.produce(8, 200, 100);
+        sleep(Duration::from_secs(3)).await;
+        // The first leaves gracefully: its shards move by release.
+        fleet.stop(0).await;
+        fleet.wait_for(8 * 300, Duration::from_secs(900)).await;
+        // Repeats count towards the 2,400: let the rest finish too.
+        sleep(TICK * 3).await;
+        fleet.stop(1).await;
+        let duplicates = check_complete(&fleet.log, 8, 300);
+        assert_eq!(duplicates, 0, "{policy:?}: records repeated");
+        let checkpoints: u64 = fleet
+            .metered
+            .iter()
+            .map(|m| m.snapshot().op(StoreOp::Checkpoint).calls)
+            .sum();
+        writes.push(checkpoints);
+    }
+    println!(
+        "checkpoint writes: every call {}, every 5 s {}",
+        writes[0], writes[1]
+    );
+    assert!(
+        writes[1] * 2 <= writes[0],
+        "the policy coalesces writes: {} with it, {} without",
+        writes[1],
+        writes[0]
     );
 }
 

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_config::SdkConfig;
+use kcl_core::checkpointer::CheckpointPolicy;
 use kcl_core::config::{LeaseConfig, LeaseConfigBuilder, LeaseRenewal};
 use kcl_core::observe::Observer;
 use kcl_core::processor::{FailurePolicy, ProcessorFactory};
@@ -724,6 +725,12 @@ impl WorkerBuilder {
         /// partition key always in the same lane (see
         /// [`ShardContext::lane`](crate::ShardContext::lane)).
         parallelism_per_shard: usize,
+        /// How often each shard's checkpoint is written: every
+        /// `checkpoint()` call (the default), or at most once per period
+        /// ([`CheckpointPolicy::every`](crate::CheckpointPolicy::every)),
+        /// the latest position always written at shutdown, handoff and
+        /// shard end.
+        checkpoint_policy: CheckpointPolicy,
         /// Shard listing interval.
         shard_sync_interval: Duration,
         /// How often a child shard checks its parents.

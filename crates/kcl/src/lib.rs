@@ -59,7 +59,9 @@ mod signal;
 
 pub use async_trait::async_trait;
 pub use builder::{Error, ErrorKind, Worker, WorkerBuilder};
-pub use kcl_core::checkpointer::{CheckpointError, Checkpointer, Position, SequenceNumber};
+pub use kcl_core::checkpointer::{
+    CheckpointError, CheckpointPolicy, Checkpointer, Position, SequenceNumber,
+};
 pub use kcl_core::leases::EndReason;
 /// The lease engine's typed events, for [`WorkerBuilder::observer`].
 pub mod observe {

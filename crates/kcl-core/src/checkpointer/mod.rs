@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backon::Retryable;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
@@ -17,9 +18,12 @@ use crate::leases::LeaseHandle;
 use crate::record::Record;
 use crate::store::{CheckpointUpdate, Holder, LeaseStore, StoreError};
 
+pub mod policy;
 pub mod sequence;
 mod window;
 
+pub use policy::CheckpointPolicy;
+use policy::Pacing;
 pub use sequence::{Position, SequenceNumber};
 
 /// A checkpoint write that failed retryably is tried 5 more times, from
@@ -123,6 +127,9 @@ pub struct Checkpointer {
     labels: [(&'static str, String); 2],
     /// Set for a lane's checkpointer: where its writes go.
     lane: Option<LaneLink>,
+    /// How often writes go out (the shard's checkpointer's counts; a
+    /// lane's writes go through it).
+    pacing: Pacing,
 }
 
 /// A lane's tie to its shard: the window of records handed to the lanes,
@@ -172,7 +179,14 @@ impl Checkpointer {
             children: Vec::new(),
             lost,
             lane: None,
+            pacing: Pacing::default(),
         }
+    }
+
+    /// Writes at most as often as `policy` says (see [`CheckpointPolicy`]).
+    pub(crate) fn with_policy(mut self, policy: CheckpointPolicy) -> Self {
+        self.pacing = Pacing::new(policy);
+        self
     }
 
     /// The checkpointer of lane `index` of the shard whose checkpointer is
@@ -197,6 +211,7 @@ impl Checkpointer {
                 window,
                 shard,
             }),
+            pacing: Pacing::default(),
         }
     }
 
@@ -228,6 +243,43 @@ impl Checkpointer {
     /// Records that `record` was handed to the processor.
     pub(crate) fn delivered(&mut self, record: &Record) {
         self.last_delivered = Some(Position::of(record));
+        self.pacing.count(1);
+    }
+
+    /// `n` records were handed to this shard's lanes (the policy's record
+    /// count of a shard in lanes).
+    pub(crate) fn count_dispatched(&mut self, n: usize) {
+        self.pacing.count(n as u64);
+    }
+
+    /// From now on every checkpoint call writes at once: the tenure is
+    /// ending (a graceful shutdown, a handoff, SHARD_END).
+    pub(crate) fn write_every_call(&mut self) {
+        self.pacing.write_every_call();
+    }
+
+    /// Writes the latest position the processor asked for, if the policy
+    /// held it back and its period (or record count) is up now.
+    pub(crate) async fn flush_due(&mut self) -> Result<(), CheckpointError> {
+        if self.pacing.deferred().is_none() || self.pacing.defers(Instant::now()) {
+            return Ok(());
+        }
+        self.flush().await
+    }
+
+    /// Writes the latest position the processor asked for, if the policy
+    /// held it back.
+    pub(crate) async fn flush(&mut self) -> Result<(), CheckpointError> {
+        match self.pacing.take_deferred() {
+            Some(checkpoint) => self.write_now(CheckpointUpdate::to(checkpoint)).await,
+            None => Ok(()),
+        }
+    }
+
+    /// The checkpoint as the processor asked for it: the last one written,
+    /// or one its policy holds back.
+    fn asked(&self) -> &Checkpoint {
+        self.pacing.deferred().unwrap_or(&self.last_checkpoint)
     }
 
     /// The last record handed to the processor, if any.
@@ -331,8 +383,7 @@ impl Checkpointer {
                 // Already covered (a failed batch was taken back after the
                 // processor checkpointed part of it): never move backwards.
                 Some(delivered)
-                    if Position::of_checkpoint(&self.last_checkpoint)
-                        .is_some_and(|at| *delivered <= at) =>
+                    if Position::of_checkpoint(self.asked()).is_some_and(|at| *delivered <= at) =>
                 {
                     return Ok(());
                 }
@@ -389,6 +440,9 @@ impl Checkpointer {
             });
         }
         let pending = self.validate(seq, sub)?;
+        // A position the policy held back goes first: the prepared one
+        // follows it.
+        self.flush().await?;
         let update = CheckpointUpdate {
             pending: Some(pending),
             pending_state: state,
@@ -430,6 +484,9 @@ impl Checkpointer {
             });
         }
         let target = self.validate(seq, sub)?;
+        // The transaction is conditional on the checkpoint written last:
+        // a position the policy held back is written first.
+        self.flush().await?;
         // A commit must move the checkpoint forward: its condition is the
         // checkpoint it replaces, and a second commit at the same position
         // would still pass it after the first landed, applying its writes
@@ -489,7 +546,7 @@ impl Checkpointer {
         if requested > *delivered {
             return Err(out_of_range());
         }
-        match &self.last_checkpoint {
+        match self.asked() {
             Checkpoint::ShardEnd => Err(out_of_range()),
             last if Position::of_checkpoint(last).is_some_and(|at| requested < at) => {
                 Err(out_of_range())
@@ -498,7 +555,35 @@ impl Checkpointer {
         }
     }
 
+    /// Writes `update`, unless the policy holds a plain position back (see
+    /// [`CheckpointPolicy`]): then it is remembered, the latest one
+    /// replacing any earlier, until [`Checkpointer::flush_due`] or the end
+    /// of the tenure writes it. SHARD_END and prepared checkpoints always
+    /// go at once (a prepared one after the held-back position).
     async fn write(&mut self, update: CheckpointUpdate) -> Result<(), CheckpointError> {
+        let plain = update.pending.is_none()
+            && update.pending_state.is_none()
+            && update.children.is_empty()
+            && update.checkpoint != Checkpoint::ShardEnd;
+        if plain && self.pacing.defers(Instant::now()) {
+            if !self.lease.may_checkpoint() {
+                self.lost.cancel();
+                return Err(CheckpointError::LeaseLost {
+                    key: self.lease.key().to_owned(),
+                });
+            }
+            self.pacing.defer(update.checkpoint);
+            return Ok(());
+        }
+        // This write is the latest position, or SHARD_END: it supersedes
+        // what was held back.
+        if plain || update.checkpoint == Checkpoint::ShardEnd {
+            self.pacing.take_deferred();
+        }
+        self.write_now(update).await
+    }
+
+    async fn write_now(&mut self, update: CheckpointUpdate) -> Result<(), CheckpointError> {
         let key = self.lease.key().to_owned();
         // Conditional on the checkpoint it follows: an attempt of ours
         // given up on (timed out) may still land later, after a newer one,
@@ -528,6 +613,7 @@ impl Checkpointer {
         match result {
             Ok(_) => {
                 metrics::counter!("kcl_checkpoints_total", &self.labels).increment(1);
+                self.pacing.wrote(Instant::now());
                 if update.pending.is_none() {
                     self.last_checkpoint = update.checkpoint;
                 }

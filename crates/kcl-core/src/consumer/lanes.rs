@@ -199,7 +199,8 @@ pub(super) async fn run(c: &Consumer, current: &Lease, count: usize) -> Consumer
         start.clone(),
         c.lost.clone(),
     )
-    .for_shard(&c.ctx.stream, &c.ctx.shard_id);
+    .for_shard(&c.ctx.stream, &c.ctx.shard_id)
+    .with_policy(c.setup.checkpoint_policy);
     let window = Arc::new(Mutex::new(Window::new(count)));
     let shard = Arc::new(tokio::sync::Mutex::new(shard));
     let lane_checkpointers: Vec<Checkpointer> = {
@@ -250,7 +251,7 @@ pub(super) async fn run(c: &Consumer, current: &Lease, count: usize) -> Consumer
     lanes.settle().await;
     let panic = lanes.panic.take();
     let mut processors: Vec<(Processor, Checkpointer)> = lanes.idle.into_iter().flatten().collect();
-    let exit = end_lanes(&mut processors, outcome).await;
+    let exit = end_lanes(&mut processors, &shard, outcome).await;
     if let Some(panic) = panic {
         std::panic::resume_unwind(panic);
     }
@@ -260,16 +261,23 @@ pub(super) async fn run(c: &Consumer, current: &Lease, count: usize) -> Consumer
 /// Gives each lane's processor its ending.
 async fn end_lanes(
     processors: &mut [(Processor, Checkpointer)],
+    shard: &tokio::sync::Mutex<Checkpointer>,
     outcome: Result<(), Stop>,
 ) -> ConsumerExit {
     let Err(stop) = outcome else {
         return ConsumerExit::ShardEnded;
     };
     if matches!(stop, Stop::Shutdown | Stop::Handoff) {
+        // Every lane's checkpoint writes from now on (through the shard's
+        // checkpointer), and what the policy held back is written last.
+        shard.lock().await.write_every_call();
         for (processor, checkpointer) in processors.iter_mut() {
             if let Err(e) = processor.shutdown_requested(checkpointer).await {
                 warn!(error = %e, "processor failed in shutdown_requested");
             }
+        }
+        if let Err(e) = shard.lock().await.flush().await {
+            warn!(error = %e, "writing the last checkpoint asked for failed");
         }
     } else {
         info!("lease lost or given back; stopping the lanes' processors");
@@ -319,7 +327,11 @@ async fn process(
             continue;
         };
         if !batch.records.is_empty() {
+            shard.lock().await.count_dispatched(batch.records.len());
             lanes.dispatch(c, batch.records, batch.millis_behind_latest);
+        }
+        if batch.shard_end.is_none() {
+            super::flush_due(c, &mut *shard.lock().await).await?;
         }
         if let Some(children) = batch.shard_end {
             while !lanes.drained() {

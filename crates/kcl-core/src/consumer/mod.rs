@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::backoff::{Backoff, Pauses};
-use crate::checkpointer::Checkpointer;
+use crate::checkpointer::{CheckpointError, CheckpointPolicy, Checkpointer};
 use crate::lease::{Checkpoint, LeaseLayout};
 use crate::leases::LeaseHandle;
 use crate::processor::{
@@ -45,6 +45,8 @@ pub(crate) struct ConsumerSetup {
     pub(crate) policy: FailurePolicy,
     /// Lanes per shard; 1 processes a shard in one task, batch by batch.
     pub(crate) parallelism: usize,
+    /// How often the shard's checkpoint is written.
+    pub(crate) checkpoint_policy: CheckpointPolicy,
     pub(crate) parent_poll_interval: Duration,
     /// Pauses of loops that go on until the lease or the worker stops
     /// them: a failing processor, read, checkpoint or parent check.
@@ -286,7 +288,8 @@ pub(crate) async fn run(
         current.checkpoint.clone(),
         c.lost.clone(),
     )
-    .for_shard(&c.ctx.stream, &c.ctx.shard_id);
+    .for_shard(&c.ctx.stream, &c.ctx.shard_id)
+    .with_policy(c.setup.checkpoint_policy);
     let input = InitializeInput {
         shard: c.ctx.clone(),
         checkpoint: current.checkpoint.clone(),
@@ -314,22 +317,31 @@ pub(crate) async fn run(
             ConsumerExit::LeaseLost
         }
         Err(Stop::Shutdown) => {
-            if let Err(e) = processor.shutdown_requested(&mut checkpointer).await {
-                warn!(error = %e, "processor failed in shutdown_requested");
-            }
+            last_checkpoints(processor.as_mut(), &mut checkpointer).await;
             ConsumerExit::ShutDown
         }
         Err(Stop::Handoff) => {
             info!("handing the shard over; the processor may checkpoint");
-            if let Err(e) = processor.shutdown_requested(&mut checkpointer).await {
-                warn!(error = %e, "processor failed in shutdown_requested");
-            }
+            last_checkpoints(processor.as_mut(), &mut checkpointer).await;
             ConsumerExit::HandedOff
         }
         Err(Stop::Release) => {
             processor.lease_lost().await;
             ConsumerExit::Release
         }
+    }
+}
+
+/// A graceful end of the tenure: every checkpoint call writes from now on,
+/// the processor's `shutdown_requested` may checkpoint, and the latest
+/// position it asked for before is written if the policy held it back.
+async fn last_checkpoints(processor: &mut dyn RecordProcessor, checkpointer: &mut Checkpointer) {
+    checkpointer.write_every_call();
+    if let Err(e) = processor.shutdown_requested(checkpointer).await {
+        warn!(error = %e, "processor failed in shutdown_requested");
+    }
+    if let Err(e) = checkpointer.flush().await {
+        warn!(error = %e, "writing the last checkpoint asked for failed");
     }
 }
 
@@ -478,6 +490,7 @@ async fn process(
         if let Some(children) = batch.shard_end {
             return finish_shard(c, &mut [(processor, checkpointer)], None, &children).await;
         }
+        flush_due(c, checkpointer).await?;
     }
 }
 
@@ -605,6 +618,20 @@ impl Consumer {
     }
 }
 
+/// Writes a checkpoint the policy held back once its period is up, at the
+/// first fetch after that; a rejected one stops the consumer.
+async fn flush_due(c: &Consumer, checkpointer: &mut Checkpointer) -> Result<(), Stop> {
+    match checkpointer.flush_due().await {
+        Ok(()) => Ok(()),
+        Err(CheckpointError::LeaseLost { .. }) => Err(Stop::LeaseLost),
+        Err(e) => {
+            // Tried again at the next fetch.
+            warn!(shard = %c.ctx.shard_id, error = %e, "writing a held-back checkpoint failed; retrying");
+            Ok(())
+        }
+    }
+}
+
 /// ShuttingDown at SHARD_END: create the children's leases (so they start
 /// without waiting for a shard sync), then let the processors (one, or one
 /// per lane, every lane drained) checkpoint SHARD_END, retrying until one
@@ -619,9 +646,12 @@ async fn finish_shard(
     create_children(c, children).await?;
     let ids: Vec<String> = children.iter().map(|c| c.shard_id.clone()).collect();
     if let Some(shard) = shard {
-        shard.lock().await.set_shard_ended(ids.clone());
+        let mut shard = shard.lock().await;
+        shard.write_every_call();
+        shard.set_shard_ended(ids.clone());
     }
     for (_, checkpointer) in processors.iter_mut() {
+        checkpointer.write_every_call();
         checkpointer.set_shard_ended(ids.clone());
     }
     let mut backoff = c.setup.backoff.pauses();

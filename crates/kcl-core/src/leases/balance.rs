@@ -19,6 +19,9 @@
 //! - `target = min(ceil(leases / live workers), max_leases_per_worker)`.
 //! - Take every available lease (unowned or expired) this worker is owed, in
 //!   one tick, the longest-unrenewed first.
+//! - Leases that stay free (unowned for a lease duration, or expired and
+//!   untouched for two) are taken beyond the target: the peer whose share
+//!   they are may not be able to take them (its scans fail).
 //! - Only when nothing is available, steal from the most loaded worker
 //!   `min(target - mine, (victim - mine) / 2)` leases, capped by
 //!   `max_leases_to_steal`. Stealing half the gap at most means the thief
@@ -146,11 +149,18 @@ pub fn decide(input: &BalanceInput<'_>) -> Decision {
     };
     // Leases nobody took for a lease duration are taken whatever the
     // target says: a peer counted above may not compete for them (another
-    // stream set), and a lease must never stay unread.
+    // stream set, or it cannot read the table: its scans fail while its
+    // beats land), and a lease must never stay unread. An expired lease
+    // counts once it stood still a lease duration past its expiry.
     let stale: Vec<String> = input
         .leases
         .iter()
-        .filter(|l| l.owner.is_none() && !l.in_handoff && l.unrenewed_for >= input.stale_after)
+        .filter(|l| {
+            let unowned = l.owner.is_none() && !l.in_handoff;
+            let abandoned = l.expired && !l.held_here && (l.owner != Some(me) || l.other_process);
+            (unowned && l.unrenewed_for >= input.stale_after)
+                || (abandoned && l.unrenewed_for >= input.stale_after * 2)
+        })
         .map(|l| l.key.to_owned())
         .collect();
     if mine >= target {

@@ -171,6 +171,18 @@ impl LeaseCoordinator {
         released.map(|()| true)
     }
 
+    /// Releases the lease of a shard processed to SHARD_END, whose
+    /// consumer created its children's leases: this worker's taker reads
+    /// the table now, and peers learn it from this instance's next beat
+    /// (its change counter), so the children start within a beat interval
+    /// instead of at the next shard sync. Returns false if this worker did
+    /// not hold that tenure.
+    pub async fn shard_finished(&self, lease: &LeaseHandle) -> Result<bool, StoreError> {
+        let released = self.release(lease).await;
+        self.shared.table_changed();
+        released
+    }
+
     /// Completes the handoff of a lease another worker asked for, once its
     /// processor had the chance to checkpoint. Returns false if this worker
     /// was not handing that tenure off.
@@ -317,7 +329,7 @@ impl FleetSignals {
         let free = leases.iter().any(|l| {
             !l.is_finished() && l.owner.is_none() && !l.in_handoff() && self.shared.accepts(l)
         });
-        if free && self.shared.liveness_mode() {
+        if free {
             self.shared.table_changed();
         }
     }
@@ -328,9 +340,6 @@ impl FleetSignals {
 /// at least one) are woken to read the table at their next beat instead of
 /// their next tick.
 async fn leave_the_fleet(shared: &Shared, released: usize) {
-    if !shared.liveness_mode() {
-        return;
-    }
     let released = released.max(1);
     if let Err(e) = shared.store.forget(shared.instance(), None).await
         && !e.is_condition_failed()

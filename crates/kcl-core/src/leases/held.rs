@@ -96,12 +96,16 @@ struct HeldInner {
     /// While handing off: the renewals of this tenure stopped (the handoff
     /// timeout passed, or the new owner renews it: an older kcl).
     renewals_over: bool,
-    /// While handing off with liveness records: when the last renewal of
-    /// the lease item that succeeded was sent. Beats extend a tenure
-    /// handing off no further than from here: the thief forces the handoff
-    /// once it has seen that renewal's counter stand still for a lease
-    /// duration.
+    /// While handing off: when the last renewal of the lease item that
+    /// succeeded was sent. Beats extend a tenure handing off no further
+    /// than from here: the thief forces the handoff once it has seen that
+    /// renewal's counter stand still for a lease duration.
     drain_renewed: Option<Instant>,
+    /// When the last write of the lease item in this tenure (its take, a
+    /// renewal) that succeeded was sent. Renewing per lease, beats extend
+    /// the tenure no further than from here: Java KCL workers judge it by
+    /// its counter alone.
+    item_written: Option<Instant>,
 }
 
 /// Where telling the previous owner of an awaited handoff stands.
@@ -146,6 +150,7 @@ impl Held {
                 draining_since: None,
                 renewals_over: false,
                 drain_renewed: None,
+                item_written: None,
             }),
             ended: CancellationToken::new(),
             handoff: CancellationToken::new(),
@@ -313,30 +318,36 @@ impl Held {
     /// Extends validity from a beat sent at `sent` (the lease item itself
     /// unchanged); false if the tenure ended or lapsed first. A tenure
     /// handing off is extended no further than from its last renewal of
-    /// the lease item (see `drain_renewed`), and not at all before one.
-    pub(crate) fn extend(&self, sent: Instant, config: &LeaseConfig) -> bool {
+    /// the lease item (see `drain_renewed`), and not at all before one;
+    /// renewing `per_lease`, none further than from its last write of the
+    /// item (see `item_written`).
+    pub(crate) fn extend(&self, sent: Instant, per_lease: bool, config: &LeaseConfig) -> bool {
         let mut inner = self.lock();
         if inner.ended.is_some() || Instant::now() >= inner.valid_until {
             return false;
         }
-        let base = match inner.phase {
-            Phase::HandingOff => match inner.drain_renewed {
-                Some(renewed) => renewed.min(sent),
-                None => return true,
-            },
-            _ => sent,
+        let cap = match inner.phase {
+            Phase::HandingOff => inner.drain_renewed,
+            _ if per_lease => inner.item_written,
+            _ => Some(sent),
         };
+        let Some(cap) = cap else {
+            return true;
+        };
+        let base = cap.min(sent);
         let until = base + config.lease_duration - config.fence_margin;
         inner.valid_until = inner.valid_until.max(until);
         true
     }
 
-    /// A renewal of the lease item sent at `sent` succeeded while this
-    /// tenure hands off (see `drain_renewed`).
-    pub(crate) fn drain_renewed(&self, sent: Instant) {
+    /// A write of the lease item sent at `sent` succeeded (see
+    /// `item_written`, and `drain_renewed` while handing off).
+    pub(crate) fn item_written(&self, sent: Instant) {
         let mut inner = self.lock();
+        let later = |at: Option<Instant>| Some(at.map_or(sent, |r| r.max(sent)));
+        inner.item_written = later(inner.item_written);
         if inner.phase == Phase::HandingOff {
-            inner.drain_renewed = Some(inner.drain_renewed.map_or(sent, |r| r.max(sent)));
+            inner.drain_renewed = later(inner.drain_renewed);
         }
     }
 

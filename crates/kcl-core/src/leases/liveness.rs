@@ -10,7 +10,7 @@
 //! fleet changed since its last read of the lease table, which is what lets
 //! it skip that read on quiet ticks.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -31,7 +31,7 @@ pub(crate) fn asked_lease(entry: &str) -> &str {
     entry.split('\u{1f}').next().unwrap_or(entry)
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Seen {
     beat: Beat,
     since: Instant,
@@ -48,9 +48,10 @@ struct Seen {
 /// seconds under throttling) would miss a beat that landed in between, and
 /// the instance that sent it keeps its leases for a lease duration from
 /// that beat.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct LivenessTracker {
-    seen: HashMap<String, Seen>,
+    // Ordered, so that the model checker can hash a tracker as a state.
+    seen: BTreeMap<String, Seen>,
     /// When the last read was asked for.
     read_at: Option<Instant>,
 }
@@ -68,7 +69,7 @@ impl LivenessTracker {
     /// ask (what it shows held no earlier). Records gone from the table are
     /// forgotten (a stopped instance).
     pub(crate) fn observe(&mut self, beats: Vec<Beat>, asked: Instant, answered: Instant) {
-        let mut next = HashMap::with_capacity(beats.len());
+        let mut next = BTreeMap::new();
         for beat in beats {
             let (since, moved) = match self.seen.remove(&beat.instance) {
                 Some(s) if s.beat.counter == beat.counter => (s.since, s.moved),

@@ -25,24 +25,17 @@ use crate::store::{BeatUpdate, StoreError, StoreOp};
 pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     // Fencing runs beside renewal, not after it: a round stuck on a hung
     // store must not delay a fence deadline.
-    if shared.liveness_mode() {
-        // Beats renew every tenure but those handing off: a previous owner
-        // renews those per lease while it drains (see `renew_all`).
-        tokio::select! {
-            _ = stop.cancelled() => {}
-            _ = beat_loop(&shared) => {}
-            _ = renew_loop(&shared) => {}
-            _ = fence_loop(&shared) => {}
-            _ = handoff_loop(&shared) => {}
-        }
-    } else {
-        let _ = shared.first_beat.send_replace(true);
-        tokio::select! {
-            _ = stop.cancelled() => {}
-            _ = renew_loop(&shared) => {}
-            _ = fence_loop(&shared) => {}
-            _ = handoff_loop(&shared) => {}
-        }
+    // Both modes beat: with liveness records the beat renews every tenure
+    // but those handing off (a previous owner renews those per lease while
+    // it drains, see `renew_all`); renewing per lease, every tenure is
+    // renewed per lease too, for Java KCL workers, which judge by counters,
+    // and its validity needs both (see `Held::extend`).
+    tokio::select! {
+        _ = stop.cancelled() => {}
+        _ = beat_loop(&shared) => {}
+        _ = renew_loop(&shared) => {}
+        _ = fence_loop(&shared) => {}
+        _ = handoff_loop(&shared) => {}
     }
 }
 

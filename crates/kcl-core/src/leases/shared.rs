@@ -203,27 +203,23 @@ impl Shared {
         }
     }
 
-    /// The time a write sent at `sent` may count validity from. In the
-    /// liveness mode peers that know this instance judge its leases by its
-    /// beats alone, whatever the lease items show, so no tenure may outlive
-    /// the last beat that landed: validity counts from the earlier of the
-    /// two (and with no beat landed yet, from so long ago that it is over).
+    /// The time a write sent at `sent` may count validity from. Every kcl
+    /// instance beats its liveness record, and peers that know it judge its
+    /// leases by its beats alone (the lease duration its record states),
+    /// whatever the lease items show, so no tenure may outlive the last
+    /// beat that landed: validity counts from the earlier of the two (and
+    /// with no beat landed yet, from so long ago that it is over).
     pub(crate) fn valid_from(&self, sent: Instant) -> Instant {
-        if !self.liveness_mode() {
-            return sent;
-        }
         let beat = *self.last_beat.lock().unwrap_or_else(|e| e.into_inner());
-        match beat {
-            Some(beat) => beat.min(sent),
-            None => sent.checked_sub(self.config.lease_duration).unwrap_or(sent),
-        }
+        valid_from(beat, sent, self.config.lease_duration)
     }
 
-    /// True if a tenure taken now would be valid for a while: always
-    /// renewing per lease; with liveness records, while the last beat that
-    /// landed is less than the usable part of a lease duration old.
+    /// True if a tenure taken now would be valid for a while: while the
+    /// last beat that landed is less than the usable part of a lease
+    /// duration old.
     pub(crate) fn can_hold(&self, now: Instant) -> bool {
-        self.valid_from(now) + self.config.lease_duration - self.config.fence_margin > now
+        let beat = *self.last_beat.lock().unwrap_or_else(|e| e.into_inner());
+        can_hold(beat, now, &self.config)
     }
 
     /// Records a beat sent at `sent` that landed.
@@ -349,6 +345,7 @@ impl Shared {
         let valid_until =
             self.valid_from(sent) + self.config.lease_duration - self.config.fence_margin;
         let held = Arc::new(Held::new(lease, valid_until, Phase::Active));
+        held.item_written(sent);
         self.insert(key.clone(), &held);
         if Instant::now() >= valid_until {
             warn!(lease = %key, "the take answered after its validity ran out; fencing this tenure");
@@ -408,6 +405,7 @@ impl Shared {
             self.ended(key, held, EndReason::Fenced).await;
             return;
         }
+        held.item_written(sent);
         held.activate();
         let _ = self
             .events
@@ -421,7 +419,7 @@ impl Shared {
     /// Extends `held` from a beat sent at `sent`; a tenure whose validity
     /// lapsed before the beat answered ends as fenced instead.
     pub(crate) async fn extended(&self, key: &str, held: &Arc<Held>, sent: Instant) {
-        if held.extend(self.valid_from(sent), &self.config) {
+        if held.extend(self.valid_from(sent), !self.liveness_mode(), &self.config) {
             self.emit(Event::Renewed { key });
         } else if !held.is_ended() {
             warn!(lease = %key, "a beat answered after the lease's validity ran out; fencing this tenure");
@@ -433,7 +431,7 @@ impl Shared {
     /// validity lapsed before the answer came ends as fenced instead.
     pub(crate) async fn renewed(&self, key: &str, held: &Arc<Held>, lease: Lease, sent: Instant) {
         if held.renewed(lease, self.valid_from(sent), &self.config) {
-            held.drain_renewed(sent);
+            held.item_written(sent);
             self.emit(Event::Renewed { key });
         } else if !held.is_ended() {
             warn!(lease = %key, "a renewal answered after the lease's validity ran out; fencing this tenure");
@@ -546,6 +544,26 @@ impl Shared {
             }
         }
     }
+}
+
+/// The time a write sent at `sent` may count validity from (see
+/// [`Shared::valid_from`]), given the send time of the last beat that
+/// landed (`None`: none has). The model checker runs the same rule.
+pub(crate) fn valid_from(
+    last_beat: Option<Instant>,
+    sent: Instant,
+    lease_duration: std::time::Duration,
+) -> Instant {
+    match last_beat {
+        Some(beat) => beat.min(sent),
+        None => sent.checked_sub(lease_duration).unwrap_or(sent),
+    }
+}
+
+/// See [`Shared::can_hold`]; the model checker runs the same rule.
+pub(crate) fn can_hold(last_beat: Option<Instant>, now: Instant, config: &LeaseConfig) -> bool {
+    valid_from(last_beat, now, config.lease_duration) + config.lease_duration - config.fence_margin
+        > now
 }
 
 /// A deadline that never comes, until a handoff's previous owner was told.

@@ -218,10 +218,8 @@ impl Taker {
             .filter(|j| !idle.contains(j.as_str()))
             .cloned()
             .collect();
-        // A lease whose holder the liveness read judged dead is free only if
-        // its item already stood as it does before that read was asked: a
-        // state written after it (a holder that came back, beat, and
-        // reclaimed in a new tenure) may rest on a beat the read missed.
+        // A lease whose holder the liveness read judged dead is free only
+        // if its item stood still since before that read (free_by_liveness).
         let mut held_back = false;
         let mut held_for_read = false;
         let views: Vec<LeaseView<'_>> = {
@@ -234,14 +232,11 @@ impl Taker {
                         key: &l.key,
                         owner: l.owner.as_deref(),
                         expired: match liveness.judge(l, config.lease_duration, now) {
-                            // Named instances with liveness records: no
-                            // tenure of theirs outlives their last beat.
-                            Some(true) => false,
-                            Some(false) => {
-                                let before_read =
-                                    self.tracker.seen_since(l).is_some_and(|s| s <= asked);
-                                held_for_read |= !before_read;
-                                before_read
+                            Some(alive) => {
+                                let free =
+                                    free_by_liveness(alive, self.tracker.seen_since(l), asked);
+                                held_for_read |= !alive && !free;
+                                free
                             }
                             // Renewed per lease (or never seen beating):
                             // unrenewed for the lease duration.
@@ -292,6 +287,16 @@ impl Taker {
             shared.read_now.notify_one();
         }
         held_back |= unproven || held_for_read;
+        // An expired lease left to a peer's share turns stale (taken beyond
+        // the target, see `balance::decide`) two lease durations after it
+        // last changed; nothing in the liveness records shows that moment.
+        let stale_at = views
+            .iter()
+            .filter(|v| v.expired && !v.held_here && v.owner.is_some())
+            .filter_map(|v| (config.lease_duration * 2).checked_sub(v.unrenewed_for))
+            .filter(|left| !left.is_zero())
+            .min()
+            .map(|left| now + left + Duration::from_millis(1));
         let peers: Vec<String> = shared
             .liveness()
             .alive(config.lease_duration, now)
@@ -336,7 +341,8 @@ impl Taker {
                 .min()
                 .map(|at| at + Duration::from_millis(1))
         };
-        let decision = unless_unbeaten(shared, decision, now);
+        self.rescan_at = earliest(self.rescan_at, stale_at);
+        let decision = unless_unbeaten(shared.can_hold(now), decision);
         if !decision.take.is_empty() || !decision.steal.is_empty() || !decision.reclaim.is_empty() {
             debug!(?decision, "lease taker decision");
         }
@@ -391,8 +397,23 @@ impl Taker {
     }
 }
 
+/// Whether a lease whose named instances have liveness records is free:
+/// only if none of them beats (`alive` false: their tenures all lapsed, see
+/// `Shared::valid_from`), and the item already stood as it does before the
+/// read that judged them was asked for (`read_asked`): a state written
+/// after it (a holder that came back, beat, and reclaimed in a new tenure)
+/// may rest on a beat the read missed. `seen_since` is when this worker
+/// first saw the item as it stands. The model checker runs the same rule.
+pub(crate) fn free_by_liveness(
+    alive: bool,
+    seen_since: Option<Instant>,
+    read_asked: Instant,
+) -> bool {
+    !alive && seen_since.is_some_and(|s| s <= read_asked)
+}
+
 /// `decision` without its takes, reclaims and steals while this instance
-/// could not hold what it took: with liveness records a tenure is valid
+/// could not hold what it took (`can_hold` false, see `Shared::can_hold`): with liveness records a tenure is valid
 /// only up to a lease duration after this instance's last beat that
 /// landed, so with none landed for that long (the workers table down,
 /// throttled or write-denied while the lease table works, or no beat ever
@@ -402,8 +423,8 @@ impl Taker {
 /// the whole outage. Taking nothing, this instance's leases stand still,
 /// peers take them once its record stops moving, and it takes its share
 /// again once a beat lands.
-fn unless_unbeaten(shared: &Shared, mut decision: Decision, now: Instant) -> Decision {
-    if shared.can_hold(now) {
+pub(crate) fn unless_unbeaten(can_hold: bool, mut decision: Decision) -> Decision {
+    if can_hold {
         return decision;
     }
     if !decision.take.is_empty() || !decision.reclaim.is_empty() || !decision.steal.is_empty() {

@@ -114,10 +114,7 @@ impl Watcher {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .is_some();
-        if shared.liveness_mode()
-            && landed
-            && !beats.iter().any(|b| b.instance == shared.instance())
-        {
+        if landed && !beats.iter().any(|b| b.instance == shared.instance()) {
             shared.emit(Event::LivenessReadFailed);
             warn!(
                 "the liveness records read do not include this worker's own; is the workers table there? retrying"
@@ -141,6 +138,20 @@ impl Watcher {
         let own = shared.config.lease_duration;
         let (died, proven) = {
             let mut liveness = shared.liveness();
+            // A peer that created, released or finished leases says so by
+            // its change counter: look at the table now (children of a
+            // finished shard, released leases), not at the next tick.
+            let before: HashMap<&str, u64> = liveness
+                .beats()
+                .map(|b| (b.instance.as_str(), b.changes))
+                .collect();
+            act_now |= beats.iter().any(|b| {
+                b.instance != shared.instance()
+                    && before
+                        .get(b.instance.as_str())
+                        .is_some_and(|c| *c != b.changes)
+            });
+            drop(before);
             let holders_alive: HashSet<String> = liveness
                 .alive(own, asked)
                 .into_iter()

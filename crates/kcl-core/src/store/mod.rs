@@ -92,7 +92,7 @@ impl CheckpointUpdate {
 /// tenure it writes (`<instance>.<n>`): a lease whose tenure names a live
 /// instance is alive, whatever its own item says. Peers write into it only
 /// to ask something of its owner ([`LeaseStore::poke`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Beat {
     /// The instance id (the record's key).
     pub instance: String,

@@ -325,6 +325,12 @@ pub struct OverlapLog {
 
 impl OverlapLog {
     pub fn sample(&mut self, workers: &[SimWorker]) {
+        let refs: Vec<&SimWorker> = workers.iter().collect();
+        self.sample_refs(&refs);
+    }
+
+    /// [`OverlapLog::sample`] of the workers running among many.
+    pub fn sample_refs(&mut self, workers: &[&SimWorker]) {
         self.samples += 1;
         let now = Instant::now();
         let mut believers: HashMap<String, usize> = HashMap::new();

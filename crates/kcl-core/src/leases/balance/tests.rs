@@ -614,3 +614,42 @@ fn an_owner_never_seen_writing_gets_no_handoff_requests() {
     assert_eq!(d.steal, vec!["c".to_owned()]);
     assert_eq!(d.victim.as_deref(), Some("stopped"));
 }
+
+/// A live peer that cannot take its share (its scans fail while its beats
+/// land) still counts towards the target, so the others would leave the
+/// expired leases of its share unread for as long as it cannot: once such
+/// a lease stood still a lease duration past its expiry, it is taken
+/// beyond the target. Found by the fleet simulator (a restart under the
+/// same id, the new process's scans failing: two shards unread 112 s).
+#[test]
+fn expired_leases_left_for_a_peer_that_does_not_take_them_are_taken_beyond_the_target() {
+    let input = |unrenewed: u64| BalanceInput {
+        me: "me",
+        leases: vec![
+            view("a", Some("me"), false, 0),
+            view("b", Some("me"), false, 0),
+            view("c", Some("peer"), false, 0),
+            view("d", Some("peer"), false, 0),
+            view("e", Some("gone"), true, unrenewed),
+            view("f", Some("gone"), true, unrenewed),
+        ],
+        max_leases_per_worker: usize::MAX,
+        max_leases_to_steal: 1,
+        // "stuck" beats but never takes: its share is e and f.
+        peers: vec!["me", "peer", "stuck"],
+        stale_after: Duration::from_secs(10),
+        foreign: vec![],
+    };
+    let fresh = decide(&input(15));
+    assert_eq!(fresh.target, 2);
+    assert!(
+        fresh.take.is_empty(),
+        "expired a while: left to its share's taker"
+    );
+    let stale = decide(&input(20));
+    assert_eq!(
+        stale.take,
+        vec!["e", "f"],
+        "expired a lease duration past expiry"
+    );
+}
