@@ -46,6 +46,7 @@ mod bench_cost;
 mod bench_fleet;
 mod bench_local;
 mod bench_parallel;
+mod bench_protocol;
 mod bench_retrieval;
 
 use std::fmt::Write as _;
@@ -131,6 +132,7 @@ impl Section {
 
 /// The scenarios, in the order they run.
 const SCENARIOS: &[&str] = &[
+    "protocol",
     "cpu",
     "deaggregation",
     "cold-start",
@@ -364,6 +366,7 @@ fn main() -> anyhow::Result<()> {
     };
 
     // CPU-bound scenarios first, each on a runtime of its own.
+    run("protocol", &mut bench_protocol::explored);
     run("cpu", &mut bench_local::cpu_per_record);
     run("deaggregation", &mut || Ok(bench_local::deaggregation()));
 

@@ -1076,6 +1076,7 @@ async fn one_listing_shows_each_holders_liveness_and_watch_learns_the_lease_dura
             stopping: false,
             lease_duration: Duration::from_secs(60),
             beat_interval: Duration::from_secs(5),
+            per_lease: false,
         })
         .await
         .unwrap();

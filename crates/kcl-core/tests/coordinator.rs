@@ -572,6 +572,7 @@ async fn beat_as(table: &InMemoryLeaseStore, instance: &str, worker: &str) {
             stopping: false,
             lease_duration: std::time::Duration::from_secs(10),
             beat_interval: std::time::Duration::from_secs(5),
+            per_lease: false,
         })
         .await
         .unwrap();

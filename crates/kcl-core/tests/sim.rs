@@ -433,9 +433,12 @@ async fn check_seed(seed: u64) {
 /// Seeds that found defects (1053: a per-lease holder with a 30 s lease
 /// taken by a 10 s peer while its renewals failed; 1079: expired leases
 /// left to a restarted worker whose scans failed; 2026: such a lease never
-/// looked at again, the taker's ticks quiet), and a few more: each runs in
-/// every `make test`.
-const FIXED_SEEDS: &[u64] = &[1, 2, 3, 1053, 1079, 2026];
+/// looked at again, the taker's ticks quiet; 3221: a per-lease worker
+/// whose renewals failed while its beats landed, its leases judged alive
+/// by its record; 3261: a thief whose handoff activation kept failing,
+/// its beats keeping the lease alive to peers), and one more: each runs
+/// in every `make test`.
+const FIXED_SEEDS: &[u64] = &[1, 1053, 1079, 2026, 3221, 3261];
 
 #[tokio::test(start_paused = true)]
 async fn fixed_seeds_hold_every_invariant() {

@@ -12,8 +12,10 @@
 //! | `wake` | N | bumped by peers asking it to read the lease table |
 //! | `asked` | SS | lease keys peers asked it to hand over |
 //! | `stopping` | BOOL | a graceful shutdown is under way (absent otherwise) |
-//! | `d` | N | its lease duration in milliseconds, for tools judging its leases |
-//! | `t` | N | when it last beat (epoch milliseconds, its wall clock; for tools only) |
+//! | `d` | N | its lease duration in milliseconds: peers judge its leases by it |
+//! | `i` | N | its beat interval in milliseconds: peers read just after its beats |
+//! | `p` | BOOL | it renews every lease too (absent otherwise): peers also judge its leases by their counters |
+//! | `t` | N | when it last beat (epoch milliseconds, its wall clock; for tools, and a hint of life) |
 //!
 //! Every worker reads every record at each tick, so a record's bytes are
 //! paid workers x workers times a tick: the two fields only tools read
@@ -22,7 +24,7 @@
 //! record).
 //!
 //! The Java KCL never reads or writes this table; a lease table shared with
-//! it must use per-lease renewal, which writes nothing here.
+//! it must use per-lease renewal (whose workers beat here too).
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -59,6 +61,8 @@ pub mod attr {
     pub const WRITTEN_AT: &str = "t";
     /// How often the instance beats, in milliseconds.
     pub const BEAT_INTERVAL: &str = "i";
+    /// The instance renews every lease too.
+    pub const PER_LEASE: &str = "p";
 }
 
 fn key(instance: &str) -> HashMap<String, AttributeValue> {
@@ -101,6 +105,11 @@ pub(crate) fn from_item(item: &HashMap<String, AttributeValue>) -> Option<Beat> 
             .and_then(|v| v.as_bool().ok())
             .copied()
             .unwrap_or(false),
+        per_lease: item
+            .get(attr::PER_LEASE)
+            .and_then(|v| v.as_bool().ok())
+            .copied()
+            .unwrap_or(false),
         lease_duration: item
             .contains_key(attr::LEASE_DURATION)
             .then(|| Duration::from_millis(number(item, attr::LEASE_DURATION))),
@@ -138,12 +147,16 @@ impl DynamoDbLeaseStore {
         if update.stopping {
             expression.push_str(", #s = :s");
         }
+        if update.per_lease {
+            expression.push_str(", #p = :p");
+        }
         let mut names = HashMap::from([
             ("#i".to_owned(), attr::INSTANCE.to_owned()),
             ("#w".to_owned(), attr::WORKER.to_owned()),
             ("#h".to_owned(), attr::HELD.to_owned()),
             ("#c".to_owned(), attr::CHANGES.to_owned()),
             ("#s".to_owned(), attr::STOPPING.to_owned()),
+            ("#p".to_owned(), attr::PER_LEASE.to_owned()),
             ("#d".to_owned(), attr::LEASE_DURATION.to_owned()),
             ("#v".to_owned(), attr::BEAT_INTERVAL.to_owned()),
             ("#t".to_owned(), attr::WRITTEN_AT.to_owned()),
@@ -175,10 +188,20 @@ impl DynamoDbLeaseStore {
                 AttributeValue::N(u64::from(rand::random::<u32>()).to_string()),
             ),
         ]);
+        let mut removed = Vec::new();
         if update.stopping {
             values.insert(":s".to_owned(), AttributeValue::Bool(true));
         } else {
-            expression.push_str(" REMOVE #s");
+            removed.push("#s");
+        }
+        if update.per_lease {
+            values.insert(":p".to_owned(), AttributeValue::Bool(true));
+        } else {
+            removed.push("#p");
+        }
+        if !removed.is_empty() {
+            expression.push_str(" REMOVE ");
+            expression.push_str(&removed.join(", "));
         }
         if !update.answered.is_empty() {
             expression.push_str(" DELETE #a :answered");

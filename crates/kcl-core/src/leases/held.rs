@@ -106,6 +106,8 @@ struct HeldInner {
     /// the tenure no further than from here: Java KCL workers judge it by
     /// its counter alone.
     item_written: Option<Instant>,
+    /// While awaiting: since when writes advancing the handoff fail.
+    advance_failing_since: Option<Instant>,
 }
 
 /// Where telling the previous owner of an awaited handoff stands.
@@ -151,6 +153,7 @@ impl Held {
                 renewals_over: false,
                 drain_renewed: None,
                 item_written: None,
+                advance_failing_since: None,
             }),
             ended: CancellationToken::new(),
             handoff: CancellationToken::new(),
@@ -280,6 +283,14 @@ impl Held {
         if let Phase::Awaiting { force_at, .. } = &mut self.lock().phase {
             *force_at = (*force_at).min(now);
         }
+    }
+
+    /// A write advancing an awaited handoff failed at `now`: how long such
+    /// writes have failed.
+    pub(crate) fn advance_failing(&self, now: Instant) -> std::time::Duration {
+        let mut inner = self.lock();
+        let since = *inner.advance_failing_since.get_or_insert(now);
+        now.saturating_duration_since(since)
     }
 
     pub(crate) fn activate(&self) {

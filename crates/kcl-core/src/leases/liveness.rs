@@ -163,6 +163,17 @@ impl LivenessTracker {
             })
     }
 
+    /// The lease duration of `lease`'s owner, if its record says it renews
+    /// every lease too: its tenures then also lapse once the lease's
+    /// counter stood still that long, whatever its beats.
+    pub(crate) fn per_lease_owner(&self, lease: &Lease, own: Duration) -> Option<Duration> {
+        let [owner, _] = self.named(lease);
+        owner
+            .and_then(|i| self.seen.get(i))
+            .filter(|s| s.beat.per_lease)
+            .map(|s| window(&s.beat, own))
+    }
+
     /// True if `instance` had a record at the last read.
     pub(crate) fn has_record(&self, instance: &str) -> bool {
         self.seen.contains_key(instance)

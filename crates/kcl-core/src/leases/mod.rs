@@ -31,6 +31,8 @@ pub(crate) mod handoff;
 pub(crate) mod held;
 pub(crate) mod java_fleet;
 pub(crate) mod liveness;
+#[cfg(test)]
+mod model;
 pub(crate) mod renewer;
 pub(crate) mod shared;
 pub(crate) mod taker;

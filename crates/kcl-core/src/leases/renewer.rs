@@ -81,6 +81,7 @@ async fn beat_once(shared: &Shared, next_round: Instant) {
         stopping,
         lease_duration: shared.config.lease_duration,
         beat_interval: shared.config.renew_interval,
+        per_lease: !shared.liveness_mode(),
     };
     // Validity counts from the first attempt: a later attempt may succeed
     // only because peers already saw an earlier one land.
@@ -351,8 +352,20 @@ async fn advance_handoff(
     match written {
         Ok(lease) => Some((lease, sent, forced)),
         Err(e) => {
-            // A failed condition is judged again at the next poll.
+            // A failed condition is judged again at the next poll. A write
+            // that keeps failing for a handoff timeout gives the tenure up:
+            // while it awaits, this instance's beats keep the lease alive
+            // to peers with nobody reading it; ended, the taker takes it
+            // back in a new tenure (a write of another kind) or, failing,
+            // lets it stand free of this tenure.
             debug!(lease = %key, error = %e, "advancing a handoff failed; retrying");
+            if !e.is_condition_failed()
+                && held.advance_failing(now) >= shared.config.handoff_timeout
+            {
+                warn!(lease = %key, error = %e, "activating the handoff kept failing; giving the tenure up");
+                drop(_writing);
+                shared.ended(key, held, EndReason::Fenced).await;
+            }
             None
         }
     }

@@ -236,7 +236,13 @@ impl Taker {
                                 let free =
                                     free_by_liveness(alive, self.tracker.seen_since(l), asked);
                                 held_for_read |= !alive && !free;
-                                free
+                                // A holder that renews every lease too holds
+                                // it no longer than its counter shows, even
+                                // while it beats (its renewals fail).
+                                let lapsed = liveness
+                                    .per_lease_owner(l, config.lease_duration)
+                                    .is_some_and(|d| self.tracker.is_expired(l, d, now));
+                                free || lapsed
                             }
                             // Renewed per lease (or never seen beating):
                             // unrenewed for the lease duration.
@@ -329,14 +335,22 @@ impl Taker {
                 .filter(|l| !written_here(shared, l.tenure.as_deref()))
                 .filter(|l| match l.owner {
                     // Its owner renews per lease (no record to show it
-                    // stop): look again when its counter could expire.
-                    Some(_) => !l
-                        .tenure
-                        .as_deref()
-                        .is_some_and(|t| liveness.has_record(instance_of(t))),
+                    // stop, or one that says so): look again when its
+                    // counter could expire.
+                    Some(_) => {
+                        !l.tenure
+                            .as_deref()
+                            .is_some_and(|t| liveness.has_record(instance_of(t)))
+                            || liveness.per_lease_owner(l, config.lease_duration).is_some()
+                    }
                     None => !l.in_handoff(),
                 })
-                .filter_map(|l| self.tracker.expires_at(l, config.lease_duration))
+                .filter_map(|l| {
+                    let d = liveness
+                        .per_lease_owner(l, config.lease_duration)
+                        .unwrap_or(config.lease_duration);
+                    self.tracker.expires_at(l, d)
+                })
                 .filter(|at| *at > now)
                 .min()
                 .map(|at| at + Duration::from_millis(1))

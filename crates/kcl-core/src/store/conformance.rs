@@ -885,6 +885,7 @@ fn beat_of<'a>(instance: &'a str, worker: &'a str, held: u64) -> BeatUpdate<'a> 
         stopping: false,
         lease_duration: std::time::Duration::from_millis(12_500),
         beat_interval: std::time::Duration::from_millis(4_250),
+        per_lease: false,
     }
 }
 
@@ -907,7 +908,9 @@ pub async fn beats_bump_the_counter_and_are_conditional_on_the_worker<S: LeaseSt
     let mut update = beat_of("i-1", "a", 4);
     update.changes = 7;
     update.stopping = true;
+    update.per_lease = true;
     let second = store.beat(&update).await.expect("second beat");
+    assert!(second.per_lease, "a per-lease worker's record says so");
     assert!(second.counter > first.counter, "{second:?} after {first:?}");
     assert_eq!((second.held, second.changes, second.stopping), (4, 7, true));
     // What tools read to judge the instance's leases from one sample.
@@ -957,6 +960,7 @@ pub async fn beats_bump_the_counter_and_are_conditional_on_the_worker<S: LeaseSt
     // `stopping`) reads back as not stopping.
     let resumed = store.beat(&beat_of("i-1", "a", 4)).await.expect("beat");
     assert!(!resumed.stopping, "{resumed:?}");
+    assert!(!resumed.per_lease, "{resumed:?}");
     let again = store.beats().await.expect("read");
     assert!(again.iter().all(|b| !b.stopping), "{again:?}");
     let leases: Vec<Lease> = store.scan().try_concat().await.expect("scan");

@@ -610,6 +610,7 @@ impl LeaseStore for InMemoryLeaseStore {
             beat.held = update.held;
             beat.changes = update.changes;
             beat.stopping = update.stopping;
+            beat.per_lease = update.per_lease;
             beat.lease_duration = Some(update.lease_duration);
             beat.beat_interval = Some(update.beat_interval);
             beat.written_at = Some(std::time::SystemTime::now());

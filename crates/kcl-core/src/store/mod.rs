@@ -116,6 +116,10 @@ pub struct Beat {
     /// True once the instance stopped taking leases (a graceful shutdown
     /// is under way): its leases will be released soon.
     pub stopping: bool,
+    /// True if the instance renews every lease it holds too (the
+    /// per-lease mode): its tenures last no longer than its last renewal
+    /// allows either, so peers also judge its leases by their counters.
+    pub per_lease: bool,
     /// The instance's lease duration, so tools can judge its leases
     /// without being told the application's settings (`None` in records
     /// written before it was recorded).
@@ -153,6 +157,8 @@ pub struct BeatUpdate<'a> {
     pub answered: &'a [String],
     /// See [`Beat::stopping`].
     pub stopping: bool,
+    /// See [`Beat::per_lease`].
+    pub per_lease: bool,
     /// See [`Beat::lease_duration`].
     pub lease_duration: std::time::Duration,
     /// See [`Beat::beat_interval`].
