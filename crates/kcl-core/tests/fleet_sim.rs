@@ -958,6 +958,49 @@ async fn a_stuck_previous_owner_lets_go_only_after_the_handoff_timeout(mode: Lea
     );
 }
 
+/// A worker that joins a running fleet steals at its first tick: the
+/// records it reads then were written within a beat interval (their age),
+/// proof enough that their holders run, so it does not wait a tick to see
+/// a counter move (it did: its first lease 10 s and more after its start).
+/// The victim learns of the steal at its next read of its own record, up
+/// to a beat interval later, and the handoff completes within the thief's
+/// poll: the first lease within a beat interval and a second.
+#[tokio::test(start_paused = true)]
+async fn a_late_joiner_processes_its_first_lease_within_a_beat_interval() {
+    let table = table_with(8).await;
+    let mut log = OverlapLog::default();
+    let step = Duration::from_millis(10);
+    let mut workers = vec![SimWorker::start(
+        &table,
+        config("first", 1).build().unwrap(),
+    )];
+    run_for(&workers, &mut log, Duration::from_secs(20), step).await;
+    assert_eq!(workers[0].valid_keys().len(), 8);
+    workers.push(SimWorker::start(&table, config("late", 2).build().unwrap()));
+    let joined = Instant::now();
+    while workers[1].valid_keys().is_empty() {
+        run_for(&workers, &mut log, step, step).await;
+        assert!(
+            joined.elapsed() <= TICK * 3,
+            "{:?}",
+            workers[1].coordinator().stats()
+        );
+    }
+    let first = joined.elapsed();
+    println!("late joiner: its first lease after {first:?}");
+    assert!(
+        first <= Duration::from_secs(6),
+        "first lease after {first:?}"
+    );
+    let late = workers[1].coordinator().stats();
+    assert_eq!((late.handoffs_forced, late.taken), (0, 0), "{late:?}");
+    assert_eq!(
+        log.max(),
+        Duration::ZERO,
+        "two workers may process one lease"
+    );
+}
+
 /// A rolling change of `lease_duration` (liveness records): a worker with
 /// a 30 s lease beats every 15 s and keeps its tenures for 27 s after a
 /// beat. A peer with a 10 s lease judges it by the duration its record

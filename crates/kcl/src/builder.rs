@@ -299,15 +299,15 @@ impl Worker {
                         table: self.table.clone(),
                         source,
                     })?;
-                if self.lease.renewal() == LeaseRenewal::WorkerLiveness {
-                    let workers = workers_table_for(&self.table);
-                    ensure_workers_table(&self.dynamodb, &workers, self.capacity)
-                        .await
-                        .map_err(|source| Repr::LeaseTable {
-                            table: workers,
-                            source,
-                        })?;
-                }
+                // Every kcl worker beats its liveness record, renewing per
+                // lease too (kcl peers judge its leases by it).
+                let workers = workers_table_for(&self.table);
+                ensure_workers_table(&self.dynamodb, &workers, self.capacity)
+                    .await
+                    .map_err(|source| Repr::LeaseTable {
+                        table: workers,
+                        source,
+                    })?;
                 Ok(())
             },
         )

@@ -270,10 +270,18 @@ impl Checkpointer {
     /// Writes the latest position the processor asked for, if the policy
     /// held it back.
     pub(crate) async fn flush(&mut self) -> Result<(), CheckpointError> {
-        match self.pacing.take_deferred() {
-            Some(checkpoint) => self.write_now(CheckpointUpdate::to(checkpoint)).await,
-            None => Ok(()),
+        let Some(checkpoint) = self.pacing.take_deferred() else {
+            return Ok(());
+        };
+        let result = self
+            .write_now(CheckpointUpdate::to(checkpoint.clone()))
+            .await;
+        // A write that failed (not a lost lease) leaves the position held
+        // back, for the next flush or the end of the tenure.
+        if matches!(result, Err(CheckpointError::Store(_))) && self.pacing.deferred().is_none() {
+            self.pacing.defer(checkpoint);
         }
+        result
     }
 
     /// The checkpoint as the processor asked for it: the last one written,
@@ -671,6 +679,60 @@ mod tests {
         assert_eq!(
             store.get("s").await.unwrap().unwrap().checkpoint,
             Checkpoint::ShardEnd
+        );
+    }
+
+    /// Under a policy, a call inside the period is held back and the
+    /// latest one written once it is up; a flush that fails keeps the
+    /// position for the next; the tenure's end writes it.
+    #[tokio::test(start_paused = true)]
+    async fn a_policy_holds_positions_back_and_a_failed_flush_keeps_them() {
+        use crate::store::StoreOp;
+        use crate::store::memory::Fault;
+        let (store, cp) = setup().await;
+        let mut cp = cp.with_policy(CheckpointPolicy::every(Duration::from_secs(5)));
+        let at = |store: &InMemoryLeaseStore| {
+            let store = store.clone();
+            async move { store.get("s").await.unwrap().unwrap().checkpoint }
+        };
+        cp.delivered_for_test("100", 0);
+        cp.checkpoint().await.unwrap();
+        assert_eq!(
+            at(&store).await,
+            Checkpoint::at("100", 0),
+            "the first goes at once"
+        );
+        cp.delivered_for_test("200", 0);
+        cp.checkpoint().await.unwrap();
+        cp.delivered_for_test("300", 0);
+        cp.checkpoint().await.unwrap();
+        assert_eq!(at(&store).await, Checkpoint::at("100", 0), "held back");
+        cp.flush_due().await.unwrap();
+        assert_eq!(at(&store).await, Checkpoint::at("100", 0), "not due yet");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        for _ in 0..6 {
+            store.inject(
+                StoreOp::Checkpoint,
+                Fault::Error(crate::store::ErrorKind::Retryable),
+            );
+        }
+        assert!(cp.flush_due().await.is_err());
+        assert_eq!(at(&store).await, Checkpoint::at("100", 0));
+        cp.flush_due().await.unwrap();
+        assert_eq!(
+            at(&store).await,
+            Checkpoint::at("300", 0),
+            "kept and written"
+        );
+        cp.delivered_for_test("400", 0);
+        cp.checkpoint().await.unwrap();
+        cp.write_every_call();
+        cp.delivered_for_test("500", 0);
+        cp.checkpoint().await.unwrap();
+        assert_eq!(
+            at(&store).await,
+            Checkpoint::at("500", 0),
+            "the tenure's end writes"
         );
     }
 

@@ -88,9 +88,10 @@ struct HeldInner {
     /// While awaiting a handoff: the counter last read and when a read
     /// first showed it (a previous owner renews the lease while it drains).
     victim: Option<(u64, Instant)>,
-    /// While awaiting a handoff: the earliest the handoff may be forced
-    /// because the previous owner was told (see [`Held::ask_told`]).
-    told_deadline: Option<Instant>,
+    /// While awaiting a handoff: when the previous owner was told, and the
+    /// earliest the handoff may be forced because of it (see
+    /// [`Held::ask_told`]).
+    told: Option<(Instant, Instant)>,
     /// While handing off: when draining started.
     draining_since: Option<Instant>,
     /// While handing off: the renewals of this tenure stopped (the handoff
@@ -148,7 +149,7 @@ impl Held {
                 first_write: None,
                 ask: AskState::Untold,
                 victim: None,
-                told_deadline: None,
+                told: None,
                 draining_since: None,
                 renewals_over: false,
                 drain_renewed: None,
@@ -266,9 +267,12 @@ impl Held {
         };
         inner.victim = Some((counter, since));
         let by_counter = since + lease_duration;
-        let deadline = match (told, inner.told_deadline) {
+        let deadline = match (told, inner.told) {
             (false, _) => by_counter,
-            (true, Some(told)) => told.max(by_counter),
+            // Never before its lease duration from the telling either: a
+            // victim that learnt then may hold its last beat's validity
+            // that long (its duration may exceed our handoff timeout).
+            (true, Some((at, floor))) => floor.max(at + lease_duration).max(by_counter),
             // Not told yet: it may not know, and is never forced.
             (true, None) => return,
         };
@@ -318,7 +322,7 @@ impl Held {
             return;
         }
         inner.ask = AskState::Told;
-        inner.told_deadline = Some(at + timeout);
+        inner.told = Some((at, at + timeout));
         // `at` is after the handoff's write, so this is never earlier than
         // the deadline that write alone would give.
         if let Phase::Awaiting { force_at, .. } = &mut inner.phase {
@@ -509,5 +513,60 @@ impl LeaseHandle {
     #[cfg(any(test, feature = "test-util"))]
     pub fn request_handoff_for_test(&self) {
         self.held.request_handoff();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::lease::Checkpoint;
+
+    fn awaiting() -> Held {
+        let mut lease = Lease::new("s", Checkpoint::TrimHorizon);
+        lease.owner = Some("thief".into());
+        lease.tenure = Some("t.1".into());
+        let far = Instant::now() + Duration::from_secs(3600);
+        Held::new(
+            lease,
+            far,
+            Phase::Awaiting {
+                from: "victim".into(),
+                force_at: far,
+            },
+        )
+    }
+
+    fn force_at(h: &Held) -> Instant {
+        match h.phase() {
+            Phase::Awaiting { force_at, .. } => force_at,
+            _ => unreachable!(),
+        }
+    }
+
+    /// A victim with a liveness record is forced no earlier than its own
+    /// lease duration after it was told (its last beat's validity may run
+    /// that long, past the thief's shorter handoff timeout), and never
+    /// before it was told; one without (a Java worker) by its counter alone.
+    #[tokio::test(start_paused = true)]
+    async fn a_told_victim_is_forced_no_earlier_than_its_own_lease_duration_after_telling() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let h = awaiting();
+        // Read before the victim was told: never forced.
+        h.watch_previous_owner(7, t0, s(30), true);
+        assert!(force_at(&h) > t0 + s(3000));
+        // Told at 2 s with a 10 s handoff timeout; the victim's lease is 30 s.
+        h.ask_told(t0 + s(2), s(10));
+        h.watch_previous_owner(7, t0 + s(3), s(30), true);
+        assert_eq!(force_at(&h), t0 + s(32));
+        // The counter moving (the victim renews while draining) pushes on.
+        h.watch_previous_owner(8, t0 + s(20), s(30), true);
+        assert_eq!(force_at(&h), t0 + s(50));
+        // Without a record: the counter alone.
+        let java = awaiting();
+        java.watch_previous_owner(7, t0, s(10), false);
+        assert_eq!(force_at(&java), t0 + s(10));
     }
 }

@@ -374,12 +374,15 @@ async fn advance_handoff(
 /// True if the previous owner of `lease`'s handoff has a liveness record
 /// that the last read judged dead.
 fn previous_owner_dead(shared: &Shared, lease: &Lease) -> bool {
-    let Some(instance) = lease.checkpoint_owner_tenure.as_deref().map(instance_of) else {
-        return false;
-    };
     let liveness = shared.liveness();
-    liveness.has_record(instance)
-        && !liveness.is_alive(instance, shared.config.lease_duration, Instant::now())
+    // Only a tenure that names the previous owner's own instance: a Java
+    // KCL take leaves the last kcl holder's tenure behind, whose dead
+    // record says nothing of the Java worker handing the lease over.
+    let [_, previous] = liveness.named(lease);
+    previous.is_some_and(|instance| {
+        liveness.has_record(instance)
+            && !liveness.is_alive(instance, shared.config.lease_duration, Instant::now())
+    })
 }
 
 /// How long the counter of `lease`'s handoff must stand still before the
@@ -388,10 +391,10 @@ fn previous_owner_dead(shared: &Shared, lease: &Lease) -> bool {
 /// (it was told through it). A Java KCL previous owner names no tenure.
 fn previous_owner_window(shared: &Shared, lease: &Lease) -> (Duration, bool) {
     let own = shared.config.lease_duration;
-    lease
-        .checkpoint_owner_tenure
-        .as_deref()
-        .and_then(|t| shared.liveness().duration_of(instance_of(t), own))
+    let liveness = shared.liveness();
+    let [_, previous] = liveness.named(lease);
+    previous
+        .and_then(|instance| liveness.duration_of(instance, own))
         .map_or((own, false), |d| (d, true))
 }
 

@@ -211,6 +211,13 @@ impl Shared {
     /// with no beat landed yet, from so long ago that it is over).
     pub(crate) fn valid_from(&self, sent: Instant) -> Instant {
         let beat = *self.last_beat.lock().unwrap_or_else(|e| e.into_inner());
+        // Renewing per lease with no beat ever landed (no workers table, or
+        // it cannot be written): no record of this instance exists, so
+        // peers judge its leases by their counters, and its writes alone
+        // give validity, as before every kcl worker beat.
+        if beat.is_none() && !self.liveness_mode() {
+            return sent;
+        }
         valid_from(beat, sent, self.config.lease_duration)
     }
 
@@ -219,6 +226,9 @@ impl Shared {
     /// duration old.
     pub(crate) fn can_hold(&self, now: Instant) -> bool {
         let beat = *self.last_beat.lock().unwrap_or_else(|e| e.into_inner());
+        if beat.is_none() && !self.liveness_mode() {
+            return true;
+        }
         can_hold(beat, now, &self.config)
     }
 

@@ -223,7 +223,10 @@ impl Watcher {
         let Some(last) = self.last_asked else {
             return now;
         };
-        let latest = last + config.taker_interval;
+        // At least one read per half lease duration, so the taker (which
+        // judges nothing from a read older than a lease duration) never
+        // skips a tick for want of one, however long its interval.
+        let latest = last + config.taker_interval.min(config.lease_duration / 2);
         if self.last_read != self.last_asked {
             // The last read failed: again after a short pause.
             return (last + config.renew_interval / 4).min(latest);
