@@ -242,10 +242,7 @@ async fn run(schedule: &Schedule) -> Findings {
     let started = Instant::now();
     let mut joined = vec![false; n];
     let mut faults = schedule.faults.iter().peekable();
-    let mut overlap = OverlapLog::default();
-    let mut checkpoints = CheckpointLog::default();
-    let mut unprocessed_since: HashMap<String, Instant> = HashMap::new();
-    let mut findings = Findings::default();
+    let mut watch = Watch::default();
     let mut restarts = 0u64;
     while started.elapsed() < RUN {
         let now = Instant::now();
@@ -307,13 +304,7 @@ async fn run(schedule: &Schedule) -> Findings {
             }
         }
         sleep(STEP).await;
-        sample(
-            &fleet,
-            &mut overlap,
-            &mut checkpoints,
-            &mut unprocessed_since,
-            &mut findings,
-        );
+        watch.sample(&fleet);
         if std::env::var("SIM_TRACE").is_ok() && started.elapsed().as_millis() % 5_000 < 10 {
             trace(&fleet, started.elapsed());
         }
@@ -334,13 +325,7 @@ async fn run(schedule: &Schedule) -> Findings {
     let healthy_from = fleet.impaired_until.iter().max().copied().unwrap_or(end);
     while Instant::now() < end.max(healthy_from + settle) {
         sleep(STEP).await;
-        sample(
-            &fleet,
-            &mut overlap,
-            &mut checkpoints,
-            &mut unprocessed_since,
-            &mut findings,
-        );
+        watch.sample(&fleet);
     }
     let mut processing: HashMap<String, usize> = HashMap::new();
     for w in fleet.running() {
@@ -348,6 +333,12 @@ async fn run(schedule: &Schedule) -> Findings {
             *processing.entry(k).or_default() += 1;
         }
     }
+    let Watch {
+        overlap,
+        checkpoints,
+        mut findings,
+        ..
+    } = watch;
     findings.unheld_at_end = table
         .snapshot()
         .iter()
@@ -392,29 +383,42 @@ fn trace(fleet: &Fleet, at: Duration) {
     println!("{line}");
 }
 
-fn sample(
-    fleet: &Fleet,
-    overlap: &mut OverlapLog,
-    checkpoints: &mut CheckpointLog,
-    unprocessed_since: &mut HashMap<String, Instant>,
-    findings: &mut Findings,
-) {
-    let now = Instant::now();
-    let running: Vec<&SimWorker> = fleet.running();
-    overlap.sample_refs(&running);
-    checkpoints.sample(&fleet.table);
-    let processed: std::collections::HashSet<String> =
-        running.iter().flat_map(|w| w.processing_keys()).collect();
-    let healthy = fleet.healthy(now);
-    for lease in fleet.table.snapshot() {
-        if processed.contains(&lease.key) || !healthy {
-            unprocessed_since.remove(&lease.key);
-            continue;
-        }
-        let since = *unprocessed_since.entry(lease.key.clone()).or_insert(now);
-        let d = now - since;
-        if findings.longest_orphan.as_ref().is_none_or(|(_, l)| d > *l) {
-            findings.longest_orphan = Some((lease.key.clone(), d));
+/// What the invariants watch over a run.
+#[derive(Default)]
+struct Watch {
+    overlap: OverlapLog,
+    checkpoints: CheckpointLog,
+    unprocessed_since: HashMap<String, Instant>,
+    findings: Findings,
+}
+
+impl Watch {
+    fn sample(&mut self, fleet: &Fleet) {
+        let now = Instant::now();
+        let running: Vec<&SimWorker> = fleet.running();
+        self.overlap.sample_refs(&running);
+        self.checkpoints.sample(&fleet.table);
+        let processed: std::collections::HashSet<String> =
+            running.iter().flat_map(|w| w.processing_keys()).collect();
+        let healthy = fleet.healthy(now);
+        for lease in fleet.table.snapshot() {
+            if processed.contains(&lease.key) || !healthy {
+                self.unprocessed_since.remove(&lease.key);
+                continue;
+            }
+            let since = *self
+                .unprocessed_since
+                .entry(lease.key.clone())
+                .or_insert(now);
+            let d = now - since;
+            if self
+                .findings
+                .longest_orphan
+                .as_ref()
+                .is_none_or(|(_, l)| d > *l)
+            {
+                self.findings.longest_orphan = Some((lease.key.clone(), d));
+            }
         }
     }
 }

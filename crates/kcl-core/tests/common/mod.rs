@@ -121,23 +121,21 @@ impl SimWorker {
     /// returns, and may checkpoint until the handoff completes or it is
     /// fenced).
     pub fn processing_keys(&self) -> Vec<String> {
-        let Some(c) = &self.coordinator else {
-            return vec![];
-        };
-        c.held_keys()
-            .into_iter()
-            .filter(|k| c.handle(k).is_some_and(|h| h.may_checkpoint()))
-            .collect()
+        self.keys_where(LeaseHandle::may_checkpoint)
     }
 
     /// Keys this worker holds and believes valid right now.
     pub fn valid_keys(&self) -> Vec<String> {
+        self.keys_where(LeaseHandle::is_valid)
+    }
+
+    fn keys_where(&self, pred: fn(&LeaseHandle) -> bool) -> Vec<String> {
         let Some(c) = &self.coordinator else {
             return vec![];
         };
         c.held_keys()
             .into_iter()
-            .filter(|k| c.handle(k).is_some_and(|h| h.is_valid()))
+            .filter(|k| c.handle(k).is_some_and(|h| pred(&h)))
             .collect()
     }
 
