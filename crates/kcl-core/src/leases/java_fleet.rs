@@ -37,6 +37,9 @@ struct Seen {
 pub(crate) struct JavaFleet {
     seen: HashMap<String, Seen>,
     read_at: Option<Instant>,
+    /// Workers whose leases expired here, with the report they had then:
+    /// gone, whatever that report's age says, until it moves again.
+    departed: HashMap<String, u64>,
 }
 
 impl JavaFleet {
@@ -70,10 +73,29 @@ impl JavaFleet {
                     credible: wall_secs.abs_diff(w.last_update_secs) < REPORT_GAP.as_secs(),
                 },
             };
+            if self
+                .departed
+                .get(&w.id)
+                .is_some_and(|lut| *lut != w.last_update_secs)
+            {
+                self.departed.remove(&w.id);
+            }
             next.insert(w.id, seen);
         }
         self.seen = next;
         self.read_at = Some(now);
+    }
+
+    /// A lease of `worker` expired and was taken here: it is not
+    /// processing, so it counts as gone (is neither counted nor given
+    /// anything) until its report moves again. Its last reports stay
+    /// fresh for a while after it stopped (nothing deletes them): without
+    /// this, a fleet took a departed Java worker's expired leases and
+    /// handed some back to it at once, to stand unread.
+    pub(crate) fn departed(&mut self, worker: &str) {
+        if let Some(s) = self.seen.get(worker) {
+            self.departed.insert(worker.to_owned(), s.last_update);
+        }
     }
 
     /// The Java workers alive at `now`, by id.
@@ -82,6 +104,7 @@ impl JavaFleet {
             .seen
             .iter()
             .filter(|(_, s)| s.credible && now.saturating_duration_since(s.since) < REPORT_GAP)
+            .filter(|(id, s)| self.departed.get(*id) != Some(&s.last_update))
             .map(|(id, _)| id.clone())
             .collect();
         ids.sort();
@@ -121,5 +144,34 @@ mod tests {
         // A stale report that starts moving is a live worker after all.
         f.observe(vec![report("stale", 160)], t0 + s(60), 0);
         assert_eq!(f.alive(t0 + s(61)), vec!["stale".to_owned()]);
+    }
+
+    /// A Java worker whose lease expired here is gone although its last
+    /// report is still fresh: nothing is given back to it. It counts
+    /// again once it reports anew (it was only slow).
+    #[tokio::test(start_paused = true)]
+    async fn a_java_worker_whose_lease_expired_is_gone_until_it_reports_again() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut f = JavaFleet::default();
+        f.observe(vec![report("j", 1000)], t0, 1000);
+        f.observe(vec![report("j", 1030)], t0 + s(30), 0);
+        assert_eq!(f.alive(t0 + s(31)), vec!["j".to_owned()]);
+        f.departed("j");
+        assert!(
+            f.alive(t0 + s(31)).is_empty(),
+            "its report is fresh, but it left"
+        );
+        f.observe(vec![report("j", 1030)], t0 + s(60), 0);
+        assert!(
+            f.alive(t0 + s(61)).is_empty(),
+            "the same report: still gone"
+        );
+        f.observe(vec![report("j", 1090)], t0 + s(90), 0);
+        assert_eq!(
+            f.alive(t0 + s(91)),
+            vec!["j".to_owned()],
+            "it reports again"
+        );
     }
 }

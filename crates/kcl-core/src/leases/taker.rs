@@ -360,6 +360,18 @@ impl Taker {
         if !decision.take.is_empty() || !decision.steal.is_empty() || !decision.reclaim.is_empty() {
             debug!(?decision, "lease taker decision");
         }
+        // A Java worker whose expired lease this tick takes has left.
+        for key in &decision.take {
+            let owner = leases
+                .iter()
+                .find(|l| &l.key == key)
+                .and_then(|l| l.owner.as_deref());
+            if let Some(owner) = owner
+                && reporting.iter().any(|j| j == owner)
+            {
+                self.java.departed(owner);
+            }
+        }
         apply(shared, &leases, &decision, &asked_at).await;
         finish_orphaned_handoffs(shared, &leases).await;
         self.elect(shared, Some(&leases));
