@@ -178,8 +178,10 @@ impl LeaseCoordinator {
     /// instead of at the next shard sync. Returns false if this worker did
     /// not hold that tenure.
     pub async fn shard_finished(&self, lease: &LeaseHandle) -> Result<bool, StoreError> {
+        // The release (or the handoff it completes) bumps this instance's
+        // change counter, which wakes peers; this worker's taker looks now.
         let released = self.release(lease).await;
-        self.shared.table_changed();
+        self.shared.want_rescan();
         released
     }
 

@@ -360,16 +360,16 @@ impl Taker {
         if !decision.take.is_empty() || !decision.steal.is_empty() || !decision.reclaim.is_empty() {
             debug!(?decision, "lease taker decision");
         }
-        // A Java worker whose expired lease this tick takes has left.
-        for key in &decision.take {
-            let owner = leases
-                .iter()
-                .find(|l| &l.key == key)
-                .and_then(|l| l.owner.as_deref());
-            if let Some(owner) = owner
-                && reporting.iter().any(|j| j == owner)
-            {
-                self.java.departed(owner);
+        // A Java worker whose expired lease this tick takes has left (only
+        // with Java workers on the table: a cold start takes thousands).
+        if !reporting.is_empty() {
+            let taken: HashSet<&str> = decision.take.iter().map(String::as_str).collect();
+            for lease in leases.iter().filter(|l| taken.contains(l.key.as_str())) {
+                if let Some(owner) = lease.owner.as_deref()
+                    && reporting.iter().any(|j| j == owner)
+                {
+                    self.java.departed(owner);
+                }
             }
         }
         apply(shared, &leases, &decision, &asked_at).await;
