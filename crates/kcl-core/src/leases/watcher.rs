@@ -257,7 +257,26 @@ impl Watcher {
                 .filter(|at| *at > last)
                 .min()
         };
-        [by_beat, by_deadline]
+        // With no peer's beat to follow, the reads fall between this
+        // worker's own beats, at thirds of the interval: a beat's answer
+        // and a read both show a peer's wake in its record (a late
+        // joiner's steal), so spread like this they leave it unaware for a
+        // third of an interval at most, at the same two reads per
+        // interval. Once a beat interval, right after its beats, a lone
+        // holder learned of a steal up to a beat interval late.
+        let between_beats = if self.cadences.is_empty() {
+            let round = *shared.beat_round.lock().unwrap_or_else(|e| e.into_inner());
+            round.and_then(|round| {
+                let third = config.renew_interval / 3;
+                [1, 2, 4, 5]
+                    .into_iter()
+                    .map(|k| round + third * k)
+                    .find(|at| *at >= floor)
+            })
+        } else {
+            None
+        };
+        [by_beat, by_deadline, between_beats]
             .into_iter()
             .flatten()
             .min()
