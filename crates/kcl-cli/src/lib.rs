@@ -111,16 +111,22 @@ enum LeasesAction {
     ///
     /// Refused while a worker holds the lease (it would overwrite the
     /// checkpoint with its own next one) unless --force, which also evicts
-    /// the owner in the same conditional write: the owner's next renewal
-    /// or checkpoint fails and it stops, and a worker takes the shard from
-    /// the new checkpoint. Refused for a completed shard unless --force.
+    /// the owner: one with a liveness record (kcl's default renewal) is
+    /// asked through it to stop, may write nothing more, and no worker
+    /// takes the shard before it let go; one that renews every lease stops
+    /// when its next renewal or checkpoint fails. A worker then takes the
+    /// shard from the new checkpoint. Refused for a completed shard unless
+    /// --force.
     Reset(table::ResetArgs),
     /// Hand a lease back: remove its owner (if it is still the owner just
-    /// read), so that a running worker takes it on its next lease-taker
-    /// tick.
+    /// read), so that another running worker takes it.
     ///
-    /// The old owner notices at its next renewal and stops processing the
-    /// shard; records since its last checkpoint are delivered again.
+    /// An owner with a liveness record (kcl's default renewal) is asked
+    /// through it and hands the shard over as in a rebalance: it stops
+    /// fetching, its processor checkpoints, and only then does another
+    /// worker take it. An owner that renews every lease (a Java KCL worker,
+    /// kcl in per-lease mode without a record) stops at its next renewal;
+    /// records since its last checkpoint are delivered again.
     Release(table::ReleaseArgs),
 }
 

@@ -16,8 +16,9 @@ use aws_sdk_dynamodb::types::{
 use clap::Args;
 use futures::TryStreamExt as _;
 use kcl::Checkpoint;
-use kcl::core::store::Beat;
-use kcl::core::{Holder, Lease, LeaseStore as _};
+use kcl::core::operator::{self, Released};
+use kcl::core::store::{Beat, is_evicted_tenure};
+use kcl::core::{Lease, LeaseStore as _};
 use kcl_dynamodb::DynamoDbLeaseStore;
 use kcl_dynamodb::item::{ReadItem, attr, from_item};
 
@@ -107,6 +108,21 @@ impl Table {
             .await
             .with_context(|| format!("reading the liveness records of table {}", self.name))?;
         Ok(beats.into_iter().map(|b| (b.instance.clone(), b)).collect())
+    }
+
+    /// The liveness records, or none (with a warning) when they cannot be
+    /// read: a repair then treats every owner as one that renews per lease.
+    async fn beats_or_none(&self) -> Vec<Beat> {
+        match self.beats().await {
+            Ok(beats) => beats.into_values().collect(),
+            Err(e) => {
+                eprintln!(
+                    "warning: {}; treating every owner as renewing per lease",
+                    aws::explain(&e)
+                );
+                Vec::new()
+            }
+        }
     }
 
     /// The lease of `shard` (a shard id or a lease key), in `stream` when
@@ -293,9 +309,16 @@ pub(crate) async fn reset(a: ResetArgs) -> anyhow::Result<()> {
         println!("dry run: nothing was written");
         return Ok(());
     }
+    // Held by kcl instances with liveness records, a lease is evicted by a
+    // handoff to nobody, and the holder told through its record.
+    let beats = if a.force {
+        table.beats_or_none().await
+    } else {
+        Vec::new()
+    };
     let mut failed = Vec::new();
     for lease in &leases {
-        if let Err(e) = reset_one(&table, lease, &a.to, a.force).await {
+        if let Err(e) = reset_one(&table, lease, &a.to, a.force, &beats).await {
             failed.push(format!("{e:#}"));
         }
     }
@@ -333,8 +356,8 @@ fn refusal(lease: &Lease) -> Option<String> {
         format!(
             "refusing to reset shard {shard}: it is held by {owner} (counter {}), which \
              would overwrite the checkpoint with its next one. Stop the application first, \
-             or pass --force to evict the owner in the same write (it stops processing the \
-             shard at its next renewal or checkpoint)",
+             or pass --force to evict the owner (it stops processing the shard before any \
+             other worker takes it)",
             lease.counter
         )
     })
@@ -347,8 +370,41 @@ async fn reset_one(
     lease: &Lease,
     to: &Checkpoint,
     force: bool,
+    beats: &[Beat],
 ) -> anyhow::Result<()> {
     let shard = &lease.shard_id;
+    // A holder that renews through its liveness record writes no lease item
+    // per round: removed from the lease, it would go on processing until its
+    // next checkpoint while a peer took the shard. Evicted first (a handoff
+    // to nobody in a tenure it never wrote), it may write nothing more, and
+    // no peer takes the lease before it let go or stopped beating; the
+    // reset keeps that handoff. An eviction left by an earlier attempt is
+    // kept the same way.
+    let evicted = if force {
+        operator::evict(&table.store, lease, beats)
+            .await
+            .map_err(|e| {
+                if e.is_condition_failed() {
+                    anyhow::anyhow!(
+                        "shard {shard} changed while resetting; nothing was written: look again \
+                         and retry"
+                    )
+                } else {
+                    anyhow::Error::new(e).context(format!("evicting the owner of shard {shard}"))
+                }
+            })?
+    } else {
+        None
+    };
+    let (lease, instance) = match &evicted {
+        Some((now, instance)) => (now, Some(instance.as_str())),
+        None => (lease, None),
+    };
+    let keep = lease
+        .checkpoint_owner
+        .as_deref()
+        .zip(lease.checkpoint_owner_tenure.as_deref())
+        .filter(|(_, t)| force && is_evicted_tenure(t));
     let s = |v: &str| AttributeValue::S(v.to_owned());
     let n = |v: u64| AttributeValue::N(v.to_string());
     // The counter is bumped like any ownership change: a worker about to
@@ -359,6 +415,12 @@ async fn reset_one(
     let mut condition = "#counter = :seen".to_owned();
     if !force {
         condition.push_str(" AND attribute_not_exists(#owner) AND attribute_not_exists(#cpOwner)");
+    }
+    let mut remove = "#owner, #pcp, #psub, #pstate, #tenure".to_owned();
+    if keep.is_some() {
+        condition.push_str(" AND #cpOwner = :cpOwner AND #cpTenure = :cpTenure");
+    } else {
+        remove.push_str(", #cpOwner, #cpTenure");
     }
     let names = HashMap::from(
         [
@@ -376,7 +438,7 @@ async fn reset_one(
         ]
         .map(|(k, v)| (k.to_owned(), v.to_owned())),
     );
-    let values = HashMap::from(
+    let mut values = HashMap::from(
         [
             (":seen", n(lease.counter)),
             (":next", n(lease.counter + 1)),
@@ -386,16 +448,19 @@ async fn reset_one(
         ]
         .map(|(k, v)| (k.to_owned(), v)),
     );
+    if let Some((owner, tenure)) = keep {
+        values.insert(":cpOwner".to_owned(), s(owner));
+        values.insert(":cpTenure".to_owned(), s(tenure));
+    }
     let result = table
         .store
         .client()
         .update_item()
         .table_name(table.name())
         .key(attr::LEASE_KEY, s(&lease.key))
-        .update_expression(
-            "SET #cp = :cp, #sub = :sub, #counter = :next, #switches = :zero \
-             REMOVE #owner, #cpOwner, #pcp, #psub, #pstate, #tenure, #cpTenure",
-        )
+        .update_expression(format!(
+            "SET #cp = :cp, #sub = :sub, #counter = :next, #switches = :zero REMOVE {remove}"
+        ))
         .condition_expression(condition)
         .set_expression_attribute_names(Some(names))
         .set_expression_attribute_values(Some(values))
@@ -413,10 +478,25 @@ async fn reset_one(
                 lease.counter,
                 lease.counter + 1
             );
-            if let Some(owner) = &lease.owner {
+            if let (Some((owner, _)), Some(instance)) = (keep, instance) {
+                let told = operator::tell(&table.store, instance, &lease.key).await;
                 println!(
-                    "evicted {owner}: it stops processing the shard at its next renewal or \
-                     checkpoint; a worker then takes the shard from the new checkpoint"
+                    "evicted {owner}: it renews through its liveness record, which now asks it \
+                     to stop{}; it writes nothing more to the shard, and no worker takes the \
+                     shard before it let go (or stopped beating); a worker then takes it from \
+                     the new checkpoint",
+                    if told {
+                        " (it reads it within a renew interval)"
+                    } else {
+                        " (telling it failed: it stops at its next read of the lease table)"
+                    }
+                );
+            } else if let Some(owner) = &lease.owner {
+                println!(
+                    "evicted {owner}: it has no liveness record (it renews every lease: a Java \
+                     KCL worker, or kcl renewing per lease) and stops processing the shard at \
+                     its next renewal or checkpoint; a worker then takes the shard from the new \
+                     checkpoint"
                 );
             }
             Ok(())
@@ -478,17 +558,35 @@ pub(crate) async fn release(a: ReleaseArgs) -> anyhow::Result<()> {
     let table = Table::open(&a.table).await?;
     let lease = table.find(&a.shard, a.stream.as_deref()).await?;
     let shard = &lease.shard_id;
-    let (Some(owner), Some(holder)) = (&lease.owner, Holder::owner_of(&lease)) else {
+    let Some(owner) = &lease.owner else {
         println!("shard {shard} is not owned by any worker; nothing to release");
         return Ok(());
     };
-    // Pinned to the tenure read above: if the worker re-took the lease
-    // since (a new tenure), nothing is released.
-    match table.store.release(&lease.key, holder).await {
-        Ok(now) => {
+    let beats = table.beats_or_none().await;
+    // Pinned to the tenure (and counter) read above: if the worker re-took
+    // the lease since (a new tenure), nothing is released.
+    match operator::release(&table.store, &lease, &beats).await {
+        Ok(Released::HandedBack { told, .. }) => {
             println!(
-                "released shard {shard} (owner was {owner}; counter {} -> {}): a running \
-                 worker takes it on its next lease-taker tick",
+                "released shard {shard} (owner was {owner}; counter {}): {owner} renews through \
+                 its liveness record, so the release is a handoff to nobody, asked for in that \
+                 record: {owner} stops fetching{}, lets its processor checkpoint and hands the \
+                 shard over; a running worker takes it only then (or once {owner} stops beating)",
+                lease.counter,
+                if told {
+                    " within a renew interval"
+                } else {
+                    " at its next read of the lease table (telling it through its record failed)"
+                },
+            );
+            Ok(())
+        }
+        Ok(Released::Released { lease: now }) => {
+            println!(
+                "released shard {shard} (owner was {owner}; counter {} -> {}): {owner} has no \
+                 liveness record (it renews every lease: a Java KCL worker, or kcl renewing per \
+                 lease) and stops at its next renewal; a running worker takes the shard at its \
+                 next lease-taker tick",
                 lease.counter, now.counter
             );
             if let Some(from) = &now.checkpoint_owner {
@@ -497,6 +595,10 @@ pub(crate) async fn release(a: ReleaseArgs) -> anyhow::Result<()> {
                      completes it, or when the lease expires"
                 );
             }
+            Ok(())
+        }
+        Ok(_) => {
+            println!("shard {shard} is not owned by any worker; nothing to release");
             Ok(())
         }
         Err(e) if e.is_condition_failed() => {

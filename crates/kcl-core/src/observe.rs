@@ -20,6 +20,7 @@
 //! | [`Event::HandoffEnded`] | `handoffs_completed`, `handoffs_forced` | `kcl_handoffs_total{worker,outcome}` |
 //! | [`Event::Ended`] | `lost`, `fenced`, `released`, `handed_off` | `kcl_leases_ended_total{worker,reason}` |
 //! | [`Event::SameIdConflict`] | `same_id_conflicts` | `kcl_worker_id_conflicts_total{worker}` |
+//! | [`Event::SwitchedToPerLease`] | `switched_to_per_lease` | `kcl_renewal_switched_to_per_lease_total{worker}` |
 //! | [`Event::Held`] | | `kcl_leases_held{worker}` (gauge) |
 
 use std::fmt;
@@ -118,6 +119,14 @@ pub enum Event<'a> {
         /// The lease key.
         key: &'a str,
     },
+    /// A worker configured to renew through its liveness record found a
+    /// worker that judges leases by their counters on its table (a Java
+    /// KCL worker, or kcl renewing per lease without a liveness record)
+    /// and renews every lease from now on, as if configured `PerLease`.
+    SwitchedToPerLease {
+        /// The worker whose leases showed it.
+        owner: &'a str,
+    },
     /// Leases held now.
     Held {
         /// How many.
@@ -159,6 +168,7 @@ impl Observer for CoordinatorStats {
                 EndReason::Abandoned => return,
             },
             Event::SameIdConflict { .. } => &self.same_id_conflicts,
+            Event::SwitchedToPerLease { .. } => &self.switched_to_per_lease,
             Event::HandoffRequested { .. } | Event::HandoffGiven { .. } | Event::Held { .. } => {
                 return;
             }
@@ -224,6 +234,10 @@ pub(crate) fn record_metric(worker: &str, event: &Event<'_>) {
         }
         Event::SameIdConflict { .. } => {
             metrics::counter!("kcl_worker_id_conflicts_total", "worker" => worker).increment(1)
+        }
+        Event::SwitchedToPerLease { .. } => {
+            metrics::counter!("kcl_renewal_switched_to_per_lease_total", "worker" => worker)
+                .increment(1)
         }
         Event::Held { leases } => {
             metrics::gauge!("kcl_leases_held", "worker" => worker).set(*leases as f64)

@@ -1011,8 +1011,20 @@ async fn a_late_joiner_processes_its_first_lease_within_a_third_of_a_beat_interv
             );
         }
         took.push(joined.elapsed());
+        // Run on past the handoffs' completion: the first worker's scans
+        // then show the joiner's leases at the counters its own
+        // completions wrote, before its reads show the joiner's record;
+        // that is no evidence of a Java worker.
+        run_for(&workers, &mut log, TICK * 2, step).await;
         let late = workers[1].coordinator().stats();
         assert_eq!((late.handoffs_forced, late.taken), (0, 0), "{late:?}");
+        for w in &workers {
+            assert_eq!(
+                w.coordinator().stats().switched_to_per_lease,
+                0,
+                "phase {phase}"
+            );
+        }
         assert_eq!(
             log.max(),
             Duration::ZERO,
@@ -1177,5 +1189,410 @@ async fn a_worker_that_stopped_before_this_one_started_has_its_leases_within_a_l
         log.max(),
         Duration::ZERO,
         "two workers may process one lease"
+    );
+}
+
+/// Three leases, two workers whose processors take `drain` to hand a shard
+/// over; returns them (the one holding two leases first) and one lease of
+/// the first's.
+async fn fleet_for_an_operator(
+    table: &kcl_core::store::memory::InMemoryLeaseStore,
+    log: &mut OverlapLog,
+    drain: Duration,
+) -> (Vec<SimWorker>, String) {
+    let mut workers = vec![
+        SimWorker::start_with(
+            table,
+            config("a", 1).build().unwrap(),
+            StandIn::SlowHandoff(drain),
+        ),
+        SimWorker::start_with(
+            table,
+            config("b", 2).build().unwrap(),
+            StandIn::SlowHandoff(drain),
+        ),
+    ];
+    let step = Duration::from_millis(50);
+    while !balanced(table, &["a", "b"]) {
+        run_for(&workers, log, Duration::from_secs(1), step).await;
+    }
+    run_for(&workers, log, TICK * 2, step).await;
+    if workers[0].valid_keys().len() < 2 {
+        workers.swap(0, 1);
+    }
+    assert_eq!(
+        workers[0].valid_keys().len(),
+        2,
+        "{:?}",
+        table_counts(table)
+    );
+    let key = workers[0].valid_keys()[0].clone();
+    (workers, key)
+}
+
+/// Runs the fleet while the peer keeps reading the table (a shard sync
+/// each half second, which also wakes the holder through its beats), until
+/// the lease, its handoff over, is processed again.
+async fn until_processed_again(
+    workers: &[SimWorker],
+    table: &kcl_core::store::memory::InMemoryLeaseStore,
+    log: &mut OverlapLog,
+    key: &str,
+) {
+    let step = Duration::from_millis(50);
+    for _ in 0..(LEASE * 6).as_millis() / 500 {
+        workers[1].coordinator().signals().leases_created();
+        run_for(workers, log, Duration::from_millis(500), step).await;
+        let settled = table
+            .snapshot()
+            .iter()
+            .any(|l| l.key == key && l.owner.is_some() && l.checkpoint_owner.is_none());
+        if settled
+            && workers
+                .iter()
+                .any(|w| w.valid_keys().iter().any(|k| k == key))
+        {
+            return;
+        }
+    }
+    panic!("{key} not processed again: {:?}", table.snapshot());
+}
+
+/// Defect 4 of the explored protocol: an operator's `kcl leases release`
+/// of a lease whose holder renews through its liveness record. Its holder
+/// writes no lease item per round, so a plain release went unnoticed until
+/// its next checkpoint or read of the table while a peer took the shard at
+/// once: both processed it. Released as a handoff to nobody and told
+/// through its record, the holder drains and hands over first, and no peer
+/// processes the shard before.
+#[tokio::test(start_paused = true)]
+async fn an_operators_release_is_drained_by_its_holder_before_any_peer_processes_the_shard() {
+    use kcl_core::leases::operator::{Released, release};
+    let table = table_with(3).await;
+    let mut log = OverlapLog::default();
+    let (workers, key) = fleet_for_an_operator(&table, &mut log, LEASE / 2).await;
+    let handed_off = workers[0].coordinator().stats().handed_off;
+    let lease = table.snapshot().into_iter().find(|l| l.key == key).unwrap();
+    let released = release(&table, &lease, &table.beats_snapshot())
+        .await
+        .unwrap();
+    until_processed_again(&workers, &table, &mut log, &key).await;
+    assert_eq!(
+        log.max(),
+        Duration::ZERO,
+        "two workers may process the released shard"
+    );
+    assert!(
+        matches!(released, Released::HandedBack { told: true, .. }),
+        "{released:?}"
+    );
+    let a = workers[0].coordinator().stats();
+    assert_eq!(
+        a.handed_off,
+        handed_off + 1,
+        "the holder drained and handed the shard over: {a:?}"
+    );
+}
+
+/// Defect 4, for `kcl leases reset --force`: the holder is evicted by a
+/// handoff to nobody in a tenure it never wrote, so it stops without
+/// writing (its checkpoint would undo the reset), no peer takes the shard
+/// while it may still process it, and it lets the lease go once it
+/// stopped; the shard then starts from the reset checkpoint.
+#[tokio::test(start_paused = true)]
+async fn an_operators_reset_evicts_a_liveness_holder_before_any_peer_processes_the_shard() {
+    use kcl_core::Checkpoint;
+    use kcl_core::leases::operator::{evict, tell};
+    let table = table_with(3).await;
+    let mut log = OverlapLog::default();
+    let (workers, key) = fleet_for_an_operator(&table, &mut log, LEASE / 2).await;
+    let (lost, handed_off) = {
+        let a = workers[0].coordinator().stats();
+        (a.lost, a.handed_off)
+    };
+    // As `kcl leases reset --force` writes it: the eviction, then the
+    // checkpoint (keeping an eviction's handoff, removing anything else),
+    // then the holder told.
+    let lease = table.snapshot().into_iter().find(|l| l.key == key).unwrap();
+    let evicted = evict(&table, &lease, &table.beats_snapshot())
+        .await
+        .unwrap();
+    let mut reset = evicted.as_ref().map_or(lease.clone(), |(l, _)| l.clone());
+    reset.checkpoint = Checkpoint::at("777", 0);
+    reset.counter += 1;
+    reset.owner = None;
+    reset.tenure = None;
+    if evicted.is_none() {
+        reset.checkpoint_owner = None;
+        reset.checkpoint_owner_tenure = None;
+    }
+    table.put_raw(reset);
+    if let Some((_, instance)) = &evicted {
+        assert!(tell(&table, instance, &key).await);
+    }
+    until_processed_again(&workers, &table, &mut log, &key).await;
+    assert_eq!(
+        log.max(),
+        Duration::ZERO,
+        "two workers may process the reset shard"
+    );
+    let a = workers[0].coordinator().stats();
+    assert_eq!(
+        (a.lost, a.handed_off),
+        (lost + 1, handed_off),
+        "the holder stopped without a handoff checkpoint: {a:?}"
+    );
+    let now = table.snapshot().into_iter().find(|l| l.key == key).unwrap();
+    assert_eq!(
+        (&now.checkpoint, &now.checkpoint_owner),
+        (&Checkpoint::at("777", 0), &None),
+        "{now:?}"
+    );
+}
+
+/// A Java KCL 3.x worker and its leader, as they behave toward the lease
+/// table: it reports to `WorkerMetricStats`, renews its own leases every
+/// third of the lease duration by their counters (leaving any kcl tenure in
+/// place), completes at once a handoff asked of it, and takes every other
+/// lease it has seen stand still for the lease duration (its failover
+/// time). Counts its takes of leases `victim` owned.
+async fn java_worker(
+    table: kcl_core::store::memory::InMemoryLeaseStore,
+    id: &'static str,
+    victim: &'static str,
+    takes: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
+    use std::collections::HashMap;
+    let mut seen: HashMap<String, (u64, Option<String>, Instant)> = HashMap::new();
+    let mut renewed = Instant::now();
+    let mut reported: Option<Instant> = None;
+    loop {
+        let now = Instant::now();
+        if reported.is_none_or(|r| now - r >= Duration::from_secs(30)) {
+            reported = Some(now);
+            let wall = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs();
+            table.set_java_workers(vec![kcl_core::store::JavaWorker {
+                id: id.into(),
+                last_update_secs: wall,
+            }]);
+        }
+        let renew = now - renewed >= LEASE / 3;
+        if renew {
+            renewed = now;
+        }
+        // No await from the read to the writes: nothing else runs between.
+        for mut l in table.snapshot() {
+            let state = (l.counter, l.owner.clone());
+            let since = match seen.get(&l.key) {
+                Some((c, o, since)) if (*c, o) == (state.0, &state.1) => *since,
+                _ => now,
+            };
+            seen.insert(l.key.clone(), (state.0, state.1.clone(), since));
+            if l.is_owned_by(id) {
+                if l.checkpoint_owner.is_none() && renew {
+                    l.counter += 1;
+                    table.put_raw(l);
+                }
+            } else if l.checkpoint_owner.as_deref() == Some(id) {
+                l.checkpoint_owner = None;
+                l.checkpoint_owner_tenure = None;
+                l.counter += 1;
+                table.put_raw(l);
+            } else if l.checkpoint_owner.is_none() && now - since >= LEASE {
+                if l.owner.as_deref() == Some(victim) {
+                    takes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                l.owner = Some(id.into());
+                l.counter += 1;
+                table.put_raw(l);
+            }
+        }
+        sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Defect 5 of the explored protocol: a worker renewing through its
+/// liveness record on a table a Java KCL worker shares. The Java worker
+/// judges leases by their counters, which beats never move, so it took
+/// the kcl worker's leases while it still processed them, again and
+/// again. The kcl worker sees a lease renewed in place (or lost) by an
+/// owner without a liveness record and switches to per-lease renewal:
+/// the Java worker takes nothing from it after that, and the two never
+/// process one shard at once.
+#[tokio::test(start_paused = true)]
+async fn a_liveness_worker_sharing_its_table_with_java_switches_to_per_lease_renewal() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let table = table_with(8).await;
+    let mut log = OverlapLog::default();
+    let step = Duration::from_millis(50);
+    let workers = vec![SimWorker::start_with(
+        &table,
+        config("a", 1).build().unwrap(),
+        StandIn::Checkpointing,
+    )];
+    run_for(&workers, &mut log, TICK * 2, step).await;
+    assert_eq!(workers[0].valid_keys().len(), 8);
+    let takes = Arc::new(AtomicU64::new(0));
+    let java = tokio::spawn(java_worker(
+        table.clone(),
+        "java-1",
+        "a",
+        Arc::clone(&takes),
+    ));
+    // The Java worker takes what looks expired to it; the kcl worker
+    // notices and switches, then balances with it.
+    run_for(&workers, &mut log, LEASE * 6, step).await;
+    let switched = workers[0].coordinator().stats().switched_to_per_lease;
+    let taken_before = takes.load(Ordering::Relaxed);
+    let mut both = 0u64;
+    let end = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < end {
+        run_for(&workers, &mut log, Duration::from_millis(250), step).await;
+        let java_processes: Vec<String> = table
+            .snapshot()
+            .into_iter()
+            .filter(|l| l.is_owned_by("java-1") && l.checkpoint_owner.is_none())
+            .map(|l| l.key)
+            .collect();
+        both += workers[0]
+            .processing_keys()
+            .iter()
+            .filter(|k| java_processes.contains(k))
+            .count() as u64;
+    }
+    java.abort();
+    let later = takes.load(Ordering::Relaxed) - taken_before;
+    let a = workers[0].coordinator().stats();
+    println!("{a:?}; Java takes {taken_before} then {later}");
+    assert_eq!(
+        later, 0,
+        "the Java worker kept taking the kcl worker's leases"
+    );
+    assert_eq!(
+        both, 0,
+        "the kcl and the Java worker processed one shard at once"
+    );
+    assert_eq!(
+        switched, 1,
+        "the kcl worker switched to per-lease renewal: {a:?}"
+    );
+    assert!(
+        !workers[0].valid_keys().is_empty() && table_counts(&table).contains_key("java-1"),
+        "the two share the shards: {:?}",
+        table_counts(&table)
+    );
+}
+
+/// Defect 5, before any lease moved: a worker renewing through its
+/// liveness record that finds Java KCL workers reporting on its table at
+/// its first tick renews per lease from the start.
+#[tokio::test(start_paused = true)]
+async fn a_liveness_worker_that_finds_java_reports_renews_per_lease_from_its_first_tick() {
+    let table = table_with(4).await;
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    table.set_java_workers(vec![kcl_core::store::JavaWorker {
+        id: "java-1".into(),
+        last_update_secs: wall,
+    }]);
+    let mut log = OverlapLog::default();
+    let workers = vec![SimWorker::start(&table, config("a", 1).build().unwrap())];
+    run_for(&workers, &mut log, TICK * 3, Duration::from_millis(50)).await;
+    let a = workers[0].coordinator().stats();
+    assert_eq!(a.switched_to_per_lease, 1, "{a:?}");
+    assert!(
+        workers[0].stats.snapshot().op(StoreOp::Renew).calls >= 4 * 3,
+        "every lease renewed per lease: {:?}",
+        workers[0].stats.snapshot().op(StoreOp::Renew)
+    );
+    assert!(
+        table.beats_snapshot().iter().all(|b| b.per_lease),
+        "its record says so, for kcl peers"
+    );
+}
+
+/// An operator's `kcl leases reset --force` of a lease a steal is moving:
+/// its previous owner (renewing through its liveness record) may still be
+/// processing or draining it. Written as a plain reset (no owner, no
+/// handoff), the lease was free at once: the thief, its awaited handoff
+/// lost, took it back at its next look at the table while the previous
+/// owner still processed the shard, and the previous owner's last
+/// checkpoint would land over the reset. Evicted instead (the running
+/// handoff kept, recorded in a tenure the previous owner never wrote), the
+/// previous owner may write nothing more and no worker takes the shard
+/// before it let go.
+#[tokio::test(start_paused = true)]
+async fn an_operators_reset_during_a_steal_evicts_the_draining_previous_owner_first() {
+    use kcl_core::Checkpoint;
+    use kcl_core::leases::operator::{evict, tell};
+    let table = table_with(4).await;
+    let mut log = OverlapLog::default();
+    let step = Duration::from_millis(50);
+    let mut workers = vec![SimWorker::start_with(
+        &table,
+        config("a", 1).build().unwrap(),
+        StandIn::SlowHandoff(LEASE / 2),
+    )];
+    run_for(&workers, &mut log, TICK * 2, step).await;
+    assert_eq!(workers[0].valid_keys().len(), 4);
+    workers.push(SimWorker::start_with(
+        &table,
+        config("b", 2).build().unwrap(),
+        StandIn::SlowHandoff(LEASE / 2),
+    ));
+    // The first steal's write: the lease now names the thief as owner and
+    // the previous owner as checkpoint owner.
+    let end = Instant::now() + LEASE * 3;
+    let lease = loop {
+        sleep(Duration::from_millis(10)).await;
+        log.sample(&workers);
+        if let Some(l) = table
+            .snapshot()
+            .into_iter()
+            .find(|l| l.is_owned_by("b") && l.checkpoint_owner.as_deref() == Some("a"))
+        {
+            break l;
+        }
+        assert!(Instant::now() < end, "no steal: {:?}", table.snapshot());
+    };
+    let key = lease.key.clone();
+    // As `kcl leases reset --force` writes it (see the test above).
+    let evicted = evict(&table, &lease, &table.beats_snapshot())
+        .await
+        .unwrap();
+    let mut reset = evicted.as_ref().map_or(lease.clone(), |(l, _)| l.clone());
+    reset.checkpoint = Checkpoint::at("777", 0);
+    reset.counter += 1;
+    reset.owner = None;
+    reset.tenure = None;
+    let keep = reset
+        .checkpoint_owner_tenure
+        .as_deref()
+        .is_some_and(kcl_core::store::is_evicted_tenure);
+    if !keep {
+        reset.checkpoint_owner = None;
+        reset.checkpoint_owner_tenure = None;
+    }
+    table.put_raw(reset);
+    if let Some((_, instance)) = &evicted {
+        assert!(tell(&table, instance, &key).await);
+    }
+    until_processed_again(&workers, &table, &mut log, &key).await;
+    assert_eq!(
+        log.longest.get(&key).copied().unwrap_or_default(),
+        Duration::ZERO,
+        "two workers may process the reset shard"
+    );
+    let now = table.snapshot().into_iter().find(|l| l.key == key).unwrap();
+    assert_eq!(
+        (&now.checkpoint, &now.checkpoint_owner),
+        (&Checkpoint::at("777", 0), &None),
+        "{now:?}"
     );
 }

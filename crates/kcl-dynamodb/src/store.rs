@@ -633,6 +633,56 @@ impl LeaseStore for DynamoDbLeaseStore {
         self.update(StoreOp::Release, key, update, None).await
     }
 
+    async fn hand_back(&self, seen: &Lease, drain: bool) -> Result<Lease, StoreError> {
+        let Some((from, previous)) = kcl_core::store::handed_back_by(seen, drain) else {
+            return Err(StoreError::lost_race(seen));
+        };
+        // Pinned to the item as read: its owner and tenure, its handoff
+        // (previous owner and tenure, or none) and its counter.
+        let owner = match seen.owner {
+            Some(_) => format!(
+                "#leaseOwner = :seenOwner AND {}",
+                tenure_is(attr::TENURE, ":seenTenure", seen.tenure.as_deref())
+            ),
+            None => {
+                "attribute_not_exists(#leaseOwner) AND attribute_not_exists(#kclTenure)".to_owned()
+            }
+        };
+        let handoff = match seen.checkpoint_owner {
+            Some(_) => format!(
+                "#checkpointOwner = :seenFrom AND {}",
+                tenure_is(
+                    attr::CHECKPOINT_OWNER_TENURE,
+                    ":seenFromTenure",
+                    seen.checkpoint_owner_tenure.as_deref()
+                )
+            ),
+            None => "attribute_not_exists(#checkpointOwner)".to_owned(),
+        };
+        let mut update = Update::new(
+            "REMOVE #leaseOwner, #kclTenure \
+             SET #checkpointOwner = :from, #kclCheckpointOwnerTenure = :previous",
+            &format!("{owner} AND {handoff} AND #leaseCounter = :counter"),
+        )
+        .s(":from", from.owner)
+        .s(":previous", &previous)
+        .tenure(":seenTenure", seen.tenure.as_deref())
+        .tenure(":seenFromTenure", seen.checkpoint_owner_tenure.as_deref())
+        .n(":counter", seen.counter);
+        if let Some(o) = &seen.owner {
+            update = update.s(":seenOwner", o);
+        }
+        if let Some(f) = &seen.checkpoint_owner {
+            update = update.s(":seenFrom", f);
+        }
+        let intent = Intent::HandedBack {
+            from: Holder::new(from.owner, &previous),
+            counter: seen.counter,
+        };
+        self.update(StoreOp::Release, &seen.key, update, Some(intent))
+            .await
+    }
+
     async fn checkpoint(
         &self,
         key: &str,

@@ -99,9 +99,13 @@ pub mod core {
         pub use kcl_core::store::metered::{MeteredStore, StatsSnapshot, StoreStats};
         pub use kcl_core::store::{
             Beat, BeatUpdate, CheckpointUpdate, ErrorKind, Holder, Intent, JavaWorker, LeaseStore,
-            Page, StoreError, StoreOp,
+            Page, StoreError, StoreOp, evicted_tenure, is_evicted_tenure,
         };
     }
+
+    /// An operator's repairs of a running fleet's leases (what
+    /// `kcl leases release` and `kcl leases reset --force` write).
+    pub use kcl_core::leases::operator;
 
     /// The record source's interface, for a source other than Kinesis.
     pub mod source {

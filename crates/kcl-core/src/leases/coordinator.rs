@@ -232,8 +232,10 @@ impl LeaseCoordinator {
                 counter: held.counter(),
                 phase: &phase,
             };
-            if judge(ours, Some(&item), Instant::now()) == (Verdict::Lost { same_id: true }) {
-                self.shared.same_id_conflict(key);
+            match judge(ours, Some(&item), Instant::now()) {
+                Verdict::Lost { same_id: true } => self.shared.same_id_conflict(key),
+                Verdict::Lost { same_id: false } => self.shared.lost_to(Some(&item)),
+                _ => {}
             }
         }
         warn!(lease = %key, "the shard's consumer stopped (its checkpoint was rejected); ending its tenure");

@@ -52,6 +52,18 @@ impl ExpiryTracker {
         self.seen = next;
     }
 
+    /// If `lease` (as just read, before [`ExpiryTracker::observe`] records
+    /// it) shows the same owner at a later counter than the last scan did,
+    /// when this worker first saw it at the earlier one: the owner held the
+    /// lease since then at the latest.
+    pub fn renewed_in_place(&self, lease: &Lease) -> Option<Instant> {
+        lease.owner.as_ref()?;
+        self.seen
+            .get(&lease.key)
+            .filter(|s| s.owner == lease.owner && s.counter < lease.counter)
+            .map(|s| s.since)
+    }
+
     /// How long this worker has seen `lease` unchanged, as of `now`.
     pub fn unchanged_for(&self, lease: &Lease, now: Instant) -> Duration {
         match self.seen.get(&lease.key) {

@@ -366,6 +366,12 @@ impl Held {
         }
     }
 
+    /// When the last write of the lease item in this tenure that
+    /// succeeded was sent.
+    pub(crate) fn item_written_at(&self) -> Option<Instant> {
+        self.lock().item_written
+    }
+
     /// The lease as last written by this worker.
     pub(crate) fn lease(&self) -> Lease {
         self.lock().lease.clone()

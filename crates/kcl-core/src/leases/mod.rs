@@ -33,6 +33,7 @@ pub(crate) mod java_fleet;
 pub(crate) mod liveness;
 #[cfg(test)]
 mod model;
+pub mod operator;
 pub(crate) mod renewer;
 pub(crate) mod shared;
 pub(crate) mod taker;

@@ -81,7 +81,7 @@ async fn beat_once(shared: &Shared, next_round: Instant) {
         stopping,
         lease_duration: shared.config.lease_duration,
         beat_interval: shared.config.renew_interval,
-        per_lease: !shared.liveness_mode(),
+        per_lease: shared.beats_per_lease(),
     };
     // Validity counts from the first attempt: a later attempt may succeed
     // only because peers already saw an earlier one land.
@@ -186,6 +186,14 @@ pub(crate) async fn observe_one(
             }
             info!(lease = %key, owner = ?item.and_then(|l| l.owner.as_deref()), "the table shows the lease held by another; stopping");
             shared.ended(key, held, EndReason::Lost).await;
+            shared.lost_to(item);
+            // Evicted by an operator (a handoff to nobody in a tenure we
+            // never wrote): no peer takes the lease before this instance
+            // completes that handoff, which the taker's read of the table
+            // does, now rather than at the next tick.
+            if item.is_some_and(|l| l.checkpoint_owner.as_deref() == Some(shared.me())) {
+                shared.want_rescan();
+            }
         }
         Verdict::Drain => {
             if held.request_handoff() {
@@ -399,11 +407,11 @@ fn previous_owner_window(shared: &Shared, lease: &Lease) -> (Duration, bool) {
 }
 
 async fn renew_loop(shared: &Shared) {
-    let mut next_round = Instant::now() + shared.config.renew_interval;
+    let mut next_round = Instant::now() + shared.lease_renew_interval();
     loop {
         tokio::select! {
             _ = tokio::time::sleep_until(next_round) => {
-                next_round += shared.config.renew_interval;
+                next_round += shared.lease_renew_interval();
             }
             // A tenure started handing off: renew it now, not a round later.
             _ = shared.renew_now.notified() => {}

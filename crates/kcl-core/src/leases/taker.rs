@@ -47,6 +47,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
         unsettled: true,
         rescan_at: None,
         java: JavaFleet::default(),
+        java_probe_at: None,
     };
     // Peers must be able to see this instance alive before a lease names
     // it: the first tick waits for the first beat (bounded: a store that
@@ -118,7 +119,15 @@ struct Taker {
     rescan_at: Option<Instant>,
     /// Java KCL 3.x workers on the table (per-lease renewal only).
     java: JavaFleet,
+    /// When the liveness mode last looked for Java KCL workers' reports.
+    java_probe_at: Option<Instant>,
 }
+
+/// How often a worker renewing through its liveness record looks for Java
+/// KCL workers' reports: rarely, since a kcl-only fleet pays for every
+/// read, and a Java worker that takes a lease is seen at once anyway (see
+/// `Shared::lost_to`); this finds one that has not taken any yet.
+const JAVA_PROBE_EVERY: Duration = Duration::from_secs(300);
 
 impl Taker {
     /// One tick. Returns when the next tick should come early: the moment a
@@ -138,6 +147,9 @@ impl Taker {
             debug!("no read of the liveness records within the lease duration; retrying next tick");
             return None;
         };
+        if shared.liveness_mode() {
+            self.probe_java_workers(shared).await;
+        }
         let digest = shared
             .liveness()
             .digest(shared.instance(), d, Instant::now());
@@ -179,6 +191,29 @@ impl Taker {
             }
         };
         let now = Instant::now();
+        if shared.liveness_mode() {
+            // A lease renewed in place by an owner no liveness record names:
+            // that owner judges leases by their counters, and to it every
+            // lease this worker renews only by beats looks expired. Only as
+            // of a read of the records made after the owner was seen
+            // holding the lease: a kcl worker beats before it takes, so
+            // such a read shows its record. A late joiner's leases, moved
+            // by this worker's own handoff completions and scanned before
+            // a read showed the joiner, were taken for a Java worker's.
+            let read = *shared.last_read.lock().unwrap_or_else(|e| e.into_inner());
+            let renewing = leases
+                .iter()
+                .filter(|l| {
+                    self.tracker
+                        .renewed_in_place(l)
+                        .is_some_and(|held_since| read.is_some_and(|r| r > held_since))
+                })
+                .filter_map(|l| l.owner.as_deref())
+                .find(|o| shared.judges_by_counters(o));
+            if let Some(owner) = renewing {
+                shared.switch_to_per_lease(owner, "renews its leases per lease");
+            }
+        }
         self.tracker.observe(&leases, now);
         observe_held(shared, &leases).await;
         let config = &shared.config;
@@ -394,6 +429,36 @@ impl Taker {
         // A holder dying is the watcher's to see: it reads at the holder's
         // deadline and wakes this task then.
         earliest(by_lease, self.rescan_at)
+    }
+
+    /// In the liveness mode, every [`JAVA_PROBE_EVERY`] (the first at the
+    /// first tick, before anything is taken): Java KCL workers reporting
+    /// on this table share it, and judge this worker's leases by their
+    /// counters, so this worker switches to per-lease renewal.
+    async fn probe_java_workers(&mut self, shared: &Shared) {
+        let now = Instant::now();
+        if self
+            .java_probe_at
+            .is_some_and(|at| now.saturating_duration_since(at) < JAVA_PROBE_EVERY)
+        {
+            return;
+        }
+        self.java_probe_at = Some(now);
+        match shared.store.java_workers().await {
+            Ok(workers) => self.java.observe(workers, now, wall_secs()),
+            Err(e) => {
+                debug!(error = %e, "reading the Java KCL workers' reports failed; trying again later");
+                return;
+            }
+        }
+        if let Some(java) = self
+            .java
+            .alive(now)
+            .into_iter()
+            .find(|id| id != shared.me())
+        {
+            shared.switch_to_per_lease(&java, "reports to the Java KCL's WorkerMetricStats table");
+        }
     }
 
     /// Whether this worker runs the fleet's shard sync and cleanup: the

@@ -498,6 +498,37 @@ impl LeaseStore for InMemoryLeaseStore {
         .await
     }
 
+    async fn hand_back(&self, seen: &Lease, drain: bool) -> Result<Lease, StoreError> {
+        let Some((from, previous)) = super::handed_back_by(seen, drain) else {
+            return Err(StoreError::lost_race(seen));
+        };
+        let intent = Intent::HandedBack {
+            from: Holder::new(from.owner, &previous),
+            counter: seen.counter,
+        };
+        self.call(StoreOp::Release, Some(&seen.key), |t| {
+            Self::update(
+                t,
+                &seen.key,
+                Some(intent),
+                |l| {
+                    l.counter == seen.counter
+                        && l.owner == seen.owner
+                        && l.tenure == seen.tenure
+                        && l.checkpoint_owner == seen.checkpoint_owner
+                        && l.checkpoint_owner_tenure == seen.checkpoint_owner_tenure
+                },
+                |l| {
+                    l.owner = None;
+                    l.tenure = None;
+                    l.checkpoint_owner = Some(from.owner.to_owned());
+                    l.checkpoint_owner_tenure = Some(previous.clone());
+                },
+            )
+        })
+        .await
+    }
+
     async fn checkpoint(
         &self,
         key: &str,

@@ -165,6 +165,44 @@ pub struct BeatUpdate<'a> {
     pub beat_interval: std::time::Duration,
 }
 
+/// The tenure an operator's eviction ([`LeaseStore::hand_back`] without
+/// draining) records for the evicted holder of `tenure`: in the holder's
+/// instance, so that peers judge the lease by that instance's liveness
+/// record and the instance completes the handoff once it stopped, but
+/// never one of its tenures (those end in hex digits), so that it may
+/// write nothing more to the lease.
+pub fn evicted_tenure(tenure: &str) -> String {
+    format!("{}.evicted", crate::leases::tenure::instance_of(tenure))
+}
+
+/// Whose processing a [`LeaseStore::hand_back`] of `seen` ends, and the
+/// tenure it records for that holder as the checkpoint owner: the owner
+/// in its tenure when no handoff runs; without `drain`, the previous
+/// owner of a running handoff in its recorded tenure. `None` when the
+/// write cannot apply (no such holder, or one without a tenure: a Java
+/// KCL worker would checkpoint over an eviction, since it ignores kcl's
+/// tenures), and stores then fail it as a lost race.
+pub fn handed_back_by(seen: &Lease, drain: bool) -> Option<(Holder<'_>, String)> {
+    let from = match (seen.checkpoint_owner.as_deref(), drain) {
+        (None, _) => Holder::owner_of(seen)?,
+        (Some(_), false) => Holder::checkpoint_owner_of(seen)?,
+        (Some(_), true) => return None,
+    };
+    let tenure = from.tenure?;
+    let previous = if drain {
+        tenure.to_owned()
+    } else {
+        evicted_tenure(tenure)
+    };
+    Some((from, previous))
+}
+
+/// True if `tenure` is one [`evicted_tenure`] made (an operator's reset
+/// evicted the previous owner of the handoff that records it).
+pub fn is_evicted_tenure(tenure: &str) -> bool {
+    tenure.ends_with(".evicted")
+}
+
 /// Who writes: a worker id and the tenure it holds the lease under.
 ///
 /// Every take writes a fresh tenure into the lease; every later write of
@@ -277,6 +315,29 @@ pub trait LeaseStore: Send + Sync + fmt::Debug {
     /// (or before it expires).
     async fn release(&self, key: &str, by: Holder<'_>) -> Result<Lease, StoreError>;
 
+    /// An operator's release of a lease a kcl instance holds (`seen`:
+    /// owned in a tenure, no handoff running): a graceful handoff to
+    /// nobody. Removes the owner and its tenure and records the owner as
+    /// the checkpoint owner: in its tenure when `drain` (it checkpoints
+    /// once more and completes the handoff, as after a steal), in
+    /// [`evicted_tenure`] of it when not (an operator's reset: it may
+    /// write nothing more, and completes the handoff once it stopped).
+    /// Without `drain`, a lease `seen` in a handoff (a steal, its previous
+    /// owner still draining, recorded in a tenure) is evicted the same
+    /// way from that previous owner, and the new owner removed: the
+    /// previous owner may still be processing the shard. Either way no
+    /// peer takes the lease before that instance completes or stops
+    /// beating, so none processes it while the holder still may; the
+    /// operator then tells the holder through its liveness record
+    /// ([`LeaseStore::poke`]). Leaves the counter, as a handoff does: a
+    /// holder renewing per lease renews from the counter it knows while it
+    /// drains. Condition: the owner and tenure, the handoff (previous
+    /// owner and tenure, or none) and the counter are those of `seen`. A
+    /// replay that finds the state its first attempt wrote succeeds
+    /// ([`Intent::HandedBack`]). Counted as a release. See
+    /// [`handed_back_by`] for what `seen` must show.
+    async fn hand_back(&self, seen: &Lease, drain: bool) -> Result<Lease, StoreError>;
+
     /// Writes a checkpoint. Condition: `by` may checkpoint the lease: it
     /// is the checkpoint owner of a handoff in progress (in the tenure the
     /// handoff recorded), or the owner in its tenure when no handoff runs;
@@ -371,6 +432,9 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
     }
     async fn release(&self, key: &str, by: Holder<'_>) -> Result<Lease, StoreError> {
         (**self).release(key, by).await
+    }
+    async fn hand_back(&self, seen: &Lease, drain: bool) -> Result<Lease, StoreError> {
+        (**self).hand_back(seen, drain).await
     }
     async fn checkpoint(
         &self,
@@ -478,6 +542,17 @@ macro_rules! decorate {
             ) -> Result<$crate::lease::Lease, $crate::store::StoreError> {
                 self.$around($crate::store::StoreOp::Release, self.inner.release(key, by))
                     .await
+            }
+            async fn hand_back(
+                &self,
+                seen: &$crate::lease::Lease,
+                drain: bool,
+            ) -> Result<$crate::lease::Lease, $crate::store::StoreError> {
+                self.$around(
+                    $crate::store::StoreOp::Release,
+                    self.inner.hand_back(seen, drain),
+                )
+                .await
             }
             async fn checkpoint(
                 &self,
@@ -799,6 +874,19 @@ pub enum Intent<'a> {
         /// The counter the write leaves.
         counter: u64,
     },
+    /// An operator's hand-back ([`LeaseStore::hand_back`]): nobody owns,
+    /// `from` is the previous owner in exactly the tenure the write
+    /// recorded, at `counter`. Only that write leaves the lease unowned
+    /// with a handoff at the counter the holder had (a thief's release
+    /// bumps it), so a replay that finds this state applied. Without it a
+    /// replay after a lost answer reported "nothing was written" and the
+    /// operator never told the holder.
+    HandedBack {
+        /// The previous owner and the tenure recorded for it.
+        from: Holder<'a>,
+        /// The counter the write leaves (the one it read).
+        counter: u64,
+    },
 }
 
 impl Intent<'_> {
@@ -823,6 +911,11 @@ impl Intent<'_> {
                 to.owns(current)
                     && current.checkpoint_owner.as_deref() == Some(from)
                     && current.counter >= counter
+            }
+            Intent::HandedBack { from, counter } => {
+                current.owner.is_none()
+                    && Holder::checkpoint_owner_of(current) == Some(from)
+                    && current.counter == counter
             }
         }
     }
