@@ -10,6 +10,11 @@
 //! record with counter N hang forever (a stuck processor), after appending
 //! a marker line to `<out>.hang`. At exit the worker's lease counters go to `<out>.stats`.
 //! Optional: KCL_E2E_LANES=n processes each shard in n parallel lanes.
+//! Optional: KCL_E2E_CHECKPOINT_EVERY_MS=n sets the checkpoint policy to at
+//! most one write per shard every n ms (`CheckpointPolicy::every`).
+//! Optional: KCL_E2E_SHUTDOWN_CHECKPOINT=none keeps `shutdown_requested`
+//! from checkpointing, so that only kcl's own end-of-tenure write of the
+//! position the policy held back saves a graceful move from repeats.
 //! Optional: KCL_E2E_COUNT_TABLE=<table> replaces the batch log with
 //! counting records per key into that table (`kcl_tests::counting`), in
 //! KCL_E2E_COUNT_MODE=exactly-once (default) or at-least-once.
@@ -28,9 +33,9 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use kcl::{
-    Checkpointer, FailedRecord, FailureDestination, FailurePolicy, InitialPosition,
-    KinesisDestination, PoisonPolicy, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
-    Worker,
+    CheckpointPolicy, Checkpointer, FailedRecord, FailureDestination, FailurePolicy,
+    InitialPosition, KinesisDestination, PoisonPolicy, ProcessorError, RecordBatch,
+    RecordProcessor, ShardContext, Worker,
 };
 use kcl_tests::e2e::{BatchLog, now_ns};
 
@@ -38,6 +43,7 @@ struct Logger {
     ctx: ShardContext,
     out: std::fs::File,
     every_batch: bool,
+    checkpoint_at_shutdown: bool,
     hang_at: Option<u64>,
     hang_marker: String,
     poison: HashSet<(u32, u64)>,
@@ -132,7 +138,9 @@ impl RecordProcessor for Logger {
     }
 
     async fn shutdown_requested(&mut self, cp: &mut Checkpointer) -> Result<(), ProcessorError> {
-        cp.checkpoint().await?;
+        if self.checkpoint_at_shutdown {
+            cp.checkpoint().await?;
+        }
         Ok(())
     }
 }
@@ -150,6 +158,20 @@ async fn main() -> anyhow::Result<()> {
     let worker_id = var("KCL_E2E_WORKER_ID")?;
     let out_path = var("KCL_E2E_OUT")?;
     let every_batch = var("KCL_E2E_CHECKPOINT")? == "batch";
+    let checkpoint_at_shutdown = match std::env::var("KCL_E2E_SHUTDOWN_CHECKPOINT").as_deref() {
+        Err(_) | Ok("checkpoint") => true,
+        Ok("none") => false,
+        Ok(other) => {
+            anyhow::bail!("KCL_E2E_SHUTDOWN_CHECKPOINT={other}: expected checkpoint or none")
+        }
+    };
+    let checkpoint_policy = match std::env::var("KCL_E2E_CHECKPOINT_EVERY_MS") {
+        Err(_) => CheckpointPolicy::every_call(),
+        Ok(ms) => CheckpointPolicy::every(Duration::from_millis(
+            ms.parse()
+                .with_context(|| format!("KCL_E2E_CHECKPOINT_EVERY_MS={ms}"))?,
+        )),
+    };
     let hang_at: Option<u64> = std::env::var("KCL_E2E_HANG_AT")
         .ok()
         .map(|v| v.parse())
@@ -202,6 +224,7 @@ async fn main() -> anyhow::Result<()> {
         .initial_position(InitialPosition::TrimHorizon)
         .failure_policy(policy)
         .parallelism_per_shard(lanes)
+        .checkpoint_policy(checkpoint_policy)
         .lease_duration(Duration::from_secs(6))
         .renewal(renewal)
         .taker_interval(Duration::from_secs(2))
@@ -246,6 +269,7 @@ async fn main() -> anyhow::Result<()> {
                 .open(&out_path)
                 .unwrap_or_else(|e| panic!("cannot open {out_path}: {e}")),
             every_batch,
+            checkpoint_at_shutdown,
             hang_at,
             hang_marker: hang_marker.clone(),
             poison: poison.clone(),

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use kcl::{InitialPosition, Worker, WorkerHandle};
 use kcl_tests::e2e::{
-    CheckpointMode, KEYS, LEASE, RecordedBatches, Scenario, WorkerProcess, out_dir, process_stats,
-    read_logs, stat, verify, wait_all_owned_by, wait_complete, wait_taken_over,
+    CheckpointMode, KEYS, LEASE, Producer, RecordedBatches, Scenario, WorkerProcess, out_dir,
+    process_stats, read_logs, stat, verify, wait_all_owned_by, wait_complete, wait_taken_over,
 };
 use kcl_tests::{TestEnv, unique_name};
 
@@ -248,6 +248,84 @@ async fn a_sigtermed_process_releases_its_shards_and_nothing_repeats() {
         stat(&gone, "released") + stat(&gone, "handed_off") >= 1
             && stat(&gone, "lost") + stat(&gone, "fenced") == 0,
         "t-3 released its leases at SIGTERM: {gone}"
+    );
+}
+
+/// A checkpoint policy changes only what a crash repeats: the processor
+/// here asks for a checkpoint after every batch, the policy writes at most
+/// one every 5 s per shard, and `shutdown_requested` does not checkpoint,
+/// so the only thing that keeps a graceful move from repeating up to 5 s of
+/// records is kcl writing the held-back position at the end of the tenure.
+/// Both graceful moves happen while records flow: a second worker joins
+/// and steals half the shards (handoffs), then the first is SIGTERMed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_checkpoint_policy_a_handoff_and_a_sigterm_repeat_no_record() {
+    let mut s = Scenario::new(4).await;
+    let out = out_dir("kcl-e2e-policy");
+    let mut cfg = s.processes(
+        env!("CARGO_BIN_EXE_e2e-worker"),
+        &out,
+        CheckpointMode::EveryBatch,
+    );
+    cfg.extra_env.extend([
+        ("KCL_E2E_CHECKPOINT_EVERY_MS".into(), "5000".into()),
+        ("KCL_E2E_SHUTDOWN_CHECKPOINT".into(), "none".into()),
+    ]);
+    let mut first = cfg.spawn("c-1").unwrap();
+    s.produce(5).await;
+    // Records keep coming, so that at each move the policy holds back
+    // positions newer than the last write.
+    let producer = Producer::start(&s, 1, Duration::from_millis(250));
+    wait_all_owned_by(&s, &["c-1"].into(), 4).await;
+    // Past each tenure's first write (which goes at once): from here on
+    // the policy holds positions back.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let mut second = cfg.spawn("c-2").unwrap();
+    wait_all_owned_by(&s, &["c-1", "c-2"].into(), 2).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    first.terminate(Duration::from_secs(30)).await.unwrap();
+    wait_taken_over(&s, "c-1", TAKEOVER_LIMIT).await;
+    // The survivor reads the released shards while production goes on.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let per_key = producer.stop(&mut s).await;
+    let batches = wait_complete(
+        || read_logs(&out).unwrap(),
+        per_key,
+        Duration::from_secs(90),
+    )
+    .await;
+    second.terminate(Duration::from_secs(30)).await.unwrap();
+
+    let (joiner, gone) = (process_stats(&out, "c-2"), process_stats(&out, "c-1"));
+    let verdict = verify(&batches, KEYS, per_key);
+    println!(
+        "policy every 5 s: duplicates {}, per worker {:?}; joiner {joiner}; SIGTERMed {gone}",
+        verdict.duplicates, verdict.per_worker
+    );
+    verdict.assert_correct();
+    assert_eq!(
+        verdict.duplicates, 0,
+        "a handoff and a SIGTERM must write the position the policy held back"
+    );
+    // The moves the test is about happened, and gracefully: a forced
+    // handoff or an expiry take may repeat records by design.
+    assert!(
+        stat(&joiner, "stolen") >= 1 && stat(&joiner, "handoffs_completed") >= 1,
+        "c-2 got shards by graceful handoff: {joiner}"
+    );
+    assert_eq!(stat(&joiner, "handoffs_forced"), 0, "{joiner}");
+    assert!(
+        stat(&gone, "handed_off") >= 1 && stat(&gone, "released") >= 1,
+        "c-1 handed shards off, then released the rest at SIGTERM: {gone}"
+    );
+    assert_eq!(
+        stat(&gone, "lost")
+            + stat(&gone, "fenced")
+            + stat(&joiner, "lost")
+            + stat(&joiner, "fenced"),
+        0,
+        "no lease was lost: c-1 {gone}, c-2 {joiner}"
     );
 }
 
