@@ -24,12 +24,22 @@
 //! - `bench_fleet.rs`: scenarios with worker processes (this binary
 //!   re-executed as `kcl-bench worker`): cold start, scale-out, failover,
 //!   graceful stop, peak RSS; and the fan-out helper's latency bench;
+//! - `bench_join.rs`: at the defaults with records flowing, a worker
+//!   process joining a running one and a shard split under one worker;
+//! - `bench_policy.rs`: the DynamoDB requests of a busy fleet whose
+//!   processor checkpoints every batch, with and without a checkpoint
+//!   policy;
 //! - `bench_parallel.rs`: records a second through one shard in 1 to 10
 //!   parallel lanes, for a processor spending 10 ms per record;
 //! - `bench_retrieval.rs`: polling pacing at the defaults (latency and
 //!   calls a second at 5 records/s, idle calls) and the worker-wide
 //!   prefetch budget with 1000 shards (re-executed as
-//!   `kcl-bench budget-worker`).
+//!   `kcl-bench budget-worker`);
+//! - `bench_protocol.rs`: the model checker's states and time, the fleet
+//!   simulator's seeds a minute, and failover at the defaults over 12 kill
+//!   phases (the fleet simulation's own test, in a release build);
+//! - `bench_cost.rs`: the DynamoDB cost of an idle fleet, and the fleet
+//!   simulation's cost and cold start at 100 workers x 10,000 shards.
 //!
 //! Every figure a section lists under `figures` also goes to
 //! `docs/benchmarks.json` (merged: a partial run updates its own keys).
@@ -44,8 +54,10 @@
 
 mod bench_cost;
 mod bench_fleet;
+mod bench_join;
 mod bench_local;
 mod bench_parallel;
+mod bench_policy;
 mod bench_protocol;
 mod bench_retrieval;
 
@@ -133,6 +145,7 @@ impl Section {
 /// The scenarios, in the order they run.
 const SCENARIOS: &[&str] = &[
     "protocol",
+    "failover-phases",
     "cpu",
     "deaggregation",
     "cold-start",
@@ -143,9 +156,12 @@ const SCENARIOS: &[&str] = &[
     "parallel",
     "rss",
     "cost",
+    "checkpoint-policy-cost",
     "cold-start-defaults",
     "pickup-defaults",
     "failover-defaults",
+    "late-joiner",
+    "reshard-defaults",
     "sim",
     "latency",
     "pacing",
@@ -367,6 +383,7 @@ fn main() -> anyhow::Result<()> {
 
     // CPU-bound scenarios first, each on a runtime of its own.
     run("protocol", &mut bench_protocol::explored);
+    run("failover-phases", &mut bench_protocol::failover_phases);
     run("cpu", &mut bench_local::cpu_per_record);
     run("deaggregation", &mut || Ok(bench_local::deaggregation()));
 
@@ -390,6 +407,9 @@ fn main() -> anyhow::Result<()> {
     run("parallel", &mut || rt.block_on(bench_parallel::lanes()));
     run("rss", &mut || rt.block_on(bench_fleet::peak_rss(&exe)));
     run("cost", &mut || rt.block_on(bench_cost::idle_fleet_cost()));
+    run("checkpoint-policy-cost", &mut || {
+        rt.block_on(bench_policy::checkpoint_policy_cost())
+    });
     run("cold-start-defaults", &mut || {
         rt.block_on(bench_fleet::cold_start_at_defaults(&exe))
     });
@@ -398,6 +418,12 @@ fn main() -> anyhow::Result<()> {
     });
     run("failover-defaults", &mut || {
         rt.block_on(bench_fleet::failover_at_defaults(&exe))
+    });
+    run("late-joiner", &mut || {
+        rt.block_on(bench_join::late_joiner(&exe))
+    });
+    run("reshard-defaults", &mut || {
+        rt.block_on(bench_join::reshard_at_defaults(&exe))
     });
     run("sim", &mut bench_cost::fleet_simulation);
     run("latency", &mut || rt.block_on(bench_fleet::latency(&exe)));

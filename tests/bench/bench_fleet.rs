@@ -66,13 +66,40 @@ impl RecordProcessor for Logger {
         cp.checkpoint().await?;
         Ok(())
     }
+
+    async fn shard_ended(&mut self, cp: &mut Checkpointer) -> Result<(), ProcessorError> {
+        // The reshard scenario measures from this moment; the batches alone
+        // would only show when the parent's last batch ended.
+        let line = serde_json::to_string(&ShardEnded {
+            event: "shard_ended".into(),
+            worker: self.ctx.worker_id.clone(),
+            shard: self.ctx.shard_id.clone(),
+            at_ns: now_ns(),
+        })?;
+        self.out.write_all(format!("{line}\n").as_bytes())?;
+        // The children start only once the parent's SHARD_END is checkpointed.
+        cp.checkpoint().await?;
+        Ok(())
+    }
+}
+
+/// A worker's processor got `shard_ended` for `shard`: a line of the batch
+/// log that `read_logs` skips (it is no `BatchLog`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) struct ShardEnded {
+    /// Always `shard_ended`: what tells this line from a batch.
+    pub(crate) event: String,
+    pub(crate) worker: String,
+    pub(crate) shard: String,
+    /// Wall-clock nanoseconds, as the batches' `start_ns`.
+    pub(crate) at_ns: u128,
 }
 
 /// How the worker processes of a scenario are configured.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct WorkerSettings {
     lease: Duration,
-    taker: Duration,
+    pub(crate) taker: Duration,
     idle: Duration,
     /// `liveness` or `per-lease` (the facade's `renewal`).
     renewal: &'static str,
@@ -87,7 +114,7 @@ const FAST: WorkerSettings = WorkerSettings {
 };
 
 /// The production defaults (lease 10 s, taker tick 10 s, idle polls 1 s).
-const DEFAULTS: WorkerSettings = WorkerSettings {
+pub(crate) const DEFAULTS: WorkerSettings = WorkerSettings {
     lease: Duration::from_secs(10),
     taker: Duration::from_secs(10),
     idle: Duration::from_secs(1),
@@ -163,20 +190,24 @@ struct Process {
 }
 
 /// A stream, an application and its worker processes.
-struct Fleet {
-    env: TestEnv,
+pub(crate) struct Fleet {
+    pub(crate) env: TestEnv,
     exe: PathBuf,
     app: String,
-    stream: String,
+    pub(crate) stream: String,
     /// `(shard id, starting hash key)`, by shard id.
-    shards: Vec<(String, String)>,
-    out: PathBuf,
+    pub(crate) shards: Vec<(String, String)>,
+    pub(crate) out: PathBuf,
     settings: WorkerSettings,
     procs: Vec<Process>,
 }
 
 impl Fleet {
-    async fn new(exe: &Path, shards: i32, settings: WorkerSettings) -> anyhow::Result<Fleet> {
+    pub(crate) async fn new(
+        exe: &Path,
+        shards: i32,
+        settings: WorkerSettings,
+    ) -> anyhow::Result<Fleet> {
         let env = TestEnv::connect().await?;
         let stream = unique_name("kcl-bench");
         create_stream(env.kinesis(), &stream, shards).await?;
@@ -206,7 +237,7 @@ impl Fleet {
         })
     }
 
-    fn spawn(&mut self, id: &str) -> anyhow::Result<()> {
+    pub(crate) fn spawn(&mut self, id: &str) -> anyhow::Result<()> {
         let ms = |d: Duration| d.as_millis().to_string();
         let child = Command::new(&self.exe)
             .arg("worker")
@@ -255,7 +286,7 @@ impl Fleet {
     }
 
     /// SIGTERM to every process, and a bounded wait for each to exit.
-    async fn stop_all(&mut self) -> anyhow::Result<()> {
+    pub(crate) async fn stop_all(&mut self) -> anyhow::Result<()> {
         for p in &self.procs {
             self.sigterm(&p.id)?;
         }
@@ -268,8 +299,27 @@ impl Fleet {
         Ok(())
     }
 
-    fn batches(&self) -> anyhow::Result<Vec<BatchLog>> {
+    pub(crate) fn batches(&self) -> anyhow::Result<Vec<BatchLog>> {
         read_logs(&self.out)
+    }
+
+    /// Every `shard_ended` line of the batch logs.
+    pub(crate) fn shard_ends(&self) -> anyhow::Result<Vec<ShardEnded>> {
+        let mut ends = Vec::new();
+        for entry in std::fs::read_dir(&self.out)? {
+            let path = entry?.path();
+            if path.extension().is_none_or(|e| e != "jsonl") {
+                continue;
+            }
+            for line in std::fs::read_to_string(&path)?.lines() {
+                if let Ok(e) = serde_json::from_str::<ShardEnded>(line)
+                    && e.event == "shard_ended"
+                {
+                    ends.push(e);
+                }
+            }
+        }
+        Ok(ends)
     }
 
     /// Sums each lease counter over the `.stats` files of graceful exits.
@@ -337,7 +387,7 @@ impl Fleet {
         put_round(&self.env, &self.stream, &self.shards, round).await
     }
 
-    async fn cleanup(mut self) {
+    pub(crate) async fn cleanup(mut self) {
         let _ = self.stop_all().await;
         let _ = delete_stream(self.env.kinesis(), &self.stream).await;
         let _ = delete_table(self.env.dynamodb(), &self.app).await;
@@ -395,20 +445,28 @@ async fn put_round(
 }
 
 /// Puts a round on every shard every `every` until stopped.
-struct Producer {
+pub(crate) struct Producer {
     stop: Arc<AtomicBool>,
     task: JoinHandle<anyhow::Result<u64>>,
 }
 
 impl Producer {
-    fn start(fleet: &Fleet, first_round: u64, every: Duration) -> Producer {
+    pub(crate) fn start(fleet: &Fleet, first_round: u64, every: Duration) -> Producer {
+        Producer::start_hashed(fleet, fleet.shards.clone(), first_round, every)
+    }
+
+    /// As [`Producer::start`], with key `i` put at explicit hash key
+    /// `keys[i].1` (`keys[i].0` only names it): keys spread over a shard's
+    /// hash range land on both children of a split.
+    pub(crate) fn start_hashed(
+        fleet: &Fleet,
+        keys: Vec<(String, String)>,
+        first_round: u64,
+        every: Duration,
+    ) -> Producer {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
-        let (env, stream, shards) = (
-            fleet.env.clone(),
-            fleet.stream.clone(),
-            fleet.shards.clone(),
-        );
+        let (env, stream, shards) = (fleet.env.clone(), fleet.stream.clone(), keys);
         let task = tokio::spawn(async move {
             let mut round = first_round;
             while !flag.load(Ordering::Relaxed) {
@@ -422,7 +480,7 @@ impl Producer {
     }
 
     /// Stops; returns the rounds produced (records per key).
-    async fn stop(self) -> anyhow::Result<u64> {
+    pub(crate) async fn stop(self) -> anyhow::Result<u64> {
         self.stop.store(true, Ordering::Relaxed);
         self.task.await?
     }
@@ -470,7 +528,7 @@ fn secs(ns: u128) -> String {
 }
 
 /// Waits until every record of `keys` x `0..per_key` is in the logs.
-async fn wait_complete(
+pub(crate) async fn wait_complete(
     fleet: &Fleet,
     keys: u32,
     per_key: u64,
@@ -626,7 +684,7 @@ pub(crate) async fn cold_start(exe: &Path) -> anyhow::Result<Section> {
 // ---------------------------------------------------------------------------
 
 const LOAD_SHARDS: usize = 16;
-const LOAD_EVERY: Duration = Duration::from_millis(100);
+pub(crate) const LOAD_EVERY: Duration = Duration::from_millis(100);
 
 pub(crate) async fn scale_out(exe: &Path) -> anyhow::Result<Section> {
     let mut fleet = Fleet::new(exe, LOAD_SHARDS as i32, FAST).await?;
@@ -1137,7 +1195,7 @@ pub(crate) async fn latency(exe: &Path) -> anyhow::Result<Section> {
 // At the defaults: cold start, graceful pickup and failover of 2 x 8
 // ---------------------------------------------------------------------------
 
-const PAIR_SHARDS: usize = 8;
+pub(crate) const PAIR_SHARDS: usize = 8;
 const PICKUP_RUNS: usize = 11;
 const COLD_RUNS: usize = 5;
 
@@ -1151,7 +1209,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Waits until `ids` hold every lease, balanced, with no handoff running.
-async fn settle(fleet: &Fleet, ids: &[&str], total: usize, limit: Duration) -> anyhow::Result<()> {
+pub(crate) async fn settle(
+    fleet: &Fleet,
+    ids: &[&str],
+    total: usize,
+    limit: Duration,
+) -> anyhow::Result<()> {
     let started = Instant::now();
     loop {
         let leases = fleet.leases().await?;
@@ -1358,9 +1421,12 @@ pub(crate) async fn failover_at_defaults(exe: &Path) -> anyhow::Result<Section> 
         if !verdict.missing.is_empty() {
             s.failed = Some(format!("{renewal}: {} records lost", verdict.missing.len()));
         }
-        if secs_taken > 22.5 {
+        // The simulation's bound (lease + 0.5 s from the last beat) plus
+        // what a real process adds: the survivor's first fetch of each
+        // shard and the emulators' pace; the issue's worst case is 14 s.
+        if secs_taken > 14.0 {
             s.failed = Some(format!(
-                "{renewal}: failover took {secs_taken:.1} s, above lease + one tick (22.5 s)"
+                "{renewal}: failover took {secs_taken:.1} s, above 14 s"
             ));
         }
         match renewal {
@@ -1378,12 +1444,13 @@ pub(crate) async fn failover_at_defaults(exe: &Path) -> anyhow::Result<Section> 
         LOAD_EVERY.as_millis()
     );
     s.headline = format!(
-        "failover {} (bound: lease 10 s + one tick 12.5 s)",
+        "failover {} (bound 14 s; failover-phases has the distribution)",
         heads.join(", ")
     );
-    s.settings = "Production defaults; the bound is the lease duration plus one tick.".into();
-    s.limits = "The lease duration, by design, plus the read that first showed the dead \
-                worker's last beat (or renewal): up to one tick."
+    s.settings = "Production defaults; the bench fails past 14 s.".into();
+    s.limits = "The lease duration from the dead worker's last beat, by design, plus how \
+                late a peer's watcher sees that beat (about 100 ms) and the survivor's \
+                first fetch of each shard."
         .into();
     Ok(s)
 }
