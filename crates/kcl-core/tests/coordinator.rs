@@ -664,3 +664,53 @@ async fn an_observer_is_told_every_lease_event_the_counters_count() {
         assert!(s.ticks > 0 && s.renewals > 0, "{worker}: {s:?}");
     }
 }
+
+/// An operator's eviction of a holder whose consumer hangs inside its
+/// processor's call: the handoff to nobody the eviction left waits for that
+/// consumer to stop, but no longer than the handoff timeout after its
+/// tenure ended (invariant 12): then the holder completes it, call
+/// returned or not, rather than keep the shard unread for as long as the
+/// call hangs.
+#[tokio::test(start_paused = true)]
+async fn a_hung_consumer_holds_an_evicted_lease_back_for_at_most_the_handoff_timeout() {
+    use kcl_core::leases::operator::{evict, tell};
+    let table = table_with(1).await;
+    let a = SimWorker::start(&table, config("a", 1).build().unwrap());
+    sleep(tick_max()).await;
+    let key = "shardId-000000000000";
+    // The hung consumer's handle: never dropped, its exit never handled.
+    let hung = a
+        .coordinator()
+        .handle(key)
+        .expect("taken on the first tick");
+    let lease = table.get(key).await.unwrap().unwrap();
+    let (_, instance) = evict(&table, &lease, &table.beats_snapshot())
+        .await
+        .unwrap()
+        .expect("a beats its liveness record: evicted");
+    assert!(tell(&table, &instance, key).await);
+    hung.ended().await;
+    assert_eq!(hung.end_reason(), Some(EndReason::Lost));
+    let ended = Instant::now();
+    let in_handoff = || table.snapshot()[0].checkpoint_owner.is_some();
+    // The default handoff timeout is the lease duration.
+    while Instant::now() < ended + LEASE {
+        assert!(
+            in_handoff(),
+            "completed {:?} after the tenure ended, its consumer still running",
+            ended.elapsed()
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+    // Still in handoff after more than one tick since: not bounded.
+    let ticks = a.coordinator().stats().ticks;
+    while in_handoff() {
+        assert!(
+            a.coordinator().stats().ticks <= ticks + 1,
+            "not completed at the first tick past the handoff timeout: {:?}",
+            table.snapshot()[0]
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+    drop(hung);
+}

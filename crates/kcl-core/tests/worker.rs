@@ -190,6 +190,8 @@ struct Fleet {
     checkpoint_policy: CheckpointPolicy,
     /// Each worker's calls on the table, counted.
     metered: Vec<Arc<StoreStats>>,
+    /// Every worker's handoff timeout (the lease duration when `None`).
+    handoff_timeout: Option<Duration>,
 }
 
 impl Fleet {
@@ -207,16 +209,19 @@ impl Fleet {
             release_on_drop: false,
             checkpoint_policy: CheckpointPolicy::every_call(),
             metered: Vec::new(),
+            handoff_timeout: None,
         }
     }
 
     fn config(&self, id: &str, policy: FailurePolicy) -> WorkerConfig {
-        let lease = LeaseConfig::builder(id)
+        let mut lease = LeaseConfig::builder(id)
             .taker_interval(TICK)
             .seed(id.len() as u64 * 31)
-            .release_on_drop(self.release_on_drop)
-            .build()
-            .unwrap();
+            .release_on_drop(self.release_on_drop);
+        if let Some(d) = self.handoff_timeout {
+            lease = lease.handoff_timeout(d);
+        }
+        let lease = lease.build().unwrap();
         WorkerConfig::builder(lease)
             .stream(StreamSpec {
                 name: STREAM.into(),
@@ -1112,4 +1117,107 @@ async fn shard_sync_runs_once_per_round_for_the_fleet() {
     for i in 0..3 {
         fleet.stop(i).await;
     }
+}
+
+/// An operator's `kcl leases reset --force` evicts a holder whose
+/// processor is inside a long `process_records` call. The holder judges
+/// the lease lost at once, but that call runs on (its consumer learns of
+/// the loss when it returns), so the handoff to nobody the eviction left
+/// is completed only once the consumer stopped, and at once then: no peer
+/// processes the shard while the batch is in flight (invariant 1), and the
+/// shard does not stand unread after it. The holder's next scan used to
+/// complete it while the batch still ran, freeing the shard for any peer
+/// (here the holder itself raced w-b to it and won, so the failure shows as
+/// the completion's order, not as an overlap).
+#[tokio::test(start_paused = true)]
+async fn an_evicted_holders_batch_in_flight_returns_before_a_peer_processes_the_shard() {
+    use kcl_core::leases::operator::{evict, tell};
+    const SHARD: &str = "shardId-000000000000";
+    let mut fleet = Fleet::new(1);
+    // Far beyond the batch: only the batch's return may let the lease go.
+    fleet.handoff_timeout = Some(Duration::from_secs(300));
+    let slow = Behaviour {
+        slow_shard: Some((SHARD, Duration::from_secs(60))),
+        ..Behaviour::default()
+    };
+    let a = fleet.start("w-a", slow, FailurePolicy::Retry);
+    fleet.produce(1, 0, 1);
+    let in_flight = |fleet: &Fleet, w: &str| {
+        fleet
+            .log
+            .in_flight
+            .lock()
+            .unwrap()
+            .get(SHARD)
+            .map(String::as_str)
+            == Some(w)
+    };
+    while !in_flight(&fleet, "w-a") {
+        sleep(Duration::from_millis(100)).await;
+    }
+    let b = fleet.start("w-b", Behaviour::default(), FailurePolicy::Retry);
+    sleep(TICK).await;
+    assert!(in_flight(&fleet, "w-a"), "the batch is still in flight");
+
+    // As `kcl leases reset --force` writes it: the eviction, the reset
+    // checkpoint (keeping the eviction's handoff), then the holder told.
+    let lease = fleet.store.get(SHARD).await.unwrap().unwrap();
+    let (mut reset, instance) = evict(&fleet.store, &lease, &fleet.store.beats_snapshot())
+        .await
+        .unwrap()
+        .expect("w-a beats its liveness record: evicted");
+    reset.checkpoint = Checkpoint::TrimHorizon;
+    reset.counter += 1;
+    fleet.store.put_raw(reset);
+    assert!(tell(&fleet.store, &instance, SHARD).await);
+
+    // Polled in order: the batch's return, the handoff's completion, the
+    // shard processed again from the reset checkpoint (by w-b, or by w-a
+    // in a new tenure); w-a's taker ticks counted in between.
+    let ticks = |fleet: &Fleet| fleet.workers[a].0.status().leases.ticks;
+    let batches = |fleet: &Fleet| {
+        fleet
+            .log
+            .processed
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, shard, _, _)| shard == SHARD)
+            .count()
+    };
+    let mut returned: Option<u64> = None;
+    let mut completed: Option<(bool, u64)> = None;
+    let started = Instant::now();
+    while batches(&fleet) < 2 {
+        sleep(Duration::from_millis(50)).await;
+        if returned.is_none() && batches(&fleet) > 0 {
+            returned = Some(ticks(&fleet));
+        }
+        let item = fleet.store.get(SHARD).await.unwrap().unwrap();
+        if completed.is_none() && item.checkpoint_owner.is_none() {
+            completed = Some((returned.is_some(), ticks(&fleet)));
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(240),
+            "the shard was not processed again: {item:?}"
+        );
+    }
+    assert_eq!(
+        fleet.log.overlaps.load(Ordering::Relaxed),
+        0,
+        "w-b processed the shard while w-a's batch was in flight"
+    );
+    let (after_return, at_tick) = completed.expect("the handoff was completed");
+    assert!(
+        after_return,
+        "the eviction's handoff was completed while w-a's batch was in flight"
+    );
+    let returned = returned.unwrap();
+    assert!(
+        at_tick - returned <= 1,
+        "completed {} ticks after the batch returned, not at the scan its consumer's stop asked for",
+        at_tick - returned
+    );
+    fleet.stop(b).await;
+    fleet.stop(a).await;
 }

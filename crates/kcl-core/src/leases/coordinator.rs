@@ -210,6 +210,9 @@ impl LeaseCoordinator {
     /// scan decides again from the table (a new tenure and a new consumer
     /// if the lease is still this worker's).
     pub async fn consumer_stopped(&self, lease: &LeaseHandle) {
+        // Its calls returned: a handoff its ended tenure left behind need
+        // not wait for the handle to be dropped.
+        lease.held.consumer_exited();
         let Some(held) = self.shared.tenure_of(lease) else {
             return;
         };

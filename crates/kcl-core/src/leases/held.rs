@@ -109,6 +109,8 @@ struct HeldInner {
     item_written: Option<Instant>,
     /// While awaiting: since when writes advancing the handoff fail.
     advance_failing_since: Option<Instant>,
+    /// When the tenure ended.
+    ended_at: Option<Instant>,
 }
 
 /// Where telling the previous owner of an awaited handoff stands.
@@ -123,12 +125,32 @@ pub(crate) enum AskState {
     Told,
 }
 
+/// Whether this tenure's consumer may still be processing: the handles
+/// given out for it (to the worker and its consumer), and whether the
+/// worker handled the consumer's exit.
+#[derive(Debug, Clone, Copy, Default)]
+struct Consumer {
+    handles: usize,
+    exited: bool,
+}
+
+impl Consumer {
+    fn running(self) -> bool {
+        self.handles > 0 && !self.exited
+    }
+}
+
 /// The shared state behind a [`LeaseHandle`]: one tenure of one lease.
 #[derive(Debug)]
 pub(crate) struct Held {
     owner: String,
     tenure: String,
     inner: Mutex<HeldInner>,
+    /// A tenure ends before its consumer stops: the consumer learns of the
+    /// end only once the processor's call in flight returns, and until
+    /// then this process still processes the shard (see
+    /// [`Held::consumer_running`]).
+    consumer: tokio::sync::watch::Sender<Consumer>,
     ended: CancellationToken,
     handoff: CancellationToken,
     /// Serialises this tenure's writes (renewal, handoff progress, force).
@@ -155,7 +177,9 @@ impl Held {
                 drain_renewed: None,
                 item_written: None,
                 advance_failing_since: None,
+                ended_at: None,
             }),
+            consumer: tokio::sync::watch::Sender::new(Consumer::default()),
             ended: CancellationToken::new(),
             handoff: CancellationToken::new(),
             writing: tokio::sync::Mutex::new(()),
@@ -409,23 +433,67 @@ impl Held {
             let first = inner.ended.is_none();
             if first {
                 inner.ended = Some(reason);
+                inner.ended_at = Some(Instant::now());
             }
             first
         };
         self.ended.cancel();
         first
     }
+
+    /// When the tenure ended, once it has.
+    pub(crate) fn ended_at(&self) -> Option<Instant> {
+        self.lock().ended_at
+    }
+
+    /// True while a consumer of this tenure may still be processing the
+    /// shard, ended or not: a handle of it is alive and the worker has not
+    /// handled its consumer's exit.
+    pub(crate) fn consumer_running(&self) -> bool {
+        self.consumer.borrow().running()
+    }
+
+    /// Completes once no consumer of this tenure may be processing.
+    pub(crate) async fn consumer_stopped(&self) {
+        let mut consumer = self.consumer.subscribe();
+        // The sender lives in `self`, so the wait cannot fail.
+        let _ = consumer.wait_for(|c| !c.running()).await;
+    }
+
+    /// The worker handled this tenure's consumer's exit: its calls have
+    /// returned, whatever handles are still about.
+    pub(crate) fn consumer_exited(&self) {
+        self.consumer.send_modify(|c| c.exited = true);
+    }
 }
 
 /// A lease this worker holds, given to the shard's consumer.
-#[derive(Debug, Clone)]
+///
+/// The coordinator counts the handles of each tenure: a tenure that ended
+/// while one was alive may still have a processor call in flight, and a
+/// handoff it leaves behind is completed only once they are gone (or the
+/// worker handled the consumer's exit).
+#[derive(Debug)]
 pub struct LeaseHandle {
     key: String,
     pub(crate) held: Arc<Held>,
 }
 
+impl Clone for LeaseHandle {
+    fn clone(&self) -> Self {
+        LeaseHandle::new(self.key.clone(), Arc::clone(&self.held))
+    }
+}
+
+impl Drop for LeaseHandle {
+    fn drop(&mut self) {
+        self.held.consumer.send_modify(|c| c.handles -= 1);
+    }
+}
+
 impl LeaseHandle {
     pub(crate) fn new(key: String, held: Arc<Held>) -> Self {
+        held.consumer.send_modify(|c| c.handles += 1);
         LeaseHandle { key, held }
     }
 
@@ -502,10 +570,10 @@ impl LeaseHandle {
     /// a take leaves them) for checkpoints to pass their condition.
     #[cfg(any(test, feature = "test-util"))]
     pub fn detached(lease: Lease, valid_for: std::time::Duration) -> Self {
-        LeaseHandle {
-            key: lease.key.clone(),
-            held: Arc::new(Held::new(lease, Instant::now() + valid_for, Phase::Active)),
-        }
+        LeaseHandle::new(
+            lease.key.clone(),
+            Arc::new(Held::new(lease, Instant::now() + valid_for, Phase::Active)),
+        )
     }
 
     /// Ends a [`LeaseHandle::detached`] handle as the coordinator would.

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use futures::StreamExt;
 use tokio::sync::{Notify, Semaphore, mpsc};
@@ -96,6 +96,10 @@ pub(crate) struct Shared {
     pub(crate) filter: Option<LeaseFilter>,
     pub(crate) tenures: Tenures,
     held: Mutex<HashMap<String, Arc<Held>>>,
+    /// Tenures that ended while their consumer was still running (a
+    /// processor call in flight), by lease key: this process may still be
+    /// processing those shards (see [`Shared::still_processing`]).
+    ended_running: Mutex<HashMap<String, Vec<Weak<Held>>>>,
     events: mpsc::Sender<LeaseEvent>,
     pub(crate) stats: Arc<CoordinatorStats>,
     /// The application's own observer of lease events, if any.
@@ -178,6 +182,7 @@ impl Shared {
             filter,
             tenures: Tenures::new(),
             held: Mutex::default(),
+            ended_running: Mutex::default(),
             events,
             stats: Arc::default(),
             observer,
@@ -561,11 +566,53 @@ impl Shared {
         );
     }
 
-    fn count_end(&self, key: &str, held: &Held, reason: EndReason) {
+    fn count_end(&self, key: &str, held: &Arc<Held>, reason: EndReason) {
         if !held.end(reason) {
             return;
         }
+        if held.consumer_running() {
+            self.ended_while_running(key, held);
+        }
         self.emit(Event::Ended { key, reason });
+    }
+
+    /// Remembers a tenure that ended while its consumer still ran: its
+    /// consumer stops only once the processor's call in flight returns.
+    fn ended_while_running(&self, key: &str, held: &Arc<Held>) {
+        let now = Instant::now();
+        let timeout = self.config.handoff_timeout;
+        let mut ended = self.ended_running.lock().unwrap_or_else(|e| e.into_inner());
+        // Forget the tenures nothing waits for any more, so the map stays
+        // as small as the consumers still stopping.
+        ended.retain(|_, tenures| {
+            tenures.retain(|t| processing(t, now, timeout).is_some());
+            !tenures.is_empty()
+        });
+        ended
+            .entry(key.to_owned())
+            .or_default()
+            .push(Arc::downgrade(held));
+    }
+
+    /// The ended tenures of `key` whose consumer may still be processing
+    /// the shard (a processor call in flight), up to the handoff timeout
+    /// after each ended: a handoff this process leaves behind on `key`
+    /// completes only once they are gone, or no two workers would be
+    /// processing it, and no later than that timeout, or a hung processor
+    /// would keep the shard unread (invariant 12).
+    pub(crate) fn still_processing(&self, key: &str, now: Instant) -> Vec<Arc<Held>> {
+        let timeout = self.config.handoff_timeout;
+        self.ended_running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .map(|tenures| {
+                tenures
+                    .iter()
+                    .filter_map(|t| processing(t, now, timeout))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// Stops holding `key` if `held` is still its entry; tells the worker.
@@ -667,6 +714,18 @@ pub(crate) fn valid_from(
         Some(beat) => beat.min(sent),
         None => sent.checked_sub(lease_duration).unwrap_or(sent),
     }
+}
+
+/// `tenure` if its consumer may still be processing at `now`: it ended
+/// less than `timeout` ago, and its consumer still runs.
+fn processing(
+    tenure: &Weak<Held>,
+    now: Instant,
+    timeout: std::time::Duration,
+) -> Option<Arc<Held>> {
+    let held = tenure.upgrade()?;
+    let recent = held.ended_at().is_none_or(|at| now < at + timeout);
+    (recent && held.consumer_running()).then_some(held)
 }
 
 /// See [`Shared::can_hold`]; the model checker runs the same rule.

@@ -23,7 +23,7 @@ use tracing::{debug, info, warn};
 use crate::lease::Lease;
 use crate::leases::balance::{BalanceInput, Decision, LeaseView, decide};
 use crate::leases::expiry::ExpiryTracker;
-use crate::leases::held::Phase;
+use crate::leases::held::{Held, Phase};
 use crate::leases::java_fleet::JavaFleet;
 use crate::leases::liveness::FleetDigest;
 use crate::leases::renewer::{observe_one, tell_previous_owner};
@@ -48,6 +48,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
         rescan_at: None,
         java: JavaFleet::default(),
         java_probe_at: None,
+        stopping: Vec::new(),
     };
     // Peers must be able to see this instance alive before a lease names
     // it: the first tick waits for the first beat (bounded: a store that
@@ -76,6 +77,10 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
             _ = stop.cancelled() => break,
             _ = tokio::time::sleep_until(wake) => {}
             _ = shared.tick_now.notified() => {}
+            // A consumer of an ended tenure stopped: the handoff it held
+            // back completes at the scan this asks for (in the liveness
+            // mode a tick reads only the records unless asked).
+            () = any_consumer_stopped(&taker.stopping) => shared.rescan.store(true, Ordering::Relaxed),
         }
     }
 }
@@ -85,6 +90,15 @@ fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
+}
+
+/// Completes once the consumer of one of `tenures` stopped; never if there
+/// are none.
+async fn any_consumer_stopped(tenures: &[Arc<Held>]) {
+    if tenures.is_empty() {
+        return std::future::pending().await;
+    }
+    futures::future::select_all(tenures.iter().map(|t| Box::pin(t.consumer_stopped()))).await;
 }
 
 /// The midpoint between two of this instance's beats nearest to `wake`
@@ -121,6 +135,10 @@ struct Taker {
     java: JavaFleet,
     /// When the liveness mode last looked for Java KCL workers' reports.
     java_probe_at: Option<Instant>,
+    /// Ended tenures whose consumers are still running, each holding back
+    /// a handoff left behind on its lease (see `finish_orphaned_handoffs`):
+    /// the taker scans again as soon as one stops.
+    stopping: Vec<Arc<Held>>,
 }
 
 /// How often a worker renewing through its liveness record looks for Java
@@ -408,7 +426,17 @@ impl Taker {
             }
         }
         apply(shared, &leases, &decision, &asked_at).await;
-        finish_orphaned_handoffs(shared, &leases).await;
+        self.stopping = finish_orphaned_handoffs(shared, &leases).await;
+        // And at the latest once the handoff timeout since such a tenure
+        // ended has passed: a hung processor keeps no shard unread.
+        let timeout = config.handoff_timeout;
+        let bound = self
+            .stopping
+            .iter()
+            .filter_map(|t| t.ended_at())
+            .map(|at| at + timeout + Duration::from_millis(1))
+            .min();
+        self.rescan_at = earliest(self.rescan_at, bound);
         self.elect(shared, Some(&leases));
         if shared.sync_leader.load(Ordering::Relaxed) {
             forget_the_dead(shared, &leases).await;
@@ -585,24 +613,42 @@ async fn observe_held(shared: &Shared, leases: &[Lease]) {
     }
 }
 
-/// Leases another worker asked this one for, in a tenure of this process
-/// that no longer runs (its completion failed, or it ended while draining):
-/// nothing here is processing them, so the handoff completes at once
-/// instead of waiting to be forced. Each completion is pinned to the
-/// tenure the handoff recorded. A tenure another process wrote under this
-/// id is left alone (that process may still be draining; the thief forces
-/// it at the timeout if not). A handoff recorded without a tenure (of a
-/// lease held before tenures, or started by a Java KCL leader) is completed
-/// as before tenures: the one case where a second process under this id,
-/// still draining, could have its handoff completed under it.
-async fn finish_orphaned_handoffs(shared: &Shared, leases: &[Lease]) {
+/// Leases another worker asked this one for (or an operator evicted it
+/// from), in a tenure of this process that no longer runs (its completion
+/// failed, or it ended while draining, or an eviction ended it): the
+/// handoff completes as soon as nothing here is processing them instead of
+/// waiting to be forced. A tenure ends before its consumer stops (the
+/// processor's call in flight returns first), so a lease whose ended
+/// tenure's consumer still runs waits for it (invariant 1: a draining
+/// victim counts as processing until its last call returns), up to the
+/// handoff timeout after that tenure ended; those tenures are returned,
+/// for the taker to look again as soon as one stops. Each completion is
+/// pinned to the tenure the handoff recorded. A tenure another process
+/// wrote under this id is left alone (that process may still be draining;
+/// the thief forces it at the timeout if not). A handoff recorded without
+/// a tenure (of a lease held before tenures, or started by a Java KCL
+/// leader) is completed as before tenures: the one case where a second
+/// process under this id, still draining, could have its handoff completed
+/// under it.
+async fn finish_orphaned_handoffs(shared: &Shared, leases: &[Lease]) -> Vec<Arc<Held>> {
     let me = shared.me();
+    let now = Instant::now();
+    let mut stopping = Vec::new();
     let orphaned: Vec<&Lease> = leases
         .iter()
         .filter(|l| l.checkpoint_owner.as_deref() == Some(me) && !shared.is_held(&l.key))
         .filter(|l| {
             let tenure = l.checkpoint_owner_tenure.as_deref();
             tenure.is_none() || written_here(shared, tenure)
+        })
+        .filter(|l| {
+            let running = shared.still_processing(&l.key, now);
+            if !running.is_empty() {
+                debug!(lease = %l.key, "a handoff left behind waits for this worker's consumer to stop");
+            }
+            let done = running.is_empty();
+            stopping.extend(running);
+            done
         })
         .collect();
     each_unblocked(orphaned, TAKE_CONCURRENCY, |lease| async move {
@@ -617,6 +663,7 @@ async fn finish_orphaned_handoffs(shared: &Shared, leases: &[Lease]) {
         }
     })
     .await;
+    stopping
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
