@@ -1294,6 +1294,36 @@ async fn an_operators_release_is_drained_by_its_holder_before_any_peer_processes
     );
 }
 
+/// `kcl leases reset --force` of `lease` (as just read) to `to`, written
+/// as the CLI writes it: the eviction of any kcl instance that may be
+/// processing it, then the checkpoint (keeping an eviction's handoff,
+/// removing anything else), then the evicted instance told.
+async fn reset_as_the_cli_does(
+    table: &kcl_core::store::memory::InMemoryLeaseStore,
+    lease: &kcl_core::Lease,
+    to: kcl_core::Checkpoint,
+) {
+    use kcl_core::leases::operator::{evict, tell};
+    let evicted = evict(table, lease, &table.beats_snapshot()).await.unwrap();
+    let mut reset = evicted.as_ref().map_or(lease.clone(), |(l, _)| l.clone());
+    reset.checkpoint = to;
+    reset.counter += 1;
+    reset.owner = None;
+    reset.tenure = None;
+    let keep = reset
+        .checkpoint_owner_tenure
+        .as_deref()
+        .is_some_and(kcl_core::store::is_evicted_tenure);
+    if !keep {
+        reset.checkpoint_owner = None;
+        reset.checkpoint_owner_tenure = None;
+    }
+    table.put_raw(reset);
+    if let Some((_, instance)) = &evicted {
+        assert!(tell(table, instance, &lease.key).await);
+    }
+}
+
 /// Defect 4, for `kcl leases reset --force`: the holder is evicted by a
 /// handoff to nobody in a tenure it never wrote, so it stops without
 /// writing (its checkpoint would undo the reset), no peer takes the shard
@@ -1302,7 +1332,6 @@ async fn an_operators_release_is_drained_by_its_holder_before_any_peer_processes
 #[tokio::test(start_paused = true)]
 async fn an_operators_reset_evicts_a_liveness_holder_before_any_peer_processes_the_shard() {
     use kcl_core::Checkpoint;
-    use kcl_core::leases::operator::{evict, tell};
     let table = table_with(3).await;
     let mut log = OverlapLog::default();
     let (workers, key) = fleet_for_an_operator(&table, &mut log, LEASE / 2).await;
@@ -1310,26 +1339,8 @@ async fn an_operators_reset_evicts_a_liveness_holder_before_any_peer_processes_t
         let a = workers[0].coordinator().stats();
         (a.lost, a.handed_off)
     };
-    // As `kcl leases reset --force` writes it: the eviction, then the
-    // checkpoint (keeping an eviction's handoff, removing anything else),
-    // then the holder told.
     let lease = table.snapshot().into_iter().find(|l| l.key == key).unwrap();
-    let evicted = evict(&table, &lease, &table.beats_snapshot())
-        .await
-        .unwrap();
-    let mut reset = evicted.as_ref().map_or(lease.clone(), |(l, _)| l.clone());
-    reset.checkpoint = Checkpoint::at("777", 0);
-    reset.counter += 1;
-    reset.owner = None;
-    reset.tenure = None;
-    if evicted.is_none() {
-        reset.checkpoint_owner = None;
-        reset.checkpoint_owner_tenure = None;
-    }
-    table.put_raw(reset);
-    if let Some((_, instance)) = &evicted {
-        assert!(tell(&table, instance, &key).await);
-    }
+    reset_as_the_cli_does(&table, &lease, Checkpoint::at("777", 0)).await;
     until_processed_again(&workers, &table, &mut log, &key).await;
     assert_eq!(
         log.max(),
@@ -1530,7 +1541,6 @@ async fn a_liveness_worker_that_finds_java_reports_renews_per_lease_from_its_fir
 #[tokio::test(start_paused = true)]
 async fn an_operators_reset_during_a_steal_evicts_the_draining_previous_owner_first() {
     use kcl_core::Checkpoint;
-    use kcl_core::leases::operator::{evict, tell};
     let table = table_with(4).await;
     let mut log = OverlapLog::default();
     let step = Duration::from_millis(50);
@@ -1562,27 +1572,7 @@ async fn an_operators_reset_during_a_steal_evicts_the_draining_previous_owner_fi
         assert!(Instant::now() < end, "no steal: {:?}", table.snapshot());
     };
     let key = lease.key.clone();
-    // As `kcl leases reset --force` writes it (see the test above).
-    let evicted = evict(&table, &lease, &table.beats_snapshot())
-        .await
-        .unwrap();
-    let mut reset = evicted.as_ref().map_or(lease.clone(), |(l, _)| l.clone());
-    reset.checkpoint = Checkpoint::at("777", 0);
-    reset.counter += 1;
-    reset.owner = None;
-    reset.tenure = None;
-    let keep = reset
-        .checkpoint_owner_tenure
-        .as_deref()
-        .is_some_and(kcl_core::store::is_evicted_tenure);
-    if !keep {
-        reset.checkpoint_owner = None;
-        reset.checkpoint_owner_tenure = None;
-    }
-    table.put_raw(reset);
-    if let Some((_, instance)) = &evicted {
-        assert!(tell(&table, instance, &key).await);
-    }
+    reset_as_the_cli_does(&table, &lease, Checkpoint::at("777", 0)).await;
     until_processed_again(&workers, &table, &mut log, &key).await;
     assert_eq!(
         log.longest.get(&key).copied().unwrap_or_default(),

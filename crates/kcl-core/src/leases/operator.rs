@@ -54,11 +54,16 @@ pub enum Released {
 /// names the lease's owner (a Java KCL take leaves the last kcl tenure
 /// behind, which says nothing of the Java owner).
 pub fn kcl_holder<'l>(lease: &'l Lease, beats: &[Beat]) -> Option<&'l str> {
-    let owner = lease.owner.as_deref()?;
-    let instance = instance_of(lease.tenure.as_deref()?);
+    kcl_instance(lease.owner.as_deref()?, lease.tenure.as_deref()?, beats)
+}
+
+/// The instance `tenure` names, if its liveness record among `beats`
+/// names `worker`.
+fn kcl_instance<'t>(worker: &str, tenure: &'t str, beats: &[Beat]) -> Option<&'t str> {
+    let instance = instance_of(tenure);
     beats
         .iter()
-        .any(|b| b.instance == instance && b.worker == owner)
+        .any(|b| b.instance == instance && b.worker == worker)
         .then_some(instance)
 }
 
@@ -100,16 +105,11 @@ pub async fn release(
 /// handoff recorded without a tenure (a Java KCL leader's) or already
 /// evicted.
 pub fn kcl_previous_owner<'l>(lease: &'l Lease, beats: &[Beat]) -> Option<&'l str> {
-    let from = lease.checkpoint_owner.as_deref()?;
     let tenure = lease
         .checkpoint_owner_tenure
         .as_deref()
         .filter(|t| !is_evicted_tenure(t))?;
-    let instance = instance_of(tenure);
-    beats
-        .iter()
-        .any(|b| b.instance == instance && b.worker == from)
-        .then_some(instance)
+    kcl_instance(lease.checkpoint_owner.as_deref()?, tenure, beats)
 }
 
 /// Evicts the kcl instance that may be processing `lease` (as just read),
