@@ -266,3 +266,79 @@ async fn the_children_of_an_expired_split_parent_are_processed() {
     assert_eq!(fleet.stats().expired_shards, 1);
     fleet.stop_all().await;
 }
+
+impl Fleet {
+    /// Leases the workers gave back unfinished (a failure policy, an
+    /// unreadable shard), fleet-wide: released, but not at SHARD_END.
+    fn given_back(&self) -> u64 {
+        self.workers
+            .iter()
+            .map(|(handle, _)| {
+                let status = handle.status();
+                status.leases.released - status.shards_finished
+            })
+            .sum()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_invalid_argument_at_open_gives_the_shard_back_after_five_attempts() {
+    let (mut fleet, ids) = Fleet::new(1);
+    fleet.put(&ids[0], "only");
+    // Kinesis rejects the iterator request of a TRIM_HORIZON start: no
+    // trimmed checkpoint to move past, so nothing but another try helps.
+    // Nine rejections: five give the shard back, the next tenure opens at
+    // its fifth attempt.
+    for _ in 0..9 {
+        fleet
+            .faults
+            .inject(Call::GetShardIterator, Fault::InvalidArgument);
+    }
+    fleet.start("w-a");
+    fleet
+        .wait_until("the record read", Duration::from_secs(600), |f| {
+            f.seen().len() == 1
+        })
+        .await;
+    assert_eq!(fleet.faults.injected(Call::GetShardIterator), 9);
+    assert_eq!(
+        fleet.given_back(),
+        1,
+        "given back once, after five attempts"
+    );
+    fleet.stop_all().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_childs_stale_not_found_after_a_split_is_retried_and_the_shard_kept() {
+    let (mut fleet, ids) = Fleet::new(1);
+    let parent = ids[0].clone();
+    fleet.put(&parent, "parent");
+    fleet.start("w-a");
+    fleet
+        .wait_until("the parent read", Duration::from_secs(300), |f| {
+            f.seen().len() == 1
+        })
+        .await;
+    // Right after the split the children answer ResourceNotFound though
+    // ListShards lists them: more times than a fatal error is tried, so a
+    // stale answer taken for fatal would give a child back.
+    for _ in 0..12 {
+        fleet
+            .faults
+            .inject(Call::GetShardIterator, Fault::ResourceNotFound);
+    }
+    let kids = fleet.fake.split(STREAM, &parent, true);
+    for kid in &kids {
+        fleet.put(kid, &format!("child-{kid}"));
+    }
+    fleet
+        .wait_until("both children read", Duration::from_secs(600), |f| {
+            f.seen().len() == 3
+        })
+        .await;
+    assert_eq!(fleet.faults.injected(Call::GetShardIterator), 12);
+    assert_eq!(fleet.given_back(), 0, "no shard given back");
+    assert_eq!(fleet.stats().expired_shards, 0);
+    fleet.stop_all().await;
+}

@@ -22,8 +22,11 @@ pub(crate) enum Missing {
     /// period. Its records are gone; it is over, and its children (if any
     /// are still listed) are where the hash range goes on.
     Expired(Vec<ChildShard>),
-    /// The shard is still listed: the answer was stale (eventual
-    /// consistency right after a reshard); retrying can fix it.
+    /// The shard is still listed, or too new for the listing (nothing
+    /// after it is listed): it is not gone. The answer was stale (eventual
+    /// consistency right after a reshard), and retrying can fix it; for a
+    /// fan-out subscription, the missing resource may be the consumer
+    /// instead.
     Listed,
 }
 

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::backoff::{Backoff, Pauses};
+use crate::backoff::Backoff;
 use crate::checkpointer::{CheckpointError, CheckpointPolicy, Checkpointer};
 use crate::lease::{Checkpoint, LeaseLayout};
 use crate::leases::LeaseHandle;
@@ -23,6 +23,7 @@ use crate::processor::{
 
 mod delivery;
 mod lanes;
+mod read_errors;
 
 use crate::source::{
     Batch, ChildShard, InitialPosition, OpenShard, ShardReader, ShardSource, SourceError,
@@ -30,6 +31,7 @@ use crate::source::{
 };
 use crate::store::LeaseStore;
 use delivery::deliver;
+use read_errors::{ReadFailures, Retry, Stage};
 
 /// Everything a consumer needs besides its lease; shared by all consumers
 /// of one stream.
@@ -436,8 +438,13 @@ fn processor_error(
         .increment(1);
 }
 
-async fn open_reader(c: &Consumer, position: StartPosition) -> Result<Box<dyn ShardReader>, Stop> {
-    let mut backoff = c.setup.backoff.pauses();
+/// Opens a reader at `position`, judging each failure as a failed read
+/// (see [`ReadFailures::judge`]): the attempts count with the reads'.
+async fn open_reader(
+    c: &Consumer,
+    position: StartPosition,
+    failures: &mut ReadFailures,
+) -> Result<Box<dyn ShardReader>, Stop> {
     loop {
         c.still_ours()?;
         let request = OpenShard {
@@ -448,10 +455,8 @@ async fn open_reader(c: &Consumer, position: StartPosition) -> Result<Box<dyn Sh
         };
         match c.setup.source.open(request).await {
             Ok(reader) => return Ok(reader),
-            Err(SourceError::LeaseLost { .. }) => return Err(Stop::LeaseLost),
             Err(e) => {
-                warn!(error = %e, "opening the shard failed; retrying");
-                c.pause(backoff.next_or_max()).await?;
+                failures.judge(c, Stage::Open, e).await?;
             }
         }
     }
@@ -513,16 +518,14 @@ fn count_batch(labels: &[(&'static str, String); 2], batch: &Batch) {
 }
 
 /// The reading side of a consumer: its reader, the position after the
-/// last batch it handed on (where a reopened reader resumes), and what it
-/// does about a failed fetch: wait and retry, reopen the reader, or give
-/// the shard up.
+/// last batch it handed on (where a reopened reader resumes), and the
+/// failures since that batch (see [`ReadFailures`]).
 struct Fetch {
     reader: Box<dyn ShardReader>,
     position: StartPosition,
     /// `stream` and `shard` labels of the shard's metrics.
     labels: [(&'static str, String); 2],
-    backoff: Pauses,
-    failed: u32,
+    failures: ReadFailures,
 }
 
 impl Fetch {
@@ -532,12 +535,12 @@ impl Fetch {
         let Some(position) = StartPosition::from_checkpoint(start, c.setup.initial) else {
             return Ok(None);
         };
+        let mut failures = ReadFailures::new(c);
         Ok(Some(Fetch {
-            reader: open_reader(c, position.clone()).await?,
+            reader: open_reader(c, position.clone(), &mut failures).await?,
             position,
             labels: shard_labels(c),
-            backoff: c.setup.backoff.pauses(),
-            failed: 0,
+            failures,
         }))
     }
 
@@ -551,8 +554,7 @@ impl Fetch {
     ) -> Result<Option<Batch>, Stop> {
         match fetched {
             Ok(batch) => {
-                self.backoff.reset();
-                self.failed = 0;
+                self.failures.reset();
                 // The reader checked the lease when it was asked for this
                 // batch, but the batch can arrive much later (the process
                 // was paused with the batch prefetched, and resumes after a
@@ -570,38 +572,13 @@ impl Fetch {
                 }
                 Ok(Some(batch))
             }
-            Err(SourceError::LeaseLost { .. }) => {
-                Err(c.still_ours().err().unwrap_or(Stop::LeaseLost))
-            }
-            Err(e) if e.is_retryable() => {
-                warn!(error = %e, "reading the shard failed; retrying");
-                c.pause(self.backoff.next_or_max()).await?;
-                Ok(None)
-            }
-            Err(e @ SourceError::StreamNotFound { .. }) => {
-                // The stream was deleted. Every worker would find the same,
-                // so the lease (and its checkpoint) stays here rather than
-                // moving around the fleet; the stream tracker retires the
-                // consumer if the stream is dropped from the application,
-                // and the removed-stream policy decides about its leases.
-                error!(error = %e, "the stream is gone; keeping the shard and checking again");
-                c.pause(self.backoff.next_or_max()).await?;
-                self.reader = open_reader(c, self.position.clone()).await?;
-                Ok(None)
-            }
-            Err(e) => {
-                // The reader cannot go on (the shard was trimmed or the
-                // stream deleted): reopen from the last delivered record a
-                // few times, then give the shard back.
-                self.failed += 1;
-                error!(error = %e, attempt = self.failed, "shard reader failed");
-                if self.failed >= 5 {
-                    return Err(Stop::Release);
+            Err(e) => match self.failures.judge(c, Stage::Read, e).await? {
+                Retry::Fetch => Ok(None),
+                Retry::Reopen => {
+                    self.reader = open_reader(c, self.position.clone(), &mut self.failures).await?;
+                    Ok(None)
                 }
-                c.pause(self.backoff.next_or_max()).await?;
-                self.reader = open_reader(c, self.position.clone()).await?;
-                Ok(None)
-            }
+            },
         }
     }
 }

@@ -77,6 +77,46 @@ impl FanOut {
         }
     }
 
+    /// Whether `arn` is still `stream`'s consumer, ACTIVE. A subscription
+    /// answers `ResourceNotFound` for a missing shard as for a missing
+    /// consumer; only the consumer's own description tells them apart.
+    pub(crate) async fn is_registered(
+        &self,
+        shared: &Shared,
+        stream: &str,
+        arn: &str,
+    ) -> Result<bool, SourceError> {
+        // A consumer's ARN is its stream's ARN, `/consumer/`, its name and
+        // creation time: no call is needed for the stream's.
+        let Some((stream_arn, _)) = arn.split_once("/consumer/") else {
+            return Ok(false);
+        };
+        let described = retrying(
+            shared,
+            &self.config.retry_policy(),
+            Op::DescribeStreamConsumer,
+            stream,
+            None,
+            || {
+                shared.stats.consumer_call();
+                async move {
+                    self.api
+                        .describe_stream_consumer(stream_arn, &self.name)
+                        .await
+                        .map_err(classify)
+                }
+            },
+        )
+        .await;
+        match described {
+            Ok(out) => Ok(out.consumer_description.is_some_and(|c| {
+                c.consumer_arn == arn && c.consumer_status == ConsumerStatus::Active
+            })),
+            Err(Failure::Classified(c)) if c.class == Class::NotFound => Ok(false),
+            Err(f) => Err(self.error(stream, f, "describing the stream consumer")),
+        }
+    }
+
     /// Deregisters the consumers this source used, if configured to.
     /// Returns how many it deregistered.
     pub(crate) async fn shutdown(&self, shared: &Shared) -> Result<usize, SourceError> {

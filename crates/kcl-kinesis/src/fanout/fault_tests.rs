@@ -97,3 +97,53 @@ async fn a_trimmed_checkpoint_resubscribes_at_trim_horizon_and_is_counted() {
     let subs = s.fake.subscriptions();
     assert_eq!(subs.last().map(|s| &s.1), Some(&IteratorStart::TrimHorizon));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_childs_stale_not_found_after_a_split_is_retried_and_the_consumer_kept() {
+    let s = setup(config().build().expect("config"));
+    put_plain(&s, 0..2);
+    let kids = s.kinesis.split(STREAM, &s.shard, true);
+    let child = kids[0].as_str();
+    for i in 0..3 {
+        s.kinesis
+            .put(STREAM, child, &format!("pk-{i}"), format!("c{i}"));
+    }
+    // Right after the split the child answers ResourceNotFound, though
+    // ListShards lists it and the consumer exists.
+    for _ in 0..3 {
+        s.fake.fail_subscribe(SubscribeFault::NotFound);
+    }
+    let mut reader = open_at(&s, child, StartPosition::TrimHorizon, held(child))
+        .await
+        .expect("open");
+    let (records, errors) = read_n(reader.as_mut(), 3).await;
+    assert_eq!(payloads(&records), ["c0", "c1", "c2"]);
+    assert_eq!(errors, 3, "each stale answer is reported as retryable");
+    assert_eq!(
+        s.fake.registrations(),
+        1,
+        "the consumer is not registered again"
+    );
+    let calls = s.source.stats().consumer_calls;
+    let _sibling = open_at(&s, &kids[1], StartPosition::TrimHorizon, held(&kids[1]))
+        .await
+        .expect("open");
+    assert_eq!(
+        s.source.stats().consumer_calls,
+        calls,
+        "the consumer's ARN was kept: the next open looks nothing up"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shard_too_new_for_the_listing_is_retried_not_taken_for_a_missing_consumer() {
+    let s = setup(config().build().expect("config"));
+    let shard = "shardId-000000000099";
+    let mut reader = open_at(&s, shard, StartPosition::TrimHorizon, held(shard))
+        .await
+        .expect("open");
+    let err = reader.next_batch().await.expect_err("not readable yet");
+    assert!(err.is_retryable(), "{err:?}");
+    assert_eq!(s.fake.registrations(), 1);
+    assert_eq!(s.fake.consumers(), 1);
+}

@@ -6,6 +6,7 @@ use kcl_core::leases::{EndReason, LeaseHandle};
 use kcl_core::source::{OpenShard, ShardReader, ShardSource, SourceError, StartPosition};
 use kcl_core::{Checkpoint, Lease, Record};
 
+use super::api::FanOutApi;
 use super::fake::{FakeFanOut, StreamFault, SubscribeFault};
 use super::{DeregisterConsumer, FanOutConfig, FanOutConfigBuilder};
 use crate::KinesisShardSource;
@@ -377,7 +378,20 @@ async fn a_deleted_consumer_is_fatal_and_looked_up_again_on_the_next_open() {
     let mut reader = open(&s, StartPosition::TrimHorizon).await;
     read_n(reader.as_mut(), 3).await;
     drop(reader);
-    s.fake.fail_subscribe(SubscribeFault::NotFound);
+    // Deregistered behind the reader's back: its ARN is no longer known.
+    let stream_arn = format!("arn:aws:kinesis:us-east-1:123456789012:stream/{STREAM}");
+    let arn = s
+        .fake
+        .describe_stream_consumer(&stream_arn, "app")
+        .await
+        .expect("described")
+        .consumer_description
+        .expect("consumer")
+        .consumer_arn;
+    s.fake
+        .deregister_stream_consumer(&arn)
+        .await
+        .expect("deregistered");
     let mut reader = open(&s, StartPosition::TrimHorizon).await;
     let err = loop {
         match reader.next_batch().await {
@@ -392,6 +406,7 @@ async fn a_deleted_consumer_is_fatal_and_looked_up_again_on_the_next_open() {
         s.source.stats().consumer_calls > before,
         "the consumer is looked up again"
     );
+    assert_eq!(s.fake.registrations(), 2, "and registered again");
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,0 +1,356 @@
+//! One error policy at open and mid-read: a whole worker on the in-memory
+//! store, with a source whose opens and reads fail as scripted, under a
+//! paused clock. A fatal error gives the shard back after five attempts
+//! in a row wherever it shows (counted and logged); a transient one is
+//! retried and keeps the shard. Its own test binary: it installs a global
+//! metrics recorder.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use kcl_core::checkpointer::Checkpointer;
+use kcl_core::processor::{ProcessorError, RecordBatch, RecordProcessor, ShardContext};
+use kcl_core::source::memory::InMemoryShardSource;
+use kcl_core::source::{
+    Batch, InitialPosition, OpenShard, ShardInfo, ShardReader, ShardSource, SourceError,
+};
+use kcl_core::store::memory::InMemoryLeaseStore;
+use kcl_core::worker::{StreamSpec, Worker, WorkerConfig, WorkerHandle};
+use kcl_core::{LeaseConfig, LeaseLayout};
+use tokio::time::{Instant, sleep};
+
+/// What one open does, in script order; opens past the script succeed.
+#[derive(Debug, Clone, Copy)]
+enum Open {
+    /// The open fails with this error.
+    Fails(Kind),
+    /// The open succeeds, and the reader's first fetch fails with this.
+    ReadFails(Kind),
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    /// What Kinesis rejects for good (an `InvalidArgument` that is no
+    /// trimmed checkpoint).
+    Fatal,
+    /// A throttle or a 5xx the reader already retried.
+    Transient,
+}
+
+impl Kind {
+    fn error(self, stream: &str, shard: &str) -> SourceError {
+        match self {
+            Kind::Fatal => SourceError::Fatal {
+                stream: stream.to_owned(),
+                message: format!(
+                    "{shard}: Kinesis rejected the request (InvalidArgumentException)"
+                ),
+                source: None,
+            },
+            Kind::Transient => SourceError::Retryable {
+                stream: stream.to_owned(),
+                shard: shard.to_owned(),
+                source: "injected: InternalFailure".into(),
+            },
+        }
+    }
+}
+
+/// The in-memory source, with scripted failures. Each open records the
+/// lease table's owner changes so far: opens with the same count belong
+/// to one tenure.
+#[derive(Debug)]
+struct Scripted {
+    inner: InMemoryShardSource,
+    table: InMemoryLeaseStore,
+    script: Mutex<VecDeque<Open>>,
+    opens: Mutex<Vec<usize>>,
+}
+
+impl Scripted {
+    /// How many opens each tenure made, in order.
+    fn opens_per_tenure(&self) -> Vec<usize> {
+        let mut groups: Vec<(usize, usize)> = Vec::new();
+        for tenure in self.opens.lock().unwrap().iter() {
+            match groups.last_mut() {
+                Some((t, n)) if t == tenure => *n += 1,
+                _ => groups.push((*tenure, 1)),
+            }
+        }
+        groups.into_iter().map(|(_, n)| n).collect()
+    }
+}
+
+#[async_trait]
+impl ShardSource for Scripted {
+    async fn list_shards(&self, stream: &str) -> Result<Vec<ShardInfo>, SourceError> {
+        self.inner.list_shards(stream).await
+    }
+
+    async fn open(&self, request: OpenShard) -> Result<Box<dyn ShardReader>, SourceError> {
+        self.opens
+            .lock()
+            .unwrap()
+            .push(self.table.owner_changes().len());
+        let next = self.script.lock().unwrap().pop_front();
+        let (stream, shard) = (request.stream.clone(), request.shard_id.clone());
+        match next {
+            Some(Open::Fails(kind)) => Err(kind.error(&stream, &shard)),
+            Some(Open::ReadFails(kind)) => Ok(Box::new(FailsFirst {
+                inner: self.inner.open(request).await?,
+                first: Some(kind.error(&stream, &shard)),
+            })),
+            None => self.inner.open(request).await,
+        }
+    }
+}
+
+/// A reader whose first fetch fails.
+#[derive(Debug)]
+struct FailsFirst {
+    inner: Box<dyn ShardReader>,
+    first: Option<SourceError>,
+}
+
+#[async_trait]
+impl ShardReader for FailsFirst {
+    async fn next_batch(&mut self) -> Result<Batch, SourceError> {
+        match self.first.take() {
+            Some(e) => Err(e),
+            None => self.inner.next_batch().await,
+        }
+    }
+}
+
+/// Counters by `name{labels}`, from every test of this binary; each test
+/// reads those of its own stream.
+#[derive(Debug, Default, Clone)]
+struct Counters(Arc<Mutex<BTreeMap<String, u64>>>);
+
+struct Count(String, Counters);
+
+impl metrics::CounterFn for Count {
+    fn increment(&self, value: u64) {
+        *(self.1)
+            .0
+            .lock()
+            .unwrap()
+            .entry(self.0.clone())
+            .or_default() += value;
+    }
+    fn absolute(&self, value: u64) {
+        (self.1).0.lock().unwrap().insert(self.0.clone(), value);
+    }
+}
+
+impl metrics::Recorder for Counters {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        let mut labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        labels.sort();
+        let name = format!("{}{{{}}}", key.name(), labels.join(","));
+        metrics::Counter::from_arc(Arc::new(Count(name, self.clone())))
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(
+        &self,
+        _: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        metrics::Histogram::noop()
+    }
+}
+
+fn counters() -> &'static Counters {
+    static COUNTERS: OnceLock<Counters> = OnceLock::new();
+    COUNTERS.get_or_init(|| {
+        let counters = Counters::default();
+        metrics::set_global_recorder(counters.clone()).unwrap();
+        counters
+    })
+}
+
+/// How often `stream`'s shard was given back as unreadable at `stage`.
+fn released_unreadable(stream: &str, shard: &str, stage: &str) -> u64 {
+    let key = format!(
+        "kcl_unreadable_shards_released_total{{shard={shard},stage={stage},stream={stream}}}"
+    );
+    counters().0.lock().unwrap().get(&key).copied().unwrap_or(0)
+}
+
+struct Recorder {
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+#[async_trait]
+impl RecordProcessor for Recorder {
+    async fn process_records(
+        &mut self,
+        batch: &RecordBatch,
+        cp: &mut Checkpointer,
+    ) -> Result<(), ProcessorError> {
+        let data = batch
+            .records
+            .iter()
+            .map(|r| String::from_utf8_lossy(&r.data).into_owned());
+        self.seen.lock().unwrap().extend(data);
+        cp.checkpoint().await?;
+        Ok(())
+    }
+
+    async fn shard_ended(&mut self, cp: &mut Checkpointer) -> Result<(), ProcessorError> {
+        cp.checkpoint().await?;
+        Ok(())
+    }
+}
+
+/// One worker on a one-shard `stream` whose opens follow `script`, and
+/// five records in the shard.
+struct Run {
+    source: Arc<Scripted>,
+    shard: String,
+    seen: Arc<Mutex<Vec<String>>>,
+    handle: WorkerHandle,
+}
+
+impl Run {
+    fn start(stream: &str, script: Vec<Open>) -> Run {
+        counters();
+        let inner = InMemoryShardSource::new();
+        let shard = inner.create_stream(stream, 1).remove(0);
+        for i in 0..5 {
+            inner.put(stream, "pk", format!("r{i}")).unwrap();
+        }
+        let table = InMemoryLeaseStore::new();
+        let source = Arc::new(Scripted {
+            inner,
+            table: table.clone(),
+            script: Mutex::new(script.into()),
+            opens: Mutex::default(),
+        });
+        let lease = LeaseConfig::builder("w-a")
+            .taker_interval(Duration::from_secs(10))
+            .build()
+            .unwrap();
+        let config = WorkerConfig::builder(lease)
+            .stream(StreamSpec {
+                name: stream.into(),
+                layout: LeaseLayout::SingleStream,
+            })
+            .initial_position(InitialPosition::TrimHorizon)
+            .build()
+            .unwrap();
+        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+        let recorded = Arc::clone(&seen);
+        let factory = move |_: &ShardContext| Recorder {
+            seen: Arc::clone(&recorded),
+        };
+        let worker = Worker::new(
+            config,
+            Arc::new(table),
+            Arc::clone(&source) as Arc<dyn ShardSource>,
+            Arc::new(factory),
+        );
+        let handle = worker.handle();
+        tokio::spawn(worker.run());
+        Run {
+            source,
+            shard,
+            seen,
+            handle,
+        }
+    }
+
+    /// Waits (in paused time) until the five records were processed.
+    async fn wait_for_records(&self) {
+        let started = Instant::now();
+        while self.seen.lock().unwrap().len() < 5 {
+            assert!(
+                started.elapsed() < Duration::from_secs(600),
+                "records never processed; opens per tenure: {:?}",
+                self.source.opens_per_tenure()
+            );
+            sleep(Duration::from_millis(100)).await;
+        }
+        self.handle.shutdown();
+    }
+
+    fn seen(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    fn released(&self) -> u64 {
+        self.handle.status().leases.released
+    }
+}
+
+fn records() -> Vec<String> {
+    (0..5).map(|i| format!("r{i}")).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rejected_argument_at_open_gives_the_shard_back_after_five_attempts_and_is_counted() {
+    const STREAM: &str = "rejected-at-open";
+    // Nine failing opens: five in the first tenure, which gives the shard
+    // back; four more in the next, whose fifth open succeeds.
+    let run = Run::start(STREAM, vec![Open::Fails(Kind::Fatal); 9]);
+    run.wait_for_records().await;
+    assert_eq!(run.source.opens_per_tenure(), vec![5, 5]);
+    assert_eq!(run.released(), 1);
+    assert_eq!(released_unreadable(STREAM, &run.shard, "open"), 1);
+    assert_eq!(run.seen(), records());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_transient_error_at_open_is_retried_and_the_shard_kept() {
+    const STREAM: &str = "transient-at-open";
+    let run = Run::start(STREAM, vec![Open::Fails(Kind::Transient); 12]);
+    run.wait_for_records().await;
+    assert_eq!(run.source.opens_per_tenure(), vec![13]);
+    assert_eq!(run.released(), 0);
+    assert_eq!(released_unreadable(STREAM, &run.shard, "open"), 0);
+    assert_eq!(run.seen(), records());
+}
+
+#[tokio::test(start_paused = true)]
+async fn fatal_errors_at_read_and_reopen_count_together_until_a_batch_arrives() {
+    const STREAM: &str = "fatal-read-then-reopens";
+    // The first fetch fails, then four reopens: five fatal errors in a
+    // row, and no batch in between.
+    let mut script = vec![Open::ReadFails(Kind::Fatal)];
+    script.extend([Open::Fails(Kind::Fatal); 4]);
+    let run = Run::start(STREAM, script);
+    run.wait_for_records().await;
+    assert_eq!(run.source.opens_per_tenure(), vec![5, 1]);
+    assert_eq!(run.released(), 1);
+    assert_eq!(released_unreadable(STREAM, &run.shard, "open"), 1);
+    assert_eq!(run.seen(), records());
+}
