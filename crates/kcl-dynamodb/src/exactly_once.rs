@@ -7,20 +7,31 @@
 //! it with [`ExactlyOnce::commit`], through the record its writes cover.
 //! The transaction carries one more item: the lease's checkpoint update,
 //! with the lease store's own condition (owner, tenure, and the checkpoint
-//! it replaces). So:
+//! it replaces), which also stores the commit's token (`kclCommitToken`,
+//! see [`crate::item`]). So:
 //!
 //! - A stale owner's transaction (paused past its lease, fenced, or handed
 //!   off) fails as a whole: none of its writes land, and the processor
 //!   learns `LeaseLost`.
 //! - The next owner resumes right after the last committed transaction:
 //!   every batch's effects land once.
+//! - A commit counts as applied only when DynamoDB says so or the lease
+//!   item shows its own token: never by the checkpoint value alone, which a
+//!   plain checkpoint of this tenure may have written with its answer lost.
+//!   Such a checkpoint fails the commit with
+//!   [`TransactionError::CheckpointMoved`]; the checkpointer moves on to it.
 //! - A lost response is retried with the same client request token, so
 //!   DynamoDB answers a retry of a committed transaction with success. If
 //!   the retry is judged on its conditions instead, it fails its checkpoint
-//!   condition (a commit must move the checkpoint forward), and the lease
-//!   item returned shows the checkpoint already written, which counts as
-//!   success. When retries run out after an attempt that got no answer,
-//!   the lease is read back to tell. No write is applied twice.
+//!   condition, and the lease item returned shows the commit's token.
+//! - Every attempt waits at most the attempt timeout for its answer, and
+//!   the commit as a whole at most its deadline: a dead connection costs
+//!   an attempt, never the shard. When the attempts end without a verdict,
+//!   the commit is settled: a conditional write adds its token to the
+//!   lease's fenced commits, which the transaction's condition checks. If
+//!   that lands, no attempt has committed and none still in flight ever
+//!   can; if it fails, the lease item it returns tells. No write is applied
+//!   twice, and none is reported missing that may still land.
 //! - TransactionConflict, throttling and 5xx are retried with backoff; a
 //!   failed condition of the caller's own items comes back as
 //!   [`TransactionError::ConditionFailed`], for the processor to handle.
@@ -37,16 +48,21 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
-use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
-use backon::Retryable;
+use kcl_core::Checkpoint;
 use kcl_core::backoff::Backoff;
 use kcl_core::checkpointer::{CheckpointError, Checkpointer, CommitFailure, PreparedCheckpoint};
 use kcl_core::record::Record;
-use tracing::warn;
+use tokio::time::Instant;
 
-use crate::store::{checkpoint_applied, checkpoint_transact_item};
+use crate::store::checkpoint_transact_item;
+
+mod attempts;
+mod settle;
+#[cfg(test)]
+mod tests;
+
+use attempts::Outcome;
 
 /// Items a transaction may hold, the checkpoint included.
 pub const MAX_ITEMS: usize = 100;
@@ -115,9 +131,17 @@ impl Transaction {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum TransactionError {
-    /// This worker no longer holds its tenure of the lease: nothing was
-    /// written, and the shard's consumer stops.
-    #[error("lease {key:?} is no longer held in this tenure: nothing was written")]
+    /// This worker no longer holds its tenure of the lease, and the
+    /// shard's consumer stops. The commit did not land, unless an earlier
+    /// attempt whose answer was lost landed before the lease moved on (the
+    /// next holder's commit then replaced its token): either way the
+    /// lease's checkpoint says where the next holder resumes, so nothing is
+    /// applied twice, but do not compensate for the writes as if they were
+    /// surely not made.
+    #[error(
+        "lease {key:?} is no longer held in this tenure: the commit did not land, unless an \
+         attempt whose answer was lost landed before the lease moved on"
+    )]
     LeaseLost {
         /// The lease key.
         key: String,
@@ -145,6 +169,22 @@ pub enum TransactionError {
         /// About how many bytes.
         bytes: usize,
     },
+    /// Not applied: the lease, still held in this tenure, already shows
+    /// the checkpoint at `checkpoint`, written by another write of this
+    /// tenure whose answer was lost (a plain checkpoint, or an earlier
+    /// commit). The checkpointer has moved on to it: when the batch comes
+    /// again, skip the records it covers
+    /// ([`Checkpointer::is_checkpointed`]).
+    #[error(
+        "lease {key:?} already shows checkpoint {checkpoint}, written in this tenure by a \
+         write whose answer was lost: this transaction was not applied"
+    )]
+    CheckpointMoved {
+        /// The lease key.
+        key: String,
+        /// The checkpoint the lease shows.
+        checkpoint: Checkpoint,
+    },
     /// The checkpoint position was refused (out of range, or in lanes).
     #[error(transparent)]
     Checkpoint(CheckpointError),
@@ -161,12 +201,22 @@ pub enum TransactionError {
     },
 }
 
+/// How long one attempt waits for its answer, by default.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one commit may take in all, settling included, by default.
+const DEADLINE: Duration = Duration::from_secs(30);
+/// Attempt timeouts kept from the deadline for settling a commit whose
+/// attempts got no verdict.
+const SETTLE_ATTEMPTS: u32 = 2;
+
 /// Commits [`Transaction`]s with their checkpoint.
 #[derive(Debug, Clone)]
 pub struct ExactlyOnce {
     client: Client,
     lease_table: String,
     backoff: Backoff,
+    attempt_timeout: Duration,
+    deadline: Duration,
 }
 
 impl ExactlyOnce {
@@ -177,14 +227,35 @@ impl ExactlyOnce {
             client,
             lease_table: lease_table.into(),
             backoff: Backoff::new(Duration::from_millis(50), Duration::from_secs(2)).retries(9),
+            attempt_timeout: ATTEMPT_TIMEOUT,
+            deadline: DEADLINE,
         }
     }
 
     /// How many times a transaction is sent before a retryable failure
     /// (conflict, throttling, 5xx, lost response) is returned (default 10,
-    /// with jittered backoff from 50 ms to 2 s).
+    /// with jittered backoff from 50 ms to 2 s), within the deadline.
     pub fn attempts(mut self, n: usize) -> Self {
         self.backoff = self.backoff.retries(n.max(1) - 1);
+        self
+    }
+
+    /// How long one attempt (a `TransactWriteItems`, or a write settling a
+    /// commit) waits for its answer before it counts as lost (default 5 s;
+    /// at least 1 ms). The SDK sets no such timeout by default, and a
+    /// request on a silently dead connection would otherwise wait forever.
+    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.attempt_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How long a commit may take in all, settling included (default 30 s;
+    /// at least three attempt timeouts: one attempt and its settling).
+    /// Past it the commit fails with `Failed { retries_exhausted: true }`,
+    /// for the processor to return, so the batch is retried (or, the lease
+    /// gone, the shard given back) rather than held.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
         self
     }
 
@@ -212,211 +283,66 @@ impl ExactlyOnce {
         }
     }
 
+    /// Sends the transaction until it has a verdict or the attempts end,
+    /// then settles it if it has none.
     async fn send(
         &self,
         tx: Transaction,
         checkpoint: PreparedCheckpoint,
     ) -> Result<(), CommitFailure<TransactionError>> {
-        let lease_item = checkpoint_transact_item(
-            &self.lease_table,
-            &checkpoint.key,
-            checkpoint.holder(),
-            &checkpoint.update,
-        )
-        .map_err(|e| {
-            CommitFailure::Other(TransactionError::Failed {
-                message: format!("building the checkpoint item: {e}"),
-                retries_exhausted: false,
-            })
-        })?;
-        let user_items = tx.items.len();
-        let mut items = tx.items;
-        items.push(lease_item);
         // One token for every attempt of this commit: DynamoDB then answers
         // a retry of a transaction that already committed (a lost response)
-        // with success, for ten minutes, whatever its conditions say now.
+        // with success, for ten minutes, whatever its conditions say now;
+        // and the lease item shows it once the commit landed.
         let token = format!(
             "kcl-{:016x}{:016x}",
             rand::random::<u64>(),
             rand::random::<u64>()
         );
-        let attempt = || async {
-            match self
-                .client
-                .transact_write_items()
-                .set_transact_items(Some(items.clone()))
-                .client_request_token(&token)
-                .send()
-                .await
-            {
-                Ok(_) => Ok(()),
-                Err(e) => Err(self.judge(e, user_items, &checkpoint)),
-            }
+        let items = self
+            .items(tx, &checkpoint, &token)
+            .map_err(CommitFailure::Other)?;
+        let (send_until, settle_until) = self.deadlines(Instant::now());
+        let outcome = match self
+            .send_attempts(&items, &token, &checkpoint, send_until)
+            .await
+        {
+            Outcome::Retry(why) => self.settle(&checkpoint, &token, settle_until, why).await,
+            outcome => outcome,
         };
-        let result = attempt
-            .retry(self.backoff.pauses())
-            .sleep(tokio::time::sleep)
-            .when(|o: &Outcome| matches!(o, Outcome::Retry(_)))
-            .notify(|o: &Outcome, after: Duration| {
-                if let Outcome::Retry(why) = o {
-                    warn!(why, ?after, "the transactional checkpoint is retried");
-                }
-            })
-            .await;
-        match result {
-            Ok(()) | Err(Outcome::Applied) => Ok(()),
-            Err(Outcome::LeaseLost) => Err(CommitFailure::LeaseLost),
-            // Out of retries: an attempt that got no answer may have
-            // committed. The lease item says whether it did.
-            Err(Outcome::Retry(message)) => match self.read_back(&checkpoint).await {
-                Some(true) => Ok(()),
-                found => Err(CommitFailure::Other(TransactionError::Failed {
-                    message: match found {
-                        Some(_) => format!(
-                            "{message} (not committed, as read back after the last attempt)"
-                        ),
-                        None => format!(
-                            "{message} (whether an attempt committed is unknown: the lease could not be read back)"
-                        ),
-                    },
-                    retries_exhausted: true,
-                })),
-            },
-            Err(Outcome::Fail(e)) => Err(CommitFailure::Other(e)),
-        }
+        outcome.into_commit(&checkpoint.key)
     }
 
-    /// Whether the lease item shows `checkpoint` written in its tenure (a
-    /// consistent read); `None` if it cannot be read.
-    async fn read_back(&self, checkpoint: &PreparedCheckpoint) -> Option<bool> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.lease_table)
-            .set_key(Some(crate::store::DynamoDbLeaseStore::key(&checkpoint.key)))
-            .consistent_read(true)
-            .send()
-            .await
-            .ok()?;
-        let item = out.item()?;
-        Some(checkpoint_applied(
+    /// The application's items, then the lease's checkpoint.
+    fn items(
+        &self,
+        tx: Transaction,
+        checkpoint: &PreparedCheckpoint,
+        token: &str,
+    ) -> Result<Vec<TransactWriteItem>, TransactionError> {
+        let lease_item = checkpoint_transact_item(
             &self.lease_table,
-            item,
+            &checkpoint.key,
             checkpoint.holder(),
             &checkpoint.update,
-        ))
+            token,
+        )
+        .map_err(|e| TransactionError::Failed {
+            message: format!("building the checkpoint item: {e}"),
+            retries_exhausted: false,
+        })?;
+        let mut items = tx.items;
+        items.push(lease_item);
+        Ok(items)
     }
 
-    /// What a failed attempt means. The lease item is the last one.
-    fn judge(
-        &self,
-        err: SdkError<TransactWriteItemsError, aws_smithy_runtime_api::http::Response>,
-        user_items: usize,
-        checkpoint: &PreparedCheckpoint,
-    ) -> Outcome {
-        let service = match &err {
-            SdkError::ServiceError(s) => s.err(),
-            // No answer, or an unreadable one: the transaction may have
-            // committed; the retry finds out.
-            SdkError::TimeoutError(_)
-            | SdkError::DispatchFailure(_)
-            | SdkError::ResponseError(_) => {
-                return Outcome::Retry(format!("no answer: {}", DisplayErrorContext(&err)));
-            }
-            _ => {
-                return Outcome::Fail(TransactionError::Failed {
-                    message: DisplayErrorContext(&err).to_string(),
-                    retries_exhausted: false,
-                });
-            }
-        };
-        if let TransactWriteItemsError::TransactionCanceledException(c) = service {
-            let reasons = c.cancellation_reasons();
-            let code = |r: &aws_sdk_dynamodb::types::CancellationReason| {
-                r.code().unwrap_or("None").to_owned()
-            };
-            if let Some(lease) = reasons.get(user_items)
-                && code(lease) == "ConditionalCheckFailed"
-            {
-                let applied = lease.item().is_some_and(|item| {
-                    checkpoint_applied(
-                        &self.lease_table,
-                        item,
-                        checkpoint.holder(),
-                        &checkpoint.update,
-                    )
-                });
-                return if applied {
-                    Outcome::Applied
-                } else {
-                    Outcome::LeaseLost
-                };
-            }
-            if let Some((index, r)) = reasons
-                .iter()
-                .enumerate()
-                .take(user_items)
-                .find(|(_, r)| code(r) == "ConditionalCheckFailed")
-            {
-                return Outcome::Fail(TransactionError::ConditionFailed {
-                    index,
-                    item: r.item().cloned(),
-                });
-            }
-            let retry = reasons.iter().map(code).find(|c| {
-                matches!(
-                    c.as_str(),
-                    "TransactionConflict" | "ThrottlingError" | "ProvisionedThroughputExceeded"
-                )
-            });
-            if let Some(c) = retry {
-                return Outcome::Retry(format!("cancelled: {c}"));
-            }
-            let codes: Vec<String> = reasons.iter().map(code).collect();
-            return Outcome::Fail(TransactionError::Failed {
-                message: format!(
-                    "cancelled ({}): {}",
-                    codes.join(", "),
-                    c.message().unwrap_or_default()
-                ),
-                retries_exhausted: false,
-            });
-        }
-        let code = service.code().unwrap_or_default();
-        let status = match &err {
-            SdkError::ServiceError(s) => s.raw().status().as_u16(),
-            _ => 0,
-        };
-        let retryable = matches!(
-            code,
-            "TransactionInProgressException"
-                | "TransactionConflictException"
-                | "ProvisionedThroughputExceededException"
-                | "ThrottlingException"
-                | "RequestLimitExceeded"
-                | "InternalServerError"
-                | "ServiceUnavailable"
-        ) || status >= 500;
-        let message = format!("{code}: {}", service.message().unwrap_or_default());
-        if retryable {
-            Outcome::Retry(message)
-        } else {
-            Outcome::Fail(TransactionError::Failed {
-                message,
-                retries_exhausted: false,
-            })
-        }
+    /// When sending must stop, and when settling must: room for
+    /// [`SETTLE_ATTEMPTS`] attempt timeouts is kept from the deadline.
+    fn deadlines(&self, start: Instant) -> (Instant, Instant) {
+        let settling = self.attempt_timeout * SETTLE_ATTEMPTS;
+        let deadline = self.deadline.max(self.attempt_timeout + settling);
+        (start + deadline - settling, start + deadline)
     }
-}
-
-/// One attempt's verdict.
-#[derive(Debug)]
-enum Outcome {
-    /// An earlier attempt committed (its response was lost).
-    Applied,
-    LeaseLost,
-    Retry(String),
-    Fail(TransactionError),
 }
 
 /// About how many bytes DynamoDB counts for `item`: attribute names and
@@ -447,47 +373,5 @@ fn item_bytes(item: &TransactWriteItem) -> usize {
         map(c.key())
     } else {
         0
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use aws_sdk_dynamodb::types::Put;
-
-    fn put(bytes: usize) -> TransactWriteItem {
-        TransactWriteItem::builder()
-            .put(
-                Put::builder()
-                    .table_name("t")
-                    .item("id", AttributeValue::S("k".into()))
-                    .item("blob", AttributeValue::S("x".repeat(bytes)))
-                    .build()
-                    .unwrap(),
-            )
-            .build()
-    }
-
-    #[test]
-    fn a_transaction_keeps_room_for_its_checkpoint_and_refuses_what_passes_the_limits() {
-        let mut tx = Transaction::new();
-        for _ in 0..MAX_ITEMS - 1 {
-            tx.push(put(10)).unwrap();
-        }
-        assert_eq!(tx.room(), 0);
-        let e = tx.push(put(10)).unwrap_err();
-        assert!(
-            matches!(e, TransactionError::TooLarge { items: 101, .. }),
-            "{e}"
-        );
-        assert!(e.to_string().contains("commit at a record"), "{e}");
-        assert_eq!(tx.len(), MAX_ITEMS - 1, "left as it was");
-
-        let mut big = Transaction::new();
-        for _ in 0..10 {
-            big.push(put(400_000)).unwrap();
-        }
-        let e = big.push(put(400_000)).unwrap_err();
-        assert!(matches!(e, TransactionError::TooLarge { .. }), "{e}");
     }
 }

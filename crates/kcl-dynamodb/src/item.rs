@@ -17,13 +17,25 @@
 //! | `checkpointOwner` | S | previous owner during a graceful handoff |
 //! | `kclTenure` | S | the owner's tenure (kcl only; see below) |
 //! | `kclCheckpointOwnerTenure` | S | the previous owner's tenure during a handoff (kcl only) |
+//! | `kclCommitToken` | S | the token of the last exactly-once commit (kcl only) |
+//! | `kclFencedCommits` | SS | tokens of exactly-once commits settled as never to land (kcl only) |
 //! | `streamName`, `shardId` | S | multi-stream leases: stream identifier and shard |
 //!
-//! The two `kcl…` attributes are kcl's own: every take writes a fresh
+//! The `kcl…` attributes are kcl's own: every take writes a fresh
 //! tenure, and kcl's writes are conditional on it. The Java KCL neither
 //! writes nor reads them (its updates name only the attributes they
 //! change), so in a shared table a Java take leaves a stale tenure behind,
 //! which guards nothing because the owner changed as well.
+//!
+//! The two commit attributes belong to [`crate::exactly_once`] and are not
+//! part of the lease model: only a transactional commit writes
+//! `kclCommitToken`, so a lease item showing a checkpoint tells whether
+//! that commit wrote it (a plain checkpoint at the same position does not
+//! count); and a commit settled as not applied is fenced by adding its
+//! token to `kclFencedCommits`, which the transaction's condition checks,
+//! so an attempt still in flight can never land after the verdict. Each
+//! commit that lands clears the set: every fenced attempt was conditional
+//! on a checkpoint it has moved past.
 //!
 //! Multi-stream keys are `account:stream:creationEpoch:shardId`. Newer Java
 //! KCLs also keep non-lease entities in the table (marked by `entityType`);
@@ -76,6 +88,11 @@ pub mod attr {
     pub const TENURE: &str = "kclTenure";
     /// kcl only: the previous owner's tenure during a graceful handoff.
     pub const CHECKPOINT_OWNER_TENURE: &str = "kclCheckpointOwnerTenure";
+    /// kcl only: the token of the last exactly-once commit, written only by
+    /// its transaction.
+    pub const COMMIT_TOKEN: &str = "kclCommitToken";
+    /// kcl only: tokens of exactly-once commits that may never land.
+    pub const FENCED_COMMITS: &str = "kclFencedCommits";
 }
 
 /// Why an item could not be read as a lease.

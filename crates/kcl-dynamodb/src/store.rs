@@ -12,11 +12,11 @@ use aws_sdk_dynamodb::types::{
     ReturnValuesOnConditionCheckFailure,
 };
 use futures::stream::{self, BoxStream, StreamExt};
-use kcl_core::Lease;
 use kcl_core::store::metered::StoreStats;
 use kcl_core::store::{
     Beat, BeatUpdate, CheckpointUpdate, Holder, Intent, LeaseStore, Page, StoreError, StoreOp,
 };
+use kcl_core::{Checkpoint, Lease};
 use tracing::warn;
 
 use crate::error::{ClassifiedError, classify, unconditional_error};
@@ -269,6 +269,8 @@ impl Update {
             attr::TENURE,
             attr::CHECKPOINT_OWNER_TENURE,
             attr::CHILD_SHARD_IDS,
+            attr::COMMIT_TOKEN,
+            attr::FENCED_COMMITS,
         ] {
             let placeholder = format!("#{a}");
             if uses(&u.expression, &placeholder) || uses(&u.condition, &placeholder) {
@@ -288,6 +290,15 @@ impl Update {
         self.values
             .insert(name.to_owned(), AttributeValue::N(v.to_string()));
         self
+    }
+
+    /// Binds `:prev` and `:prevsub` to the checkpoint replaced, if any
+    /// (see [`checkpoint_condition`]).
+    fn replacing(self, replacing: Option<&Checkpoint>) -> Self {
+        match replacing {
+            Some(p) => self.s(":prev", p.as_str()).n(":prevsub", p.sub_sequence()),
+            None => self,
+        }
     }
 
     /// Binds `:name` when the tenure is known (see [`tenure_is`]).
@@ -343,9 +354,11 @@ fn uses(expr: &str, placeholder: &str) -> bool {
 
 /// The UpdateItem of a checkpoint by `by`: conditional on `by` owning the
 /// lease in its tenure (or handing it off), and on the checkpoint it
-/// replaces. The lease store's checkpoint and the transactional checkpoint
-/// of [`crate::exactly_once`] both write it.
-fn checkpoint_update(by: Holder<'_>, update: &CheckpointUpdate) -> Update {
+/// replaces. The lease store's checkpoint writes it without `commit`; the
+/// transactional checkpoint of [`crate::exactly_once`] with its commit's
+/// token, which it stores (the marker no plain checkpoint writes), and which
+/// must not have been fenced (see [`fence_item`]).
+fn checkpoint_update(by: Holder<'_>, update: &CheckpointUpdate, commit: Option<&str>) -> Update {
     let mut set = vec![
         "#checkpoint = :cp",
         "#checkpointSubSequenceNumber = :sub",
@@ -366,29 +379,30 @@ fn checkpoint_update(by: Holder<'_>, update: &CheckpointUpdate) -> Update {
     if !update.children.is_empty() {
         set.push("#childShardIds = :children");
     }
+    let mut condition = checkpoint_condition(by, update.replacing.as_ref());
+    // Every fenced attempt was conditional on the checkpoint it replaced,
+    // and checkpoints only move forward: once one moves past it (a commit
+    // or a plain checkpoint), none of them can land any more, and the
+    // fence set is cleared rather than left to grow.
+    let moves = update
+        .replacing
+        .as_ref()
+        .is_some_and(|p| *p != update.checkpoint);
+    if commit.is_some() || moves {
+        remove.push("#kclFencedCommits");
+    }
+    if commit.is_some() {
+        set.push("#kclCommitToken = :token");
+        condition.push_str(" AND NOT contains(#kclFencedCommits, :token)");
+    }
     let mut expression = format!("SET {}", set.join(", "));
     if !remove.is_empty() {
         expression.push_str(&format!(" REMOVE {}", remove.join(", ")));
     }
-    let mut condition = format!(
-        "(({}) OR (attribute_not_exists(#checkpointOwner) AND {}))",
-        hands_off(by),
-        owned_by(by)
-    );
-    // Items the Java KCL wrote before it stored sub-sequence numbers lack
-    // the attribute, which means 0.
-    match &update.replacing {
-        Some(p) if p.sub_sequence() == 0 => condition.push_str(
-            " AND #checkpoint = :prev AND (#checkpointSubSequenceNumber = :prevsub \
-                 OR attribute_not_exists(#checkpointSubSequenceNumber))",
-        ),
-        Some(_) => condition
-            .push_str(" AND #checkpoint = :prev AND #checkpointSubSequenceNumber = :prevsub"),
-        None => {}
-    }
     let mut full = Update::new(&expression, &condition)
         .s(":owner", by.owner)
         .tenure(":tenure", by.tenure)
+        .replacing(update.replacing.as_ref())
         .s(":cp", update.checkpoint.as_str())
         .n(":sub", update.checkpoint.sub_sequence())
         .n(":zero", 0);
@@ -401,29 +415,90 @@ fn checkpoint_update(by: Holder<'_>, update: &CheckpointUpdate) -> Update {
             AttributeValue::B(Blob::new(state.clone())),
         );
     }
-    if let Some(p) = &update.replacing {
-        full = full.s(":prev", p.as_str()).n(":prevsub", p.sub_sequence());
-    }
     if !update.children.is_empty() {
         full.values.insert(
             ":children".into(),
             AttributeValue::Ss(update.children.iter().cloned().collect()),
         );
     }
+    if let Some(token) = commit {
+        full = full.s(":token", token);
+    }
     full
 }
 
-/// A checkpoint of lease `key` by `by` as one item of a TransactWriteItems,
-/// returning the lease item if its condition fails (to reconcile a lost
-/// response).
+/// The condition of a checkpoint by `by` replacing `replacing`: `by` owns
+/// the lease in its tenure (or hands it off), and the checkpoint is still
+/// the one replaced. Binds `:owner`, `:tenure`, `:prev` and `:prevsub`.
+fn checkpoint_condition(by: Holder<'_>, replacing: Option<&Checkpoint>) -> String {
+    let mut condition = format!(
+        "(({}) OR (attribute_not_exists(#checkpointOwner) AND {}))",
+        hands_off(by),
+        owned_by(by)
+    );
+    // Items the Java KCL wrote before it stored sub-sequence numbers lack
+    // the attribute, which means 0.
+    match replacing {
+        Some(p) if p.sub_sequence() == 0 => condition.push_str(
+            " AND #checkpoint = :prev AND (#checkpointSubSequenceNumber = :prevsub \
+                 OR attribute_not_exists(#checkpointSubSequenceNumber))",
+        ),
+        Some(_) => condition
+            .push_str(" AND #checkpoint = :prev AND #checkpointSubSequenceNumber = :prevsub"),
+        None => {}
+    }
+    condition
+}
+
+/// A checkpoint of lease `key` by `by` as one item of the TransactWriteItems
+/// of exactly-once commit `token`, returning the lease item if its
+/// condition fails (to tell what happened to the commit).
 pub(crate) fn checkpoint_transact_item(
     table: &str,
     key: &str,
     by: Holder<'_>,
     update: &CheckpointUpdate,
+    token: &str,
 ) -> Result<aws_sdk_dynamodb::types::TransactWriteItem, aws_sdk_dynamodb::error::BuildError> {
-    let u = checkpoint_update(by, update);
-    let item = aws_sdk_dynamodb::types::Update::builder()
+    let item = sdk_update(table, key, checkpoint_update(by, update, Some(token)))?;
+    Ok(aws_sdk_dynamodb::types::TransactWriteItem::builder()
+        .update(item)
+        .build())
+}
+
+/// The UpdateItem that fences exactly-once commit `token` of `by`,
+/// replacing `replacing`: it adds the token to `kclFencedCommits`, under
+/// the commit's own lease condition. If it lands, the commit had not (it
+/// would have moved the checkpoint) and never will (its condition now
+/// fails); if its condition fails, the lease item returned tells why.
+pub(crate) fn fence_item(
+    table: &str,
+    key: &str,
+    by: Holder<'_>,
+    replacing: Option<&Checkpoint>,
+    token: &str,
+) -> Result<aws_sdk_dynamodb::types::Update, aws_sdk_dynamodb::error::BuildError> {
+    let mut fence = Update::new(
+        "ADD #kclFencedCommits :fence",
+        &checkpoint_condition(by, replacing),
+    )
+    .s(":owner", by.owner)
+    .tenure(":tenure", by.tenure)
+    .replacing(replacing);
+    fence
+        .values
+        .insert(":fence".into(), AttributeValue::Ss(vec![token.to_owned()]));
+    sdk_update(table, key, fence)
+}
+
+/// `u` on lease `key`, as the SDK's update, returning the lease item if its
+/// condition fails.
+fn sdk_update(
+    table: &str,
+    key: &str,
+    u: Update,
+) -> Result<aws_sdk_dynamodb::types::Update, aws_sdk_dynamodb::error::BuildError> {
+    aws_sdk_dynamodb::types::Update::builder()
         .table_name(table)
         .set_key(Some(DynamoDbLeaseStore::key(key)))
         .update_expression(u.expression)
@@ -431,23 +506,7 @@ pub(crate) fn checkpoint_transact_item(
         .set_expression_attribute_names(Some(u.names))
         .set_expression_attribute_values(Some(u.values).filter(|v| !v.is_empty()))
         .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-        .build()?;
-    Ok(aws_sdk_dynamodb::types::TransactWriteItem::builder()
-        .update(item)
-        .build())
-}
-
-/// True if the lease item `item` (returned by a failed condition) shows the
-/// checkpoint `update` by `by` applied: an earlier attempt whose response
-/// was lost committed.
-pub(crate) fn checkpoint_applied(
-    table: &str,
-    item: &HashMap<String, AttributeValue>,
-    by: Holder<'_>,
-    update: &CheckpointUpdate,
-) -> bool {
-    read_lenient(table, item)
-        .is_some_and(|current| Intent::Checkpointed { by, update }.applied_in(&current))
+        .build()
 }
 
 fn owner_condition(owner: Option<&str>) -> &'static str {
@@ -551,6 +610,8 @@ impl LeaseStore for DynamoDbLeaseStore {
     }
 
     async fn take(&self, seen: &Lease, by: Holder<'_>) -> Result<Lease, StoreError> {
+        // A new tenure: commits fenced under the old one were conditional
+        // on it and can never land, so their fence set goes.
         let switch = if seen.is_owned_by(by.owner) { 0 } else { 1 };
         let (set_tenure, remove_tenure) = match by.tenure {
             Some(_) => (", #kclTenure = :tenure", ""),
@@ -560,7 +621,7 @@ impl LeaseStore for DynamoDbLeaseStore {
             &format!(
                 "SET #leaseOwner = :new, #leaseCounter = :next, \
                  #ownerSwitchesSinceCheckpoint = if_not_exists(#ownerSwitchesSinceCheckpoint, :zero) + :switch{set_tenure} \
-                 REMOVE #checkpointOwner, #kclCheckpointOwnerTenure{remove_tenure}"
+                 REMOVE #checkpointOwner, #kclCheckpointOwnerTenure, #kclFencedCommits{remove_tenure}"
             ),
             &format!("#leaseCounter = :counter AND {}", owner_condition(seen.owner.as_deref())),
         )
@@ -689,7 +750,7 @@ impl LeaseStore for DynamoDbLeaseStore {
         by: Holder<'_>,
         update: &CheckpointUpdate,
     ) -> Result<Lease, StoreError> {
-        let full = checkpoint_update(by, update);
+        let full = checkpoint_update(by, update, None);
         let intent = Intent::Checkpointed { by, update };
         self.update(StoreOp::Checkpoint, key, full, Some(intent))
             .await
@@ -809,7 +870,7 @@ impl LeaseStore for DynamoDbLeaseStore {
 /// (the reason names the attribute): one bad item never stops a scan, and
 /// a write that lost its race to a bad item is a lost race, not a fatal
 /// error for the caller (a shard sync, a worker's startup).
-fn read_lenient(table: &str, item: &HashMap<String, AttributeValue>) -> Option<Lease> {
+pub(crate) fn read_lenient(table: &str, item: &HashMap<String, AttributeValue>) -> Option<Lease> {
     match from_item(item) {
         Ok(ReadItem::Lease(l)) => Some(*l),
         Ok(ReadItem::NotALease) => None,

@@ -103,6 +103,19 @@ pub enum CommitFailure<E> {
     /// Its lease condition failed and it was not applied: the lease is
     /// someone else's, the consumer stops.
     LeaseLost,
+    /// It was not applied because the lease, still held in this tenure,
+    /// shows the checkpoint at `to` rather than the one it replaced: an
+    /// earlier write of this tenure (a plain checkpoint, or a commit whose
+    /// outcome was unknown) landed though its answer was lost. The
+    /// checkpointer moves on to `to`, so the records it covers count as
+    /// checkpointed ([`Checkpointer::is_checkpointed`]); `error` is the
+    /// caller's to report.
+    CheckpointMoved {
+        /// The checkpoint the lease shows.
+        to: Checkpoint,
+        /// What the caller reports.
+        error: E,
+    },
     /// Anything else, the caller's to handle; the checkpoint did not move.
     Other(E),
 }
@@ -466,8 +479,12 @@ impl Checkpointer {
     /// way to apply a batch's effects exactly once. `write` gets the
     /// checkpoint to write and must make it conditional exactly as the
     /// lease store's checkpoint write is, reconciling a lost response
-    /// itself. On success the checkpointer moves on; `Ok(Err(e))` is a
-    /// failure `write` reports (the checkpoint did not move);
+    /// itself by a marker only its own write stores: the checkpoint value
+    /// alone proves nothing, since a plain checkpoint of this tenure at the
+    /// same position may have landed with its answer lost (then `write`
+    /// reports [`CommitFailure::CheckpointMoved`]). On success the
+    /// checkpointer moves on; `Ok(Err(e))` is a failure `write` reports
+    /// (the checkpoint did not move, unless it was found moved);
     /// [`CommitFailure::LeaseLost`] stops the consumer as a rejected
     /// checkpoint does.
     ///
@@ -525,7 +542,28 @@ impl Checkpointer {
                 self.lost.cancel();
                 Err(CheckpointError::LeaseLost { key })
             }
+            Err(CommitFailure::CheckpointMoved { to, error }) => {
+                self.caught_up(to);
+                Ok(Err(error))
+            }
             Err(CommitFailure::Other(e)) => Ok(Err(e)),
+        }
+    }
+
+    /// Takes `to`, which this tenure wrote though its answer was lost, as
+    /// the last checkpoint, never moving backwards: a redelivered batch
+    /// then skips what it covers instead of committing those records' writes
+    /// under a checkpoint that already passed them.
+    fn caught_up(&mut self, to: Checkpoint) {
+        let forward = match (&to, Position::of_checkpoint(&self.last_checkpoint)) {
+            (Checkpoint::ShardEnd, _) => true,
+            (_, _) if self.last_checkpoint == Checkpoint::ShardEnd => false,
+            (to, None) => Position::of_checkpoint(to).is_some(),
+            (to, Some(last)) => Position::of_checkpoint(to).is_some_and(|at| at > last),
+        };
+        if forward {
+            warn!(lease = %self.lease.key(), checkpoint = %to, "the lease shows a checkpoint of this tenure whose answer was lost: the commit was not applied, and the checkpointer moves on to it");
+            self.last_checkpoint = to;
         }
     }
 

@@ -1,0 +1,216 @@
+//! Sending one commit's transaction: each attempt bounded by the attempt
+//! timeout and the time left, retried with backoff, and each failure
+//! judged by what it says of the commit.
+
+use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{CancellationReason, TransactWriteItem};
+use kcl_core::Checkpoint;
+use kcl_core::checkpointer::{CommitFailure, PreparedCheckpoint};
+use tokio::time::Instant;
+use tracing::warn;
+
+use super::settle::{Verdict, verdict};
+use super::{ExactlyOnce, TransactionError};
+
+/// What became of a commit, or of one attempt of it.
+#[derive(Debug)]
+pub(super) enum Outcome {
+    /// It committed (perhaps in an earlier attempt whose answer was lost).
+    Applied,
+    /// The lease is no longer this tenure's, and the commit did not land.
+    LeaseLost,
+    /// Another write of this tenure moved the checkpoint to this one; the
+    /// commit did not land.
+    Moved(Checkpoint),
+    /// No verdict (no answer, or a failure worth retrying): it may yet land.
+    Retry(String),
+    /// It did not land, for this reason.
+    Fail(TransactionError),
+}
+
+impl Outcome {
+    /// The outcome as `Checkpointer::commit_with` takes it, for lease `key`.
+    pub(super) fn into_commit(self, key: &str) -> Result<(), CommitFailure<TransactionError>> {
+        match self {
+            Outcome::Applied => Ok(()),
+            Outcome::LeaseLost => Err(CommitFailure::LeaseLost),
+            Outcome::Moved(to) => Err(CommitFailure::CheckpointMoved {
+                error: TransactionError::CheckpointMoved {
+                    key: key.to_owned(),
+                    checkpoint: to.clone(),
+                },
+                to,
+            }),
+            Outcome::Retry(message) => Err(CommitFailure::Other(TransactionError::Failed {
+                message,
+                retries_exhausted: true,
+            })),
+            Outcome::Fail(e) => Err(CommitFailure::Other(e)),
+        }
+    }
+}
+
+impl ExactlyOnce {
+    /// Sends `items` until an attempt has a verdict, the retries are spent,
+    /// or no retry could start before `until`.
+    pub(super) async fn send_attempts(
+        &self,
+        items: &[TransactWriteItem],
+        token: &str,
+        checkpoint: &PreparedCheckpoint,
+        until: Instant,
+    ) -> Outcome {
+        let mut pauses = self.backoff.pauses();
+        loop {
+            let outcome = self.attempt(items, token, checkpoint, until).await;
+            let Outcome::Retry(why) = outcome else {
+                return outcome;
+            };
+            match pauses.next() {
+                Some(pause) if Instant::now() + pause < until => {
+                    warn!(why, ?pause, "the transactional checkpoint is retried");
+                    tokio::time::sleep(pause).await;
+                }
+                _ => return Outcome::Retry(why),
+            }
+        }
+    }
+
+    /// One `TransactWriteItems`, cut at the attempt timeout or at `until`.
+    async fn attempt(
+        &self,
+        items: &[TransactWriteItem],
+        token: &str,
+        checkpoint: &PreparedCheckpoint,
+        until: Instant,
+    ) -> Outcome {
+        let limit = until
+            .saturating_duration_since(Instant::now())
+            .min(self.attempt_timeout);
+        let call = self
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(items.to_vec()))
+            .client_request_token(token)
+            .send();
+        match tokio::time::timeout(limit, call).await {
+            Ok(Ok(_)) => Outcome::Applied,
+            Ok(Err(e)) => self.judge(e, items.len() - 1, checkpoint, token),
+            // Like a lost answer: it may still land. A retry (same token)
+            // or the settling finds out.
+            Err(_) => Outcome::Retry(format!("no answer within {limit:?}")),
+        }
+    }
+
+    /// What a failed attempt means. The lease item is the last one.
+    fn judge(
+        &self,
+        err: SdkError<TransactWriteItemsError, aws_smithy_runtime_api::http::Response>,
+        user_items: usize,
+        checkpoint: &PreparedCheckpoint,
+        token: &str,
+    ) -> Outcome {
+        let service = match &err {
+            SdkError::ServiceError(s) => s.err(),
+            // No answer, or an unreadable one: the transaction may have
+            // committed; the retry finds out.
+            SdkError::TimeoutError(_)
+            | SdkError::DispatchFailure(_)
+            | SdkError::ResponseError(_) => {
+                return Outcome::Retry(format!("no answer: {}", DisplayErrorContext(&err)));
+            }
+            _ => {
+                return Outcome::Fail(TransactionError::Failed {
+                    message: DisplayErrorContext(&err).to_string(),
+                    retries_exhausted: false,
+                });
+            }
+        };
+        if let TransactWriteItemsError::TransactionCanceledException(c) = service {
+            return self.judge_cancelled(c, user_items, checkpoint, token);
+        }
+        let code = service.code().unwrap_or_default();
+        let status = match &err {
+            SdkError::ServiceError(s) => s.raw().status().as_u16(),
+            _ => 0,
+        };
+        let retryable = matches!(
+            code,
+            "TransactionInProgressException"
+                | "TransactionConflictException"
+                | "ProvisionedThroughputExceededException"
+                | "ThrottlingException"
+                | "RequestLimitExceeded"
+                | "InternalServerError"
+                | "ServiceUnavailable"
+        ) || status >= 500;
+        let message = format!("{code}: {}", service.message().unwrap_or_default());
+        if retryable {
+            Outcome::Retry(message)
+        } else {
+            Outcome::Fail(TransactionError::Failed {
+                message,
+                retries_exhausted: false,
+            })
+        }
+    }
+
+    /// A cancelled transaction: the lease item's reason first (it says
+    /// whether an earlier attempt committed), then the caller's items'.
+    fn judge_cancelled(
+        &self,
+        c: &aws_sdk_dynamodb::types::error::TransactionCanceledException,
+        user_items: usize,
+        checkpoint: &PreparedCheckpoint,
+        token: &str,
+    ) -> Outcome {
+        let reasons = c.cancellation_reasons();
+        let code = |r: &CancellationReason| r.code().unwrap_or("None").to_owned();
+        if let Some(lease) = reasons.get(user_items)
+            && code(lease) == "ConditionalCheckFailed"
+        {
+            return match verdict(&self.lease_table, lease.item(), checkpoint, token) {
+                Verdict::Applied => Outcome::Applied,
+                Verdict::LeaseLost => Outcome::LeaseLost,
+                Verdict::Moved(to) => Outcome::Moved(to),
+                // Only a fence of this token is left to fail the condition,
+                // and the settling, which fences, tells.
+                Verdict::Unchanged => Outcome::Retry(
+                    "the lease item's condition failed though it shows this tenure at the \
+                     checkpoint replaced"
+                        .to_owned(),
+                ),
+            };
+        }
+        if let Some((index, r)) = reasons
+            .iter()
+            .enumerate()
+            .take(user_items)
+            .find(|(_, r)| code(r) == "ConditionalCheckFailed")
+        {
+            return Outcome::Fail(TransactionError::ConditionFailed {
+                index,
+                item: r.item().cloned(),
+            });
+        }
+        let retry = reasons.iter().map(code).find(|c| {
+            matches!(
+                c.as_str(),
+                "TransactionConflict" | "ThrottlingError" | "ProvisionedThroughputExceeded"
+            )
+        });
+        if let Some(c) = retry {
+            return Outcome::Retry(format!("cancelled: {c}"));
+        }
+        let codes: Vec<String> = reasons.iter().map(code).collect();
+        Outcome::Fail(TransactionError::Failed {
+            message: format!(
+                "cancelled ({}): {}",
+                codes.join(", "),
+                c.message().unwrap_or_default()
+            ),
+            retries_exhausted: false,
+        })
+    }
+}
