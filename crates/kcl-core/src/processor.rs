@@ -54,7 +54,8 @@ pub struct InitializeInput {
 /// One batch of records for [`RecordProcessor::process_records`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct RecordBatch {
-    /// User records in shard order (KPL aggregates already split).
+    /// User records in shard order (KPL aggregates already split). Empty
+    /// only in the case [`RecordProcessor::process_records`] describes.
     pub records: Vec<Record>,
     /// How far behind the tip of the shard this batch is, when known.
     pub millis_behind_latest: Option<u64>,
@@ -82,6 +83,21 @@ pub trait RecordProcessor: Send {
     /// effects are durable; an error leaves the batch to the failure
     /// policy (by default the same batch is retried with backoff, so
     /// nothing is ever skipped silently).
+    ///
+    /// It may be called with an empty batch only when the shard runs in
+    /// parallel lanes (`parallelism_per_shard` above 1), its fetching has
+    /// stopped because the lanes hold
+    /// [`MAX_LANE_RECORDS_IN_FLIGHT`](crate::checkpointer::MAX_LANE_RECORDS_IN_FLIGHT)
+    /// records past its checkpoint, and this lane holds the oldest of them
+    /// and has no batch to run. It then gets an empty batch after 1 s, and
+    /// again at pauses doubling up to 30 s for as long as that lasts, so
+    /// that a processor that buffers records and flushes on a timer it
+    /// checks here can flush and checkpoint (`checkpoint()` covers every
+    /// record the lane was given). The call comes like any other, never
+    /// beside another call of this processor, and its error goes to the
+    /// failure policy as a batch's would (under `Isolate`, with no record
+    /// to set aside, it is retried as under [`FailurePolicy::Retry`]). A
+    /// processor with nothing to flush returns `Ok`.
     async fn process_records(
         &mut self,
         batch: &RecordBatch,

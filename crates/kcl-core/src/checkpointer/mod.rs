@@ -30,6 +30,7 @@ pub use sequence::{Position, SequenceNumber};
 /// 50 ms up to 1 s apart.
 const CHECKPOINT_BACKOFF: Backoff =
     Backoff::new(Duration::from_millis(50), Duration::from_secs(1)).retries(5);
+pub use window::MAX_LANE_RECORDS_IN_FLIGHT;
 pub(crate) use window::Window;
 
 /// Why a checkpoint was not written.
@@ -357,7 +358,10 @@ impl Checkpointer {
     /// Checkpoints the last record delivered; in `shard_ended`, records
     /// SHARD_END so the shard's children can start. In a lane: this lane is
     /// done up to its last delivered record, and the shard's checkpoint
-    /// moves to the low watermark of all lanes.
+    /// moves to the low watermark of all lanes; in `shard_ended`, SHARD_END
+    /// is written once every lane has checkpointed its last record (with
+    /// this call, [`Checkpointer::checkpoint_at`] or
+    /// [`Checkpointer::checkpoint_record`]).
     pub async fn checkpoint(&mut self) -> Result<(), CheckpointError> {
         if let (Some(link), Some(through)) = (&self.lane, &self.last_delivered) {
             link.window().done_through(link.index, through);
@@ -368,27 +372,26 @@ impl Checkpointer {
         self.checkpoint_delivered().await
     }
 
-    /// Moves the shard's checkpoint to the lanes' low watermark; once the
-    /// shard ended (every lane drained by then), to SHARD_END when the last
-    /// lane checkpoints in `shard_ended`, so that no lane is still flushing
-    /// when the children start.
+    /// Moves the shard's checkpoint to the lanes' low watermark. Once the
+    /// shard ended, SHARD_END is written when the last lane owing records
+    /// checkpoints its last one in `shard_ended`, so that no lane is still
+    /// flushing when the children start; until then the watermark moves
+    /// with each lane's flushed chunks.
     async fn write_watermark(&mut self) -> Result<(), CheckpointError> {
         let Some(link) = &self.lane else {
             return Ok(());
         };
-        let watermark = link.window().watermark().cloned();
         let mut shard = link.shard.lock().await;
+        let (watermark, every_lane_ended) = {
+            let mut window = link.window();
+            let ended = shard.shard_ended && window.end_lane(link.index);
+            (window.watermark().cloned(), ended)
+        };
         let result = match watermark {
-            _ if shard.shard_ended => {
-                if link.window().end_lane(link.index) {
-                    shard.checkpoint_delivered().await
-                } else {
-                    Ok(())
-                }
-            }
+            _ if every_lane_ended => shard.checkpoint_delivered().await,
             Some(position) => {
                 shard.last_delivered = Some(position);
-                shard.checkpoint_delivered().await
+                shard.checkpoint_position().await
             }
             None => Ok(()),
         };
@@ -396,30 +399,34 @@ impl Checkpointer {
         result
     }
 
+    /// Checkpoints the last record delivered, or SHARD_END once the shard
+    /// ended.
     async fn checkpoint_delivered(&mut self) -> Result<(), CheckpointError> {
-        let target = if self.shard_ended {
-            Checkpoint::ShardEnd
-        } else {
-            match &self.last_delivered {
-                // Already covered (a failed batch was taken back after the
-                // processor checkpointed part of it): never move backwards.
-                Some(delivered)
-                    if Position::of_checkpoint(self.asked()).is_some_and(|at| *delivered <= at) =>
-                {
-                    return Ok(());
-                }
-                Some(delivered) => delivered.to_checkpoint(),
-                // Nothing delivered: nothing new to record.
-                None => return Ok(()),
-            }
-        };
-        let update = match target {
-            Checkpoint::ShardEnd => {
-                CheckpointUpdate::to(target).with_children(self.children.clone())
-            }
-            _ => CheckpointUpdate::to(target),
-        };
+        if !self.shard_ended {
+            return self.checkpoint_position().await;
+        }
+        let update =
+            CheckpointUpdate::to(Checkpoint::ShardEnd).with_children(self.children.clone());
         self.write(update).await
+    }
+
+    /// Checkpoints the last record delivered, if that moves the checkpoint
+    /// forward.
+    async fn checkpoint_position(&mut self) -> Result<(), CheckpointError> {
+        let asked = self.asked();
+        let covered = |delivered: &Position| {
+            *asked == Checkpoint::ShardEnd
+                || Position::of_checkpoint(asked).is_some_and(|at| *delivered <= at)
+        };
+        let target = match &self.last_delivered {
+            // Already covered (a failed batch was taken back after the
+            // processor checkpointed part of it): never move backwards.
+            Some(delivered) if covered(delivered) => return Ok(()),
+            Some(delivered) => delivered.to_checkpoint(),
+            // Nothing delivered: nothing new to record.
+            None => return Ok(()),
+        };
+        self.write(CheckpointUpdate::to(target)).await
     }
 
     /// Checkpoints `record`: it and everything before it are done.
@@ -907,6 +914,107 @@ mod tests {
             .await;
         assert!(matches!(lost, Err(CheckpointError::LeaseLost { .. })));
         assert!(cp.lost.is_cancelled(), "the consumer stops");
+    }
+
+    #[tokio::test]
+    async fn a_commit_found_moved_by_this_tenure_is_not_applied_and_the_checkpointer_catches_up() {
+        let (_, mut cp) = setup().await;
+        cp.delivered_for_test("9", 5);
+        let moved = |to: Checkpoint| {
+            move |_| async move {
+                Err::<(), _>(CommitFailure::CheckpointMoved {
+                    to,
+                    error: "not applied",
+                })
+            }
+        };
+        let failed = cp
+            .commit_with("9", 2, moved(Checkpoint::at("9", 2)))
+            .await
+            .unwrap();
+        assert_eq!(failed, Err("not applied"));
+        assert_eq!(cp.last_checkpoint(), &Checkpoint::at("9", 2));
+        assert!(!cp.lost.is_cancelled(), "still this tenure's lease");
+        // Never backwards, whatever the write reports.
+        let failed = cp
+            .commit_with("9", 4, moved(Checkpoint::at("9", 1)))
+            .await
+            .unwrap();
+        assert_eq!(failed, Err("not applied"));
+        assert_eq!(cp.last_checkpoint(), &Checkpoint::at("9", 2));
+        // The next commit replaces the checkpoint the lease shows.
+        cp.commit_with("9", 4, |p| async move {
+            assert_eq!(p.update.replacing, Some(Checkpoint::at("9", 2)));
+            Ok::<(), CommitFailure<()>>(())
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(cp.last_checkpoint(), &Checkpoint::at("9", 4));
+    }
+
+    /// Two lanes' checkpointers over one shard checkpointer, the shard
+    /// ended, lane 0 holding record 1 and lane 1 records 2 to 4.
+    async fn ended_lanes() -> (InMemoryLeaseStore, Vec<Checkpointer>) {
+        let (store, shard) = setup().await;
+        let window = Arc::new(std::sync::Mutex::new(Window::new(2)));
+        let shard = Arc::new(tokio::sync::Mutex::new(shard));
+        let mut lanes: Vec<Checkpointer> = {
+            let template = shard.lock().await;
+            (0..2)
+                .map(|i| {
+                    Checkpointer::for_lane(&template, i, Arc::clone(&window), Arc::clone(&shard))
+                })
+                .collect()
+        };
+        {
+            let mut w = window.lock().unwrap();
+            w.dispatch(0, Position::new("1", 0));
+            for n in 2..=4u64 {
+                w.dispatch(1, Position::new(n.to_string(), 0));
+            }
+        }
+        lanes[0].delivered_for_test("1", 0);
+        lanes[1].delivered_for_test("4", 0);
+        shard.lock().await.set_shard_ended(vec!["child".into()]);
+        for lane in &mut lanes {
+            lane.set_shard_ended(vec!["child".into()]);
+        }
+        (store, lanes)
+    }
+
+    /// A lane that flushes what it held in chunks in `shard_ended`, each
+    /// chunk checkpointed: SHARD_END (which lets the children start) waits
+    /// for its last chunk, every chunk's checkpoint is accepted, and the
+    /// watermark moves with the chunks meanwhile.
+    #[tokio::test]
+    async fn a_lane_is_ended_only_after_its_last_record_is_checkpointed() {
+        let (store, mut lanes) = ended_lanes().await;
+        let at = |store: &InMemoryLeaseStore| {
+            let store = store.clone();
+            async move { store.get("s").await.unwrap().unwrap().checkpoint }
+        };
+        let mut seen = Vec::new();
+        lanes[0].checkpoint().await.unwrap();
+        seen.push(at(&store).await);
+        for n in ["2", "3", "4"] {
+            lanes[1].checkpoint_at(n, 0).await.unwrap();
+            seen.push(at(&store).await);
+        }
+        assert_eq!(
+            seen,
+            vec![
+                Checkpoint::at("1", 0),
+                Checkpoint::at("2", 0),
+                Checkpoint::at("3", 0),
+                Checkpoint::ShardEnd
+            ]
+        );
+        let lease = store.get("s").await.unwrap().unwrap();
+        assert_eq!(
+            lease.child_shard_ids.into_iter().collect::<Vec<_>>(),
+            vec!["child".to_owned()]
+        );
     }
 
     #[tokio::test]

@@ -7,7 +7,13 @@
 //! batch at a time in a task of its own; the consumer task fetches the
 //! next batch meanwhile, and stops fetching while any lane has
 //! [`QUEUE_DEPTH`] batches waiting. The shard's checkpoint follows the low
-//! watermark (see [`Window`]).
+//! watermark (see [`Window`]), and the consumer also stops fetching while
+//! [`MAX_LANE_RECORDS_IN_FLIGHT`] records are between the watermark and
+//! the newest record: a lane that holds its records without checkpointing
+//! stalls the shard rather than growing the window without bound. While
+//! the lane holding the oldest record idles then, it gets an empty batch
+//! now and then (see [`stall`]), so that a lane flushing on a timer it
+//! checks in `process_records` gets the call it needs to checkpoint.
 //!
 //! At a shutdown or handoff, each lane works through the batches it was
 //! given (at most [`QUEUE_DEPTH`] besides the running one; a lane whose
@@ -23,11 +29,14 @@ use std::sync::{Arc, Mutex};
 use tokio::task::{JoinError, JoinSet};
 use tracing::{Instrument as _, info, warn};
 
+mod stall;
+use stall::wait_for_room;
+
 use super::{
     Consumer, ConsumerExit, Fetch, Stop, deliver, exit_without_processor, finish_shard, initialize,
     shard_labels,
 };
-use crate::checkpointer::{Checkpointer, Position, Window};
+use crate::checkpointer::{Checkpointer, MAX_LANE_RECORDS_IN_FLIGHT, Position, Window};
 use crate::lease::{Checkpoint, Lease};
 use crate::processor::{InitializeInput, Lane, RecordBatch, RecordProcessor, ShardContext};
 use crate::record::Record;
@@ -56,14 +65,21 @@ struct Lanes {
     queues: Vec<VecDeque<RecordBatch>>,
     running: JoinSet<LaneDone>,
     window: Arc<Mutex<Window>>,
+    /// How far behind the tip the last batch fetched was, for the empty
+    /// batches of a stalled lane.
+    behind: Option<u64>,
     /// A lane processor's panic, resumed once the other lanes stopped and
     /// had their ending.
     panic: Option<Box<dyn std::any::Any + Send>>,
 }
 
 impl Lanes {
+    fn window(&self) -> std::sync::MutexGuard<'_, Window> {
+        self.window.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn has_room(&self) -> bool {
-        self.queues.iter().all(|q| q.len() < QUEUE_DEPTH)
+        self.queues.iter().all(|q| q.len() < QUEUE_DEPTH) && !self.window().is_full()
     }
 
     fn drained(&self) -> bool {
@@ -74,14 +90,16 @@ impl Lanes {
     /// the idle lanes that got some.
     fn dispatch(&mut self, c: &Arc<Consumer>, records: Vec<Record>, behind: Option<u64>) {
         let count = self.queues.len();
+        self.behind = behind;
         let mut parts: Vec<Vec<Record>> = vec![Vec::new(); count];
         {
-            let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
+            let mut window = self.window();
             for record in records {
                 let lane = lane_of(&record.partition_key, count);
                 window.dispatch(lane, Position::of(&record));
                 parts[lane].push(record);
             }
+            in_flight_gauge(c, window.in_flight());
         }
         for (lane, records) in parts.into_iter().enumerate() {
             if !records.is_empty() {
@@ -108,8 +126,11 @@ impl Lanes {
         let work = async move {
             let started = tokio::time::Instant::now();
             let result = deliver(&c, processor.as_mut(), &mut checkpointer, &batch).await;
-            metrics::histogram!("kcl_batch_processing_seconds", &shard_labels(&c))
-                .record(started.elapsed().as_secs_f64());
+            // A stalled lane's empty batch is no batch of the shard's.
+            if !batch.records.is_empty() {
+                metrics::histogram!("kcl_batch_processing_seconds", &shard_labels(&c))
+                    .record(started.elapsed().as_secs_f64());
+            }
             (lane, processor, checkpointer, result)
         };
         self.running.spawn(work.in_current_span());
@@ -127,6 +148,7 @@ impl Lanes {
         };
         let (lane, processor, checkpointer, result) = self.rejoin(joined)?;
         self.idle[lane] = Some((processor, checkpointer));
+        in_flight_gauge(c, self.window().in_flight());
         result?;
         self.start(c, lane);
         Ok(())
@@ -214,6 +236,7 @@ pub(super) async fn run(c: &Consumer, current: &Lease, count: usize) -> Consumer
         queues: vec![VecDeque::new(); count],
         running: JoinSet::new(),
         window,
+        behind: None,
         panic: None,
     };
     let mut outcome = Ok(());
@@ -249,6 +272,8 @@ pub(super) async fn run(c: &Consumer, current: &Lease, count: usize) -> Consumer
     // Lanes still retrying stop now; running calls finish.
     c.halt.cancel();
     lanes.settle().await;
+    // This worker no longer reads the shard: no stale figure stays behind.
+    in_flight_gauge(&c, 0);
     let panic = lanes.panic.take();
     let mut processors: Vec<(Processor, Checkpointer)> = lanes.idle.into_iter().flatten().collect();
     let exit = end_lanes(&mut processors, &shard, outcome).await;
@@ -300,13 +325,7 @@ async fn process(
         return Ok(());
     };
     loop {
-        while !lanes.has_room() {
-            tokio::select! {
-                biased;
-                stop = c.stopped() => return Err(stop),
-                joined = lanes.running.join_next() => lanes.finished(c, joined)?,
-            }
-        }
+        wait_for_room(c, lanes, shard).await?;
         // The fetch runs while lanes finish: their results are taken as
         // they come, and the fetch is never cut off and restarted.
         let fetched = {
@@ -350,6 +369,13 @@ async fn process(
             return finish_shard(c, &mut refs, Some(shard), &children).await;
         }
     }
+}
+
+/// Records handed to the shard's lanes and not yet passed by its
+/// checkpoint: near [`MAX_LANE_RECORDS_IN_FLIGHT`], a lane is holding
+/// records without checkpointing them.
+fn in_flight_gauge(c: &Consumer, records: usize) {
+    metrics::gauge!("kcl_lane_records_in_flight", &shard_labels(c)).set(records as f64);
 }
 
 #[cfg(test)]
