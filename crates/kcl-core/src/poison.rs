@@ -8,6 +8,14 @@
 //!
 //! The checkpoint passes a poison record only after its destination
 //! accepted it: a crash or a lease move before that delivers it again.
+//!
+//! A send that never answers (a connection dead without a reset, which the
+//! SDK's default settings wait on forever) must not hold the shard: each
+//! attempt is cut after [`PoisonPolicy::send_attempt_timeout`], and once
+//! [`PoisonPolicy::send_deadline`] has passed without a send accepted, the
+//! shard is given back with its checkpoint before the record. A record the
+//! destination says it can never store ([`CannotStore`]) keeps the shard
+//! instead: another worker would fail the same way.
 
 use std::fmt;
 use std::sync::Arc;
@@ -98,15 +106,79 @@ impl FailedRecord {
     }
 }
 
+/// The error a [`FailureDestination`] returns for records it can never
+/// store, whoever sends them and however often: one too big for it, one it
+/// cannot encode. Return it (boxed, or as the source of the error returned)
+/// when retrying can never help.
+///
+/// The worker then keeps the shard rather than giving it back at the
+/// policy's deadline (the next owner would read the same record and fail
+/// the same way, and the lease would move around the fleet for ever): it
+/// logs the record and the reason at error level, counts the refusal in
+/// `kcl_failure_destination_cannot_store_total`, and retries with capped
+/// backoff, so that a change to the destination (a larger limit, a
+/// redeploy) lets the record through. The checkpoint never passes it
+/// before that.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CannotStore {
+    reason: String,
+}
+
+impl CannotStore {
+    /// Records are refused for good, because of `reason` (which should
+    /// name the record and what it would take to store it).
+    pub fn new(reason: impl Into<String>) -> Self {
+        CannotStore {
+            reason: reason.into(),
+        }
+    }
+
+    /// Why the records cannot be stored.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+
+    /// The `CannotStore` in `error` or in its chain of sources, if any.
+    pub fn find<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a CannotStore> {
+        let mut next = Some(error);
+        while let Some(e) = next {
+            if let Some(found) = e.downcast_ref::<CannotStore>() {
+                return Some(found);
+            }
+            next = e.source();
+        }
+        None
+    }
+}
+
+impl fmt::Display for CannotStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
+impl std::error::Error for CannotStore {}
+
 /// Where records go that a processor keeps failing on: a dead-letter
 /// stream, a table, a queue. `kcl-kinesis` and `kcl-dynamodb` have ready
 /// ones (`KinesisDestination`, `DynamoDbDestination`).
 ///
-/// `send` is retried with backoff until it succeeds or the shard's lease
-/// ends, and the shard waits meanwhile: nothing passes the checkpoint
-/// unless its destination accepted it. A send that fails after writing
-/// part of the records is retried whole, so a destination may see a record
-/// twice (delivery is at-least-once, as for the processor itself).
+/// `send` is retried with backoff, and the shard waits meanwhile: nothing
+/// passes the checkpoint unless its destination accepted it. An attempt
+/// that runs past [`PoisonPolicy::send_attempt_timeout`] is dropped (its
+/// future is cancelled) and counts as failed; once
+/// [`PoisonPolicy::send_deadline`] has passed, the shard is given back
+/// (its lease released) and whoever takes it next reads the records again
+/// and sends them again. A send that fails or is cut after writing part of
+/// the records is retried whole, so a destination may see a record twice
+/// (delivery is at-least-once, as for the processor itself).
+///
+/// A destination that cannot store a record whole must fail the send
+/// (unless its user chose to cut records), not leave the data out: the
+/// source stream's copy is the only other one, until its retention ends.
+/// When no retry could ever store it, fail with [`CannotStore`]: the
+/// shard then stays with this worker, its checkpoint before the record,
+/// instead of being given back at the deadline.
 #[async_trait]
 pub trait FailureDestination: Send + Sync + 'static {
     /// Stores `failed` durably; `Ok` means the shard may move past them.
@@ -132,14 +204,30 @@ enum Action {
 /// How [`FailurePolicy::Isolate`](crate::processor::FailurePolicy::Isolate)
 /// finds and sets aside poison records.
 ///
-/// Defaults: 3 attempts, no age limit, bisection on.
+/// Defaults: 3 attempts, no age limit, bisection on; each send to the
+/// destination cut after [`DEFAULT_SEND_ATTEMPT_TIMEOUT`], the shard given
+/// back after [`DEFAULT_SEND_DEADLINE`] without a send accepted.
 #[derive(Clone)]
 pub struct PoisonPolicy {
     pub(crate) max_attempts: u32,
     pub(crate) max_record_age: Option<Duration>,
     pub(crate) bisect: bool,
+    pub(crate) send_attempt_timeout: Duration,
+    pub(crate) send_deadline: Duration,
     action: Action,
 }
+
+/// How long one [`FailureDestination::send`] may run by default. Far above
+/// a healthy write (a `PutRecords` of 5 MiB, a few hundred `PutItem`s) with
+/// the SDK's own retries, far below "forever".
+pub const DEFAULT_SEND_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long the sends of one group of records may go on failing by default
+/// before the shard is given back: long enough to ride out a throttling
+/// burst or a short outage without moving the lease, short enough that a
+/// shard is not held unread for long by a destination this worker cannot
+/// reach.
+pub const DEFAULT_SEND_DEADLINE: Duration = Duration::from_secs(5 * 60);
 
 impl fmt::Debug for PoisonPolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -147,6 +235,8 @@ impl fmt::Debug for PoisonPolicy {
             .field("max_attempts", &self.max_attempts)
             .field("max_record_age", &self.max_record_age)
             .field("bisect", &self.bisect)
+            .field("send_attempt_timeout", &self.send_attempt_timeout)
+            .field("send_deadline", &self.send_deadline)
             .field(
                 "action",
                 &match self.action {
@@ -162,23 +252,24 @@ impl PoisonPolicy {
     /// Records given up on go to `destination` (an `Arc` of one is a
     /// destination too, to keep a handle on it).
     pub fn send_to(destination: impl FailureDestination) -> Self {
-        PoisonPolicy {
-            max_attempts: 3,
-            max_record_age: None,
-            bisect: true,
-            action: Action::Send(Arc::new(destination)),
-        }
+        Self::with_action(Action::Send(Arc::new(destination)))
     }
 
     /// Records given up on are dropped: logged at error level with their
     /// position and error, and counted in
     /// `kcl_poison_records_total{outcome="dropped"}`.
     pub fn drop_failed() -> Self {
+        Self::with_action(Action::Drop)
+    }
+
+    fn with_action(action: Action) -> Self {
         PoisonPolicy {
             max_attempts: 3,
             max_record_age: None,
             bisect: true,
-            action: Action::Drop,
+            send_attempt_timeout: DEFAULT_SEND_ATTEMPT_TIMEOUT,
+            send_deadline: DEFAULT_SEND_DEADLINE,
+            action,
         }
     }
 
@@ -210,6 +301,45 @@ impl PoisonPolicy {
     pub fn bisect(mut self, on: bool) -> Self {
         self.bisect = on;
         self
+    }
+
+    /// How long one send to the destination may run before it is cut
+    /// (cancelled) and retried with backoff; above zero. Default
+    /// [`DEFAULT_SEND_ATTEMPT_TIMEOUT`]. One send carries every record
+    /// given up on together (a whole batch without bisection), so leave
+    /// room for the largest such group.
+    pub fn send_attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.send_attempt_timeout = timeout;
+        self
+    }
+
+    /// How long sends of one group of records may go on failing or timing
+    /// out before the shard is given back: its lease is released with the
+    /// checkpoint before the records, so that this worker or another one
+    /// reads them again and retries, rather than the shard staying held
+    /// and unread. Above zero; default [`DEFAULT_SEND_DEADLINE`]. Each
+    /// give-back is counted in `kcl_failure_destination_deadlines_total`.
+    /// A refusal with [`CannotStore`] starts the deadline over: the shard
+    /// is kept while the destination says no worker could store the
+    /// records.
+    pub fn send_deadline(mut self, deadline: Duration) -> Self {
+        self.send_deadline = deadline;
+        self
+    }
+
+    /// What is wrong with the settings, if anything.
+    pub(crate) fn problem(&self) -> Option<&'static str> {
+        if self.max_attempts == 0 {
+            Some(
+                "Isolate needs max_attempts of at least 1 (1 gives up on a record at its first failure)",
+            )
+        } else if self.send_attempt_timeout.is_zero() {
+            Some("the poison policy's send_attempt_timeout must be above zero")
+        } else if self.send_deadline.is_zero() {
+            Some("the poison policy's send_deadline must be above zero")
+        } else {
+            None
+        }
     }
 
     pub(crate) fn destination(&self) -> Option<&Arc<dyn FailureDestination>> {
@@ -252,6 +382,37 @@ mod tests {
             approximate_arrival: age.map(|a| SystemTime::now() - a),
             aggregated: false,
         }
+    }
+
+    #[derive(Debug)]
+    struct Wrapped(CannotStore);
+
+    impl fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "sending failed: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn cannot_store_is_found_returned_boxed_or_as_a_source() {
+        let boxed: ProcessorError = Box::new(CannotStore::new("too big"));
+        assert_eq!(
+            CannotStore::find(&*boxed).map(CannotStore::reason),
+            Some("too big")
+        );
+        let wrapped: ProcessorError = Box::new(Wrapped(CannotStore::new("too big")));
+        assert_eq!(
+            CannotStore::find(&*wrapped).map(CannotStore::reason),
+            Some("too big")
+        );
+        let other: ProcessorError = "throttled".into();
+        assert_eq!(CannotStore::find(&*other), None);
     }
 
     #[test]

@@ -238,12 +238,9 @@ impl WorkerConfigBuilder {
         }
         self.checkpoint_policy.validate()?;
         if let FailurePolicy::Isolate(p) = &self.failure_policy
-            && p.max_attempts == 0
+            && let Some(problem) = p.problem()
         {
-            return err(
-                "failure_policy",
-                "Isolate needs max_attempts of at least 1 (1 gives up on a record at its first failure)",
-            );
+            return err("failure_policy", problem);
         }
         Ok(())
     }

@@ -1,29 +1,30 @@
 //! A [`FailureDestination`] that writes records a processor kept failing on
-//! to a Kinesis stream (a dead-letter stream), one JSON document per
-//! record, under the record's own partition key (so a key's failed records
-//! share a shard of the dead-letter stream; `PutRecords` does not promise
-//! their order, and a refused entry is resent after the others).
+//! to a Kinesis stream (a dead-letter stream), as JSON documents under the
+//! record's own partition key (so a key's failed records share a shard of
+//! the dead-letter stream; `PutRecords` does not promise their order, and a
+//! refused entry is resent after the others). A record too big for one
+//! dead-letter record is written in parts; [`reassemble_dead_letters`] reads them back.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+mod document;
+mod reassemble;
+
+use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_sdk_kinesis::Client;
 use aws_sdk_kinesis::error::DisplayErrorContext;
 use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::PutRecordsRequestEntry;
-use aws_smithy_types::base64;
 use kcl_core::backoff::Backoff;
 use kcl_core::poison::{FailedRecord, FailureDestination};
 use kcl_core::processor::ProcessorError;
+
+pub use reassemble::{DeadLetter, DeadLetterError, DeadLetterReassembler, reassemble_dead_letters};
 
 /// Kinesis takes at most this many records per `PutRecords`.
 const MAX_RECORDS_PER_CALL: usize = 500;
 /// ... and at most this many bytes per call (data and partition keys).
 const MAX_BYTES_PER_CALL: usize = 5 * 1024 * 1024;
-/// ... and at most this many per record.
-const MAX_RECORD_BYTES: usize = 1024 * 1024;
-/// An error text is cut to this many bytes.
-const MAX_ERROR_BYTES: usize = 8 * 1024;
 /// Resending the entries a `PutRecords` refused (throttled shards): twice,
 /// 100 ms then 200 ms later, before `send` fails and the consumer retries
 /// it with its own backoff.
@@ -34,18 +35,30 @@ const RESEND: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_
 /// Writes failed records to a Kinesis stream as JSON:
 ///
 /// ```json
-/// {"stream": "orders", "shard_id": "shardId-000000000001",
+/// {"id": "orders/shardId-000000000001/4959.../0",
+///  "stream": "orders", "shard_id": "shardId-000000000001",
 ///  "sequence_number": "4959...", "sub_sequence_number": 0,
 ///  "partition_key": "customer-17", "explicit_hash_key": null,
 ///  "aggregated": false, "approximate_arrival_ms": 1764600000000,
 ///  "error": "...", "attempts": 3, "reason": "max_attempts",
 ///  "failed_at_ms": 1764600012000, "worker_id": "...",
-///  "data_base64": "eyJvcmRlciI6...", "data_bytes": 42}
+///  "data_bytes": 42, "part": 0, "parts": 1,
+///  "data_base64": "eyJvcmRlciI6..."}
 /// ```
 ///
-/// A record whose document would pass Kinesis's 1 MiB limit is written
-/// without `data_base64` (`"data_omitted": true`); its position lets it be
-/// read again from the source stream while that retains it.
+/// Every record is stored whole. One whose document would pass Kinesis's
+/// 1 MiB per-record limit (a record above about 750 KiB: base64 adds a
+/// third) is written as several documents, `part` 0 to `parts - 1`, each
+/// with the same `id` and metadata and a slice of the data, under the same
+/// partition key. To read it back, join the decoded `data_base64` of its
+/// parts in `part` order, ignoring repeats: [`reassemble_dead_letters`] and
+/// [`DeadLetterReassembler`] do this.
+///
+/// A record whose partition key and metadata alone would fill a
+/// dead-letter record cannot be split to fit: its send fails with
+/// [`CannotStore`](kcl_core::poison::CannotStore), so the shard stays with
+/// its worker, its checkpoint before the record, and the send is retried
+/// until the destination is changed.
 #[derive(Debug, Clone)]
 pub struct KinesisDestination {
     client: Client,
@@ -61,57 +74,27 @@ impl KinesisDestination {
         }
     }
 
-    fn entry(failed: &FailedRecord) -> Result<PutRecordsRequestEntry, ProcessorError> {
-        let mut doc = document(failed, true);
-        if doc.len() + failed.record.partition_key.len() > MAX_RECORD_BYTES {
-            doc = document(failed, false);
-        }
-        Ok(PutRecordsRequestEntry::builder()
-            .data(Blob::new(doc))
-            .partition_key(failed.record.partition_key.clone())
-            .build()?)
+    /// The entries of `failed`: one per part.
+    fn entries(failed: &FailedRecord) -> Result<Vec<PutRecordsRequestEntry>, ProcessorError> {
+        document::documents(failed)?
+            .into_iter()
+            .map(|doc| {
+                Ok(PutRecordsRequestEntry::builder()
+                    .data(Blob::new(doc))
+                    .partition_key(failed.record.partition_key.clone())
+                    .build()?)
+            })
+            .collect()
     }
-}
-
-fn millis(at: SystemTime) -> u64 {
-    at.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-/// The JSON document of `failed`, with its data or without.
-pub(crate) fn document(failed: &FailedRecord, with_data: bool) -> Vec<u8> {
-    let r = &failed.record;
-    let mut doc = serde_json::json!({
-        "stream": failed.shard.stream,
-        "shard_id": failed.shard.shard_id,
-        "sequence_number": r.sequence_number,
-        "sub_sequence_number": r.sub_sequence_number,
-        "partition_key": r.partition_key,
-        "explicit_hash_key": r.explicit_hash_key,
-        "aggregated": r.aggregated,
-        "approximate_arrival_ms": r.approximate_arrival.map(millis),
-        "error": failed.error_within(MAX_ERROR_BYTES),
-        "attempts": failed.attempts,
-        "reason": failed.reason.as_str(),
-        "failed_at_ms": millis(failed.failed_at),
-        "worker_id": failed.shard.worker_id,
-        "data_bytes": r.data.len(),
-    });
-    if with_data {
-        doc["data_base64"] = serde_json::Value::String(base64::encode(&r.data));
-    } else {
-        doc["data_omitted"] = serde_json::Value::Bool(true);
-    }
-    serde_json::to_vec(&doc).unwrap_or_default()
 }
 
 #[async_trait]
 impl FailureDestination for KinesisDestination {
     async fn send(&self, failed: &[FailedRecord]) -> Result<(), ProcessorError> {
-        let entries = failed
-            .iter()
-            .map(Self::entry)
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut entries = Vec::with_capacity(failed.len());
+        for f in failed {
+            entries.extend(Self::entries(f)?);
+        }
         for chunk in chunks(entries) {
             self.put(chunk).await?;
         }
@@ -187,13 +170,20 @@ fn chunks(entries: Vec<PutRecordsRequestEntry>) -> Vec<Vec<PutRecordsRequestEntr
 
 #[cfg(test)]
 mod tests {
+    use super::document::MAX_RECORD_BYTES;
     use super::*;
+    use aws_smithy_types::base64;
     use bytes::Bytes;
     use kcl_core::Record;
     use kcl_core::poison::FailureReason;
     use kcl_core::processor::ShardContext;
+    use std::time::UNIX_EPOCH;
 
     fn failed(data: Bytes) -> FailedRecord {
+        failed_at(data, "49590", "bad json")
+    }
+
+    fn failed_at(data: Bytes, seq: &str, error: &str) -> FailedRecord {
         let mut f = FailedRecord::new(
             ShardContext {
                 stream: "orders".into(),
@@ -204,14 +194,14 @@ mod tests {
             },
             Record {
                 data,
-                partition_key: "k".into(),
+                partition_key: "k".repeat(256),
                 explicit_hash_key: None,
-                sequence_number: "49590".into(),
+                sequence_number: seq.into(),
                 sub_sequence_number: 2,
                 approximate_arrival: None,
                 aggregated: true,
             },
-            "bad json".into(),
+            error.into(),
             3,
             FailureReason::MaxAttempts,
         );
@@ -219,10 +209,30 @@ mod tests {
         f
     }
 
+    /// The data of each entry, as a reader of the stream gets it.
+    fn written(failed: &[FailedRecord]) -> Vec<Vec<u8>> {
+        failed
+            .iter()
+            .flat_map(|f| KinesisDestination::entries(f).unwrap())
+            .map(|e| e.data().as_ref().to_vec())
+            .collect()
+    }
+
+    /// A 1 MiB record of bytes that differ by position, so a part out of
+    /// place or lost shows.
+    fn mebibyte() -> Bytes {
+        (0..MAX_RECORD_BYTES)
+            .map(|i| (i % 251) as u8)
+            .collect::<Vec<u8>>()
+            .into()
+    }
+
     #[test]
     fn the_document_names_the_record_its_error_and_carries_its_data() {
-        let doc: serde_json::Value =
-            serde_json::from_slice(&document(&failed(Bytes::from_static(b"{oops")), true)).unwrap();
+        let entries = KinesisDestination::entries(&failed(Bytes::from_static(b"{oops"))).unwrap();
+        assert_eq!(entries.len(), 1);
+        let doc: serde_json::Value = serde_json::from_slice(entries[0].data().as_ref()).unwrap();
+        assert_eq!(doc["id"], "orders/shardId-000000000001/49590/2");
         assert_eq!(doc["sequence_number"], "49590");
         assert_eq!(doc["sub_sequence_number"], 2);
         assert_eq!(doc["error"], "bad json");
@@ -230,33 +240,112 @@ mod tests {
         assert_eq!(doc["attempts"], 3);
         assert_eq!(doc["failed_at_ms"], 5);
         assert_eq!(
+            (doc["part"].as_u64(), doc["parts"].as_u64()),
+            (Some(0), Some(1))
+        );
+        assert_eq!(
             base64::decode(doc["data_base64"].as_str().unwrap()).unwrap(),
             b"{oops"
         );
     }
 
     #[test]
-    fn a_record_too_big_for_kinesis_goes_without_its_data() {
-        let big = failed(Bytes::from(vec![b'x'; MAX_RECORD_BYTES]));
-        let entry = KinesisDestination::entry(&big).unwrap();
-        let doc: serde_json::Value = serde_json::from_slice(entry.data().as_ref()).unwrap();
-        assert_eq!(doc["data_omitted"], true);
-        assert_eq!(doc["data_bytes"], MAX_RECORD_BYTES);
-        assert!(entry.data().as_ref().len() < 2048);
+    fn a_1_mib_record_is_written_whole_in_parts_that_reassemble_in_any_order() {
+        let data = mebibyte();
+        // The longest error and partition key leave the least room.
+        let big = failed_at(data.clone(), "49590", &"e".repeat(100_000));
+        let entries = KinesisDestination::entries(&big).unwrap();
+        assert_eq!(entries.len(), 2, "base64 of 1 MiB needs two records");
+        for e in &entries {
+            let size = e.data().as_ref().len() + e.partition_key().unwrap().len();
+            assert!(size <= MAX_RECORD_BYTES, "{size} bytes in one record");
+            assert_eq!(e.partition_key(), Some(big.record.partition_key.as_str()));
+        }
+        // Parts out of order, one repeated (a retried send), and another
+        // record in between.
+        let small = failed_at(Bytes::from_static(b"tiny"), "49591", "x");
+        let mut stream = written(std::slice::from_ref(&big));
+        stream.reverse();
+        stream.insert(1, written(std::slice::from_ref(&small)).remove(0));
+        stream.push(stream[0].clone());
+        let letters = reassemble_dead_letters(stream.iter().map(Vec::as_slice)).unwrap();
+        let ids: Vec<&str> = letters.iter().map(|l| l.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            [
+                "orders/shardId-000000000001/49591/2",
+                "orders/shardId-000000000001/49590/2"
+            ]
+        );
+        assert_eq!(letters[1].data, data, "the 1 MiB record, byte for byte");
+        assert_eq!(letters[1].document["data_bytes"], MAX_RECORD_BYTES);
+        assert_eq!(letters[1].document["parts"], 2);
+        assert!(letters[1].document.get("data_base64").is_none());
+        assert_eq!(letters[0].data.as_ref(), b"tiny");
+    }
+
+    #[test]
+    fn a_record_missing_a_part_or_a_stray_document_is_named_not_skipped() {
+        let stream = written(&[failed(mebibyte())]);
+        let e = reassemble_dead_letters([stream[1].as_slice()]).unwrap_err();
+        assert_eq!(
+            e,
+            DeadLetterError::Incomplete {
+                id: "orders/shardId-000000000001/49590/2".into(),
+                held: 1,
+                parts: 2,
+            }
+        );
+        let e = reassemble_dead_letters([b"{\"stream\": \"orders\"}".as_slice()]).unwrap_err();
+        assert!(matches!(e, DeadLetterError::NotADocument(_)), "{e}");
+        let mut doc: serde_json::Value = serde_json::from_slice(&stream[0]).unwrap();
+        doc["data_bytes"] = 7.into();
+        let e = reassemble_dead_letters([serde_json::to_vec(&doc).unwrap().as_slice(), &stream[1]])
+            .unwrap_err();
+        assert!(e.to_string().contains("49590/2"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_record_that_cannot_be_split_to_fit_fails_the_send_for_good() {
+        // Nothing listens there: the send must fail before any call.
+        let client = Client::from_conf(
+            aws_sdk_kinesis::Config::builder()
+                .behavior_version(aws_sdk_kinesis::config::BehaviorVersion::latest())
+                .region(aws_sdk_kinesis::config::Region::new("us-east-1"))
+                .endpoint_url("http://127.0.0.1:9")
+                .build(),
+        );
+        let mut f = failed(Bytes::from_static(b"x"));
+        f.record.partition_key = "k".repeat(MAX_RECORD_BYTES);
+        let err = KinesisDestination::new(client, "orders-failed")
+            .send(&[f])
+            .await
+            .unwrap_err();
+        let never = kcl_core::poison::CannotStore::find(&*err);
+        assert!(never.is_some(), "no retry can store it: {err}");
+        assert!(
+            err.to_string()
+                .contains("orders/shardId-000000000001/49590/2"),
+            "{err}"
+        );
     }
 
     #[test]
     fn calls_stay_within_the_put_records_limits() {
         let small: Vec<_> = (0..1200)
-            .map(|_| KinesisDestination::entry(&failed(Bytes::from_static(b"x"))).unwrap())
+            .flat_map(|_| KinesisDestination::entries(&failed(Bytes::from_static(b"x"))).unwrap())
             .collect();
         let sizes: Vec<usize> = chunks(small).iter().map(Vec::len).collect();
         assert_eq!(sizes, vec![500, 500, 200]);
         let large: Vec<_> = (0..12)
-            .map(|_| KinesisDestination::entry(&failed(Bytes::from(vec![b'x'; 600_000]))).unwrap())
+            .flat_map(|_| KinesisDestination::entries(&failed(mebibyte())).unwrap())
             .collect();
+        assert_eq!(large.len(), 24);
         for chunk in chunks(large) {
-            let bytes: usize = chunk.iter().map(|e| e.data().as_ref().len() + 1).sum();
+            let bytes: usize = chunk
+                .iter()
+                .map(|e| e.data().as_ref().len() + e.partition_key().unwrap().len())
+                .sum();
             assert!(bytes <= MAX_BYTES_PER_CALL, "{bytes}");
         }
     }

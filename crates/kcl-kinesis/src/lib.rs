@@ -43,7 +43,8 @@
 //!   subscription at a time, renews it from the continuation sequence
 //!   number and replaces it when it falls silent.
 //! - [`KinesisDestination`] (`destination`): a dead-letter stream for
-//!   records a processor keeps failing on (`FailurePolicy::Isolate`).
+//!   records a processor keeps failing on (`FailurePolicy::Isolate`), and
+//!   [`reassemble_dead_letters`] to read them back whole.
 //! - [`fake`] (feature `test-util`): an in-memory Kinesis for tests and
 //!   benchmarks with thousands of shards.
 //!
@@ -91,7 +92,9 @@ pub use budget::DEFAULT_PREFETCH_BUDGET;
 pub use config::{
     ConfigError, MAX_GET_RECORDS_LIMIT, MIN_TIME_BETWEEN_READS, PollingConfig, PollingConfigBuilder,
 };
-pub use destination::KinesisDestination;
+pub use destination::{
+    DeadLetter, DeadLetterError, DeadLetterReassembler, KinesisDestination, reassemble_dead_letters,
+};
 pub use fanout::{DeregisterConsumer, FanOutConfig, FanOutConfigBuilder, MAX_CONSUMER_NAME_LEN};
 pub use source::{
     KinesisShardSource, KinesisShardSourceBuilder, MAX_LIST_SHARDS_RESULTS, Retrieval,

@@ -5,12 +5,15 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 
-use tracing::{error, warn};
+use tracing::warn;
 
 use super::{Consumer, Stop, processor_error};
 use crate::checkpointer::Checkpointer;
 use crate::poison::{FailedRecord, FailureReason, PoisonPolicy};
 use crate::processor::{FailurePolicy, RecordBatch, RecordProcessor};
+
+mod set_aside;
+use set_aside::set_aside;
 
 /// Hands one batch to the processor, applying the failure policy. `Ok`
 /// once every record of it is processed or set aside.
@@ -20,7 +23,11 @@ pub(super) async fn deliver(
     checkpointer: &mut Checkpointer,
     batch: &RecordBatch,
 ) -> Result<(), Stop> {
-    if let FailurePolicy::Isolate(policy) = &c.setup.policy {
+    // A stalled lane's empty batch has no record to isolate: its failure
+    // is retried as under `Retry`.
+    if let FailurePolicy::Isolate(policy) = &c.setup.policy
+        && !batch.records.is_empty()
+    {
         return isolate(c, processor, checkpointer, batch, policy).await;
     }
     let mut backoff = c.setup.backoff.pauses();
@@ -153,70 +160,4 @@ async fn isolate(
         c.pause(backoff.next_or_max()).await?;
     }
     Ok(())
-}
-
-/// Sends `failed` to the policy's destination, retrying until it accepts
-/// them or the lease ends; or drops them, counted and logged.
-async fn set_aside(
-    c: &Consumer,
-    policy: &PoisonPolicy,
-    failed: &[FailedRecord],
-) -> Result<(), Stop> {
-    let labels = |outcome: &'static str| {
-        [
-            ("stream", c.ctx.stream.clone()),
-            ("shard", c.ctx.shard_id.clone()),
-            ("outcome", outcome.to_owned()),
-        ]
-    };
-    let Some(destination) = policy.destination() else {
-        for f in failed {
-            error!(
-                sequence_number = %f.record.sequence_number,
-                sub_sequence_number = f.record.sub_sequence_number,
-                partition_key = %f.record.partition_key,
-                attempts = f.attempts,
-                reason = %f.reason,
-                error = %f.error,
-                "dropping a record the processor keeps failing on, as configured"
-            );
-        }
-        metrics::counter!("kcl_poison_records_total", &labels("dropped"))
-            .increment(failed.len() as u64);
-        return Ok(());
-    };
-    let mut backoff = c.setup.backoff.pauses();
-    loop {
-        c.still_ours()?;
-        // A destination that hangs must not outlast the lease: the record
-        // is then delivered again to the next owner, and sent again.
-        let sent = tokio::select! {
-            stop = c.stopped() => return Err(stop),
-            _ = c.halt.cancelled() => return Err(Stop::Release),
-            sent = destination.send(failed) => sent,
-        };
-        match sent {
-            Ok(()) => {
-                warn!(
-                    records = failed.len(),
-                    first = %failed[0].record.sequence_number,
-                    reason = %failed[0].reason,
-                    "records the processor keeps failing on went to the failure destination"
-                );
-                metrics::counter!("kcl_poison_records_total", &labels("sent"))
-                    .increment(failed.len() as u64);
-                return Ok(());
-            }
-            Err(e) => {
-                warn!(error = %e, records = failed.len(), "the failure destination refused the records; retrying");
-                metrics::counter!(
-                    "kcl_failure_destination_errors_total",
-                    "stream" => c.ctx.stream.clone(),
-                    "shard" => c.ctx.shard_id.clone()
-                )
-                .increment(1);
-                c.pause(backoff.next_or_max()).await?;
-            }
-        }
-    }
 }

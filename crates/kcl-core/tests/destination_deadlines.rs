@@ -1,0 +1,361 @@
+//! A failure destination that never answers, on a whole worker over the
+//! in-memory store and source under a paused clock: each send is cut by the
+//! poison policy's attempt timeout, the shard is given back once its
+//! deadline passed (its checkpoint still before the poison record), and the
+//! record reaches the destination once it answers again. A destination that
+//! can never store the record keeps the shard instead, retried until it
+//! changes.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use kcl_core::checkpointer::Checkpointer;
+use kcl_core::poison::{CannotStore, FailedRecord, FailureDestination, PoisonPolicy};
+use kcl_core::processor::{
+    FailurePolicy, InitializeInput, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
+};
+use kcl_core::source::InitialPosition;
+use kcl_core::source::memory::InMemoryShardSource;
+use kcl_core::store::memory::InMemoryLeaseStore;
+use kcl_core::worker::{StreamSpec, Worker, WorkerConfig, WorkerHandle};
+use kcl_core::{Checkpoint, LeaseConfig, LeaseLayout, LeaseStore};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep};
+
+const STREAM: &str = "orders";
+const POISON: &[u8] = b"2";
+
+/// What the processors of the shard did.
+#[derive(Default)]
+struct Log {
+    processed: Mutex<Vec<String>>,
+    initialized: AtomicU32,
+    lease_lost: AtomicU32,
+}
+
+/// Fails on the record `POISON`, checkpoints after every batch.
+struct Processor(Arc<Log>);
+
+#[async_trait]
+impl RecordProcessor for Processor {
+    async fn initialize(&mut self, _: &InitializeInput) -> Result<(), ProcessorError> {
+        self.0.initialized.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    async fn process_records(
+        &mut self,
+        batch: &RecordBatch,
+        cp: &mut Checkpointer,
+    ) -> Result<(), ProcessorError> {
+        if batch.records.iter().any(|r| r.data.as_ref() == POISON) {
+            return Err("poison record".into());
+        }
+        let data = batch
+            .records
+            .iter()
+            .map(|r| String::from_utf8(r.data.to_vec()).unwrap());
+        self.0.processed.lock().unwrap().extend(data);
+        cp.checkpoint().await?;
+        Ok(())
+    }
+
+    async fn shutdown_requested(&mut self, _: &mut Checkpointer) -> Result<(), ProcessorError> {
+        Ok(())
+    }
+
+    async fn shard_ended(&mut self, cp: &mut Checkpointer) -> Result<(), ProcessorError> {
+        cp.checkpoint().await?;
+        Ok(())
+    }
+
+    async fn lease_lost(&mut self) {
+        self.0.lease_lost.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A destination whose first `hang` sends never answer, as over a
+/// connection that died without a reset; the others store the records.
+#[derive(Default)]
+struct Silent {
+    hang: AtomicU32,
+    calls: AtomicU32,
+    got: Mutex<Vec<FailedRecord>>,
+}
+
+#[async_trait]
+impl FailureDestination for Silent {
+    async fn send(&self, failed: &[FailedRecord]) -> Result<(), ProcessorError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let hangs = self
+            .hang
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if hangs {
+            std::future::pending::<()>().await;
+        }
+        self.got.lock().unwrap().extend_from_slice(failed);
+        Ok(())
+    }
+}
+
+/// A destination that refuses every record for good while `refuse` is set
+/// (a record too big for it), and stores them once it is changed.
+#[derive(Default)]
+struct Refusing {
+    refuse: AtomicBool,
+    calls: AtomicU32,
+    got: Mutex<Vec<FailedRecord>>,
+}
+
+#[async_trait]
+impl FailureDestination for Refusing {
+    async fn send(&self, failed: &[FailedRecord]) -> Result<(), ProcessorError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.refuse.load(Ordering::SeqCst) {
+            return Err(Box::new(CannotStore::new("the record is too big for me")));
+        }
+        self.got.lock().unwrap().extend_from_slice(failed);
+        Ok(())
+    }
+}
+
+struct Setup {
+    store: InMemoryLeaseStore,
+    /// Sequence numbers of the records "0".."4", in order.
+    seqs: Vec<String>,
+    log: Arc<Log>,
+    worker: WorkerHandle,
+    task: JoinHandle<Result<(), kcl_core::worker::WorkerError>>,
+}
+
+/// One worker over one shard holding the records "0".."4", "2" poison.
+fn start(policy: PoisonPolicy) -> Setup {
+    let source = InMemoryShardSource::new();
+    source.create_stream(STREAM, 1);
+    let seqs = (0..5)
+        .map(|n| source.put(STREAM, "pk", n.to_string()).unwrap().1)
+        .collect();
+    let store = InMemoryLeaseStore::new();
+    let lease = LeaseConfig::builder("w-a")
+        .taker_interval(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let config = WorkerConfig::builder(lease)
+        .stream(StreamSpec {
+            name: STREAM.into(),
+            layout: LeaseLayout::SingleStream,
+        })
+        .initial_position(InitialPosition::TrimHorizon)
+        .failure_policy(FailurePolicy::Isolate(policy))
+        .max_backoff(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let log = Arc::new(Log::default());
+    let made = Arc::clone(&log);
+    let factory = move |_: &ShardContext| Processor(Arc::clone(&made));
+    let worker = Worker::new(
+        config,
+        Arc::new(store.handle()),
+        Arc::new(source),
+        Arc::new(factory),
+    );
+    let handle = worker.handle();
+    Setup {
+        store,
+        seqs,
+        log,
+        worker: handle,
+        task: tokio::spawn(worker.run()),
+    }
+}
+
+impl Setup {
+    async fn checkpoint(&self) -> Checkpoint {
+        let leases = self.store.snapshot();
+        let lease = self.store.get(&leases[0].key).await.unwrap().unwrap();
+        lease.checkpoint
+    }
+
+    fn processed(&self) -> Vec<String> {
+        self.log.processed.lock().unwrap().clone()
+    }
+
+    async fn stop(self) {
+        self.worker.shutdown();
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+/// Waits (in paused time) until `done` holds, or fails naming `what`.
+async fn until(what: &str, limit: Duration, done: impl Fn() -> bool) {
+    let started = Instant::now();
+    while !done() {
+        assert!(started.elapsed() < limit, "{what} never happened");
+        sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_send_that_never_answers_is_cut_and_the_shard_given_back_after_the_deadline() {
+    let dest = Arc::new(Silent {
+        hang: AtomicU32::new(u32::MAX),
+        ..Silent::default()
+    });
+    let policy = PoisonPolicy::send_to(Arc::clone(&dest))
+        .max_attempts(1)
+        .send_attempt_timeout(Duration::from_secs(10))
+        .send_deadline(Duration::from_secs(60));
+    let s = start(policy);
+    until("the shard given back", Duration::from_secs(600), || {
+        s.log.lease_lost.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    // Six sends fit in the minute (10 s each, 0.1 s to 1 s apart); one
+    // that hung for good would have been the only one.
+    assert!(
+        dest.calls.load(Ordering::SeqCst) >= 5,
+        "each hung send was cut and retried: {} calls",
+        dest.calls.load(Ordering::SeqCst)
+    );
+    assert!(dest.got.lock().unwrap().is_empty());
+    assert_eq!(s.processed(), ["0", "1"], "nothing after the poison record");
+    assert_eq!(
+        s.checkpoint().await,
+        Checkpoint::at(s.seqs[1].clone(), 0),
+        "the checkpoint stays before the record not stored"
+    );
+    // The destination answers again: the worker takes the shard back,
+    // reads the records again and sets the poison record aside.
+    dest.hang.store(0, Ordering::SeqCst);
+    until(
+        "the rest of the shard processed",
+        Duration::from_secs(600),
+        || s.processed().ends_with(&["3".to_owned(), "4".to_owned()]),
+    )
+    .await;
+    let got = dest.got.lock().unwrap().clone();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].record.data.as_ref(), POISON);
+    assert_eq!(s.log.initialized.load(Ordering::SeqCst), 2, "a new tenure");
+    assert_eq!(s.checkpoint().await, Checkpoint::at(s.seqs[4].clone(), 0));
+    s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_send_is_cut_and_retried_without_giving_the_shard_back() {
+    let dest = Arc::new(Silent {
+        hang: AtomicU32::new(1),
+        ..Silent::default()
+    });
+    let policy = PoisonPolicy::send_to(Arc::clone(&dest))
+        .max_attempts(1)
+        .send_attempt_timeout(Duration::from_secs(10));
+    let s = start(policy);
+    until(
+        "the rest of the shard processed",
+        Duration::from_secs(600),
+        || s.processed().len() == 4,
+    )
+    .await;
+    assert_eq!(s.processed(), ["0", "1", "3", "4"]);
+    assert_eq!(
+        dest.calls.load(Ordering::SeqCst),
+        2,
+        "one cut, one accepted"
+    );
+    assert_eq!(dest.got.lock().unwrap().len(), 1);
+    assert_eq!(s.log.lease_lost.load(Ordering::SeqCst), 0);
+    assert_eq!(s.log.initialized.load(Ordering::SeqCst), 1, "one tenure");
+    s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_record_the_destination_can_never_store_keeps_the_shard_and_is_retried() {
+    let dest = Arc::new(Refusing {
+        refuse: AtomicBool::new(true),
+        ..Refusing::default()
+    });
+    let deadline = Duration::from_secs(60);
+    let policy = PoisonPolicy::send_to(Arc::clone(&dest))
+        .max_attempts(1)
+        .send_deadline(deadline);
+    let s = start(policy);
+    until("a first refusal", Duration::from_secs(600), || {
+        dest.calls.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    // Ten deadlines go by: the sends go on in each, about one a second
+    // (the worker's max_backoff), and the shard is never given back.
+    let mut per_deadline = Vec::new();
+    for _ in 0..10 {
+        let before = dest.calls.load(Ordering::SeqCst);
+        sleep(deadline).await;
+        per_deadline.push(dest.calls.load(Ordering::SeqCst) - before);
+    }
+    assert!(
+        per_deadline.iter().all(|n| *n >= 50),
+        "sends per deadline: {per_deadline:?}"
+    );
+    assert_eq!(
+        s.log.lease_lost.load(Ordering::SeqCst),
+        0,
+        "the shard was never given back"
+    );
+    assert_eq!(s.log.initialized.load(Ordering::SeqCst), 1, "one tenure");
+    assert_eq!(s.processed(), ["0", "1"], "nothing after the record");
+    assert_eq!(
+        s.checkpoint().await,
+        Checkpoint::at(s.seqs[1].clone(), 0),
+        "the checkpoint stays before the record not stored"
+    );
+    // The destination is changed to take it: the shard goes on.
+    dest.refuse.store(false, Ordering::SeqCst);
+    until(
+        "the rest of the shard processed",
+        Duration::from_secs(600),
+        || s.processed().len() == 4,
+    )
+    .await;
+    assert_eq!(s.processed(), ["0", "1", "3", "4"]);
+    let got = dest.got.lock().unwrap().clone();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].record.data.as_ref(), POISON);
+    assert_eq!(
+        s.log.initialized.load(Ordering::SeqCst),
+        1,
+        "still one tenure"
+    );
+    assert_eq!(s.checkpoint().await, Checkpoint::at(s.seqs[4].clone(), 0));
+    s.stop().await;
+}
+
+#[test]
+fn a_poison_policy_without_time_for_its_sends_is_refused() {
+    let lease = LeaseConfig::builder("w").build().unwrap();
+    let spec = StreamSpec {
+        name: STREAM.into(),
+        layout: LeaseLayout::SingleStream,
+    };
+    let cases = [
+        (
+            PoisonPolicy::drop_failed().send_attempt_timeout(Duration::ZERO),
+            "send_attempt_timeout",
+        ),
+        (
+            PoisonPolicy::drop_failed().send_deadline(Duration::ZERO),
+            "send_deadline",
+        ),
+    ];
+    for (policy, named) in cases {
+        let e = WorkerConfig::builder(lease.clone())
+            .stream(spec.clone())
+            .failure_policy(FailurePolicy::Isolate(policy))
+            .build()
+            .unwrap_err();
+        assert!(e.to_string().contains(named), "{e}");
+    }
+}
