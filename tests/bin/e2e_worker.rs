@@ -17,20 +17,24 @@
 //! position the policy held back saves a graceful move from repeats.
 //! Optional: KCL_E2E_COUNT_TABLE=<table> replaces the batch log with
 //! counting records per key into that table (`kcl_tests::counting`), in
-//! KCL_E2E_COUNT_MODE=exactly-once (default) or at-least-once.
+//! KCL_E2E_COUNT_MODE=exactly-once (default) or at-least-once; with
+//! KCL_E2E_COUNT_STALL=<file>, the first process to create that file
+//! stalls right after a batch's counts are durable (`Counter::stall_once`).
 //! Optional: KCL_E2E_POISON=key:counter[,key:counter...] makes every batch
 //! holding one of those records fail before anything of it is logged (one
 //! line per failed call in `<out>.failures`); with KCL_E2E_DLQ_STREAM set,
 //! the worker runs `FailurePolicy::Isolate` sending them to that stream
-//! (KCL_E2E_MAX_ATTEMPTS, default 3), the first KCL_E2E_DLQ_REFUSE sends
-//! refused, and each accepted send's time (ns) appended to `<out>.dlq`.
+//! (KCL_E2E_MAX_ATTEMPTS, default 3), every send refused while the file
+//! KCL_E2E_DLQ_HOLD names exists (one line per refusal in
+//! `<out>.dlq.refused`), and each accepted send's time (ns) appended to
+//! `<out>.dlq`.
 
 use std::io::Write;
 use std::time::Duration;
 
 use anyhow::Context;
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::path::PathBuf;
 
 use kcl::{
     CheckpointPolicy, Checkpointer, FailedRecord, FailureDestination, FailurePolicy,
@@ -58,22 +62,20 @@ fn append(path: &str, line: &str) -> std::io::Result<()> {
     f.write_all(format!("{line}\n").as_bytes())
 }
 
-/// The Kinesis destination, refusing its first sends and logging when it
-/// accepted.
+/// The Kinesis destination, refusing its sends while the test holds it
+/// (so the test reads the checkpoint while it refuses, not racing the
+/// accept), and logging each refusal and acceptance.
 struct LoggedDestination {
     inner: KinesisDestination,
-    refuse: AtomicU32,
+    hold: Option<PathBuf>,
     log: String,
 }
 
 #[kcl::async_trait]
 impl FailureDestination for LoggedDestination {
     async fn send(&self, failed: &[FailedRecord]) -> Result<(), ProcessorError> {
-        if self
-            .refuse
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
+        if self.hold.as_ref().is_some_and(|hold| hold.exists()) {
+            append(&format!("{}.refused", self.log), &now_ns().to_string())?;
             return Err("refused by the test".into());
         }
         self.inner.send(failed).await?;
@@ -207,10 +209,9 @@ async fn main() -> anyhow::Result<()> {
         Ok(stream) => {
             let attempts: u32 =
                 std::env::var("KCL_E2E_MAX_ATTEMPTS").map_or(Ok(3), |v| v.parse())?;
-            let refuse: u32 = std::env::var("KCL_E2E_DLQ_REFUSE").map_or(Ok(0), |v| v.parse())?;
             let destination = LoggedDestination {
                 inner: KinesisDestination::new(aws_sdk_kinesis::Client::new(&sdk), stream),
-                refuse: AtomicU32::new(refuse),
+                hold: std::env::var_os("KCL_E2E_DLQ_HOLD").map(PathBuf::from),
                 log: format!("{out_path}.dlq"),
             };
             FailurePolicy::Isolate(PoisonPolicy::send_to(destination).max_attempts(attempts))
@@ -253,6 +254,7 @@ async fn main() -> anyhow::Result<()> {
                 table: table.clone(),
                 exactly_once: exactly_once.clone(),
                 work: Duration::from_millis(300),
+                stall_once: std::env::var_os("KCL_E2E_COUNT_STALL").map(PathBuf::from),
             })
             .build()?;
         return worker

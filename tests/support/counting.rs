@@ -4,6 +4,8 @@
 //! (at-least-once), so the two can be compared on the same faults.
 
 use std::collections::{BTreeMap, HashMap};
+use std::io::Write as _;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -122,9 +124,36 @@ pub struct Counter {
     /// Work between writing the counts and checkpointing, so that a kill or
     /// a pause lands between them now and then.
     pub work: Duration,
+    /// A file the first process to get there creates (fleet-wide, once),
+    /// writing `<pid> <records>` in it, right after a batch's counts are
+    /// durable (in exactly-once, with its checkpoint; in at-least-once,
+    /// before it): that process then stalls for good, for the test to kill
+    /// it at a known point rather than a random one.
+    pub stall_once: Option<PathBuf>,
 }
 
 impl Counter {
+    /// Stalls for good if this process is the first to reach
+    /// [`Counter::stall_once`], after a batch of `records` records.
+    async fn stall_once(&self, records: usize) -> std::io::Result<()> {
+        let Some(path) = &self.stall_once else {
+            return Ok(());
+        };
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+        {
+            Ok(mut f) => {
+                f.write_all(format!("{} {records}\n", std::process::id()).as_bytes())?;
+                std::future::pending::<()>().await;
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Commits `counts` and the checkpoint at `through`.
     async fn commit(
         &self,
@@ -180,6 +209,7 @@ impl RecordProcessor for Counter {
                         .send()
                         .await?;
                 }
+                self.stall_once(records.len()).await?;
                 tokio::time::sleep(self.work).await;
                 cp.checkpoint_record(last).await?;
             }
@@ -202,6 +232,7 @@ impl RecordProcessor for Counter {
                     previous = Some(r);
                 }
                 self.commit(cp, &counts, last).await?;
+                self.stall_once(records.len()).await?;
             }
         }
         Ok(())

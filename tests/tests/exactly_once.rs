@@ -5,8 +5,9 @@
 //! - Under the DynamoDB fault proxy (lost responses, TransactionConflict,
 //!   throttling, all on the transactions): every counter exact.
 //! - Three worker processes killed, paused past their lease and restarted
-//!   while records keep coming: every counter exact; the same run with
-//!   plain at-least-once checkpoints counts some records twice.
+//!   while records keep coming, one of them killed right after a batch's
+//!   counts were durable: every counter exact; the same run with plain
+//!   at-least-once checkpoints counts that batch twice.
 
 // Setup helpers live outside #[test] fns; a failed setup should panic with its error.
 #![allow(clippy::unwrap_used)]
@@ -20,6 +21,10 @@ use kcl_tests::e2e::{CheckpointMode, KEYS, LEASE, Producer, Scenario, WorkerProc
 use kcl_tests::fault_proxy::{FaultProxy, Faults};
 use kcl_tests::unique_name;
 use tokio::time::Instant;
+
+// Commits whose answer is lost, settled by their own token.
+#[path = "exactly_once/settling.rs"]
+mod settling;
 
 fn dynamodb_endpoint() -> String {
     std::env::var("AWS_ENDPOINT_URL_DYNAMODB")
@@ -104,6 +109,7 @@ async fn exact_under_transaction_faults(renewal: kcl::LeaseRenewal) {
             table: counter_table.clone(),
             exactly_once: exactly_once.clone(),
             work: Duration::ZERO,
+            stall_once: None,
         })
         .build()
         .unwrap();
@@ -149,6 +155,9 @@ struct Run {
     counts: HashMap<String, u64>,
     kills: u32,
     pauses: u32,
+    /// Records of the batch whose counts were durable when its process
+    /// was killed (the deterministic fault).
+    stalled: u64,
 }
 
 impl Run {
@@ -167,8 +176,29 @@ fn signal(p: &WorkerProcess, sig: &str) {
     assert!(status.success(), "kill {sig} {pid}");
 }
 
-/// Three workers count a stream while, every 3 s, one of them is killed
-/// (and restarted a second later) or paused for longer than the lease (and
+/// Waits for the process that stalled at `Counter::stall_once` to say so:
+/// its pid and the records of the batch it counted.
+async fn stalled_at(path: &std::path::Path) -> (u32, u64) {
+    let started = Instant::now();
+    loop {
+        // Written just after the file is created: parse until complete.
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if let Some((pid, records)) = text.strip_suffix('\n').and_then(|t| t.split_once(' ')) {
+            return (pid.parse().unwrap(), records.parse().unwrap());
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no worker reached its stall point in 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Three workers count a stream. First, one of them stalls right after a
+/// batch's counts are durable and is killed there (restarted a second
+/// later): at-least-once has counted that batch but not checkpointed it,
+/// exactly-once has done both. Then, every 3 s, one of them is killed (and
+/// restarted a second later) or paused for longer than the lease (and
 /// resumed, still believing it holds its leases, with batches in hand).
 async fn chaos_run(mode: Mode) -> Run {
     let s = Scenario::new(4).await;
@@ -177,6 +207,7 @@ async fn chaos_run(mode: Mode) -> Run {
         .await
         .unwrap();
     let out = out_dir("kcl-e2e-exactly-once");
+    let stall = out.join("stall");
     let mut config = s.processes(
         env!("CARGO_BIN_EXE_e2e-worker"),
         &out,
@@ -185,13 +216,22 @@ async fn chaos_run(mode: Mode) -> Run {
     config.extra_env = vec![
         ("KCL_E2E_COUNT_TABLE".into(), table.clone()),
         ("KCL_E2E_COUNT_MODE".into(), mode.as_str().into()),
+        ("KCL_E2E_COUNT_STALL".into(), stall.display().to_string()),
     ];
     let ids = ["c-1", "c-2", "c-3"];
     let mut workers: Vec<WorkerProcess> = ids.iter().map(|id| config.spawn(id).unwrap()).collect();
     let mut s = s;
     let producer = Producer::start(&s, 2, Duration::from_millis(250));
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let (mut kills, mut pauses) = (0, 0);
+    let (pid, stalled) = stalled_at(&stall).await;
+    let i = workers
+        .iter()
+        .position(|w| w.child.id() == Some(pid))
+        .unwrap_or_else(|| panic!("pid {pid} is none of the workers"));
+    workers[i].kill().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    workers[i] = config.spawn(ids[i]).unwrap();
+    let (mut kills, mut pauses) = (1, 0);
+    tokio::time::sleep(Duration::from_secs(3)).await;
     for round in 0..8 {
         let i = round % ids.len();
         if round % 2 == 0 {
@@ -217,6 +257,7 @@ async fn chaos_run(mode: Mode) -> Run {
         counts,
         kills,
         pauses,
+        stalled,
     }
 }
 
@@ -226,9 +267,10 @@ async fn counters_are_exact_under_kills_and_pauses_where_at_least_once_counts_tw
     let plain = chaos_run(Mode::AtLeastOnce).await;
     for (name, run) in [("exactly-once", &exact), ("at-least-once", &plain)] {
         println!(
-            "{name}: {} records per key produced, {} kills and {} pauses past the lease; counted {} extra: {:?}",
+            "{name}: {} records per key produced, {} kills ({} records durable at the first) and {} pauses past the lease; counted {} extra: {:?}",
             run.produced,
             run.kills,
+            run.stalled,
             run.pauses,
             run.extra(),
             run.counts
@@ -242,11 +284,15 @@ async fn counters_are_exact_under_kills_and_pauses_where_at_least_once_counts_tw
             exact.counts
         );
     }
-    // At-least-once never loses a record; its repeats are what the
-    // transactional checkpoint removes.
+    // The same faults: the batch counted when its process died is counted
+    // again by at-least-once (its checkpoint was not written), never by
+    // exactly-once (its checkpoint was, with the counts).
+    assert!(exact.stalled > 0 && plain.stalled > 0);
     assert!(
-        plain.extra() >= 0,
-        "at-least-once lost records: {:?}",
+        plain.extra() >= plain.stalled as i64,
+        "at-least-once counted {} extra, not the {} records of the killed batch again: {:?}",
+        plain.extra(),
+        plain.stalled,
         plain.counts
     );
 }

@@ -3,8 +3,9 @@
 //! three times alone, and written with its error to a dead-letter Kinesis
 //! stream; every other record is processed once; the shard keeps going;
 //! and the checkpoint passes the poison record only once the destination
-//! accepted it. Then the same in four lanes per shard, over polling and
-//! over enhanced fan-out.
+//! accepted it: the test holds the destination refusing, reads the
+//! checkpoint meanwhile, and only then lets it accept. Then the same in
+//! four lanes per shard, over polling and over enhanced fan-out.
 
 // Setup helpers live outside #[test] fns; a failed setup should panic with its error.
 #![allow(clippy::unwrap_used)]
@@ -17,9 +18,13 @@ use std::time::Duration;
 use aws_sdk_kinesis::types::ShardIteratorType;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
-use kcl_tests::e2e::{CheckpointMode, KEYS, Scenario, now_ns, out_dir, read_logs, verify_skipping};
-use kcl_tests::{create_stream, unique_name};
+use kcl_tests::e2e::{CheckpointMode, KEYS, Scenario, out_dir, read_logs, verify_skipping};
+use kcl_tests::{TestRecord, create_stream, read_shard, unique_name};
 use tokio::time::Instant;
+
+// A 1 MiB failed record through the dead-letter stream, in parts.
+#[path = "poison/dead_letters.rs"]
+mod dead_letters;
 
 /// Orders two decimal sequence numbers.
 fn compare(a: &str, b: &str) -> Ordering {
@@ -74,6 +79,125 @@ fn lines(path: &Path) -> Vec<String> {
         .collect()
 }
 
+/// The checkpoint of the stream's one shard, as the lease table holds it.
+async fn checkpoint(s: &Scenario) -> Option<String> {
+    s.lease_items()
+        .await
+        .iter()
+        .find_map(|i| i.get("checkpoint")?.as_s().ok().cloned())
+}
+
+/// True if `checkpoint` is a sequence number at or past `seq`.
+fn at_or_past(checkpoint: &str, seq: &str) -> bool {
+    checkpoint.chars().all(|ch| ch.is_ascii_digit()) && compare(checkpoint, seq) != Ordering::Less
+}
+
+/// The sequence numbers of `record` and of the record before it in the
+/// stream's one shard.
+async fn sequence_and_previous(s: &Scenario, record: (u32, u64)) -> (String, String) {
+    let shards = s
+        .env
+        .kinesis()
+        .list_shards()
+        .stream_name(&s.stream)
+        .send()
+        .await
+        .unwrap();
+    let shard = shards.shards()[0].shard_id();
+    let records = read_shard(s.env.kinesis(), &s.stream, shard).await.unwrap();
+    let at = records
+        .iter()
+        .position(|r| {
+            TestRecord::parse(r.data().as_ref()).is_some_and(|t| (t.key, t.counter) == record)
+        })
+        .unwrap();
+    assert!(at > 0, "{record:?} is not the shard's first record");
+    let seq = |i: usize| records[i].sequence_number().to_owned();
+    (seq(at), seq(at - 1))
+}
+
+/// What the test saw while it held the destination.
+struct Held {
+    samples: usize,
+    refusals: usize,
+}
+
+/// While the test holds the destination (it refuses every send), reads
+/// the checkpoint until it stands at the record before the poison record
+/// and the destination refused twice more after the shard was given newer
+/// records (which, in lanes, the other lanes process meanwhile): it must
+/// never be at or past the poison record.
+async fn watch_while_held(
+    s: &mut Scenario,
+    out: &Path,
+    lanes: usize,
+    poison_seq: &str,
+    previous_seq: &str,
+) -> Held {
+    let refused_log = out.join("w-1.jsonl.dlq.refused");
+    let first_rounds = s.produced;
+    let started = Instant::now();
+    let mut samples = 0;
+    let mut refused_when_produced = None;
+    loop {
+        let checkpoint = checkpoint(s).await;
+        samples += 1;
+        if let Some(c) = &checkpoint {
+            assert!(
+                !at_or_past(c, poison_seq),
+                "checkpoint {c} at or past the poison record {poison_seq} while its destination refused"
+            );
+        }
+        let refusals = lines(&refused_log).len();
+        let newer_processed = || {
+            read_logs(out)
+                .unwrap_or_default()
+                .iter()
+                .any(|b| b.records.iter().any(|(_, n)| *n >= first_rounds))
+        };
+        match refused_when_produced {
+            None if refusals > 0 => {
+                s.produce(5).await;
+                refused_when_produced = Some(refusals);
+            }
+            Some(then)
+                if refusals >= then + 2
+                    && checkpoint.as_deref() == Some(previous_seq)
+                    && (lanes == 1 || newer_processed()) =>
+            {
+                return Held { samples, refusals };
+            }
+            _ => {}
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(180),
+            "not settled while held after 180 s: checkpoint {checkpoint:?} (want {previous_seq}), {refusals} refusals"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until every record but the poison one was processed and the
+/// destination accepted once.
+async fn wait_done(s: &Scenario, out: &Path, skipped: &HashSet<(u32, u64)>) {
+    let dlq_log = out.join("w-1.jsonl.dlq");
+    let started = Instant::now();
+    loop {
+        let batches = read_logs(out).unwrap_or_default();
+        let missing = verify_skipping(&batches, KEYS, s.produced, skipped).missing;
+        if missing.is_empty() && !lines(&dlq_log).is_empty() {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(180),
+            "not done after 180 s: {} missing, dlq {:?}",
+            missing.len(),
+            lines(&dlq_log)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn poison_goes_to_the_failure_stream(lanes: usize, retrieval: &str) {
     let mut s = Scenario::new(1).await;
     let dlq = unique_name("kcl-e2e-dlq");
@@ -82,7 +206,11 @@ async fn poison_goes_to_the_failure_stream(lanes: usize, retrieval: &str) {
     // (key 3, counter 5) in its middle.
     s.produce(10).await;
     let poison = (3u32, 5u64);
+    let (poison_seq, previous_seq) = sequence_and_previous(&s, poison).await;
     let out = out_dir("kcl-e2e-poison");
+    // The destination refuses every send until the test removes this.
+    let hold = out.join("dlq.hold");
+    std::fs::write(&hold, "").unwrap();
     let mut config = s.processes(
         env!("CARGO_BIN_EXE_e2e-worker"),
         &out,
@@ -95,49 +223,15 @@ async fn poison_goes_to_the_failure_stream(lanes: usize, retrieval: &str) {
         ),
         ("KCL_E2E_DLQ_STREAM".into(), dlq.clone()),
         ("KCL_E2E_MAX_ATTEMPTS".into(), "3".into()),
-        // The destination refuses its first 3 sends: the checkpoint must
-        // wait for it meanwhile.
-        ("KCL_E2E_DLQ_REFUSE".into(), "3".into()),
+        ("KCL_E2E_DLQ_HOLD".into(), hold.display().to_string()),
         ("KCL_E2E_LANES".into(), lanes.to_string()),
         ("KCL_E2E_RETRIEVAL".into(), retrieval.into()),
     ];
     let mut worker = config.spawn("w-1").unwrap();
+    let held = watch_while_held(&mut s, &out, lanes, &poison_seq, &previous_seq).await;
+    std::fs::remove_file(&hold).unwrap();
     let skipped = HashSet::from([poison]);
-    let dlq_log = out.join("w-1.jsonl.dlq");
-    // The checkpoint as read at a moment (ns before the read was sent).
-    let mut samples: Vec<(u128, Option<String>)> = Vec::new();
-    let started = Instant::now();
-    let mut produced_more = false;
-    loop {
-        let asked = now_ns();
-        let checkpoint = s
-            .lease_items()
-            .await
-            .first()
-            .and_then(|i| i.get("checkpoint"))
-            .and_then(|v| v.as_s().ok())
-            .cloned();
-        samples.push((asked, checkpoint));
-        let batches = read_logs(&out).unwrap_or_default();
-        let done = verify_skipping(&batches, KEYS, s.produced, &skipped)
-            .missing
-            .is_empty();
-        if done && !lines(&dlq_log).is_empty() {
-            if produced_more {
-                break;
-            }
-            // The shard keeps going after the poison record.
-            s.produce(5).await;
-            produced_more = true;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(180),
-            "not done after 180 s: {} batches, dlq {:?}",
-            batches.len(),
-            lines(&dlq_log)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_done(&s, &out, &skipped).await;
     worker.terminate(Duration::from_secs(30)).await.unwrap();
 
     let batches = read_logs(&out).unwrap();
@@ -163,6 +257,8 @@ async fn poison_goes_to_the_failure_stream(lanes: usize, retrieval: &str) {
     assert_eq!(doc["attempts"], 3);
     assert_eq!(doc["reason"], "max_attempts");
     assert_eq!(doc["stream"], s.stream.as_str());
+    assert_eq!(doc["sequence_number"], poison_seq.as_str());
+    assert_eq!(lines(&out.join("w-1.jsonl.dlq")).len(), 1, "accepted once");
     let failures = lines(&out.join("w-1.jsonl.failures"));
     let alone = failures
         .iter()
@@ -172,43 +268,17 @@ async fn poison_goes_to_the_failure_stream(lanes: usize, retrieval: &str) {
         alone, 3,
         "three attempts alone after bisection: {failures:?}"
     );
-
-    let poison_seq = doc["sequence_number"].as_str().unwrap();
-    let accepted: u128 = lines(&dlq_log)[0].parse().unwrap();
-    let before: Vec<&(u128, Option<String>)> =
-        samples.iter().filter(|(at, _)| *at < accepted).collect();
-    assert!(
-        !before.is_empty(),
-        "the checkpoint was sampled while the destination refused"
-    );
-    for (at, checkpoint) in &samples {
-        let passed = checkpoint.as_deref().is_some_and(|c| {
-            c.chars().all(|ch| ch.is_ascii_digit()) && compare(c, poison_seq) != Ordering::Less
-        });
-        assert!(
-            !passed || *at > accepted,
-            "checkpoint {checkpoint:?} at or past the poison record {poison_seq} was read {} ms before the destination accepted it",
-            (accepted - at) / 1_000_000
-        );
-    }
-    let last = s
-        .lease_items()
-        .await
-        .first()
-        .and_then(|i| i.get("checkpoint"))
-        .and_then(|v| v.as_s().ok())
-        .cloned()
-        .unwrap();
+    let last = checkpoint(&s).await.unwrap();
     assert_eq!(
-        compare(&last, poison_seq),
+        compare(&last, &poison_seq),
         Ordering::Greater,
-        "the checkpoint moved past the poison record in the end"
+        "the checkpoint moved past the poison record once the destination accepted it"
     );
     println!(
-        "poison ({lanes} lanes, {retrieval}): {} failed calls, {} checkpoint samples ({} before the destination accepted), {} batches",
+        "poison ({lanes} lanes, {retrieval}): {} failed calls, {} checkpoint samples over {} refusals while held, {} batches",
         failures.len(),
-        samples.len(),
-        before.len(),
+        held.samples,
+        held.refusals,
         batches.len()
     );
 }

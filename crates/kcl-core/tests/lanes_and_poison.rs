@@ -495,56 +495,100 @@ proptest! {
     }
 }
 
+/// Puts `keys` (with record number `n`) as one aggregate; returns its
+/// sequence number.
+fn put_aggregate(fleet: &Fleet, shard_id: &str, keys: &[usize], n: u64) -> String {
+    let records: Vec<(String, Bytes)> = keys
+        .iter()
+        .map(|k| (format!("pk-{k}"), Bytes::from(format!("pk-{k}:{n}"))))
+        .collect();
+    let refs: Vec<(&str, Bytes)> = records
+        .iter()
+        .map(|(pk, d)| (pk.as_str(), d.clone()))
+        .collect();
+    fleet.source.put_aggregate(STREAM, shard_id, &refs).unwrap()
+}
+
 #[tokio::test(start_paused = true)]
 async fn records_of_an_aggregate_spread_over_lanes_resume_at_their_sub_sequence() {
     let mut fleet = Fleet::new(1);
-    // Two aggregates of 8 keys each, then plain records.
-    let shard_id = {
-        let (id, _) = fleet.source.put(STREAM, "pk-0", "pk-0:0").unwrap();
-        id
+    // Of 4 lanes, pk-3 and pk-7 go to lane 0 (FNV-1a of the key), pk-0 to
+    // lane 1. Aggregate A's first two sub-records are lane 0's, its third
+    // is not: with only lane 0 checkpointing, the watermark stops inside A.
+    let (shard_id, _) = fleet.source.put(STREAM, "pk-3", "pk-3:0").unwrap();
+    let a = put_aggregate(&fleet, &shard_id, &[7, 3, 0, 1, 2, 4, 5, 6], 1);
+    put_aggregate(&fleet, &shard_id, &[0, 1, 2, 3, 4, 5, 6, 7], 2);
+    let mut last = String::new();
+    for k in 0..8 {
+        last = fleet
+            .source
+            .put(STREAM, &format!("pk-{k}"), format!("pk-{k}:3"))
+            .unwrap()
+            .1;
+    }
+    // Lanes other than 0 never checkpoint (they would at a shutdown): a
+    // kill leaves the checkpoint at lane 0's watermark.
+    let lane_zero_only = Behaviour {
+        buffering_lanes: true,
+        ..Behaviour::work(10)
     };
-    for n in 1..3u64 {
-        let records: Vec<(String, Bytes)> = (0..8)
-            .map(|k| (format!("pk-{k}"), Bytes::from(format!("pk-{k}:{n}"))))
-            .collect();
-        let refs: Vec<(&str, Bytes)> = records
-            .iter()
-            .map(|(pk, d)| (pk.as_str(), d.clone()))
-            .collect();
-        fleet
-            .source
-            .put_aggregate(STREAM, &shard_id, &refs)
-            .unwrap();
+    let w = fleet.start("w-a", 4, lane_zero_only, FailurePolicy::Retry);
+    let lane_zero: Vec<(String, u64)> = [(3, 0), (7, 1), (3, 1), (3, 2), (7, 2), (3, 3), (7, 3)]
+        .map(|(k, n)| (format!("pk-{k}"), n))
+        .to_vec();
+    fleet
+        .wait_for(lane_zero.len(), Duration::from_secs(60))
+        .await;
+    let started = Instant::now();
+    while fleet.checkpoint_of_only_shard().await == Checkpoint::TrimHorizon {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "lane 0 never checkpointed"
+        );
+        sleep(Duration::from_millis(50)).await;
     }
-    for k in 1..8 {
-        fleet
-            .source
-            .put(STREAM, &format!("pk-{k}"), format!("pk-{k}:0"))
-            .unwrap();
-    }
-    // pk-0:0 first, then aggregates 1 and 2, then pk-1..7:0: per-key order
-    // differs from shard order for keys 1..7, so check only what holds
-    // per key in shard order.
-    let a = fleet.start("w-a", 4, Behaviour::work(10), FailurePolicy::Retry);
-    fleet.wait_for(1 + 16 + 7, Duration::from_secs(60)).await;
-    fleet.stop(a).await;
-    match fleet.checkpoint_of_only_shard().await {
-        Checkpoint::Sequence { .. } => {}
-        other => panic!("checkpoint {other:?}"),
-    }
-    let by_key = fleet.log.by_key();
-    assert_eq!(by_key["pk-0"], vec![0, 1, 2]);
-    for k in 1..8 {
-        assert_eq!(by_key[&format!("pk-{k}")], vec![1, 2, 0], "pk-{k}");
-    }
-    // A second worker resumes after the last checkpoint: nothing again.
-    let before = fleet.log.count();
-    let b = fleet.start("w-b", 4, Behaviour::work(10), FailurePolicy::Retry);
-    sleep(Duration::from_secs(30)).await;
-    fleet.stop(b).await;
+    fleet.kill(w).await;
     assert_eq!(
-        fleet.log.count(),
-        before,
+        fleet.log.processed.lock().unwrap().clone(),
+        lane_zero,
+        "lane 0 alone made records durable"
+    );
+    assert_eq!(
+        fleet.checkpoint_of_only_shard().await,
+        Checkpoint::at(a.clone(), 1),
+        "the watermark stops after A's second sub-record"
+    );
+
+    let before = fleet.log.count();
+    let w = fleet.start("w-b", 4, Behaviour::work(10), FailurePolicy::Retry);
+    // After A/1: A/2..7 (keys 0, 1, 2, 4, 5, 6 at 1), all of B, all at 3.
+    let mut expected: Vec<(String, u64)> = [0, 1, 2, 4, 5, 6]
+        .into_iter()
+        .map(|k| (format!("pk-{k}"), 1))
+        .chain((0..8).flat_map(|k| [(format!("pk-{k}"), 2), (format!("pk-{k}"), 3)]))
+        .collect();
+    fleet
+        .wait_for(before + expected.len(), Duration::from_secs(60))
+        .await;
+    fleet.stop(w).await;
+    let mut resumed = fleet.log.processed.lock().unwrap()[before..].to_vec();
+    // Per key, the resumed worker goes on in shard order.
+    let mut firsts: BTreeMap<String, u64> = BTreeMap::new();
+    for (pk, n) in &resumed {
+        firsts.entry(pk.clone()).or_insert(*n);
+    }
+    assert_eq!(firsts["pk-0"], 1, "pk-0 resumes at A's third sub-record");
+    assert_eq!(firsts["pk-3"], 2, "A/1 (pk-3:1) was checkpointed");
+    assert_eq!(firsts["pk-7"], 2, "A/0 (pk-7:1) was checkpointed");
+    resumed.sort();
+    expected.sort();
+    assert_eq!(
+        resumed, expected,
+        "w-b delivers exactly the records after A/1, each once"
+    );
+    assert_eq!(
+        fleet.checkpoint_of_only_shard().await,
+        Checkpoint::at(last, 0),
         "a shutdown checkpointed everything"
     );
 }
@@ -613,22 +657,30 @@ fn poison(pk: &str, n: u64) -> Arc<HashSet<(String, u64)>> {
 async fn a_poison_record_is_bisected_out_to_the_destination_and_the_shard_goes_on() {
     let mut fleet = Fleet::new(1);
     fleet.produce(4, 0, 10);
-    let bad = poison("pk-2", 5);
+    // The last of one 40-record batch: only its being set aside can carry
+    // the checkpoint past it.
+    let bad = poison("pk-3", 9);
     let dest = Arc::new(Collect {
         refuse: AtomicU32::new(3),
         ..Collect::default()
     });
-    let policy = PoisonPolicy::send_to(Arc::clone(&dest)).max_attempts(3);
+    let isolate =
+        || FailurePolicy::Isolate(PoisonPolicy::send_to(Arc::clone(&dest)).max_attempts(3));
     let b = Behaviour {
         poison: Arc::clone(&bad),
         ..Behaviour::work(1)
     };
-    let w = fleet.start("w-a", 1, b, FailurePolicy::Isolate(policy));
+    let w = fleet.start("w-a", 1, b.clone(), isolate());
     fleet.wait_for(4 * 10 - 1, Duration::from_secs(120)).await;
+    let started = Instant::now();
+    while dest.got.lock().unwrap().is_empty() {
+        assert!(started.elapsed() < Duration::from_secs(120), "never sent");
+        sleep(Duration::from_millis(50)).await;
+    }
     fleet.stop(w).await;
     let got = dest.got.lock().unwrap().clone();
     assert_eq!(got.len(), 1, "only the poison record: {got:?}");
-    assert_eq!(parse(&got[0].record.data), ("pk-2".to_owned(), 5));
+    assert_eq!(parse(&got[0].record.data), ("pk-3".to_owned(), 9));
     assert_eq!(got[0].attempts, 3);
     assert_eq!(got[0].reason, FailureReason::MaxAttempts);
     assert_eq!(got[0].error, "poison record");
@@ -637,13 +689,24 @@ async fn a_poison_record_is_bisected_out_to_the_destination_and_the_shard_goes_o
         0,
         "every other record exactly once"
     );
-    // A restart starts after everything: the poison record is not retried.
+    // A restart on the same poison goes on after it: were the checkpoint
+    // short of it, it would fail on it again and send it again.
     let failures = fleet.log.failures.load(Ordering::Relaxed);
-    let again = fleet.start("w-b", 1, Behaviour::work(1), FailurePolicy::Retry);
-    sleep(Duration::from_secs(20)).await;
+    let again = fleet.start("w-b", 1, b, isolate());
+    fleet.produce(4, 10, 2);
+    fleet.wait_for(4 * 12 - 1, Duration::from_secs(120)).await;
     fleet.stop(again).await;
-    assert_eq!(fleet.log.count(), 4 * 10 - 1);
-    assert_eq!(fleet.log.failures.load(Ordering::Relaxed), failures);
+    assert_eq!(
+        fleet.log.failures.load(Ordering::Relaxed),
+        failures,
+        "the poison record was not tried again"
+    );
+    assert_eq!(dest.got.lock().unwrap().len(), 1, "nor sent again");
+    assert_eq!(
+        check_complete(&fleet.log, 4, 12, &bad),
+        0,
+        "the shard went on after it, each record once"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -732,25 +795,42 @@ async fn without_bisection_the_whole_failing_batch_goes_to_the_destination() {
 #[tokio::test(start_paused = true)]
 async fn a_failing_record_older_than_the_age_limit_is_set_aside_at_once() {
     let mut fleet = Fleet::new(1);
-    fleet.produce(1, 0, 3);
+    // pk-0:0 arrived two hours ago, pk-0:1 just now: both fail, one limit.
+    let two_hours_ago = SystemTime::now() - Duration::from_secs(2 * 3600);
+    fleet
+        .source
+        .put_arrived(STREAM, "pk-0", "pk-0:0", two_hours_ago)
+        .unwrap();
+    fleet.produce(1, 1, 2);
     let dest = Arc::new(Collect::default());
-    // Records arrive at the wall clock's now; an age limit of zero makes
-    // each already too old.
     let policy = PoisonPolicy::send_to(Arc::clone(&dest))
-        .max_attempts(10)
-        .max_record_age(Duration::ZERO);
+        .max_attempts(3)
+        .max_record_age(Duration::from_secs(3600));
     let b = Behaviour {
-        poison: poison("pk-0", 1),
+        poison: Arc::new(HashSet::from([
+            ("pk-0".to_owned(), 0),
+            ("pk-0".to_owned(), 1),
+        ])),
         ..Behaviour::work(1)
     };
     let w = fleet.start("w-a", 1, b, FailurePolicy::Isolate(policy));
-    fleet.wait_for(2, Duration::from_secs(60)).await;
+    fleet.wait_for(1, Duration::from_secs(60)).await;
     fleet.stop(w).await;
-    let got = dest.got.lock().unwrap().clone();
-    assert_eq!(got.len(), 1);
-    assert_eq!(got[0].reason, FailureReason::MaxRecordAge);
-    assert_eq!(got[0].attempts, 1, "no retry of a record too old");
-    assert!(got[0].failed_at <= SystemTime::now());
+    let got: Vec<(u64, FailureReason, u32)> = dest
+        .got
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|f| (parse(&f.record.data).1, f.reason, f.attempts))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (0, FailureReason::MaxRecordAge, 1),
+            (1, FailureReason::MaxAttempts, 3),
+        ],
+        "the old record at its first failure, the fresh one after its attempts"
+    );
 }
 
 #[tokio::test(start_paused = true)]

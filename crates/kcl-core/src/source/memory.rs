@@ -134,6 +134,18 @@ impl InMemoryShardSource {
         partition_key: &str,
         data: impl Into<Bytes>,
     ) -> Option<(String, String)> {
+        self.put_arrived(stream, partition_key, data, SystemTime::now())
+    }
+
+    /// As [`put`](Self::put), for a record that arrived at `arrived`: one
+    /// written long ago, for age limits.
+    pub fn put_arrived(
+        &self,
+        stream: &str,
+        partition_key: &str,
+        data: impl Into<Bytes>,
+        arrived: SystemTime,
+    ) -> Option<(String, String)> {
         let hash = fnv128(partition_key);
         let mut s = self.lock();
         let shards = s.streams.get_mut(stream)?;
@@ -147,7 +159,7 @@ impl InMemoryShardSource {
             explicit_hash_key: None,
             sequence_number: seq.clone(),
             sub_sequence_number: 0,
-            approximate_arrival: Some(SystemTime::now()),
+            approximate_arrival: Some(arrived),
             aggregated: false,
         });
         let id = shard.info.shard_id.clone();

@@ -44,6 +44,29 @@ async fn an_expired_split_parent_ends_with_its_children_so_they_start() {
     assert_eq!(s.source.stats().expired_shards, 1);
 }
 
+/// Every record `shard` holds from its start, read until a batch comes
+/// back empty (caught up).
+async fn read_all(s: &Setup, shard: &str) -> Vec<String> {
+    let mut reader = s
+        .source
+        .open(OpenShard {
+            stream: STREAM.to_owned(),
+            shard_id: shard.to_owned(),
+            position: StartPosition::TrimHorizon,
+            lease: handle(shard, hour()),
+        })
+        .await
+        .expect("open");
+    let mut records = Vec::new();
+    loop {
+        let batch = reader.next_batch().await.expect("batch");
+        if batch.records.is_empty() {
+            return payloads(&records);
+        }
+        records.extend(batch.records);
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_shard_that_expires_while_read_ends_where_it_was() {
     let s = setup(polling().build().expect("config"));
@@ -51,16 +74,36 @@ async fn a_shard_that_expires_while_read_ends_where_it_was() {
     let mut reader = open(&s, StartPosition::TrimHorizon, handle(&s.shard, hour())).await;
     let (records, _) = read_n(reader.as_mut(), 5).await;
     assert_eq!(payloads(&records), expected(0..5));
-    // Split while read, and aged out before the rest was read.
-    put_plain(&s, 2);
+    // Split while read: the next records go to the children; then the
+    // parent ages out.
     let kids = s.fake.split(STREAM, &s.shard, true);
+    for (i, kid) in kids.iter().enumerate() {
+        s.fake
+            .put(STREAM, kid, &format!("pk-{}", 5 + i), format!("r{}", 5 + i));
+    }
     s.fake.expire(STREAM, &s.shard);
+    let mut after = Vec::new();
     let end = loop {
         let batch = reader.next_batch().await.expect("batch");
+        after.extend(batch.records);
         if let Some(children) = batch.shard_end {
             break children;
         }
     };
+    assert!(
+        after.is_empty(),
+        "the parent delivered {:?} after what it had read",
+        payloads(&after)
+    );
+    let mut from_children = Vec::new();
+    for child in &end {
+        from_children.extend(read_all(&s, &child.shard_id).await);
+    }
+    assert_eq!(
+        from_children,
+        expected(5..7),
+        "the children named at the end hold the records put after the split, once"
+    );
     let ids: Vec<&str> = end.iter().map(|c| c.shard_id.as_str()).collect();
     assert_eq!(ids, kids.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(s.source.stats().expired_shards, 1);
