@@ -11,7 +11,9 @@ use futures::TryStreamExt;
 use kcl_core::store::metered::MeteredStore;
 use kcl_core::store::{CheckpointUpdate, Holder, LeaseStore, StoreOp};
 use kcl_core::{Checkpoint, Lease};
-use kcl_dynamodb::{Capacity, DynamoDbLeaseStore, ensure_table, ensure_workers_table};
+use kcl_dynamodb::{
+    Capacity, DynamoDbLeaseStore, TableCreation, TableOptions, ensure_table, ensure_workers_table,
+};
 use kcl_tests::{TestEnv, unique_name};
 
 async fn env() -> TestEnv {
@@ -93,6 +95,83 @@ async fn ensure_table_is_idempotent_and_rejects_a_foreign_schema() {
     .expect("provisioned");
 }
 
+#[tokio::test]
+async fn a_table_created_with_deletion_protection_refuses_deletion() {
+    let env = env().await;
+    let table = unique_name("kcl-protected");
+    let options = TableOptions::default()
+        .deletion_protection(true)
+        .tag("team", "payments");
+    ensure_table(env.dynamodb(), &table, options)
+        .await
+        .expect("create");
+    let described = env
+        .dynamodb()
+        .describe_table()
+        .table_name(&table)
+        .send()
+        .await
+        .expect("describe");
+    assert_eq!(
+        described
+            .table()
+            .and_then(|t| t.deletion_protection_enabled()),
+        Some(true)
+    );
+    let refused = env
+        .dynamodb()
+        .delete_table()
+        .table_name(&table)
+        .send()
+        .await;
+    assert!(refused.is_err(), "a protected table was deleted");
+    // Leave the emulator clean: protection off, then delete.
+    env.dynamodb()
+        .update_table()
+        .table_name(&table)
+        .deletion_protection_enabled(false)
+        .send()
+        .await
+        .expect("unprotect");
+    env.dynamodb()
+        .delete_table()
+        .table_name(&table)
+        .send()
+        .await
+        .expect("delete");
+}
+
+#[tokio::test]
+async fn a_worker_that_never_creates_tables_names_the_missing_one() {
+    let env = env().await;
+    let table = unique_name("kcl-absent");
+    let never = TableOptions::default().creation(TableCreation::Never);
+    let error = ensure_table(env.dynamodb(), &table, never.clone())
+        .await
+        .expect_err("no table");
+    assert!(!error.is_retryable(), "{error}");
+    assert!(error.to_string().contains(&table), "{error}");
+    let described = env
+        .dynamodb()
+        .describe_table()
+        .table_name(&table)
+        .send()
+        .await;
+    assert!(
+        described.is_err_and(|e| e
+            .as_service_error()
+            .is_some_and(|s| s.is_resource_not_found_exception())),
+        "the table was created"
+    );
+    // An existing table is used as it is.
+    ensure_table(env.dynamodb(), &table, Capacity::OnDemand)
+        .await
+        .expect("create");
+    ensure_table(env.dynamodb(), &table, never)
+        .await
+        .expect("exists");
+}
+
 async fn put_raw(store: &DynamoDbLeaseStore, item: HashMap<String, AttributeValue>) {
     store
         .client()
@@ -150,6 +229,50 @@ async fn updates_keep_attributes_this_store_does_not_know() {
     );
     assert_eq!(raw.get("someOtherKclField"), Some(&s("keep me")));
     assert_eq!(raw.get("checkpoint"), Some(&s("17")));
+}
+
+/// The lease item's raw `kclFencedCommits`, if any.
+async fn fenced(store: &DynamoDbLeaseStore, key: &str) -> Option<AttributeValue> {
+    let item = store
+        .client()
+        .get_item()
+        .table_name(store.table())
+        .key("leaseKey", s(key))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item
+        .unwrap();
+    item.get("kclFencedCommits").cloned()
+}
+
+#[tokio::test]
+async fn fenced_commits_are_cleared_once_the_checkpoint_moves_or_the_tenure_changes() {
+    let store = new_store().await;
+    let key = "shardId-000000000000";
+    let fence = || AttributeValue::Ss(vec!["commit-1".into()]);
+    let mut item = kcl_dynamodb::item::to_item(&Lease::new(key, Checkpoint::at("10", 0)));
+    item.insert("kclFencedCommits".into(), fence());
+    put_raw(&store, item).await;
+    let a = Holder::new("a", "t-a");
+    let seen = store.get(key).await.unwrap().unwrap();
+    let held = store.take(&seen, a).await.unwrap();
+    // A new tenure: commits fenced under the old one cannot land.
+    assert_eq!(fenced(&store, key).await, None);
+
+    let mut item = kcl_dynamodb::item::to_item(&held);
+    item.insert("kclFencedCommits".into(), fence());
+    put_raw(&store, item).await;
+    // The same checkpoint written again: a fenced commit conditional on it
+    // could still land if its fence went, so it stays.
+    let same = CheckpointUpdate::to(Checkpoint::at("10", 0)).replacing(Checkpoint::at("10", 0));
+    store.checkpoint(key, a, &same).await.unwrap();
+    assert_eq!(fenced(&store, key).await, Some(fence()));
+    // A checkpoint past it: the fenced commits' condition fails for good.
+    let moved = CheckpointUpdate::to(Checkpoint::at("20", 0)).replacing(Checkpoint::at("10", 0));
+    store.checkpoint(key, a, &moved).await.unwrap();
+    assert_eq!(fenced(&store, key).await, None);
 }
 
 #[tokio::test]
@@ -378,11 +501,40 @@ async fn the_failure_table_gets_one_item_per_record_and_a_resend_overwrites_it()
         .iter()
         .find(|i| i["id"].as_s().unwrap().ends_with("/4959/1"))
         .unwrap();
-    assert!(
-        second.get("data").is_none(),
-        "data above 350 KB is left out"
+    assert_eq!(
+        second["data"].as_b().unwrap().as_ref(),
+        &[b'y'; 380_000][..],
+        "a record that fits an item is stored whole"
     );
-    assert_eq!(second["data_omitted"].as_bool().unwrap(), &true);
     assert_eq!(second["data_bytes"].as_n().unwrap(), "380000");
     assert_eq!(second["reason"].as_s().unwrap(), "max_record_age");
+
+    // Too big for an item: the send fails (the checkpoint holds) unless
+    // truncation was chosen, and then the item says so.
+    let mut too_big = failed[1].clone();
+    too_big.record.sub_sequence_number = 2;
+    too_big.record.data = vec![b'z'; 500_000].into();
+    let err = destination.send(&[too_big.clone()]).await.unwrap_err();
+    assert!(err.to_string().contains("400 KB"), "{err}");
+    DynamoDbDestination::new(env.dynamodb().clone(), &table)
+        .truncate_oversized_data(true)
+        .send(&[too_big])
+        .await
+        .unwrap();
+    let third = env
+        .dynamodb()
+        .get_item()
+        .table_name(&table)
+        .key(
+            "id",
+            AttributeValue::S("orders/shardId-000000000003/4959/2".into()),
+        )
+        .send()
+        .await
+        .unwrap()
+        .item
+        .unwrap();
+    assert_eq!(third["data_truncated"].as_bool().unwrap(), &true);
+    assert_eq!(third["data_bytes"].as_n().unwrap(), "500000");
+    assert!(third["data"].as_b().unwrap().as_ref().len() > 390_000);
 }

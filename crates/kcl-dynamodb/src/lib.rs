@@ -22,6 +22,8 @@
 pub mod destination;
 mod error;
 pub mod exactly_once;
+#[cfg(test)]
+mod fake;
 pub mod item;
 pub mod java;
 pub mod liveness;
@@ -31,4 +33,4 @@ pub mod table;
 pub use destination::DynamoDbDestination;
 pub use exactly_once::{ExactlyOnce, Transaction, TransactionError};
 pub use store::DynamoDbLeaseStore;
-pub use table::{Capacity, ensure_table, ensure_workers_table};
+pub use table::{Capacity, TableCreation, TableOptions, ensure_table, ensure_workers_table};

@@ -5,8 +5,8 @@ use std::time::Duration;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ProvisionedThroughput,
-    ScalarAttributeType, TableStatus,
+    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, PointInTimeRecoverySpecification,
+    ProvisionedThroughput, ScalarAttributeType, SseSpecification, SseType, TableStatus, Tag,
 };
 use kcl_core::store::{StoreError, StoreOp};
 use tracing::info;
@@ -30,26 +30,129 @@ pub enum Capacity {
     },
 }
 
+impl From<Capacity> for TableOptions {
+    fn from(capacity: Capacity) -> Self {
+        TableOptions::default().capacity(capacity)
+    }
+}
+
+/// Whether a worker creates a missing table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum TableCreation {
+    /// Create the table when it does not exist (the default).
+    #[default]
+    IfMissing,
+    /// Never create a table: a missing one fails startup with its name,
+    /// for deployments whose tables come from CloudFormation or Terraform
+    /// (and whose workers have no `dynamodb:CreateTable`).
+    Never,
+}
+
+/// How kcl creates its tables (the lease table and the liveness records'):
+/// billing, tags, point-in-time recovery, deletion protection and the KMS
+/// key, or not at all. Applied only to a table kcl creates (an existing
+/// table's settings belong to whoever made it and are left alone), except
+/// point-in-time recovery, which when asked for is turned on at every
+/// start.
+///
+/// ```
+/// use kcl_dynamodb::{Capacity, TableOptions};
+///
+/// let options = TableOptions::default()
+///     .capacity(Capacity::Provisioned { read: 10, write: 10 })
+///     .tag("team", "payments")
+///     .point_in_time_recovery(true)
+///     .deletion_protection(true);
+/// assert_eq!(options.tags(), [("team".to_owned(), "payments".to_owned())]);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TableOptions {
+    capacity: Capacity,
+    creation: TableCreation,
+    tags: Vec<(String, String)>,
+    point_in_time_recovery: bool,
+    deletion_protection: bool,
+    kms_key: Option<String>,
+}
+
+impl TableOptions {
+    /// Billing (default on-demand).
+    pub fn capacity(mut self, capacity: Capacity) -> Self {
+        self.capacity = capacity;
+        self
+    }
+
+    /// Whether a missing table is created (default: it is).
+    pub fn creation(mut self, creation: TableCreation) -> Self {
+        self.creation = creation;
+        self
+    }
+
+    /// Adds a tag (cost allocation, ownership).
+    pub fn tag(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.tags.push((key.into(), value.into()));
+        self
+    }
+
+    /// Turns on point-in-time recovery (continuous backups): on creation,
+    /// and at every start on an existing table (an idempotent call, so a
+    /// crash right after creating the table cannot leave it off).
+    pub fn point_in_time_recovery(mut self, on: bool) -> Self {
+        self.point_in_time_recovery = on;
+        self
+    }
+
+    /// Creates the table with deletion protection: DeleteTable is refused
+    /// until it is turned off.
+    pub fn deletion_protection(mut self, on: bool) -> Self {
+        self.deletion_protection = on;
+        self
+    }
+
+    /// Encrypts the table with this KMS key (id, ARN or alias) instead of
+    /// the AWS-owned key.
+    pub fn kms_key(mut self, key: impl Into<String>) -> Self {
+        self.kms_key = Some(key.into());
+        self
+    }
+
+    /// The billing.
+    pub fn billing(&self) -> Capacity {
+        self.capacity
+    }
+
+    /// Whether a missing table is created.
+    pub fn creates(&self) -> TableCreation {
+        self.creation
+    }
+
+    /// The tags, in the order given.
+    pub fn tags(&self) -> &[(String, String)] {
+        &self.tags
+    }
+}
+
 /// How long [`ensure_table`] waits for a new table to become ACTIVE.
 const ACTIVE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Creates the lease table if it does not exist (hash key `leaseKey`, a
-/// string) and waits until it is ACTIVE. An existing table must have
-/// exactly that key schema; otherwise the error names the table and the
-/// mismatch.
+/// string) with `options` (a [`Capacity`] alone will do) and waits until it
+/// is ACTIVE. An existing table must have exactly that key schema;
+/// otherwise the error names the table and the mismatch.
 pub async fn ensure_table(
     client: &Client,
     table: &str,
-    capacity: Capacity,
+    options: impl Into<TableOptions>,
 ) -> Result<(), StoreError> {
-    match describe(client, table, attr::LEASE_KEY).await? {
-        Some(()) => {}
-        None => {
-            create(client, table, attr::LEASE_KEY, capacity).await?;
-            info!(table, "created the lease table");
-        }
-    }
-    wait_active(client, table).await
+    ensure(
+        client,
+        table,
+        attr::LEASE_KEY,
+        &options.into(),
+        "lease table",
+    )
+    .await
 }
 
 /// The default name of the liveness records' table for `lease_table`.
@@ -64,17 +167,53 @@ pub fn workers_table_for(lease_table: &str) -> String {
 pub async fn ensure_workers_table(
     client: &Client,
     table: &str,
-    capacity: Capacity,
+    options: impl Into<TableOptions>,
 ) -> Result<(), StoreError> {
     let key = crate::liveness::attr::INSTANCE;
-    match describe(client, table, key).await? {
-        Some(()) => {}
-        None => {
-            create(client, table, key, capacity).await?;
-            info!(table, "created the table of worker liveness records");
+    ensure(
+        client,
+        table,
+        key,
+        &options.into(),
+        "table of worker liveness records",
+    )
+    .await
+}
+
+async fn ensure(
+    client: &Client,
+    table: &str,
+    key: &str,
+    options: &TableOptions,
+    what: &str,
+) -> Result<(), StoreError> {
+    if describe(client, table, key).await?.is_some() {
+        wait_active(client, table).await?;
+        // Asked for, it is turned on here too (the call is idempotent): a
+        // worker that crashed between creating the table and this step
+        // must not leave the backups off for good.
+        if options.point_in_time_recovery {
+            enable_point_in_time_recovery(client, table).await?;
         }
+        return Ok(());
     }
-    wait_active(client, table).await
+    if options.creation == TableCreation::Never {
+        return Err(fatal(
+            format!(
+                "the {what} {table:?} does not exist and this worker does not create tables \
+                 (TableCreation::Never): create it with a single string hash key {key:?} \
+                 (deploy/ has CloudFormation and Terraform definitions)"
+            ),
+            None,
+        ));
+    }
+    create(client, table, key, options).await?;
+    info!(table, "created the {what}");
+    wait_active(client, table).await?;
+    if options.point_in_time_recovery {
+        enable_point_in_time_recovery(client, table).await?;
+    }
+    Ok(())
 }
 
 fn fatal(message: String, source: Option<Box<dyn std::error::Error + Send + Sync>>) -> StoreError {
@@ -139,7 +278,7 @@ async fn create(
     client: &Client,
     table: &str,
     key: &str,
-    capacity: Capacity,
+    options: &TableOptions,
 ) -> Result<(), StoreError> {
     let build_err = |e: aws_sdk_dynamodb::error::BuildError| {
         fatal(format!("invalid table definition: {e}"), None)
@@ -161,7 +300,22 @@ async fn create(
                 .build()
                 .map_err(build_err)?,
         );
-    req = match capacity {
+    for (k, v) in &options.tags {
+        req = req.tags(Tag::builder().key(k).value(v).build().map_err(build_err)?);
+    }
+    if options.deletion_protection {
+        req = req.deletion_protection_enabled(true);
+    }
+    if let Some(key) = &options.kms_key {
+        req = req.sse_specification(
+            SseSpecification::builder()
+                .enabled(true)
+                .sse_type(SseType::Kms)
+                .kms_master_key_id(key)
+                .build(),
+        );
+    }
+    req = match options.capacity {
         Capacity::OnDemand => req.billing_mode(BillingMode::PayPerRequest),
         Capacity::Provisioned { read, write } => req
             .billing_mode(BillingMode::Provisioned)
@@ -195,6 +349,38 @@ async fn create(
             ))
         }
     }
+}
+
+/// Continuous backups on: one call once the table is ACTIVE, which
+/// DynamoDB requires.
+async fn enable_point_in_time_recovery(client: &Client, table: &str) -> Result<(), StoreError> {
+    let spec = PointInTimeRecoverySpecification::builder()
+        .point_in_time_recovery_enabled(true)
+        .build()
+        .map_err(|e| fatal(format!("invalid backup setting: {e}"), None))?;
+    client
+        .update_continuous_backups()
+        .table_name(table)
+        .point_in_time_recovery_specification(spec)
+        .send()
+        .await
+        .map_err(|e| {
+            // Throttling stays retryable: the retry finds the table and
+            // comes back here.
+            let code = e.code().unwrap_or("no answer").to_owned();
+            startup_error(
+                StoreOp::Create,
+                table,
+                e,
+                format!(
+                    "cannot turn on point-in-time recovery of table {table:?}: {code} \
+                     (allow dynamodb:UpdateContinuousBackups, or turn it on yourself and \
+                     leave it off in the table options)"
+                ),
+            )
+        })?;
+    info!(table, "point-in-time recovery is on");
+    Ok(())
 }
 
 /// A table check's error: throttling, 5xx and lost connections stay
@@ -237,5 +423,129 @@ async fn wait_active(client: &Client, table: &str) -> Result<(), StoreError> {
             ));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::fake::FakeDynamoDb;
+
+    /// A DynamoDB without the table until CreateTable, then with it ACTIVE.
+    fn empty_dynamodb() -> FakeDynamoDb {
+        let created = Arc::new(AtomicBool::new(false));
+        FakeDynamoDb::new(move |operation, body| match operation {
+            "DescribeTable" if !created.load(Ordering::SeqCst) => Some((
+                400,
+                json!({"__type": "com.amazonaws.dynamodb.v20120810#ResourceNotFoundException",
+                       "message": "Requested resource not found"}),
+            )),
+            "DescribeTable" => Some((
+                200,
+                json!({"Table": {
+                    "TableName": body["TableName"],
+                    "TableStatus": "ACTIVE",
+                    "KeySchema": [{"AttributeName": "leaseKey", "KeyType": "HASH"}],
+                    "AttributeDefinitions": [{"AttributeName": "leaseKey", "AttributeType": "S"}],
+                }}),
+            )),
+            "CreateTable" => {
+                created.store(true, Ordering::SeqCst);
+                Some((
+                    200,
+                    json!({"TableDescription": {"TableStatus": "CREATING"}}),
+                ))
+            }
+            _ => Some((200, json!({}))),
+        })
+    }
+
+    #[tokio::test]
+    async fn a_created_table_gets_its_tags_encryption_protection_and_backups() {
+        let dynamodb = empty_dynamodb();
+        let options = TableOptions::default()
+            .capacity(Capacity::Provisioned { read: 3, write: 4 })
+            .tag("team", "payments")
+            .point_in_time_recovery(true)
+            .deletion_protection(true)
+            .kms_key("alias/kcl");
+        ensure_table(&dynamodb.client(), "orders", options)
+            .await
+            .expect("created");
+        let create = &dynamodb.bodies("CreateTable")[0];
+        assert_eq!(
+            create["Tags"],
+            json!([{"Key": "team", "Value": "payments"}])
+        );
+        assert_eq!(create["DeletionProtectionEnabled"], json!(true));
+        assert_eq!(
+            create["SSESpecification"],
+            json!({"Enabled": true, "SSEType": "KMS", "KMSMasterKeyId": "alias/kcl"})
+        );
+        assert_eq!(create["BillingMode"], json!("PROVISIONED"));
+        assert_eq!(
+            create["ProvisionedThroughput"],
+            json!({"ReadCapacityUnits": 3, "WriteCapacityUnits": 4})
+        );
+        // Backups are turned on once the table is ACTIVE, after creation.
+        let operations = dynamodb.operations();
+        assert_eq!(
+            operations.last().map(String::as_str),
+            Some("UpdateContinuousBackups")
+        );
+        assert_eq!(
+            dynamodb.bodies("UpdateContinuousBackups")[0]["PointInTimeRecoverySpecification"],
+            json!({"PointInTimeRecoveryEnabled": true})
+        );
+    }
+
+    #[tokio::test]
+    async fn backups_asked_for_are_turned_on_for_an_existing_table_too() {
+        let dynamodb = empty_dynamodb();
+        let client = dynamodb.client();
+        ensure_table(&client, "orders", Capacity::OnDemand)
+            .await
+            .expect("created");
+        // A worker that created the table and crashed before its backups
+        // were on: the next start turns them on.
+        let backups = TableOptions::default().point_in_time_recovery(true);
+        ensure_table(&client, "orders", backups)
+            .await
+            .expect("exists");
+        assert_eq!(dynamodb.bodies("CreateTable").len(), 1);
+        assert_eq!(dynamodb.bodies("UpdateContinuousBackups").len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_table_created_with_the_defaults_sends_no_option() {
+        let dynamodb = empty_dynamodb();
+        ensure_table(&dynamodb.client(), "orders", Capacity::OnDemand)
+            .await
+            .expect("created");
+        let create = &dynamodb.bodies("CreateTable")[0];
+        for absent in ["Tags", "DeletionProtectionEnabled", "SSESpecification"] {
+            assert_eq!(create[absent], Value::Null, "{absent}");
+        }
+        assert!(
+            !dynamodb
+                .operations()
+                .contains(&"UpdateContinuousBackups".to_owned())
+        );
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_never_creates_a_table_asks_only_whether_it_exists() {
+        let dynamodb = empty_dynamodb();
+        let never = TableOptions::default().creation(TableCreation::Never);
+        let error = ensure_workers_table(&dynamodb.client(), "orders-workers", never)
+            .await
+            .expect_err("missing");
+        assert!(error.to_string().contains("\"orders-workers\""), "{error}");
+        assert_eq!(dynamodb.operations(), ["DescribeTable"]);
     }
 }
