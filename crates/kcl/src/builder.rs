@@ -21,7 +21,9 @@ use kcl_core::worker::{
 };
 use kcl_core::{ConfigError, LeaseLayout};
 use kcl_dynamodb::table::workers_table_for;
-use kcl_dynamodb::{Capacity, DynamoDbLeaseStore, ensure_table, ensure_workers_table};
+use kcl_dynamodb::{
+    Capacity, DynamoDbLeaseStore, TableOptions, ensure_table, ensure_workers_table,
+};
 use kcl_kinesis::{
     FanOutConfig, KinesisShardSource, PollingConfig, PollingConfigBuilder, Retrieval, StreamArn,
 };
@@ -171,7 +173,7 @@ pub struct Worker {
     streams: Vec<String>,
     resolver: Arc<StreamResolver>,
     dynamodb: aws_sdk_dynamodb::Client,
-    capacity: Capacity,
+    table_options: TableOptions,
     /// Validated at `build()`; the streams are added at `run()`, once
     /// their lease layouts are known.
     engine: WorkerConfigBuilder,
@@ -293,7 +295,7 @@ impl Worker {
             "checking the lease table",
             Error::is_retryable,
             || async {
-                ensure_table(&self.dynamodb, &self.table, self.capacity)
+                ensure_table(&self.dynamodb, &self.table, self.table_options.clone())
                     .await
                     .map_err(|source| Repr::LeaseTable {
                         table: self.table.clone(),
@@ -302,7 +304,7 @@ impl Worker {
                 // Every kcl worker beats its liveness record, renewing per
                 // lease too (kcl peers judge its leases by it).
                 let workers = workers_table_for(&self.table);
-                ensure_workers_table(&self.dynamodb, &workers, self.capacity)
+                ensure_workers_table(&self.dynamodb, &workers, self.table_options.clone())
                     .await
                     .map_err(|source| Repr::LeaseTable {
                         table: workers,
@@ -507,7 +509,7 @@ pub struct WorkerBuilder {
     kinesis: Option<aws_sdk_kinesis::Client>,
     dynamodb: Option<aws_sdk_dynamodb::Client>,
     table: Option<String>,
-    capacity: Capacity,
+    table_options: TableOptions,
     lease: LeaseConfigBuilder,
     engine: WorkerConfigBuilder,
     polling: PollingConfigBuilder,
@@ -525,11 +527,23 @@ pub struct WorkerBuilder {
 
 impl fmt::Debug for WorkerBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WorkerBuilder")
-            .field("application", &self.app)
+        // Every setting, so a configuration loaded from elsewhere can be
+        // logged and compared; the clients, processor and observer are
+        // code, not settings.
+        let mut s = f.debug_struct("WorkerBuilder");
+        s.field("application", &self.app)
             .field("streams", &self.streams)
+            .field("multi_stream", &self.multi_stream)
             .field("table", &self.table)
-            .finish_non_exhaustive()
+            .field("table_options", &self.table_options)
+            .field("lease", &self.lease)
+            .field("engine", &self.engine)
+            .field("polling", &self.polling)
+            .field("retrieval", &self.retrieval)
+            .field("prefetch_budget", &self.prefetch_budget);
+        #[cfg(feature = "prometheus")]
+        s.field("metrics_addr", &self.metrics_addr);
+        s.finish_non_exhaustive()
     }
 }
 
@@ -573,7 +587,7 @@ impl WorkerBuilder {
             kinesis: None,
             dynamodb: None,
             table: None,
-            capacity: Capacity::OnDemand,
+            table_options: TableOptions::default(),
             lease: LeaseConfig::builder(default_worker_id()),
             engine: WorkerConfigBuilder::default(),
             polling: PollingConfig::builder(),
@@ -684,7 +698,16 @@ impl WorkerBuilder {
     /// Billing of the lease table if this worker creates it (default
     /// on-demand).
     pub fn table_capacity(mut self, capacity: Capacity) -> Self {
-        self.capacity = capacity;
+        self.table_options = self.table_options.capacity(capacity);
+        self
+    }
+
+    /// How the lease table and the liveness records' table are created if
+    /// missing: billing, tags, point-in-time recovery, deletion protection,
+    /// a KMS key, or never (startup then fails naming the missing table).
+    /// Replaces [`Self::table_capacity`]'s setting with its own.
+    pub fn table_options(mut self, options: TableOptions) -> Self {
+        self.table_options = options;
         self
     }
 
@@ -896,7 +919,7 @@ impl WorkerBuilder {
             streams: self.streams,
             resolver: Arc::new(StreamResolver::new(kinesis, multi_stream)),
             dynamodb,
-            capacity: self.capacity,
+            table_options: self.table_options,
             engine: self.engine.lease(lease.clone()),
             lease,
             source,

@@ -1,0 +1,392 @@
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use super::{FIELDS, Settings, variable};
+use crate::{
+    CheckpointPolicy, FailurePolicy, InitialPosition, LeaseRenewal, RemovedStreamPolicy, Worker,
+    WorkerBuilder,
+};
+
+/// A non-default value for every field, in the environment's text form.
+/// `enhanced_fan_out` stays off: fan-out and polling settings together
+/// are refused by `build()` (tested on its own below).
+fn every_field() -> Vec<(&'static str, &'static str)> {
+    let mut fields = vec![
+        ("application_name", "orders"),
+        ("streams", "orders, payments"),
+        ("multi_stream", "true"),
+        ("enhanced_fan_out", "false"),
+        ("prefetch_budget", "64MiB"),
+        ("table_name", "orders-leases"),
+        ("table_capacity", "provisioned:5:7"),
+        ("table_creation", "never"),
+        ("table_tags", "team=payments, env=prod"),
+        ("table_point_in_time_recovery", "true"),
+        ("table_deletion_protection", "true"),
+        ("table_kms_key", "alias/kcl"),
+        ("worker_id", "w-1"),
+        ("lease_duration", "20s"),
+        ("renew_interval", "5s"),
+        ("renewal", "per_lease"),
+        ("taker_interval", "7s"),
+        ("max_leases_per_worker", "50"),
+        ("max_leases_to_steal", "2"),
+        ("handoff_timeout", "25s"),
+        ("initial_position", "AT_TIMESTAMP=2024-05-01T12:00:00Z"),
+        ("failure_policy", "skip"),
+        ("parallelism_per_shard", "4"),
+        ("checkpoint_policy", "5s or 1000 records"),
+        ("shard_sync_interval", "2m"),
+        ("parent_poll_interval", "3s"),
+        ("shutdown_timeout", "30s"),
+        ("completed_lease_retention", "10m"),
+        ("removed_stream_policy", "delete_after=1h"),
+        ("max_records", "500"),
+        ("idle_time_between_reads", "1.5s"),
+        ("time_between_reads", "200ms"),
+    ];
+    if cfg!(feature = "prometheus") {
+        fields.push(("serve_metrics", "127.0.0.1:0"));
+    }
+    fields
+}
+
+/// The same settings written in code.
+fn every_field_in_code() -> WorkerBuilder {
+    let builder = Worker::builder("orders")
+        .stream("orders")
+        .stream("payments")
+        .multi_stream(true)
+        .prefetch_budget(64 << 20)
+        .table_name("orders-leases")
+        .table_options(
+            crate::TableOptions::default()
+                .capacity(crate::Capacity::Provisioned { read: 5, write: 7 })
+                .creation(crate::TableCreation::Never)
+                .tag("team", "payments")
+                .tag("env", "prod")
+                .point_in_time_recovery(true)
+                .deletion_protection(true)
+                .kms_key("alias/kcl"),
+        )
+        .worker_id("w-1")
+        .lease_duration(Duration::from_secs(20))
+        .renew_interval(Duration::from_secs(5))
+        .renewal(LeaseRenewal::PerLease)
+        .taker_interval(Duration::from_secs(7))
+        .max_leases_per_worker(50)
+        .max_leases_to_steal(2)
+        .handoff_timeout(Duration::from_secs(25))
+        .initial_position(InitialPosition::AtTimestamp(
+            SystemTime::UNIX_EPOCH + Duration::from_secs(1_714_564_800),
+        ))
+        .failure_policy(FailurePolicy::Skip)
+        .parallelism_per_shard(4)
+        .checkpoint_policy(CheckpointPolicy::every(Duration::from_secs(5)).or_every_records(1000))
+        .shard_sync_interval(Duration::from_secs(120))
+        .parent_poll_interval(Duration::from_secs(3))
+        .shutdown_timeout(Duration::from_secs(30))
+        .completed_lease_retention(Duration::from_secs(600))
+        .removed_stream_policy(RemovedStreamPolicy::DeleteAfter(Duration::from_secs(3600)))
+        .max_records(500)
+        .idle_time_between_reads(Duration::from_millis(1500))
+        .time_between_reads(Duration::from_millis(200));
+    #[cfg(feature = "prometheus")]
+    let builder = builder.serve_metrics("127.0.0.1:0".parse().expect("an address"));
+    builder
+}
+
+fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let map: HashMap<String, String> = vars
+        .iter()
+        .map(|(field, value)| (variable("KCL", field), (*value).to_owned()))
+        .collect();
+    move |var| map.get(var).cloned()
+}
+
+fn sdk() -> aws_config::SdkConfig {
+    aws_config::SdkConfig::builder()
+        .region(aws_config::Region::new("us-east-1"))
+        .behavior_version(aws_config::BehaviorVersion::latest())
+        .build()
+}
+
+#[test]
+fn every_field_is_named_in_the_round_trip() {
+    let covered: Vec<&str> = every_field().iter().map(|(f, _)| *f).collect();
+    for field in FIELDS {
+        assert!(
+            covered.contains(field) || (*field == "serve_metrics" && !cfg!(feature = "prometheus")),
+            "{field} has no value in every_field()"
+        );
+    }
+}
+
+#[test]
+fn every_setting_read_from_its_variable_reaches_the_builder_as_written_in_code() {
+    let settings = Settings::from_lookup("KCL", env(&every_field())).expect("valid settings");
+    let from_env = settings.worker_builder().expect("an application name");
+    assert_eq!(
+        format!("{from_env:?}"),
+        format!("{:?}", every_field_in_code())
+    );
+    // And `build()` accepts them together.
+    from_env
+        .sdk_config(&sdk())
+        .processor(|_: &crate::ShardContext| Noop)
+        .build()
+        .expect("every setting valid");
+}
+
+#[test]
+fn each_variable_alone_changes_the_builder() {
+    let base = || Worker::builder("orders").worker_id("base");
+    let unchanged = format!("{:?}", base());
+    for (field, value) in every_field() {
+        if field == "application_name" || field == "enhanced_fan_out" {
+            continue;
+        }
+        let settings = Settings::from_lookup("KCL", env(&[(field, value)]))
+            .unwrap_or_else(|e| panic!("{field}: {e}"));
+        let applied = settings.apply(base()).expect("applies");
+        assert_ne!(format!("{applied:?}"), unchanged, "{field} had no effect");
+    }
+    let fan_out = Settings::from_lookup("KCL", env(&[("enhanced_fan_out", "true")]))
+        .expect("valid")
+        .apply(base())
+        .expect("applies");
+    assert_eq!(
+        format!("{fan_out:?}"),
+        format!("{:?}", base().enhanced_fan_out())
+    );
+}
+
+#[test]
+fn a_wrong_value_is_refused_with_its_variable_named() {
+    for field in FIELDS {
+        // Free text: refused, if at all, by `build()` (see the next test).
+        if matches!(
+            *field,
+            "application_name" | "table_name" | "worker_id" | "streams" | "table_kms_key"
+        ) {
+            continue;
+        }
+        let error = Settings::from_lookup("KCL", env(&[(field, "§nonsense§")])).expect_err(field);
+        let var = variable("KCL", field);
+        let problems: Vec<_> = error.problems().collect();
+        assert_eq!(problems.len(), 1, "{field}: {error}");
+        assert_eq!(problems[0].0, var, "{error}");
+        assert!(
+            error
+                .to_string()
+                .starts_with(&format!("invalid settings: {var} is \"§nonsense§\"")),
+            "{error}"
+        );
+    }
+}
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    let error = Settings::from_lookup(
+        "KCL",
+        env(&[
+            ("lease_duration", "10"),
+            ("renewal", "sometimes"),
+            ("streams", "a,,b"),
+        ]),
+    )
+    .expect_err("three bad values");
+    let vars: Vec<&str> = error.problems().map(|(var, _)| var).collect();
+    assert_eq!(vars, ["KCL_STREAMS", "KCL_LEASE_DURATION", "KCL_RENEWAL"]);
+}
+
+#[test]
+fn a_setting_build_refuses_is_blamed_on_its_variable() {
+    let settings = Settings::from_lookup("APP", |var| {
+        (var == "APP_TABLE_NAME").then(|| "x".to_owned())
+    })
+    .expect("parses");
+    let error = settings
+        .apply(Worker::builder("orders").stream("orders"))
+        .expect("applies")
+        .sdk_config(&sdk())
+        .processor(|_: &crate::ShardContext| Noop)
+        .build()
+        .expect_err("a one-letter table name");
+    let blamed = settings.blame(&error).expect("a setting");
+    assert_eq!(
+        blamed.problems().next().map(|(o, _)| o),
+        Some("APP_TABLE_NAME")
+    );
+}
+
+#[test]
+fn an_empty_variable_is_unset() {
+    let settings = Settings::from_lookup("KCL", env(&[("lease_duration", "  ")])).expect("valid");
+    assert!(settings.lease_duration.is_none());
+}
+
+#[test]
+fn the_application_name_is_required_for_a_builder() {
+    let error = Settings::default().worker_builder().expect_err("no name");
+    assert_eq!(
+        error.problems().next().map(|(o, _)| o),
+        Some("application_name")
+    );
+}
+
+#[test]
+fn a_toml_file_gives_the_same_builder_as_the_environment() {
+    let mut document = String::new();
+    for (field, value) in every_field() {
+        let value = match field {
+            "streams" => "[\"orders\", \"payments\"]".to_owned(),
+            "multi_stream" | "enhanced_fan_out" => value.to_owned(),
+            "table_point_in_time_recovery" | "table_deletion_protection" => value.to_owned(),
+            "max_leases_per_worker" | "max_records" => value.to_owned(),
+            _ => format!("{value:?}"),
+        };
+        document.push_str(&format!("{field} = {value}\n"));
+    }
+    let from_file = Settings::from_toml(&document).expect("valid TOML settings");
+    let from_env = Settings::from_lookup("KCL", env(&every_field())).expect("valid");
+    assert_eq!(
+        format!("{:?}", from_file.worker_builder().expect("named")),
+        format!("{:?}", from_env.worker_builder().expect("named")),
+    );
+    // The same through serde, which YAML or JSON readers use.
+    let through_serde: Settings = toml::from_str(&document).expect("deserializes");
+    assert_eq!(
+        format!("{:?}", through_serde.worker_builder().expect("named")),
+        format!("{:?}", every_field_in_code()),
+    );
+}
+
+#[test]
+fn an_unknown_key_in_a_file_is_an_error_naming_it() {
+    let error = Settings::from_toml("lease_duraton = \"10s\"").expect_err("a typo");
+    let (origin, reason) = error.problems().next().expect("one problem");
+    assert_eq!(origin, "lease_duraton in the settings");
+    assert!(reason.contains("lease_duration"), "{reason}");
+}
+
+#[test]
+fn the_environment_overrides_the_file() {
+    let file = Settings::from_toml("lease_duration = \"20s\"\nmax_records = 100").expect("valid");
+    let env = Settings::from_lookup("KCL", env(&[("lease_duration", "30s")])).expect("valid");
+    let merged = file.overlaid_by(env);
+    assert_eq!(merged.lease_duration, Some(Duration::from_secs(30)));
+    assert_eq!(merged.max_records, Some(100));
+    assert_eq!(merged.origin("lease_duration"), "KCL_LEASE_DURATION");
+    assert_eq!(merged.origin("max_records"), "max_records in the settings");
+}
+
+#[cfg(not(feature = "prometheus"))]
+#[test]
+fn serving_metrics_without_the_prometheus_feature_is_refused() {
+    let settings =
+        Settings::from_lookup("KCL", env(&[("serve_metrics", "0.0.0.0:9090")])).expect("parses");
+    let error = settings
+        .apply(Worker::builder("orders"))
+        .expect_err("no feature");
+    assert_eq!(
+        error.problems().next().map(|(o, _)| o),
+        Some("KCL_SERVE_METRICS")
+    );
+}
+
+struct Noop;
+
+#[async_trait::async_trait]
+impl crate::RecordProcessor for Noop {
+    async fn process_records(
+        &mut self,
+        _batch: &crate::RecordBatch,
+        _checkpointer: &mut crate::Checkpointer,
+    ) -> Result<(), crate::ProcessorError> {
+        Ok(())
+    }
+}
+
+#[test]
+fn durations_need_a_unit_and_may_be_fractional() {
+    let parse = Settings::parse_duration;
+    assert_eq!(parse("500ms"), Ok(Duration::from_millis(500)));
+    assert_eq!(parse("10s"), Ok(Duration::from_secs(10)));
+    assert_eq!(parse(" 2m "), Ok(Duration::from_secs(120)));
+    assert_eq!(parse("1.5s"), Ok(Duration::from_millis(1500)));
+    assert_eq!(parse("1h"), Ok(Duration::from_secs(3600)));
+    for bad in [
+        "10",
+        "s",
+        "",
+        "0s",
+        "-1s",
+        "1.2.3s",
+        "10 sec",
+        "99999999999999999999h",
+    ] {
+        let e = parse(bad).expect_err(bad);
+        assert!(e.contains("500ms"), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn initial_positions_by_name_or_timestamp() {
+    let parse = super::parse::initial_position;
+    assert_eq!(parse("latest"), Ok(InitialPosition::Latest));
+    assert_eq!(parse("TRIM_HORIZON"), Ok(InitialPosition::TrimHorizon));
+    let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_714_564_800);
+    for v in [
+        "AT_TIMESTAMP=2024-05-01T12:00:00Z",
+        "AT_TIMESTAMP=2024-05-01T14:00:00+02:00",
+        "at_timestamp=1714564800",
+    ] {
+        assert_eq!(parse(v), Ok(InitialPosition::AtTimestamp(at)), "{v}");
+    }
+    for v in [
+        "EARLIEST",
+        "AT_TIMESTAMP=",
+        "AT_TIMESTAMP=yesterday",
+        "AT_SEQUENCE=5",
+    ] {
+        assert!(parse(v).is_err(), "{v}");
+    }
+}
+
+#[test]
+fn checkpoint_policies_and_sizes_in_text() {
+    let policy = super::parse::checkpoint_policy;
+    assert_eq!(policy("every_call"), Ok(CheckpointPolicy::every_call()));
+    assert_eq!(
+        policy("1000 records"),
+        Ok(CheckpointPolicy::every_records(1000))
+    );
+    assert_eq!(
+        policy("5s"),
+        Ok(CheckpointPolicy::every(Duration::from_secs(5)))
+    );
+    for bad in ["5s or 6s", "records", "5 or 1000 records", ""] {
+        assert!(policy(bad).is_err(), "{bad}");
+    }
+    let bytes = super::parse::bytes;
+    assert_eq!(bytes("1048576"), Ok(1 << 20));
+    assert_eq!(bytes("512KiB"), Ok(512 << 10));
+    assert_eq!(bytes("1GiB"), Ok(1 << 30));
+    assert!(bytes("1GB").is_err());
+}
+
+#[cfg(unix)]
+#[test]
+fn a_variable_that_is_not_utf8_is_refused_not_mangled() {
+    use std::os::unix::ffi::OsStrExt;
+    let bad = std::ffi::OsStr::from_bytes(b"orders-\xff").to_owned();
+    let error = Settings::from_variables("KCL", |var| {
+        (var == "KCL_TABLE_NAME").then(|| super::os_text(bad.clone()))
+    })
+    .expect_err("not UTF-8");
+    assert_eq!(
+        error.problems().next().map(|(o, _)| o),
+        Some("KCL_TABLE_NAME")
+    );
+}
