@@ -91,6 +91,8 @@ pub mod record;
 pub mod shard_sync;
 pub mod source;
 pub mod store;
+#[cfg(any(test, feature = "test-util"))]
+pub mod testing;
 pub mod warn_limit;
 pub mod worker;
 

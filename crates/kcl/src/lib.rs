@@ -38,6 +38,8 @@
 //! - [`Worker`] and [`WorkerBuilder`]: the application's entry point; every
 //!   setting validated at `build()`.
 //! - [`shutdown_signal`]: SIGTERM/SIGINT as a future, for ECS and Kubernetes.
+//! - [`Settings`]: every builder setting from environment variables or a
+//!   TOML file, with errors naming the variable.
 //! - `observability` (feature `prometheus`): `/metrics`, `/healthz` and
 //!   `/readyz`, served by the worker (`WorkerBuilder::serve_metrics`).
 //! - Re-exports of the processor API from `kcl-core`.
@@ -55,6 +57,7 @@ mod readme {}
 mod builder;
 #[cfg(feature = "prometheus")]
 pub mod observability;
+mod settings;
 mod signal;
 
 pub use async_trait::async_trait;
@@ -67,7 +70,9 @@ pub use kcl_core::leases::EndReason;
 pub mod observe {
     pub use kcl_core::observe::{Acquisition, Event, Observer};
 }
-pub use kcl_core::poison::{FailedRecord, FailureDestination, FailureReason, PoisonPolicy};
+pub use kcl_core::poison::{
+    CannotStore, FailedRecord, FailureDestination, FailureReason, PoisonPolicy,
+};
 pub use kcl_core::processor::{
     FailurePolicy, InitializeInput, Lane, ProcessorError, ProcessorFactory, RecordBatch,
     RecordProcessor, ShardContext,
@@ -75,11 +80,26 @@ pub use kcl_core::processor::{
 pub use kcl_core::source::InitialPosition;
 pub use kcl_core::worker::{RemovedStreamPolicy, WorkerHandle, WorkerStatus};
 pub use kcl_core::{Checkpoint, ConfigError, LeaseRenewal, Record};
-pub use kcl_dynamodb::{DynamoDbDestination, ExactlyOnce, Transaction, TransactionError};
+pub use kcl_dynamodb::{
+    Capacity, DynamoDbDestination, ExactlyOnce, TableCreation, TableOptions, Transaction,
+    TransactionError,
+};
+pub use kcl_kinesis::{
+    DeadLetter, DeadLetterError, DeadLetterReassembler, KinesisDestination, PollingConfig,
+    reassemble_dead_letters,
+};
 pub use kcl_kinesis::{
     DeregisterConsumer, FanOutConfig, FanOutConfigBuilder, Retrieval, SourceStats,
 };
-pub use kcl_kinesis::{KinesisDestination, PollingConfig};
+pub use settings::{Settings, SettingsError};
+/// Testing a [`RecordProcessor`] without AWS (feature `test-util`):
+/// records, KPL aggregates and batches as the worker delivers them, and a
+/// [`TestShard`](testing::TestShard) that drives a processor through its
+/// lifecycle with a real [`Checkpointer`] and records every checkpoint.
+#[cfg(feature = "test-util")]
+pub mod testing {
+    pub use kcl_core::testing::{Ending, TestShard};
+}
 pub use signal::shutdown_signal;
 
 /// What an application that wires its own lease store or shard source

@@ -330,6 +330,14 @@ impl Checkpointer {
         self.children = children;
     }
 
+    /// The shards a split or merge made of this one, in `shard_ended`
+    /// (empty before the shard ends): they start once SHARD_END is
+    /// checkpointed, and a processor may record them (for example to
+    /// follow a key's order across the reshard).
+    pub fn child_shards(&self) -> &[String] {
+        &self.children
+    }
+
     /// The tenure this worker holds the shard's lease under: every
     /// checkpoint is conditional on it, and a later take of the same lease
     /// (by any process, this worker's id included) starts another. Useful

@@ -19,7 +19,7 @@ use super::{
     Beat, BeatUpdate, CheckpointUpdate, ErrorKind, Holder, Intent, JavaWorker, LeaseStore, Page,
     StoreError, StoreOp,
 };
-use crate::lease::Lease;
+use crate::lease::{Checkpoint, Lease};
 
 /// A fault to inject into one store call.
 #[derive(Debug, Clone, PartialEq)]
@@ -66,6 +66,8 @@ pub struct OwnerChange {
 struct Table {
     leases: BTreeMap<String, Lease>,
     owner_changes: Vec<OwnerChange>,
+    /// Every checkpoint written, with its lease key, in order.
+    checkpoints: Vec<(String, Checkpoint)>,
     /// Liveness records by instance id (a table of their own in DynamoDB).
     beats: BTreeMap<String, Beat>,
     /// When each record was last written, on the (possibly paused) tokio
@@ -204,6 +206,12 @@ impl InMemoryLeaseStore {
     /// Every owner change applied so far, in order.
     pub fn owner_changes(&self) -> Vec<OwnerChange> {
         self.lock().owner_changes.clone()
+    }
+
+    /// Every checkpoint written (plain checkpoints; SHARD_END included),
+    /// with its lease key, in the order they landed.
+    pub fn checkpoints_written(&self) -> Vec<(String, Checkpoint)> {
+        self.lock().checkpoints.clone()
     }
 
     fn lock(&self) -> MutexGuard<'_, Table> {
@@ -536,7 +544,7 @@ impl LeaseStore for InMemoryLeaseStore {
         update: &CheckpointUpdate,
     ) -> Result<Lease, StoreError> {
         self.call(StoreOp::Checkpoint, Some(key), |t| {
-            Self::update(
+            let written = Self::update(
                 t,
                 key,
                 Some(Intent::Checkpointed { by, update }),
@@ -553,7 +561,12 @@ impl LeaseStore for InMemoryLeaseStore {
                         l.child_shard_ids = update.children.clone();
                     }
                 },
-            )
+            );
+            if written.is_ok() {
+                t.checkpoints
+                    .push((key.to_owned(), update.checkpoint.clone()));
+            }
+            written
         })
         .await
     }
