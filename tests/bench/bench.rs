@@ -31,10 +31,14 @@
 //!   policy;
 //! - `bench_parallel.rs`: records a second through one shard in 1 to 10
 //!   parallel lanes, for a processor spending 10 ms per record;
+//! - `bench_lanes.rs`: the peak of the lanes' watermark window when one
+//!   lane never checkpoints, against its bound;
 //! - `bench_retrieval.rs`: polling pacing at the defaults (latency and
 //!   calls a second at 5 records/s, idle calls) and the worker-wide
 //!   prefetch budget with 1000 shards (re-executed as
 //!   `kcl-bench budget-worker`);
+//! - `bench_fanout_budget.rs`: the same budget in fan-out mode, on the
+//!   in-memory fan-out stand-in;
 //! - `bench_protocol.rs`: the model checker's states and time, the fleet
 //!   simulator's seeds a minute, and failover at the defaults over 12 kill
 //!   phases (the fleet simulation's own test, in a release build);
@@ -53,8 +57,10 @@
 //! (killed on drop), and every wait is bounded.
 
 mod bench_cost;
+mod bench_fanout_budget;
 mod bench_fleet;
 mod bench_join;
+mod bench_lanes;
 mod bench_local;
 mod bench_parallel;
 mod bench_policy;
@@ -148,6 +154,7 @@ const SCENARIOS: &[&str] = &[
     "failover-phases",
     "cpu",
     "deaggregation",
+    "lanes-window",
     "cold-start",
     "scale-out",
     "failover",
@@ -166,6 +173,7 @@ const SCENARIOS: &[&str] = &[
     "latency",
     "pacing",
     "budget",
+    "fanout-budget",
 ];
 
 struct Options {
@@ -386,6 +394,7 @@ fn main() -> anyhow::Result<()> {
     run("failover-phases", &mut bench_protocol::failover_phases);
     run("cpu", &mut bench_local::cpu_per_record);
     run("deaggregation", &mut || Ok(bench_local::deaggregation()));
+    run("lanes-window", &mut bench_lanes::window_peak_slots);
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -432,6 +441,9 @@ fn main() -> anyhow::Result<()> {
     });
     run("budget", &mut || {
         rt.block_on(bench_retrieval::prefetch_budget(&exe))
+    });
+    run("fanout-budget", &mut || {
+        rt.block_on(bench_fanout_budget::fanout_budget())
     });
     write_figures(&sections)?;
 

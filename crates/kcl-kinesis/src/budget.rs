@@ -4,24 +4,53 @@
 //! `max_buffered_bytes`); this one bounds what a worker with many shards
 //! holds when all of them fill up at once.
 //!
-//! Each attempt of a polling call reserves, before it is made, the most its
-//! response can hold ([`call_reservation`]; given back before a retry
-//! pause), and keeps of that what the batch really holds: whatever the
-//! responses, the batches held and the calls in flight never exceed the
-//! budget together. (A KPL aggregate whose sub-records hold more than the
-//! estimate keeps the whole reservation and is over by the difference:
-//! waiting for it could deadlock readers that each hold a reservation.) A
-//! fan-out event has arrived before its size is known: the reader waits
-//! for some free budget before reading one and takes what is free of what
-//! the batch holds after, without waiting, so each subscribed shard may go
-//! over by at most one event. The stats count what the batches really
-//! hold, so the peak shows any overshoot.
+//! Both retrieval modes follow one rule: a read reserves, before it is
+//! made, what its batch is expected to hold, waiting for it; the batch
+//! keeps of that what it really holds and gives the rest back. A polling
+//! call reserves the most its response can hold ([`call_reservation`];
+//! given back before a retry pause). A fan-out event's size is known only
+//! once it is read, and the reservation is held while the subscriber waits
+//! for it (seconds, on a quiet shard), so a subscriber reserves an
+//! estimate ([`EventEstimate`]): its reader's whole own budget
+//! (`max_buffered_bytes`) before its first event, then the largest of its
+//! recent batches, decaying, never less than a floor F
+//! ([`estimate::MIN_EVENT_RESERVATION`], 64 KiB, or the reader's own
+//! budget if that is smaller). Quiet shards so hold F each while they
+//! wait, and B / F of them (16 384 in the default 1 GiB) wait at once
+//! without keeping a busy shard from its turn.
+//!
+//! A batch can hold more than it reserved: a KPL aggregate's sub-records
+//! each own a partition key, a sequence number and a record, so an
+//! aggregate of n bytes expands to up to about 87 n (see the records
+//! module), and a fan-out event may be larger than the shard's recent
+//! ones. The excess is counted as the batch is made: taken from the free
+//! budget if there is any, without waiting (a reader waiting while it
+//! holds a reservation could deadlock with others doing the same), and
+//! what is not free is over. Such a batch holds at least its whole
+//! reservation, at least R, the smallest reservation any read makes, so at
+//! most B / R of them are held at once and the worst case is
+//!
+//! `B + floor(B / R) x (largest batch - R)`
+//!
+//! the budget exactly when no batch holds more than it reserved. In
+//! fan-out R is F: the worst case is quiet shards, each reserving F, all
+//! receiving a large batch at the same moment. Readers starting at once,
+//! behind, stay within B unless a first event holds more than its
+//! reader's whole own budget, which it reserves. One large batch
+//! raises the shard's next reservation to its size (up to the reader's
+//! own budget), so the overshoot does not repeat while the shard is busy.
+//! The stats count what the batches really hold, so the peak shows any
+//! overshoot.
 
 use std::sync::Arc;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
 use crate::stats::SourceStats;
+
+pub(crate) mod estimate;
+
+pub(crate) use estimate::EventEstimate;
 
 /// The default worker-wide budget.
 pub const DEFAULT_PREFETCH_BUDGET: usize = 1024 * 1024 * 1024;
@@ -48,7 +77,7 @@ pub(crate) struct Budget {
     stats: Arc<SourceStats>,
 }
 
-/// Budget taken before a call, for its response.
+/// Budget taken before a read (a call, an event), for its batch.
 #[derive(Debug)]
 pub(crate) struct Reservation {
     permit: OwnedSemaphorePermit,
@@ -87,42 +116,60 @@ impl Budget {
     /// Reserves what a `GetRecords` with `limit` may return, waiting for
     /// it. `None` only if the budget was closed (never).
     pub(crate) async fn reserve_call(&self, limit: i32) -> Option<Reservation> {
-        let n = self.clamp(call_reservation(limit));
+        self.reserve(call_reservation(limit)).await
+    }
+
+    /// Reserves `bytes` (at most the whole budget) for a read whose batch
+    /// is known only once it is made, waiting for them. `None` only if the
+    /// budget was closed (never).
+    pub(crate) async fn reserve(&self, bytes: usize) -> Option<Reservation> {
+        let n = self.clamp(bytes);
         let permit = Arc::clone(&self.bytes).acquire_many_owned(n).await.ok()?;
         Some(Reservation { permit })
     }
 
-    /// Keeps `bytes` of a reservation for the batch that arrived and
-    /// gives the rest back.
+    /// Keeps `bytes` of a reservation for the batch that was made and
+    /// gives the rest back. A batch holding more than was reserved also
+    /// takes what is free of the excess, without waiting (see the module's
+    /// notes); the rest is over the budget, and counted.
     pub(crate) fn keep(&self, mut reservation: Reservation, bytes: usize) -> Held {
         let reserved = reservation.permit.num_permits();
-        let kept = bytes.min(reserved);
-        let permit = reservation.permit.split(kept).unwrap_or(reservation.permit);
-        self.held(permit, bytes)
+        if bytes <= reserved {
+            let permit = reservation
+                .permit
+                .split(bytes)
+                .unwrap_or(reservation.permit);
+            return self.held(permit, bytes);
+        }
+        if let Some(extra) = self.take_free(self.clamp(bytes - reserved)) {
+            reservation.permit.merge(extra);
+        }
+        self.held(reservation.permit, bytes)
     }
 
-    /// Waits until some budget is free, holding none.
-    pub(crate) async fn wait_for_room(&self) -> Option<()> {
-        drop(self.bytes.acquire().await.ok()?);
-        Some(())
+    /// What a batch that holds nothing (a shard's end) holds.
+    pub(crate) fn nothing(&self) -> Held {
+        Held {
+            _permit: None,
+            bytes: 0,
+            stats: Arc::clone(&self.stats),
+        }
     }
 
-    /// Takes what is free of `bytes` for a batch that already arrived,
-    /// without waiting (see the module's notes on fan-out).
-    pub(crate) fn take_now(&self, bytes: usize) -> Held {
-        let free = self.clamp(bytes.min(self.bytes.available_permits()));
-        let permit = Arc::clone(&self.bytes)
-            .try_acquire_many_owned(free)
-            // Another reader took the free budget meanwhile: none is left.
-            .or_else(|_| Arc::clone(&self.bytes).try_acquire_many_owned(0));
-        match permit {
-            Ok(permit) => self.held(permit, bytes),
-            // Closed: never (the budget lives as long as its readers).
-            Err(_) => Held {
-                _permit: None,
-                bytes: 0,
-                stats: Arc::clone(&self.stats),
-            },
+    /// Takes up to `wanted` permits of those free now, without waiting.
+    fn take_free(&self, wanted: u32) -> Option<OwnedSemaphorePermit> {
+        loop {
+            let free = u32::try_from(self.bytes.available_permits()).unwrap_or(u32::MAX);
+            let n = wanted.min(free);
+            if n == 0 {
+                return None;
+            }
+            match Arc::clone(&self.bytes).try_acquire_many_owned(n) {
+                Ok(permit) => return Some(permit),
+                // Another reader took some meanwhile: look again.
+                Err(TryAcquireError::NoPermits) => {}
+                Err(TryAcquireError::Closed) => return None,
+            }
         }
     }
 

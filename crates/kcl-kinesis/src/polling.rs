@@ -380,7 +380,7 @@ impl Fetcher {
 
     /// Sends the shard's end (it expired: no records are left).
     async fn end(&mut self, children: Vec<ChildShard>) {
-        let worker = self.ctx.shared.budget.take_now(0);
+        let worker = self.ctx.shared.budget.nothing();
         let batch = Batch {
             records: Vec::new(),
             millis_behind_latest: Some(0),

@@ -130,6 +130,13 @@ impl Records {
 /// payload, the strings each record owns and the record itself. (The
 /// sub-records of one aggregate are slices of its buffer; their lengths add
 /// up to about the buffer's.)
+///
+/// An aggregate therefore holds more than it takes on the wire: each
+/// sub-record takes at least 6 bytes of it (an empty payload and a
+/// partition-key index) yet owns a record, a copy of its partition key (at
+/// most 256 bytes) and of the sequence number (at most 128 digits). An
+/// aggregate of n bytes holds at most `n x (size_of::<Record>() + 384) / 6`
+/// bytes, about 87 n: the worst case the budgets' overshoot is made of.
 pub(crate) fn held_bytes(records: &[Record]) -> usize {
     records
         .iter()
@@ -153,5 +160,45 @@ fn raw_record(r: aws_sdk_kinesis::types::Record) -> RawRecord {
         approximate_arrival: r
             .approximate_arrival_timestamp
             .and_then(|t| SystemTime::try_from(t).ok()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::held_bytes;
+    use crate::kpl::{RawRecord, UserRecord, aggregate, deaggregate};
+
+    /// The most one sub-record holds, and the least of an aggregate it
+    /// takes: the bound of [`held_bytes`]'s notes is their ratio.
+    const MAX_HELD: usize = std::mem::size_of::<kcl_core::Record>() + 256 + 128;
+    const MIN_TAKEN: usize = 6;
+
+    #[test]
+    fn an_aggregate_of_empty_sub_records_expands_to_its_stated_bound() {
+        let subs: Vec<UserRecord> = (0..10_000)
+            .map(|_| UserRecord {
+                partition_key: "k".repeat(256),
+                explicit_hash_key: None,
+                data: Bytes::new(),
+            })
+            .collect();
+        let data = aggregate(&subs);
+        let raw = RawRecord {
+            data: data.clone(),
+            partition_key: "k".into(),
+            explicit_hash_key: None,
+            sequence_number: "9".repeat(128),
+            approximate_arrival: None,
+        };
+        let expanded = deaggregate(raw);
+        assert_eq!(expanded.records.len(), subs.len());
+        let held = held_bytes(&expanded.records);
+        // The worst case is reached, not just bounded: only the aggregate's
+        // fixed parts (magic, digest, key table) are not sub-records.
+        let bound = data.len() * MAX_HELD / MIN_TAKEN;
+        assert!(held <= bound, "{held} from {}", data.len());
+        assert!(held * 100 >= bound * 99, "{held} from {}", data.len());
     }
 }

@@ -133,6 +133,19 @@ impl KinesisShardSource {
         }
     }
 
+    /// [`KinesisShardSource::on_fake`] with fan-out available: choose it
+    /// with [`KinesisShardSourceBuilder::retrieval`]. Subscriptions are
+    /// served in memory from the same fake (feature `test-util`), for
+    /// benchmarks with more shards than an emulator holds.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn on_fake_fan_out(fake: Arc<crate::fake::FakeKinesis>) -> KinesisShardSourceBuilder {
+        let fanout = crate::fanout::fake::FakeFanOut::new(Arc::clone(&fake));
+        KinesisShardSourceBuilder {
+            fanout_api: Some(Arc::new(fanout)),
+            ..Self::on_fake(fake)
+        }
+    }
+
     /// A fan-out source on fakes, for unit tests.
     #[cfg(test)]
     pub(crate) fn with_fan_out(
@@ -204,8 +217,13 @@ impl KinesisShardSourceBuilder {
     /// (about 16 MiB at the default `max_records`), so a budget of B lets
     /// B / 16 MiB calls run at once (64 at the default): enough for
     /// thousands of idle shards at a call a second each. A fan-out reader
-    /// waits for free budget before reading an event and may go over by
-    /// one event.
+    /// reserves its own `max_buffered_bytes` (8 MiB by default) before it
+    /// reads an event, so B / `max_buffered_bytes` subscriptions read at
+    /// once (128 at the defaults); a worker with more fan-out shards than
+    /// that needs a larger budget or a smaller `max_buffered_bytes`, or its
+    /// shards take turns. A batch holding more than it reserved (a KPL
+    /// aggregate's expansion) is over by the difference while nothing is
+    /// free: at most B / R such batches at once, for a reservation R.
     ///
     /// [`PollingConfigBuilder::max_prefetch_bytes`]: crate::PollingConfigBuilder::max_prefetch_bytes
     pub fn prefetch_budget(mut self, bytes: usize) -> Self {

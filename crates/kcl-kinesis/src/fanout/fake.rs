@@ -8,6 +8,10 @@
 //! service end subscriptions, fail them, or behave like kinesis-mock (never
 //! announce a shard's end; restart at TRIM_HORIZON once).
 
+// Built for the benchmarks too (feature `test-util`), which use the
+// subscriptions but none of the unit tests' scripts.
+#![cfg_attr(not(test), allow(dead_code))]
+
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -106,6 +110,8 @@ struct State {
     restart_from_trim_horizon: bool,
     subscriptions: Vec<(tokio::time::Instant, IteratorStart)>,
     events: u64,
+    /// The shard of each event sent, in the order sent.
+    event_shards: Vec<String>,
 }
 
 /// The fake. Clones share everything.
@@ -190,6 +196,11 @@ impl FakeFanOut {
 
     pub(crate) fn events(&self) -> u64 {
         self.lock().events
+    }
+
+    /// The shard of each event sent so far, in the order they were read.
+    pub(crate) fn event_shards(&self) -> Vec<String> {
+        self.lock().event_shards.clone()
     }
 
     fn description(c: &FakeConsumer, stream_arn: &str) -> ConsumerDescription {
@@ -519,7 +530,11 @@ impl FakeEvents {
             self.continuation = last.sequence_number.clone();
         }
         self.sent += 1;
-        self.fake.lock().events += 1;
+        {
+            let mut s = self.fake.lock();
+            s.events += 1;
+            s.event_shards.push(self.shard_id.clone());
+        }
         let continuation = if children.is_some() {
             String::new()
         } else {

@@ -24,14 +24,18 @@
 //! one subscription at a time and
 //!
 //! 1. waits for room: a free slot of a small channel of batches
-//!    (`max_buffered_batches`) and free byte budget (`max_buffered_bytes`).
+//!    (`max_buffered_batches`), free byte budget (`max_buffered_bytes`),
+//!    and a reservation of the worker-wide budget for the event it reads
+//!    next (its size is known only once it is read: an estimate from the
+//!    shard's recent events, see the budget module; the batch keeps what
+//!    it holds and gives the rest back).
 //!    Until then it does not read the event stream, so the transport's flow
 //!    control (HTTP/2 stream windows; TCP with an HTTP/1.1 endpoint) pushes
 //!    back on the service while the processor is behind. After 10 s
-//!    without room it lets the subscription go: unread data holds window of
-//!    the HTTP/2 connection every shard's subscription shares, and a few
-//!    stalled shards must not starve the rest. It subscribes again once
-//!    there is room;
+//!    without room of its own it lets the subscription go: unread data
+//!    holds window of the HTTP/2 connection every shard's subscription
+//!    shares, and a few stalled shards must not starve the rest. It
+//!    subscribes again once there is room, and reads with the room it won;
 //! 2. checks the lease, reads one event, drops records it already received,
 //!    de-aggregates the rest, drops sub-records a resume checkpoint covers,
 //!    and queues the batch with its budget;
@@ -54,7 +58,9 @@ mod consumer;
 mod reader;
 
 #[cfg(test)]
-mod fake;
+mod budget_tests;
+#[cfg(any(test, feature = "test-util"))]
+pub(crate) mod fake;
 #[cfg(test)]
 mod fault_tests;
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! The fan-out reader and its subscription task.
 
 use std::cmp::Ordering;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +19,7 @@ use tracing::{debug, info, warn};
 
 use super::FanOut;
 use super::api::{EventStream, IN_USE, classify_stream};
-use crate::budget::Held;
+use crate::budget::{EventEstimate, Held, Reservation};
 use crate::calls::IteratorStart;
 use crate::calls::Shared;
 use crate::calls::classify::{Class, Classified, classify};
@@ -37,15 +38,31 @@ pub(crate) const SUBSCRIBE_INTERVAL: Duration = Duration::from_secs(1);
 /// treated as a dropped connection and the call is made again.
 const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How long a subscription may wait for room before it is let go. While
-/// it waits, its unread data holds HTTP/2 flow-control window, of its
-/// stream and of the connection all subscriptions to the endpoint share:
-/// a few stalled shards must not starve the others. Ending it releases
-/// the window; a new subscription resumes once there is room.
+/// How long a subscription may wait for room of its reader's own (a
+/// channel slot, free byte budget) before it is let go. While it waits,
+/// its unread data holds HTTP/2 flow-control window, of its stream and of
+/// the connection all subscriptions to the endpoint share: a few shards
+/// whose processors are behind must not starve the others. Ending it
+/// releases the window; a new subscription resumes once there is room.
+///
+/// The wait for the worker-wide budget after that is not timed. It is a
+/// queue whose turns come as other readers' events arrive (each holds a
+/// reservation of about one event until then): ending the subscription
+/// would only put the reader back at the end of it, and with many quiet
+/// shards would end every busy one over and over. Should others' unread
+/// data hold up the events a reservation waits for, that reader ends at its
+/// event timeout and gives its reservation back to the queue.
 const MAX_STALL: Duration = Duration::from_secs(10);
 
 /// What the subscription task hands the reader.
 type Message = Result<Buffered, SourceError>;
+
+/// What a subscriber waits for before it reads an event: a slot for the
+/// batch and the worker-wide budget reserved for it.
+struct Room {
+    slot: OwnedPermit<Message>,
+    worker: Reservation,
+}
 
 /// A received batch and the byte budget it holds until handed out.
 #[derive(Debug)]
@@ -55,7 +72,8 @@ pub(crate) struct Buffered {
     _worker: Held,
 }
 
-/// A [`ShardReader`] on one shard, fed by `SubscribeToShard` events.
+/// A [`ShardReader`](kcl_core::source::ShardReader) on one shard, fed by
+/// `SubscribeToShard` events.
 pub(crate) type FanOutReader = TaskReader<Buffered>;
 
 impl Delivery for Buffered {
@@ -92,6 +110,8 @@ impl FanOutReader {
         let subscriber = Subscriber {
             meters: Meters::new(&stream, &shard_id),
             bytes: Arc::new(Semaphore::new(config.max_buffered_bytes)),
+            estimate: EventEstimate::new(config.max_buffered_bytes),
+            carried: None,
             transient_failures: 0,
             received_event: false,
             tx,
@@ -216,6 +236,11 @@ struct Subscriber {
     consumer_arn: String,
     tx: mpsc::Sender<Message>,
     bytes: Arc<Semaphore>,
+    /// What the next event reserves of the worker-wide budget.
+    estimate: EventEstimate,
+    /// Room won while no subscription was open (after a stall), for the
+    /// next subscription's first event.
+    carried: Option<Room>,
     /// Where the reader started, for a subscription before any event.
     start: IteratorStart,
     /// Until a record arrives: records before this sequence number (the
@@ -299,7 +324,11 @@ impl Subscriber {
                     self.subscribed();
                     self.read(events).await?
                 }
-                Err(c) => Ended::Failed(c),
+                Err(c) => {
+                    // A backoff must not sit on budget others can use.
+                    self.carried = None;
+                    Ended::Failed(c)
+                }
             };
             if std::mem::take(&mut self.received_event) {
                 // The subscription worked: failures before it no longer
@@ -334,9 +363,12 @@ impl Subscriber {
                         () = self.lease.ended() => return Err(self.lease_lost()),
                         room = self.room() => room,
                     };
-                    if room.is_none() {
+                    let Some(room) = room else {
                         return Ok(());
-                    }
+                    };
+                    // Won without holding a subscription's window: the next
+                    // subscription reads with it instead of queueing again.
+                    self.carried = Some(room);
                 }
                 Ended::Failed(c) => {
                     if !self.failed(c, &mut backoff).await? {
@@ -484,12 +516,7 @@ impl Subscriber {
                     Missing::Stream => Err(SourceError::StreamNotFound {
                         stream: self.stream.clone(),
                     }),
-                    // The shard is there, so the consumer is not (it was
-                    // deregistered): the next open registers it again.
-                    Missing::Listed => {
-                        self.fanout.forget(&self.stream, &self.consumer_arn);
-                        Err(self.fatal(c, "the stream consumer does not exist"))
-                    }
+                    Missing::Listed => self.listed_not_found(c, backoff).await,
                 };
             }
             Class::InvalidArgument => {
@@ -525,6 +552,39 @@ impl Subscriber {
         self.back_off(backoff).await.map(|()| true)
     }
 
+    /// `ResourceNotFound` for a shard that is not gone (listed, or too new
+    /// for the listing): either the consumer was deregistered, or the
+    /// answer about the shard was stale, as for a child right after a
+    /// split. Only a missing consumer is dropped (the next open registers
+    /// it again) and ends the reader; a stale answer is reported and
+    /// retried with backoff, as polling does, and the consumer kept.
+    async fn listed_not_found(
+        &mut self,
+        c: Classified,
+        backoff: &mut Pauses,
+    ) -> Result<bool, SourceError> {
+        let registered = self
+            .fanout
+            .is_registered(&self.shared, &self.stream, &self.consumer_arn)
+            .await;
+        match registered {
+            Ok(true) => {
+                let e = retryable(&self.stream, &self.shard_id, c.error);
+                self.report_and_back_off(e, backoff).await?;
+                Ok(true)
+            }
+            Ok(false) => {
+                self.fanout.forget(&self.stream, &self.consumer_arn);
+                Err(self.fatal(c, "the stream consumer does not exist"))
+            }
+            Err(e) if e.is_retryable() => {
+                self.report_and_back_off(e, backoff).await?;
+                Ok(true)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Tells the reader about a failure the task keeps retrying, then
     /// waits out the next backoff step.
     async fn report_and_back_off(
@@ -545,7 +605,7 @@ impl Subscriber {
         let Ok(budget) = Arc::clone(&self.bytes).acquire_many_owned(0).await else {
             return false;
         };
-        let worker = self.shared.budget.take_now(0);
+        let worker = self.shared.budget.nothing();
         let batch = Batch {
             records: Vec::new(),
             millis_behind_latest: Some(0),
@@ -581,15 +641,9 @@ impl Subscriber {
             // Room first: while the processor is behind, the event stream
             // is not read, so the transport's flow control (HTTP/2 windows,
             // TCP) holds the service back instead of our memory.
-            let room = tokio::select! {
-                biased;
-                () = self.lease.ended() => return Err(self.lease_lost()),
-                () = &mut expired => return Ok(Ended::Lifetime),
-                room = self.room() => room,
-                () = tokio::time::sleep(MAX_STALL) => return Ok(Ended::Stalled),
-            };
-            let Some(slot) = room else {
-                return Ok(Ended::ReaderGone);
+            let room = match self.next_room(&mut expired).await? {
+                Ok(room) => room,
+                Err(ended) => return Ok(ended),
             };
             if !self.lease.is_valid() {
                 return Err(self.lease_lost());
@@ -605,7 +659,7 @@ impl Subscriber {
             };
             match next {
                 Ok(Some(SubscribeToShardEventStream::SubscribeToShardEvent(event))) => {
-                    match self.on_event(event, slot).await? {
+                    match self.on_event(event, room).await? {
                         Flow::Continue => {}
                         Flow::ShardEnd => return Ok(Ended::ShardEnd),
                         Flow::ReaderGone => return Ok(Ended::ReaderGone),
@@ -621,15 +675,64 @@ impl Subscriber {
         }
     }
 
-    /// Waits for a free slot in the channel and some free byte budget.
-    /// `None` once the reader is gone.
-    async fn room(&self) -> Option<OwnedPermit<Message>> {
+    /// The room for the next event of an open subscription: the one
+    /// carried over from a stall, or waited for. Only the wait for the
+    /// reader's own room counts toward [`MAX_STALL`]. The inner error is
+    /// why the subscription ends instead.
+    async fn next_room<F: Future<Output = ()>>(
+        &mut self,
+        expired: &mut Pin<&mut F>,
+    ) -> Result<Result<Room, Ended>, SourceError> {
+        if let Some(room) = self.carried.take() {
+            return Ok(Ok(room));
+        }
+        let slot = tokio::select! {
+            biased;
+            () = self.lease.ended() => return Err(self.lease_lost()),
+            () = expired.as_mut() => return Ok(Err(Ended::Lifetime)),
+            slot = self.own_room() => slot,
+            () = tokio::time::sleep(MAX_STALL) => return Ok(Err(Ended::Stalled)),
+        };
+        let Some(slot) = slot else {
+            return Ok(Err(Ended::ReaderGone));
+        };
+        let worker = tokio::select! {
+            biased;
+            () = self.lease.ended() => return Err(self.lease_lost()),
+            () = expired.as_mut() => return Ok(Err(Ended::Lifetime)),
+            worker = self.reserve() => worker,
+        };
+        Ok(worker
+            .map(|worker| Room { slot, worker })
+            .ok_or(Ended::ReaderGone))
+    }
+
+    /// Waits for the reader's own room and then the worker-wide budget
+    /// for the next event. `None` once the reader is gone.
+    async fn room(&self) -> Option<Room> {
+        let slot = self.own_room().await?;
+        let worker = self.reserve().await?;
+        Some(Room { slot, worker })
+    }
+
+    /// Waits for a free slot in the channel and some free byte budget of
+    /// the reader's own. `None` once the reader is gone.
+    async fn own_room(&self) -> Option<OwnedPermit<Message>> {
         let slot = self.tx.clone().reserve_owned().await.ok()?;
         // Taking and returning one permit waits for free budget without
         // holding any.
         drop(self.bytes.acquire().await.ok()?);
-        self.shared.budget.wait_for_room().await?;
         Some(slot)
+    }
+
+    /// Reserves the worker-wide budget for the next event, once the rest
+    /// of the room is there, so that it is held the shortest. The event's
+    /// size is known only once it is read: the estimate follows the
+    /// shard's recent events (see the budget module). `None` only if the
+    /// budget was closed (never).
+    async fn reserve(&self) -> Option<Reservation> {
+        let bytes = self.estimate.reservation();
+        self.shared.budget.reserve(bytes).await
     }
 
     /// True unless the record was already received, or lies before the
@@ -644,11 +747,12 @@ impl Subscriber {
         true
     }
 
-    /// De-aggregates an event and queues it for the reader in `slot`.
+    /// De-aggregates an event and queues it for the reader in the slot of
+    /// `room`, keeping what it holds of the room's reservation.
     async fn on_event(
         &mut self,
         event: SubscribeToShardEvent,
-        slot: OwnedPermit<Message>,
+        room: Room,
     ) -> Result<Flow, SourceError> {
         self.shared.stats.event();
         self.meters.events.increment(1);
@@ -693,6 +797,11 @@ impl Subscriber {
         self.meters.records.increment(user.len() as u64);
         self.meters.bytes.increment(payload_bytes as u64);
         let bytes = held_bytes(&user);
+        // Counted as soon as the records are made (a KPL aggregate's
+        // expansion included), before anything below may wait.
+        let Room { slot, worker } = room;
+        let worker = self.shared.budget.keep(worker, bytes);
+        self.estimate.saw(bytes);
         let behind = u64::try_from(millis_behind_latest).ok();
         if let Some(ms) = behind {
             self.meters.millis_behind_latest.set(ms as f64);
@@ -736,7 +845,6 @@ impl Subscriber {
         let Ok(budget) = Arc::clone(&self.bytes).acquire_many_owned(wanted).await else {
             return Ok(Flow::ReaderGone);
         };
-        let worker = self.shared.budget.take_now(bytes);
         slot.send(Ok(Buffered {
             batch: Batch {
                 records: user,
