@@ -241,9 +241,9 @@ async fn fenced(store: &DynamoDbLeaseStore, key: &str) -> Option<AttributeValue>
         .consistent_read(true)
         .send()
         .await
-        .unwrap()
+        .expect("GetItem")
         .item
-        .unwrap();
+        .expect("the lease item");
     item.get("kclFencedCommits").cloned()
 }
 
