@@ -125,8 +125,10 @@ pub trait RecordProcessor: Send {
     }
 
     /// Another worker owns the shard now (or this worker could not renew
-    /// its lease in time). Checkpointing is no longer possible; release
-    /// resources and stop side effects.
+    /// its lease in time), or this worker gives the shard back: the failure
+    /// policy released it, or a call ran past `processor_timeout` and was
+    /// cancelled. Checkpointing is no longer possible; release resources
+    /// and stop side effects. The processor is dropped after.
     async fn lease_lost(&mut self) {}
 }
 

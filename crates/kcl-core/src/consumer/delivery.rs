@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use tracing::warn;
 
-use super::{Consumer, Stop, processor_error};
+use super::{Call, Consumer, Stop, limited, processor_error};
 use crate::checkpointer::Checkpointer;
 use crate::poison::{FailedRecord, FailureReason, PoisonPolicy};
 use crate::processor::{FailurePolicy, RecordBatch, RecordProcessor};
@@ -15,20 +15,24 @@ use crate::processor::{FailurePolicy, RecordBatch, RecordProcessor};
 mod set_aside;
 use set_aside::set_aside;
 
-/// Hands one batch to the processor, applying the failure policy. `Ok`
-/// once every record of it is processed or set aside.
+/// Hands one batch to the processor (of lane `lane`, if any), applying the
+/// failure policy. `Ok` once every record of it is processed or set aside.
+/// A call cut at its timeout is no failure the policy judges: the shard is
+/// given back ([`Stop::TimedOut`]).
 pub(super) async fn deliver(
     c: &Consumer,
     processor: &mut dyn RecordProcessor,
     checkpointer: &mut Checkpointer,
     batch: &RecordBatch,
+    lane: Option<usize>,
 ) -> Result<(), Stop> {
+    let call = Call::new("process_records", lane);
     // A stalled lane's empty batch has no record to isolate: its failure
     // is retried as under `Retry`.
     if let FailurePolicy::Isolate(policy) = &c.setup.policy
         && !batch.records.is_empty()
     {
-        return isolate(c, processor, checkpointer, batch, policy).await;
+        return isolate(c, processor, checkpointer, batch, policy, call).await;
     }
     let mut backoff = c.setup.backoff.pauses();
     let before = checkpointer.delivered_position();
@@ -40,7 +44,8 @@ pub(super) async fn deliver(
         if let Some(last) = batch.records.last() {
             checkpointer.delivered(last);
         }
-        match processor.process_records(batch, checkpointer).await {
+        let called = limited(c, call, processor.process_records(batch, checkpointer)).await;
+        match called.inspect_err(|_| checkpointer.rewind(before.clone()))? {
             Ok(()) => return c.still_ours_after_checkpoint(),
             Err(e) => {
                 processor_error("process_records", &c.ctx, &*e);
@@ -86,6 +91,7 @@ async fn isolate(
     checkpointer: &mut Checkpointer,
     batch: &RecordBatch,
     policy: &PoisonPolicy,
+    call: Call,
 ) -> Result<(), Stop> {
     let records = &batch.records;
     let mut ranges: VecDeque<Range<usize>> = VecDeque::new();
@@ -109,7 +115,8 @@ async fn isolate(
             };
             &part
         };
-        let e = match processor.process_records(sub, checkpointer).await {
+        let called = limited(c, call, processor.process_records(sub, checkpointer)).await;
+        let e = match called.inspect_err(|_| checkpointer.rewind(before.clone()))? {
             Ok(()) => {
                 c.still_ours_after_checkpoint()?;
                 backoff.reset();

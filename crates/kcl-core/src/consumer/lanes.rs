@@ -21,7 +21,10 @@
 //! processor gets `shutdown_requested` to checkpoint: the watermark then
 //! covers everything fetched, and the next owner repeats nothing. At a
 //! lost lease, running calls finish (a call is never cut off), queued
-//! batches are dropped, and each processor gets `lease_lost`.
+//! batches are dropped, and each processor gets `lease_lost`. A call cut
+//! at its timeout ends the shard's tenure the same way: the other lanes'
+//! calls finish (each under its own limit), and every processor gets
+//! `lease_lost`.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -34,7 +37,7 @@ use stall::wait_for_room;
 
 use super::{
     Consumer, ConsumerExit, Fetch, Stop, deliver, exit_without_processor, finish_shard, initialize,
-    shard_labels,
+    lease_lost, shard_labels, shutdown_requested,
 };
 use crate::checkpointer::{Checkpointer, MAX_LANE_RECORDS_IN_FLIGHT, Position, Window};
 use crate::lease::{Checkpoint, Lease};
@@ -125,9 +128,19 @@ impl Lanes {
         let c = Arc::clone(c);
         let work = async move {
             let started = tokio::time::Instant::now();
-            let result = deliver(&c, processor.as_mut(), &mut checkpointer, &batch).await;
+            let result = deliver(
+                &c,
+                processor.as_mut(),
+                &mut checkpointer,
+                &batch,
+                Some(lane),
+            )
+            .await;
             // A stalled lane's empty batch is no batch of the shard's.
             if !batch.records.is_empty() {
+                if result.is_ok() {
+                    c.progress.delivered(batch.records.len());
+                }
                 metrics::histogram!("kcl_batch_processing_seconds", &shard_labels(&c))
                     .record(started.elapsed().as_secs_f64());
             }
@@ -188,10 +201,12 @@ impl Lanes {
                 return Err(Stop::Release);
             };
             self.idle[lane] = Some((processor, checkpointer));
-            if result.is_ok() {
-                self.start(c, lane);
-            } else {
-                self.queues[lane].clear();
+            match result {
+                Ok(()) => self.start(c, lane),
+                // The shard goes back: no lane's processor is asked to
+                // checkpoint beside a call that was cut off.
+                Err(Stop::TimedOut) => return Err(Stop::TimedOut),
+                Err(_) => self.queues[lane].clear(),
             }
         }
     }
@@ -222,7 +237,8 @@ pub(super) async fn run(c: &Consumer, current: &Lease, count: usize) -> Consumer
         c.lost.clone(),
     )
     .for_shard(&c.ctx.stream, &c.ctx.shard_id)
-    .with_policy(c.setup.checkpoint_policy);
+    .with_policy(c.setup.checkpoint_policy)
+    .with_progress(c.progress.clone());
     let window = Arc::new(Mutex::new(Window::new(count)));
     let shard = Arc::new(tokio::sync::Mutex::new(shard));
     let lane_checkpointers: Vec<Checkpointer> = {
@@ -261,6 +277,7 @@ pub(super) async fn run(c: &Consumer, current: &Lease, count: usize) -> Consumer
     }
     if outcome.is_ok() {
         info!(lanes = count, "processing the shard in parallel lanes");
+        c.progress.lanes(count);
         outcome = process(&c, &mut lanes, &shard, start).await;
     }
     // A graceful end: what was fetched is processed first.
@@ -275,17 +292,21 @@ pub(super) async fn run(c: &Consumer, current: &Lease, count: usize) -> Consumer
     // This worker no longer reads the shard: no stale figure stays behind.
     in_flight_gauge(&c, 0);
     let panic = lanes.panic.take();
-    let mut processors: Vec<(Processor, Checkpointer)> = lanes.idle.into_iter().flatten().collect();
-    let exit = end_lanes(&mut processors, &shard, outcome).await;
+    let mut processors: Vec<(usize, Processor, Checkpointer)> = (lanes.idle.into_iter())
+        .enumerate()
+        .filter_map(|(lane, idle)| idle.map(|(p, cp)| (lane, p, cp)))
+        .collect();
+    let exit = end_lanes(&c, &mut processors, &shard, outcome).await;
     if let Some(panic) = panic {
         std::panic::resume_unwind(panic);
     }
     exit
 }
 
-/// Gives each lane's processor its ending.
+/// Gives each lane's processor (with its lane) its ending.
 async fn end_lanes(
-    processors: &mut [(Processor, Checkpointer)],
+    c: &Consumer,
+    processors: &mut [(usize, Processor, Checkpointer)],
     shard: &tokio::sync::Mutex<Checkpointer>,
     outcome: Result<(), Stop>,
 ) -> ConsumerExit {
@@ -296,18 +317,16 @@ async fn end_lanes(
         // Every lane's checkpoint writes from now on (through the shard's
         // checkpointer), and what the policy held back is written last.
         shard.lock().await.write_every_call();
-        for (processor, checkpointer) in processors.iter_mut() {
-            if let Err(e) = processor.shutdown_requested(checkpointer).await {
-                warn!(error = %e, "processor failed in shutdown_requested");
-            }
+        for (lane, processor, checkpointer) in processors.iter_mut() {
+            shutdown_requested(c, processor.as_mut(), checkpointer, Some(*lane)).await;
         }
         if let Err(e) = shard.lock().await.flush().await {
             warn!(error = %e, "writing the last checkpoint asked for failed");
         }
     } else {
         info!("lease lost or given back; stopping the lanes' processors");
-        for (processor, _) in processors.iter_mut() {
-            processor.lease_lost().await;
+        for (lane, processor, _) in processors.iter_mut() {
+            lease_lost(c, processor.as_mut(), Some(*lane)).await;
         }
     }
     exit_without_processor(stop)
@@ -329,7 +348,7 @@ async fn process(
         // The fetch runs while lanes finish: their results are taken as
         // they come, and the fetch is never cut off and restarted.
         let fetched = {
-            let next = fetch.reader.next_batch();
+            let next = fetch.next_batch(c);
             tokio::pin!(next);
             loop {
                 tokio::select! {
@@ -338,7 +357,7 @@ async fn process(
                     joined = lanes.running.join_next(), if !lanes.running.is_empty() => {
                         lanes.finished(c, joined)?;
                     }
-                    fetched = &mut next => break fetched,
+                    fetched = &mut next => break fetched?,
                 }
             }
         };

@@ -1,0 +1,586 @@
+//! Processor calls under time limits, on a whole worker over the in-memory
+//! store and source under a paused clock: a call that never returns is
+//! warned about once; with `processor_timeout` set, it is cancelled (its
+//! future dropped while the lease is still held) and the shard given back,
+//! to be read again from its last checkpoint; without one, it keeps its
+//! lease. Each test installs its own log and metrics capture on its thread,
+//! where the worker's tasks run.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use kcl_core::checkpointer::Checkpointer;
+use kcl_core::observe::{Event, Observer};
+use kcl_core::processor::{
+    InitializeInput, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
+};
+use kcl_core::source::InitialPosition;
+use kcl_core::source::memory::InMemoryShardSource;
+use kcl_core::store::memory::InMemoryLeaseStore;
+use kcl_core::worker::{StreamSpec, Worker, WorkerConfig, WorkerConfigBuilder, WorkerHandle};
+use kcl_core::{Checkpoint, EndReason, LeaseConfig, LeaseLayout, LeaseStore};
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep};
+
+const STREAM: &str = "orders";
+/// The record whose batch hangs.
+const HANGS_ON: &str = "2";
+
+/// What the processors and the worker did.
+#[derive(Default)]
+struct Log {
+    /// Records processed (their batch returned), in order.
+    processed: Mutex<Vec<String>>,
+    initialized: AtomicU32,
+    /// How many `initialize` calls still hang (none unless a test sets it).
+    initialize_hangs: AtomicU32,
+    lease_lost: AtomicU32,
+    shutdown_requested: AtomicU32,
+    /// The hung call's drop, with the lease's owner then, and the lease's
+    /// release, in the order they happened.
+    events: Mutex<Vec<String>>,
+}
+
+impl Log {
+    fn event(&self, what: String) {
+        self.events.lock().unwrap().push(what);
+    }
+}
+
+/// Dropped with the hung call's future: notes the lease's owner then.
+struct DropGuard {
+    log: Arc<Log>,
+    store: InMemoryLeaseStore,
+}
+
+impl Drop for DropGuard {
+    fn drop(&mut self) {
+        let owner = self.store.snapshot()[0].owner.clone();
+        self.log.event(format!("call dropped, owner {owner:?}"));
+    }
+}
+
+/// Checkpoints after every batch; hangs (the first `hangs` times) on a
+/// batch holding [`HANGS_ON`], awaiting a future that never completes.
+struct Processor {
+    log: Arc<Log>,
+    store: InMemoryLeaseStore,
+    hangs: Arc<AtomicU32>,
+}
+
+impl Processor {
+    /// Never returns; dropping it notes the lease's owner then.
+    async fn hang(&self) {
+        let _guard = DropGuard {
+            log: Arc::clone(&self.log),
+            store: self.store.clone(),
+        };
+        std::future::pending::<()>().await;
+    }
+
+    fn hangs_now(&self, batch: &RecordBatch) -> bool {
+        batch
+            .records
+            .iter()
+            .any(|r| r.data.as_ref() == HANGS_ON.as_bytes())
+            && self
+                .hangs
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+    }
+}
+
+#[async_trait]
+impl RecordProcessor for Processor {
+    async fn initialize(&mut self, _: &InitializeInput) -> Result<(), ProcessorError> {
+        self.log.initialized.fetch_add(1, Ordering::SeqCst);
+        let hangs = (self.log.initialize_hangs)
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if hangs {
+            self.hang().await;
+        }
+        Ok(())
+    }
+
+    async fn process_records(
+        &mut self,
+        batch: &RecordBatch,
+        cp: &mut Checkpointer,
+    ) -> Result<(), ProcessorError> {
+        if self.hangs_now(batch) {
+            self.hang().await;
+        }
+        let data = batch
+            .records
+            .iter()
+            .map(|r| String::from_utf8(r.data.to_vec()).unwrap());
+        self.log.processed.lock().unwrap().extend(data);
+        cp.checkpoint().await?;
+        Ok(())
+    }
+
+    async fn shutdown_requested(&mut self, _: &mut Checkpointer) -> Result<(), ProcessorError> {
+        self.log.shutdown_requested.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    async fn lease_lost(&mut self) {
+        self.log.lease_lost.fetch_add(1, Ordering::SeqCst);
+        self.log.event("lease_lost".into());
+    }
+}
+
+/// Notes each release of a lease in the log, beside the processors'
+/// events.
+struct Releases(Arc<Log>);
+
+impl std::fmt::Debug for Releases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Releases")
+    }
+}
+
+impl Observer for Releases {
+    fn observe(&self, _: &str, event: &Event<'_>) {
+        if let Event::Ended {
+            reason: EndReason::Released,
+            ..
+        } = event
+        {
+            self.0.event("lease released".into());
+        }
+    }
+}
+
+/// Counters by name and `stage` label, recorded on this thread.
+#[derive(Default)]
+struct Counters(Mutex<HashMap<(String, String), Arc<AtomicU64>>>);
+
+impl Counters {
+    fn get(&self, name: &str, stage: &str) -> u64 {
+        let map = self.0.lock().unwrap();
+        map.get(&(name.to_owned(), stage.to_owned()))
+            .map_or(0, |c| c.load(Ordering::SeqCst))
+    }
+}
+
+impl Recorder for Counters {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        let stage = key
+            .labels()
+            .find(|l| l.key() == "stage")
+            .map_or(String::new(), |l| l.value().to_owned());
+        let mut map = self.0.lock().unwrap();
+        let counter = map.entry((key.name().to_owned(), stage)).or_default();
+        Counter::from_arc(Arc::clone(counter))
+    }
+
+    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::noop()
+    }
+
+    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::noop()
+    }
+}
+
+/// The log lines written at warn level and above.
+#[derive(Clone, Default)]
+struct Lines(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Lines {
+    fn count(&self, containing: &str) -> usize {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .filter(|l| l.contains(containing))
+            .count()
+    }
+}
+
+/// Every test of this binary captures its logs: tracing caches whether a
+/// log line is wanted across threads, and a thread with no subscriber
+/// would have another test's warning dropped.
+fn capture_logs(lines: &Lines) -> tracing::subscriber::DefaultGuard {
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::set_default(subscriber)
+}
+
+struct Setup {
+    store: InMemoryLeaseStore,
+    source: InMemoryShardSource,
+    /// Sequence numbers of the records put, in order.
+    seqs: Vec<String>,
+    log: Arc<Log>,
+    worker: WorkerHandle,
+    task: JoinHandle<Result<(), kcl_core::worker::WorkerError>>,
+}
+
+/// One worker over one shard holding the records "0" and "1"; the first
+/// batch holding [`HANGS_ON`] hangs once. `limits` sets the call limits.
+fn start(limits: impl FnOnce(WorkerConfigBuilder) -> WorkerConfigBuilder) -> Setup {
+    let source = InMemoryShardSource::new();
+    source.create_stream(STREAM, 1);
+    let store = InMemoryLeaseStore::new();
+    let lease = LeaseConfig::builder("w-a")
+        .taker_interval(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let config = WorkerConfig::builder(lease)
+        .stream(StreamSpec {
+            name: STREAM.into(),
+            layout: LeaseLayout::SingleStream,
+        })
+        .initial_position(InitialPosition::TrimHorizon)
+        .max_backoff(Duration::from_secs(1));
+    let config = limits(config).build().unwrap();
+    let log = Arc::new(Log::default());
+    let (made, table) = (Arc::clone(&log), store.clone());
+    let hangs = Arc::new(AtomicU32::new(1));
+    let factory = move |_: &ShardContext| Processor {
+        log: Arc::clone(&made),
+        store: table.clone(),
+        hangs: Arc::clone(&hangs),
+    };
+    let worker = Worker::new(
+        config,
+        Arc::new(store.handle()),
+        Arc::new(source.clone()),
+        Arc::new(factory),
+    )
+    .with_observer(Arc::new(Releases(Arc::clone(&log))));
+    let handle = worker.handle();
+    let mut s = Setup {
+        store,
+        source,
+        seqs: Vec::new(),
+        log,
+        worker: handle,
+        task: tokio::spawn(worker.run()),
+    };
+    s.put(&["0", "1"]);
+    s
+}
+
+impl Setup {
+    fn put(&mut self, records: &[&str]) {
+        for r in records {
+            let seq = self
+                .source
+                .put(STREAM, &format!("pk-{r}"), r.to_string())
+                .unwrap()
+                .1;
+            self.seqs.push(seq);
+        }
+    }
+
+    async fn checkpoint(&self) -> Checkpoint {
+        let key = self.store.snapshot()[0].key.clone();
+        self.store.get(&key).await.unwrap().unwrap().checkpoint
+    }
+
+    fn owner(&self) -> Option<String> {
+        self.store.snapshot()[0].owner.clone()
+    }
+
+    fn processed(&self) -> Vec<String> {
+        self.log.processed.lock().unwrap().clone()
+    }
+
+    fn events(&self) -> Vec<String> {
+        self.log.events.lock().unwrap().clone()
+    }
+
+    /// "0" and "1" processed and checkpointed, then "2" to "4" put: the
+    /// batch of "2" hangs.
+    async fn checkpoint_then_hang(&mut self) {
+        until("the first records processed", || {
+            self.processed().len() == 2
+        })
+        .await;
+        until_checkpoint(self, Checkpoint::at(self.seqs[1].clone(), 0)).await;
+        self.put(&["2", "3", "4"]);
+    }
+
+    async fn stop(self) {
+        self.worker.shutdown();
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+/// Waits (in paused time) until `done` holds, or fails naming `what`.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    let started = Instant::now();
+    while !done() {
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "{what} never happened"
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn until_checkpoint(s: &Setup, want: Checkpoint) {
+    let started = Instant::now();
+    while s.checkpoint().await != want {
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "the checkpoint never reached {want:?}"
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+}
+
+const SLOW: &str = "kcl_processor_calls_slow_total";
+const TIMEOUTS: &str = "kcl_processor_timeouts_total";
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_call_is_warned_about_once_then_cancelled_before_its_shard_is_given_back() {
+    let counters = Counters::default();
+    let _metrics = metrics::set_default_local_recorder(&counters);
+    let lines = Lines::default();
+    let _logs = capture_logs(&lines);
+    let mut s = start(|c| {
+        c.processor_warn_after(Duration::from_secs(10))
+            .processor_timeout(Duration::from_secs(30))
+    });
+    s.checkpoint_then_hang().await;
+    until("the shard given back", || {
+        s.log.lease_lost.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    until("the rest of the shard processed", || {
+        s.processed().len() == 5
+    })
+    .await;
+    assert_eq!(
+        s.processed(),
+        ["0", "1", "2", "3", "4"],
+        "nothing lost or repeated"
+    );
+    assert_eq!(
+        s.events()[..3],
+        [
+            "call dropped, owner Some(\"w-a\")",
+            "lease_lost",
+            "lease released"
+        ],
+        "the call is cancelled while the lease is held, and the lease released after"
+    );
+    assert_eq!(s.log.initialized.load(Ordering::SeqCst), 2, "a new tenure");
+    until_checkpoint(&s, Checkpoint::at(s.seqs[4].clone(), 0)).await;
+    assert_eq!(
+        counters.get(SLOW, "process_records"),
+        1,
+        "one warning per call"
+    );
+    assert_eq!(counters.get(TIMEOUTS, "process_records"), 1);
+    assert_eq!(lines.count("a processor call is running long"), 1);
+    assert_eq!(lines.count("ran past processor_timeout"), 1);
+    s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_timeout_a_hung_call_is_only_warned_about_and_keeps_its_lease() {
+    let counters = Counters::default();
+    let _metrics = metrics::set_default_local_recorder(&counters);
+    let lines = Lines::default();
+    let _logs = capture_logs(&lines);
+    let mut s = start(|c| c.processor_warn_after(Duration::from_secs(10)));
+    s.checkpoint_then_hang().await;
+    until("the hung call warned about", || {
+        counters.get(SLOW, "process_records") == 1
+    })
+    .await;
+    // Ten minutes on, the call still hangs and the shard is still held.
+    sleep(Duration::from_secs(600)).await;
+    assert_eq!(
+        counters.get(SLOW, "process_records"),
+        1,
+        "one warning per call"
+    );
+    assert_eq!(counters.get(TIMEOUTS, "process_records"), 0);
+    assert_eq!(lines.count("a processor call is running long"), 1);
+    assert_eq!(s.owner().as_deref(), Some("w-a"));
+    assert_eq!(s.log.lease_lost.load(Ordering::SeqCst), 0);
+    assert_eq!(s.log.initialized.load(Ordering::SeqCst), 1, "one tenure");
+    assert!(s.events().is_empty(), "{:?}", s.events());
+    assert_eq!(s.processed(), ["0", "1"]);
+    assert_eq!(s.checkpoint().await, Checkpoint::at(s.seqs[1].clone(), 0));
+    s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_lane_call_is_cancelled_and_every_lane_gives_the_shard_back() {
+    let counters = Counters::default();
+    let _metrics = metrics::set_default_local_recorder(&counters);
+    let lines = Lines::default();
+    let _logs = capture_logs(&lines);
+    let mut s = start(|c| {
+        c.parallelism_per_shard(2)
+            .processor_warn_after(Duration::from_secs(10))
+            .processor_timeout(Duration::from_secs(30))
+    });
+    s.checkpoint_then_hang().await;
+    until("both lanes given back", || {
+        s.log.lease_lost.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    until_checkpoint(&s, Checkpoint::at(s.seqs[4].clone(), 0)).await;
+    let events = s.events();
+    assert_eq!(
+        events[..4],
+        [
+            "call dropped, owner Some(\"w-a\")",
+            "lease_lost",
+            "lease_lost",
+            "lease released"
+        ],
+        "the call is cancelled while the lease is held, and the lease released after"
+    );
+    let processed = s.processed();
+    let mut first = processed[..2].to_vec();
+    first.sort();
+    assert_eq!(first, ["0", "1"], "lanes order records of one key only");
+    for r in ["0", "1", "2"] {
+        let times = processed.iter().filter(|p| *p == r).count();
+        assert_eq!(times, 1, "{r} processed once: {processed:?}");
+    }
+    for r in ["3", "4"] {
+        assert!(processed.iter().any(|p| p == r), "{r} lost: {processed:?}");
+    }
+    assert_eq!(
+        s.log.initialized.load(Ordering::SeqCst),
+        4,
+        "two tenures of two lanes"
+    );
+    assert_eq!(counters.get(SLOW, "process_records"), 1);
+    assert_eq!(counters.get(TIMEOUTS, "process_records"), 1);
+    s.stop().await;
+}
+
+#[test]
+fn call_limits_that_cannot_work_are_refused_naming_the_field() {
+    let lease = LeaseConfig::builder("w").build().unwrap();
+    let spec = StreamSpec {
+        name: STREAM.into(),
+        layout: LeaseLayout::SingleStream,
+    };
+    let builder = || WorkerConfig::builder(lease.clone()).stream(spec.clone());
+    let cases = [
+        (
+            builder().processor_warn_after(Duration::ZERO),
+            "processor_warn_after",
+        ),
+        (
+            builder().processor_timeout(Duration::from_secs(60)),
+            "processor_timeout",
+        ),
+        (
+            builder()
+                .processor_warn_after(Duration::from_secs(5))
+                .processor_timeout(Duration::from_secs(2)),
+            "processor_timeout",
+        ),
+    ];
+    for (builder, named) in cases {
+        let e = builder.build().unwrap_err();
+        assert_eq!(e.field, named, "{e}");
+    }
+    builder()
+        .processor_warn_after(Duration::from_secs(5))
+        .processor_timeout(Duration::from_secs(6))
+        .build()
+        .unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_initialize_is_cancelled_and_the_shard_read_in_the_next_tenure() {
+    let counters = Counters::default();
+    let _metrics = metrics::set_default_local_recorder(&counters);
+    let lines = Lines::default();
+    let _logs = capture_logs(&lines);
+    let s = start(|c| {
+        c.processor_warn_after(Duration::from_secs(10))
+            .processor_timeout(Duration::from_secs(30))
+    });
+    s.log.initialize_hangs.store(1, Ordering::SeqCst);
+    until("the shard processed", || s.processed().len() == 2).await;
+    assert_eq!(
+        s.events()[..3],
+        [
+            "call dropped, owner Some(\"w-a\")",
+            "lease_lost",
+            "lease released"
+        ],
+        "the call is cancelled while the lease is held, and the lease released after"
+    );
+    assert_eq!(s.processed(), ["0", "1"]);
+    assert_eq!(s.log.initialized.load(Ordering::SeqCst), 2, "a new tenure");
+    assert_eq!(counters.get(SLOW, "initialize"), 1);
+    assert_eq!(counters.get(TIMEOUTS, "initialize"), 1);
+    s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lane_call_cut_during_a_shutdown_drain_ends_every_lane_with_lease_lost() {
+    let counters = Counters::default();
+    let _metrics = metrics::set_default_local_recorder(&counters);
+    let lines = Lines::default();
+    let _logs = capture_logs(&lines);
+    let mut s = start(|c| {
+        c.parallelism_per_shard(2)
+            .shutdown_timeout(Duration::from_secs(120))
+            .processor_warn_after(Duration::from_secs(10))
+            .processor_timeout(Duration::from_secs(30))
+    });
+    s.checkpoint_then_hang().await;
+    until("the hung call warned about", || {
+        counters.get(SLOW, "process_records") == 1
+    })
+    .await;
+    // The shutdown drains the lanes; the hung call is cut meanwhile.
+    let events = Arc::clone(&s.log);
+    s.stop().await;
+    assert_eq!(counters.get(TIMEOUTS, "process_records"), 1);
+    assert_eq!(
+        events.shutdown_requested.load(Ordering::SeqCst),
+        0,
+        "no lane checkpoints beside a call that was cut off"
+    );
+    assert_eq!(events.lease_lost.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        events.events.lock().unwrap()[..4],
+        [
+            "call dropped, owner Some(\"w-a\")",
+            "lease_lost",
+            "lease_lost",
+            "lease released"
+        ]
+    );
+}
