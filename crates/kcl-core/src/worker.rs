@@ -36,6 +36,10 @@ use crate::source::{InitialPosition, ShardSource, SourceError};
 use crate::store::timeout::TimeoutStore;
 use crate::store::{LeaseStore, StoreError};
 
+mod progress;
+pub use progress::{CheckpointMark, Delivery, ProcessorCall, ShardProgress};
+pub(crate) use progress::{ProgressRegistry, ShardTracker};
+
 /// One stream a worker consumes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamSpec {
@@ -60,6 +64,9 @@ pub struct WorkerConfig {
     pub(crate) max_backoff: Duration,
     pub(crate) completed_lease_retention: Duration,
     pub(crate) removed_stream_policy: RemovedStreamPolicy,
+    pub(crate) max_read_failure_time: Duration,
+    pub(crate) processor_warn_after: Duration,
+    pub(crate) processor_timeout: Option<Duration>,
 }
 
 impl WorkerConfig {
@@ -95,6 +102,9 @@ pub struct WorkerConfigBuilder {
     max_backoff: Duration,
     completed_lease_retention: Duration,
     removed_stream_policy: RemovedStreamPolicy,
+    max_read_failure_time: Duration,
+    processor_warn_after: Duration,
+    processor_timeout: Option<Duration>,
 }
 
 impl Default for WorkerConfigBuilder {
@@ -112,6 +122,9 @@ impl Default for WorkerConfigBuilder {
             max_backoff: Duration::from_secs(30),
             completed_lease_retention: Duration::from_secs(300),
             removed_stream_policy: RemovedStreamPolicy::Keep,
+            max_read_failure_time: DEFAULT_MAX_READ_FAILURE_TIME,
+            processor_warn_after: Duration::from_secs(60),
+            processor_timeout: None,
         }
     }
 }
@@ -207,6 +220,47 @@ impl WorkerConfigBuilder {
         self
     }
 
+    /// How long a processor call (`initialize`, `process_records`,
+    /// `shard_ended`, `shutdown_requested`, `lease_lost`) may run before it
+    /// is warned about, once per call, with its shard, lane and elapsed
+    /// time, and counted in `kcl_processor_calls_slow_total` (default 60 s;
+    /// above zero).
+    pub fn processor_warn_after(mut self, d: Duration) -> Self {
+        self.processor_warn_after = d;
+        self
+    }
+
+    /// Cancels a processor call running this long and gives its shard back
+    /// (default: no limit; above [`Self::processor_warn_after`]). The
+    /// call's future is dropped first, so it never runs beside the shard's
+    /// next owner; then the processor gets `lease_lost` (itself cut at this
+    /// limit) and is dropped, the lease is released, and the next owner
+    /// (maybe this worker) resumes from the last checkpoint. Counted in
+    /// `kcl_processor_timeouts_total`; the failure policy does not apply.
+    /// Only a call that yields can be cancelled: one blocked outside an
+    /// await point holds its task, and the lease, until it returns.
+    pub fn processor_timeout(mut self, d: Duration) -> Self {
+        self.processor_timeout = Some(d);
+        self
+    }
+
+    /// How long a held shard may go without a single successful read
+    /// before it is given back (default 45 s, at least 1 s): every open
+    /// and fetch since the last one failed, or hung unanswered. The
+    /// lease is released with an error log and counted in
+    /// `kcl_unreadable_shards_released_total{stage="stalled"}`, so a
+    /// worker that can read (a peer, or this one once its reads recover)
+    /// takes the shard; without it, a worker cut off from the stream
+    /// while it still reaches the lease table keeps its shards unread.
+    /// Only time spent reading counts: an idle shard's empty reads
+    /// succeed, and a processor's time is its own. Keep it above the
+    /// source's longest quiet gap between answers (the polling reader's
+    /// `idle_time_between_reads`, the fan-out reader's event timeout).
+    pub fn max_read_failure_time(mut self, d: Duration) -> Self {
+        self.max_read_failure_time = d;
+        self
+    }
+
     /// Checks every setting but the lease settings and the streams: for a
     /// caller that validates its stream names with [`check_stream_names`]
     /// and resolves their lease layouts later (that needs the stream
@@ -237,12 +291,42 @@ impl WorkerConfigBuilder {
             });
         }
         self.checkpoint_policy.validate()?;
+        if self.max_read_failure_time < Duration::from_secs(1) {
+            return Err(ConfigError {
+                field: "max_read_failure_time",
+                reason: format!(
+                    "must be at least 1s, not {:?}: a healthy read can take that long",
+                    self.max_read_failure_time
+                ),
+            });
+        }
+        self.validate_processor_limits()?;
         if let FailurePolicy::Isolate(p) = &self.failure_policy
             && let Some(problem) = p.problem()
         {
             return err("failure_policy", problem);
         }
         Ok(())
+    }
+
+    fn validate_processor_limits(&self) -> Result<(), ConfigError> {
+        if self.processor_warn_after.is_zero() {
+            return Err(ConfigError {
+                field: "processor_warn_after",
+                reason: "must be above zero".into(),
+            });
+        }
+        match self.processor_timeout {
+            Some(timeout) if timeout <= self.processor_warn_after => Err(ConfigError {
+                field: "processor_timeout",
+                reason: format!(
+                    "must exceed processor_warn_after ({:?}), not {timeout:?}: a call is warned \
+                     about before it is cancelled",
+                    self.processor_warn_after
+                ),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Validates the settings.
@@ -279,6 +363,9 @@ impl WorkerConfigBuilder {
             max_backoff: self.max_backoff,
             completed_lease_retention: self.completed_lease_retention,
             removed_stream_policy: self.removed_stream_policy,
+            max_read_failure_time: self.max_read_failure_time,
+            processor_warn_after: self.processor_warn_after,
+            processor_timeout: self.processor_timeout,
         })
     }
 }
@@ -306,6 +393,12 @@ pub fn check_stream_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Resul
     }
     Ok(())
 }
+
+/// How long a held shard may go without a successful read, by default
+/// (see [`WorkerConfigBuilder::max_read_failure_time`]): above the fan-out
+/// reader's 30 s event timeout plus a resubscription, and inside the
+/// minute an operator would call an outage.
+pub const DEFAULT_MAX_READ_FAILURE_TIME: Duration = Duration::from_secs(45);
 
 /// The most lanes a shard can be processed in.
 pub const MAX_PARALLELISM_PER_SHARD: usize = 100;
@@ -382,6 +475,8 @@ pub struct WorkerHandle {
     /// publishing a sorted list at every change made a cold start of S
     /// shards quadratic.
     consuming: Arc<Mutex<BTreeMap<String, usize>>>,
+    /// Each held shard's progress, kept by its consumer.
+    progress: ProgressRegistry,
 }
 
 impl Default for WorkerHandle {
@@ -399,7 +494,27 @@ impl WorkerHandle {
             status: Arc::default(),
             leases: Arc::default(),
             consuming: Arc::default(),
+            progress: ProgressRegistry::default(),
         }
+    }
+
+    /// The progress of every shard this worker consumes, by lease key:
+    /// its last batch processed and checkpoint written, how far behind
+    /// the tip it is, and any processor call running.
+    pub fn shards(&self) -> Vec<ShardProgress> {
+        self.progress.snapshot()
+    }
+
+    /// The shards of [`Self::shards`] that have work waiting (records
+    /// behind the tip or read and not processed, or a processor call
+    /// running) and neither processed a batch nor wrote a checkpoint for
+    /// longer than `bound`: what a liveness check fails on.
+    pub fn stalled(&self, bound: Duration) -> Vec<ShardProgress> {
+        let now = Instant::now();
+        self.shards()
+            .into_iter()
+            .filter(|s| s.is_stalled(bound, now))
+            .collect()
     }
 
     /// Asks the worker to stop gracefully: stop taking leases, let every
@@ -807,6 +922,12 @@ impl Worker {
             parallelism: config.parallelism_per_shard,
             checkpoint_policy: config.checkpoint_policy,
             parent_poll_interval: config.parent_poll_interval,
+            max_read_failure_time: config.max_read_failure_time,
+            progress: self.handle.progress.clone(),
+            call_limits: consumer::CallLimits {
+                warn_after: config.processor_warn_after,
+                timeout: config.processor_timeout,
+            },
             // Exact doubling from 100 ms: the pace of a failing shard is
             // what tests count.
             backoff: Backoff::new(Duration::from_millis(100), config.max_backoff).without_jitter(),

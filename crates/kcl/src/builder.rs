@@ -52,7 +52,7 @@ pub enum ErrorKind {
     LeaseTable,
     /// The worker stopped with an error: [`Error::worker`] has it.
     Worker,
-    /// The metrics endpoint's address cannot be bound.
+    /// The health or metrics endpoint's address cannot be bound.
     MetricsBind,
 }
 
@@ -76,10 +76,11 @@ pub(crate) enum Repr {
     },
     #[error(transparent)]
     Worker(#[from] WorkerError),
-    #[cfg(feature = "prometheus")]
-    #[error("cannot serve metrics on {addr}")]
+    #[error("cannot listen on {addr} ({setting})")]
     MetricsBind {
         addr: std::net::SocketAddr,
+        /// `serve_health` or `serve_metrics`.
+        setting: &'static str,
         #[source]
         source: std::io::Error,
     },
@@ -100,7 +101,6 @@ impl Error {
             Repr::DescribeStream { .. } => ErrorKind::DescribeStream,
             Repr::LeaseTable { .. } => ErrorKind::LeaseTable,
             Repr::Worker(_) => ErrorKind::Worker,
-            #[cfg(feature = "prometheus")]
             Repr::MetricsBind { .. } => ErrorKind::MetricsBind,
         }
     }
@@ -118,6 +118,15 @@ impl Error {
     pub fn stream(&self) -> Option<&str> {
         match &self.0 {
             Repr::StreamNotFound { stream } | Repr::DescribeStream { stream, .. } => Some(stream),
+            _ => None,
+        }
+    }
+
+    /// The setting whose address could not be bound, for
+    /// [`ErrorKind::MetricsBind`].
+    pub(crate) fn bind_setting(&self) -> Option<&'static str> {
+        match &self.0 {
+            Repr::MetricsBind { setting, .. } => Some(setting),
             _ => None,
         }
     }
@@ -186,7 +195,15 @@ pub struct Worker {
     store_stats: Arc<StoreStats>,
     tracker: Option<StreamNames>,
     observer: Option<Arc<dyn Observer>>,
-    #[cfg(feature = "prometheus")]
+    /// The health and metrics endpoints, bound at `build()`.
+    endpoints: Endpoints,
+    liveness_stall_bound: Option<Duration>,
+}
+
+/// A worker's endpoints: probes alone, and probes with metrics.
+#[derive(Debug, Default)]
+struct Endpoints {
+    health: Option<crate::observability::Endpoint>,
     metrics: Option<crate::observability::Endpoint>,
 }
 
@@ -228,7 +245,13 @@ impl Worker {
     /// [`WorkerBuilder::serve_metrics`]), with the port actually bound.
     #[cfg(feature = "prometheus")]
     pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
-        self.metrics.as_ref().map(|m| m.local_addr())
+        self.endpoints.metrics.as_ref().map(|m| m.local_addr())
+    }
+
+    /// The address of the health endpoint (see
+    /// [`WorkerBuilder::serve_health`]), with the port actually bound.
+    pub fn health_addr(&self) -> Option<std::net::SocketAddr> {
+        self.endpoints.health.as_ref().map(|m| m.local_addr())
     }
 
     /// Counters of the worker's Kinesis calls and reads (polling calls,
@@ -245,30 +268,49 @@ impl Worker {
     /// Runs until `signal` completes (for example [`crate::shutdown_signal`])
     /// or [`WorkerHandle::shutdown`] is called, then shuts down gracefully:
     /// processors checkpoint in `shutdown_requested`, leases are released.
-    pub async fn run_until(
-        #[allow(unused_mut)] mut self,
-        signal: impl Future<Output = ()> + Send,
-    ) -> Result<(), Error> {
-        #[cfg(feature = "prometheus")]
-        if let Some(endpoint) = self.metrics.take() {
-            // Served next to the worker, not spawned: it answers from the
-            // first startup check (503) to the end of the drain, and stops
-            // when the worker has.
-            let probe = crate::observability::Probe::new(
+    pub async fn run_until(mut self, signal: impl Future<Output = ()> + Send) -> Result<(), Error> {
+        let endpoints = std::mem::take(&mut self.endpoints);
+        if endpoints.health.is_none() && endpoints.metrics.is_none() {
+            return self.run_worker(signal).await;
+        }
+        // Served next to the worker, not spawned: they answer from the
+        // first startup check (503) to the end of the drain, and stop when
+        // the worker has.
+        let probes = Arc::new(self.probes());
+        let stop = tokio_util::sync::CancellationToken::new();
+        let worker = async {
+            let result = self.run_worker(signal).await;
+            stop.cancel();
+            result
+        };
+        let serve = |e: Option<crate::observability::Endpoint>| {
+            let (probes, stop) = (Arc::clone(&probes), stop.clone());
+            async move {
+                if let Some(e) = e {
+                    e.serve(probes, stop).await;
+                }
+            }
+        };
+        let (result, (), ()) =
+            tokio::join!(worker, serve(endpoints.health), serve(endpoints.metrics));
+        result
+    }
+
+    /// What the endpoints answer from.
+    fn probes(&self) -> crate::observability::Probes {
+        crate::observability::Probes {
+            worker: self.handle.clone(),
+            worker_id: self.lease.worker_id().to_owned(),
+            readiness: crate::observability::Probe::new(
                 self.handle.clone(),
                 Arc::clone(&self.store_stats),
                 crate::observability::readiness_window(&self.lease),
-            );
-            let stop = tokio_util::sync::CancellationToken::new();
-            let worker = async {
-                let result = self.run_worker(signal).await;
-                stop.cancel();
-                result
-            };
-            let (result, ()) = tokio::join!(worker, endpoint.serve(probe, stop.clone()));
-            return result;
+            ),
+            liveness: crate::observability::Liveness::new(
+                self.handle.clone(),
+                self.liveness_stall_bound,
+            ),
         }
-        self.run_worker(signal).await
     }
 
     /// The startup steps before the engine's own: every stream exists (its
@@ -523,6 +565,8 @@ pub struct WorkerBuilder {
     observer: Option<Arc<dyn Observer>>,
     #[cfg(feature = "prometheus")]
     metrics_addr: Option<std::net::SocketAddr>,
+    health_addr: Option<std::net::SocketAddr>,
+    liveness_stall_bound: Option<Duration>,
 }
 
 impl fmt::Debug for WorkerBuilder {
@@ -543,6 +587,8 @@ impl fmt::Debug for WorkerBuilder {
             .field("prefetch_budget", &self.prefetch_budget);
         #[cfg(feature = "prometheus")]
         s.field("metrics_addr", &self.metrics_addr);
+        s.field("health_addr", &self.health_addr)
+            .field("liveness_stall_bound", &self.liveness_stall_bound);
         s.finish_non_exhaustive()
     }
 }
@@ -599,6 +645,8 @@ impl WorkerBuilder {
             observer: None,
             #[cfg(feature = "prometheus")]
             metrics_addr: None,
+            health_addr: None,
+            liveness_stall_bound: None,
         }
     }
 
@@ -765,6 +813,15 @@ impl WorkerBuilder {
         /// What happens to the leases of a stream the tracker stops
         /// listing.
         removed_stream_policy: RemovedStreamPolicy,
+        /// How long a held shard may go without one successful read
+        /// (every call failing or unanswered) before it is given back, so
+        /// that a worker that can read takes it.
+        max_read_failure_time: Duration,
+        /// How long a processor call runs before it is warned about, once.
+        processor_warn_after: Duration,
+        /// How long a processor call runs before it is cancelled and its
+        /// shard given back (default: no limit).
+        processor_timeout: Duration,
     });
 
     forward_polling!(
@@ -803,12 +860,36 @@ impl WorkerBuilder {
         self.retrieval(Retrieval::FanOut(FanOutConfig::default()))
     }
 
-    /// Serves Prometheus metrics (`/metrics`) and health probes
-    /// (`/healthz`, `/readyz`) on `addr` while the worker runs (feature
-    /// `prometheus`). Port 0 picks a free port: see
+    /// Serves the health probes and status (`/healthz`, `/readyz`,
+    /// `/status`; see [`crate::observability`]) on `addr` while the worker
+    /// runs. Needs no feature and never installs a `metrics` recorder, so
+    /// it works beside any recorder the application installed, or none.
+    /// Port 0 picks a free port: see [`Worker::health_addr`]. The address
+    /// is bound at `build()`, which fails if it is taken.
+    pub fn serve_health(mut self, addr: std::net::SocketAddr) -> Self {
+        self.health_addr = Some(addr);
+        self
+    }
+
+    /// Makes `/healthz` fail (503, naming the shards) while any held shard
+    /// has had work waiting (records behind the tip or read and not
+    /// processed, or a processor call running) and neither processed a
+    /// batch nor wrote a checkpoint for longer than `bound` (default: no
+    /// such check; `/healthz` answers 200 while the process serves). Set
+    /// it above the longest a batch may take: an orchestrator restarts a
+    /// worker whose liveness probe fails.
+    pub fn liveness_stall_bound(mut self, bound: Duration) -> Self {
+        self.liveness_stall_bound = Some(bound);
+        self
+    }
+
+    /// Serves Prometheus metrics (`/metrics`) beside the health probes and
+    /// status of [`Self::serve_health`] on `addr` while the worker runs
+    /// (feature `prometheus`). Port 0 picks a free port: see
     /// [`Worker::metrics_addr`]. The address is bound at `build()`, which
     /// fails if it is taken; the first worker to serve metrics installs
-    /// the process's `metrics` recorder, which must not already be set.
+    /// the process's `metrics` recorder, which must not already be set
+    /// (with a recorder of the application's own, use `serve_health`).
     #[cfg(feature = "prometheus")]
     pub fn serve_metrics(mut self, addr: std::net::SocketAddr) -> Self {
         self.metrics_addr = Some(addr);
@@ -904,6 +985,12 @@ impl WorkerBuilder {
         let source = source.build()?;
         let lease = self.lease.build()?;
         self.engine.validate()?;
+        if self.liveness_stall_bound.is_some_and(|b| b.is_zero()) {
+            return Err(invalid(
+                "liveness_stall_bound",
+                "must be above zero (leave it unset for no stall check)".into(),
+            ));
+        }
         // The names are checked here; their lease keys are resolved at
         // run(), which can ask Kinesis.
         check_stream_names(self.streams.iter().map(String::as_str))?;
@@ -928,12 +1015,21 @@ impl WorkerBuilder {
             store_stats: Arc::default(),
             tracker: self.tracker,
             observer: self.observer,
+            liveness_stall_bound: self.liveness_stall_bound,
             // Last: nothing is bound when another setting is invalid.
-            #[cfg(feature = "prometheus")]
-            metrics: self
-                .metrics_addr
-                .map(crate::observability::Endpoint::bind)
-                .transpose()?,
+            endpoints: Endpoints {
+                health: self
+                    .health_addr
+                    .map(crate::observability::Endpoint::health)
+                    .transpose()?,
+                #[cfg(feature = "prometheus")]
+                metrics: self
+                    .metrics_addr
+                    .map(crate::observability::Endpoint::metrics)
+                    .transpose()?,
+                #[cfg(not(feature = "prometheus"))]
+                metrics: None,
+            },
         })
     }
 }

@@ -40,8 +40,9 @@
 //! - [`shutdown_signal`]: SIGTERM/SIGINT as a future, for ECS and Kubernetes.
 //! - [`Settings`]: every builder setting from environment variables or a
 //!   TOML file, with errors naming the variable.
-//! - `observability` (feature `prometheus`): `/metrics`, `/healthz` and
-//!   `/readyz`, served by the worker (`WorkerBuilder::serve_metrics`).
+//! - `observability`: `/healthz`, `/readyz` and `/status`, served by the
+//!   worker (`WorkerBuilder::serve_health`), and with feature `prometheus`
+//!   `/metrics` beside them (`WorkerBuilder::serve_metrics`).
 //! - Re-exports of the processor API from `kcl-core`.
 //!
 //! The engine lives in `kcl-core` (no AWS dependency), the lease table in
@@ -55,7 +56,6 @@
 mod readme {}
 
 mod builder;
-#[cfg(feature = "prometheus")]
 pub mod observability;
 mod settings;
 mod signal;

@@ -17,6 +17,7 @@ use crate::lease::Checkpoint;
 use crate::leases::LeaseHandle;
 use crate::record::Record;
 use crate::store::{CheckpointUpdate, Holder, LeaseStore, StoreError};
+use crate::worker::ShardTracker;
 
 pub mod policy;
 pub mod sequence;
@@ -144,6 +145,9 @@ pub struct Checkpointer {
     /// How often writes go out (the shard's checkpointer's counts; a
     /// lane's writes go through it).
     pacing: Pacing,
+    /// Where a checkpoint written is reported (a lane's writes go through
+    /// the shard's checkpointer, which reports them).
+    progress: Option<ShardTracker>,
 }
 
 /// A lane's tie to its shard: the window of records handed to the lanes,
@@ -194,7 +198,14 @@ impl Checkpointer {
             lost,
             lane: None,
             pacing: Pacing::default(),
+            progress: None,
         }
+    }
+
+    /// Reports each checkpoint written to the worker's shard progress.
+    pub(crate) fn with_progress(mut self, progress: ShardTracker) -> Self {
+        self.progress = Some(progress);
+        self
     }
 
     /// Writes at most as often as `policy` says (see [`CheckpointPolicy`]).
@@ -226,6 +237,7 @@ impl Checkpointer {
                 shard,
             }),
             pacing: Pacing::default(),
+            progress: None,
         }
     }
 
@@ -550,6 +562,7 @@ impl Checkpointer {
             Ok(()) => {
                 metrics::counter!("kcl_checkpoints_total", &self.labels).increment(1);
                 self.last_checkpoint = target;
+                self.report_progress();
                 Ok(Ok(()))
             }
             Err(CommitFailure::LeaseLost) => {
@@ -644,6 +657,12 @@ impl Checkpointer {
         self.write_now(update).await
     }
 
+    fn report_progress(&self) {
+        if let Some(progress) = &self.progress {
+            progress.checkpointed(self.last_checkpoint.to_string());
+        }
+    }
+
     async fn write_now(&mut self, update: CheckpointUpdate) -> Result<(), CheckpointError> {
         let key = self.lease.key().to_owned();
         // Conditional on the checkpoint it follows: an attempt of ours
@@ -677,6 +696,7 @@ impl Checkpointer {
                 self.pacing.wrote(Instant::now());
                 if update.pending.is_none() {
                     self.last_checkpoint = update.checkpoint;
+                    self.report_progress();
                 }
                 Ok(())
             }

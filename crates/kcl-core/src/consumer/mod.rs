@@ -21,6 +21,7 @@ use crate::processor::{
     FailurePolicy, InitializeInput, ProcessorFactory, RecordBatch, RecordProcessor, ShardContext,
 };
 
+mod call_limit;
 mod delivery;
 mod lanes;
 mod read_errors;
@@ -30,6 +31,9 @@ use crate::source::{
     StartPosition,
 };
 use crate::store::LeaseStore;
+use crate::worker::{ProgressRegistry, ShardTracker};
+pub(crate) use call_limit::CallLimits;
+use call_limit::{Call, limited};
 use delivery::deliver;
 use read_errors::{ReadFailures, Retry, Stage};
 
@@ -50,6 +54,13 @@ pub(crate) struct ConsumerSetup {
     /// How often the shard's checkpoint is written.
     pub(crate) checkpoint_policy: CheckpointPolicy,
     pub(crate) parent_poll_interval: Duration,
+    /// How long a shard may go without a successful read before it is
+    /// given back (see [`ReadFailures`]).
+    pub(crate) max_read_failure_time: Duration,
+    /// Where each consumer reports its shard's progress.
+    pub(crate) progress: ProgressRegistry,
+    /// When a processor call is warned about, and when it is cancelled.
+    pub(crate) call_limits: CallLimits,
     /// Pauses of loops that go on until the lease or the worker stops
     /// them: a failing processor, read, checkpoint or parent check.
     pub(crate) backoff: Backoff,
@@ -153,6 +164,9 @@ enum Stop {
     Shutdown,
     Release,
     Handoff,
+    /// A processor call ran past its timeout and was cancelled: the shard
+    /// is given back as under [`Stop::Release`].
+    TimedOut,
 }
 
 #[derive(Clone)]
@@ -166,6 +180,8 @@ struct Consumer {
     /// retrying: the consumer already knows why it stops.
     halt: CancellationToken,
     ctx: ShardContext,
+    /// This consumer's shard in the worker's progress registry.
+    progress: ShardTracker,
 }
 
 impl Consumer {
@@ -229,6 +245,9 @@ pub(crate) async fn run(
         lane: None,
     };
     let c = Consumer {
+        progress: setup
+            .progress
+            .track(&ctx.lease_key, &ctx.stream, &ctx.shard_id),
         setup,
         lease,
         shutdown,
@@ -253,9 +272,7 @@ pub(crate) async fn run(
     match wait_for_parents(&c).await {
         Ok(()) => {}
         Err(Stop::Shutdown) => return ConsumerExit::ShutDown,
-        Err(Stop::Release) => return ConsumerExit::Release,
-        Err(Stop::LeaseLost) => return ConsumerExit::LeaseLost,
-        Err(Stop::Handoff) => return ConsumerExit::HandedOff,
+        Err(stop) => return exit_without_processor(stop),
     }
     // Initializing: the checkpoint is read fresh, not from the acquisition
     // snapshot: a previous owner may have checkpointed since.
@@ -291,7 +308,8 @@ pub(crate) async fn run(
         c.lost.clone(),
     )
     .for_shard(&c.ctx.stream, &c.ctx.shard_id)
-    .with_policy(c.setup.checkpoint_policy);
+    .with_policy(c.setup.checkpoint_policy)
+    .with_progress(c.progress.clone());
     let input = InitializeInput {
         shard: c.ctx.clone(),
         checkpoint: current.checkpoint.clone(),
@@ -315,35 +333,59 @@ pub(crate) async fn run(
         Ok(()) => ConsumerExit::ShardEnded,
         Err(Stop::LeaseLost) => {
             info!("lease lost; stopping the processor");
-            processor.lease_lost().await;
+            lease_lost(&c, processor.as_mut(), None).await;
             ConsumerExit::LeaseLost
         }
         Err(Stop::Shutdown) => {
-            last_checkpoints(processor.as_mut(), &mut checkpointer).await;
+            last_checkpoints(&c, processor.as_mut(), &mut checkpointer).await;
             ConsumerExit::ShutDown
         }
         Err(Stop::Handoff) => {
             info!("handing the shard over; the processor may checkpoint");
-            last_checkpoints(processor.as_mut(), &mut checkpointer).await;
+            last_checkpoints(&c, processor.as_mut(), &mut checkpointer).await;
             ConsumerExit::HandedOff
         }
-        Err(Stop::Release) => {
-            processor.lease_lost().await;
-            ConsumerExit::Release
+        Err(stop @ (Stop::Release | Stop::TimedOut)) => {
+            lease_lost(&c, processor.as_mut(), None).await;
+            exit_without_processor(stop)
         }
     }
+}
+
+/// Tells the processor its tenure ended without a graceful end (`lane` its
+/// lane, if any); the processor is dropped after. A call that hangs is cut
+/// at the timeout like any other: the shard goes back either way.
+async fn lease_lost(c: &Consumer, processor: &mut dyn RecordProcessor, lane: Option<usize>) {
+    let _ = limited(c, Call::new("lease_lost", lane), processor.lease_lost()).await;
 }
 
 /// A graceful end of the tenure: every checkpoint call writes from now on,
 /// the processor's `shutdown_requested` may checkpoint, and the latest
 /// position it asked for before is written if the policy held it back.
-async fn last_checkpoints(processor: &mut dyn RecordProcessor, checkpointer: &mut Checkpointer) {
+async fn last_checkpoints(
+    c: &Consumer,
+    processor: &mut dyn RecordProcessor,
+    checkpointer: &mut Checkpointer,
+) {
     checkpointer.write_every_call();
-    if let Err(e) = processor.shutdown_requested(checkpointer).await {
-        warn!(error = %e, "processor failed in shutdown_requested");
-    }
+    shutdown_requested(c, processor, checkpointer, None).await;
     if let Err(e) = checkpointer.flush().await {
         warn!(error = %e, "writing the last checkpoint asked for failed");
+    }
+}
+
+/// The processor's `shutdown_requested` under the call limits. Cut at the
+/// timeout, it checkpointed what it did before: the positions it asked
+/// for in earlier calls are still written after it.
+async fn shutdown_requested(
+    c: &Consumer,
+    processor: &mut dyn RecordProcessor,
+    checkpointer: &mut Checkpointer,
+    lane: Option<usize>,
+) {
+    let call = Call::new("shutdown_requested", lane);
+    if let Ok(Err(e)) = limited(c, call, processor.shutdown_requested(checkpointer)).await {
+        warn!(error = %e, "processor failed in shutdown_requested");
     }
 }
 
@@ -351,6 +393,7 @@ async fn last_checkpoints(processor: &mut dyn RecordProcessor, checkpointer: &mu
 /// max(), where the new owner's own gauge counts instead of a stale value
 /// frozen at the moment the lease moved.
 fn forget_lag(c: &Consumer) {
+    c.progress.stopped();
     metrics::gauge!(
         "kcl_millis_behind_latest",
         "stream" => c.ctx.stream.clone(),
@@ -363,7 +406,7 @@ fn exit_without_processor(stop: Stop) -> ConsumerExit {
     match stop {
         Stop::LeaseLost => ConsumerExit::LeaseLost,
         Stop::Shutdown => ConsumerExit::ShutDown,
-        Stop::Release => ConsumerExit::Release,
+        Stop::Release | Stop::TimedOut => ConsumerExit::Release,
         Stop::Handoff => ConsumerExit::HandedOff,
     }
 }
@@ -414,8 +457,9 @@ async fn initialize(
     input: &InitializeInput,
 ) -> Result<(), Stop> {
     let mut backoff = c.setup.backoff.pauses();
+    let call = Call::new("initialize", input.shard.lane.map(|l| l.index));
     loop {
-        match processor.initialize(input).await {
+        match limited(c, call, processor.initialize(input)).await? {
             Ok(()) => return Ok(()),
             Err(e) => {
                 processor_error("initialize", &c.ctx, &*e);
@@ -453,7 +497,14 @@ async fn open_reader(
             position: position.clone(),
             lease: c.lease.clone(),
         };
-        match c.setup.source.open(request).await {
+        // An open left unanswered counts against the read deadline too.
+        let opened = tokio::select! {
+            opened = c.setup.source.open(request) => opened,
+            () = tokio::time::sleep_until(failures.deadline()) => {
+                return Err(failures.unanswered(c, Stage::Open));
+            }
+        };
+        match opened {
             Ok(reader) => return Ok(reader),
             Err(e) => {
                 failures.judge(c, Stage::Open, e).await?;
@@ -477,7 +528,7 @@ async fn process(
         let fetched = tokio::select! {
             biased;
             stop = c.stopped() => return Err(stop),
-            fetched = fetch.reader.next_batch() => fetched,
+            fetched = fetch.next_batch(c) => fetched?,
         };
         let Some(batch) = fetch.judge(c, fetched).await? else {
             continue;
@@ -488,7 +539,8 @@ async fn process(
                 millis_behind_latest: batch.millis_behind_latest,
             };
             let started = Instant::now();
-            deliver(c, processor, checkpointer, &records).await?;
+            deliver(c, processor, checkpointer, &records, None).await?;
+            c.progress.delivered(records.records.len());
             metrics::histogram!("kcl_batch_processing_seconds", &fetch.labels)
                 .record(started.elapsed().as_secs_f64());
         }
@@ -544,6 +596,20 @@ impl Fetch {
         }))
     }
 
+    /// The reader's next answer, or why the consumer stops: no read
+    /// succeeded within the read deadline (see [`ReadFailures`]), the
+    /// answer to this one included. A fetch cut at the deadline is
+    /// dropped, which a reader must take (it is cancel-safe).
+    async fn next_batch(&mut self, c: &Consumer) -> Result<Result<Batch, SourceError>, Stop> {
+        let deadline = self.failures.deadline();
+        let fetched = tokio::select! {
+            biased;
+            fetched = self.reader.next_batch() => Some(fetched),
+            () = tokio::time::sleep_until(deadline) => None,
+        };
+        fetched.ok_or_else(|| self.failures.unanswered(c, Stage::Read))
+    }
+
     /// The batch to hand on (counted, and the position moved past it),
     /// `None` to fetch again (after a pause or a reopen from the
     /// position), or why the consumer stops.
@@ -561,6 +627,8 @@ impl Fetch {
                 // peer took the lease): nothing reaches the processor unless
                 // the lease is still ours (invariant 1).
                 c.still_ours()?;
+                c.progress
+                    .fetched(batch.records.len(), batch.millis_behind_latest);
                 if let Some(last) = batch.records.last() {
                     self.position = StartPosition::AfterCheckpoint {
                         seq: last.sequence_number.clone(),
@@ -636,8 +704,10 @@ async fn finish_shard(
         // Every processor gets its call in each round, so that a lane's
         // failure does not keep the others from theirs.
         let mut failed = false;
-        for (processor, checkpointer) in processors.iter_mut() {
-            match processor.shard_ended(checkpointer).await {
+        for (i, (processor, checkpointer)) in processors.iter_mut().enumerate() {
+            // With lanes, each lane is in the slice at its index.
+            let call = Call::new("shard_ended", shard.is_some().then_some(i));
+            match limited(c, call, processor.shard_ended(checkpointer)).await? {
                 Ok(()) => c.still_ours_after_checkpoint()?,
                 Err(e) => {
                     processor_error("shard_ended", &c.ctx, &*e);

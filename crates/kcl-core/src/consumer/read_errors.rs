@@ -2,7 +2,16 @@
 //! means the same at open as mid-read: a shard this worker cannot read is
 //! given back after a few attempts wherever the error shows, instead of
 //! being kept (and never read) because the error came at open.
+//!
+//! Whatever the errors, a shard is also given back once no read of it
+//! succeeded for `max_read_failure_time`: a worker cut off from the stream
+//! (its calls failing or hanging unanswered) while it still reaches the
+//! lease table would otherwise renew the lease of a shard it cannot read
+//! for as long as the outage lasts.
 
+use std::time::Duration;
+
+use tokio::time::Instant;
 use tracing::{error, warn};
 
 use super::{Consumer, Stop};
@@ -47,6 +56,12 @@ pub(super) enum Retry {
 pub(super) struct ReadFailures {
     backoff: Pauses,
     fatal: u32,
+    /// When the attempts since the last batch began; `None` between a
+    /// batch and the next attempt, a time the processor has, not the
+    /// reader.
+    since: Option<Instant>,
+    /// How long the attempts may go on without a batch.
+    limit: Duration,
 }
 
 impl ReadFailures {
@@ -54,6 +69,8 @@ impl ReadFailures {
         ReadFailures {
             backoff: c.setup.backoff.pauses(),
             fatal: 0,
+            since: None,
+            limit: c.setup.max_read_failure_time,
         }
     }
 
@@ -61,6 +78,44 @@ impl ReadFailures {
     pub(super) fn reset(&mut self) {
         self.backoff.reset();
         self.fatal = 0;
+        self.since = None;
+    }
+
+    /// When the shard is given back unless a read succeeds first; an
+    /// attempt calls it as it starts, which starts the clock if none runs.
+    pub(super) fn deadline(&mut self) -> Instant {
+        *self.since.get_or_insert_with(Instant::now) + self.limit
+    }
+
+    /// No read succeeded for the limit (the last attempt failed, or is
+    /// still unanswered at `stage`): why the consumer stops.
+    pub(super) fn unanswered(&self, c: &Consumer, stage: Stage) -> Stop {
+        error!(stage = stage.label(), limit = ?self.limit,
+            "no read of the shard succeeded within max_read_failure_time; giving it back so that a worker that can read takes it");
+        metrics::counter!(
+            "kcl_unreadable_shards_released_total",
+            "stream" => c.ctx.stream.clone(),
+            "shard" => c.ctx.shard_id.clone(),
+            "stage" => "stalled"
+        )
+        .increment(1);
+        Stop::Release
+    }
+
+    /// Waits out the next pause, cut short at the deadline, where the
+    /// shard is given back instead of tried again.
+    async fn pause(&mut self, c: &Consumer, stage: Stage) -> Result<(), Stop> {
+        let deadline = self.deadline();
+        let pause = self.backoff.next_or_max();
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(self.unanswered(c, stage));
+        }
+        c.pause(pause.min(deadline - now)).await?;
+        if Instant::now() >= deadline {
+            return Err(self.unanswered(c, stage));
+        }
+        Ok(())
     }
 
     /// Judges `e`, met at `stage`: waits out the next pause and says how
@@ -83,12 +138,15 @@ impl ReadFailures {
             SourceError::LeaseLost { .. } => Err(c.still_ours().err().unwrap_or(Stop::LeaseLost)),
             e if e.is_retryable() => {
                 warn!(stage = stage.label(), error = %e, "reading the shard failed; retrying");
-                c.pause(self.backoff.next_or_max()).await?;
+                self.pause(c, stage).await?;
                 Ok(Retry::Fetch)
             }
             e @ SourceError::StreamNotFound { .. } => {
                 error!(stage = stage.label(), error = %e,
                     "the stream is gone; keeping the shard and checking again");
+                // An answer, and the same for every worker: no reason to
+                // give the shard back.
+                self.since = None;
                 c.pause(self.backoff.next_or_max()).await?;
                 Ok(Retry::Reopen)
             }
@@ -112,7 +170,7 @@ impl ReadFailures {
         }
         error!(stage = stage.label(), error = %e, attempt = self.fatal,
             "the shard reader failed; opening it again");
-        c.pause(self.backoff.next_or_max()).await?;
+        self.pause(c, stage).await?;
         Ok(Retry::Reopen)
     }
 }

@@ -152,6 +152,16 @@ fn describe() {
         Unit::Milliseconds,
         "How far the last delivered batch was behind the tip of the shard; 0 once this worker stops consuming the shard"
     );
+    gauge!(
+        "kcl_shard_last_delivery_timestamp_seconds",
+        Unit::Seconds,
+        "When a processor last finished a batch of the shard (Unix time; time() minus it is the age); 0 once this worker stops consuming the shard"
+    );
+    gauge!(
+        "kcl_shard_last_checkpoint_timestamp_seconds",
+        Unit::Seconds,
+        "When the shard's checkpoint was last written (Unix time); 0 once this worker stops consuming the shard"
+    );
     counter!(
         "kcl_processor_errors_total",
         "Errors returned by the processor, by stage"

@@ -1,5 +1,6 @@
-//! The HTTP endpoint: `/metrics`, `/healthz`, `/readyz` on hyper's
-//! HTTP/1.1 server.
+//! The HTTP endpoint: `/healthz`, `/readyz`, `/status` and (with the
+//! `prometheus` feature, when asked for) `/metrics`, on hyper's HTTP/1.1
+//! server.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -12,14 +13,40 @@ use hyper::body::Incoming;
 use hyper::header::{ALLOW, CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use metrics_exporter_prometheus::PrometheusHandle;
+use kcl_core::worker::WorkerHandle;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::liveness::Liveness;
 use super::readiness::Probe;
-use super::recorder;
+use super::status;
 use crate::Error;
+
+/// The metrics an endpoint renders at `/metrics`.
+#[cfg(feature = "prometheus")]
+type Metrics = metrics_exporter_prometheus::PrometheusHandle;
+/// Without the `prometheus` feature no endpoint has metrics.
+#[cfg(not(feature = "prometheus"))]
+#[derive(Debug, Clone)]
+enum Metrics {}
+
+#[cfg(feature = "prometheus")]
+fn render(metrics: &Metrics) -> String {
+    metrics.render()
+}
+#[cfg(not(feature = "prometheus"))]
+fn render(metrics: &Metrics) -> String {
+    match *metrics {}
+}
+#[cfg(feature = "prometheus")]
+fn run_upkeep(metrics: &Metrics) {
+    metrics.run_upkeep();
+}
+#[cfg(not(feature = "prometheus"))]
+fn run_upkeep(metrics: &Metrics) {
+    match *metrics {}
+}
 
 /// Connections served at once; more are closed at accept. Probes and
 /// scrapes are a handful per period, so this only bounds a misbehaving
@@ -33,20 +60,44 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// they never pile up.
 const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 
-/// A bound listening socket and the recorder it serves, made at `build()`
-/// so that a taken port fails there and the bound address (port 0 picks a
-/// free one) is known before `run`.
+/// A bound listening socket and the recorder it serves, if any, made at
+/// `build()` so that a taken port fails there and the bound address (port
+/// 0 picks a free one) is known before `run`.
 #[derive(Debug)]
 pub(crate) struct Endpoint {
     listener: std::net::TcpListener,
     addr: SocketAddr,
-    metrics: PrometheusHandle,
+    metrics: Option<Metrics>,
+}
+
+/// What every endpoint of one worker answers from.
+#[derive(Debug)]
+pub(crate) struct Probes {
+    pub(crate) worker: WorkerHandle,
+    pub(crate) worker_id: String,
+    pub(crate) readiness: Probe,
+    pub(crate) liveness: Liveness,
 }
 
 impl Endpoint {
+    /// Binds `addr` for the probes alone; no metrics recorder is touched,
+    /// so this works whatever recorder the application installed.
+    pub(crate) fn health(addr: SocketAddr) -> Result<Self, Error> {
+        Self::bind(addr, "serve_health", None)
+    }
+
     /// Installs (or reuses) the Prometheus recorder and binds `addr`.
-    pub(crate) fn bind(addr: SocketAddr) -> Result<Self, Error> {
-        let metrics = recorder::handle()?;
+    #[cfg(feature = "prometheus")]
+    pub(crate) fn metrics(addr: SocketAddr) -> Result<Self, Error> {
+        let metrics = super::recorder::handle()?;
+        Self::bind(addr, "serve_metrics", Some(metrics))
+    }
+
+    fn bind(
+        addr: SocketAddr,
+        setting: &'static str,
+        metrics: Option<Metrics>,
+    ) -> Result<Self, Error> {
         let bind = || {
             let listener = std::net::TcpListener::bind(addr)?;
             // Required by tokio's from_std.
@@ -54,8 +105,11 @@ impl Endpoint {
             let bound = listener.local_addr()?;
             Ok::<_, std::io::Error>((listener, bound))
         };
-        let (listener, bound) =
-            bind().map_err(|source| crate::builder::Repr::MetricsBind { addr, source })?;
+        let (listener, bound) = bind().map_err(|source| crate::builder::Repr::MetricsBind {
+            addr,
+            setting,
+            source,
+        })?;
         Ok(Endpoint {
             listener,
             addr: bound,
@@ -70,7 +124,7 @@ impl Endpoint {
 
     /// Serves until `stop` is cancelled, then closes the listener and every
     /// connection.
-    pub(crate) async fn serve(self, probe: Probe, stop: CancellationToken) {
+    pub(crate) async fn serve(self, probes: Arc<Probes>, stop: CancellationToken) {
         let listener = match tokio::net::TcpListener::from_std(self.listener) {
             Ok(listener) => listener,
             Err(e) => {
@@ -78,10 +132,13 @@ impl Endpoint {
                 return;
             }
         };
-        info!(addr = %self.addr, "serving /metrics, /healthz and /readyz");
+        match &self.metrics {
+            Some(_) => info!(addr = %self.addr, "serving /metrics, /healthz, /readyz and /status"),
+            None => info!(addr = %self.addr, "serving /healthz, /readyz and /status"),
+        }
         let state = Arc::new(State {
             metrics: self.metrics,
-            probe,
+            probes,
         });
         let mut connections = JoinSet::new();
         let mut upkeep = tokio::time::interval(UPKEEP_INTERVAL);
@@ -89,7 +146,7 @@ impl Endpoint {
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
-                _ = upkeep.tick() => state.metrics.run_upkeep(),
+                _ = upkeep.tick() => state.metrics.iter().for_each(run_upkeep),
                 Some(_) = connections.join_next(), if !connections.is_empty() => {}
                 accepted = listener.accept() => match accepted {
                     Ok((stream, peer)) => {
@@ -112,15 +169,29 @@ impl Endpoint {
     }
 }
 
-struct State {
-    metrics: PrometheusHandle,
-    probe: Probe,
+pub(super) struct State {
+    metrics: Option<Metrics>,
+    probes: Arc<Probes>,
+}
+
+impl State {
+    /// The state of an endpoint without metrics.
+    #[cfg(test)]
+    pub(super) fn probes_only(probes: Arc<Probes>) -> Self {
+        State {
+            metrics: None,
+            probes,
+        }
+    }
 }
 
 async fn serve_connection(stream: tokio::net::TcpStream, state: Arc<State>) {
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
         let state = Arc::clone(&state);
-        async move { Ok::<_, Infallible>(respond(&request, &state)) }
+        async move {
+            let response = respond(request.method(), request.uri().path(), &state);
+            Ok::<_, Infallible>(response)
+        }
     });
     let served = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
@@ -132,34 +203,60 @@ async fn serve_connection(stream: tokio::net::TcpStream, state: Arc<State>) {
     }
 }
 
-fn respond(request: &Request<Incoming>, state: &State) -> Response<Full<Bytes>> {
-    if request.method() != Method::GET && request.method() != Method::HEAD {
+pub(super) fn respond(method: &Method, path: &str, state: &State) -> Response<Full<Bytes>> {
+    if method != Method::GET && method != Method::HEAD {
         let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "use GET\n".into());
         response
             .headers_mut()
             .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
         return response;
     }
-    match request.uri().path() {
-        "/metrics" => {
-            let mut response = text(StatusCode::OK, state.metrics.render());
-            response.headers_mut().insert(
-                CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-            );
-            response
-        }
-        "/healthz" => text(StatusCode::OK, "ok\n".into()),
-        "/readyz" => match state.probe.check() {
+    let probes = &state.probes;
+    match path {
+        "/metrics" => match &state.metrics {
+            Some(metrics) => {
+                let mut response = text(StatusCode::OK, render(metrics));
+                response.headers_mut().insert(
+                    CONTENT_TYPE,
+                    HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                );
+                response
+            }
+            None => text(
+                StatusCode::NOT_FOUND,
+                "no metrics here: this address serves /healthz, /readyz and /status \
+                 (serve_metrics, feature `prometheus`, serves /metrics)\n"
+                    .into(),
+            ),
+        },
+        "/healthz" => match probes.liveness.check() {
+            Ok(()) => text(StatusCode::OK, "ok\n".into()),
+            Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("stalled: {why}\n")),
+        },
+        "/readyz" => match probes.readiness.check() {
             Ok(()) => text(StatusCode::OK, "ready\n".into()),
             Err(why) => text(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("not ready: {why}\n"),
             ),
         },
+        "/status" => {
+            let body = status::render(
+                &probes.worker,
+                &probes.worker_id,
+                probes.readiness.check(),
+                probes.liveness.check(),
+            );
+            let mut response = text(StatusCode::OK, body);
+            response
+                .headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            response
+        }
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found; this endpoint serves /metrics, /healthz and /readyz\n".into(),
+            "not found; this endpoint serves /healthz, /readyz, /status and, with metrics, /metrics\n"
+                .into(),
         ),
     }
 }

@@ -20,7 +20,7 @@
 //! | `table_tags` | `key=value` pairs, comma-separated |
 //! | `table_point_in_time_recovery`, `table_deletion_protection` | `true` or `false`, for a table kcl creates |
 //! | `table_kms_key` | a KMS key id, ARN or alias to encrypt a table kcl creates |
-//! | `lease_duration`, `renew_interval`, `taker_interval`, `handoff_timeout`, `shard_sync_interval`, `parent_poll_interval`, `shutdown_timeout`, `completed_lease_retention`, `idle_time_between_reads`, `time_between_reads` | a duration: `500ms`, `10s`, `1.5m`, `1h` |
+//! | `lease_duration`, `renew_interval`, `taker_interval`, `handoff_timeout`, `shard_sync_interval`, `parent_poll_interval`, `shutdown_timeout`, `completed_lease_retention`, `max_read_failure_time`, `liveness_stall_bound`, `processor_warn_after`, `processor_timeout`, `idle_time_between_reads`, `time_between_reads` | a duration: `500ms`, `10s`, `1.5m`, `1h` |
 //! | `renewal` | `liveness` or `per_lease` |
 //! | `max_leases_per_worker`, `max_leases_to_steal`, `parallelism_per_shard`, `max_records` | a whole number |
 //! | `initial_position` | `LATEST`, `TRIM_HORIZON` or `AT_TIMESTAMP=<RFC 3339 or epoch seconds>` |
@@ -28,6 +28,7 @@
 //! | `checkpoint_policy` | `every_call`, `5s`, `1000 records` or `5s or 1000 records` |
 //! | `removed_stream_policy` | `keep` or `delete_after=<duration>` |
 //! | `prefetch_budget` | bytes: `1048576`, `512KiB`, `64MiB`, `1GiB` |
+//! | `serve_health` | an address such as `0.0.0.0:8080`: `/healthz`, `/readyz`, `/status` |
 //! | `serve_metrics` | an address such as `0.0.0.0:9090` (feature `prometheus`) |
 //!
 //! An empty variable counts as unset (templated manifests render an absent
@@ -132,6 +133,8 @@ settings! {
         /// The metrics and probes address; see `WorkerBuilder::serve_metrics`
         /// (feature `prometheus`).
         serve_metrics: SocketAddr = parse::address,
+        /// See [`WorkerBuilder::serve_health`].
+        serve_health: SocketAddr = parse::address,
         /// See [`WorkerBuilder::table_capacity`].
         table_capacity: Capacity = parse::capacity,
         /// See [`TableOptions::creation`].
@@ -182,6 +185,14 @@ settings! {
         completed_lease_retention: Duration = parse::duration,
         /// See [`WorkerBuilder::removed_stream_policy`].
         removed_stream_policy: RemovedStreamPolicy = parse::removed_stream_policy,
+        /// See [`WorkerBuilder::max_read_failure_time`].
+        max_read_failure_time: Duration = parse::duration,
+        /// See [`WorkerBuilder::liveness_stall_bound`].
+        liveness_stall_bound: Duration = parse::duration,
+        /// See [`WorkerBuilder::processor_warn_after`].
+        processor_warn_after: Duration = parse::duration,
+        /// See [`WorkerBuilder::processor_timeout`].
+        processor_timeout: Duration = parse::duration,
         /// See [`WorkerBuilder::max_records`].
         max_records: i32 = parse::records_per_call,
         /// See [`WorkerBuilder::idle_time_between_reads`].
@@ -363,6 +374,9 @@ impl Settings {
         if let Some(options) = self.table_options() {
             builder = builder.table_options(options);
         }
+        if let Some(addr) = self.serve_health {
+            builder = builder.serve_health(addr);
+        }
         if let Some(addr) = self.serve_metrics {
             builder = serve_metrics(builder, addr, self.origin("serve_metrics"))?;
         }
@@ -414,9 +428,9 @@ impl Settings {
     /// operator sees `KCL_LEASE_DURATION`, not the builder's field name.
     /// `None` if `error` is not about a setting.
     pub fn blame(&self, error: &Error) -> Option<SettingsError> {
-        if error.kind() == crate::ErrorKind::MetricsBind {
+        if let Some(setting) = error.bind_setting() {
             return Some(SettingsError::one(
-                self.origin("serve_metrics").to_owned(),
+                self.origin(setting).to_owned(),
                 format!("is rejected: {error}"),
             ));
         }

@@ -41,6 +41,11 @@ fn every_field() -> Vec<(&'static str, &'static str)> {
         ("shutdown_timeout", "30s"),
         ("completed_lease_retention", "10m"),
         ("removed_stream_policy", "delete_after=1h"),
+        ("max_read_failure_time", "90s"),
+        ("liveness_stall_bound", "10m"),
+        ("serve_health", "127.0.0.1:0"),
+        ("processor_warn_after", "90s"),
+        ("processor_timeout", "5m"),
         ("max_records", "500"),
         ("idle_time_between_reads", "1.5s"),
         ("time_between_reads", "200ms"),
@@ -88,6 +93,11 @@ fn every_field_in_code() -> WorkerBuilder {
         .shutdown_timeout(Duration::from_secs(30))
         .completed_lease_retention(Duration::from_secs(600))
         .removed_stream_policy(RemovedStreamPolicy::DeleteAfter(Duration::from_secs(3600)))
+        .max_read_failure_time(Duration::from_secs(90))
+        .liveness_stall_bound(Duration::from_secs(600))
+        .serve_health("127.0.0.1:0".parse().expect("an address"))
+        .processor_warn_after(Duration::from_secs(90))
+        .processor_timeout(Duration::from_secs(300))
         .max_records(500)
         .idle_time_between_reads(Duration::from_millis(1500))
         .time_between_reads(Duration::from_millis(200));

@@ -1,0 +1,341 @@
+//! What each held shard has done lately, kept by its consumer and read
+//! through [`WorkerHandle::shards`](super::WorkerHandle::shards) and
+//! [`WorkerHandle::stalled`](super::WorkerHandle::stalled).
+//!
+//! A lease renewed on time says nothing about whether its shard moves: a
+//! processor that hangs, or a reader cut off from the stream, keeps every
+//! lease while the records stand unread. The registry is what tells the
+//! two apart: per shard, when a batch was last processed and a checkpoint
+//! last written, and whether records are waiting meanwhile.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+/// One held shard's progress, as its consumer last reported it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShardProgress {
+    /// The lease key.
+    pub lease_key: String,
+    /// The stream.
+    pub stream: String,
+    /// The shard.
+    pub shard_id: String,
+    /// Lanes the shard is processed in (1 without parallelism).
+    pub lanes: usize,
+    /// When this worker's consumer of the shard started.
+    pub consuming_since: Instant,
+    /// The last batch a processor finished with (processed or set aside).
+    pub last_delivery: Option<Delivery>,
+    /// The last checkpoint written.
+    pub last_checkpoint: Option<CheckpointMark>,
+    /// How far behind the stream's tip the last successful read was
+    /// (`None` before the first one).
+    pub millis_behind_latest: Option<u64>,
+    /// Records read and not yet processed.
+    pub records_waiting: usize,
+    /// The oldest processor call still running, if any.
+    pub processor_call: Option<ProcessorCall>,
+}
+
+/// A batch a processor finished with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivery {
+    /// When the processor returned.
+    pub at: Instant,
+    /// Records in the batch.
+    pub records: usize,
+}
+
+/// A checkpoint written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointMark {
+    /// The checkpoint: `SHARD_END`, or `<sequence number>/<sub-sequence
+    /// number>`.
+    pub value: String,
+    /// When the write succeeded.
+    pub at: Instant,
+}
+
+/// A processor call in progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessorCall {
+    /// The processor method (`initialize`, `process_records`, ...).
+    pub stage: &'static str,
+    /// When it was called.
+    pub since: Instant,
+}
+
+impl ShardProgress {
+    /// True while the shard has work this worker has not done: records
+    /// behind the tip or read and not processed, or a processor call
+    /// running.
+    pub fn has_work_waiting(&self) -> bool {
+        self.millis_behind_latest.is_some_and(|ms| ms > 0)
+            || self.records_waiting > 0
+            || self.processor_call.is_some()
+    }
+
+    /// The last time the shard moved: a batch processed, a checkpoint
+    /// written, or (before either) its consumer starting.
+    pub fn last_progress(&self) -> Instant {
+        let delivered = self.last_delivery.map(|d| d.at);
+        let checkpointed = self.last_checkpoint.as_ref().map(|c| c.at);
+        [Some(self.consuming_since), delivered, checkpointed]
+            .into_iter()
+            .flatten()
+            .max()
+            .unwrap_or(self.consuming_since)
+    }
+
+    /// True when work has been waiting and nothing moved for longer than
+    /// `bound`, as of `now`.
+    pub fn is_stalled(&self, bound: Duration, now: Instant) -> bool {
+        self.has_work_waiting() && now.saturating_duration_since(self.last_progress()) > bound
+    }
+}
+
+/// Every held shard's progress; cloning shares it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ProgressRegistry {
+    shards: Arc<Mutex<BTreeMap<String, Arc<Mutex<Shard>>>>>,
+}
+
+impl ProgressRegistry {
+    fn map(&self) -> MutexGuard<'_, BTreeMap<String, Arc<Mutex<Shard>>>> {
+        self.shards.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts tracking a consumer of `lease_key`. A consumer of a later
+    /// tenure replaces an earlier one still finishing: what is shown is
+    /// the newest consumer's progress.
+    pub(crate) fn track(&self, lease_key: &str, stream: &str, shard_id: &str) -> ShardTracker {
+        let shard = Arc::new(Mutex::new(Shard::new(lease_key, stream, shard_id)));
+        self.map().insert(lease_key.to_owned(), Arc::clone(&shard));
+        ShardTracker(Arc::new(Tracked {
+            registry: self.clone(),
+            shard,
+        }))
+    }
+
+    /// Every tracked shard, by lease key.
+    pub(crate) fn snapshot(&self) -> Vec<ShardProgress> {
+        let shards: Vec<Arc<Mutex<Shard>>> = self.map().values().cloned().collect();
+        shards.iter().map(|s| lock(s).view()).collect()
+    }
+}
+
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    shard.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[derive(Debug)]
+struct Shard {
+    progress: ShardProgress,
+    /// Running processor calls (lanes call at once): id, stage, start.
+    calls: Vec<(u64, &'static str, Instant)>,
+    next_call: u64,
+}
+
+impl Shard {
+    fn new(lease_key: &str, stream: &str, shard_id: &str) -> Self {
+        Shard {
+            progress: ShardProgress {
+                lease_key: lease_key.to_owned(),
+                stream: stream.to_owned(),
+                shard_id: shard_id.to_owned(),
+                lanes: 1,
+                consuming_since: Instant::now(),
+                last_delivery: None,
+                last_checkpoint: None,
+                millis_behind_latest: None,
+                records_waiting: 0,
+                processor_call: None,
+            },
+            calls: Vec::new(),
+            next_call: 0,
+        }
+    }
+
+    fn view(&self) -> ShardProgress {
+        let mut view = self.progress.clone();
+        view.processor_call = self
+            .calls
+            .iter()
+            .min_by_key(|(_, _, since)| *since)
+            .map(|&(_, stage, since)| ProcessorCall { stage, since });
+        view
+    }
+}
+
+/// One consumer's handle on its shard's progress; the shard leaves the
+/// registry when the last clone drops (unless a newer consumer replaced it).
+#[derive(Debug, Clone)]
+pub(crate) struct ShardTracker(Arc<Tracked>);
+
+#[derive(Debug)]
+struct Tracked {
+    registry: ProgressRegistry,
+    shard: Arc<Mutex<Shard>>,
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        let key = lock(&self.shard).progress.lease_key.clone();
+        let mut map = self.registry.map();
+        if map.get(&key).is_some_and(|s| Arc::ptr_eq(s, &self.shard)) {
+            map.remove(&key);
+        }
+    }
+}
+
+impl ShardTracker {
+    fn update(&self, f: impl FnOnce(&mut ShardProgress)) {
+        f(&mut lock(&self.0.shard).progress);
+    }
+
+    fn labels(&self) -> [(&'static str, String); 2] {
+        let s = lock(&self.0.shard);
+        [
+            ("stream", s.progress.stream.clone()),
+            ("shard", s.progress.shard_id.clone()),
+        ]
+    }
+
+    /// The shard is processed in `n` lanes.
+    pub(crate) fn lanes(&self, n: usize) {
+        self.update(|p| p.lanes = n);
+    }
+
+    /// A read succeeded: `records` more wait for the processor, and the
+    /// tip is `behind` away (if the source says).
+    pub(crate) fn fetched(&self, records: usize, behind: Option<u64>) {
+        self.update(|p| {
+            p.records_waiting += records;
+            if behind.is_some() {
+                p.millis_behind_latest = behind;
+            }
+        });
+    }
+
+    /// A processor finished with a batch of `records` (processed or set
+    /// aside).
+    pub(crate) fn delivered(&self, records: usize) {
+        let now = Instant::now();
+        self.update(|p| {
+            p.records_waiting = p.records_waiting.saturating_sub(records);
+            p.last_delivery = Some(Delivery { at: now, records });
+        });
+        metrics::gauge!("kcl_shard_last_delivery_timestamp_seconds", &self.labels())
+            .set(unix_seconds());
+    }
+
+    /// A checkpoint write of `value` succeeded.
+    pub(crate) fn checkpointed(&self, value: String) {
+        let at = Instant::now();
+        self.update(|p| p.last_checkpoint = Some(CheckpointMark { value, at }));
+        metrics::gauge!(
+            "kcl_shard_last_checkpoint_timestamp_seconds",
+            &self.labels()
+        )
+        .set(unix_seconds());
+    }
+
+    /// A processor call (`stage`: `process_records`, ...) starts; it ends
+    /// when the returned guard drops, so a call cancelled by its caller
+    /// ends too.
+    pub(crate) fn call_started(&self, stage: &'static str) -> CallGuard {
+        let mut s = lock(&self.0.shard);
+        let id = s.next_call;
+        s.next_call += 1;
+        s.calls.push((id, stage, Instant::now()));
+        CallGuard {
+            shard: Arc::clone(&self.0.shard),
+            id,
+        }
+    }
+
+    /// The consumer stops: no figure of this tenure stays behind in the
+    /// gauges, where a stale one would read as this worker's.
+    pub(crate) fn stopped(&self) {
+        let labels = self.labels();
+        metrics::gauge!("kcl_shard_last_delivery_timestamp_seconds", &labels).set(0.0);
+        metrics::gauge!("kcl_shard_last_checkpoint_timestamp_seconds", &labels).set(0.0);
+    }
+}
+
+/// A running processor call (see [`ShardTracker::call_started`]).
+#[derive(Debug)]
+pub(crate) struct CallGuard {
+    shard: Arc<Mutex<Shard>>,
+    id: u64,
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        lock(&self.shard).calls.retain(|(id, _, _)| *id != self.id);
+    }
+}
+
+/// Wall-clock seconds, for gauges a dashboard subtracts from `time()`.
+fn unix_seconds() -> f64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shard_with_records_waiting_and_no_progress_past_the_bound_is_stalled() {
+        let registry = ProgressRegistry::default();
+        let tracker = registry.track("k", "s", "shard-1");
+        let bound = Duration::from_secs(10);
+        tokio::time::advance(Duration::from_secs(60)).await;
+        // Idle and caught up: nothing waits, so nothing stalls.
+        tracker.fetched(0, Some(0));
+        assert!(!registry.snapshot()[0].is_stalled(bound, Instant::now()));
+        tracker.fetched(5, Some(1000));
+        let call = tracker.call_started("process_records");
+        tokio::time::advance(Duration::from_secs(11)).await;
+        let seen = registry.snapshot().remove(0);
+        assert_eq!(seen.records_waiting, 5);
+        assert_eq!(
+            seen.processor_call.map(|c| c.stage),
+            Some("process_records")
+        );
+        assert!(seen.is_stalled(bound, Instant::now()));
+        drop(call);
+        tracker.delivered(5);
+        tracker.checkpointed("49590".into());
+        let seen = registry.snapshot().remove(0);
+        assert_eq!(seen.records_waiting, 0);
+        assert_eq!(seen.last_delivery.map(|d| d.records), Some(5));
+        assert_eq!(
+            seen.last_checkpoint.as_ref().map(|c| c.value.as_str()),
+            Some("49590")
+        );
+        assert!(!seen.is_stalled(bound, Instant::now()));
+    }
+
+    #[test]
+    fn a_finishing_consumer_leaves_the_newer_tenures_progress_in_place() {
+        let registry = ProgressRegistry::default();
+        let old = registry.track("k", "s", "shard-1");
+        let new = registry.track("k", "s", "shard-1");
+        new.lanes(3);
+        drop(old);
+        assert_eq!(registry.snapshot().len(), 1);
+        assert_eq!(registry.snapshot()[0].lanes, 3);
+        let clone = new.clone();
+        drop(new);
+        assert_eq!(registry.snapshot().len(), 1);
+        drop(clone);
+        assert!(registry.snapshot().is_empty());
+    }
+}
