@@ -37,8 +37,11 @@ use crate::store::timeout::TimeoutStore;
 use crate::store::{LeaseStore, StoreError};
 
 mod progress;
+mod shutdown;
 pub use progress::{CheckpointMark, Delivery, ProcessorCall, ShardProgress};
 pub(crate) use progress::{ProgressRegistry, ShardTracker};
+pub use shutdown::ShutdownReport;
+use shutdown::Stopped;
 
 /// One stream a worker consumes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -477,6 +480,8 @@ pub struct WorkerHandle {
     consuming: Arc<Mutex<BTreeMap<String, usize>>>,
     /// Each held shard's progress, kept by its consumer.
     progress: ProgressRegistry,
+    /// The shutdown's report, published once the worker stopped.
+    stopped: Stopped,
 }
 
 impl Default for WorkerHandle {
@@ -495,6 +500,7 @@ impl WorkerHandle {
             leases: Arc::default(),
             consuming: Arc::default(),
             progress: ProgressRegistry::default(),
+            stopped: Stopped::default(),
         }
     }
 
@@ -521,6 +527,20 @@ impl WorkerHandle {
     /// processor checkpoint in `shutdown_requested`, release every lease.
     pub fn shutdown(&self) {
         self.shutdown.cancel();
+    }
+
+    /// Asks the worker to stop gracefully (see [`Self::shutdown`]) and
+    /// waits until it has: what became of its shards and leases. Waits
+    /// forever for a handle of a worker that never runs.
+    pub async fn shutdown_and_wait(&self) -> ShutdownReport {
+        self.shutdown();
+        self.stopped().await
+    }
+
+    /// Waits until the worker has stopped, however it stopped, and
+    /// returns its shutdown's report.
+    pub async fn stopped(&self) -> ShutdownReport {
+        self.stopped.wait().await
     }
 
     /// True once a shutdown was asked for (the worker may still be
@@ -709,10 +729,14 @@ impl Worker {
     /// Runs until [`WorkerHandle::shutdown`] is called.
     pub async fn run(self) -> Result<(), WorkerError> {
         let span = info_span!("worker", worker = %self.config.lease.worker_id());
-        self.run_inner().instrument(span).await
+        let stopped = self.handle.stopped.clone();
+        let result = self.run_inner().instrument(span).await;
+        // Published however the run ended, so no waiter waits forever.
+        stopped.publish(result.as_ref().copied().unwrap_or_default());
+        result.map(|_| ())
     }
 
-    async fn run_inner(self) -> Result<(), WorkerError> {
+    async fn run_inner(self) -> Result<ShutdownReport, WorkerError> {
         let config = &self.config;
         // Every call of consumers, checkpoints and syncs is bounded; the
         // coordinator bounds its own (inside each lease's deadline).
@@ -733,7 +757,10 @@ impl Worker {
             .map_err(|e| sync_failed(e, spec))?;
             if synced.is_none() {
                 info!("shut down during startup");
-                return Ok(());
+                return Ok(ShutdownReport {
+                    graceful: true,
+                    ..ShutdownReport::default()
+                });
             }
         }
         // The stream list can change at runtime (a tracker); the taker, the
@@ -826,13 +853,21 @@ impl Worker {
         running.stop_all();
         let deadline = tokio::time::sleep(config.shutdown_timeout);
         tokio::pin!(deadline);
+        let mut report = ShutdownReport {
+            graceful: true,
+            ..ShutdownReport::default()
+        };
         loop {
             tokio::select! {
                 done = consumers.join_next_with_id() => match done {
-                    Some(done) => self.consumer_done(&coordinator, &mut running, done).await,
+                    Some(done) => {
+                        report.drained += 1;
+                        self.consumer_done(&coordinator, &mut running, done).await;
+                    }
                     None => break,
                 },
                 _ = &mut deadline => {
+                    report.cut_off = consumers.len();
                     warn!(remaining = consumers.len(), "processors did not finish within the shutdown timeout; stopping them");
                     consumers.shutdown().await;
                     break;
@@ -842,15 +877,18 @@ impl Worker {
             }
         }
         let _ = sync_task.await;
-        coordinator.shutdown(ShutdownMode::Release).await;
+        let released = coordinator.shutdown(ShutdownMode::Release).await;
+        report.released = released.released;
+        report.handed_off = released.handed_off;
+        report.release_failures = released.failed;
         self.handle.update(|s| s.ready = false);
         self.handle
             .consuming
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
-        info!("worker stopped");
-        Ok(())
+        info!(?report, "worker stopped");
+        Ok(report)
     }
 
     async fn consumer_done(

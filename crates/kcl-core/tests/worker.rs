@@ -1221,3 +1221,34 @@ async fn an_evicted_holders_batch_in_flight_returns_before_a_peer_processes_the_
     fleet.stop(b).await;
     fleet.stop(a).await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_and_wait_reports_drained_cut_off_and_released_shards() {
+    let mut fleet = Fleet::new(4);
+    // One shard's batches outlast the shutdown timeout (25 s): it is cut
+    // off; the other three drain.
+    let slow = Behaviour {
+        slow_shard: Some(("shardId-000000000001", Duration::from_secs(600))),
+        ..Behaviour::default()
+    };
+    let a = fleet.start("w-a", slow, FailurePolicy::Retry);
+    fleet.produce(8, 0, 10);
+    sleep(TICK * 3).await;
+    assert_eq!(fleet.consuming(a), 4);
+    let (handle, task) = &mut fleet.workers[a];
+    let report = handle.shutdown_and_wait().await;
+    task.await.unwrap().unwrap();
+    assert!(report.graceful);
+    assert_eq!((report.drained, report.cut_off), (3, 1), "{report:?}");
+    assert_eq!(
+        (report.released, report.handed_off, report.release_failures),
+        (4, 0, 0),
+        "{report:?}"
+    );
+    // Every handle sees the same report, however late it asks.
+    assert_eq!(handle.clone().stopped().await, report);
+    assert!(
+        fleet.store.snapshot().iter().all(|l| l.owner.is_none()),
+        "every lease released"
+    );
+}

@@ -78,7 +78,7 @@ pub use kcl_core::processor::{
     RecordProcessor, ShardContext,
 };
 pub use kcl_core::source::InitialPosition;
-pub use kcl_core::worker::{RemovedStreamPolicy, WorkerHandle, WorkerStatus};
+pub use kcl_core::worker::{RemovedStreamPolicy, ShutdownReport, WorkerHandle, WorkerStatus};
 pub use kcl_core::{Checkpoint, ConfigError, LeaseRenewal, Record};
 pub use kcl_dynamodb::{
     Capacity, DynamoDbDestination, ExactlyOnce, TableCreation, TableOptions, Transaction,

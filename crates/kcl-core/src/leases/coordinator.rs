@@ -9,7 +9,7 @@
 //! soon judge the lease expired (self-fencing, invariant 4), on release,
 //! and on shutdown.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -266,7 +266,7 @@ impl LeaseCoordinator {
     /// abandoned as `mode` says. Handoffs this worker was asked for are
     /// completed, including one a peer started just before the release
     /// (the release then finds the peer owning the lease).
-    pub async fn shutdown(self, mode: ShutdownMode) {
+    pub async fn shutdown(self, mode: ShutdownMode) -> Released {
         self.taker_stop.cancel();
         self.shared.beat_state().stopping = true;
         if mode == ShutdownMode::Release {
@@ -276,20 +276,33 @@ impl LeaseCoordinator {
         self.tasks.wait().await;
         let shared = &self.shared;
         let releasing = shared.held_count();
+        let released = Mutex::new(Released::default());
+        let released_ref = &released;
         each_unblocked(shared.held_snapshot(), RELEASE_CONCURRENCY, |(key, held)| async move {
+            let count = |f: fn(&mut Released)| {
+                f(&mut released_ref.lock().unwrap_or_else(|e| e.into_inner()));
+            };
             match mode {
                 ShutdownMode::Abandon => shared.ended(&key, &held, EndReason::Abandoned).await,
                 ShutdownMode::Release if held.phase() == Phase::HandingOff => {
                     shared.ended(&key, &held, EndReason::HandedOff).await;
-                    if let Err(e) = shared.complete_in_table(&key, held.holder()).await {
-                        warn!(lease = %key, error = %e, "completing a handoff at shutdown failed; it will be forced");
+                    match shared.complete_in_table(&key, held.holder()).await {
+                        Ok(_) => count(|r| r.handed_off += 1),
+                        Err(e) => {
+                            count(|r| r.failed += 1);
+                            warn!(lease = %key, error = %e, "completing a handoff at shutdown failed; it will be forced");
+                        }
                     }
                 }
                 ShutdownMode::Release => {
                     // The consumer stops before peers can see the lease free.
                     shared.ended(&key, &held, EndReason::Released).await;
-                    if let Err(e) = shared.release_in_table(&key, held.holder()).await {
-                        warn!(lease = %key, error = %e, "release at shutdown failed; the lease will expire instead");
+                    match shared.release_in_table(&key, held.holder()).await {
+                        Ok(_) => count(|r| r.released += 1),
+                        Err(e) => {
+                            count(|r| r.failed += 1);
+                            warn!(lease = %key, error = %e, "release at shutdown failed; the lease will expire instead");
+                        }
                     }
                 }
             }
@@ -299,7 +312,21 @@ impl LeaseCoordinator {
             leave_the_fleet(shared, releasing).await;
         }
         info!(mode = ?mode, "lease coordinator stopped");
+        released.into_inner().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// What a coordinator's shutdown did with the leases it still held.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Released {
+    /// Leases released in the table, for peers to take at once.
+    pub released: usize,
+    /// Handoffs completed to the worker that asked for the lease.
+    pub handed_off: usize,
+    /// Releases or handoffs the table refused or did not answer: those
+    /// leases expire (or the handoff is forced) instead.
+    pub failed: usize,
 }
 
 /// The lease engine's side of the fleet-wide shard sync, shared with the

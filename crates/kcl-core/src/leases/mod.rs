@@ -40,6 +40,6 @@ pub(crate) mod taker;
 pub(crate) mod tenure;
 pub(crate) mod watcher;
 
-pub use coordinator::{FleetSignals, LeaseCoordinator, ShutdownMode};
+pub use coordinator::{FleetSignals, LeaseCoordinator, Released, ShutdownMode};
 pub use held::{EndReason, LeaseHandle};
 pub use shared::{CoordinatorStats, LeaseEvent, LeaseFilter, StatsSnapshot};
