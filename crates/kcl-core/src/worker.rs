@@ -67,7 +67,7 @@ pub struct WorkerConfig {
     pub(crate) max_backoff: Duration,
     pub(crate) completed_lease_retention: Duration,
     pub(crate) removed_stream_policy: RemovedStreamPolicy,
-    pub(crate) max_read_failure_time: Duration,
+    pub(crate) max_read_failure_time: Option<Duration>,
     pub(crate) processor_warn_after: Duration,
     pub(crate) processor_timeout: Option<Duration>,
 }
@@ -105,7 +105,7 @@ pub struct WorkerConfigBuilder {
     max_backoff: Duration,
     completed_lease_retention: Duration,
     removed_stream_policy: RemovedStreamPolicy,
-    max_read_failure_time: Duration,
+    max_read_failure_time: Option<Duration>,
     processor_warn_after: Duration,
     processor_timeout: Option<Duration>,
 }
@@ -125,7 +125,7 @@ impl Default for WorkerConfigBuilder {
             max_backoff: Duration::from_secs(30),
             completed_lease_retention: Duration::from_secs(300),
             removed_stream_policy: RemovedStreamPolicy::Keep,
-            max_read_failure_time: DEFAULT_MAX_READ_FAILURE_TIME,
+            max_read_failure_time: None,
             processor_warn_after: Duration::from_secs(60),
             processor_timeout: None,
         }
@@ -248,7 +248,7 @@ impl WorkerConfigBuilder {
     }
 
     /// How long a held shard may go without a single successful read
-    /// before it is given back (default 45 s, at least 1 s): every open
+    /// before it is given back (default: never; at least 1 s): every open
     /// and fetch since the last one failed, or hung unanswered. The
     /// lease is released with an error log and counted in
     /// `kcl_unreadable_shards_released_total{stage="stalled"}`, so a
@@ -259,8 +259,16 @@ impl WorkerConfigBuilder {
     /// succeed, and a processor's time is its own. Keep it above the
     /// source's longest quiet gap between answers (the polling reader's
     /// `idle_time_between_reads`, the fan-out reader's event timeout).
+    ///
+    /// Off by default because the consumer cannot yet tell a call Kinesis
+    /// answered with an error from one it never answered: a fleet-wide
+    /// outage (a disabled KMS key, long throttling) fails every worker
+    /// alike, and with this set it moves the leases around for nothing.
+    /// Set it above the longest such outage you would rather ride out in
+    /// place; the liveness check (`WorkerHandle::stalled`) reports a
+    /// shard that stopped either way.
     pub fn max_read_failure_time(mut self, d: Duration) -> Self {
-        self.max_read_failure_time = d;
+        self.max_read_failure_time = Some(d);
         self
     }
 
@@ -294,12 +302,13 @@ impl WorkerConfigBuilder {
             });
         }
         self.checkpoint_policy.validate()?;
-        if self.max_read_failure_time < Duration::from_secs(1) {
+        if let Some(limit) = self.max_read_failure_time
+            && limit < Duration::from_secs(1)
+        {
             return Err(ConfigError {
                 field: "max_read_failure_time",
                 reason: format!(
-                    "must be at least 1s, not {:?}: a healthy read can take that long",
-                    self.max_read_failure_time
+                    "must be at least 1s, not {limit:?}: a healthy read can take that long"
                 ),
             });
         }
@@ -396,12 +405,6 @@ pub fn check_stream_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Resul
     }
     Ok(())
 }
-
-/// How long a held shard may go without a successful read, by default
-/// (see [`WorkerConfigBuilder::max_read_failure_time`]): above the fan-out
-/// reader's 30 s event timeout plus a resubscription, and inside the
-/// minute an operator would call an outage.
-pub const DEFAULT_MAX_READ_FAILURE_TIME: Duration = Duration::from_secs(45);
 
 /// The most lanes a shard can be processed in.
 pub const MAX_PARALLELISM_PER_SHARD: usize = 100;
@@ -960,7 +963,10 @@ impl Worker {
             parallelism: config.parallelism_per_shard,
             checkpoint_policy: config.checkpoint_policy,
             parent_poll_interval: config.parent_poll_interval,
-            max_read_failure_time: config.max_read_failure_time,
+            // Unset: a deadline no read failure reaches.
+            max_read_failure_time: config
+                .max_read_failure_time
+                .unwrap_or(Duration::from_secs(10 * 365 * 24 * 3600)),
             progress: self.handle.progress.clone(),
             call_limits: consumer::CallLimits {
                 warn_after: config.processor_warn_after,
