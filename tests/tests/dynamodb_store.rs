@@ -12,7 +12,8 @@ use kcl_core::store::metered::MeteredStore;
 use kcl_core::store::{CheckpointUpdate, Holder, LeaseStore, StoreOp};
 use kcl_core::{Checkpoint, Lease};
 use kcl_dynamodb::{
-    Capacity, DynamoDbLeaseStore, TableCreation, TableOptions, ensure_table, ensure_workers_table,
+    Capacity, DynamoDbLeaseStore, TableCreation, TableOptions, claim_stream, ensure_table,
+    ensure_workers_table,
 };
 use kcl_tests::{TestEnv, unique_name};
 
@@ -537,4 +538,30 @@ async fn the_failure_table_gets_one_item_per_record_and_a_resend_overwrites_it()
     assert_eq!(third["data_truncated"].as_bool().unwrap(), &true);
     assert_eq!(third["data_bytes"].as_n().unwrap(), "500000");
     assert!(third["data"].as_b().unwrap().as_ref().len() > 390_000);
+}
+
+#[tokio::test]
+async fn a_single_stream_table_serves_one_stream_and_names_both_when_asked_for_another() {
+    let store = new_store().await;
+    let (client, table, workers) = (store.client(), store.table(), store.workers_table());
+    let orders = "123456789012:orders:1700000000";
+    claim_stream(client, table, workers, orders)
+        .await
+        .expect("the first claim");
+    claim_stream(client, table, workers, orders)
+        .await
+        .expect("the same stream again");
+    // The same name, made again: another creation time, another stream.
+    let remade = "123456789012:orders:1800000000";
+    let error = claim_stream(client, table, workers, remade)
+        .await
+        .expect_err("another stream");
+    assert!(!error.is_retryable(), "{error}");
+    let message = error.to_string();
+    assert!(
+        message.contains(orders) && message.contains(remade) && message.contains(table),
+        "{message}"
+    );
+    // The claim is no worker's liveness record.
+    assert!(store.beats().await.expect("beats").is_empty());
 }

@@ -493,3 +493,58 @@ async fn a_stream_named_by_arn_is_consumed_with_java_compatible_lease_keys() {
         }
     }
 }
+
+/// A single-stream lease table keeps the checkpoints of one stream: a
+/// worker of the same application on another stream is refused at
+/// startup, naming both streams and the table, before it reads a record.
+#[tokio::test]
+async fn a_lease_table_of_one_stream_is_refused_for_another() {
+    let env = TestEnv::connect().await.unwrap();
+    let first = unique_name("kcl-first");
+    let second = unique_name("kcl-second");
+    kcl_tests::create_stream(env.kinesis(), &first, 1)
+        .await
+        .unwrap();
+    kcl_tests::create_stream(env.kinesis(), &second, 1)
+        .await
+        .unwrap();
+    let app = unique_name("kcl-one-stream");
+    let log = RecordedBatches::default();
+    let worker = Worker::builder(&app)
+        .stream(&first)
+        .sdk_config(env.sdk_config())
+        .processor(log.factory())
+        .build()
+        .unwrap();
+    let handle = worker.handle();
+    let run = tokio::spawn(worker.run());
+    while !handle.status().ready {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    handle.shutdown();
+    run.await.unwrap().unwrap();
+
+    let other = Worker::builder(&app)
+        .stream(&second)
+        .sdk_config(env.sdk_config())
+        .processor(log.factory())
+        .build()
+        .unwrap();
+    // Bounded only so that a worker wrongly let run fails the test
+    // instead of hanging it.
+    let err = tokio::time::timeout(Duration::from_secs(120), other.run())
+        .await
+        .expect("a worker on another stream is refused at startup, not run")
+        .unwrap_err();
+    assert_eq!(err.kind(), kcl::ErrorKind::LeaseTable, "{err:?}");
+    let mut message = err.to_string();
+    let mut source = std::error::Error::source(&err);
+    while let Some(cause) = source {
+        message.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    assert!(
+        message.contains(&first) && message.contains(&second) && message.contains(&app),
+        "{message}"
+    );
+}

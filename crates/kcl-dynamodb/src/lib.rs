@@ -33,4 +33,6 @@ pub mod table;
 pub use destination::DynamoDbDestination;
 pub use exactly_once::{ExactlyOnce, Transaction, TransactionError};
 pub use store::DynamoDbLeaseStore;
-pub use table::{Capacity, TableCreation, TableOptions, ensure_table, ensure_workers_table};
+pub use table::{
+    Capacity, TableCreation, TableOptions, claim_stream, ensure_table, ensure_workers_table,
+};

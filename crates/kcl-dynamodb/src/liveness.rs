@@ -63,6 +63,10 @@ pub mod attr {
     pub const BEAT_INTERVAL: &str = "i";
     /// The instance renews every lease too.
     pub const PER_LEASE: &str = "p";
+    /// On the one item that is not a liveness record: the stream a
+    /// single-stream lease table serves (see
+    /// [`crate::table::claim_stream`]).
+    pub const SERVES_STREAM: &str = "servesStream";
 }
 
 fn key(instance: &str) -> HashMap<String, AttributeValue> {
@@ -79,8 +83,12 @@ fn number(item: &HashMap<String, AttributeValue>, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// A record as read; `None` for an item without an instance id.
+/// A record as read; `None` for an item without an instance id, and for
+/// the item naming the table's stream, which is not a worker's.
 pub(crate) fn from_item(item: &HashMap<String, AttributeValue>) -> Option<Beat> {
+    if item.contains_key(attr::SERVES_STREAM) {
+        return None;
+    }
     let written_at = item
         .contains_key(attr::WRITTEN_AT)
         .then(|| UNIX_EPOCH + Duration::from_millis(number(item, attr::WRITTEN_AT)));

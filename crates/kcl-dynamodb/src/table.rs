@@ -351,6 +351,80 @@ async fn create(
     }
 }
 
+/// The key of the item, in the liveness records' table, that names the
+/// stream a single-stream lease table serves.
+pub const STREAM_CLAIM_KEY: &str = "kcl:served-stream";
+
+/// Records that the single-stream lease table `lease_table` serves the
+/// stream `identifier` (`account:name:creationEpoch`), or refuses if it
+/// already serves another. Single-stream lease keys are bare shard ids,
+/// so a table left from another stream (or from a deleted stream of the
+/// same name) would hand this stream's shards that stream's checkpoints.
+/// The claim is an item of the liveness records' table `workers_table`,
+/// which only kcl reads; it is written once, conditionally.
+pub async fn claim_stream(
+    client: &Client,
+    lease_table: &str,
+    workers_table: &str,
+    identifier: &str,
+) -> Result<(), StoreError> {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let serves = crate::liveness::attr::SERVES_STREAM;
+    let put = client
+        .put_item()
+        .table_name(workers_table)
+        .item(
+            crate::liveness::attr::INSTANCE,
+            AttributeValue::S(STREAM_CLAIM_KEY.into()),
+        )
+        .item(serves, AttributeValue::S(identifier.into()))
+        .condition_expression("attribute_not_exists(#instance) OR #serves = :stream")
+        .expression_attribute_names("#instance", crate::liveness::attr::INSTANCE)
+        .expression_attribute_names("#serves", serves)
+        .expression_attribute_values(":stream", AttributeValue::S(identifier.into()))
+        .return_values_on_condition_check_failure(
+            aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure::AllOld,
+        )
+        .send()
+        .await;
+    let e = match put {
+        Ok(_) => return Ok(()),
+        Err(e) => e,
+    };
+    let claimed = e
+        .as_service_error()
+        .and_then(|s| match s {
+            aws_sdk_dynamodb::operation::put_item::PutItemError::ConditionalCheckFailedException(c) => {
+                c.item()
+            }
+            _ => None,
+        })
+        .and_then(|item| item.get(serves))
+        .and_then(|v| v.as_s().ok())
+        .cloned();
+    match claimed {
+        Some(other) => Err(fatal(
+            format!(
+                "lease table {lease_table:?} serves stream {other:?}, not {identifier:?} \
+                 (account:name:creation time): its leases are that stream's shards and \
+                 checkpoints. Use another application name or table_name for this stream; \
+                 if the stream was deleted and made again under its name, its old \
+                 checkpoints are void: delete the lease table and {workers_table:?} first"
+            ),
+            None,
+        )),
+        None => {
+            let code = e.code().unwrap_or("no answer").to_owned();
+            Err(startup_error(
+                StoreOp::Create,
+                workers_table,
+                e,
+                format!("cannot record which stream lease table {lease_table:?} serves: {code}"),
+            ))
+        }
+    }
+}
+
 /// Continuous backups on: one call once the table is ACTIVE, which
 /// DynamoDB requires.
 async fn enable_point_in_time_recovery(client: &Client, table: &str) -> Result<(), StoreError> {

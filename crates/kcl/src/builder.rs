@@ -22,7 +22,7 @@ use kcl_core::worker::{
 use kcl_core::{ConfigError, LeaseLayout};
 use kcl_dynamodb::table::workers_table_for;
 use kcl_dynamodb::{
-    Capacity, DynamoDbLeaseStore, TableOptions, ensure_table, ensure_workers_table,
+    Capacity, DynamoDbLeaseStore, TableOptions, claim_stream, ensure_table, ensure_workers_table,
 };
 use kcl_kinesis::{
     FanOutConfig, KinesisShardSource, PollingConfig, PollingConfigBuilder, Retrieval, StreamArn,
@@ -349,9 +349,22 @@ impl Worker {
                 ensure_workers_table(&self.dynamodb, &workers, self.table_options.clone())
                     .await
                     .map_err(|source| Repr::LeaseTable {
-                        table: workers,
+                        table: workers.clone(),
                         source,
                     })?;
+                // Multi-stream keys name their stream; single-stream keys
+                // are bare shard ids, so the table says which stream it is.
+                if let [stream] = self.streams.as_slice()
+                    && !self.resolver.multi_stream
+                    && let Some(identifier) = self.resolver.known_identifier(stream)
+                {
+                    claim_stream(&self.dynamodb, &self.table, &workers, &identifier)
+                        .await
+                        .map_err(|source| Repr::LeaseTable {
+                            table: self.table.clone(),
+                            source,
+                        })?;
+                }
                 Ok(())
             },
         )
@@ -427,6 +440,15 @@ impl StreamResolver {
             multi_stream,
             identifiers: Mutex::default(),
         }
+    }
+
+    /// The identifier of `name`, if [`Self::spec`] resolved it.
+    fn known_identifier(&self, name: &str) -> Option<String> {
+        self.identifiers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned()
     }
 
     async fn spec(&self, name: &str) -> Result<StreamSpec, Error> {
