@@ -8,6 +8,10 @@
 //! localstack/up && . localstack/.run/env
 //! cargo run -p kcl-examples --bin exactly-once -- my-stream   # table: my-stream-counts
 //! ```
+//!
+//! The application name (which also names the lease table) is the second
+//! argument, by default `<stream>-exactly-once`: a lease table serves one
+//! stream, so each stream gets its own.
 
 use std::collections::BTreeMap;
 
@@ -126,8 +130,11 @@ async fn main() -> anyhow::Result<()> {
     let stream = std::env::args()
         .nth(1)
         .or_else(|| std::env::var("KCL_STREAM").ok())
-        .context("usage: exactly-once STREAM (or KCL_STREAM)")?;
-    let app = "kcl-exactly-once";
+        .context("usage: exactly-once STREAM [APPLICATION] (or KCL_STREAM)")?;
+    let app = std::env::args()
+        .nth(2)
+        .unwrap_or_else(|| format!("{stream}-exactly-once"));
+    let app = app.as_str();
     let table = format!("{stream}-counts");
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let dynamodb = aws_sdk_dynamodb::Client::new(&sdk);

@@ -11,8 +11,10 @@
 //! ```
 //!
 //! Settings: the stream name is the first argument or `KCL_STREAM`; the
-//! application name (which also names the DynamoDB lease table) is
-//! `KCL_APP`, default `kcl-quickstart`. Endpoints, region and credentials
+//! application name (which also names the DynamoDB lease table) is the
+//! second argument or `KCL_APPLICATION_NAME`, by default
+//! `<stream>-quickstart` (a lease table serves one stream, so each stream
+//! gets its own). Endpoints, region and credentials
 //! come from the standard AWS environment, as for any AWS SDK application.
 
 use std::io::IsTerminal;
@@ -110,10 +112,11 @@ async fn main() -> anyhow::Result<()> {
     else {
         bail!("no stream: usage `quickstart <stream>`, or set KCL_STREAM");
     };
-    let app = std::env::var("KCL_APP")
-        .ok()
+    let app = std::env::args()
+        .nth(2)
+        .or_else(|| std::env::var("KCL_APPLICATION_NAME").ok())
         .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "kcl-quickstart".to_owned());
+        .unwrap_or_else(|| format!("{stream}-quickstart"));
 
     // Region, credentials and endpoints (AWS_ENDPOINT_URL_KINESIS,
     // AWS_ENDPOINT_URL_DYNAMODB for the local emulators) come from the
