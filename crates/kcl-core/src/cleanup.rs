@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use tracing::{debug, info};
 
 use crate::lease::{Lease, LeaseLayout};
+use crate::metric_names::LEASES_CLEANED_UP;
 use crate::source::ShardInfo;
 use crate::store::LeaseStore;
 
@@ -92,7 +93,7 @@ impl LeaseCleanup {
             match store.delete(&lease.key, lease.counter).await {
                 Ok(()) => {
                     info!(lease = %lease.key, "deleted a finished lease after its retention period");
-                    metrics::counter!("kcl_leases_cleaned_up_total").increment(1);
+                    metrics::counter!(LEASES_CLEANED_UP).increment(1);
                     deleted += 1;
                 }
                 Err(e) => {

@@ -84,6 +84,7 @@ pub mod config;
 mod counters;
 pub mod lease;
 pub mod leases;
+pub mod metric_names;
 pub mod observe;
 pub mod poison;
 pub mod processor;

@@ -6,27 +6,33 @@
 //!
 //! | event | counter | metric |
 //! |---|---|---|
-//! | [`Event::Tick`] | `ticks` | `kcl_lease_taker_ticks_total{worker}` |
-//! | [`Event::QuietTick`] | `quiet_ticks` | `kcl_lease_taker_quiet_ticks_total{worker}` |
-//! | [`Event::ScanFailed`] | `scan_failures` | `kcl_lease_taker_scan_failures_total{worker}` |
-//! | [`Event::LivenessReadFailed`] | `liveness_read_failures` | `kcl_liveness_read_failures_total{worker}` |
-//! | [`Event::Acquired`] | `taken`, `stolen`, `reclaimed` | `kcl_leases_acquired_total{worker,how}` |
-//! | [`Event::TakeConflict`] | `take_conflicts` | `kcl_lease_take_conflicts_total{worker}` |
-//! | [`Event::TakeFailed`] | `take_failures` | `kcl_lease_take_failures_total{worker}` |
-//! | [`Event::Renewed`] | `renewals` | `kcl_lease_renewals_total{worker}` |
-//! | [`Event::RenewalFailed`] | `renew_failures` | `kcl_lease_renewal_failures_total{worker}` |
-//! | [`Event::HandoffRequested`] | | `kcl_handoffs_requested_total{worker}` |
-//! | [`Event::HandoffGiven`] | | `kcl_handoffs_given_total{worker}` |
-//! | [`Event::HandoffEnded`] | `handoffs_completed`, `handoffs_forced` | `kcl_handoffs_total{worker,outcome}` |
-//! | [`Event::Ended`] | `lost`, `fenced`, `released`, `handed_off` | `kcl_leases_ended_total{worker,reason}` |
-//! | [`Event::SameIdConflict`] | `same_id_conflicts` | `kcl_worker_id_conflicts_total{worker}` |
-//! | [`Event::SwitchedToPerLease`] | `switched_to_per_lease` | `kcl_renewal_switched_to_per_lease_total{worker}` |
-//! | [`Event::Held`] | | `kcl_leases_held{worker}` (gauge) |
+//! | [`Event::Tick`] | `ticks` | [`LEASE_TAKER_TICKS`] `{worker}` |
+//! | [`Event::QuietTick`] | `quiet_ticks` | [`LEASE_TAKER_QUIET_TICKS`] `{worker}` |
+//! | [`Event::ScanFailed`] | `scan_failures` | [`LEASE_TAKER_SCAN_FAILURES`] `{worker}` |
+//! | [`Event::LivenessReadFailed`] | `liveness_read_failures` | [`LIVENESS_READ_FAILURES`] `{worker}` |
+//! | [`Event::Acquired`] | `taken`, `stolen`, `reclaimed` | [`LEASES_ACQUIRED`] `{worker,how}` |
+//! | [`Event::TakeConflict`] | `take_conflicts` | [`LEASE_TAKE_CONFLICTS`] `{worker}` |
+//! | [`Event::TakeFailed`] | `take_failures` | [`LEASE_TAKE_FAILURES`] `{worker}` |
+//! | [`Event::Renewed`] | `renewals` | [`LEASE_RENEWALS`] `{worker}` |
+//! | [`Event::RenewalFailed`] | `renew_failures` | [`LEASE_RENEWAL_FAILURES`] `{worker}` |
+//! | [`Event::HandoffRequested`] | | [`HANDOFFS_REQUESTED`] `{worker}` |
+//! | [`Event::HandoffGiven`] | | [`HANDOFFS_GIVEN`] `{worker}` |
+//! | [`Event::HandoffEnded`] | `handoffs_completed`, `handoffs_forced` | [`HANDOFFS`] `{worker,outcome}` |
+//! | [`Event::Ended`] | `lost`, `fenced`, `released`, `handed_off` | [`LEASES_ENDED`] `{worker,reason}` |
+//! | [`Event::SameIdConflict`] | `same_id_conflicts` | [`WORKER_ID_CONFLICTS`] `{worker}` |
+//! | [`Event::SwitchedToPerLease`] | `switched_to_per_lease` | [`RENEWAL_SWITCHED_TO_PER_LEASE`] `{worker}` |
+//! | [`Event::Held`] | | [`LEASES_HELD`] `{worker}` (gauge) |
 
 use std::fmt;
 use std::sync::atomic::Ordering::Relaxed;
 
 use crate::leases::{CoordinatorStats, EndReason};
+use crate::metric_names::{
+    HANDOFFS, HANDOFFS_GIVEN, HANDOFFS_REQUESTED, LEASE_RENEWAL_FAILURES, LEASE_RENEWALS,
+    LEASE_TAKE_CONFLICTS, LEASE_TAKE_FAILURES, LEASE_TAKER_QUIET_TICKS, LEASE_TAKER_SCAN_FAILURES,
+    LEASE_TAKER_TICKS, LEASES_ACQUIRED, LEASES_ENDED, LEASES_HELD, LIVENESS_READ_FAILURES,
+    RENEWAL_SWITCHED_TO_PER_LEASE, WORKER_ID_CONFLICTS,
+};
 
 /// How a lease was acquired.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -181,43 +187,38 @@ impl Observer for CoordinatorStats {
 pub(crate) fn record_metric(worker: &str, event: &Event<'_>) {
     let worker = worker.to_owned();
     match event {
-        Event::Tick => {
-            metrics::counter!("kcl_lease_taker_ticks_total", "worker" => worker).increment(1)
-        }
+        Event::Tick => metrics::counter!(LEASE_TAKER_TICKS, "worker" => worker).increment(1),
         Event::QuietTick => {
-            metrics::counter!("kcl_lease_taker_quiet_ticks_total", "worker" => worker).increment(1)
+            metrics::counter!(LEASE_TAKER_QUIET_TICKS, "worker" => worker).increment(1)
         }
         Event::ScanFailed => {
-            metrics::counter!("kcl_lease_taker_scan_failures_total", "worker" => worker)
-                .increment(1)
+            metrics::counter!(LEASE_TAKER_SCAN_FAILURES, "worker" => worker).increment(1)
         }
         Event::LivenessReadFailed => {
-            metrics::counter!("kcl_liveness_read_failures_total", "worker" => worker).increment(1)
+            metrics::counter!(LIVENESS_READ_FAILURES, "worker" => worker).increment(1)
         }
         Event::Acquired { how, .. } => {
-            metrics::counter!("kcl_leases_acquired_total", "worker" => worker, "how" => how.as_str())
+            metrics::counter!(LEASES_ACQUIRED, "worker" => worker, "how" => how.as_str())
                 .increment(1)
         }
         Event::TakeConflict { .. } => {
-            metrics::counter!("kcl_lease_take_conflicts_total", "worker" => worker).increment(1)
+            metrics::counter!(LEASE_TAKE_CONFLICTS, "worker" => worker).increment(1)
         }
         Event::TakeFailed { .. } => {
-            metrics::counter!("kcl_lease_take_failures_total", "worker" => worker).increment(1)
+            metrics::counter!(LEASE_TAKE_FAILURES, "worker" => worker).increment(1)
         }
-        Event::Renewed { .. } => {
-            metrics::counter!("kcl_lease_renewals_total", "worker" => worker).increment(1)
-        }
+        Event::Renewed { .. } => metrics::counter!(LEASE_RENEWALS, "worker" => worker).increment(1),
         Event::RenewalFailed => {
-            metrics::counter!("kcl_lease_renewal_failures_total", "worker" => worker).increment(1)
+            metrics::counter!(LEASE_RENEWAL_FAILURES, "worker" => worker).increment(1)
         }
         Event::HandoffRequested { .. } => {
-            metrics::counter!("kcl_handoffs_requested_total", "worker" => worker).increment(1)
+            metrics::counter!(HANDOFFS_REQUESTED, "worker" => worker).increment(1)
         }
         Event::HandoffGiven { .. } => {
-            metrics::counter!("kcl_handoffs_given_total", "worker" => worker).increment(1)
+            metrics::counter!(HANDOFFS_GIVEN, "worker" => worker).increment(1)
         }
         Event::HandoffEnded { forced, .. } => metrics::counter!(
-            "kcl_handoffs_total",
+            HANDOFFS,
             "worker" => worker,
             "outcome" => if *forced { "forced" } else { "completed" }
         )
@@ -225,7 +226,7 @@ pub(crate) fn record_metric(worker: &str, event: &Event<'_>) {
         Event::Ended { reason, .. } => {
             if *reason != EndReason::Abandoned {
                 metrics::counter!(
-                    "kcl_leases_ended_total",
+                    LEASES_ENDED,
                     "worker" => worker,
                     "reason" => reason.to_string()
                 )
@@ -233,14 +234,13 @@ pub(crate) fn record_metric(worker: &str, event: &Event<'_>) {
             }
         }
         Event::SameIdConflict { .. } => {
-            metrics::counter!("kcl_worker_id_conflicts_total", "worker" => worker).increment(1)
+            metrics::counter!(WORKER_ID_CONFLICTS, "worker" => worker).increment(1)
         }
         Event::SwitchedToPerLease { .. } => {
-            metrics::counter!("kcl_renewal_switched_to_per_lease_total", "worker" => worker)
-                .increment(1)
+            metrics::counter!(RENEWAL_SWITCHED_TO_PER_LEASE, "worker" => worker).increment(1)
         }
         Event::Held { leases } => {
-            metrics::gauge!("kcl_leases_held", "worker" => worker).set(*leases as f64)
+            metrics::gauge!(LEASES_HELD, "worker" => worker).set(*leases as f64)
         }
     }
 }

@@ -32,6 +32,9 @@ use futures::TryStreamExt;
 use tracing::{debug, warn};
 
 use crate::lease::{Checkpoint, HashKeyRange, Lease, LeaseLayout};
+use crate::metric_names::{
+    SHARD_SYNC_HASH_KEY_HOLES, SHARD_SYNC_LEASES_ALREADY_EXISTED, SHARD_SYNC_LEASES_CREATED,
+};
 use crate::source::{InitialPosition, ShardInfo, ShardSource, SourceError};
 use crate::store::{LeaseStore, StoreError};
 
@@ -344,7 +347,7 @@ async fn create_planned(
     for hole in &plan.coverage_holes {
         warn!(stream, hole = %hole, "no open shard covers these hash keys");
     }
-    metrics::counter!("kcl_shard_sync_hash_key_holes_total", "stream" => stream.to_owned())
+    metrics::counter!(SHARD_SYNC_HASH_KEY_HOLES, "stream" => stream.to_owned())
         .increment(plan.coverage_holes.len() as u64);
 
     let mut report = SyncReport {
@@ -379,9 +382,9 @@ async fn create_planned(
 }
 
 fn record_metrics(stream: &str, report: &SyncReport) {
-    metrics::counter!("kcl_shard_sync_leases_created_total", "stream" => stream.to_owned())
+    metrics::counter!(SHARD_SYNC_LEASES_CREATED, "stream" => stream.to_owned())
         .increment(report.created as u64);
-    metrics::counter!("kcl_shard_sync_leases_already_existed_total", "stream" => stream.to_owned())
+    metrics::counter!(SHARD_SYNC_LEASES_ALREADY_EXISTED, "stream" => stream.to_owned())
         .increment(report.already_existed as u64);
 }
 

@@ -29,6 +29,7 @@ use crate::leases::{
     CoordinatorStats, FleetSignals, LeaseCoordinator, LeaseEvent, LeaseFilter, LeaseHandle,
     ShutdownMode, StatsSnapshot,
 };
+use crate::metric_names::CONSUMER_PANICS;
 use crate::observe::Observer;
 use crate::processor::{FailurePolicy, ProcessorFactory};
 use crate::shard_sync::{self, SyncError};
@@ -935,7 +936,7 @@ impl Worker {
                 // and unprocessed.
                 if let Some(entry) = running.remove(e.id()) {
                     error!(lease = %entry.lease.key(), error = %e, "a shard consumer panicked; releasing its lease");
-                    metrics::counter!("kcl_consumer_panics_total", "worker" => self.config.lease.worker_id().to_owned())
+                    metrics::counter!(CONSUMER_PANICS, "worker" => self.config.lease.worker_id().to_owned())
                         .increment(1);
                     release(coordinator, &entry.lease).await;
                 }

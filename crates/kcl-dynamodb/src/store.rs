@@ -12,6 +12,7 @@ use aws_sdk_dynamodb::types::{
     ReturnValuesOnConditionCheckFailure,
 };
 use futures::stream::{self, BoxStream, StreamExt};
+use kcl_core::metric_names::LEASE_ITEMS_MALFORMED;
 use kcl_core::store::metered::StoreStats;
 use kcl_core::store::{
     Beat, BeatUpdate, CheckpointUpdate, Holder, Intent, LeaseStore, Page, StoreError, StoreOp,
@@ -876,8 +877,7 @@ pub(crate) fn read_lenient(table: &str, item: &HashMap<String, AttributeValue>) 
         Ok(ReadItem::NotALease) => None,
         Err(e) => {
             warn!(table, lease = %e.key, reason = %e.reason, "skipping a malformed lease item");
-            metrics::counter!("kcl_lease_items_malformed_total", "lease" => e.key.clone())
-                .increment(1);
+            metrics::counter!(LEASE_ITEMS_MALFORMED, "lease" => e.key.clone()).increment(1);
             None
         }
     }

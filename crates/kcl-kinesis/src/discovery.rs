@@ -3,6 +3,7 @@
 
 use aws_sdk_kinesis::types::{Shard, ShardFilter, ShardFilterType};
 use kcl_core::HashKeyRange;
+use kcl_core::metric_names::KINESIS_LIST_SHARDS_CALLS;
 use kcl_core::source::{ChildShard, ShardInfo, SourceError};
 use tracing::{debug, warn};
 
@@ -96,7 +97,7 @@ pub(crate) async fn list_all(
             let attempt = || {
                 shared.stats.list_shards_call();
                 metrics::counter!(
-                    "kcl_kinesis_list_shards_calls_total",
+                    KINESIS_LIST_SHARDS_CALLS,
                     "stream" => stream.to_owned()
                 )
                 .increment(1);

@@ -5,6 +5,7 @@
 //! and fan-out) decide the same way, here.
 
 use kcl_core::leases::LeaseHandle;
+use kcl_core::metric_names::{KINESIS_EXPIRED_SHARDS, KINESIS_TRIMMED_CHECKPOINTS};
 use kcl_core::source::{ChildShard, SourceError};
 use tracing::{error, warn};
 
@@ -56,7 +57,7 @@ pub(crate) async fn why_missing(
     let children = children_in(shards, shard);
     shared.stats.expired_shard();
     metrics::counter!(
-        "kcl_kinesis_expired_shards_total",
+        KINESIS_EXPIRED_SHARDS,
         "stream" => stream.to_owned(),
         "shard" => shard.to_owned()
     )
@@ -111,7 +112,7 @@ pub(crate) async fn past_trim_horizon(
     }
     shared.stats.trimmed_start();
     metrics::counter!(
-        "kcl_kinesis_trimmed_checkpoints_total",
+        KINESIS_TRIMMED_CHECKPOINTS,
         "stream" => stream.to_owned(),
         "shard" => shard.to_owned()
     )

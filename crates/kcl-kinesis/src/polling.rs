@@ -24,6 +24,10 @@ use std::time::Duration;
 
 use aws_sdk_kinesis::operation::get_records::GetRecordsOutput;
 use kcl_core::leases::LeaseHandle;
+use kcl_core::metric_names::{
+    KINESIS_BYTES_FETCHED, KINESIS_EXPIRED_ITERATORS, KINESIS_GET_RECORDS_CALLS,
+    KINESIS_MILLIS_BEHIND_LATEST, KINESIS_RECORDS_FETCHED,
+};
 use kcl_core::source::{Batch, ChildShard, OpenShard, SourceError};
 use metrics::{Counter, Gauge};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
@@ -135,19 +139,19 @@ impl Meters {
         let sh = || shard.to_owned();
         Meters {
             get_records: metrics::counter!(
-                "kcl_kinesis_get_records_calls_total", "stream" => s(), "shard" => sh()
+                KINESIS_GET_RECORDS_CALLS, "stream" => s(), "shard" => sh()
             ),
             records: metrics::counter!(
-                "kcl_kinesis_records_fetched_total", "stream" => s(), "shard" => sh()
+                KINESIS_RECORDS_FETCHED, "stream" => s(), "shard" => sh()
             ),
             bytes: metrics::counter!(
-                "kcl_kinesis_bytes_fetched_total", "stream" => s(), "shard" => sh()
+                KINESIS_BYTES_FETCHED, "stream" => s(), "shard" => sh()
             ),
             expired_iterators: metrics::counter!(
-                "kcl_kinesis_expired_iterators_total", "stream" => s(), "shard" => sh()
+                KINESIS_EXPIRED_ITERATORS, "stream" => s(), "shard" => sh()
             ),
             millis_behind_latest: metrics::gauge!(
-                "kcl_kinesis_millis_behind_latest", "stream" => s(), "shard" => shard.to_owned()
+                KINESIS_MILLIS_BEHIND_LATEST, "stream" => s(), "shard" => shard.to_owned()
             ),
         }
     }

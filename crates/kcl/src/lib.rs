@@ -66,6 +66,9 @@ pub use kcl_core::checkpointer::{
     CheckpointError, CheckpointPolicy, Checkpointer, Position, SequenceNumber,
 };
 pub use kcl_core::leases::EndReason;
+/// Every `kcl_*` metric's name, kind, labels and description, declared once
+/// (the README's tables and the Prometheus help lines come from it).
+pub use kcl_core::metric_names;
 /// The lease engine's typed events, for [`WorkerBuilder::observer`].
 pub mod observe {
     pub use kcl_core::observe::{Acquisition, Event, Observer};

@@ -15,6 +15,7 @@ use tracing::warn;
 use crate::backoff::Backoff;
 use crate::lease::Checkpoint;
 use crate::leases::LeaseHandle;
+use crate::metric_names::CHECKPOINTS;
 use crate::record::Record;
 use crate::store::{CheckpointUpdate, Holder, LeaseStore, StoreError};
 use crate::worker::ShardTracker;
@@ -560,7 +561,7 @@ impl Checkpointer {
         };
         match write(prepared).await {
             Ok(()) => {
-                metrics::counter!("kcl_checkpoints_total", &self.labels).increment(1);
+                metrics::counter!(CHECKPOINTS, &self.labels).increment(1);
                 self.last_checkpoint = target;
                 self.report_progress();
                 Ok(Ok(()))
@@ -692,7 +693,7 @@ impl Checkpointer {
         .await;
         match result {
             Ok(_) => {
-                metrics::counter!("kcl_checkpoints_total", &self.labels).increment(1);
+                metrics::counter!(CHECKPOINTS, &self.labels).increment(1);
                 self.pacing.wrote(Instant::now());
                 if update.pending.is_none() {
                     self.last_checkpoint = update.checkpoint;

@@ -15,6 +15,7 @@
 //! loop, a blocking lock) holds the task, the timer with it, and the lease;
 //! the worker's liveness check is what sees that one.
 
+use crate::metric_names::{PROCESSOR_CALLS_SLOW, PROCESSOR_TIMEOUTS};
 use std::future::Future;
 use std::time::Duration;
 
@@ -105,7 +106,7 @@ fn slow(c: &Consumer, call: Call, elapsed: Duration) {
         "a processor call is running long; the shard makes no progress until it returns"
     );
     metrics::counter!(
-        "kcl_processor_calls_slow_total",
+        PROCESSOR_CALLS_SLOW,
         "stream" => c.ctx.stream.clone(),
         "shard" => c.ctx.shard_id.clone(),
         "stage" => call.stage
@@ -123,7 +124,7 @@ fn timed_out(c: &Consumer, call: Call, elapsed: Duration) {
         "a processor call ran past processor_timeout and was cancelled; the shard is given back"
     );
     metrics::counter!(
-        "kcl_processor_timeouts_total",
+        PROCESSOR_TIMEOUTS,
         "stream" => c.ctx.stream.clone(),
         "shard" => c.ctx.shard_id.clone(),
         "stage" => call.stage

@@ -9,6 +9,7 @@ use tracing::warn;
 
 use super::{Call, Consumer, Stop, limited, processor_error};
 use crate::checkpointer::Checkpointer;
+use crate::metric_names::PROCESSOR_BATCHES_SKIPPED;
 use crate::poison::{FailedRecord, FailureReason, PoisonPolicy};
 use crate::processor::{FailurePolicy, RecordBatch, RecordProcessor};
 
@@ -60,7 +61,7 @@ pub(super) async fn deliver(
                         }
                         checkpointer.set_aside(&batch.records);
                         metrics::counter!(
-                            "kcl_processor_batches_skipped_total",
+                            PROCESSOR_BATCHES_SKIPPED,
                             "stream" => c.ctx.stream.clone(),
                             "shard" => c.ctx.shard_id.clone()
                         )

@@ -41,6 +41,7 @@ use super::{
 };
 use crate::checkpointer::{Checkpointer, MAX_LANE_RECORDS_IN_FLIGHT, Position, Window};
 use crate::lease::{Checkpoint, Lease};
+use crate::metric_names::{BATCH_PROCESSING_SECONDS, LANE_RECORDS_IN_FLIGHT};
 use crate::processor::{InitializeInput, Lane, RecordBatch, RecordProcessor, ShardContext};
 use crate::record::Record;
 
@@ -141,7 +142,7 @@ impl Lanes {
                 if result.is_ok() {
                     c.progress.delivered(batch.records.len());
                 }
-                metrics::histogram!("kcl_batch_processing_seconds", &shard_labels(&c))
+                metrics::histogram!(BATCH_PROCESSING_SECONDS, &shard_labels(&c))
                     .record(started.elapsed().as_secs_f64());
             }
             (lane, processor, checkpointer, result)
@@ -394,7 +395,7 @@ async fn process(
 /// checkpoint: near [`MAX_LANE_RECORDS_IN_FLIGHT`], a lane is holding
 /// records without checkpointing them.
 fn in_flight_gauge(c: &Consumer, records: usize) {
-    metrics::gauge!("kcl_lane_records_in_flight", &shard_labels(c)).set(records as f64);
+    metrics::gauge!(LANE_RECORDS_IN_FLIGHT, &shard_labels(c)).set(records as f64);
 }
 
 #[cfg(test)]

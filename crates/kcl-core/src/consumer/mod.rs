@@ -17,6 +17,10 @@ use crate::backoff::Backoff;
 use crate::checkpointer::{CheckpointError, CheckpointPolicy, Checkpointer};
 use crate::lease::{Checkpoint, LeaseLayout};
 use crate::leases::LeaseHandle;
+use crate::metric_names::{
+    BATCH_PROCESSING_SECONDS, BYTES_PROCESSED, MILLIS_BEHIND_LATEST, PROCESSOR_ERRORS,
+    RECORDS_PER_BATCH, RECORDS_PROCESSED, SHARD_END_NOT_CHECKPOINTED,
+};
 use crate::processor::{
     FailurePolicy, InitializeInput, ProcessorFactory, RecordBatch, RecordProcessor, ShardContext,
 };
@@ -395,7 +399,7 @@ async fn shutdown_requested(
 fn forget_lag(c: &Consumer) {
     c.progress.stopped();
     metrics::gauge!(
-        "kcl_millis_behind_latest",
+        MILLIS_BEHIND_LATEST,
         "stream" => c.ctx.stream.clone(),
         "shard" => c.ctx.shard_id.clone()
     )
@@ -478,7 +482,7 @@ fn processor_error(
     e: &(dyn std::error::Error + Send + Sync),
 ) {
     error!(stage, error = %e, "processor failed");
-    metrics::counter!("kcl_processor_errors_total", "stream" => ctx.stream.clone(), "shard" => ctx.shard_id.clone(), "stage" => stage)
+    metrics::counter!(PROCESSOR_ERRORS, "stream" => ctx.stream.clone(), "shard" => ctx.shard_id.clone(), "stage" => stage)
         .increment(1);
 }
 
@@ -541,7 +545,7 @@ async fn process(
             let started = Instant::now();
             deliver(c, processor, checkpointer, &records, None).await?;
             c.progress.delivered(records.records.len());
-            metrics::histogram!("kcl_batch_processing_seconds", &fetch.labels)
+            metrics::histogram!(BATCH_PROCESSING_SECONDS, &fetch.labels)
                 .record(started.elapsed().as_secs_f64());
         }
         if let Some(children) = batch.shard_end {
@@ -561,11 +565,11 @@ fn shard_labels(c: &Consumer) -> [(&'static str, String); 2] {
 /// The metrics of one fetched batch with records.
 fn count_batch(labels: &[(&'static str, String); 2], batch: &Batch) {
     let bytes: usize = batch.records.iter().map(|r| r.data.len()).sum();
-    metrics::counter!("kcl_records_processed_total", labels).increment(batch.records.len() as u64);
-    metrics::counter!("kcl_bytes_processed_total", labels).increment(bytes as u64);
-    metrics::histogram!("kcl_records_per_batch", labels).record(batch.records.len() as f64);
+    metrics::counter!(RECORDS_PROCESSED, labels).increment(batch.records.len() as u64);
+    metrics::counter!(BYTES_PROCESSED, labels).increment(bytes as u64);
+    metrics::histogram!(RECORDS_PER_BATCH, labels).record(batch.records.len() as f64);
     if let Some(ms) = batch.millis_behind_latest {
-        metrics::gauge!("kcl_millis_behind_latest", labels).set(ms as f64);
+        metrics::gauge!(MILLIS_BEHIND_LATEST, labels).set(ms as f64);
     }
 }
 
@@ -636,7 +640,7 @@ impl Fetch {
                     };
                     count_batch(&self.labels, &batch);
                 } else if let Some(ms) = batch.millis_behind_latest {
-                    metrics::gauge!("kcl_millis_behind_latest", &self.labels).set(ms as f64);
+                    metrics::gauge!(MILLIS_BEHIND_LATEST, &self.labels).set(ms as f64);
                 }
                 Ok(Some(batch))
             }
@@ -734,7 +738,7 @@ async fn finish_shard(
                 "the processor returned from shard_ended without checkpointing; the shard's children cannot start until it does"
             );
             metrics::counter!(
-                "kcl_shard_end_not_checkpointed_total",
+                SHARD_END_NOT_CHECKPOINTED,
                 "stream" => c.ctx.stream.clone(),
                 "shard" => c.ctx.shard_id.clone()
             )

@@ -16,6 +16,7 @@ use tracing::{error, warn};
 
 use super::{Consumer, Stop};
 use crate::backoff::Pauses;
+use crate::metric_names::UNREADABLE_SHARDS_RELEASED;
 use crate::source::SourceError;
 
 /// Fatal errors in a row (at open or mid-read, until a batch arrives)
@@ -93,7 +94,7 @@ impl ReadFailures {
         error!(stage = stage.label(), limit = ?self.limit,
             "no read of the shard succeeded within max_read_failure_time; giving it back so that a worker that can read takes it");
         metrics::counter!(
-            "kcl_unreadable_shards_released_total",
+            UNREADABLE_SHARDS_RELEASED,
             "stream" => c.ctx.stream.clone(),
             "shard" => c.ctx.shard_id.clone(),
             "stage" => "stalled"
@@ -160,7 +161,7 @@ impl ReadFailures {
             error!(stage = stage.label(), error = %e, attempts = self.fatal,
                 "the shard cannot be read; giving it back so that it is tried afresh");
             metrics::counter!(
-                "kcl_unreadable_shards_released_total",
+                UNREADABLE_SHARDS_RELEASED,
                 "stream" => c.ctx.stream.clone(),
                 "shard" => c.ctx.shard_id.clone(),
                 "stage" => stage.label()

@@ -7,6 +7,9 @@
 //! consumed capacity) reports it into the same [`StoreStats`] with
 //! [`StoreStats::add_capacity`].
 
+use crate::metric_names::{
+    STORE_CAPACITY_UNITS_MILLI, STORE_OPERATION_SECONDS, STORE_OPERATIONS, STORE_SCANS,
+};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -109,8 +112,7 @@ impl StoreStats {
         self.counters(op)
             .capacity_milli
             .fetch_add(milli, Ordering::Relaxed);
-        metrics::counter!("kcl_store_capacity_units_milli_total", "op" => op.as_str())
-            .increment(milli);
+        metrics::counter!(STORE_CAPACITY_UNITS_MILLI, "op" => op.as_str()).increment(milli);
     }
 
     /// Whole-table scans started so far.
@@ -161,9 +163,8 @@ impl StoreStats {
                 }
             }
         };
-        metrics::counter!("kcl_store_operations_total", "op" => op.as_str(), "outcome" => outcome)
-            .increment(1);
-        metrics::histogram!("kcl_store_operation_seconds", "op" => op.as_str())
+        metrics::counter!(STORE_OPERATIONS, "op" => op.as_str(), "outcome" => outcome).increment(1);
+        metrics::histogram!(STORE_OPERATION_SECONDS, "op" => op.as_str())
             .record(elapsed.as_secs_f64());
     }
 }
@@ -214,7 +215,7 @@ crate::store::decorate! {
     MeteredStore, around: timed,
     scan: |this| {
         this.stats.scans.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!("kcl_store_scans_total").increment(1);
+        metrics::counter!(STORE_SCANS).increment(1);
         // Each page is timed from the end of the previous one.
         this.inner
             .scan()

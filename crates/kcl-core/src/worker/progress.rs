@@ -8,6 +8,7 @@
 //! two apart: per shard, when a batch was last processed and a checkpoint
 //! last written, and whether records are waiting meanwhile.
 
+use crate::metric_names::{SHARD_LAST_CHECKPOINT_TIMESTAMP, SHARD_LAST_DELIVERY_TIMESTAMP};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
@@ -229,19 +230,14 @@ impl ShardTracker {
             p.records_waiting = p.records_waiting.saturating_sub(records);
             p.last_delivery = Some(Delivery { at: now, records });
         });
-        metrics::gauge!("kcl_shard_last_delivery_timestamp_seconds", &self.labels())
-            .set(unix_seconds());
+        metrics::gauge!(SHARD_LAST_DELIVERY_TIMESTAMP, &self.labels()).set(unix_seconds());
     }
 
     /// A checkpoint write of `value` succeeded.
     pub(crate) fn checkpointed(&self, value: String) {
         let at = Instant::now();
         self.update(|p| p.last_checkpoint = Some(CheckpointMark { value, at }));
-        metrics::gauge!(
-            "kcl_shard_last_checkpoint_timestamp_seconds",
-            &self.labels()
-        )
-        .set(unix_seconds());
+        metrics::gauge!(SHARD_LAST_CHECKPOINT_TIMESTAMP, &self.labels()).set(unix_seconds());
     }
 
     /// A processor call (`stage`: `process_records`, ...) starts; it ends
@@ -262,8 +258,8 @@ impl ShardTracker {
     /// gauges, where a stale one would read as this worker's.
     pub(crate) fn stopped(&self) {
         let labels = self.labels();
-        metrics::gauge!("kcl_shard_last_delivery_timestamp_seconds", &labels).set(0.0);
-        metrics::gauge!("kcl_shard_last_checkpoint_timestamp_seconds", &labels).set(0.0);
+        metrics::gauge!(SHARD_LAST_DELIVERY_TIMESTAMP, &labels).set(0.0);
+        metrics::gauge!(SHARD_LAST_CHECKPOINT_TIMESTAMP, &labels).set(0.0);
     }
 }
 

@@ -12,6 +12,9 @@ use std::time::Duration;
 use kcl_core::ConfigError;
 use kcl_core::backoff::Backoff;
 use kcl_core::leases::LeaseHandle;
+use kcl_core::metric_names::{
+    KINESIS_ACCESS_ERRORS, KINESIS_CALL_TIMEOUTS, KINESIS_RETRIES, KINESIS_THROTTLES,
+};
 use kcl_core::source::SourceError;
 use kcl_core::warn_limit::{RateLimitedWarn, WARN_INTERVAL};
 use tracing::{debug, warn};
@@ -256,7 +259,7 @@ where
             Err(_) => {
                 shared.stats.call_timeout();
                 metrics::counter!(
-                    "kcl_kinesis_call_timeouts_total",
+                    KINESIS_CALL_TIMEOUTS,
                     "stream" => stream.to_owned(),
                     "call" => op.as_str()
                 )
@@ -277,7 +280,7 @@ where
             Class::Throttled => {
                 shared.stats.throttle();
                 metrics::counter!(
-                    "kcl_kinesis_throttles_total",
+                    KINESIS_THROTTLES,
                     "stream" => stream.to_owned(),
                     "call" => op.as_str()
                 )
@@ -290,7 +293,7 @@ where
                 shared.stats.access_denied();
                 let code = error.code.clone().unwrap_or_default();
                 metrics::counter!(
-                    "kcl_kinesis_access_errors_total",
+                    KINESIS_ACCESS_ERRORS,
                     "stream" => stream.to_owned(),
                     "call" => op.as_str(),
                     "code" => code.clone()
@@ -311,7 +314,7 @@ where
         }
         shared.stats.retry();
         metrics::counter!(
-            "kcl_kinesis_retries_total",
+            KINESIS_RETRIES,
             "stream" => stream.to_owned(),
             "call" => op.as_str()
         )

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use aws_sdk_kinesis::types::ConsumerStatus;
 use kcl_core::backoff::Backoff;
+use kcl_core::metric_names::KINESIS_FANOUT_CONSUMERS_REGISTERED;
 use kcl_core::source::SourceError;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
@@ -261,7 +262,7 @@ impl FanOut {
             Ok(_) => {
                 info!(%stream, consumer = %self.name, "registered stream consumer");
                 metrics::counter!(
-                    "kcl_kinesis_fanout_consumers_registered_total",
+                    KINESIS_FANOUT_CONSUMERS_REGISTERED,
                     "stream" => stream.to_owned()
                 )
                 .increment(1);

@@ -9,6 +9,12 @@ use aws_sdk_kinesis::types::{SubscribeToShardEvent, SubscribeToShardEventStream}
 use kcl_core::backoff::Pauses;
 use kcl_core::checkpointer::SequenceNumber;
 use kcl_core::leases::LeaseHandle;
+use kcl_core::metric_names::{
+    KINESIS_ACCESS_ERRORS, KINESIS_BYTES_FETCHED, KINESIS_FANOUT_CLOSED_SHARD_CHECKS,
+    KINESIS_FANOUT_ERRORS, KINESIS_FANOUT_EVENTS, KINESIS_FANOUT_REPEATED_RECORDS,
+    KINESIS_FANOUT_RESUBSCRIBES, KINESIS_FANOUT_SILENT_SUBSCRIPTIONS, KINESIS_FANOUT_SUBSCRIPTIONS,
+    KINESIS_MILLIS_BEHIND_LATEST, KINESIS_RECORDS_FETCHED, KINESIS_THROTTLES,
+};
 use kcl_core::source::{Batch, ChildShard, OpenShard, SourceError};
 use metrics::{Counter, Gauge};
 use tokio::sync::mpsc::{self, OwnedPermit};
@@ -164,19 +170,19 @@ impl Meters {
     fn new(stream: &str, shard: &str) -> Self {
         let s = || stream.to_owned();
         Meters {
-            subscriptions: metrics::counter!("kcl_kinesis_fanout_subscriptions_total", "stream" => s()),
-            resubscribes: metrics::counter!("kcl_kinesis_fanout_resubscribes_total", "stream" => s()),
-            events: metrics::counter!("kcl_kinesis_fanout_events_total", "stream" => s()),
-            records: metrics::counter!("kcl_kinesis_records_fetched_total", "stream" => s()),
-            bytes: metrics::counter!("kcl_kinesis_bytes_fetched_total", "stream" => s()),
+            subscriptions: metrics::counter!(KINESIS_FANOUT_SUBSCRIPTIONS, "stream" => s()),
+            resubscribes: metrics::counter!(KINESIS_FANOUT_RESUBSCRIBES, "stream" => s()),
+            events: metrics::counter!(KINESIS_FANOUT_EVENTS, "stream" => s()),
+            records: metrics::counter!(KINESIS_RECORDS_FETCHED, "stream" => s()),
+            bytes: metrics::counter!(KINESIS_BYTES_FETCHED, "stream" => s()),
             repeated: metrics::counter!(
-                "kcl_kinesis_fanout_repeated_records_total", "stream" => s()
+                KINESIS_FANOUT_REPEATED_RECORDS, "stream" => s()
             ),
             closed_checks: metrics::counter!(
-                "kcl_kinesis_fanout_closed_shard_checks_total", "stream" => s()
+                KINESIS_FANOUT_CLOSED_SHARD_CHECKS, "stream" => s()
             ),
             millis_behind_latest: metrics::gauge!(
-                "kcl_kinesis_millis_behind_latest", "stream" => s(), "shard" => shard.to_owned()
+                KINESIS_MILLIS_BEHIND_LATEST, "stream" => s(), "shard" => shard.to_owned()
             ),
             stream: s(),
         }
@@ -193,7 +199,7 @@ impl Meters {
             _ => "fatal",
         };
         metrics::counter!(
-            "kcl_kinesis_fanout_errors_total",
+            KINESIS_FANOUT_ERRORS,
             "stream" => self.stream.clone(),
             "kind" => kind
         )
@@ -345,7 +351,7 @@ impl Subscriber {
                 Ended::Silent => {
                     self.shared.stats.silent_subscription();
                     metrics::counter!(
-                        "kcl_kinesis_fanout_silent_subscriptions_total",
+                        KINESIS_FANOUT_SILENT_SUBSCRIPTIONS,
                         "stream" => self.stream.clone()
                     )
                     .increment(1);
@@ -457,7 +463,7 @@ impl Subscriber {
             Class::Throttled => {
                 self.shared.stats.throttle();
                 metrics::counter!(
-                    "kcl_kinesis_throttles_total",
+                    KINESIS_THROTTLES,
                     "stream" => self.stream.clone(),
                     "call" => "subscribe_to_shard"
                 )
@@ -488,7 +494,7 @@ impl Subscriber {
                 // shard stays here and the subscription is retried.
                 self.shared.stats.access_denied();
                 metrics::counter!(
-                    "kcl_kinesis_access_errors_total",
+                    KINESIS_ACCESS_ERRORS,
                     "stream" => self.stream.clone(),
                     "call" => "subscribe_to_shard",
                     "code" => c.code.clone().unwrap_or_default()

@@ -5,6 +5,7 @@ use std::time::SystemTime;
 
 use bytes::Bytes;
 use kcl_core::Record;
+use kcl_core::metric_names::{KPL_MALFORMED_AGGREGATES, KPL_RECORDS_OUTSIDE_SHARD};
 use prost::Message as _;
 
 use super::hash_key::{HashKeyError, ShardHashRange, parse_hash_key, partition_key_hash};
@@ -370,8 +371,7 @@ fn report_malformed(raw: &RawRecord, reason: &MalformedReason) {
         error = %ErrorChain(reason),
         "malformed KPL aggregate, delivering it as one plain record"
     );
-    metrics::counter!("kcl_kpl_malformed_aggregates_total", "reason" => reason.label())
-        .increment(1);
+    metrics::counter!(KPL_MALFORMED_AGGREGATES, "reason" => reason.label()).increment(1);
 }
 
 fn report_outside(raw: &RawRecord, outside: usize, total: usize) {
@@ -383,7 +383,7 @@ fn report_outside(raw: &RawRecord, outside: usize, total: usize) {
         total,
         "KPL sub-records outside the shard's hash-key range, delivering them anyway"
     );
-    metrics::counter!("kcl_kpl_records_outside_shard_total").increment(outside as u64);
+    metrics::counter!(KPL_RECORDS_OUTSIDE_SHARD).increment(outside as u64);
 }
 
 /// Displays an error with its sources, `a: b: c`, for one-line logs.

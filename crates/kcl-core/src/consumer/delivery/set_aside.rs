@@ -15,6 +15,10 @@ use tokio::time::{Instant, timeout};
 use tracing::{error, warn};
 
 use super::super::{Consumer, Stop, shard_labels};
+use crate::metric_names::{
+    FAILURE_DESTINATION_CANNOT_STORE, FAILURE_DESTINATION_DEADLINES, FAILURE_DESTINATION_ERRORS,
+    POISON_RECORDS,
+};
 use crate::poison::{CannotStore, FailedRecord, FailureDestination, PoisonPolicy};
 use crate::warn_limit::{RateLimitedWarn, WARN_INTERVAL};
 
@@ -96,7 +100,7 @@ async fn send_once(
 }
 
 fn count_error(c: &Consumer) {
-    metrics::counter!("kcl_failure_destination_errors_total", &shard_labels(c)).increment(1);
+    metrics::counter!(FAILURE_DESTINATION_ERRORS, &shard_labels(c)).increment(1);
 }
 
 /// The destination can never store `failed`: logged at error level (at
@@ -104,11 +108,7 @@ fn count_error(c: &Consumer) {
 /// it goes on until someone changes the destination) and counted.
 fn cannot_store(c: &Consumer, failed: &[FailedRecord], why: &str, log: &RateLimitedWarn) {
     count_error(c);
-    metrics::counter!(
-        "kcl_failure_destination_cannot_store_total",
-        &shard_labels(c)
-    )
-    .increment(1);
+    metrics::counter!(FAILURE_DESTINATION_CANNOT_STORE, &shard_labels(c)).increment(1);
     let Some(refusals) = log.hit() else {
         return;
     };
@@ -135,7 +135,7 @@ fn give_back(c: &Consumer, policy: &PoisonPolicy, failed: &[FailedRecord]) -> St
         deadline = ?policy.send_deadline,
         "the failure destination took no send before the deadline; giving the shard back to be read again"
     );
-    metrics::counter!("kcl_failure_destination_deadlines_total", &shard_labels(c)).increment(1);
+    metrics::counter!(FAILURE_DESTINATION_DEADLINES, &shard_labels(c)).increment(1);
     Stop::Release
 }
 
@@ -146,8 +146,7 @@ fn count_sent(c: &Consumer, failed: &[FailedRecord]) {
         reason = %failed[0].reason,
         "records the processor keeps failing on went to the failure destination"
     );
-    metrics::counter!("kcl_poison_records_total", &outcome_labels(c, "sent"))
-        .increment(failed.len() as u64);
+    metrics::counter!(POISON_RECORDS, &outcome_labels(c, "sent")).increment(failed.len() as u64);
 }
 
 fn drop_all(c: &Consumer, failed: &[FailedRecord]) {
@@ -162,8 +161,7 @@ fn drop_all(c: &Consumer, failed: &[FailedRecord]) {
             "dropping a record the processor keeps failing on, as configured"
         );
     }
-    metrics::counter!("kcl_poison_records_total", &outcome_labels(c, "dropped"))
-        .increment(failed.len() as u64);
+    metrics::counter!(POISON_RECORDS, &outcome_labels(c, "dropped")).increment(failed.len() as u64);
 }
 
 fn outcome_labels(c: &Consumer, outcome: &'static str) -> [(&'static str, String); 3] {
