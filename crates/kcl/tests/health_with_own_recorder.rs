@@ -23,46 +23,6 @@ impl RecordProcessor for Noop {
     }
 }
 
-/// The application's own recorder, which drops everything.
-struct Discard;
-
-impl metrics::Recorder for Discard {
-    fn describe_counter(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn describe_gauge(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn describe_histogram(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn register_counter(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
-        metrics::Counter::noop()
-    }
-    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-        metrics::Gauge::noop()
-    }
-    fn register_histogram(
-        &self,
-        _: &metrics::Key,
-        _: &metrics::Metadata<'_>,
-    ) -> metrics::Histogram {
-        metrics::Histogram::noop()
-    }
-}
-
 /// One GET over HTTP/1.1: the status code and the body.
 async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     let mut stream = TcpStream::connect(addr).await.unwrap();
@@ -77,7 +37,8 @@ async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 
 #[tokio::test]
 async fn the_probes_answer_beside_a_recorder_the_application_installed() {
-    metrics::set_global_recorder(Discard).unwrap();
+    // The application's own recorder, which drops everything.
+    metrics::set_global_recorder(metrics::NoopRecorder).unwrap();
     // A Kinesis endpoint that accepts and never answers: the worker stays
     // in its startup checks, which the probes report.
     let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
