@@ -63,12 +63,7 @@ async fn open_all() -> anyhow::Result<(KinesisShardSource, Vec<Box<dyn ShardRead
             Lease::new(id, Checkpoint::TrimHorizon),
             Duration::from_secs(3600),
         );
-        let request = OpenShard {
-            stream: "s".into(),
-            shard_id: id.clone(),
-            position: StartPosition::TrimHorizon,
-            lease,
-        };
+        let request = OpenShard::new("s", id.clone(), StartPosition::TrimHorizon, lease);
         readers.push(source.open(request).await?);
     }
     Ok((source, readers, per_reader))

@@ -76,12 +76,12 @@ async fn bare_source_read() -> anyhow::Result<(Duration, u64)> {
             Duration::from_secs(3600),
         );
         let mut reader = source
-            .open(OpenShard {
-                stream: MEM_STREAM.into(),
-                shard_id: shard.clone(),
-                position: StartPosition::TrimHorizon,
+            .open(OpenShard::new(
+                MEM_STREAM,
+                shard.clone(),
+                StartPosition::TrimHorizon,
                 lease,
-            })
+            ))
             .await?;
         let mut read = 0;
         while read < *count {

@@ -240,12 +240,7 @@ pub(crate) fn budget_worker_main() -> anyhow::Result<()> {
             );
             readers.push(
                 source
-                    .open(OpenShard {
-                        stream: "s".into(),
-                        shard_id: id.clone(),
-                        position: StartPosition::TrimHorizon,
-                        lease,
-                    })
+                    .open(OpenShard::new("s", id.clone(), StartPosition::TrimHorizon, lease))
                     .await?,
             );
         }

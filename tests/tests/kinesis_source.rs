@@ -69,12 +69,12 @@ async fn open(
     lease: LeaseHandle,
 ) -> anyhow::Result<Box<dyn ShardReader>> {
     Ok(source
-        .open(OpenShard {
-            stream: stream.to_owned(),
-            shard_id: shard.shard_id.clone(),
+        .open(OpenShard::new(
+            stream,
+            shard.shard_id.clone(),
             position,
             lease,
-        })
+        ))
         .await?)
 }
 

@@ -68,7 +68,7 @@ pub struct WorkerConfig {
     pub(crate) max_backoff: Duration,
     pub(crate) completed_lease_retention: Duration,
     pub(crate) removed_stream_policy: RemovedStreamPolicy,
-    pub(crate) max_read_failure_time: Option<Duration>,
+    pub(crate) max_read_failure_time: Duration,
     pub(crate) processor_warn_after: Duration,
     pub(crate) processor_timeout: Option<Duration>,
 }
@@ -106,7 +106,7 @@ pub struct WorkerConfigBuilder {
     max_backoff: Duration,
     completed_lease_retention: Duration,
     removed_stream_policy: RemovedStreamPolicy,
-    max_read_failure_time: Option<Duration>,
+    max_read_failure_time: Duration,
     processor_warn_after: Duration,
     processor_timeout: Option<Duration>,
 }
@@ -126,7 +126,7 @@ impl Default for WorkerConfigBuilder {
             max_backoff: Duration::from_secs(30),
             completed_lease_retention: Duration::from_secs(300),
             removed_stream_policy: RemovedStreamPolicy::Keep,
-            max_read_failure_time: None,
+            max_read_failure_time: DEFAULT_MAX_READ_FAILURE_TIME,
             processor_warn_after: Duration::from_secs(60),
             processor_timeout: None,
         }
@@ -248,28 +248,29 @@ impl WorkerConfigBuilder {
         self
     }
 
-    /// How long a held shard may go without a single successful read
-    /// before it is given back (default: never; at least 1 s): every open
-    /// and fetch since the last one failed, or hung unanswered. The
-    /// lease is released with an error log and counted in
+    /// How long a held shard may go without a single successful read,
+    /// and without a single answer from the service, before it is given
+    /// back (default [`DEFAULT_MAX_READ_FAILURE_TIME`], 45 s; at least
+    /// 1 s; `Duration::MAX` never gives a shard back for its reads): every
+    /// open and fetch since the last batch failed, and none was answered
+    /// (they timed out or never reached the service). The lease is
+    /// released with an error log and counted in
     /// `kcl_unreadable_shards_released_total{stage="stalled"}`, so a
     /// worker that can read (a peer, or this one once its reads recover)
     /// takes the shard; without it, a worker cut off from the stream
-    /// while it still reaches the lease table keeps its shards unread.
+    /// while it still reaches the lease table would keep its shards unread.
+    ///
+    /// Errors the service sends are answers and keep the shard in place:
+    /// a fleet-wide outage (a disabled KMS key, long throttling) fails
+    /// every worker alike, and moving the leases would change nothing.
     /// Only time spent reading counts: an idle shard's empty reads
     /// succeed, and a processor's time is its own. Keep it above the
     /// source's longest quiet gap between answers (the polling reader's
-    /// `idle_time_between_reads`, the fan-out reader's event timeout).
-    ///
-    /// Off by default because the consumer cannot yet tell a call Kinesis
-    /// answered with an error from one it never answered: a fleet-wide
-    /// outage (a disabled KMS key, long throttling) fails every worker
-    /// alike, and with this set it moves the leases around for nothing.
-    /// Set it above the longest such outage you would rather ride out in
-    /// place; the liveness check (`WorkerHandle::stalled`) reports a
-    /// shard that stopped either way.
+    /// call timeout, 10 s by default; the fan-out reader's event timeout,
+    /// 30 s). A source that does not tell the consumer of its answers
+    /// (see `source::AnswerClock`) has every failed read count.
     pub fn max_read_failure_time(mut self, d: Duration) -> Self {
-        self.max_read_failure_time = Some(d);
+        self.max_read_failure_time = d;
         self
     }
 
@@ -303,9 +304,8 @@ impl WorkerConfigBuilder {
             });
         }
         self.checkpoint_policy.validate()?;
-        if let Some(limit) = self.max_read_failure_time
-            && limit < Duration::from_secs(1)
-        {
+        if self.max_read_failure_time < Duration::from_secs(1) {
+            let limit = self.max_read_failure_time;
             return Err(ConfigError {
                 field: "max_read_failure_time",
                 reason: format!(
@@ -409,6 +409,13 @@ pub fn check_stream_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Resul
 
 /// The most lanes a shard can be processed in.
 pub const MAX_PARALLELISM_PER_SHARD: usize = 100;
+
+/// How long a held shard may go with no read succeeding and no call
+/// answered before it is given back, by default
+/// ([`WorkerConfigBuilder::max_read_failure_time`]): above the fan-out
+/// reader's 30 s event timeout plus a new subscription, so that a
+/// connection that died unnoticed is replaced before the shard is given up.
+pub const DEFAULT_MAX_READ_FAILURE_TIME: Duration = Duration::from_secs(45);
 
 /// Supplies the streams a multi-stream worker consumes; polled at every
 /// shard sync, so streams can be added and removed while it runs (the Java
@@ -918,6 +925,12 @@ impl Worker {
                         }
                     }
                     ConsumerExit::Release => release(coordinator, lease).await,
+                    ConsumerExit::Unreadable => {
+                        let limit = self.config.max_read_failure_time;
+                        if let Err(e) = coordinator.give_back_unreadable(lease, limit).await {
+                            warn!(lease = %key, error = %e, "releasing an unreadable shard's lease failed; it expires instead");
+                        }
+                    }
                     ConsumerExit::HandedOff => {
                         if let Err(e) = coordinator.complete_handoff(lease).await {
                             warn!(lease = %key, error = %e, "completing the handoff failed; the new owner will force it");
@@ -964,10 +977,7 @@ impl Worker {
             parallelism: config.parallelism_per_shard,
             checkpoint_policy: config.checkpoint_policy,
             parent_poll_interval: config.parent_poll_interval,
-            // Unset: a deadline no read failure reaches.
-            max_read_failure_time: config
-                .max_read_failure_time
-                .unwrap_or(Duration::from_secs(10 * 365 * 24 * 3600)),
+            max_read_failure_time: config.max_read_failure_time,
             progress: self.handle.progress.clone(),
             call_limits: consumer::CallLimits {
                 warn_after: config.processor_warn_after,

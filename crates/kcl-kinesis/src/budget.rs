@@ -228,12 +228,12 @@ mod tests {
                 Duration::from_secs(3600),
             );
             let reader = source
-                .open(OpenShard {
-                    stream: "s".into(),
-                    shard_id: id.clone(),
-                    position: StartPosition::TrimHorizon,
+                .open(OpenShard::new(
+                    "s",
+                    id.clone(),
+                    StartPosition::TrimHorizon,
                     lease,
-                })
+                ))
                 .await
                 .map_err(|e| e.to_string());
             readers.push(reader.expect("open"));

@@ -91,9 +91,15 @@ impl Fleet {
     }
 
     fn start(&mut self, id: &str) {
+        self.start_with(id, self.faults.clone());
+    }
+
+    /// Starts a worker whose calls go through `faults` of its own (one
+    /// worker's route to Kinesis, not the service).
+    fn start_with(&mut self, id: &str, faults: FaultInjector) {
         let api: Arc<dyn KinesisApi> = Arc::new(Faulty {
             inner: Arc::clone(&self.fake) as Arc<dyn KinesisApi>,
-            faults: self.faults.clone(),
+            faults,
         });
         let polling = PollingConfig::builder()
             .retry_min_delay(Duration::from_millis(50))
@@ -232,6 +238,89 @@ async fn a_kms_outage_keeps_every_lease_where_it_is() {
     assert_eq!(payloads.len(), 8, "each record once: {payloads:?}");
     payloads.dedup();
     assert_eq!(payloads.len(), 8);
+    fleet.stop_all().await;
+}
+
+/// How many leases `worker` holds.
+fn held_by(fleet: &Fleet, worker: &str) -> usize {
+    fleet
+        .owners()
+        .values()
+        .filter(|o| o.as_deref() == Some(worker))
+        .count()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_cut_off_from_kinesis_gives_its_shards_to_a_worker_that_reads_them() {
+    let (mut fleet, ids) = Fleet::new(4);
+    let cut = FaultInjector::new();
+    fleet.start_with("w-a", cut.clone());
+    fleet.start("w-b");
+    for (i, id) in ids.iter().enumerate() {
+        fleet.put(id, &format!("before-{i}"));
+    }
+    fleet
+        .wait_until(
+            "all shards read and the leases balanced",
+            Duration::from_secs(300),
+            |f| f.seen().len() == 4 && held_by(f, "w-a") == 2 && held_by(f, "w-b") == 2,
+        )
+        .await;
+    let cut_off: Vec<String> = fleet
+        .owners()
+        .into_iter()
+        .filter(|(_, o)| o.as_deref() == Some("w-a"))
+        .map(|(k, _)| k)
+        .collect();
+
+    // w-a's route to Kinesis dies while it still reaches the lease table:
+    // its calls never answer, at the library's default
+    // max_read_failure_time (the fleet sets none).
+    let cut_at = Instant::now();
+    cut.fail_all(Call::GetRecords, Fault::Hang);
+    cut.fail_all(Call::GetShardIterator, Fault::Hang);
+    for (i, id) in ids.iter().enumerate() {
+        fleet.put(id, &format!("after-{i}"));
+    }
+    fleet
+        .wait_until(
+            "every record read, those of w-a's shards by w-b",
+            Duration::from_secs(600),
+            |f| f.seen().len() == 8,
+        )
+        .await;
+
+    let mut payloads: Vec<String> = fleet.seen().into_iter().map(|(_, p)| p).collect();
+    payloads.sort();
+    payloads.dedup();
+    assert_eq!(payloads.len(), 8, "each record read: {payloads:?}");
+    assert!(
+        cut.injected(Call::GetRecords) > 0,
+        "w-a's reads were cut off"
+    );
+    let released = fleet
+        .store
+        .owner_changes()
+        .iter()
+        .filter(|c| cut_off.contains(&c.key) && c.from.as_deref() == Some("w-a"))
+        .count();
+    assert!(
+        released >= cut_off.len(),
+        "each of w-a's shards was given back: {released} of {cut_off:?}"
+    );
+    // Cut off, w-a took nothing back: it sat out, and its peer took what
+    // it gave back instead of leaving it to be given back again.
+    let retaken: Vec<_> = fleet
+        .store
+        .owner_changes()
+        .into_iter()
+        .filter(|c| c.at >= cut_at && c.to.as_deref() == Some("w-a"))
+        .collect();
+    assert!(
+        retaken.is_empty(),
+        "w-a took leases while cut off: {retaken:?}"
+    );
+    assert_eq!(held_by(&fleet, "w-b"), 4, "w-b reads every shard");
     fleet.stop_all().await;
 }
 

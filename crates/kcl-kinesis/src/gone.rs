@@ -4,12 +4,11 @@
 //! starting sequence number behind the trim horizon. Both readers (polling
 //! and fan-out) decide the same way, here.
 
-use kcl_core::leases::LeaseHandle;
 use kcl_core::metric_names::{KINESIS_EXPIRED_SHARDS, KINESIS_TRIMMED_CHECKPOINTS};
 use kcl_core::source::{ChildShard, SourceError};
 use tracing::{error, warn};
 
-use crate::calls::retry::Failure;
+use crate::calls::retry::{Failure, ForReader};
 use crate::calls::{IteratorStart, Shared};
 use crate::discovery::{children_in, list_all, shard_info};
 use kcl_core::checkpointer::SequenceNumber;
@@ -94,13 +93,13 @@ pub(crate) async fn past_trim_horizon(
     stream: &str,
     shard: &str,
     start: &IteratorStart,
-    lease: &LeaseHandle,
+    reader: ForReader<'_>,
 ) -> Result<Option<IteratorStart>, SourceError> {
     let seq = match start {
         IteratorStart::AtSequence(seq) | IteratorStart::AfterSequence(seq) => seq,
         _ => return Ok(None),
     };
-    match oldest_record(shared, stream, shard, lease).await? {
+    match oldest_record(shared, stream, shard, reader).await? {
         Some(oldest) if SequenceNumber::order(&oldest, seq).is_le() => {
             warn!(stream, shard, sequence_number = %seq, oldest_retained = %oldest,
                 "Kinesis rejected the starting sequence number, which is not behind the trim \
@@ -136,12 +135,12 @@ async fn oldest_record(
     shared: &Shared,
     stream: &str,
     shard: &str,
-    lease: &LeaseHandle,
+    reader: ForReader<'_>,
 ) -> Result<Option<String>, SourceError> {
     const MAX_PAGES: usize = 20;
     let fail = |f: Failure| f.into_source_error(stream, shard);
     let mut iterator = shared
-        .shard_iterator(stream, shard, &IteratorStart::TrimHorizon, Some(lease))
+        .shard_iterator(stream, shard, &IteratorStart::TrimHorizon, Some(reader))
         .await
         .map_err(fail)?;
     for _ in 0..MAX_PAGES {
@@ -149,7 +148,7 @@ async fn oldest_record(
             return Ok(None);
         };
         let out = shared
-            .peek_records(stream, &it, 1, Some(lease))
+            .peek_records(stream, &it, 1, Some(reader))
             .await
             .map_err(fail)?;
         if let Some(first) = out.records.first() {

@@ -28,7 +28,7 @@ use kcl_core::metric_names::{
     KINESIS_BYTES_FETCHED, KINESIS_EXPIRED_ITERATORS, KINESIS_GET_RECORDS_CALLS,
     KINESIS_MILLIS_BEHIND_LATEST, KINESIS_RECORDS_FETCHED,
 };
-use kcl_core::source::{Batch, ChildShard, OpenShard, SourceError};
+use kcl_core::source::{AnswerClock, Batch, ChildShard, OpenShard, SourceError};
 use metrics::{Counter, Gauge};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
@@ -39,7 +39,7 @@ use crate::budget::{Held, Reservation};
 use crate::calls::IteratorStart;
 use crate::calls::Shared;
 use crate::calls::classify::{Class, classify};
-use crate::calls::retry::{Failure, Op, retryable, retrying_holding};
+use crate::calls::retry::{Failure, ForReader, Op, retryable, retrying_holding};
 use crate::config::MIN_TIME_BETWEEN_READS;
 use crate::discovery::{children_in, list_after, reported_children};
 use crate::gone::{Missing, past_trim_horizon, why_missing};
@@ -81,6 +81,7 @@ impl PollingReader {
             shard_id,
             position,
             lease,
+            answers,
         } = request;
         let start = Start::of(position);
         let records = Records::new(&stream, &shard_id, &lease, &start);
@@ -90,6 +91,7 @@ impl PollingReader {
             stream,
             shard_id,
             lease,
+            answers,
             meters,
         };
         let mut from = start.iterator.clone();
@@ -164,19 +166,32 @@ struct Ctx {
     stream: String,
     shard_id: String,
     lease: LeaseHandle,
+    /// Told of each answer to this reader's calls.
+    answers: AnswerClock,
     meters: Meters,
+}
+
+impl Ctx {
+    /// On whose behalf this reader's calls are made.
+    fn reader(&self) -> ForReader<'_> {
+        ForReader {
+            lease: &self.lease,
+            answers: &self.answers,
+        }
+    }
 }
 
 impl Ctx {
     async fn get_iterator(&self, start: &IteratorStart) -> Result<String, Failure> {
         let iterator = self
             .shared
-            .shard_iterator(&self.stream, &self.shard_id, start, Some(&self.lease))
+            .shard_iterator(&self.stream, &self.shard_id, start, Some(self.reader()))
             .await?;
         iterator.ok_or_else(|| {
             Failure::Classified(crate::calls::classify::Classified {
                 class: Class::Fatal,
                 code: None,
+                answered: true,
                 error: "GetShardIterator returned no iterator".into(),
             })
         })
@@ -202,7 +217,7 @@ impl Ctx {
                         &self.stream,
                         &self.shard_id,
                         start,
-                        &self.lease,
+                        self.reader(),
                     )
                     .await?;
                     match trimmed {
@@ -455,7 +470,7 @@ impl Fetcher {
             &ctx.shared.polling.retry_policy(),
             Op::GetRecords,
             &ctx.stream,
-            Some(&ctx.lease),
+            Some(ctx.reader()),
             prepare,
             attempt,
         )

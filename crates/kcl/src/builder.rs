@@ -835,9 +835,10 @@ impl WorkerBuilder {
         /// What happens to the leases of a stream the tracker stops
         /// listing.
         removed_stream_policy: RemovedStreamPolicy,
-        /// How long a held shard may go without one successful read
-        /// (every call failing or unanswered) before it is given back, so
-        /// that a worker that can read takes it.
+        /// How long a held shard may go without one successful read and
+        /// without one answer from Kinesis (default 45 s) before it is
+        /// given back and the worker sits out, so that a worker that can
+        /// read takes it; errors Kinesis sends keep the shard in place.
         max_read_failure_time: Duration,
         /// How long a processor call runs before it is warned about, once.
         processor_warn_after: Duration,

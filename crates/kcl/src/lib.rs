@@ -81,7 +81,9 @@ pub use kcl_core::processor::{
     RecordProcessor, ShardContext,
 };
 pub use kcl_core::source::InitialPosition;
-pub use kcl_core::worker::{RemovedStreamPolicy, ShutdownReport, WorkerHandle, WorkerStatus};
+pub use kcl_core::worker::{
+    DEFAULT_MAX_READ_FAILURE_TIME, RemovedStreamPolicy, ShutdownReport, WorkerHandle, WorkerStatus,
+};
 pub use kcl_core::{Checkpoint, ConfigError, LeaseRenewal, Record};
 pub use kcl_dynamodb::{
     Capacity, DynamoDbDestination, ExactlyOnce, TableCreation, TableOptions, Transaction,
@@ -138,8 +140,8 @@ pub mod core {
         #[cfg(feature = "test-util")]
         pub use kcl_core::source::memory;
         pub use kcl_core::source::{
-            Batch, ChildShard, InitialPosition, OpenShard, ShardInfo, ShardReader, ShardSource,
-            SourceError, StartPosition,
+            AnswerClock, Batch, ChildShard, InitialPosition, OpenShard, ShardInfo, ShardReader,
+            ShardSource, SourceError, StartPosition,
         };
     }
 

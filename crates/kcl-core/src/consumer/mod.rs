@@ -157,6 +157,10 @@ pub(crate) enum ConsumerExit {
     ShutDown,
     /// The failure policy gave the shard up: release the lease.
     Release,
+    /// No read of the shard succeeded, and the stream service answered
+    /// none of its calls, for `max_read_failure_time`: release the lease
+    /// and sit out (see `LeaseCoordinator::give_back_unreadable`).
+    Unreadable,
     /// Another worker asked for the shard; the processor had its chance to
     /// checkpoint: complete the handoff.
     HandedOff,
@@ -171,6 +175,9 @@ enum Stop {
     /// A processor call ran past its timeout and was cancelled: the shard
     /// is given back as under [`Stop::Release`].
     TimedOut,
+    /// The shard could not be read (see [`ConsumerExit::Unreadable`]): it
+    /// is given back as under [`Stop::Release`], and the worker sits out.
+    Unreadable,
 }
 
 #[derive(Clone)]
@@ -349,7 +356,7 @@ pub(crate) async fn run(
             last_checkpoints(&c, processor.as_mut(), &mut checkpointer).await;
             ConsumerExit::HandedOff
         }
-        Err(stop @ (Stop::Release | Stop::TimedOut)) => {
+        Err(stop @ (Stop::Release | Stop::TimedOut | Stop::Unreadable)) => {
             lease_lost(&c, processor.as_mut(), None).await;
             exit_without_processor(stop)
         }
@@ -411,6 +418,7 @@ fn exit_without_processor(stop: Stop) -> ConsumerExit {
         Stop::LeaseLost => ConsumerExit::LeaseLost,
         Stop::Shutdown => ConsumerExit::ShutDown,
         Stop::Release | Stop::TimedOut => ConsumerExit::Release,
+        Stop::Unreadable => ConsumerExit::Unreadable,
         Stop::Handoff => ConsumerExit::HandedOff,
     }
 }
@@ -496,16 +504,26 @@ async fn open_reader(
     loop {
         c.still_ours()?;
         let request = OpenShard {
-            stream: c.setup.stream.clone(),
-            shard_id: c.ctx.shard_id.clone(),
-            position: position.clone(),
-            lease: c.lease.clone(),
+            answers: failures.answers().clone(),
+            ..OpenShard::new(
+                c.setup.stream.clone(),
+                c.ctx.shard_id.clone(),
+                position.clone(),
+                c.lease.clone(),
+            )
         };
         // An open left unanswered counts against the read deadline too.
-        let opened = tokio::select! {
-            opened = c.setup.source.open(request) => opened,
-            () = tokio::time::sleep_until(failures.deadline()) => {
-                return Err(failures.unanswered(c, Stage::Open));
+        let open = c.setup.source.open(request);
+        tokio::pin!(open);
+        let opened = loop {
+            tokio::select! {
+                opened = &mut open => break opened,
+                () = tokio::time::sleep_until(failures.deadline()) => {
+                    // The deadline moves while the service answers.
+                    if failures.expired() {
+                        return Err(failures.unanswered(c, Stage::Open));
+                    }
+                }
             }
         };
         match opened {
@@ -605,13 +623,21 @@ impl Fetch {
     /// answer to this one included. A fetch cut at the deadline is
     /// dropped, which a reader must take (it is cancel-safe).
     async fn next_batch(&mut self, c: &Consumer) -> Result<Result<Batch, SourceError>, Stop> {
-        let deadline = self.failures.deadline();
-        let fetched = tokio::select! {
-            biased;
-            fetched = self.reader.next_batch() => Some(fetched),
-            () = tokio::time::sleep_until(deadline) => None,
-        };
-        fetched.ok_or_else(|| self.failures.unanswered(c, Stage::Read))
+        let fetch = self.reader.next_batch();
+        tokio::pin!(fetch);
+        loop {
+            tokio::select! {
+                biased;
+                fetched = &mut fetch => return Ok(fetched),
+                () = tokio::time::sleep_until(self.failures.deadline()) => {
+                    // The deadline moves while the service answers (errors
+                    // a reader retries by itself, for one).
+                    if self.failures.expired() {
+                        return Err(self.failures.unanswered(c, Stage::Read));
+                    }
+                }
+            }
+        }
     }
 
     /// The batch to hand on (counted, and the position moved past it),

@@ -4,10 +4,13 @@
 //! being kept (and never read) because the error came at open.
 //!
 //! Whatever the errors, a shard is also given back once no read of it
-//! succeeded for `max_read_failure_time`: a worker cut off from the stream
-//! (its calls failing or hanging unanswered) while it still reaches the
-//! lease table would otherwise renew the lease of a shard it cannot read
-//! for as long as the outage lasts.
+//! succeeded, and the service answered none of its calls, for
+//! `max_read_failure_time`: a worker cut off from the stream (its calls
+//! unanswered) while it still reaches the lease table would otherwise renew
+//! the lease of a shard it cannot read for as long as the outage lasts.
+//! Errors the service sends (a disabled KMS key, throttling) are answers:
+//! every worker would meet them alike, so they keep the shard in place
+//! (see [`AnswerClock`]).
 
 use std::time::Duration;
 
@@ -17,7 +20,7 @@ use tracing::{error, warn};
 use super::{Consumer, Stop};
 use crate::backoff::Pauses;
 use crate::metric_names::UNREADABLE_SHARDS_RELEASED;
-use crate::source::SourceError;
+use crate::source::{AnswerClock, SourceError};
 
 /// Fatal errors in a row (at open or mid-read, until a batch arrives)
 /// after which the shard is given back. Another worker, or this one in a
@@ -61,8 +64,11 @@ pub(super) struct ReadFailures {
     /// batch and the next attempt, a time the processor has, not the
     /// reader.
     since: Option<Instant>,
-    /// How long the attempts may go on without a batch.
+    /// How long the attempts may go on without a batch or an answer.
     limit: Duration,
+    /// When the service last answered this consumer's reader, which the
+    /// source is told of through every open.
+    answers: AnswerClock,
 }
 
 impl ReadFailures {
@@ -72,7 +78,13 @@ impl ReadFailures {
             fatal: 0,
             since: None,
             limit: c.setup.max_read_failure_time,
+            answers: AnswerClock::default(),
         }
+    }
+
+    /// The clock the source tells of its answers to this consumer's calls.
+    pub(super) fn answers(&self) -> &AnswerClock {
+        &self.answers
     }
 
     /// A batch arrived: the failures before it no longer count.
@@ -82,17 +94,34 @@ impl ReadFailures {
         self.since = None;
     }
 
-    /// When the shard is given back unless a read succeeds first; an
-    /// attempt calls it as it starts, which starts the clock if none runs.
+    /// When the shard is given back unless a read succeeds or the service
+    /// answers first; an attempt calls it as it starts, which starts the
+    /// clock if none runs. An answer since then moves it: the limit counts
+    /// from the later of the two.
     pub(super) fn deadline(&mut self) -> Instant {
-        *self.since.get_or_insert_with(Instant::now) + self.limit
+        let since = *self.since.get_or_insert_with(Instant::now);
+        let from = self
+            .answers
+            .last()
+            .map_or(since, |answered| answered.max(since));
+        // A limit of `Duration::MAX` (never give the shard back) lands past
+        // what an Instant holds: a deadline in thirty years stands for it.
+        from.checked_add(self.limit)
+            .unwrap_or_else(|| from + Duration::from_secs(30 * 365 * 24 * 3600))
     }
 
-    /// No read succeeded for the limit (the last attempt failed, or is
-    /// still unanswered at `stage`): why the consumer stops.
+    /// Whether the deadline passed: nothing succeeded, and the service
+    /// answered nothing, for the limit.
+    pub(super) fn expired(&mut self) -> bool {
+        Instant::now() >= self.deadline()
+    }
+
+    /// No read succeeded and no call was answered for the limit (the last
+    /// attempt failed, or is still unanswered at `stage`): why the
+    /// consumer stops.
     pub(super) fn unanswered(&self, c: &Consumer, stage: Stage) -> Stop {
         error!(stage = stage.label(), limit = ?self.limit,
-            "no read of the shard succeeded within max_read_failure_time; giving it back so that a worker that can read takes it");
+            "no read of the shard succeeded and Kinesis answered none of its calls within max_read_failure_time; giving it back so that a worker that can read takes it");
         metrics::counter!(
             UNREADABLE_SHARDS_RELEASED,
             "stream" => c.ctx.stream.clone(),
@@ -100,7 +129,7 @@ impl ReadFailures {
             "stage" => "stalled"
         )
         .increment(1);
-        Stop::Release
+        Stop::Unreadable
     }
 
     /// Waits out the next pause, cut short at the deadline, where the
@@ -113,7 +142,7 @@ impl ReadFailures {
             return Err(self.unanswered(c, stage));
         }
         c.pause(pause.min(deadline - now)).await?;
-        if Instant::now() >= deadline {
+        if self.expired() {
             return Err(self.unanswered(c, stage));
         }
         Ok(())

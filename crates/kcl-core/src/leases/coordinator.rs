@@ -171,6 +171,23 @@ impl LeaseCoordinator {
         released.map(|()| true)
     }
 
+    /// Releases a held lease whose shard this worker could not read for
+    /// `limit` (`max_read_failure_time`) while the stream service answered
+    /// none of its calls, and sits out: this worker takes no lease for a
+    /// while and tells its peers so, so that a worker that can read takes
+    /// the shard (see `Shared::sit_out` for how long). Returns whether
+    /// this worker held that tenure.
+    pub async fn give_back_unreadable(
+        &self,
+        lease: &LeaseHandle,
+        limit: Duration,
+    ) -> Result<bool, StoreError> {
+        let length = self.shared.sit_out(Instant::now(), limit);
+        warn!(lease = %lease.key(), sit_out = ?length,
+            "giving back a shard this worker cannot read, and taking no lease for a while so that a worker that can read takes it");
+        self.release(lease).await
+    }
+
     /// Releases the lease of a shard processed to SHARD_END, whose
     /// consumer created its children's leases: this worker's taker reads
     /// the table now, and peers learn it from this instance's next beat

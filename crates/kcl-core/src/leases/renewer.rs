@@ -69,7 +69,11 @@ async fn beat_once(shared: &Shared, next_round: Instant) {
         .map_or(next_round, |v| v.max(next_round));
     let (changes, answered, stopping) = {
         let state = shared.beat_state();
-        (state.changes, state.answered.clone(), state.stopping)
+        (
+            state.changes,
+            state.answered.clone(),
+            state.stopping || state.sitting_out,
+        )
     };
     let held = shared.held_count() as u64;
     let update = BeatUpdate {

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
 
 use futures::StreamExt;
 use tokio::sync::{Notify, Semaphore, mpsc};
@@ -142,6 +143,8 @@ pub(crate) struct Shared {
     /// When this worker, configured for liveness records, switched to
     /// per-lease renewal (see [`Shared::switch_to_per_lease`]).
     switched: Mutex<Option<Instant>>,
+    /// See [`Shared::sit_out`].
+    sit_out: Mutex<SitOut>,
 }
 
 /// The fields of this instance's liveness record that it sets itself.
@@ -155,7 +158,34 @@ pub(crate) struct BeatState {
     pub(crate) wake_seen: Option<u64>,
     /// See [`crate::store::Beat::stopping`].
     pub(crate) stopping: bool,
+    /// This worker sits out (see [`Shared::sit_out`]): its beats say it
+    /// is stopping, so that peers do not count it in their targets and
+    /// take the leases it gave back.
+    pub(crate) sitting_out: bool,
 }
+
+/// Sitting out after a shard could not be read (see [`Shared::sit_out`]).
+#[derive(Debug, Default)]
+struct SitOut {
+    /// Until when this worker takes no lease.
+    until: Option<Instant>,
+    /// When each sit-out of the last [`SIT_OUT_MEMORY`] began.
+    began: std::collections::VecDeque<Instant>,
+}
+
+/// How long a worker sits out after `recent` sit-outs in the last
+/// [`SIT_OUT_MEMORY`], for a `max_read_failure_time` of `limit`.
+fn sit_out_length(recent: usize, limit: Duration) -> Duration {
+    let doublings = u32::try_from(recent).unwrap_or(u32::MAX);
+    let factor = 2u32.saturating_pow(doublings).min(SIT_OUT_MAX_FACTOR);
+    limit.saturating_mul(2).saturating_mul(factor)
+}
+
+/// How far back sit-outs count towards the next one's length: a worker
+/// that read its shards for this long starts again at the shortest.
+const SIT_OUT_MEMORY: Duration = Duration::from_secs(3600);
+/// The longest sit-out, in multiples of the first.
+const SIT_OUT_MAX_FACTOR: u32 = 16;
 
 impl fmt::Debug for Shared {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -201,6 +231,62 @@ impl Shared {
             renew_now: Notify::new(),
             wants_proof: AtomicBool::new(false),
             switched: Mutex::new(None),
+            sit_out: Mutex::default(),
+        }
+    }
+
+    /// This worker gave a shard back because no read of it succeeded, and
+    /// the stream service answered none of its calls, for `limit`
+    /// (`max_read_failure_time`): it is cut off from the service while it
+    /// still reaches the lease table. Taking that lease (or another) again
+    /// at its next tick would leave the shard unread for another `limit`,
+    /// and again after that: the worker that can read would never get it,
+    /// as the balance counts this one in. So this worker takes, steals and
+    /// reclaims nothing for a while, and its beats say it is stopping, so
+    /// that peers leave it out of their targets and take what it gave
+    /// back. Returns how long: twice `limit`, doubling with each sit-out
+    /// of the last hour up to 16 times that, so that a worker cut off for
+    /// good tries its share again ever more rarely, and one whose route
+    /// came back is at full strength again soon.
+    pub(crate) fn sit_out(&self, now: Instant, limit: Duration) -> Duration {
+        let mut sit = self.sit_out.lock().unwrap_or_else(|e| e.into_inner());
+        while sit
+            .began
+            .front()
+            .is_some_and(|b| now.saturating_duration_since(*b) > SIT_OUT_MEMORY)
+        {
+            sit.began.pop_front();
+        }
+        // A sit-out already under way (several shards given back at once)
+        // is not lengthened by each of them.
+        if let Some(until) = sit.until
+            && until > now
+        {
+            return until - now;
+        }
+        let length = sit_out_length(sit.began.len(), limit);
+        sit.began.push_back(now);
+        sit.until = now.checked_add(length);
+        drop(sit);
+        self.beat_state().sitting_out = true;
+        length
+    }
+
+    /// Whether this worker sits out at `now` (see [`Shared::sit_out`]);
+    /// the first call after the sit-out ended lets its beats count it in
+    /// again.
+    pub(crate) fn sitting_out(&self, now: Instant) -> bool {
+        let mut sit = self.sit_out.lock().unwrap_or_else(|e| e.into_inner());
+        match sit.until {
+            Some(until) if until > now => true,
+            Some(_) => {
+                sit.until = None;
+                drop(sit);
+                self.beat_state().sitting_out = false;
+                info!("the sit-out after an unreadable shard ended; taking leases again");
+                false
+            }
+            None => false,
         }
     }
 
@@ -769,4 +855,19 @@ where
             }
         })
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sit_outs_double_from_twice_the_read_limit_up_to_sixteen_times_that() {
+        let limit = Duration::from_secs(45);
+        let lengths: Vec<u64> = (0..7)
+            .map(|recent| sit_out_length(recent, limit).as_secs())
+            .collect();
+        assert_eq!(lengths, [90, 180, 360, 720, 1440, 1440, 1440]);
+        assert_eq!(sit_out_length(usize::MAX, Duration::MAX), Duration::MAX);
+    }
 }

@@ -410,6 +410,7 @@ impl Taker {
         };
         self.rescan_at = earliest(self.rescan_at, stale_at);
         let decision = unless_unbeaten(shared.can_hold(now), decision);
+        let decision = unless_sitting_out(shared.sitting_out(now), decision);
         if !decision.take.is_empty() || !decision.steal.is_empty() || !decision.reclaim.is_empty() {
             debug!(?decision, "lease taker decision");
         }
@@ -542,7 +543,7 @@ pub(crate) fn free_by_liveness(
 /// the whole outage. Taking nothing, this instance's leases stand still,
 /// peers take them once its record stops moving, and it takes its share
 /// again once a beat lands.
-pub(crate) fn unless_unbeaten(can_hold: bool, mut decision: Decision) -> Decision {
+pub(crate) fn unless_unbeaten(can_hold: bool, decision: Decision) -> Decision {
     if can_hold {
         return decision;
     }
@@ -552,6 +553,22 @@ pub(crate) fn unless_unbeaten(can_hold: bool, mut decision: Decision) -> Decisio
             "no beat landed within the lease duration; taking nothing until one does"
         );
     }
+    take_nothing(decision)
+}
+
+/// `decision` without its takes, reclaims and steals while this worker
+/// sits out after a shard it could not read (see `Shared::sit_out`): the
+/// worker that can read takes what it gave back.
+pub(crate) fn unless_sitting_out(sitting_out: bool, decision: Decision) -> Decision {
+    if sitting_out {
+        take_nothing(decision)
+    } else {
+        decision
+    }
+}
+
+/// `decision` with no take, reclaim or steal left (its gives stand).
+fn take_nothing(mut decision: Decision) -> Decision {
     decision.take.clear();
     decision.reclaim.clear();
     decision.steal.clear();

@@ -10,6 +10,7 @@
 //! benchmarks.
 
 use std::fmt;
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use async_trait::async_trait;
@@ -200,6 +201,55 @@ pub struct OpenShard {
     pub position: StartPosition,
     /// The lease that allows reading; checked before every fetch.
     pub lease: LeaseHandle,
+    /// Told of every answer the service gives the calls made for this
+    /// reader, the opening calls included (see [`AnswerClock`]).
+    pub answers: AnswerClock,
+}
+
+impl OpenShard {
+    /// A request to open `shard_id` of `stream` at `position` under
+    /// `lease`, with a fresh [`AnswerClock`].
+    pub fn new(
+        stream: impl Into<String>,
+        shard_id: impl Into<String>,
+        position: StartPosition,
+        lease: LeaseHandle,
+    ) -> Self {
+        OpenShard {
+            stream: stream.into(),
+            shard_id: shard_id.into(),
+            position,
+            lease,
+            answers: AnswerClock::default(),
+        }
+    }
+}
+
+/// When the service last answered a reader's calls: records, nothing new,
+/// or an error it sent (a throttle, a disabled KMS key). A call that timed
+/// out or never reached the service is no answer.
+///
+/// The consumer gives a shard back when no read of it succeeded for
+/// `max_read_failure_time`, so that a worker cut off from the stream while
+/// it still reaches the lease table does not keep shards it cannot read.
+/// An answer, even an error, shows the worker does reach the service: an
+/// outage every worker meets alike (a disabled key, long throttling) then
+/// keeps the shard where it is, as moving it would change nothing. A
+/// source that never tells the clock leaves the consumer to count every
+/// failed read as unanswered.
+#[derive(Debug, Clone, Default)]
+pub struct AnswerClock(Arc<Mutex<Option<tokio::time::Instant>>>);
+
+impl AnswerClock {
+    /// The service answered a call, now.
+    pub fn answered(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(tokio::time::Instant::now());
+    }
+
+    /// When the service last answered, if it ever did.
+    pub fn last(&self) -> Option<tokio::time::Instant> {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// Lists shards and opens readers on them.

@@ -37,6 +37,10 @@ pub(crate) enum Class {
 pub(crate) struct Classified {
     pub(crate) class: Class,
     pub(crate) code: Option<String>,
+    /// Whether the service sent it (an error response), as opposed to a
+    /// call that timed out, never reached the service or got no readable
+    /// answer: a worker the service answers is not cut off from it.
+    pub(crate) answered: bool,
     pub(crate) error: Box<dyn StdError + Send + Sync>,
 }
 
@@ -182,6 +186,7 @@ where
     Classified {
         class,
         code,
+        answered: matches!(err, SdkError::ServiceError(_)),
         error: Box::new(err),
     }
 }

@@ -22,10 +22,8 @@ use aws_sdk_kinesis::operation::list_shards::{ListShardsError, ListShardsOutput}
 use aws_sdk_kinesis::primitives::DateTime;
 use aws_sdk_kinesis::types::{ShardFilter, ShardIteratorType};
 
-use kcl_core::leases::LeaseHandle;
-
 use self::classify::classify;
-use self::retry::{Failure, Op, retrying};
+use self::retry::{Failure, ForReader, Op, retrying};
 use crate::arn::stream_fields;
 use crate::budget::Budget;
 use crate::config::PollingConfig;
@@ -67,14 +65,14 @@ impl Shared {
 
 impl Shared {
     /// A shard iterator at `start`, retried with the polling policy
-    /// (`None` if the answer holds none). With a `lease`, it is checked
-    /// before every attempt.
+    /// (`None` if the answer holds none). For a reader, its lease is
+    /// checked before every attempt and its clock told of each answer.
     pub(crate) async fn shard_iterator(
         &self,
         stream: &str,
         shard: &str,
         start: &IteratorStart,
-        lease: Option<&LeaseHandle>,
+        reader: Option<ForReader<'_>>,
     ) -> Result<Option<String>, Failure> {
         let attempt = || {
             self.stats.get_shard_iterator_call();
@@ -86,7 +84,7 @@ impl Shared {
             }
         };
         let policy = self.polling.retry_policy();
-        let out = retrying(self, &policy, Op::GetShardIterator, stream, lease, attempt).await?;
+        let out = retrying(self, &policy, Op::GetShardIterator, stream, reader, attempt).await?;
         Ok(out.shard_iterator.filter(|it| !it.is_empty()))
     }
 
@@ -98,7 +96,7 @@ impl Shared {
         stream: &str,
         iterator: &str,
         limit: i32,
-        lease: Option<&LeaseHandle>,
+        reader: Option<ForReader<'_>>,
     ) -> Result<GetRecordsOutput, Failure> {
         let attempt = || {
             self.stats.get_records_call();
@@ -110,7 +108,7 @@ impl Shared {
             }
         };
         let policy = self.polling.retry_policy();
-        retrying(self, &policy, Op::GetRecords, stream, lease, attempt).await
+        retrying(self, &policy, Op::GetRecords, stream, reader, attempt).await
     }
 }
 

@@ -15,7 +15,7 @@ use kcl_core::leases::LeaseHandle;
 use kcl_core::metric_names::{
     KINESIS_ACCESS_ERRORS, KINESIS_CALL_TIMEOUTS, KINESIS_RETRIES, KINESIS_THROTTLES,
 };
-use kcl_core::source::SourceError;
+use kcl_core::source::{AnswerClock, SourceError};
 use kcl_core::warn_limit::{RateLimitedWarn, WARN_INTERVAL};
 use tracing::{debug, warn};
 
@@ -195,13 +195,24 @@ pub(crate) fn retryable(
     }
 }
 
+/// The reader a call is made for: its lease, checked before every
+/// attempt, and its [`AnswerClock`], told of every answer the service
+/// gives (a result or an error it sent; not a timeout or a connection that
+/// failed), so that the consumer tells a worker the service turns down
+/// from one cut off from it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ForReader<'a> {
+    pub(crate) lease: &'a LeaseHandle,
+    pub(crate) answers: &'a AnswerClock,
+}
+
 /// Makes `attempt` until it succeeds, backing off (exponential, capped,
 /// jittered) after throttles, transient failures and denied access; each
 /// attempt bounded by the policy's attempt timeout.
 ///
-/// With a `lease`, the lease is checked before every attempt, and
-/// throttling and denied access are retried for as long as the lease
-/// lasts: the service is pacing this consumer, or an operator must fix the
+/// For a reader, its lease is checked before every attempt, each answer
+/// is told to its clock, and throttling and denied access are retried for
+/// as long as the lease lasts: the service is pacing this consumer, or an operator must fix the
 /// permissions or the KMS key, and another worker would fail the same way
 /// (giving the shard up would only move the same calls around the fleet).
 /// Without one (shard listing), they count toward the `max_transient`
@@ -211,7 +222,7 @@ pub(crate) async fn retrying<T, F, Fut>(
     policy: &RetryPolicy,
     op: Op,
     stream: &str,
-    lease: Option<&LeaseHandle>,
+    reader: Option<ForReader<'_>>,
     attempt: F,
 ) -> Result<T, Failure>
 where
@@ -219,7 +230,7 @@ where
     Fut: Future<Output = Result<T, Classified>>,
 {
     let prepare = || std::future::ready(Some(()));
-    retrying_holding(shared, policy, op, stream, lease, prepare, attempt)
+    retrying_holding(shared, policy, op, stream, reader, prepare, attempt)
         .await
         .map(|(v, ())| v)
 }
@@ -234,7 +245,7 @@ pub(crate) async fn retrying_holding<T, G, P, PFut, F, Fut>(
     policy: &RetryPolicy,
     op: Op,
     stream: &str,
-    lease: Option<&LeaseHandle>,
+    reader: Option<ForReader<'_>>,
     mut prepare: P,
     mut attempt: F,
 ) -> Result<(T, G), Failure>
@@ -247,15 +258,28 @@ where
     let mut backoff = policy.backoff.pauses();
     let mut failures: u32 = 0;
     loop {
-        if lease.is_some_and(|l| !l.is_valid()) {
+        if reader.is_some_and(|r| !r.lease.is_valid()) {
             return Err(Failure::LeaseLost);
         }
         let Some(held) = prepare().await else {
             return Err(Failure::LeaseLost);
         };
+        let answered = || {
+            if let Some(r) = reader {
+                r.answers.answered();
+            }
+        };
         let error = match tokio::time::timeout(policy.attempt_timeout, attempt()).await {
-            Ok(Ok(v)) => return Ok((v, held)),
-            Ok(Err(e)) => e,
+            Ok(Ok(v)) => {
+                answered();
+                return Ok((v, held));
+            }
+            Ok(Err(e)) => {
+                if e.answered {
+                    answered();
+                }
+                e
+            }
             Err(_) => {
                 shared.stats.call_timeout();
                 metrics::counter!(
@@ -267,6 +291,7 @@ where
                 Classified {
                     class: Class::Transient,
                     code: None,
+                    answered: false,
                     error: format!(
                         "{} did not answer within {:?}",
                         op.as_str(),
@@ -285,7 +310,7 @@ where
                     "call" => op.as_str()
                 )
                 .increment(1);
-                if lease.is_none() {
+                if reader.is_none() {
                     failures += 1;
                 }
             }
@@ -302,7 +327,7 @@ where
                 warn!(stream, call = op.as_str(), code, error = %error.error,
                     "access to the stream or its KMS key is denied; keeping the shard and retrying \
                      until the permissions or the key are fixed");
-                if lease.is_none() {
+                if reader.is_none() {
                     failures += 1;
                 }
             }
@@ -380,6 +405,7 @@ mod tests {
                     Err(Classified {
                         class: Class::Throttled,
                         code: Some("ProvisionedThroughputExceededException".into()),
+                        answered: true,
                         error: "slow down".into(),
                     })
                 } else {

@@ -65,12 +65,7 @@ fn worker_with(shards: usize, budget: usize, config: FanOutConfigBuilder) -> Wor
 impl Worker {
     async fn open(&self, shard: usize) -> Box<dyn ShardReader> {
         let id = &self.shards[shard];
-        let request = OpenShard {
-            stream: STREAM.to_owned(),
-            shard_id: id.clone(),
-            position: StartPosition::TrimHorizon,
-            lease: held(id),
-        };
+        let request = OpenShard::new(STREAM, id.clone(), StartPosition::TrimHorizon, held(id));
         self.source.open(request).await.expect("open")
     }
 

@@ -15,7 +15,7 @@ use kcl_core::metric_names::{
     KINESIS_FANOUT_RESUBSCRIBES, KINESIS_FANOUT_SILENT_SUBSCRIPTIONS, KINESIS_FANOUT_SUBSCRIPTIONS,
     KINESIS_MILLIS_BEHIND_LATEST, KINESIS_RECORDS_FETCHED, KINESIS_THROTTLES,
 };
-use kcl_core::source::{Batch, ChildShard, OpenShard, SourceError};
+use kcl_core::source::{AnswerClock, Batch, ChildShard, OpenShard, SourceError};
 use metrics::{Counter, Gauge};
 use tokio::sync::mpsc::{self, OwnedPermit};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -29,7 +29,7 @@ use crate::budget::{EventEstimate, Held, Reservation};
 use crate::calls::IteratorStart;
 use crate::calls::Shared;
 use crate::calls::classify::{Class, Classified, classify};
-use crate::calls::retry::{Failure, retryable};
+use crate::calls::retry::{Failure, ForReader, retryable};
 use crate::discovery::{children_in, list_after, reported_children};
 use crate::gone::{Missing, past_trim_horizon, why_missing};
 use crate::records::{Records, Start, Taken, held_bytes};
@@ -102,6 +102,7 @@ impl FanOutReader {
             shard_id,
             position,
             lease,
+            answers,
         } = request;
         if !lease.is_valid() {
             return Err(SourceError::LeaseLost { shard: shard_id });
@@ -135,6 +136,7 @@ impl FanOutReader {
             stream: stream.clone(),
             shard_id: shard_id.clone(),
             lease: lease.clone(),
+            answers,
             shared,
             fanout,
         };
@@ -239,6 +241,8 @@ struct Subscriber {
     stream: String,
     shard_id: String,
     lease: LeaseHandle,
+    /// Told of each answer: a subscription, an event, an error sent.
+    answers: AnswerClock,
     consumer_arn: String,
     tx: mpsc::Sender<Message>,
     bytes: Arc<Semaphore>,
@@ -430,16 +434,21 @@ impl Subscriber {
             () = self.lease.ended() => return Err(self.lease_lost()),
             answer = tokio::time::timeout(SUBSCRIBE_TIMEOUT, call) => answer,
         };
-        Ok(match answer {
+        let subscribed = match answer {
             Ok(Ok(events)) => Ok(events),
             Ok(Err(e)) => Err(classify(e)),
             Err(_) => Err(Classified {
                 class: Class::Transient,
                 code: None,
+                answered: false,
                 error: format!("SubscribeToShard did not answer within {SUBSCRIBE_TIMEOUT:?}")
                     .into(),
             }),
-        })
+        };
+        if subscribed.as_ref().map_or_else(|c| c.answered, |_| true) {
+            self.answers.answered();
+        }
+        Ok(subscribed)
     }
 
     fn subscribed(&mut self) {
@@ -532,7 +541,10 @@ impl Subscriber {
                     &self.stream,
                     &self.shard_id,
                     &position,
-                    &self.lease,
+                    ForReader {
+                        lease: &self.lease,
+                        answers: &self.answers,
+                    },
                 )
                 .await;
                 let trimmed = match trimmed {
@@ -676,7 +688,13 @@ impl Subscriber {
                         "ignoring an event type this version does not know");
                 }
                 Ok(None) => return Ok(Ended::ByService),
-                Err(e) => return Ok(Ended::Failed(classify_stream(e))),
+                Err(e) => {
+                    let failed = classify_stream(e);
+                    if failed.answered {
+                        self.answers.answered();
+                    }
+                    return Ok(Ended::Failed(failed));
+                }
             }
         }
     }
@@ -762,6 +780,7 @@ impl Subscriber {
     ) -> Result<Flow, SourceError> {
         self.shared.stats.event();
         self.meters.events.increment(1);
+        self.answers.answered();
         self.received_event = true;
         self.restart_at = None;
 

@@ -76,12 +76,7 @@ pub(super) async fn open_at(
     lease: LeaseHandle,
 ) -> Result<Box<dyn ShardReader>, SourceError> {
     s.source
-        .open(OpenShard {
-            stream: STREAM.to_owned(),
-            shard_id: shard.to_owned(),
-            position,
-            lease,
-        })
+        .open(OpenShard::new(STREAM, shard, position, lease))
         .await
 }
 
@@ -181,12 +176,12 @@ async fn concurrent_opens_register_the_consumer_once_and_later_sources_reuse_it(
         config().build().expect("config"),
     );
     let reader = other
-        .open(OpenShard {
-            stream: STREAM.to_owned(),
-            shard_id: shards[0].clone(),
-            position: StartPosition::TrimHorizon,
-            lease: held(&shards[0]),
-        })
+        .open(OpenShard::new(
+            STREAM,
+            shards[0].clone(),
+            StartPosition::TrimHorizon,
+            held(&shards[0]),
+        ))
         .await;
     assert!(reader.is_ok());
     assert_eq!(s.fake.registrations(), 1);
@@ -233,12 +228,12 @@ async fn a_missing_stream_is_stream_not_found() {
     let s = setup(config().build().expect("config"));
     let err = s
         .source
-        .open(OpenShard {
-            stream: "nope".to_owned(),
-            shard_id: "shardId-000000000000".to_owned(),
-            position: StartPosition::TrimHorizon,
-            lease: held("shardId-000000000000"),
-        })
+        .open(OpenShard::new(
+            "nope",
+            "shardId-000000000000",
+            StartPosition::TrimHorizon,
+            held("shardId-000000000000"),
+        ))
         .await
         .expect_err("missing");
     assert!(matches!(err, SourceError::StreamNotFound { stream } if stream == "nope"));

@@ -19,12 +19,12 @@ fn hour() -> Duration {
 
 async fn try_open(s: &Setup, position: StartPosition) -> Result<(), SourceError> {
     s.source
-        .open(OpenShard {
-            stream: STREAM.to_owned(),
-            shard_id: s.shard.clone(),
+        .open(OpenShard::new(
+            STREAM,
+            s.shard.clone(),
             position,
-            lease: handle(&s.shard, hour()),
-        })
+            handle(&s.shard, hour()),
+        ))
         .await
         .map(drop)
 }
@@ -49,12 +49,12 @@ async fn an_expired_split_parent_ends_with_its_children_so_they_start() {
 async fn read_all(s: &Setup, shard: &str) -> Vec<String> {
     let mut reader = s
         .source
-        .open(OpenShard {
-            stream: STREAM.to_owned(),
-            shard_id: shard.to_owned(),
-            position: StartPosition::TrimHorizon,
-            lease: handle(shard, hour()),
-        })
+        .open(OpenShard::new(
+            STREAM,
+            shard,
+            StartPosition::TrimHorizon,
+            handle(shard, hour()),
+        ))
         .await
         .expect("open");
     let mut records = Vec::new();
@@ -118,12 +118,12 @@ async fn a_shard_too_new_for_the_listing_is_not_taken_for_expired() {
     let s = setup(polling().build().expect("config"));
     let err = s
         .source
-        .open(OpenShard {
-            stream: STREAM.to_owned(),
-            shard_id: "shardId-000000000099".to_owned(),
-            position: StartPosition::TrimHorizon,
-            lease: handle("shardId-000000000099", hour()),
-        })
+        .open(OpenShard::new(
+            STREAM,
+            "shardId-000000000099",
+            StartPosition::TrimHorizon,
+            handle("shardId-000000000099", hour()),
+        ))
         .await
         .map(drop)
         .expect_err("not readable yet");

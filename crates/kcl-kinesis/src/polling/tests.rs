@@ -65,12 +65,7 @@ pub(super) async fn open(
     lease: LeaseHandle,
 ) -> Box<dyn ShardReader> {
     s.source
-        .open(OpenShard {
-            stream: STREAM.to_owned(),
-            shard_id: s.shard.clone(),
-            position,
-            lease,
-        })
+        .open(OpenShard::new(STREAM, s.shard.clone(), position, lease))
         .await
         .expect("open")
 }
@@ -422,12 +417,12 @@ async fn opening_with_a_lost_lease_makes_no_call() {
     lease.end_for_test(EndReason::Lost);
     let err = s
         .source
-        .open(OpenShard {
-            stream: STREAM.to_owned(),
-            shard_id: s.shard.clone(),
-            position: StartPosition::TrimHorizon,
+        .open(OpenShard::new(
+            STREAM,
+            s.shard.clone(),
+            StartPosition::TrimHorizon,
             lease,
-        })
+        ))
         .await
         .expect_err("lease lost");
     assert!(matches!(err, SourceError::LeaseLost { .. }), "{err:?}");
