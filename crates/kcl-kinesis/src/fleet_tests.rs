@@ -325,6 +325,50 @@ async fn a_worker_cut_off_from_kinesis_gives_its_shards_to_a_worker_that_reads_t
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_lone_worker_cut_off_from_kinesis_reads_again_as_soon_as_the_route_is_back() {
+    let (mut fleet, ids) = Fleet::new(2);
+    let cut = FaultInjector::new();
+    fleet.start_with("w-a", cut.clone());
+    for (i, id) in ids.iter().enumerate() {
+        fleet.put(id, &format!("before-{i}"));
+    }
+    fleet
+        .wait_until("all shards read", Duration::from_secs(300), |f| {
+            f.seen().len() == 2
+        })
+        .await;
+
+    // Cut off past max_read_failure_time (45 s): the shards are given
+    // back, but with nobody else to take them w-a must not sit out.
+    cut.fail_all(Call::GetRecords, Fault::Hang);
+    cut.fail_all(Call::GetShardIterator, Fault::Hang);
+    for (i, id) in ids.iter().enumerate() {
+        fleet.put(id, &format!("after-{i}"));
+    }
+    sleep(Duration::from_secs(60)).await;
+    let given_back = fleet
+        .store
+        .owner_changes()
+        .iter()
+        .filter(|c| c.from.as_deref() == Some("w-a") && c.to.is_none())
+        .count();
+    assert!(given_back > 0, "the unreadable shards were given back");
+    cut.clear(Call::GetRecords);
+    cut.clear(Call::GetShardIterator);
+    // A sit-out would leave them unread for 90 s more; a call in flight
+    // when the route came back times out (10 s) and is made again.
+    fleet
+        .wait_until(
+            "the shards read again within a read timeout and a tick",
+            Duration::from_secs(30),
+            |f| f.seen().len() == 4,
+        )
+        .await;
+    assert_eq!(held_by(&fleet, "w-a"), 2);
+    fleet.stop_all().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn the_children_of_an_expired_split_parent_are_processed() {
     let (mut fleet, ids) = Fleet::new(1);
     let parent = ids[0].clone();

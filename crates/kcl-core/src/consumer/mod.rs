@@ -518,7 +518,7 @@ async fn open_reader(
         let opened = loop {
             tokio::select! {
                 opened = &mut open => break opened,
-                () = tokio::time::sleep_until(failures.deadline()) => {
+                () = tokio::time::sleep_until(failures.next_check()) => {
                     // The deadline moves while the service answers.
                     if failures.expired() {
                         return Err(failures.unanswered(c, Stage::Open));
@@ -629,7 +629,7 @@ impl Fetch {
             tokio::select! {
                 biased;
                 fetched = &mut fetch => return Ok(fetched),
-                () = tokio::time::sleep_until(self.failures.deadline()) => {
+                () = tokio::time::sleep_until(self.failures.next_check()) => {
                     // The deadline moves while the service answers (errors
                     // a reader retries by itself, for one).
                     if self.failures.expired() {

@@ -28,6 +28,10 @@ use crate::source::{AnswerClock, SourceError};
 /// reopen fixes (a reader that lost its place).
 const FATAL_ATTEMPTS: u32 = 5;
 
+/// How often a consumer past its read deadline looks again for the silence
+/// that gives the shard back (see [`ReadFailures::expired`]).
+const RECHECK: Duration = Duration::from_secs(1);
+
 /// Where an error came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Stage {
@@ -110,10 +114,31 @@ impl ReadFailures {
             .unwrap_or_else(|| from + Duration::from_secs(30 * 365 * 24 * 3600))
     }
 
-    /// Whether the deadline passed: nothing succeeded, and the service
-    /// answered nothing, for the limit.
+    /// Whether the shard is to be given back: nothing succeeded and the
+    /// service answered nothing for the limit, and a call went unanswered
+    /// in that time (a timeout, a connection that failed). Without that
+    /// silence the reader waits on the worker's own limits (its prefetch
+    /// budget, its pacing) or the process was paused: the route to the
+    /// service is not shown broken. A source that never tells the clock
+    /// has every failure count.
     pub(super) fn expired(&mut self) -> bool {
-        Instant::now() >= self.deadline()
+        let deadline = self.deadline();
+        if Instant::now() < deadline {
+            return false;
+        }
+        if !self.answers.is_told() {
+            return true;
+        }
+        // The deadline is the limit after the later of the first failed
+        // attempt and the last answer.
+        let from = deadline.checked_sub(self.limit).unwrap_or(deadline);
+        self.answers.last_silence().is_some_and(|s| s >= from)
+    }
+
+    /// When to look again whether the shard is to be given back: at the
+    /// deadline, or, past it with no silence heard yet, a second on.
+    pub(super) fn next_check(&mut self) -> Instant {
+        self.deadline().max(Instant::now() + RECHECK)
     }
 
     /// No read succeeded and no call was answered for the limit (the last
@@ -135,13 +160,18 @@ impl ReadFailures {
     /// Waits out the next pause, cut short at the deadline, where the
     /// shard is given back instead of tried again.
     async fn pause(&mut self, c: &Consumer, stage: Stage) -> Result<(), Stop> {
-        let deadline = self.deadline();
         let pause = self.backoff.next_or_max();
-        let now = Instant::now();
-        if now >= deadline {
+        if self.expired() {
             return Err(self.unanswered(c, stage));
         }
-        c.pause(pause.min(deadline - now)).await?;
+        let now = Instant::now();
+        let deadline = self.deadline();
+        c.pause(if deadline > now {
+            pause.min(deadline - now)
+        } else {
+            pause
+        })
+        .await?;
         if self.expired() {
             return Err(self.unanswered(c, stage));
         }

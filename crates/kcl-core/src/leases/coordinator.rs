@@ -173,7 +173,8 @@ impl LeaseCoordinator {
 
     /// Releases a held lease whose shard this worker could not read for
     /// `limit` (`max_read_failure_time`) while the stream service answered
-    /// none of its calls, and sits out: this worker takes no lease for a
+    /// none of its calls. With a peer that could take it (one that beats
+    /// and is not stopping), this worker sits out: it takes no lease for a
     /// while and tells its peers so, so that a worker that can read takes
     /// the shard (see `Shared::sit_out` for how long). Returns whether
     /// this worker held that tenure.
@@ -182,9 +183,19 @@ impl LeaseCoordinator {
         lease: &LeaseHandle,
         limit: Duration,
     ) -> Result<bool, StoreError> {
-        let length = self.shared.sit_out(Instant::now(), limit);
-        warn!(lease = %lease.key(), sit_out = ?length,
-            "giving back a shard this worker cannot read, and taking no lease for a while so that a worker that can read takes it");
+        let now = Instant::now();
+        // Alone (or with every peer sitting out or stopping), nobody would
+        // take the shard: sitting out would only leave it unread after
+        // the route comes back. The lease is given back and taken up again
+        // at the next tick, with a fresh reader.
+        if self.shared.has_active_peer(now) {
+            let length = self.shared.sit_out(now, limit);
+            warn!(lease = %lease.key(), sit_out = ?length,
+                "giving back a shard this worker cannot read, and taking no lease for a while so that a worker that can read takes it");
+        } else {
+            warn!(lease = %lease.key(),
+                "giving back a shard this worker cannot read; no other worker is there to take it, so this one tries again");
+        }
         self.release(lease).await
     }
 

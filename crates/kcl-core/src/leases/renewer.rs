@@ -72,7 +72,9 @@ async fn beat_once(shared: &Shared, next_round: Instant) {
         (
             state.changes,
             state.answered.clone(),
-            state.stopping || state.sitting_out,
+            // A worker sitting out says so too: peers leave it out of
+            // their targets and take what it gave back.
+            state.stopping || shared.sitting_out(Instant::now()),
         )
     };
     let held = shared.held_count() as u64;

@@ -158,10 +158,6 @@ pub(crate) struct BeatState {
     pub(crate) wake_seen: Option<u64>,
     /// See [`crate::store::Beat::stopping`].
     pub(crate) stopping: bool,
-    /// This worker sits out (see [`Shared::sit_out`]): its beats say it
-    /// is stopping, so that peers do not count it in their targets and
-    /// take the leases it gave back.
-    pub(crate) sitting_out: bool,
 }
 
 /// Sitting out after a shard could not be read (see [`Shared::sit_out`]).
@@ -241,8 +237,8 @@ impl Shared {
     /// still reaches the lease table. Taking that lease (or another) again
     /// at its next tick would leave the shard unread for another `limit`,
     /// and again after that: the worker that can read would never get it,
-    /// as the balance counts this one in. So this worker takes, steals and
-    /// reclaims nothing for a while, and its beats say it is stopping, so
+    /// as the balance counts this one in. So this worker takes and steals
+    /// nothing for a while, and its beats say it is stopping, so
     /// that peers leave it out of their targets and take what it gave
     /// back. Returns how long: twice `limit`, doubling with each sit-out
     /// of the last hour up to 16 times that, so that a worker cut off for
@@ -258,36 +254,51 @@ impl Shared {
             sit.began.pop_front();
         }
         // A sit-out already under way (several shards given back at once)
-        // is not lengthened by each of them.
-        if let Some(until) = sit.until
-            && until > now
-        {
-            return until - now;
+        // counts once; a shard given back near its end stretches it, so
+        // that the shard is not taken right back.
+        let running = sit.until.is_some_and(|until| until > now);
+        let recent = sit.began.len().saturating_sub(usize::from(running));
+        let length = sit_out_length(recent, limit);
+        if !running {
+            sit.began.push_back(now);
         }
-        let length = sit_out_length(sit.began.len(), limit);
-        sit.began.push_back(now);
-        sit.until = now.checked_add(length);
-        drop(sit);
-        self.beat_state().sitting_out = true;
-        length
+        // A length past what an Instant holds (a limit of `Duration::MAX`)
+        // stands for thirty years.
+        let until = now
+            .checked_add(length)
+            .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 24 * 3600));
+        let until = sit
+            .until
+            .filter(|_| running)
+            .map_or(until, |u| u.max(until));
+        sit.until = Some(until);
+        until - now
     }
 
-    /// Whether this worker sits out at `now` (see [`Shared::sit_out`]);
-    /// the first call after the sit-out ended lets its beats count it in
-    /// again.
+    /// Whether this worker sits out at `now` (see [`Shared::sit_out`]).
+    /// The taker asks before it takes anything, and every beat asks, so
+    /// that the record says `stopping` exactly as long as the sit-out lasts.
     pub(crate) fn sitting_out(&self, now: Instant) -> bool {
         let mut sit = self.sit_out.lock().unwrap_or_else(|e| e.into_inner());
         match sit.until {
             Some(until) if until > now => true,
             Some(_) => {
                 sit.until = None;
-                drop(sit);
-                self.beat_state().sitting_out = false;
                 info!("the sit-out after an unreadable shard ended; taking leases again");
                 false
             }
             None => false,
         }
+    }
+
+    /// Whether a peer that is not stopping beat within its lease duration:
+    /// one that could take what this worker gives back.
+    pub(crate) fn has_active_peer(&self, now: Instant) -> bool {
+        let me = self.me();
+        self.liveness()
+            .alive(self.config.lease_duration, now)
+            .into_iter()
+            .any(|b| !b.stopping && b.worker != me)
     }
 
     /// Reports `event`: to the counters, to the metrics, and to the

@@ -556,15 +556,18 @@ pub(crate) fn unless_unbeaten(can_hold: bool, decision: Decision) -> Decision {
     take_nothing(decision)
 }
 
-/// `decision` without its takes, reclaims and steals while this worker
-/// sits out after a shard it could not read (see `Shared::sit_out`): the
-/// worker that can read takes what it gave back.
-pub(crate) fn unless_sitting_out(sitting_out: bool, decision: Decision) -> Decision {
+/// `decision` without its takes and steals while this worker sits out
+/// after a shard it could not read (see `Shared::sit_out`): the worker
+/// that can read takes what it gave back. Reclaims stay: a lease the table
+/// still says is this worker's (its release failed) is read by nobody
+/// else, so it is taken up again and given back once more.
+pub(crate) fn unless_sitting_out(sitting_out: bool, mut decision: Decision) -> Decision {
     if sitting_out {
-        take_nothing(decision)
-    } else {
-        decision
+        decision.take.clear();
+        decision.steal.clear();
+        decision.victim = None;
     }
+    decision
 }
 
 /// `decision` with no take, reclaim or steal left (its gives stand).

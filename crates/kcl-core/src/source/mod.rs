@@ -230,25 +230,57 @@ impl OpenShard {
 /// out or never reached the service is no answer.
 ///
 /// The consumer gives a shard back when no read of it succeeded for
-/// `max_read_failure_time`, so that a worker cut off from the stream while
-/// it still reaches the lease table does not keep shards it cannot read.
+/// `max_read_failure_time` and a call went unanswered, so that a worker
+/// cut off from the stream while it still reaches the lease table does not
+/// keep shards it cannot read.
 /// An answer, even an error, shows the worker does reach the service: an
 /// outage every worker meets alike (a disabled key, long throttling) then
 /// keeps the shard where it is, as moving it would change nothing. A
 /// source that never tells the clock leaves the consumer to count every
 /// failed read as unanswered.
 #[derive(Debug, Clone, Default)]
-pub struct AnswerClock(Arc<Mutex<Option<tokio::time::Instant>>>);
+pub struct AnswerClock(Arc<Mutex<Heard>>);
+
+/// What an [`AnswerClock`] heard last.
+#[derive(Debug, Clone, Copy, Default)]
+struct Heard {
+    answer: Option<tokio::time::Instant>,
+    silence: Option<tokio::time::Instant>,
+}
 
 impl AnswerClock {
+    fn heard(&self) -> std::sync::MutexGuard<'_, Heard> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The service answered a call, now.
     pub fn answered(&self) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(tokio::time::Instant::now());
+        self.heard().answer = Some(tokio::time::Instant::now());
+    }
+
+    /// A call went unanswered, now: it timed out, or never reached the
+    /// service. The consumer gives a shard back only after such silence:
+    /// a reader waiting on the worker's own limits (its prefetch budget,
+    /// its pacing) is not cut off.
+    pub fn silent(&self) {
+        self.heard().silence = Some(tokio::time::Instant::now());
     }
 
     /// When the service last answered, if it ever did.
     pub fn last(&self) -> Option<tokio::time::Instant> {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.heard().answer
+    }
+
+    /// When a call last went unanswered, if one ever did.
+    pub fn last_silence(&self) -> Option<tokio::time::Instant> {
+        self.heard().silence
+    }
+
+    /// Whether the source ever told the clock anything: one that never
+    /// does leaves the consumer to count every failed read as unanswered.
+    pub fn is_told(&self) -> bool {
+        let heard = *self.heard();
+        heard.answer.is_some() || heard.silence.is_some()
     }
 }
 

@@ -264,23 +264,26 @@ where
         let Some(held) = prepare().await else {
             return Err(Failure::LeaseLost);
         };
-        let answered = || {
+        let answered = |yes: bool| {
             if let Some(r) = reader {
-                r.answers.answered();
+                if yes {
+                    r.answers.answered();
+                } else {
+                    r.answers.silent();
+                }
             }
         };
         let error = match tokio::time::timeout(policy.attempt_timeout, attempt()).await {
             Ok(Ok(v)) => {
-                answered();
+                answered(true);
                 return Ok((v, held));
             }
             Ok(Err(e)) => {
-                if e.answered {
-                    answered();
-                }
+                answered(e.answered);
                 e
             }
             Err(_) => {
+                answered(false);
                 shared.stats.call_timeout();
                 metrics::counter!(
                     KINESIS_CALL_TIMEOUTS,

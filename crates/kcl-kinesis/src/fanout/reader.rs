@@ -447,6 +447,8 @@ impl Subscriber {
         };
         if subscribed.as_ref().map_or_else(|c| c.answered, |_| true) {
             self.answers.answered();
+        } else {
+            self.answers.silent();
         }
         Ok(subscribed)
     }
@@ -673,7 +675,10 @@ impl Subscriber {
                 next = events.recv() => next,
                 // Kinesis sends an event every few seconds, records or not;
                 // this long without one, the connection died unnoticed.
-                () = tokio::time::sleep(silence) => return Ok(Ended::Silent),
+                () = tokio::time::sleep(silence) => {
+                    self.answers.silent();
+                    return Ok(Ended::Silent);
+                }
             };
             match next {
                 Ok(Some(SubscribeToShardEventStream::SubscribeToShardEvent(event))) => {
@@ -692,6 +697,8 @@ impl Subscriber {
                     let failed = classify_stream(e);
                     if failed.answered {
                         self.answers.answered();
+                    } else {
+                        self.answers.silent();
                     }
                     return Ok(Ended::Failed(failed));
                 }
