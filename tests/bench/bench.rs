@@ -43,7 +43,9 @@
 //!   simulator's seeds a minute, and failover at the defaults over 12 kill
 //!   phases (the fleet simulation's own test, in a release build);
 //! - `bench_cost.rs`: the DynamoDB cost of an idle fleet, and the fleet
-//!   simulation's cost and cold start at 100 workers x 10,000 shards.
+//!   simulation's cost and cold start at 100 workers x 10,000 shards;
+//! - `bench_balance.rs`: 8 shards, 2 of them carrying 80 % of the bytes,
+//!   2 then 3 workers for five minutes, balanced by load and by count.
 //!
 //! Every figure a section lists under `figures` also goes to
 //! `docs/benchmarks.json` (merged: a partial run updates its own keys).
@@ -56,6 +58,7 @@
 //! multi-threaded runtime. Worker processes are children of this process
 //! (killed on drop), and every wait is bounded.
 
+mod bench_balance;
 mod bench_cost;
 mod bench_fanout_budget;
 mod bench_fleet;
@@ -169,6 +172,7 @@ const SCENARIOS: &[&str] = &[
     "failover-defaults",
     "late-joiner",
     "reshard-defaults",
+    "load-balance",
     "sim",
     "latency",
     "pacing",
@@ -433,6 +437,9 @@ fn main() -> anyhow::Result<()> {
     });
     run("reshard-defaults", &mut || {
         rt.block_on(bench_join::reshard_at_defaults(&exe))
+    });
+    run("load-balance", &mut || {
+        rt.block_on(bench_balance::load_balance(&exe))
     });
     run("sim", &mut bench_cost::fleet_simulation);
     run("latency", &mut || rt.block_on(bench_fleet::latency(&exe)));

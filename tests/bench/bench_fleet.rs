@@ -156,6 +156,11 @@ pub(crate) fn worker_main() -> anyhow::Result<()> {
                 "per-lease" => kcl::LeaseRenewal::PerLease,
                 _ => kcl::LeaseRenewal::WorkerLiveness,
             })
+            // The load-balance scenario's knob (default: by load).
+            .balance(match std::env::var("KCL_BENCH_BALANCE").as_deref() {
+                Ok("by-count") => kcl::Balance::ByCount,
+                _ => kcl::Balance::ByLoad,
+            })
             .processor(move |ctx: &ShardContext| Logger {
                 ctx: ctx.clone(),
                 out: std::fs::OpenOptions::new()
@@ -200,6 +205,8 @@ pub(crate) struct Fleet {
     pub(crate) out: PathBuf,
     settings: WorkerSettings,
     procs: Vec<Process>,
+    /// More environment for the worker processes (`KCL_BENCH_BALANCE`).
+    pub(crate) extra_env: Vec<(String, String)>,
 }
 
 impl Fleet {
@@ -234,6 +241,7 @@ impl Fleet {
             out,
             settings,
             procs: Vec::new(),
+            extra_env: Vec::new(),
         })
     }
 
@@ -250,6 +258,7 @@ impl Fleet {
             .env("KCL_BENCH_TAKER_MS", ms(self.settings.taker))
             .env("KCL_BENCH_IDLE_MS", ms(self.settings.idle))
             .env("KCL_BENCH_RENEWAL", self.settings.renewal)
+            .envs(self.extra_env.iter().cloned())
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .spawn()
@@ -341,7 +350,7 @@ impl Fleet {
 
     /// Leases and their owners (`None` when unowned); a lease in a graceful
     /// handoff counts as not yet moved (`checkpointOwner` still set).
-    async fn leases(&self) -> anyhow::Result<BTreeMap<String, Option<String>>> {
+    pub(crate) async fn leases(&self) -> anyhow::Result<BTreeMap<String, Option<String>>> {
         let mut leases = BTreeMap::new();
         let mut start: Option<HashMap<String, AttributeValue>> = None;
         loop {
@@ -507,7 +516,7 @@ fn balanced(leases: &BTreeMap<String, Option<String>>, ids: &[&str], total: usiz
 
 /// Counts lease moves between two samples: a lease whose owner changed
 /// from one worker to another.
-fn moves(
+pub(crate) fn moves(
     before: &BTreeMap<String, Option<String>>,
     after: &BTreeMap<String, Option<String>>,
 ) -> usize {

@@ -28,6 +28,19 @@
 //! KCL_E2E_DLQ_HOLD names exists (one line per refusal in
 //! `<out>.dlq.refused`), and each accepted send's time (ns) appended to
 //! `<out>.dlq`.
+//! Optional: KCL_E2E_HANG_SHARD_FILE=<path> limits KCL_E2E_HANG_AT to the
+//! shard whose id that file holds when the batch comes (none while it does
+//! not exist), so a test can pick the shard once it knows who holds what.
+//! Optional: KCL_E2E_PROCESSOR_WARN_MS=n and KCL_E2E_PROCESSOR_TIMEOUT_MS=n
+//! set `processor_warn_after` and `processor_timeout`;
+//! KCL_E2E_LIVENESS_STALL_MS=n sets `liveness_stall_bound`;
+//! KCL_E2E_MAX_STEAL=n sets `max_leases_to_steal` (0: no stealing).
+//! Optional: KCL_E2E_BALANCE=by-load|by-count sets `balance`, and
+//! KCL_E2E_LOAD_REPORT_MS=n sets `load_report_interval`.
+//! Optional: KCL_E2E_METRICS_ADDR=<addr> serves `/metrics` and the probes
+//! there (`serve_metrics`), KCL_E2E_HEALTH_ADDR=<addr> only the probes
+//! (`serve_health`); port 0 picks one, and the bound address is written to
+//! `<out>.addr` once the worker is built.
 
 use std::io::Write;
 use std::time::Duration;
@@ -39,7 +52,7 @@ use std::path::PathBuf;
 use kcl::{
     CheckpointPolicy, Checkpointer, FailedRecord, FailureDestination, FailurePolicy,
     InitialPosition, KinesisDestination, PoisonPolicy, ProcessorError, RecordBatch,
-    RecordProcessor, ShardContext, Worker,
+    RecordProcessor, ShardContext, Worker, WorkerBuilder,
 };
 use kcl_tests::e2e::{BatchLog, now_ns};
 
@@ -49,6 +62,7 @@ struct Logger {
     every_batch: bool,
     checkpoint_at_shutdown: bool,
     hang_at: Option<u64>,
+    hang_shard_file: Option<PathBuf>,
     hang_marker: String,
     poison: HashSet<(u32, u64)>,
     failures: String,
@@ -108,6 +122,9 @@ impl RecordProcessor for Logger {
                 .iter()
                 .filter_map(|r| kcl_tests::TestRecord::parse(&r.data))
                 .any(|t| t.counter == n)
+            && self.hang_shard_file.as_ref().is_none_or(|file| {
+                std::fs::read_to_string(file).is_ok_and(|shard| shard.trim() == self.ctx.shard_id)
+            })
         {
             // Each shard's processor hangs once; the rest of the process
             // (renewals, other shards) stays healthy.
@@ -151,6 +168,73 @@ fn var(name: &str) -> anyhow::Result<String> {
     std::env::var(name).with_context(|| format!("{name} is not set"))
 }
 
+/// A duration given in milliseconds by `name`, if set.
+fn millis(name: &str) -> anyhow::Result<Option<Duration>> {
+    std::env::var(name)
+        .ok()
+        .map(|v| {
+            v.parse()
+                .map(Duration::from_millis)
+                .with_context(|| format!("{name}={v}"))
+        })
+        .transpose()
+}
+
+/// A socket address given by `name`, if set.
+fn addr(name: &str) -> anyhow::Result<Option<std::net::SocketAddr>> {
+    std::env::var(name)
+        .ok()
+        .map(|v| v.parse().with_context(|| format!("{name}={v}")))
+        .transpose()
+}
+
+/// The processor limits, probes and balancing knobs the observability
+/// tests set (see the module doc); each left at kcl's default when unset.
+fn observability(mut builder: WorkerBuilder) -> anyhow::Result<WorkerBuilder> {
+    if let Some(d) = millis("KCL_E2E_PROCESSOR_WARN_MS")? {
+        builder = builder.processor_warn_after(d);
+    }
+    if let Some(d) = millis("KCL_E2E_PROCESSOR_TIMEOUT_MS")? {
+        builder = builder.processor_timeout(d);
+    }
+    if let Some(d) = millis("KCL_E2E_LIVENESS_STALL_MS")? {
+        builder = builder.liveness_stall_bound(d);
+    }
+    if let Ok(n) = std::env::var("KCL_E2E_MAX_STEAL") {
+        builder = builder.max_leases_to_steal(
+            n.parse()
+                .with_context(|| format!("KCL_E2E_MAX_STEAL={n}"))?,
+        );
+    }
+    match std::env::var("KCL_E2E_BALANCE").as_deref() {
+        Err(_) => {}
+        Ok("by-load") => builder = builder.balance(kcl::Balance::ByLoad),
+        Ok("by-count") => builder = builder.balance(kcl::Balance::ByCount),
+        Ok(other) => anyhow::bail!("KCL_E2E_BALANCE={other}: expected by-load or by-count"),
+    }
+    if let Some(d) = millis("KCL_E2E_LOAD_REPORT_MS")? {
+        builder = builder.load_report_interval(d);
+    }
+    if let Some(a) = addr("KCL_E2E_METRICS_ADDR")? {
+        builder = builder.serve_metrics(a);
+    }
+    if let Some(a) = addr("KCL_E2E_HEALTH_ADDR")? {
+        builder = builder.serve_health(a);
+    }
+    Ok(builder)
+}
+
+/// Writes the endpoint's bound address to `<out>.addr` (through a rename,
+/// so a test polling for the file never reads half of it).
+fn publish_endpoint(worker: &Worker, out_path: &str) -> anyhow::Result<()> {
+    if let Some(bound) = worker.metrics_addr().or(worker.health_addr()) {
+        let path = format!("{out_path}.addr");
+        std::fs::write(format!("{path}.tmp"), bound.to_string())?;
+        std::fs::rename(format!("{path}.tmp"), &path)?;
+    }
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -159,6 +243,8 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let worker_id = var("KCL_E2E_WORKER_ID")?;
     let out_path = var("KCL_E2E_OUT")?;
+    // The processor factory below takes `out_path` itself.
+    let endpoint_out = out_path.clone();
     let every_batch = var("KCL_E2E_CHECKPOINT")? == "batch";
     let checkpoint_at_shutdown = match std::env::var("KCL_E2E_SHUTDOWN_CHECKPOINT").as_deref() {
         Err(_) | Ok("checkpoint") => true,
@@ -178,6 +264,7 @@ async fn main() -> anyhow::Result<()> {
         .ok()
         .map(|v| v.parse())
         .transpose()?;
+    let hang_shard_file = std::env::var_os("KCL_E2E_HANG_SHARD_FILE").map(PathBuf::from);
     let hang_marker = format!("{out_path}.hang");
     let stats_path = format!("{out_path}.stats");
     let fan_out = match std::env::var("KCL_E2E_RETRIEVAL").as_deref() {
@@ -241,6 +328,7 @@ async fn main() -> anyhow::Result<()> {
     } else {
         builder.idle_time_between_reads(Duration::from_millis(200))
     };
+    let builder = observability(builder)?;
     if let Ok(table) = std::env::var("KCL_E2E_COUNT_TABLE") {
         let mode = kcl_tests::counting::Mode::parse(
             &std::env::var("KCL_E2E_COUNT_MODE").unwrap_or_else(|_| "exactly-once".into()),
@@ -257,6 +345,7 @@ async fn main() -> anyhow::Result<()> {
                 stall_once: std::env::var_os("KCL_E2E_COUNT_STALL").map(PathBuf::from),
             })
             .build()?;
+        publish_endpoint(&worker, &endpoint_out)?;
         return worker
             .run_until(kcl::shutdown_signal())
             .await
@@ -273,11 +362,13 @@ async fn main() -> anyhow::Result<()> {
             every_batch,
             checkpoint_at_shutdown,
             hang_at,
+            hang_shard_file: hang_shard_file.clone(),
             hang_marker: hang_marker.clone(),
             poison: poison.clone(),
             failures: failures.clone(),
         })
         .build()?;
+    publish_endpoint(&worker, &endpoint_out)?;
     let handle = worker.handle();
     let result = worker.run_until(kcl::shutdown_signal()).await;
     let s = handle.status().leases;

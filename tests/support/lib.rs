@@ -29,6 +29,7 @@ pub mod e2e;
 pub mod fault_proxy;
 pub mod java_kcl;
 pub mod latency;
+pub mod skew;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -325,10 +326,21 @@ impl TestRecord {
         format!("pk-{}:{}", self.key, self.counter)
     }
 
-    /// Parses a payload written by [`TestRecord::payload`]; `None` for
+    /// The payload padded to `bytes` bytes (`pk-<key>:<counter>#...`), for
+    /// records of a given size; [`TestRecord::parse`] reads it back.
+    pub fn padded(&self, bytes: usize) -> String {
+        let mut payload = format!("{}#", self.payload());
+        let pad = bytes.saturating_sub(payload.len());
+        payload.extend(std::iter::repeat_n('.', pad));
+        payload
+    }
+
+    /// Parses a payload written by [`TestRecord::payload`], or by
+    /// [`TestRecord::padded`] (what follows `#` is padding); `None` for
     /// anything else.
     pub fn parse(data: &[u8]) -> Option<Self> {
         let text = std::str::from_utf8(data).ok()?;
+        let text = text.split_once('#').map_or(text, |(record, _)| record);
         let (key, counter) = text.strip_prefix("pk-")?.split_once(':')?;
         Some(Self {
             key: key.parse().ok()?,

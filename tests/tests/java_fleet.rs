@@ -1,7 +1,9 @@
 //! kcl and the real Java KCL 3.1.3 on one lease table (kcl renewing per
 //! lease, the Java-compatible mode): a mixed fleet that shares the shards
 //! by graceful handoffs in both directions, and the one-restart move from
-//! either library to the other, across a split. The Java worker is
+//! either library to the other, across a split; and kcl's load figures
+//! (`throughputKBps` on the lease items) read by the Java worker without
+//! error. The Java worker is
 //! `tests/java/KclJavaWorker.java` (polling, metrics off), compiled at
 //! test time against the jars `localstack/install` fetched.
 //!
@@ -307,4 +309,124 @@ async fn a_one_restart_move_either_way_resumes_exactly_after_the_other_librarys_
             verdict.per_worker
         );
     }
+}
+
+/// Waits until every unfinished lease `owner` holds carries a load figure
+/// (`throughputKBps`, a number; zero on a shard no key hashes to), one at
+/// least above zero; returns them by lease.
+async fn wait_figures(s: &Scenario, owner: &str, limit: Duration) -> BTreeMap<String, f64> {
+    let started = Instant::now();
+    loop {
+        let mut figures = BTreeMap::new();
+        let mut held = 0;
+        for item in s.lease_items().await {
+            let s_attr = |k: &str| match item.get(k) {
+                Some(AttributeValue::S(v)) => Some(v.clone()),
+                _ => None,
+            };
+            if s_attr("checkpoint").as_deref() == Some("SHARD_END")
+                || s_attr("leaseOwner").as_deref() != Some(owner)
+            {
+                continue;
+            }
+            held += 1;
+            if let (Some(key), Some(AttributeValue::N(n))) =
+                (s_attr("leaseKey"), item.get("throughputKBps"))
+                && let Ok(kbps) = n.parse::<f64>()
+                && kbps >= 0.0
+            {
+                figures.insert(key, kbps);
+            }
+        }
+        if held > 0 && figures.len() == held && figures.values().any(|f| *f > 0.0) {
+            return figures;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "{owner} published figures on {} of its {held} leases within {limit:?}",
+            figures.len()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// kcl publishes what its leases carry on their items (`throughputKBps`,
+/// a number, with every per-lease renewal, as the Java KCL 3.x writes
+/// it). A Java KCL 3.1.3 worker joining reads every lease item, kcl's
+/// figures included: its leader's assignments (each reads the whole table
+/// through the Java serializer, which parses the attribute as a `Double`)
+/// run without a lease failing to deserialize, and the fleet converges as
+/// before (a mixed fleet balances counts: the Java leader its own workers,
+/// kcl against them), with nothing repeated and no handoff forced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_java_worker_reads_the_load_figures_kcl_publishes_and_the_fleet_still_converges() {
+    let java = JavaKcl::prepare().unwrap_or_else(|e| panic!("{e:#}"));
+    let mut s = Scenario::new(SHARDS).await;
+    let out = out_dir("kcl-java-load");
+    let mut cfg = kcl_processes(&s, &out);
+    cfg.extra_env
+        .push(("KCL_E2E_LOAD_REPORT_MS".into(), "4000".into()));
+    let mut k = cfg.spawn("kcl-1").unwrap();
+    s.produce(5).await;
+    wait_owned(&s, &counts(&[("kcl-1", 4)]), Duration::from_secs(30)).await;
+    let producer = Producer::start(&s, 1, Duration::from_millis(500));
+    let figures = wait_figures(&s, "kcl-1", Duration::from_secs(60)).await;
+    println!("kcl published {figures:?} (KB/s) before the Java worker started");
+
+    let mut j = java.spawn(&cfg, "java-1").unwrap();
+    let joined = Instant::now();
+    wait_owned(&s, &counts(&[("java-1", 2), ("kcl-1", 2)]), JAVA_START).await;
+    println!(
+        "split 2/2 {:?} after the Java worker started",
+        joined.elapsed()
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    // kcl keeps publishing on the leases it kept.
+    wait_figures(&s, "kcl-1", Duration::from_secs(30)).await;
+    let per_key = producer.stop(&mut s).await;
+    wait_complete(|| batches(&out), per_key, Duration::from_secs(60)).await;
+    // As in the test above: the Java worker stops first, its leases expire
+    // to kcl, and nothing repeats.
+    stop(&mut j).await;
+    s.produce(3).await;
+    wait_complete(|| batches(&out), s.produced, Duration::from_secs(90)).await;
+    stop(&mut k).await;
+    let kcl = process_stats(&out, "kcl-1");
+
+    let log = std::fs::read_to_string(out.join("java-1.java.log")).unwrap();
+    let assignments = log
+        .lines()
+        .filter(|l| l.contains("is a leader, performing assignment"))
+        .count();
+    let troubles: Vec<&str> = log
+        .lines()
+        .filter(|l| {
+            l.contains("failed deserialization")
+                || l.contains("failed to perform lease assignment")
+                || l.contains("NumberFormatException")
+                || l.contains("NullPointerException")
+        })
+        .collect();
+    let verdict = verify(&batches(&out), KEYS, s.produced);
+    println!(
+        "kcl's figures read by Java: {assignments} leader assignments, per worker {:?}, \
+         duplicates {}, kcl {kcl}",
+        verdict.per_worker, verdict.duplicates
+    );
+    assert!(
+        assignments > 0,
+        "the Java worker never ran its leader's assignment (which reads every lease item)"
+    );
+    assert!(
+        troubles.is_empty(),
+        "the Java worker failed on the lease items: {troubles:?}"
+    );
+    verdict.assert_correct();
+    assert_eq!(
+        verdict.duplicates, 0,
+        "a shard moved without its checkpoint"
+    );
+    assert!(stat(&kcl, "handed_off") >= 2, "{kcl}");
+    assert_eq!(stat(&kcl, "handoffs_forced"), 0, "{kcl}");
+    assert!(verdict.per_worker.get("java-1").copied().unwrap_or(0) > 0);
 }

@@ -22,6 +22,10 @@ use tokio::time::Instant;
 
 const E2E_WORKER: &str = env!("CARGO_BIN_EXE_e2e-worker");
 
+// Hot shards spread by load-aware balance, two then three processes.
+#[path = "shards_in_motion/load_balance.rs"]
+mod load_balance;
+
 fn owner_counts(owners: &[Option<String>]) -> BTreeMap<String, usize> {
     let mut m = BTreeMap::new();
     for o in owners.iter().flatten() {

@@ -33,6 +33,24 @@ pub enum LeaseRenewal {
     PerLease,
 }
 
+/// How the lease taker balances the fleet when it steals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Balance {
+    /// Weigh leases by what they carry: each holder measures its leases'
+    /// bytes a second (and a lag that keeps growing) and publishes the
+    /// figure on the lease item (`throughputKBps`, as the Java KCL 3.x
+    /// does); steals move load from the most loaded worker, with a margin
+    /// that figures 20 % off cannot defeat. Counts are the fallback while
+    /// no lease carries a figure, and with Java KCL workers on the table.
+    /// The default.
+    #[default]
+    ByLoad,
+    /// Balance lease counts only (every worker within one lease of the
+    /// others), whatever the leases carry. Figures are still published.
+    ByCount,
+}
+
 /// Settings of the lease taker and renewer. Build with
 /// [`LeaseConfig::builder`].
 ///
@@ -57,6 +75,8 @@ pub struct LeaseConfig {
     pub(crate) release_on_drop: bool,
     pub(crate) seed: Option<u64>,
     pub(crate) renewal: LeaseRenewal,
+    pub(crate) balance: Balance,
+    pub(crate) load_report_interval: Duration,
 }
 
 impl LeaseConfig {
@@ -77,6 +97,8 @@ impl LeaseConfig {
             release_on_drop: true,
             seed: None,
             renewal: LeaseRenewal::default(),
+            balance: Balance::default(),
+            load_report_interval: None,
         }
     }
 
@@ -125,6 +147,16 @@ impl LeaseConfig {
     pub fn store_timeout(&self) -> Duration {
         self.store_timeout
     }
+    /// How the taker balances: by load (the default) or by count.
+    pub fn balance(&self) -> Balance {
+        self.balance
+    }
+    /// How often, at most, a lease's load figure is written on its own
+    /// (with liveness records; renewing per lease, every renewal carries
+    /// it), and the span of the window it is measured over.
+    pub fn load_report_interval(&self) -> Duration {
+        self.load_report_interval
+    }
 }
 
 /// Builder of [`LeaseConfig`].
@@ -144,6 +176,8 @@ pub struct LeaseConfigBuilder {
     release_on_drop: bool,
     seed: Option<u64>,
     renewal: LeaseRenewal,
+    balance: Balance,
+    load_report_interval: Option<Duration>,
 }
 
 impl LeaseConfigBuilder {
@@ -237,6 +271,25 @@ impl LeaseConfigBuilder {
         self.release_on_drop = on;
         self
     }
+    /// How the taker balances the fleet (default [`Balance::ByLoad`]).
+    /// Every worker of a fleet should balance the same way: a worker
+    /// balancing counts steals back what load balance left uneven in
+    /// count.
+    pub fn balance(mut self, balance: Balance) -> Self {
+        self.balance = balance;
+        self
+    }
+    /// How often, at most, each lease's load figure is written to its item
+    /// on its own, and the window it is measured over (default 60 s, or the
+    /// renew interval if that is longer). With
+    /// liveness records a figure is written only when it moved by more than
+    /// a fifth since the last one written, so an idle fleet writes none;
+    /// renewing per lease, every renewal carries it at no extra request.
+    /// At least the renew interval.
+    pub fn load_report_interval(mut self, d: Duration) -> Self {
+        self.load_report_interval = Some(d);
+        self
+    }
     /// Seeds the tick jitter, for reproducible simulations.
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
@@ -328,6 +381,18 @@ impl LeaseConfigBuilder {
         if self.renew_concurrency == 0 {
             return err("renew_concurrency", "must be at least 1".into());
         }
+        let load_report_interval = self
+            .load_report_interval
+            .unwrap_or(Duration::from_secs(60).max(renew_interval));
+        if load_report_interval < renew_interval {
+            return err(
+                "load_report_interval",
+                format!(
+                    "is {load_report_interval:?}; it must be at least renew_interval \
+                     ({renew_interval:?})"
+                ),
+            );
+        }
         Ok(LeaseConfig {
             worker_id: self.worker_id,
             lease_duration: self.lease_duration,
@@ -343,6 +408,8 @@ impl LeaseConfigBuilder {
             release_on_drop: self.release_on_drop,
             seed: self.seed,
             renewal: self.renewal,
+            balance: self.balance,
+            load_report_interval,
         })
     }
 }

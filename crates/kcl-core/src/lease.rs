@@ -106,6 +106,41 @@ impl fmt::Display for Checkpoint {
 #[error("invalid checkpoint value {0:?}: expected a sentinel or a decimal sequence number")]
 pub struct InvalidCheckpoint(pub String);
 
+/// What a lease carries, as its holder published it: kilobytes (1024
+/// bytes) a second, the lease item's `throughputKBps` as the Java KCL 3.x
+/// writes it (a number, a `Double` on the Java side). Always finite and
+/// non-negative, so it compares and hashes like an integer.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Default)]
+pub struct Throughput(f64);
+
+impl Eq for Throughput {}
+
+impl Throughput {
+    /// `kbps` kilobytes a second; `None` for a negative or non-finite value
+    /// (a figure that means nothing is no figure).
+    pub fn from_kbps(kbps: f64) -> Option<Self> {
+        // `+ 0.0` turns -0.0 into 0.0, so equal figures have equal bits.
+        (kbps.is_finite() && kbps >= 0.0).then_some(Throughput(kbps + 0.0))
+    }
+
+    /// Kilobytes a second.
+    pub fn kbps(self) -> f64 {
+        self.0
+    }
+
+    /// The figure rounded to a thousandth of a KB/s (about one byte a
+    /// second), as stored: the Java KCL rounds to six decimals.
+    pub fn rounded(self) -> Self {
+        Throughput((self.0 * 1000.0).round() / 1000.0)
+    }
+}
+
+impl fmt::Display for Throughput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} KB/s", self.0)
+    }
+}
+
 /// The hash-key range a shard covers, as decimal strings of 128-bit integers.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct HashKeyRange {
@@ -159,6 +194,11 @@ pub struct Lease {
     /// During a graceful handoff: the previous owner's tenure, on which its
     /// last checkpoints and the handoff's completion are conditional.
     pub checkpoint_owner_tenure: Option<String>,
+    /// What the shard carries, as its last holder published it (see
+    /// [`Throughput`]); `None` until a holder published a figure. Peers
+    /// balance by it, and it travels with the lease, so a new holder
+    /// starts from its predecessor's figure.
+    pub throughput: Option<Throughput>,
 }
 
 impl Lease {
@@ -190,6 +230,7 @@ impl Lease {
             checkpoint_owner: None,
             tenure: None,
             checkpoint_owner_tenure: None,
+            throughput: None,
         }
     }
 
@@ -297,6 +338,17 @@ mod tests {
         ] {
             assert_eq!(Checkpoint::parse(c.as_str(), c.sub_sequence()), Ok(c));
         }
+    }
+
+    #[test]
+    fn throughput_figures_are_finite_and_non_negative() {
+        assert_eq!(Throughput::from_kbps(1.5).map(Throughput::kbps), Some(1.5));
+        assert_eq!(Throughput::from_kbps(-0.0), Throughput::from_kbps(0.0));
+        for bad in [-1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            assert_eq!(Throughput::from_kbps(bad), None, "{bad}");
+        }
+        let t = Throughput::from_kbps(12.345_678).expect("finite");
+        assert_eq!(t.rounded().kbps(), 12.346);
     }
 
     #[test]

@@ -99,8 +99,8 @@ pub mod worker;
 
 mod consumer;
 
-pub use config::{ConfigError, LeaseConfig, LeaseRenewal};
-pub use lease::{Checkpoint, HashKeyRange, Lease, LeaseLayout};
+pub use config::{Balance, ConfigError, LeaseConfig, LeaseRenewal};
+pub use lease::{Checkpoint, HashKeyRange, Lease, LeaseLayout, Throughput};
 pub use leases::{EndReason, LeaseCoordinator, LeaseEvent, LeaseHandle, ShutdownMode};
 pub use record::Record;
 pub use store::{ErrorKind, Holder, LeaseStore, StoreError};

@@ -19,6 +19,12 @@
 //! - in a calm seed (no store faults, no kill, no pause), no handoff is
 //!   forced: every victim drains within the handoff timeout and hands over.
 //!
+//! The stand-in consumers read what each shard carries (two hot shards, a
+//! hundred times the others), so every worker measures and publishes its
+//! leases' load and the fleet balances by load (the default), with load
+//! steals and their handoffs among the faults. In a calm seed, the two hot
+//! shards end on different workers.
+//!
 //! `cargo test -p kcl-core --test sim` runs the fixed seeds and a short
 //! budget of random ones; `make sim SEEDS=N` runs N random seeds. A failing
 //! seed prints the command that replays its schedule (with `SIM_TRACE=1`,
@@ -31,6 +37,7 @@
 mod common;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
@@ -42,6 +49,17 @@ use rand::{Rng, SeedableRng};
 use tokio::time::{Instant, sleep};
 
 const SHARDS: usize = 6;
+/// Bytes a stand-in consumer reads every 500 ms from a hot shard (the
+/// first two) and from any other: 200 KB/s against 2 KB/s.
+const HOT_BYTES: u64 = 100 * 1024;
+const COLD_BYTES: u64 = 1024;
+/// Load figures measured over, and written at most every, 20 s, so that
+/// load balance acts within the run.
+const LOAD_WINDOW: Duration = Duration::from_secs(20);
+
+fn hot(key: &str) -> bool {
+    key.ends_with("-000000000000") || key.ends_with("-000000000001")
+}
 const RUN: Duration = Duration::from_secs(180);
 const STEP: Duration = Duration::from_millis(10);
 /// The longest a lease may stand unprocessed while a healthy worker runs:
@@ -148,6 +166,9 @@ struct Findings {
     longest_orphan: Option<(String, Duration)>,
     unheld_at_end: Vec<String>,
     forced_in_calm: u64,
+    /// In a calm seed: the worker holding both hot shards at the end,
+    /// while another worker runs.
+    hot_together: Option<String>,
 }
 
 impl Findings {
@@ -175,6 +196,11 @@ impl Findings {
                 self.unheld_at_end
             ));
         }
+        if let Some(worker) = &self.hot_together {
+            why.push(format!(
+                "{worker} holds both hot shards at the end of a calm run (load balance)"
+            ));
+        }
         if self.forced_in_calm > 0 {
             why.push(format!(
                 "{} handoffs forced in a calm fleet (victims drain within the timeout)",
@@ -200,6 +226,7 @@ impl Fleet {
         let spec = &self.specs[i];
         let config = in_mode(spec.mode, &spec.id, seed)
             .lease_duration(spec.lease)
+            .load_report_interval(LOAD_WINDOW)
             .build()
             .unwrap();
         let stand_in = if spec.drain.is_zero() {
@@ -207,7 +234,8 @@ impl Fleet {
         } else {
             StandIn::SlowHandoff(spec.drain)
         };
-        self.workers[i] = Some(SimWorker::start_with(&self.table, config, stand_in));
+        let load: Load = Arc::new(|key: &str| if hot(key) { HOT_BYTES } else { COLD_BYTES });
+        self.workers[i] = Some(SimWorker::start_loaded(&self.table, config, stand_in, load));
     }
 
     async fn stop(&mut self, i: usize) {
@@ -347,6 +375,19 @@ async fn run(schedule: &Schedule) -> Findings {
         .collect();
     findings.overlap = overlap.max();
     findings.regressions = checkpoints.regressions.clone();
+    if schedule.calm && fleet.running().len() > 1 {
+        let holders: Vec<Option<String>> = table
+            .snapshot()
+            .into_iter()
+            .filter(|l| hot(&l.key))
+            .map(|l| l.owner)
+            .collect();
+        if let [Some(a), Some(b)] = holders.as_slice()
+            && a == b
+        {
+            findings.hot_together = Some(a.clone());
+        }
+    }
     if schedule.calm {
         let running: u64 = fleet
             .running()

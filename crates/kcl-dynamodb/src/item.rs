@@ -15,6 +15,7 @@
 //! | `childShardIds` | SS | child shards |
 //! | `startingHashKey`, `endingHashKey` | S | hash-key range |
 //! | `checkpointOwner` | S | previous owner during a graceful handoff |
+//! | `throughputKBps` | N | what the shard carries, KB/s (see below) |
 //! | `kclTenure` | S | the owner's tenure (kcl only; see below) |
 //! | `kclCheckpointOwnerTenure` | S | the previous owner's tenure during a handoff (kcl only) |
 //! | `kclCommitToken` | S | the token of the last exactly-once commit (kcl only) |
@@ -37,6 +38,14 @@
 //! commit that lands clears the set: every fenced attempt was conditional
 //! on a checkpoint it has moved past.
 //!
+//! `throughputKBps` is the Java KCL 3.x's: its renewals write what the
+//! lease carried (a `Double`, kilobytes a second), and its leader reads it
+//! to assign leases by throughput. kcl writes the same attribute (with
+//! renewals per lease, or on its own at a low rate) and balances by it. A
+//! value that is not a finite non-negative number reads as no figure,
+//! never as a malformed item: the figure is a hint, and a lease must never
+//! become unreadable over it.
+//!
 //! Multi-stream keys are `account:stream:creationEpoch:shardId`. Newer Java
 //! KCLs also keep non-lease entities in the table (marked by `entityType`);
 //! those are not leases and are skipped without complaint.
@@ -45,7 +54,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
-use kcl_core::{Checkpoint, HashKeyRange, Lease};
+use kcl_core::{Checkpoint, HashKeyRange, Lease, Throughput};
 
 /// Attribute names, as the Java KCL spells them.
 pub mod attr {
@@ -82,6 +91,8 @@ pub mod attr {
     pub const STREAM_NAME: &str = "streamName";
     /// Multi-stream: the shard id.
     pub const SHARD_ID: &str = "shardId";
+    /// What the shard carries, KB/s (the Java KCL 3.x's lease throughput).
+    pub const THROUGHPUT_KBPS: &str = "throughputKBps";
     /// Marks non-lease entities written by newer Java KCLs.
     pub const ENTITY_TYPE: &str = "entityType";
     /// kcl only: the owner's tenure.
@@ -173,7 +184,26 @@ pub fn to_item(lease: &Lease) -> HashMap<String, AttributeValue> {
         item.insert(attr::STREAM_NAME.into(), s(stream));
         item.insert(attr::SHARD_ID.into(), s(&lease.shard_id));
     }
+    if let Some(load) = lease.throughput {
+        item.insert(attr::THROUGHPUT_KBPS.into(), throughput_value(load));
+    }
     item
+}
+
+/// A load figure as the `throughputKBps` number, rounded to a thousandth
+/// and written as the shortest plain decimal (`12.5`, as the Java KCL
+/// writes it; it parses it with `Double.valueOf`).
+pub fn throughput_value(load: Throughput) -> AttributeValue {
+    AttributeValue::N(load.rounded().kbps().to_string())
+}
+
+/// Reads `throughputKBps`: `None` when absent, not a number, or not a
+/// finite non-negative one.
+fn throughput_of(item: &HashMap<String, AttributeValue>) -> Option<Throughput> {
+    match item.get(attr::THROUGHPUT_KBPS) {
+        Some(AttributeValue::N(n)) => n.trim().parse().ok().and_then(Throughput::from_kbps),
+        _ => None,
+    }
 }
 
 /// A string set attribute.
@@ -259,6 +289,7 @@ pub fn from_item(item: &HashMap<String, AttributeValue>) -> Result<ReadItem, Ite
         checkpoint_owner: r.string(attr::CHECKPOINT_OWNER)?.map(str::to_owned),
         tenure: r.string(attr::TENURE)?.map(str::to_owned),
         checkpoint_owner_tenure: r.string(attr::CHECKPOINT_OWNER_TENURE)?.map(str::to_owned),
+        throughput: throughput_of(item),
         stream,
         shard_id,
         key,

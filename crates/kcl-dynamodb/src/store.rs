@@ -17,11 +17,11 @@ use kcl_core::store::metered::StoreStats;
 use kcl_core::store::{
     Beat, BeatUpdate, CheckpointUpdate, Holder, Intent, LeaseStore, Page, StoreError, StoreOp,
 };
-use kcl_core::{Checkpoint, Lease};
+use kcl_core::{Checkpoint, Lease, Throughput};
 use tracing::warn;
 
 use crate::error::{ClassifiedError, classify, unconditional_error};
-use crate::item::{ReadItem, attr, from_item, to_item};
+use crate::item::{ReadItem, attr, from_item, throughput_value, to_item};
 
 /// A [`LeaseStore`] on a DynamoDB table with the Java KCL's item layout.
 ///
@@ -272,6 +272,7 @@ impl Update {
             attr::CHILD_SHARD_IDS,
             attr::COMMIT_TOKEN,
             attr::FENCED_COMMITS,
+            attr::THROUGHPUT_KBPS,
         ] {
             let placeholder = format!("#{a}");
             if uses(&u.expression, &placeholder) || uses(&u.condition, &placeholder) {
@@ -664,9 +665,20 @@ impl LeaseStore for DynamoDbLeaseStore {
             .await
     }
 
-    async fn renew(&self, key: &str, by: Holder<'_>, counter: u64) -> Result<Lease, StoreError> {
-        let update = Update::new(
-            "SET #leaseCounter = :next",
+    async fn renew_with(
+        &self,
+        key: &str,
+        by: Holder<'_>,
+        counter: u64,
+        load: Option<Throughput>,
+    ) -> Result<Lease, StoreError> {
+        // The figure rides on the renewal, as the Java KCL 3.x writes it.
+        let expression = match load {
+            Some(_) => "SET #leaseCounter = :next, #throughputKBps = :load",
+            None => "SET #leaseCounter = :next",
+        };
+        let mut update = Update::new(
+            expression,
             &format!(
                 "(({}) OR ({})) AND #leaseCounter = :counter",
                 owned_by(by),
@@ -677,11 +689,27 @@ impl LeaseStore for DynamoDbLeaseStore {
         .tenure(":tenure", by.tenure)
         .n(":counter", counter)
         .n(":next", counter + 1);
+        if let Some(load) = load {
+            update.values.insert(":load".into(), throughput_value(load));
+        }
         let intent = Intent::Own {
             by,
             counter: counter + 1,
         };
         self.update(StoreOp::Renew, key, update, Some(intent)).await
+    }
+
+    async fn report_load(
+        &self,
+        key: &str,
+        by: Holder<'_>,
+        load: Throughput,
+    ) -> Result<Lease, StoreError> {
+        let mut update = Update::new("SET #throughputKBps = :load", &owned_by(by))
+            .s(":owner", by.owner)
+            .tenure(":tenure", by.tenure);
+        update.values.insert(":load".into(), throughput_value(load));
+        self.update(StoreOp::ReportLoad, key, update, None).await
     }
 
     async fn release(&self, key: &str, by: Holder<'_>) -> Result<Lease, StoreError> {

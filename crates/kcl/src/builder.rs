@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use aws_config::SdkConfig;
 use kcl_core::checkpointer::CheckpointPolicy;
-use kcl_core::config::{LeaseConfig, LeaseConfigBuilder, LeaseRenewal};
+use kcl_core::config::{Balance, LeaseConfig, LeaseConfigBuilder, LeaseRenewal};
 use kcl_core::observe::Observer;
 use kcl_core::processor::{FailurePolicy, ProcessorFactory};
 use kcl_core::source::{InitialPosition, ShardSource, SourceError};
@@ -807,6 +807,14 @@ impl WorkerBuilder {
         max_leases_to_steal: usize,
         /// How long a graceful handoff may take before it is forced.
         handoff_timeout: Duration,
+        /// How leases are balanced over the fleet: by what they carry (the
+        /// default: hot shards spread out, each lease's bytes a second
+        /// published on its item as `throughputKBps`), or by count.
+        balance: Balance,
+        /// How often, at most, a lease's load figure is written on its own
+        /// (with liveness records), and the window it is measured over
+        /// (default 60 s).
+        load_report_interval: Duration,
     });
 
     forward!(engine (WorkerConfigBuilder) {

@@ -84,7 +84,7 @@ pub use kcl_core::source::InitialPosition;
 pub use kcl_core::worker::{
     DEFAULT_MAX_READ_FAILURE_TIME, RemovedStreamPolicy, ShutdownReport, WorkerHandle, WorkerStatus,
 };
-pub use kcl_core::{Checkpoint, ConfigError, LeaseRenewal, Record};
+pub use kcl_core::{Balance, Checkpoint, ConfigError, LeaseRenewal, Record};
 pub use kcl_dynamodb::{
     Capacity, DynamoDbDestination, ExactlyOnce, TableCreation, TableOptions, Transaction,
     TransactionError,

@@ -659,6 +659,14 @@ impl Fetch {
                 c.still_ours()?;
                 c.progress
                     .fetched(batch.records.len(), batch.millis_behind_latest);
+                // What the shard carries, published on its lease for peers
+                // to balance by.
+                let bytes: usize = batch.records.iter().map(|r| r.data.len()).sum();
+                c.lease.record_read(
+                    bytes as u64,
+                    batch.records.len() as u64,
+                    batch.millis_behind_latest,
+                );
                 if let Some(last) = batch.records.last() {
                     self.position = StartPosition::AfterCheckpoint {
                         seq: last.sequence_number.clone(),

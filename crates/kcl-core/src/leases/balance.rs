@@ -29,12 +29,23 @@
 //!   single lease is never worth a steal. Only leases whose holder this
 //!   worker has seen write are stolen (a worker that stopped before this
 //!   one started gets no handoff requests; its leases expire first).
+//! - Balancing by load ([`Balance::ByLoad`], the default) replaces the
+//!   count steal with the load steal of [`load`] once any lease carries a
+//!   load figure and no Java KCL worker shares the table: leases are
+//!   weighed by what they carry, and a thief takes the leases that bring
+//!   the most loaded worker closest to itself, only when the move helps
+//!   even with every figure 20 % off against it (see [`load`] for the rule,
+//!   its margin and its bounds). Takes of free leases stay by count.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+pub use crate::config::Balance;
+
+pub mod load;
+
 /// One lease as this worker sees it at the end of a scan.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct LeaseView<'a> {
     /// The lease key.
     pub key: &'a str,
@@ -60,6 +71,11 @@ pub struct LeaseView<'a> {
     /// and a handoff asked of it would never complete; its leases are
     /// taken once they expire instead.
     pub seen_alive: bool,
+    /// What the lease carries, as its holder last published it (KB/s, the
+    /// lease item's `throughputKBps`); `None` when no figure was published
+    /// (a lease nobody processed, or one held by a Java KCL worker that
+    /// publishes none), which weighs as an idle lease.
+    pub load: Option<f64>,
 }
 
 /// The inputs of one decision.
@@ -84,6 +100,9 @@ pub struct BalanceInput<'a> {
     /// among `peers` too): they take no lease themselves (their leader
     /// assigns), so the most loaded kcl worker hands them their share.
     pub foreign: Vec<&'a str>,
+    /// Whether leases are weighed by their load figures or counted (see
+    /// [`load`]).
+    pub balance: Balance,
 }
 
 /// What the lease taker should do this tick.
@@ -119,20 +138,11 @@ pub fn decide(input: &BalanceInput<'_>) -> Decision {
     }
     let mut reclaim = Vec::new();
     for lease in &input.leases {
-        match lease.owner {
-            // Another process under our id: its live leases count as ours
-            // (the fleet sees one id); its expired ones as nobody's.
-            Some(owner) if owner == me && lease.other_process => {
-                *counts.entry(me).or_default() += usize::from(!lease.expired);
-            }
-            Some(owner) if owner == me => {
-                *counts.entry(me).or_default() += 1;
-                if !lease.held_here {
-                    reclaim.push(lease.key.to_owned());
-                }
-            }
-            Some(owner) if !lease.expired => *counts.entry(owner).or_default() += 1,
-            _ => {}
+        if let Some(holder) = counted_for(lease, me) {
+            *counts.entry(holder).or_default() += 1;
+        }
+        if lease.owner == Some(me) && !lease.other_process && !lease.held_here {
+            reclaim.push(lease.key.to_owned());
         }
     }
     let live_workers = counts.len();
@@ -163,12 +173,15 @@ pub fn decide(input: &BalanceInput<'_>) -> Decision {
         })
         .map(|l| l.key.to_owned())
         .collect();
+    let weights = load::Weights::of(input, &counts);
     if mine >= target {
         if !stale.is_empty() && mine < input.max_leases_per_worker {
             decision.take = stale
                 .into_iter()
                 .take(input.max_leases_per_worker - mine)
                 .collect();
+        } else if let Some(weights) = &weights {
+            load::steal(input, &counts, weights, &mut decision);
         } else {
             give(input, &counts, target, &mut decision);
         }
@@ -211,6 +224,10 @@ pub fn decide(input: &BalanceInput<'_>) -> Decision {
             .take(owed)
             .map(|l| l.key.to_owned())
             .collect();
+        return decision;
+    }
+    if let Some(weights) = &weights {
+        load::steal(input, &counts, weights, &mut decision);
         return decision;
     }
 
@@ -289,6 +306,18 @@ fn give(
     decision.give = ours.iter().take(count).map(|l| l.key.to_owned()).collect();
     if !decision.give.is_empty() {
         decision.give_to = Some(to.to_owned());
+    }
+}
+
+/// The worker a lease counts for in the balance: its owner while it lives.
+/// Another process under our id counts as us (the fleet sees one id) for
+/// its live leases; expired leases count for nobody.
+fn counted_for<'a>(lease: &LeaseView<'a>, me: &'a str) -> Option<&'a str> {
+    match lease.owner {
+        Some(owner) if owner == me && lease.other_process => (!lease.expired).then_some(me),
+        Some(owner) if owner == me => Some(me),
+        Some(owner) if !lease.expired => Some(owner),
+        _ => None,
     }
 }
 

@@ -15,6 +15,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::config::LeaseConfig;
 use crate::lease::Lease;
+use crate::leases::meter::Meter;
 use crate::store::Holder;
 
 /// Why this worker stopped holding a lease.
@@ -155,12 +156,22 @@ pub(crate) struct Held {
     handoff: CancellationToken,
     /// Serialises this tenure's writes (renewal, handoff progress, force).
     pub(crate) writing: tokio::sync::Mutex<()>,
+    /// What the shard carries in this tenure, fed by its consumer.
+    pub(crate) meter: Meter,
 }
 
 impl Held {
-    /// A tenure of `lease`, whose `owner` and `tenure` fields name it.
-    pub(crate) fn new(lease: Lease, valid_until: Instant, phase: Phase) -> Self {
+    /// A tenure of `lease`, whose `owner` and `tenure` fields name it; its
+    /// load is measured over `load_window`, starting from the figure the
+    /// lease carries.
+    pub(crate) fn new(
+        lease: Lease,
+        valid_until: Instant,
+        phase: Phase,
+        load_window: std::time::Duration,
+    ) -> Self {
         Held {
+            meter: Meter::new(load_window, lease.throughput),
             owner: lease.owner.clone().unwrap_or_default(),
             tenure: lease.tenure.clone().unwrap_or_default(),
             inner: Mutex::new(HeldInner {
@@ -467,6 +478,11 @@ impl Held {
     }
 }
 
+/// The load window of a [`LeaseHandle::detached`] handle (the default
+/// `load_report_interval`).
+#[cfg(any(test, feature = "test-util"))]
+const DETACHED_LOAD_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// A lease this worker holds, given to the shard's consumer.
 ///
 /// The coordinator counts the handles of each tenure: a tenure that ended
@@ -549,6 +565,15 @@ impl LeaseHandle {
         self.held.valid_until()
     }
 
+    /// Counts one batch read from the shard: `bytes` of record data in
+    /// `records` records, the tip `behind` milliseconds ahead. What the
+    /// shard carries is published on its lease for peers to balance by.
+    pub fn record_read(&self, bytes: u64, records: u64, behind: Option<u64>) {
+        self.held
+            .meter
+            .record(bytes, records, behind, Instant::now());
+    }
+
     /// Why the lease ended, once it has.
     pub fn end_reason(&self) -> Option<EndReason> {
         self.held.lock().ended
@@ -572,7 +597,12 @@ impl LeaseHandle {
     pub fn detached(lease: Lease, valid_for: std::time::Duration) -> Self {
         LeaseHandle::new(
             lease.key.clone(),
-            Arc::new(Held::new(lease, Instant::now() + valid_for, Phase::Active)),
+            Arc::new(Held::new(
+                lease,
+                Instant::now() + valid_for,
+                Phase::Active,
+                DETACHED_LOAD_WINDOW,
+            )),
         )
     }
 
@@ -609,6 +639,7 @@ mod tests {
                 from: "victim".into(),
                 force_at: far,
             },
+            Duration::from_secs(60),
         )
     }
 

@@ -18,6 +18,10 @@
 //!    lost tenure are decided (its table of cases is the handoff's spec).
 //! 6. [`coordinator::LeaseCoordinator`] is the public face: it starts the
 //!    two tasks and releases, hands off and shuts down tenures.
+//! 7. Each tenure's `meter` measures what its shard carries (fed by the
+//!    consumer through [`LeaseHandle::record_read`]); the renewer publishes
+//!    it on the lease item (`throughputKBps`), and [`balance::load`] weighs
+//!    the leases by it.
 //!
 //! Every write of a tenure is conditional on it (invariant 10): a second
 //! process under the same worker id, or a delayed write of an earlier
@@ -31,6 +35,7 @@ pub(crate) mod handoff;
 pub(crate) mod held;
 pub(crate) mod java_fleet;
 pub(crate) mod liveness;
+pub(crate) mod meter;
 #[cfg(test)]
 mod model;
 pub mod operator;

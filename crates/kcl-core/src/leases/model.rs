@@ -40,7 +40,7 @@ use tokio::time::Instant;
 
 use crate::config::LeaseConfig;
 use crate::lease::{Checkpoint, Lease};
-use crate::leases::balance::{BalanceInput, LeaseView, decide};
+use crate::leases::balance::{Balance, BalanceInput, LeaseView, decide};
 use crate::leases::liveness::LivenessTracker;
 use crate::leases::shared::{can_hold, valid_from};
 use crate::leases::taker::{free_by_liveness, unless_unbeaten};
@@ -241,6 +241,10 @@ impl State {
             other_process: false,
             in_handoff: false,
             seen_alive: true,
+            // The lease carries load, so the decision weighs by it: a lone
+            // lease is never worth a load steal either (its holder would
+            // keep nothing).
+            load: Some(100.0),
         };
         let decision = decide(&BalanceInput {
             me: IDS[w],
@@ -250,6 +254,7 @@ impl State {
             peers,
             stale_after: own,
             foreign: Vec::new(),
+            balance: Balance::ByLoad,
         });
         let beat = worker.last_beat.map(at);
         let decision = unless_unbeaten(can_hold(beat, at(t), &config), decision);

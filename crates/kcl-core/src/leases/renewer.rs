@@ -12,10 +12,11 @@ use tracing::{debug, info, warn};
 
 use crate::backoff::Backoff;
 use crate::config::LeaseConfig;
-use crate::lease::Lease;
+use crate::lease::{Lease, Throughput};
 use crate::leases::handoff::{Ours, Verdict, judge};
 use crate::leases::held::{AskState, EndReason, Held, Phase};
 use crate::leases::liveness::{ask_entry, asked_lease};
+use crate::leases::meter::{Reading, moved};
 use crate::leases::shared::{Shared, each_unblocked};
 use crate::leases::tenure::instance_of;
 use crate::observe::Event;
@@ -36,6 +37,88 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
         _ = renew_loop(&shared) => {}
         _ = fence_loop(&shared) => {}
         _ = handoff_loop(&shared) => {}
+        _ = report_loop(&shared) => {}
+    }
+}
+
+/// With liveness records no renewal writes the lease items, so what each
+/// lease carries is written on its own: at most once a
+/// `load_report_interval` per lease and only when it moved by more than a
+/// fifth (see `leases::meter`). When what this worker's leases carry in
+/// all moved by more than a fifth since peers were last told, the next
+/// beat tells them (its change counter), so they read the figures:
+/// otherwise a peer whose own fleet view did not change would never look.
+/// Renewing per lease, renewals carry the figures and every tick scans.
+async fn report_loop(shared: &Shared) {
+    let mut told = 0.0;
+    loop {
+        tokio::time::sleep(shared.config.renew_interval).await;
+        if !shared.liveness_mode() {
+            continue;
+        }
+        let now = Instant::now();
+        let due: Vec<(String, Arc<Held>, Reading)> = shared
+            .held_snapshot()
+            .into_iter()
+            .filter(|(_, h)| h.phase() == Phase::Active && !h.is_ended())
+            .filter_map(|(k, h)| {
+                let reading = h.meter.report_due(h.lease().throughput, now)?;
+                Some((k, h, reading))
+            })
+            .collect();
+        each_unblocked(
+            due,
+            shared.config.renew_concurrency,
+            |(key, held, reading)| async move {
+                report_one(shared, &key, &held, reading).await;
+            },
+        )
+        .await;
+        let total: f64 = shared
+            .held_snapshot()
+            .iter()
+            .filter_map(|(_, h)| h.lease().throughput)
+            .map(Throughput::kbps)
+            .sum();
+        if moved(told, total) {
+            debug!(
+                from = told,
+                to = total,
+                "what this worker carries moved; telling peers"
+            );
+            told = total;
+            shared.table_changed();
+        }
+    }
+}
+
+/// Writes one lease's figure, under its write lock.
+async fn report_one(shared: &Shared, key: &str, held: &Arc<Held>, reading: Reading) {
+    let load = reading.load;
+    let limit = shared.config.store_timeout;
+    let Ok(_writing) = tokio::time::timeout(limit, held.writing.lock()).await else {
+        return;
+    };
+    if held.phase() != Phase::Active || held.is_ended() {
+        return;
+    }
+    let sent = Instant::now();
+    match shared.store.report_load(key, held.holder(), load).await {
+        Ok(lease) => {
+            held.meter.published(sent);
+            held.adopt(lease);
+            debug!(
+                lease = %key,
+                %load,
+                bytes_per_sec = reading.bytes_per_sec,
+                records_per_sec = reading.records_per_sec,
+                lag_growth = reading.lag_growth,
+                "published what the lease carries"
+            );
+        }
+        // A lease lost or asked for is the renewer's and taker's to judge;
+        // the figure waits for the next window.
+        Err(e) => debug!(lease = %key, error = %e, "publishing what the lease carries failed"),
     }
 }
 
@@ -503,15 +586,21 @@ async fn renew_one(shared: &Shared, key: &str, held: &Arc<Held>, next_round: Ins
     // attempt applied late (its response lost), and peers saw the counter
     // move when that attempt landed.
     let sent = held.write_base(counter, Instant::now());
+    // Every renewal carries what the lease carries, as the Java KCL 3.x's
+    // do: a figure at no request of its own.
+    let load = held.meter.current(Instant::now());
     let result = retry_until(
         StoreOp::Renew,
         deadline,
         renew_policy(&shared.config),
-        || shared.store.renew(key, holder, counter),
+        || shared.store.renew_with(key, holder, counter, load),
     )
     .await;
     match result {
         Ok(lease) => {
+            if load.is_some() {
+                held.meter.published(sent);
+            }
             // Renewals of a lease handed off from us succeed (we keep it
             // alive while draining): the answer is how we learn of it.
             let asked = holder.hands_off(&lease) && held.phase() == Phase::Active;

@@ -555,7 +555,12 @@ impl Shared {
         let key = lease.key.clone();
         let valid_until =
             self.valid_from(sent) + self.config.lease_duration - self.config.fence_margin;
-        let held = Arc::new(Held::new(lease, valid_until, Phase::Active));
+        let held = Arc::new(Held::new(
+            lease,
+            valid_until,
+            Phase::Active,
+            self.config.load_report_interval,
+        ));
         held.item_written(sent);
         self.insert(key.clone(), &held);
         if Instant::now() >= valid_until {
@@ -603,6 +608,7 @@ impl Shared {
             lease,
             valid_until,
             Phase::Awaiting { from, force_at },
+            self.config.load_report_interval,
         ));
         // Held in the table (and renewed) while awaiting: counted as held.
         self.insert(key, &held);
@@ -612,6 +618,9 @@ impl Shared {
     /// The previous owner completed the handoff (or it was forced): start
     /// consuming, with validity from the write sent at `sent`.
     pub(crate) async fn activate(&self, key: &str, held: &Arc<Held>, lease: Lease, sent: Instant) {
+        // Nothing was read while awaiting: the window starts now, from the
+        // figure the previous owner left on the item.
+        held.meter.restart(lease.throughput, Instant::now());
         if !held.renewed(lease, self.valid_from(sent), &self.config) {
             self.ended(key, held, EndReason::Fenced).await;
             return;

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::lease::Lease;
+use crate::lease::{Lease, Throughput};
 use crate::leases::balance::{BalanceInput, Decision, LeaseView, decide};
 use crate::leases::expiry::ExpiryTracker;
 use crate::leases::held::{Held, Phase};
@@ -326,6 +326,7 @@ impl Taker {
                         in_handoff: l.in_handoff(),
                         seen_alive: self.tracker.has_moved(l)
                             || liveness.runs(l, config.lease_duration),
+                        load: l.throughput.map(Throughput::kbps),
                     }
                 })
                 .collect()
@@ -372,6 +373,7 @@ impl Taker {
             peers,
             stale_after: config.lease_duration,
             foreign: java.iter().map(String::as_str).collect(),
+            balance: config.balance,
         });
         self.unsettled = held_back
             || !decision.take.is_empty()

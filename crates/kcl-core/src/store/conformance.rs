@@ -14,7 +14,7 @@ use std::collections::HashSet;
 use futures::TryStreamExt;
 
 use super::{BeatUpdate, CheckpointUpdate, Holder, LeaseStore, StoreError};
-use crate::lease::{Checkpoint, HashKeyRange, Lease};
+use crate::lease::{Checkpoint, HashKeyRange, Lease, Throughput};
 
 /// Rounds of each race case; every round must have exactly one winner.
 pub const RACE_ROUNDS: usize = 40;
@@ -56,7 +56,8 @@ macro_rules! lease_store_conformance {
             a_hand_back_is_a_handoff_to_nobody_the_holder_drains,
             an_eviction_hands_back_in_a_tenure_the_holder_never_wrote,
             a_replayed_hand_back_reconciles_as_applied,
-            an_eviction_during_a_steal_evicts_the_draining_previous_owner
+            an_eviction_during_a_steal_evicts_the_draining_previous_owner,
+            a_load_figure_is_written_by_its_holder_and_travels_with_the_lease
         );
     };
     (@cases $factory:path; $($case:ident),+) => {
@@ -162,6 +163,7 @@ pub async fn get_round_trips_every_field<S: LeaseStore + ?Sized>(store: &S) {
     full.checkpoint_owner = Some("worker-b".into());
     full.tenure = Some("3f2a9c01d4e5b687.1".into());
     full.checkpoint_owner_tenure = Some("77aa00ff11ee22dd.4".into());
+    full.throughput = Throughput::from_kbps(12.5);
     store.create_if_absent(&full).await.expect("create");
     let read = store.get(&full.key).await.expect("get").expect("exists");
     assert_eq!(read, full);
@@ -1354,4 +1356,79 @@ pub async fn an_eviction_during_a_steal_evicts_the_draining_previous_owner<
         "a handoff without a tenure",
     );
     assert_eq!(store.get("u").await.expect("get"), Some(java));
+}
+
+fn kbps(x: f64) -> Throughput {
+    Throughput::from_kbps(x).expect("a figure")
+}
+
+/// A lease's load figure (`throughputKBps`) is written only by its owner
+/// in its tenure, on its own or with a renewal, without moving the
+/// counter when on its own; it is rounded to a thousandth, and every other
+/// write (renewal without one, checkpoint, handoff, take, release) leaves
+/// it, so it travels with the lease to its next holder.
+pub async fn a_load_figure_is_written_by_its_holder_and_travels_with_the_lease<
+    S: LeaseStore + ?Sized,
+>(
+    store: &S,
+) {
+    let l = owned_by(store, "s", "a").await;
+    assert_eq!(l.throughput, None, "no figure until one is published");
+    assert_condition_failed(
+        store.report_load("s", h("b"), kbps(1.0)).await,
+        "a report by another worker",
+    );
+    assert_condition_failed(
+        store.report_load("s", a_in("t-old"), kbps(1.0)).await,
+        "a report by another tenure of the owner",
+    );
+    let reported = store
+        .report_load("s", h("a"), kbps(12.345_678))
+        .await
+        .expect("the holder reports");
+    assert_eq!(reported.throughput, Some(kbps(12.346)), "rounded to 1/1000");
+    assert_eq!(reported.counter, l.counter, "a report renews nothing");
+    let read = store.get("s").await.expect("get").expect("exists");
+    assert_eq!(read.throughput, Some(kbps(12.346)));
+
+    let renewed = store
+        .renew_with("s", h("a"), l.counter, Some(kbps(3.0)))
+        .await
+        .expect("a renewal carrying a figure");
+    assert_eq!(
+        (renewed.counter, renewed.throughput),
+        (l.counter + 1, Some(kbps(3.0)))
+    );
+    let renewed = store
+        .renew("s", h("a"), renewed.counter)
+        .await
+        .expect("a renewal without one");
+    assert_eq!(renewed.throughput, Some(kbps(3.0)), "kept");
+    let checkpointed = store
+        .checkpoint("s", h("a"), &cp("7"))
+        .await
+        .expect("checkpoint");
+    assert_eq!(checkpointed.throughput, Some(kbps(3.0)));
+
+    let handing = store.start_handoff(&renewed, h("b")).await.expect("steal");
+    assert_eq!(handing.throughput, Some(kbps(3.0)), "travels with a steal");
+    assert_condition_failed(
+        store.report_load("s", h("a"), kbps(9.0)).await,
+        "a report by the previous owner while it hands off",
+    );
+    let done = store.complete_handoff("s", h("a")).await.expect("complete");
+    assert_eq!(done.throughput, Some(kbps(3.0)));
+    let released = store.release("s", h("b")).await.expect("release");
+    assert_eq!(released.throughput, Some(kbps(3.0)));
+    let taken = store.take(&released, h("a")).await.expect("take");
+    assert_eq!(
+        taken.throughput,
+        Some(kbps(3.0)),
+        "the next holder starts from it"
+    );
+    let zero = store
+        .report_load("s", h("a"), kbps(0.0))
+        .await
+        .expect("an idle figure");
+    assert_eq!(zero.throughput, Some(kbps(0.0)));
 }

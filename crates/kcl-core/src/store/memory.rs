@@ -19,7 +19,7 @@ use super::{
     Beat, BeatUpdate, CheckpointUpdate, ErrorKind, Holder, Intent, JavaWorker, LeaseStore, Page,
     StoreError, StoreOp,
 };
-use crate::lease::{Checkpoint, Lease};
+use crate::lease::{Checkpoint, Lease, Throughput};
 
 /// A fault to inject into one store call.
 #[derive(Debug, Clone, PartialEq)]
@@ -472,7 +472,13 @@ impl LeaseStore for InMemoryLeaseStore {
         .await
     }
 
-    async fn renew(&self, key: &str, by: Holder<'_>, counter: u64) -> Result<Lease, StoreError> {
+    async fn renew_with(
+        &self,
+        key: &str,
+        by: Holder<'_>,
+        counter: u64,
+        load: Option<Throughput>,
+    ) -> Result<Lease, StoreError> {
         let intent = Intent::Own {
             by,
             counter: counter + 1,
@@ -483,7 +489,30 @@ impl LeaseStore for InMemoryLeaseStore {
                 key,
                 Some(intent),
                 |l| (by.owns(l) || by.hands_off(l)) && l.counter == counter,
-                |l| l.counter += 1,
+                |l| {
+                    l.counter += 1;
+                    if let Some(load) = load {
+                        l.throughput = Some(load.rounded());
+                    }
+                },
+            )
+        })
+        .await
+    }
+
+    async fn report_load(
+        &self,
+        key: &str,
+        by: Holder<'_>,
+        load: Throughput,
+    ) -> Result<Lease, StoreError> {
+        self.call(StoreOp::ReportLoad, Some(key), |t| {
+            Self::update(
+                t,
+                key,
+                None,
+                |l| by.owns(l),
+                |l| l.throughput = Some(load.rounded()),
             )
         })
         .await

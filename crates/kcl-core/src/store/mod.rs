@@ -14,7 +14,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 
-use crate::lease::{Checkpoint, Lease};
+use crate::lease::{Checkpoint, Lease, Throughput};
 
 #[cfg(any(test, feature = "test-util"))]
 pub mod conformance;
@@ -306,7 +306,31 @@ pub trait LeaseStore: Send + Sync + fmt::Debug {
     /// hands it off ([`Holder::hands_off`]: the previous owner keeps a
     /// lease in a graceful handoff alive until it completes, as the Java
     /// KCL 3.x does), at `counter`.
-    async fn renew(&self, key: &str, by: Holder<'_>, counter: u64) -> Result<Lease, StoreError>;
+    async fn renew(&self, key: &str, by: Holder<'_>, counter: u64) -> Result<Lease, StoreError> {
+        self.renew_with(key, by, counter, None).await
+    }
+
+    /// [`LeaseStore::renew`], also writing what the lease carries
+    /// (`throughputKBps`) when `load` is given, as the Java KCL 3.x's
+    /// renewals do: the figure costs no request of its own.
+    async fn renew_with(
+        &self,
+        key: &str,
+        by: Holder<'_>,
+        counter: u64,
+        load: Option<Throughput>,
+    ) -> Result<Lease, StoreError>;
+
+    /// Publishes what the lease carries (`throughputKBps`) on its own.
+    /// Condition: `by` owns the lease in its tenure. Leaves the counter
+    /// (it renews nothing, so it never races a renewal) and every other
+    /// attribute. A replay after a lost answer applies again, harmlessly.
+    async fn report_load(
+        &self,
+        key: &str,
+        by: Holder<'_>,
+        load: Throughput,
+    ) -> Result<Lease, StoreError>;
 
     /// Removes the owner and its tenure so that any worker may take the
     /// lease at once. Condition: `by` owns it (worker and tenure). A
@@ -430,6 +454,23 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
     async fn renew(&self, key: &str, by: Holder<'_>, counter: u64) -> Result<Lease, StoreError> {
         (**self).renew(key, by, counter).await
     }
+    async fn renew_with(
+        &self,
+        key: &str,
+        by: Holder<'_>,
+        counter: u64,
+        load: Option<Throughput>,
+    ) -> Result<Lease, StoreError> {
+        (**self).renew_with(key, by, counter, load).await
+    }
+    async fn report_load(
+        &self,
+        key: &str,
+        by: Holder<'_>,
+        load: Throughput,
+    ) -> Result<Lease, StoreError> {
+        (**self).report_load(key, by, load).await
+    }
     async fn release(&self, key: &str, by: Holder<'_>) -> Result<Lease, StoreError> {
         (**self).release(key, by).await
     }
@@ -523,15 +564,28 @@ macro_rules! decorate {
                 )
                 .await
             }
-            async fn renew(
+            async fn renew_with(
                 &self,
                 key: &str,
                 by: $crate::store::Holder<'_>,
                 counter: u64,
+                load: Option<$crate::lease::Throughput>,
             ) -> Result<$crate::lease::Lease, $crate::store::StoreError> {
                 self.$around(
                     $crate::store::StoreOp::Renew,
-                    self.inner.renew(key, by, counter),
+                    self.inner.renew_with(key, by, counter, load),
+                )
+                .await
+            }
+            async fn report_load(
+                &self,
+                key: &str,
+                by: $crate::store::Holder<'_>,
+                load: $crate::lease::Throughput,
+            ) -> Result<$crate::lease::Lease, $crate::store::StoreError> {
+                self.$around(
+                    $crate::store::StoreOp::ReportLoad,
+                    self.inner.report_load(key, by, load),
                 )
                 .await
             }
@@ -771,11 +825,12 @@ pub enum StoreOp {
     Poke,
     Forget,
     ReadJavaWorkers,
+    ReportLoad,
 }
 
 impl StoreOp {
     /// Every operation, in a stable order.
-    pub const ALL: [StoreOp; 16] = [
+    pub const ALL: [StoreOp; 17] = [
         StoreOp::Create,
         StoreOp::ScanPage,
         StoreOp::Get,
@@ -792,6 +847,7 @@ impl StoreOp {
         StoreOp::Poke,
         StoreOp::Forget,
         StoreOp::ReadJavaWorkers,
+        StoreOp::ReportLoad,
     ];
 
     /// A short snake_case name, used as a metric label.
@@ -813,6 +869,7 @@ impl StoreOp {
             StoreOp::Poke => "poke",
             StoreOp::Forget => "forget",
             StoreOp::ReadJavaWorkers => "read_java_workers",
+            StoreOp::ReportLoad => "report_load",
         }
     }
 }

@@ -91,6 +91,29 @@ impl SimWorker {
         stand_in: StandIn,
         observer: Option<Arc<dyn kcl_core::observe::Observer>>,
     ) -> Self {
+        Self::start_full(table, config, stand_in, observer, None)
+    }
+
+    /// Like `start_with`, its stand-in consumers reading `load(key)` bytes
+    /// of each lease every 500 ms while they hold it, as a worker's
+    /// consumer reads its shard: what the leases carry is measured and
+    /// published, and the fleet balances by it.
+    pub fn start_loaded(
+        table: &InMemoryLeaseStore,
+        config: LeaseConfig,
+        stand_in: StandIn,
+        load: Load,
+    ) -> Self {
+        Self::start_full(table, config, stand_in, None, Some(load))
+    }
+
+    fn start_full(
+        table: &InMemoryLeaseStore,
+        config: LeaseConfig,
+        stand_in: StandIn,
+        observer: Option<Arc<dyn kcl_core::observe::Observer>>,
+        load: Option<Load>,
+    ) -> Self {
         let store = table.handle();
         let metered = MeteredStore::new(store.clone());
         let stats = Arc::clone(metered.stats());
@@ -102,6 +125,7 @@ impl SimWorker {
             coordinator: Arc::clone(&coordinator),
             store: Arc::new(store.clone()),
             stand_in,
+            load,
         };
         SimWorker {
             id,
@@ -162,10 +186,14 @@ impl SimWorker {
     }
 }
 
+/// Bytes a stand-in consumer reads from a lease (by key) every 500 ms.
+pub type Load = Arc<dyn Fn(&str) -> u64 + Send + Sync>;
+
 struct Consumers {
     coordinator: Arc<LeaseCoordinator>,
     store: Arc<dyn LeaseStore>,
     stand_in: StandIn,
+    load: Option<Load>,
 }
 
 /// Plays the worker's part: every acquired lease gets a stand-in consumer
@@ -177,7 +205,8 @@ async fn drain(mut events: mpsc::Receiver<LeaseEvent>, consumers: Consumers) {
             let coordinator = Arc::clone(&consumers.coordinator);
             let store = Arc::clone(&consumers.store);
             let stand_in = consumers.stand_in;
-            running.spawn(consume(handle, coordinator, store, stand_in));
+            let load = consumers.load.clone();
+            running.spawn(consume(handle, coordinator, store, stand_in, load));
         }
         while running.try_join_next().is_some() {}
     }
@@ -188,8 +217,10 @@ async fn consume(
     coordinator: Arc<LeaseCoordinator>,
     store: Arc<dyn LeaseStore>,
     stand_in: StandIn,
+    load: Option<Load>,
 ) {
     let mut cp = Checkpointer::for_test(store, handle.clone());
+    let periodic = stand_in == StandIn::Checkpointing || load.is_some();
     let mut position: u64 = match cp.last_checkpoint() {
         Checkpoint::Sequence { seq, .. } => seq.parse().unwrap_or(0),
         _ => 0,
@@ -221,13 +252,19 @@ async fn consume(
                 return;
             }
             _ = handle.ended() => return,
-            _ = tokio::time::sleep(Duration::from_millis(500)), if stand_in == StandIn::Checkpointing => {
+            _ = tokio::time::sleep(Duration::from_millis(500)), if periodic => {
                 // As the worker's consumer: it stops when the lease is not
                 // valid any more or a checkpoint is rejected, and tells the
                 // coordinator.
                 if !handle.is_valid() {
                     coordinator.consumer_stopped(&handle).await;
                     return;
+                }
+                if let Some(load) = &load {
+                    handle.record_read(load(handle.key()), 1, None);
+                }
+                if stand_in != StandIn::Checkpointing {
+                    continue;
                 }
                 position += rng.random_range(1..=3);
                 cp.delivered_for_test(&position.to_string(), 0);

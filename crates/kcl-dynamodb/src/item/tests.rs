@@ -139,8 +139,8 @@ fn java_items_survive_a_round_trip_through_our_layout() {
                 continue;
             };
             let written = to_item(&l);
-            // Everything we write is what the Java KCL wrote (unknown
-            // attributes such as throughputKBps are kept by updates, not here).
+            // Everything we write is what the Java KCL wrote (attributes
+            // we do not know are kept by updates, not here).
             for (name, value) in &written {
                 assert_eq!(item.get(name), Some(value), "{}: attribute {name}", l.key);
             }
@@ -224,6 +224,35 @@ fn malformed_items_are_errors_that_name_key_and_attribute() {
     assert_eq!(from_item(&keyless).unwrap_err().key, "<missing>");
 }
 
+/// The Java KCL 3.x's `throughputKBps` is read as the lease's figure; one
+/// that is no finite non-negative number (a hand edit, a string) reads as
+/// no figure, and never makes the item unreadable.
+#[test]
+fn the_throughput_figure_is_read_and_a_bad_one_is_no_figure() {
+    let items = fixture(include_str!(
+        "../../tests/fixtures/java_kcl_single_stream.json"
+    ));
+    assert_eq!(lease(&items[1]).throughput, Throughput::from_kbps(12.5));
+    assert_eq!(lease(&items[0]).throughput, None);
+    for bad in [
+        AttributeValue::S("12.5".into()),
+        AttributeValue::N("-3".into()),
+        AttributeValue::N("NaN".into()),
+        AttributeValue::N("1e999".into()),
+        AttributeValue::N("fast".into()),
+        AttributeValue::Bool(true),
+    ] {
+        let mut item = items[1].clone();
+        item.insert(attr::THROUGHPUT_KBPS.into(), bad.clone());
+        let read = lease(&item);
+        assert_eq!(read.throughput, None, "{bad:?}");
+        assert_eq!(read.counter, 88, "the rest of the item is read: {bad:?}");
+    }
+    // Written as a plain decimal, which Java's `Double.valueOf` parses.
+    let written = throughput_value(Throughput::from_kbps(1_234.567_89).expect("finite"));
+    assert_eq!(written, AttributeValue::N("1234.568".into()));
+}
+
 fn arb_checkpoint() -> impl Strategy<Value = Checkpoint> {
     prop_oneof![
         Just(Checkpoint::TrimHorizon),
@@ -249,6 +278,7 @@ proptest! {
         children in proptest::collection::btree_set("shardId-[0-9]{12}", 0..3),
         range in proptest::option::of(("[0-9]{1,39}", "[0-9]{1,39}")),
         cp_owner in proptest::option::of("[a-z0-9-]{1,20}"),
+        kbps in proptest::option::of(0u64..1_000_000_000),
     ) {
         let mut l = match stream {
             Some(s) => Lease::new_multi_stream(s, shard, checkpoint),
@@ -263,6 +293,8 @@ proptest! {
         l.child_shard_ids = children;
         l.hash_key_range = range.map(|(starting, ending)| HashKeyRange { starting, ending });
         l.checkpoint_owner = cp_owner;
+        // Figures are stored in thousandths of a KB/s.
+        l.throughput = kbps.and_then(|k| Throughput::from_kbps(k as f64 / 1000.0));
         prop_assert_eq!(lease(&to_item(&l)), l);
     }
 }

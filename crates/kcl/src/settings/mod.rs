@@ -20,8 +20,9 @@
 //! | `table_tags` | `key=value` pairs, comma-separated |
 //! | `table_point_in_time_recovery`, `table_deletion_protection` | `true` or `false`, for a table kcl creates |
 //! | `table_kms_key` | a KMS key id, ARN or alias to encrypt a table kcl creates |
-//! | `lease_duration`, `renew_interval`, `taker_interval`, `handoff_timeout`, `shard_sync_interval`, `parent_poll_interval`, `shutdown_timeout`, `completed_lease_retention`, `max_read_failure_time`, `liveness_stall_bound`, `processor_warn_after`, `processor_timeout`, `idle_time_between_reads`, `time_between_reads` | a duration: `500ms`, `10s`, `1.5m`, `1h` |
+//! | `lease_duration`, `renew_interval`, `taker_interval`, `handoff_timeout`, `load_report_interval`, `shard_sync_interval`, `parent_poll_interval`, `shutdown_timeout`, `completed_lease_retention`, `max_read_failure_time`, `liveness_stall_bound`, `processor_warn_after`, `processor_timeout`, `idle_time_between_reads`, `time_between_reads` | a duration: `500ms`, `10s`, `1.5m`, `1h` |
 //! | `renewal` | `liveness` or `per_lease` |
+//! | `balance` | `by_load` or `by_count` |
 //! | `max_leases_per_worker`, `max_leases_to_steal`, `parallelism_per_shard`, `max_records` | a whole number |
 //! | `initial_position` | `LATEST`, `TRIM_HORIZON` or `AT_TIMESTAMP=<RFC 3339 or epoch seconds>` |
 //! | `failure_policy` | `retry`, `skip`, `release_shard` or `isolate` (poison records dropped and counted) |
@@ -60,7 +61,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use kcl_core::checkpointer::CheckpointPolicy;
-use kcl_core::config::LeaseRenewal;
+use kcl_core::config::{Balance, LeaseRenewal};
 use kcl_core::processor::FailurePolicy;
 use kcl_core::source::InitialPosition;
 use kcl_core::worker::RemovedStreamPolicy;
@@ -167,6 +168,10 @@ settings! {
         max_leases_to_steal: usize = parse::count,
         /// See [`WorkerBuilder::handoff_timeout`].
         handoff_timeout: Duration = parse::duration,
+        /// See [`WorkerBuilder::balance`].
+        balance: Balance = parse::balance,
+        /// See [`WorkerBuilder::load_report_interval`].
+        load_report_interval: Duration = parse::duration,
         /// See [`WorkerBuilder::initial_position`].
         initial_position: InitialPosition = parse::initial_position,
         /// See [`WorkerBuilder::failure_policy`].

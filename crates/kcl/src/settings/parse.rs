@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use aws_sdk_kinesis::primitives::{DateTime, DateTimeFormat};
 use kcl_core::checkpointer::CheckpointPolicy;
-use kcl_core::config::LeaseRenewal;
+use kcl_core::config::{Balance, LeaseRenewal};
 use kcl_core::poison::PoisonPolicy;
 use kcl_core::processor::FailurePolicy;
 use kcl_core::source::InitialPosition;
@@ -153,6 +153,16 @@ pub(super) fn renewal(value: &str) -> Parsed<LeaseRenewal> {
         "liveness" | "worker_liveness" => Ok(LeaseRenewal::WorkerLiveness),
         "per_lease" => Ok(LeaseRenewal::PerLease),
         _ => Err(format!("is {value:?}; expected liveness or per_lease")),
+    }
+}
+
+/// `by_load` (the default: leases weighed by what they carry) or
+/// `by_count`.
+pub(super) fn balance(value: &str) -> Parsed<Balance> {
+    match value.trim().to_ascii_lowercase().replace('-', "_").as_str() {
+        "by_load" | "load" => Ok(Balance::ByLoad),
+        "by_count" | "count" => Ok(Balance::ByCount),
+        _ => Err(format!("is {value:?}; expected by_load or by_count")),
     }
 }
 

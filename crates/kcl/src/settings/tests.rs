@@ -32,6 +32,8 @@ fn every_field() -> Vec<(&'static str, &'static str)> {
         ("max_leases_per_worker", "50"),
         ("max_leases_to_steal", "2"),
         ("handoff_timeout", "25s"),
+        ("balance", "by_count"),
+        ("load_report_interval", "90s"),
         ("initial_position", "AT_TIMESTAMP=2024-05-01T12:00:00Z"),
         ("failure_policy", "skip"),
         ("parallelism_per_shard", "4"),
@@ -82,6 +84,8 @@ fn every_field_in_code() -> WorkerBuilder {
         .max_leases_per_worker(50)
         .max_leases_to_steal(2)
         .handoff_timeout(Duration::from_secs(25))
+        .balance(crate::Balance::ByCount)
+        .load_report_interval(Duration::from_secs(90))
         .initial_position(InitialPosition::AtTimestamp(
             SystemTime::UNIX_EPOCH + Duration::from_secs(1_714_564_800),
         ))

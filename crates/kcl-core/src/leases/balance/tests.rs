@@ -74,6 +74,8 @@ impl Fleet {
                 other_process: false,
                 in_handoff: false,
                 seen_alive: true,
+                // No figures: the count rule, the fallback of balance by load.
+                load: None,
             })
             .collect();
         let foreign: Vec<&str> = (0..self.workers)
@@ -88,6 +90,7 @@ impl Fleet {
             peers: foreign.clone(),
             stale_after: Duration::from_secs(10),
             foreign,
+            balance: Balance::ByLoad,
         })
     }
 
@@ -374,6 +377,7 @@ fn view<'a>(key: &'a str, owner: Option<&'a str>, expired: bool, secs: u64) -> L
         other_process: false,
         in_handoff: false,
         seen_alive: true,
+        load: None,
     }
 }
 
@@ -394,6 +398,7 @@ fn takes_everything_owed_in_one_decision_longest_unrenewed_first() {
         peers: Vec::new(),
         stale_after: Duration::from_secs(10),
         foreign: vec![],
+        balance: Balance::ByLoad,
     });
     // Live: me, alive. 5 leases -> target 3, all owed in this one tick.
     assert_eq!(d.target, 3);
@@ -416,6 +421,7 @@ fn expired_owners_are_not_live_workers() {
         peers: Vec::new(),
         stale_after: Duration::from_secs(10),
         foreign: vec![],
+        balance: Balance::ByLoad,
     });
     assert_eq!((d.live_workers, d.target, d.take.len()), (1, 3, 3));
 }
@@ -432,6 +438,7 @@ fn max_leases_per_worker_caps_the_target() {
         peers: Vec::new(),
         stale_after: Duration::from_secs(10),
         foreign: vec![],
+        balance: Balance::ByLoad,
     });
     assert_eq!((d.target, d.take.len()), (4, 4));
 }
@@ -455,6 +462,7 @@ fn owned_but_not_held_is_reclaimed_and_counted() {
         peers: Vec::new(),
         stale_after: Duration::from_secs(10),
         foreign: vec![],
+        balance: Balance::ByLoad,
     });
     assert_eq!(d.reclaim, vec!["a"]);
     assert!(
@@ -483,6 +491,7 @@ fn another_process_under_our_id_keeps_its_leases_until_they_expire() {
         peers: Vec::new(),
         stale_after: Duration::from_secs(10),
         foreign: vec![],
+        balance: Balance::ByLoad,
     });
     assert!(
         d.reclaim.is_empty(),
@@ -500,6 +509,7 @@ fn another_process_under_our_id_keeps_its_leases_until_they_expire() {
         peers: Vec::new(),
         stale_after: Duration::from_secs(10),
         foreign: vec![],
+        balance: Balance::ByLoad,
     });
     assert_eq!(d.take, vec!["c"], "taken once expired: {d:?}");
 }
@@ -518,6 +528,7 @@ fn an_unowned_lease_mid_handoff_waits_for_its_previous_owner() {
         peers: Vec::new(),
         stale_after: Duration::from_secs(10),
         foreign: vec![],
+        balance: Balance::ByLoad,
     });
     assert_eq!(d.take, vec!["b"], "only the expired one: {d:?}");
 }
@@ -554,6 +565,7 @@ fn peers_known_from_liveness_split_a_cold_start_without_collisions() {
             peers: workers.iter().map(String::as_str).collect(),
             stale_after: Duration::from_secs(10),
             foreign: vec![],
+            balance: Balance::ByLoad,
         });
         assert_eq!(d.target, 100);
         assert_eq!(d.live_workers, 10);
@@ -580,6 +592,7 @@ fn a_lease_left_untaken_for_a_lease_duration_is_taken_beyond_the_target() {
         peers: vec!["me", "other-stream-worker"],
         stale_after: Duration::from_secs(10),
         foreign: vec![],
+        balance: Balance::ByLoad,
     });
     assert_eq!(d.target, 1);
     assert_eq!(d.take, vec!["b".to_owned()]);
@@ -606,6 +619,7 @@ fn an_owner_never_seen_writing_gets_no_handoff_requests() {
         peers: vec![],
         stale_after: Duration::from_secs(10),
         foreign: vec![],
+        balance: Balance::ByLoad,
     };
     let d = decide(&input(leases.clone()));
     assert!(d.steal.is_empty(), "{d:?}");
@@ -639,6 +653,7 @@ fn expired_leases_left_for_a_peer_that_does_not_take_them_are_taken_beyond_the_t
         peers: vec!["me", "peer", "stuck"],
         stale_after: Duration::from_secs(10),
         foreign: vec![],
+        balance: Balance::ByLoad,
     };
     let fresh = decide(&input(15));
     assert_eq!(fresh.target, 2);
