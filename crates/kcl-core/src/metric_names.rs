@@ -131,6 +131,8 @@ metrics! {
         "How far the last delivered batch was behind the tip of the shard; 0 once this worker stops consuming the shard";
     SHARD_LAST_DELIVERY_TIMESTAMP = "kcl_shard_last_delivery_timestamp_seconds", Gauge(Seconds), ["stream", "shard"],
         "When a processor last finished a batch of the shard (Unix time; time() minus it is the age); 0 once this worker stops consuming the shard";
+    SHARD_RECORDS_WAITING = "kcl_shard_records_waiting", Gauge, ["stream", "shard"],
+        "Records read from the shard and not yet processed (a batch counts until the processor call it is in returns); 0 once this worker stops consuming the shard";
     SHARD_LAST_CHECKPOINT_TIMESTAMP = "kcl_shard_last_checkpoint_timestamp_seconds", Gauge(Seconds), ["stream", "shard"],
         "When the shard's checkpoint was last written (Unix time); 0 once this worker stops consuming the shard";
     RECORDS_PROCESSED = "kcl_records_processed_total", Counter, ["stream", "shard"],

@@ -8,7 +8,9 @@
 //! two apart: per shard, when a batch was last processed and a checkpoint
 //! last written, and whether records are waiting meanwhile.
 
-use crate::metric_names::{SHARD_LAST_CHECKPOINT_TIMESTAMP, SHARD_LAST_DELIVERY_TIMESTAMP};
+use crate::metric_names::{
+    SHARD_LAST_CHECKPOINT_TIMESTAMP, SHARD_LAST_DELIVERY_TIMESTAMP, SHARD_RECORDS_WAITING,
+};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
@@ -198,12 +200,23 @@ impl ShardTracker {
         f(&mut lock(&self.0.shard).progress);
     }
 
-    fn labels(&self) -> [(&'static str, String); 2] {
-        let s = lock(&self.0.shard);
-        [
+    /// Changes the shard's progress by `change`, then sets gauges from it
+    /// by `publish` (given the `stream` and `shard` labels), both under the
+    /// shard's lock: lanes finish batches at once, and a count set outside
+    /// the lock could overwrite a newer one and stay wrong until the next
+    /// batch.
+    fn update_and_publish(
+        &self,
+        change: impl FnOnce(&mut ShardProgress),
+        publish: impl FnOnce(&ShardProgress, &[(&'static str, String); 2]),
+    ) {
+        let mut s = lock(&self.0.shard);
+        change(&mut s.progress);
+        let labels = [
             ("stream", s.progress.stream.clone()),
             ("shard", s.progress.shard_id.clone()),
-        ]
+        ];
+        publish(&s.progress, &labels);
     }
 
     /// The shard is processed in `n` lanes.
@@ -214,30 +227,42 @@ impl ShardTracker {
     /// A read succeeded: `records` more wait for the processor, and the
     /// tip is `behind` away (if the source says).
     pub(crate) fn fetched(&self, records: usize, behind: Option<u64>) {
-        self.update(|p| {
-            p.records_waiting += records;
-            if behind.is_some() {
-                p.millis_behind_latest = behind;
-            }
-        });
+        self.update_and_publish(
+            |p| {
+                p.records_waiting += records;
+                if behind.is_some() {
+                    p.millis_behind_latest = behind;
+                }
+            },
+            publish_waiting,
+        );
     }
 
     /// A processor finished with a batch of `records` (processed or set
     /// aside).
     pub(crate) fn delivered(&self, records: usize) {
         let now = Instant::now();
-        self.update(|p| {
-            p.records_waiting = p.records_waiting.saturating_sub(records);
-            p.last_delivery = Some(Delivery { at: now, records });
-        });
-        metrics::gauge!(SHARD_LAST_DELIVERY_TIMESTAMP, &self.labels()).set(unix_seconds());
+        self.update_and_publish(
+            |p| {
+                p.records_waiting = p.records_waiting.saturating_sub(records);
+                p.last_delivery = Some(Delivery { at: now, records });
+            },
+            |p, labels| {
+                publish_waiting(p, labels);
+                metrics::gauge!(SHARD_LAST_DELIVERY_TIMESTAMP, labels).set(unix_seconds());
+            },
+        );
     }
 
     /// A checkpoint write of `value` succeeded.
     pub(crate) fn checkpointed(&self, value: String) {
         let at = Instant::now();
-        self.update(|p| p.last_checkpoint = Some(CheckpointMark { value, at }));
-        metrics::gauge!(SHARD_LAST_CHECKPOINT_TIMESTAMP, &self.labels()).set(unix_seconds());
+        self.update_and_publish(
+            |p| p.last_checkpoint = Some(CheckpointMark { value, at }),
+            |_, labels| {
+                metrics::gauge!(SHARD_LAST_CHECKPOINT_TIMESTAMP, labels).set(unix_seconds());
+            },
+        );
     }
 
     /// A processor call (`stage`: `process_records`, ...) starts; it ends
@@ -257,10 +282,26 @@ impl ShardTracker {
     /// The consumer stops: no figure of this tenure stays behind in the
     /// gauges, where a stale one would read as this worker's.
     pub(crate) fn stopped(&self) {
-        let labels = self.labels();
-        metrics::gauge!(SHARD_LAST_DELIVERY_TIMESTAMP, &labels).set(0.0);
-        metrics::gauge!(SHARD_LAST_CHECKPOINT_TIMESTAMP, &labels).set(0.0);
+        self.update_and_publish(
+            |_| {},
+            |_, labels| {
+                for gauge in [
+                    SHARD_LAST_DELIVERY_TIMESTAMP,
+                    SHARD_LAST_CHECKPOINT_TIMESTAMP,
+                    SHARD_RECORDS_WAITING,
+                ] {
+                    metrics::gauge!(gauge, labels).set(0.0);
+                }
+            },
+        );
     }
+}
+
+/// The shard's records waiting, in its gauge: what tells a processor hung
+/// on a batch (the count stays above 0) from an idle shard (0), however
+/// quiet the shard is afterwards.
+fn publish_waiting(p: &ShardProgress, labels: &[(&'static str, String); 2]) {
+    metrics::gauge!(SHARD_RECORDS_WAITING, labels).set(p.records_waiting as f64);
 }
 
 /// A running processor call (see [`ShardTracker::call_started`]).
@@ -286,6 +327,137 @@ fn unix_seconds() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every gauge set through it, by `name{label=value,...}`: a recorder
+    /// local to one test (`metrics::with_local_recorder`), so that tests
+    /// running at once do not see each other's values.
+    #[derive(Debug, Default, Clone)]
+    struct Gauges(Arc<Mutex<BTreeMap<String, f64>>>);
+
+    impl Gauges {
+        fn of(&self, name: &str) -> Option<f64> {
+            let key = format!("{name}{{stream=s,shard=shard-1}}");
+            self.0.lock().expect("the gauges").get(&key).copied()
+        }
+    }
+
+    struct Gauge {
+        key: String,
+        gauges: Gauges,
+    }
+
+    impl Gauge {
+        fn change(&self, f: impl FnOnce(&mut f64)) {
+            let mut gauges = self.gauges.0.lock().expect("the gauges");
+            f(gauges.entry(self.key.clone()).or_default());
+        }
+    }
+
+    impl metrics::GaugeFn for Gauge {
+        fn increment(&self, value: f64) {
+            self.change(|v| *v += value);
+        }
+        fn decrement(&self, value: f64) {
+            self.change(|v| *v -= value);
+        }
+        fn set(&self, value: f64) {
+            self.change(|v| *v = value);
+        }
+    }
+
+    impl metrics::Recorder for Gauges {
+        fn describe_counter(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_gauge(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_histogram(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn register_counter(
+            &self,
+            _: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Counter {
+            metrics::Counter::noop()
+        }
+        fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+            let labels: Vec<String> = key
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            metrics::Gauge::from_arc(Arc::new(Gauge {
+                key: format!("{}{{{}}}", key.name(), labels.join(",")),
+                gauges: self.clone(),
+            }))
+        }
+        fn register_histogram(
+            &self,
+            _: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Histogram {
+            metrics::Histogram::noop()
+        }
+    }
+
+    #[test]
+    fn records_waiting_gauge_counts_a_batch_until_its_call_returns_and_0_once_stopped() {
+        let gauges = Gauges::default();
+        let registry = ProgressRegistry::default();
+        let tracker = registry.track("k", "s", "shard-1");
+        let record = |f: &dyn Fn()| metrics::with_local_recorder(&gauges, f);
+        let waiting = || gauges.of(SHARD_RECORDS_WAITING);
+
+        // Idle: an empty read publishes 0, so a held shard has the series.
+        record(&|| tracker.fetched(0, Some(0)));
+        assert_eq!(waiting(), Some(0.0));
+        // Two batches read (lanes read on while a lane is in its call).
+        record(&|| tracker.fetched(5, Some(1000)));
+        record(&|| tracker.fetched(3, None));
+        assert_eq!(waiting(), Some(8.0));
+        // The shard then goes quiet: empty reads leave the count alone.
+        record(&|| tracker.fetched(0, Some(0)));
+        assert_eq!(waiting(), Some(8.0));
+        // A batch counts until its call returns, then leaves the count.
+        record(&|| tracker.delivered(3));
+        assert_eq!(waiting(), Some(5.0));
+        assert!(
+            gauges
+                .of(SHARD_LAST_DELIVERY_TIMESTAMP)
+                .is_some_and(|t| t > 0.0)
+        );
+        record(&|| tracker.delivered(5));
+        assert_eq!(waiting(), Some(0.0));
+        assert_eq!(registry.snapshot()[0].records_waiting, 0);
+
+        // A processor hung on its batch when the consumer stops (a
+        // processor_timeout, a lost lease): nothing of it stays behind.
+        record(&|| tracker.fetched(4, Some(0)));
+        record(&|| tracker.checkpointed("49590".into()));
+        assert_eq!(waiting(), Some(4.0));
+        assert!(
+            gauges
+                .of(SHARD_LAST_CHECKPOINT_TIMESTAMP)
+                .is_some_and(|t| t > 0.0)
+        );
+        record(&|| tracker.stopped());
+        assert_eq!(waiting(), Some(0.0));
+        assert_eq!(gauges.of(SHARD_LAST_DELIVERY_TIMESTAMP), Some(0.0));
+        assert_eq!(gauges.of(SHARD_LAST_CHECKPOINT_TIMESTAMP), Some(0.0));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_shard_with_records_waiting_and_no_progress_past_the_bound_is_stalled() {
