@@ -23,6 +23,11 @@ JAVA_KCL_PKG=kclpy-ext
 JAVA_KCL_VERSION=3.1.3.post4
 JAVA_KCL_SHA256=6c8ced93674bd30103b9bdc319702e3637d2833641bbe58dda578f8a418858c2
 
+# moto's server, for the test of the CloudWatch publisher
+# (tests/tests/observability/cloudwatch.rs), in a virtualenv of its own.
+MOTO_VERSION=5.2.5
+MOTO_DIR="$CACHE_DIR/moto-$MOTO_VERSION"
+
 KINESIS_DIR="$CACHE_DIR/$KINESIS_PKG-$KINESIS_VERSION"
 DYNAMODB_DIR="$CACHE_DIR/$DYNAMODB_PKG-$DYNAMODB_VERSION"
 JAVA_KCL_DIR="$CACHE_DIR/$JAVA_KCL_PKG-$JAVA_KCL_VERSION"
@@ -138,5 +143,6 @@ export AWS_REGION=$EMULATOR_REGION
 export AWS_ACCESS_KEY_ID=test
 export AWS_SECRET_ACCESS_KEY=test
 export KCL_JAVA_KCL_JARS=$JAVA_KCL_DIR/jars
+export KCL_MOTO_SERVER=$MOTO_DIR/bin/moto_server
 EOT
 }

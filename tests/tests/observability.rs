@@ -18,6 +18,22 @@ use kcl::{
 use kcl_tests::{TestEnv, create_stream, http_get as get, put_sequenced_records, unique_name};
 use tokio::time::Instant;
 
+// The deploy/ alert rules and dashboard, and a hung processor seen through
+// the probes, the metrics and a real Prometheus (in their own files).
+#[path = "observability/alert_rules.rs"]
+mod alert_rules;
+#[path = "observability/fleet.rs"]
+mod fleet;
+#[path = "observability/hung_processor.rs"]
+mod hung_processor;
+#[path = "observability/prometheus_alerts.rs"]
+mod prometheus_alerts;
+
+#[path = "observability/cloudwatch.rs"]
+mod cloudwatch;
+#[path = "observability/otlp.rs"]
+mod otlp;
+
 /// One sample of the text exposition format.
 #[derive(Debug, Clone)]
 struct Sample {

@@ -235,6 +235,10 @@ metrics! {
         "Hash-key ranges no open shard covered, found by shard sync";
     LEASES_CLEANED_UP = "kcl_leases_cleaned_up_total", Counter, [],
         "Finished leases deleted after their retention period";
+
+    // Export (kcl feature "otlp"; made by the exporter, not recorded).
+    OTLP_MEASUREMENTS_DROPPED = "kcl_otlp_measurements_dropped_total", Counter, [],
+        "Measurements the OTLP exporter dropped because it already held max_series series";
 }
 
 #[cfg(test)]

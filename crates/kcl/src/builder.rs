@@ -198,13 +198,30 @@ pub struct Worker {
     /// The health and metrics endpoints, bound at `build()`.
     endpoints: Endpoints,
     liveness_stall_bound: Option<Duration>,
+    /// Publishes the metrics to CloudWatch while the worker runs.
+    #[cfg(feature = "cloudwatch")]
+    cloudwatch: Option<crate::observability::cloudwatch::CloudWatchPublisher>,
 }
 
-/// A worker's endpoints: probes alone, and probes with metrics.
+/// A worker's endpoints: probes alone, and probes with metrics; and what
+/// else runs beside the worker for as long as it does.
 #[derive(Debug, Default)]
 struct Endpoints {
     health: Option<crate::observability::Endpoint>,
     metrics: Option<crate::observability::Endpoint>,
+    /// Feature `otlp`: the process's OTLP exporter, run beside the worker.
+    #[cfg(feature = "otlp")]
+    otlp: Option<crate::observability::OtlpExporter>,
+}
+
+impl Endpoints {
+    /// Whether nothing runs beside the worker.
+    fn is_empty(&self) -> bool {
+        let empty = self.health.is_none() && self.metrics.is_none();
+        #[cfg(feature = "otlp")]
+        let empty = empty && self.otlp.is_none();
+        empty
+    }
 }
 
 impl fmt::Debug for Worker {
@@ -248,10 +265,30 @@ impl Worker {
         self.endpoints.metrics.as_ref().map(|m| m.local_addr())
     }
 
+    /// The publisher of this worker's CloudWatch metrics (see
+    /// [`WorkerBuilder::publish_cloudwatch_metrics`]): its
+    /// [`stats`](crate::observability::cloudwatch::CloudWatchPublisher::stats)
+    /// say what was sent, retried, failed and dropped.
+    #[cfg(feature = "cloudwatch")]
+    pub fn cloudwatch_publisher(
+        &self,
+    ) -> Option<crate::observability::cloudwatch::CloudWatchPublisher> {
+        self.cloudwatch.clone()
+    }
+
     /// The address of the health endpoint (see
     /// [`WorkerBuilder::serve_health`]), with the port actually bound.
     pub fn health_addr(&self) -> Option<std::net::SocketAddr> {
         self.endpoints.health.as_ref().map(|m| m.local_addr())
+    }
+
+    /// The process's OTLP exporter, if this worker exports through it
+    /// (see [`WorkerBuilder::export_otlp_metrics`]): its
+    /// [`stats`](crate::observability::OtlpExporter::stats) say how the
+    /// exports go.
+    #[cfg(feature = "otlp")]
+    pub fn otlp_exporter(&self) -> Option<crate::observability::OtlpExporter> {
+        self.endpoints.otlp.clone()
     }
 
     /// Counters of the worker's Kinesis calls and reads (polling calls,
@@ -268,9 +305,23 @@ impl Worker {
     /// Runs until `signal` completes (for example [`crate::shutdown_signal`])
     /// or [`WorkerHandle::shutdown`] is called, then shuts down gracefully:
     /// processors checkpoint in `shutdown_requested`, leases are released.
-    pub async fn run_until(mut self, signal: impl Future<Output = ()> + Send) -> Result<(), Error> {
+    pub async fn run_until(
+        #[allow(unused_mut)] mut self,
+        signal: impl Future<Output = ()> + Send,
+    ) -> Result<(), Error> {
+        #[cfg(feature = "cloudwatch")]
+        if let Some(publisher) = self.cloudwatch.take() {
+            // Flushes while the worker runs, and once more after it stopped
+            // (what the drain recorded included).
+            return publisher.run_beside(self.run_serving(signal)).await;
+        }
+        self.run_serving(signal).await
+    }
+
+    /// The worker with its endpoints, if any.
+    async fn run_serving(mut self, signal: impl Future<Output = ()> + Send) -> Result<(), Error> {
         let endpoints = std::mem::take(&mut self.endpoints);
-        if endpoints.health.is_none() && endpoints.metrics.is_none() {
+        if endpoints.is_empty() {
             return self.run_worker(signal).await;
         }
         // Served next to the worker, not spawned: they answer from the
@@ -291,8 +342,33 @@ impl Worker {
                 }
             }
         };
-        let (result, (), ()) =
-            tokio::join!(worker, serve(endpoints.health), serve(endpoints.metrics));
+        // A task of its own, so that encoding an export never delays the
+        // worker's future; aborted if this future is dropped. It exports
+        // once more after the worker stopped.
+        #[cfg(feature = "otlp")]
+        let export = {
+            let task = endpoints.otlp.map(|exporter| {
+                let stop = stop.clone();
+                tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
+                    exporter.run_until(stop.cancelled_owned()).await;
+                }))
+            });
+            async move {
+                if let Some(task) = task {
+                    // A panic in it is the exporter's alone: the worker's
+                    // result stands.
+                    let _ = task.await;
+                }
+            }
+        };
+        #[cfg(not(feature = "otlp"))]
+        let export = async {};
+        let (result, (), (), ()) = tokio::join!(
+            worker,
+            serve(endpoints.health),
+            serve(endpoints.metrics),
+            export
+        );
         result
     }
 
@@ -587,8 +663,12 @@ pub struct WorkerBuilder {
     observer: Option<Arc<dyn Observer>>,
     #[cfg(feature = "prometheus")]
     metrics_addr: Option<std::net::SocketAddr>,
+    #[cfg(feature = "otlp")]
+    otlp: Option<crate::observability::OtlpMetrics>,
     health_addr: Option<std::net::SocketAddr>,
     liveness_stall_bound: Option<Duration>,
+    #[cfg(feature = "cloudwatch")]
+    cloudwatch: Option<crate::observability::cloudwatch::CloudWatchMetrics>,
 }
 
 impl fmt::Debug for WorkerBuilder {
@@ -609,8 +689,12 @@ impl fmt::Debug for WorkerBuilder {
             .field("prefetch_budget", &self.prefetch_budget);
         #[cfg(feature = "prometheus")]
         s.field("metrics_addr", &self.metrics_addr);
+        #[cfg(feature = "otlp")]
+        s.field("otlp", &self.otlp);
         s.field("health_addr", &self.health_addr)
             .field("liveness_stall_bound", &self.liveness_stall_bound);
+        #[cfg(feature = "cloudwatch")]
+        s.field("cloudwatch", &self.cloudwatch);
         s.finish_non_exhaustive()
     }
 }
@@ -667,8 +751,12 @@ impl WorkerBuilder {
             observer: None,
             #[cfg(feature = "prometheus")]
             metrics_addr: None,
+            #[cfg(feature = "otlp")]
+            otlp: None,
             health_addr: None,
             liveness_stall_bound: None,
+            #[cfg(feature = "cloudwatch")]
+            cloudwatch: None,
         }
     }
 
@@ -927,6 +1015,43 @@ impl WorkerBuilder {
         self
     }
 
+    /// Publishes the metrics to Amazon CloudWatch under the Java KCL's
+    /// metric names, dimensions and levels while the worker runs, with a
+    /// last flush once it has stopped (feature `cloudwatch`; see
+    /// [`crate::observability::cloudwatch`]). The namespace defaults to the
+    /// application name and the client to one built from
+    /// [`Self::sdk_config`]. `build()` installs the process's `metrics`
+    /// recorder, which must not already be set (so not with
+    /// [`Self::serve_metrics`]); later workers of the process share it, and
+    /// its namespace, level and dimensions (a later worker naming another
+    /// namespace fails to build).
+    #[cfg(feature = "cloudwatch")]
+    pub fn publish_cloudwatch_metrics(
+        mut self,
+        metrics: crate::observability::cloudwatch::CloudWatchMetrics,
+    ) -> Self {
+        self.cloudwatch = Some(metrics);
+        self
+    }
+
+    /// Pushes the metrics to an OpenTelemetry collector over OTLP/HTTP
+    /// while the worker runs, every `interval` and once more after it
+    /// stopped (feature `otlp`; see
+    /// [`OtlpMetrics`](crate::observability::OtlpMetrics)). The resource's
+    /// `service.name` defaults to the application name and
+    /// `service.instance.id` to the worker id. A failed export is retried
+    /// with backoff and never holds the worker up. The first worker to
+    /// export installs the process's `metrics` recorder at `build()`,
+    /// which fails if another recorder is installed (such as
+    /// [`Self::serve_metrics`]'s), or if an earlier worker of the process
+    /// exports with other settings; the probes of [`Self::serve_health`]
+    /// work beside it.
+    #[cfg(feature = "otlp")]
+    pub fn export_otlp_metrics(mut self, otlp: crate::observability::OtlpMetrics) -> Self {
+        self.otlp = Some(otlp);
+        self
+    }
+
     /// Validates every setting and returns the worker.
     pub fn build(self) -> Result<Worker, Error> {
         let invalid =
@@ -1031,6 +1156,13 @@ impl WorkerBuilder {
             (None, None) => unreachable!("a client pair or an SdkConfig was checked above"),
         };
         let multi_stream = self.multi_stream || self.streams.len() > 1 || self.tracker.is_some();
+        #[cfg(feature = "cloudwatch")]
+        let cloudwatch = match self.cloudwatch {
+            Some(metrics) => metrics.install_for_worker(&self.app, sdk.as_ref(), multi_stream)?,
+            None => None,
+        };
+        #[cfg(feature = "otlp")]
+        let (app, worker_id) = (self.app.clone(), lease.worker_id().to_owned());
         Ok(Worker {
             app: self.app,
             table,
@@ -1047,6 +1179,8 @@ impl WorkerBuilder {
             tracker: self.tracker,
             observer: self.observer,
             liveness_stall_bound: self.liveness_stall_bound,
+            #[cfg(feature = "cloudwatch")]
+            cloudwatch,
             // Last: nothing is bound when another setting is invalid.
             endpoints: Endpoints {
                 health: self
@@ -1060,6 +1194,13 @@ impl WorkerBuilder {
                     .transpose()?,
                 #[cfg(not(feature = "prometheus"))]
                 metrics: None,
+                // After the sockets: installing the recorder cannot be
+                // undone, so it comes once everything else succeeded.
+                #[cfg(feature = "otlp")]
+                otlp: self
+                    .otlp
+                    .map(|otlp| crate::observability::install_otlp(otlp, &app, &worker_id))
+                    .transpose()?,
             },
         })
     }

@@ -43,6 +43,10 @@
 //! - `observability`: `/healthz`, `/readyz` and `/status`, served by the
 //!   worker (`WorkerBuilder::serve_health`), and with feature `prometheus`
 //!   `/metrics` beside them (`WorkerBuilder::serve_metrics`).
+//!   With feature `cloudwatch`, the metrics go to Amazon CloudWatch under
+//!   the Java KCL's names (`WorkerBuilder::publish_cloudwatch_metrics`);
+//!   with feature `otlp`, to an OpenTelemetry collector over OTLP/HTTP
+//!   (`WorkerBuilder::export_otlp_metrics`).
 //! - Re-exports of the processor API from `kcl-core`.
 //!
 //! The engine lives in `kcl-core` (no AWS dependency), the lease table in

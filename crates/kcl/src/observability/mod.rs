@@ -23,6 +23,14 @@
 //! - `recorder` (feature `prometheus`): the process-wide Prometheus
 //!   recorder, installed once, with histogram buckets for kcl's histograms
 //!   and a description of every kcl metric.
+//! - `cloudwatch` (feature `cloudwatch`): a recorder that aggregates
+//!   the metrics under the Java KCL's CloudWatch names and dimensions, and
+//!   the publisher that sends them with PutMetricData.
+//! - `otlp` (feature `otlp`): `OtlpMetrics`, a recorder that aggregates
+//!   every metric (cumulative sums, gauges, explicit-bucket histograms,
+//!   at most `max_series` series) and the exporter that pushes them to an
+//!   OpenTelemetry collector over OTLP/HTTP
+//!   (`WorkerBuilder::export_otlp_metrics`).
 //! - `readiness`: the readiness decision, a pure function over a snapshot
 //!   (worker status, lease-table call counts, the time).
 //! - `liveness`: the stall check over the worker's shard progress.
@@ -39,7 +47,11 @@
 //! the server stops. Rendering `/metrics` and the periodic upkeep (draining
 //! histogram samples) happen on the server future itself.
 
+#[cfg(feature = "cloudwatch")]
+pub mod cloudwatch;
 mod liveness;
+#[cfg(feature = "otlp")]
+mod otlp;
 mod readiness;
 #[cfg(feature = "prometheus")]
 mod recorder;
@@ -49,6 +61,10 @@ mod status;
 mod tests;
 
 pub(crate) use liveness::Liveness;
+#[cfg(feature = "otlp")]
+pub(crate) use otlp::install_for_worker as install_otlp;
+#[cfg(feature = "otlp")]
+pub use otlp::{OtlpExportError, OtlpExporter, OtlpMetrics, OtlpRecorder, OtlpStats};
 pub(crate) use readiness::Probe;
 pub(crate) use server::{Endpoint, Probes};
 
@@ -58,4 +74,30 @@ pub(crate) use server::{Endpoint, Probes};
 /// +25%), so a healthy worker never comes close.
 pub(crate) fn readiness_window(lease: &kcl_core::LeaseConfig) -> std::time::Duration {
     lease.taker_interval().max(lease.renew_interval()) * 3
+}
+
+/// Buckets of the `*_seconds` histograms: 1 ms to 30 s.
+#[cfg(any(feature = "prometheus", feature = "otlp"))]
+pub(crate) const SECONDS_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Buckets of [`kcl_core::metric_names::RECORDS_PER_BATCH`], up to
+/// GetRecords' 10000.
+#[cfg(any(feature = "prometheus", feature = "otlp"))]
+pub(crate) const BATCH_BUCKETS: &[f64] = &[
+    1.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0,
+];
+
+/// The buckets kcl gives histogram `name`, if any: the exporters bucket
+/// alike, so dashboards and quantiles mean the same whichever is used.
+#[cfg(feature = "otlp")]
+pub(crate) fn kcl_histogram_buckets(name: &str) -> Option<&'static [f64]> {
+    if name == kcl_core::metric_names::RECORDS_PER_BATCH {
+        Some(BATCH_BUCKETS)
+    } else if name.ends_with("_seconds") {
+        Some(SECONDS_BUCKETS)
+    } else {
+        None
+    }
 }

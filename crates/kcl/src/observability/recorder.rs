@@ -11,14 +11,8 @@ use kcl_core::metric_names::{self, MetricKind, MetricSpec, MetricUnit, RECORDS_P
 use metrics::{KeyName, Recorder, SharedString, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-/// Buckets of the `*_seconds` histograms: 1 ms to 30 s.
-const SECONDS_BUCKETS: &[f64] = &[
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-];
-/// Buckets of [`RECORDS_PER_BATCH`], up to GetRecords' 10000.
-const BATCH_BUCKETS: &[f64] = &[
-    1.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0,
-];
+// Shared with the OTLP exporter, which buckets alike.
+use super::{BATCH_BUCKETS, SECONDS_BUCKETS};
 
 static RECORDER: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
 

@@ -1,0 +1,511 @@
+//! The aggregation behind [`OtlpRecorder`]: one cell per series (metric
+//! name and label set), updated lock-free for counters and gauges and
+//! under a per-series lock for histograms, read by the exporter.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::SystemTime;
+
+use kcl_core::metric_names::{self, MetricUnit};
+use metrics::{
+    Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
+    SharedString, Unit,
+};
+use tracing::warn;
+
+use super::settings::Buckets;
+
+/// A `metrics` recorder that aggregates every measurement for
+/// [`OtlpExporter`](super::OtlpExporter) to push: counters as cumulative
+/// sums, gauges as their last value, histograms into explicit buckets.
+/// Made by [`OtlpMetrics::build`](super::OtlpMetrics::build); install it
+/// with `metrics::set_global_recorder`.
+///
+/// It holds at most `max_series` series; the measurements of a series
+/// beyond that are dropped and counted. Series are kept for the life of
+/// the process, as cumulative counters must be.
+pub struct OtlpRecorder {
+    pub(super) registry: Arc<Registry>,
+}
+
+impl fmt::Debug for OtlpRecorder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OtlpRecorder")
+            .field("series", &self.registry.series_count())
+            .field("max_series", &self.registry.max_series)
+            .finish()
+    }
+}
+
+impl Recorder for OtlpRecorder {
+    fn describe_counter(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.registry.describe(key, unit, description);
+    }
+
+    fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.registry.describe(key, unit, description);
+    }
+
+    fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.registry.describe(key, unit, description);
+    }
+
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        match self.registry.counter(key) {
+            Some(cell) => Counter::from_arc(cell),
+            None => Counter::from_arc(Arc::clone(&self.registry.overflow)),
+        }
+    }
+
+    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+        match self.registry.gauge(key) {
+            Some(cell) => Gauge::from_arc(cell),
+            None => Gauge::from_arc(Arc::clone(&self.registry.overflow)),
+        }
+    }
+
+    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+        match self.registry.histogram(key) {
+            Some(cell) => Histogram::from_arc(cell),
+            None => Histogram::from_arc(Arc::clone(&self.registry.overflow)),
+        }
+    }
+}
+
+/// A metric's unit (UCUM, as OTLP wants it) and description.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct Description {
+    pub(super) unit: String,
+    pub(super) help: String,
+}
+
+/// Every series, by kind. A name is expected to be used with one kind; if
+/// an application records one name as two kinds, both are exported.
+#[derive(Default)]
+struct Series {
+    counters: HashMap<Key, Arc<CounterCell>>,
+    gauges: HashMap<Key, Arc<GaugeCell>>,
+    histograms: HashMap<Key, Arc<HistogramCell>>,
+}
+
+impl Series {
+    fn len(&self) -> usize {
+        self.counters.len() + self.gauges.len() + self.histograms.len()
+    }
+}
+
+/// The series, their descriptions and the overflow count.
+pub(super) struct Registry {
+    series: RwLock<Series>,
+    pub(super) max_series: usize,
+    /// Where the measurements of series beyond `max_series` go.
+    overflow: Arc<Overflow>,
+    /// Whether the first drop was logged.
+    warned: AtomicBool,
+    descriptions: RwLock<HashMap<String, Description>>,
+    buckets: Buckets,
+}
+
+impl Registry {
+    /// An empty registry that knows every kcl metric's unit and
+    /// description.
+    pub(super) fn new(max_series: usize, buckets: Buckets) -> Self {
+        let descriptions = metric_names::ALL
+            .iter()
+            .map(|spec| {
+                let description = Description {
+                    unit: spec.unit.map(kcl_unit).unwrap_or_default().to_owned(),
+                    help: spec.help.to_owned(),
+                };
+                (spec.name.to_owned(), description)
+            })
+            .collect();
+        Registry {
+            series: RwLock::default(),
+            max_series,
+            overflow: Arc::default(),
+            warned: AtomicBool::new(false),
+            descriptions: RwLock::new(descriptions),
+            buckets,
+        }
+    }
+
+    /// Series held.
+    pub(super) fn series_count(&self) -> usize {
+        read(&self.series).len()
+    }
+
+    /// Measurements dropped because `max_series` series were held.
+    pub(super) fn dropped(&self) -> u64 {
+        self.overflow.dropped.load(Ordering::Relaxed)
+    }
+
+    /// The unit and description of `name`, if it was described (kcl's
+    /// metrics always are).
+    pub(super) fn description(&self, name: &str) -> Option<Description> {
+        read(&self.descriptions).get(name).cloned()
+    }
+
+    fn describe(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+        let mut descriptions = write(&self.descriptions);
+        // kcl's own descriptions come from metric_names; an application's
+        // first description of a name wins, as in the Prometheus recorder.
+        descriptions
+            .entry(name.as_str().to_owned())
+            .or_insert_with(|| Description {
+                unit: unit.map(ucum).unwrap_or_default().to_owned(),
+                help: help.into_owned(),
+            });
+    }
+
+    fn counter(&self, key: &Key) -> Option<Arc<CounterCell>> {
+        self.cell(
+            key,
+            |s| &s.counters,
+            |s| &mut s.counters,
+            |_| CounterCell {
+                value: AtomicU64::new(0),
+                start: unix_nanos(SystemTime::now()),
+            },
+        )
+    }
+
+    fn gauge(&self, key: &Key) -> Option<Arc<GaugeCell>> {
+        self.cell(
+            key,
+            |s| &s.gauges,
+            |s| &mut s.gauges,
+            |_| GaugeCell {
+                bits: AtomicU64::new(0.0_f64.to_bits()),
+            },
+        )
+    }
+
+    fn histogram(&self, key: &Key) -> Option<Arc<HistogramCell>> {
+        self.cell(
+            key,
+            |s| &s.histograms,
+            |s| &mut s.histograms,
+            |key| HistogramCell::new(self.buckets.bounds(key.name())),
+        )
+    }
+
+    /// The cell of `key`, made if there is room for another series.
+    fn cell<C>(
+        &self,
+        key: &Key,
+        map: impl Fn(&Series) -> &HashMap<Key, Arc<C>>,
+        map_mut: impl Fn(&mut Series) -> &mut HashMap<Key, Arc<C>>,
+        make: impl FnOnce(&Key) -> C,
+    ) -> Option<Arc<C>> {
+        // Most calls find their series: the read lock only.
+        if let Some(cell) = map(&read(&self.series)).get(key) {
+            return Some(Arc::clone(cell));
+        }
+        let mut series = write(&self.series);
+        if let Some(cell) = map(&series).get(key) {
+            return Some(Arc::clone(cell));
+        }
+        if series.len() >= self.max_series {
+            drop(series);
+            if !self.warned.swap(true, Ordering::Relaxed) {
+                warn!(
+                    max_series = self.max_series,
+                    metric = key.name(),
+                    "the OTLP exporter holds its maximum number of series: the measurements \
+                     of new series are dropped from now on and counted in \
+                     kcl_otlp_measurements_dropped_total (raise OtlpMetrics::max_series)"
+                );
+            }
+            return None;
+        }
+        let cell = Arc::new(make(key));
+        map_mut(&mut series).insert(key.clone(), Arc::clone(&cell));
+        Some(cell)
+    }
+
+    /// What every series holds now.
+    pub(super) fn snapshot(&self) -> Snapshot {
+        fn cells<C>(map: &HashMap<Key, Arc<C>>) -> Vec<(Key, Arc<C>)> {
+            map.iter()
+                .map(|(k, c)| (k.clone(), Arc::clone(c)))
+                .collect()
+        }
+        let (counters, gauges, histograms) = {
+            let series = read(&self.series);
+            (
+                cells(&series.counters),
+                cells(&series.gauges),
+                cells(&series.histograms),
+            )
+        };
+        // The values are read after the lock is released: recording never
+        // waits for an export.
+        Snapshot {
+            counters: counters
+                .into_iter()
+                .map(|(key, cell)| {
+                    let value = cell.value.load(Ordering::Relaxed);
+                    (
+                        key,
+                        CounterPoint {
+                            value,
+                            start: cell.start,
+                        },
+                    )
+                })
+                .collect(),
+            gauges: gauges
+                .into_iter()
+                .map(|(key, cell)| (key, f64::from_bits(cell.bits.load(Ordering::Relaxed))))
+                .collect(),
+            histograms: histograms
+                .into_iter()
+                .map(|(key, cell)| (key, cell.point()))
+                .collect(),
+            dropped: self.dropped(),
+        }
+    }
+}
+
+/// The values of every series at one moment.
+#[derive(Debug)]
+pub(super) struct Snapshot {
+    pub(super) counters: Vec<(Key, CounterPoint)>,
+    pub(super) gauges: Vec<(Key, f64)>,
+    pub(super) histograms: Vec<(Key, HistogramPoint)>,
+    /// Measurements dropped so far for want of room.
+    pub(super) dropped: u64,
+}
+
+/// A counter's total since `start` (Unix nanoseconds).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct CounterPoint {
+    pub(super) value: u64,
+    pub(super) start: u64,
+}
+
+/// A histogram's state since `start` (Unix nanoseconds).
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct HistogramPoint {
+    pub(super) start: u64,
+    pub(super) bounds: Arc<[f64]>,
+    /// One more than `bounds`: the last counts values above every bound.
+    pub(super) buckets: Vec<u64>,
+    pub(super) count: u64,
+    pub(super) sum: f64,
+    /// `None` until a value was recorded.
+    pub(super) min_max: Option<(f64, f64)>,
+}
+
+struct CounterCell {
+    value: AtomicU64,
+    start: u64,
+}
+
+impl CounterFn for CounterCell {
+    fn increment(&self, value: u64) {
+        self.value.fetch_add(value, Ordering::Relaxed);
+    }
+
+    fn absolute(&self, value: u64) {
+        self.value.fetch_max(value, Ordering::Relaxed);
+    }
+}
+
+/// An `f64` in an atomic, as its bits.
+struct GaugeCell {
+    bits: AtomicU64,
+}
+
+impl GaugeCell {
+    fn update(&self, f: impl Fn(f64) -> f64) {
+        // Never fails: the closure always returns Some.
+        let _ = self
+            .bits
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                Some(f(f64::from_bits(bits)).to_bits())
+            });
+    }
+}
+
+impl GaugeFn for GaugeCell {
+    fn increment(&self, value: f64) {
+        self.update(|v| v + value);
+    }
+
+    fn decrement(&self, value: f64) {
+        self.update(|v| v - value);
+    }
+
+    fn set(&self, value: f64) {
+        self.bits.store(value.to_bits(), Ordering::Relaxed);
+    }
+}
+
+struct HistogramCell {
+    start: u64,
+    bounds: Arc<[f64]>,
+    state: Mutex<HistogramState>,
+}
+
+struct HistogramState {
+    buckets: Vec<u64>,
+    count: u64,
+    sum: f64,
+    min_max: Option<(f64, f64)>,
+}
+
+impl HistogramCell {
+    fn new(bounds: Vec<f64>) -> Self {
+        let buckets = vec![0; bounds.len() + 1];
+        HistogramCell {
+            start: unix_nanos(SystemTime::now()),
+            bounds: bounds.into(),
+            state: Mutex::new(HistogramState {
+                buckets,
+                count: 0,
+                sum: 0.0,
+                min_max: None,
+            }),
+        }
+    }
+
+    fn point(&self) -> HistogramPoint {
+        let state = lock(&self.state);
+        HistogramPoint {
+            start: self.start,
+            bounds: Arc::clone(&self.bounds),
+            buckets: state.buckets.clone(),
+            count: state.count,
+            sum: state.sum,
+            min_max: state.min_max,
+        }
+    }
+}
+
+impl HistogramFn for HistogramCell {
+    fn record(&self, value: f64) {
+        self.record_many(value, 1);
+    }
+
+    fn record_many(&self, value: f64, count: usize) {
+        // A NaN has no bucket and would turn the sum into NaN for good.
+        if value.is_nan() || count == 0 {
+            return;
+        }
+        // OTLP's explicit buckets: bucket i holds bounds[i-1] < v <= bounds[i].
+        let bucket = self.bounds.partition_point(|bound| *bound < value);
+        let n = count as u64;
+        let mut state = lock(&self.state);
+        state.buckets[bucket] += n;
+        state.count += n;
+        state.sum += value * count as f64;
+        state.min_max = Some(match state.min_max {
+            None => (value, value),
+            Some((min, max)) => (min.min(value), max.max(value)),
+        });
+    }
+}
+
+/// The handle of every series refused for want of room: counts each
+/// measurement it is given.
+#[derive(Default)]
+struct Overflow {
+    dropped: AtomicU64,
+}
+
+impl Overflow {
+    fn drop_measurements(&self, n: u64) {
+        self.dropped.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+impl CounterFn for Overflow {
+    fn increment(&self, _: u64) {
+        self.drop_measurements(1);
+    }
+
+    fn absolute(&self, _: u64) {
+        self.drop_measurements(1);
+    }
+}
+
+impl GaugeFn for Overflow {
+    fn increment(&self, _: f64) {
+        self.drop_measurements(1);
+    }
+
+    fn decrement(&self, _: f64) {
+        self.drop_measurements(1);
+    }
+
+    fn set(&self, _: f64) {
+        self.drop_measurements(1);
+    }
+}
+
+impl HistogramFn for Overflow {
+    fn record(&self, _: f64) {
+        self.drop_measurements(1);
+    }
+
+    fn record_many(&self, _: f64, count: usize) {
+        self.drop_measurements(count as u64);
+    }
+}
+
+/// Nanoseconds since the Unix epoch (0 for a clock set before it).
+pub(super) fn unix_nanos(at: SystemTime) -> u64 {
+    at.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// kcl's units in UCUM, the notation OTLP uses.
+fn kcl_unit(unit: MetricUnit) -> &'static str {
+    match unit {
+        MetricUnit::Bytes => "By",
+        MetricUnit::Seconds => "s",
+        MetricUnit::Milliseconds => "ms",
+    }
+}
+
+/// The `metrics` crate's units in UCUM. A plain count has no unit: "1"
+/// would make a collector's Prometheus exporter append `_ratio`.
+fn ucum(unit: Unit) -> &'static str {
+    match unit {
+        Unit::Count => "",
+        Unit::Percent => "%",
+        Unit::Seconds => "s",
+        Unit::Milliseconds => "ms",
+        Unit::Microseconds => "us",
+        Unit::Nanoseconds => "ns",
+        Unit::Tebibytes => "TiBy",
+        Unit::Gibibytes => "GiBy",
+        Unit::Mebibytes => "MiBy",
+        Unit::Kibibytes => "KiBy",
+        Unit::Bytes => "By",
+        Unit::TerabitsPerSecond => "Tbit/s",
+        Unit::GigabitsPerSecond => "Gbit/s",
+        Unit::MegabitsPerSecond => "Mbit/s",
+        Unit::KilobitsPerSecond => "kbit/s",
+        Unit::BitsPerSecond => "bit/s",
+        Unit::CountPerSecond => "1/s",
+    }
+}
+
+// A panic while a lock is held leaves plain numbers behind, still valid:
+// recording and exporting go on rather than poisoning every later call.
+fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn lock<T>(lock: &Mutex<T>) -> MutexGuard<'_, T> {
+    lock.lock().unwrap_or_else(PoisonError::into_inner)
+}
