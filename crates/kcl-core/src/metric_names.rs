@@ -2,9 +2,10 @@
 //!
 //! Every emit site (in kcl-core, kcl-kinesis and kcl-dynamodb) names its
 //! metric by one of these constants, the Prometheus recorder takes its
-//! `# HELP` lines from [`ALL`], and a test holds the README's metrics tables
-//! to [`ALL`]: a metric added, renamed or dropped in one place and not the
-//! others fails the build's tests instead of going unnoticed.
+//! `# HELP` lines from [`ALL`], and a test holds the metrics tables of
+//! docs/metrics.md to [`ALL`]: a metric added, renamed or dropped in one
+//! place and not the others fails the build's tests instead of going
+//! unnoticed.
 
 /// What kind of metric a name is recorded as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,7 +19,7 @@ pub enum MetricKind {
 }
 
 impl MetricKind {
-    /// The kind as the README's tables and Prometheus spell it.
+    /// The kind as docs/metrics.md's tables and Prometheus spell it.
     pub fn as_str(self) -> &'static str {
         match self {
             MetricKind::Counter => "counter",
@@ -76,7 +77,7 @@ macro_rules! metrics {
             pub const $constant: &str = $name;
         )*
 
-        /// Every metric kcl records, in the README's order.
+        /// Every metric kcl records, in docs/metrics.md's order.
         pub const ALL: &[MetricSpec] = &[$(
             MetricSpec {
                 name: $constant,

@@ -1,6 +1,6 @@
 //! The metric names are declared once, in `kcl_core::metric_names`: the
-//! README's metrics tables document exactly that set, and no emit site in
-//! the crates names a metric by a string literal of its own.
+//! metrics tables of docs/metrics.md document exactly that set, and no emit
+//! site in the crates names a metric by a string literal of its own.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
@@ -16,12 +16,14 @@ fn workspace_root() -> PathBuf {
         .unwrap()
 }
 
-/// The README section that documents the metrics, up to the next section.
-fn metrics_section(readme: &str) -> &str {
-    let start = readme
-        .find("### The metrics")
-        .expect("README.md has no `### The metrics` section");
-    let rest = &readme[start + 3..];
+/// The section of docs/metrics.md that documents the metrics, up to the
+/// next section.
+fn metrics_section(doc: &str) -> &str {
+    const HEADING: &str = "\n## The metrics\n";
+    let start = doc
+        .find(HEADING)
+        .expect("docs/metrics.md has no `## The metrics` section");
+    let rest = &doc[start + HEADING.len()..];
     let end = rest
         .find("\n## ")
         .into_iter()
@@ -44,18 +46,20 @@ fn parse_row(row: &str) -> Result<(String, String), String> {
     Ok((name.to_owned(), kind.to_owned()))
 }
 
-/// Every metric the README's tables document, by name, with its kind.
+/// Every metric the tables of docs/metrics.md document, by name, with its
+/// kind.
 fn documented_metrics() -> BTreeMap<String, String> {
-    let readme = fs::read_to_string(workspace_root().join("README.md")).unwrap();
+    let doc = fs::read_to_string(workspace_root().join("docs/metrics.md"))
+        .expect("docs/metrics.md is readable");
     let mut documented = BTreeMap::new();
-    let rows = metrics_section(&readme)
+    let rows = metrics_section(&doc)
         .lines()
         .filter(|line| line.starts_with('|'))
         .filter(|line| !line.starts_with("| metric ") && !line.starts_with("| ---"));
     for row in rows {
-        let (name, kind) = parse_row(row).unwrap_or_else(|e| panic!("README.md: {e}"));
+        let (name, kind) = parse_row(row).unwrap_or_else(|e| panic!("docs/metrics.md: {e}"));
         if let Some(earlier) = documented.insert(name.clone(), kind) {
-            panic!("README.md documents {name} twice (once as {earlier})");
+            panic!("docs/metrics.md documents {name} twice (once as {earlier})");
         }
     }
     documented
@@ -68,22 +72,24 @@ fn declared_metrics() -> BTreeMap<String, String> {
 }
 
 #[test]
-fn the_readme_documents_exactly_the_declared_metrics_with_their_kinds() {
+fn the_metrics_doc_documents_exactly_the_declared_metrics_with_their_kinds() {
     let documented = documented_metrics();
     let declared = declared_metrics();
     let mut problems = Vec::new();
     for (name, kind) in &declared {
         match documented.get(name) {
-            None => problems.push(format!("{name} ({kind}) is recorded but not in README.md")),
+            None => problems.push(format!(
+                "{name} ({kind}) is recorded but not in docs/metrics.md"
+            )),
             Some(doc) if doc != kind => {
-                problems.push(format!("{name} is a {kind}, README.md says {doc}"))
+                problems.push(format!("{name} is a {kind}, docs/metrics.md says {doc}"))
             }
             Some(_) => {}
         }
     }
     for name in documented.keys().filter(|n| !declared.contains_key(*n)) {
         problems.push(format!(
-            "{name} is in README.md but not in kcl_core::metric_names"
+            "{name} is in docs/metrics.md but not in kcl_core::metric_names"
         ));
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));

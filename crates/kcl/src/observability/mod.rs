@@ -16,7 +16,7 @@
 //! `serve_health` never installs a `metrics` recorder, so the probes work
 //! with any recorder the application installed, or none. The metric
 //! names, their labels and example queries are listed in the repository's
-//! README ("Metrics").
+//! docs/metrics.md.
 //!
 //! # Layout
 //!

@@ -3,7 +3,7 @@
 //! name otherwise.
 //!
 //! The table is data ([`JAVA`], [`ALSO_OWN`], [`SKIPPED`]) so that the
-//! README's copy of it is rendered from here ([`markdown_table`]) and a
+//! docs/metrics.md's copy of it is rendered from here ([`markdown_table`]) and a
 //! test holds the two together.
 
 use std::borrow::Cow;
@@ -440,7 +440,7 @@ fn unit_name(unit: UnitKey) -> &'static str {
 }
 
 #[cfg(test)]
-/// The mapping as the README shows it: one row per Java KCL metric kcl
+/// The mapping as docs/metrics.md shows it: one row per Java KCL metric kcl
 /// publishes, then the rules for the rest.
 pub(crate) fn markdown_table() -> String {
     let mut out = String::from(

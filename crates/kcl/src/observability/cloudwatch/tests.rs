@@ -718,16 +718,16 @@ fn every_java_rule_maps_a_declared_kcl_metric() {
 }
 
 #[test]
-fn the_rustdoc_and_the_readme_show_the_mapping_table_as_the_code_has_it() {
+fn the_rustdoc_and_the_metrics_doc_show_the_mapping_table_as_the_code_has_it() {
     let table = mapping::markdown_table();
     assert_eq!(
         include_str!("mapping.md"),
         table,
         "regenerate src/observability/cloudwatch/mapping.md from mapping::markdown_table()"
     );
-    let readme = include_str!("../../../../../README.md");
+    let doc = include_str!("../../../../../docs/metrics.md");
     assert!(
-        readme.contains(&table),
-        "the README's CloudWatch table differs from mapping::markdown_table():\n{table}"
+        doc.contains(&table),
+        "the CloudWatch table in docs/metrics.md differs from mapping::markdown_table():\n{table}"
     );
 }
