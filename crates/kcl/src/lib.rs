@@ -60,18 +60,22 @@
 mod readme {}
 
 mod builder;
+mod error;
 pub mod observability;
 mod settings;
 mod signal;
+mod streams;
+mod worker;
 
 pub use async_trait::async_trait;
-pub use builder::{Error, ErrorKind, Worker, WorkerBuilder};
+pub use builder::WorkerBuilder;
+pub use error::{Error, ErrorKind};
 pub use kcl_core::checkpointer::{
     CheckpointError, CheckpointPolicy, Checkpointer, Position, SequenceNumber,
 };
 pub use kcl_core::leases::EndReason;
 /// Every `kcl_*` metric's name, kind, labels and description, declared once
-/// (the README's tables and the Prometheus help lines come from it).
+/// (docs/metrics.md's tables and the Prometheus help lines come from it).
 pub use kcl_core::metric_names;
 /// The lease engine's typed events, for [`WorkerBuilder::observer`].
 pub mod observe {
@@ -110,6 +114,7 @@ pub mod testing {
     pub use kcl_core::testing::{Ending, TestShard};
 }
 pub use signal::shutdown_signal;
+pub use worker::Worker;
 
 /// What an application that wires its own lease store or shard source
 /// needs from the engine, and nothing else: the two traits, the types

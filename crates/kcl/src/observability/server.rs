@@ -105,7 +105,7 @@ impl Endpoint {
             let bound = listener.local_addr()?;
             Ok::<_, std::io::Error>((listener, bound))
         };
-        let (listener, bound) = bind().map_err(|source| crate::builder::Repr::MetricsBind {
+        let (listener, bound) = bind().map_err(|source| crate::error::Repr::MetricsBind {
             addr,
             setting,
             source,

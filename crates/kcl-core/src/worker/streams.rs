@@ -1,0 +1,115 @@
+//! Stream tracking: the streams a worker consumes ([`StreamSpec`]), the
+//! [`StreamTracker`] that changes them while it runs, the live list the
+//! run loop reads, and what happens to a removed stream's leases.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::lease::{Lease, LeaseLayout};
+use crate::source::SourceError;
+use crate::store::LeaseStore;
+
+/// One stream a worker consumes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamSpec {
+    /// The stream name.
+    pub name: String,
+    /// How its lease keys are formed.
+    pub layout: LeaseLayout,
+}
+
+/// Supplies the streams a multi-stream worker consumes; polled at every
+/// shard sync, so streams can be added and removed while it runs (the Java
+/// KCL's `MultiStreamTracker`).
+#[async_trait::async_trait]
+pub trait StreamTracker: Send + Sync + fmt::Debug {
+    /// The streams to consume now. An error keeps the current list.
+    async fn streams(&self) -> Result<Vec<StreamSpec>, SourceError>;
+}
+
+/// What happens to the leases of a stream that is no longer consumed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RemovedStreamPolicy {
+    /// Keep them (with their checkpoints) in the table.
+    Keep,
+    /// Delete them once released and this long after the removal was seen.
+    DeleteAfter(Duration),
+}
+
+pub(super) type LiveStreams = Arc<RwLock<Vec<StreamSpec>>>;
+
+pub(super) fn read(live: &LiveStreams) -> std::sync::RwLockReadGuard<'_, Vec<StreamSpec>> {
+    live.read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Replaces the live stream list; returns the streams that went away.
+/// Replaces the live streams; returns the removed ones and whether any
+/// was added.
+pub(super) fn update_streams(
+    live: &LiveStreams,
+    wanted: Vec<StreamSpec>,
+) -> (Vec<StreamSpec>, bool) {
+    let mut current = live.write().unwrap_or_else(|e| e.into_inner());
+    let removed: Vec<StreamSpec> = current
+        .iter()
+        .filter(|s| !wanted.contains(s))
+        .cloned()
+        .collect();
+    let mut added = false;
+    for spec in wanted.iter().filter(|s| !current.contains(s)) {
+        info!(stream = %spec.name, "stream added");
+        added = true;
+    }
+    *current = wanted;
+    (removed, added)
+}
+
+/// Deletes the released leases of streams removed at least `delay` ago
+/// (each guarded by its counter); leases still held are left for their
+/// holder to release first.
+pub(super) async fn delete_removed_leases(
+    store: &dyn LeaseStore,
+    removed_at: &mut HashMap<LeaseLayout, (String, Instant)>,
+    delay: Duration,
+) {
+    let due: Vec<(LeaseLayout, String)> = removed_at
+        .iter()
+        .filter(|(_, (_, at))| at.elapsed() >= delay)
+        .map(|(layout, (name, _))| (layout.clone(), name.clone()))
+        .collect();
+    if due.is_empty() {
+        return;
+    }
+    let leases: Vec<Lease> = match store.scan().try_concat().await {
+        Ok(leases) => leases,
+        Err(e) => {
+            warn!(error = %e, "scanning for leases of removed streams failed");
+            return;
+        }
+    };
+    for (layout, name) in due {
+        let mine: Vec<&Lease> = leases.iter().filter(|l| layout.owns(l)).collect();
+        let mut left = 0;
+        for lease in &mine {
+            if lease.owner.is_some() || lease.in_handoff() {
+                left += 1;
+                continue;
+            }
+            match store.delete(&lease.key, lease.counter).await {
+                Ok(()) => {
+                    info!(stream = %name, lease = %lease.key, "deleted a lease of a removed stream")
+                }
+                Err(_) => left += 1,
+            }
+        }
+        if left == 0 {
+            removed_at.remove(&layout);
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! Stream names to lease layouts: the resolver that describes each stream
+//! once, and the tracker of the stream names an application supplies at
+//! runtime.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use kcl_core::LeaseLayout;
+use kcl_core::source::SourceError;
+use kcl_core::worker::{StreamSpec, StreamTracker};
+use kcl_kinesis::StreamArn;
+
+use crate::error::{Error, ErrorKind, Repr};
+
+/// The stream names an application supplies at runtime.
+pub(crate) type StreamNames = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
+
+/// The one place a stream name becomes a lease layout: the configured
+/// streams at startup and the tracker's at every shard sync. A
+/// multi-stream layout needs the Java KCL's identifier,
+/// `account:stream:creationEpoch`, which Kinesis is asked for once per
+/// stream; a single-stream worker still describes its stream, so a
+/// misspelt name fails at startup.
+pub(crate) struct StreamResolver {
+    kinesis: aws_sdk_kinesis::Client,
+    pub(crate) multi_stream: bool,
+    identifiers: Mutex<HashMap<String, String>>,
+}
+
+impl StreamResolver {
+    pub(crate) fn new(kinesis: aws_sdk_kinesis::Client, multi_stream: bool) -> Self {
+        StreamResolver {
+            kinesis,
+            multi_stream,
+            identifiers: Mutex::default(),
+        }
+    }
+
+    /// The identifier of `name`, if [`Self::spec`] resolved it.
+    pub(crate) fn known_identifier(&self, name: &str) -> Option<String> {
+        self.identifiers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    pub(crate) async fn spec(&self, name: &str) -> Result<StreamSpec, Error> {
+        let known = self
+            .identifiers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned();
+        let identifier = match known {
+            Some(id) => id,
+            None => {
+                let id = stream_identifier(&self.kinesis, name).await?;
+                self.identifiers
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(name.to_owned(), id.clone());
+                id
+            }
+        };
+        let layout = if self.multi_stream {
+            LeaseLayout::MultiStream { identifier }
+        } else {
+            LeaseLayout::SingleStream
+        };
+        Ok(StreamSpec {
+            name: name.to_owned(),
+            layout,
+        })
+    }
+}
+
+/// The application's stream names, resolved by the worker's
+/// [`StreamResolver`] (always multi-stream: a tracker implies it).
+pub(crate) struct NameTracker {
+    pub(crate) names: StreamNames,
+    pub(crate) resolver: Arc<StreamResolver>,
+}
+
+impl fmt::Debug for NameTracker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NameTracker").finish_non_exhaustive()
+    }
+}
+
+#[async_trait::async_trait]
+impl StreamTracker for NameTracker {
+    async fn streams(&self) -> Result<Vec<StreamSpec>, SourceError> {
+        let mut specs = Vec::new();
+        for name in (self.names)() {
+            match self.resolver.spec(&name).await {
+                Ok(spec) => specs.push(spec),
+                // A stream not created yet is simply not consumed yet.
+                Err(e) if e.kind() == ErrorKind::StreamNotFound => continue,
+                Err(e) => {
+                    return Err(SourceError::Fatal {
+                        stream: name,
+                        message: e.to_string(),
+                        source: None,
+                    });
+                }
+            }
+        }
+        Ok(specs)
+    }
+}
+
+/// The Java KCL's multi-stream identifier: `account:stream:creationEpoch`.
+async fn stream_identifier(
+    kinesis: &aws_sdk_kinesis::Client,
+    stream: &str,
+) -> Result<String, Error> {
+    let arn = StreamArn::parse(stream).ok().flatten();
+    let request = match &arn {
+        Some(arn) => kinesis.describe_stream_summary().stream_arn(arn.as_str()),
+        None => kinesis.describe_stream_summary().stream_name(stream),
+    };
+    let out = request.send().await.map_err(|e| {
+        if e.as_service_error()
+            .is_some_and(|s| s.is_resource_not_found_exception())
+        {
+            Repr::StreamNotFound {
+                stream: stream.to_owned(),
+            }
+        } else {
+            Repr::DescribeStream {
+                stream: stream.to_owned(),
+                source: Box::new(e),
+            }
+        }
+    })?;
+    let summary = out
+        .stream_description_summary()
+        .ok_or_else(|| Repr::DescribeStream {
+            stream: stream.to_owned(),
+            source: "DescribeStreamSummary returned no summary".into(),
+        })?;
+    // The stream's own account and name (a stream given by ARN may be of
+    // another account): arn:aws:kinesis:REGION:ACCOUNT:stream/NAME.
+    let described = StreamArn::parse(summary.stream_arn()).ok().flatten();
+    let (account, name) = match described.as_ref().or(arn.as_ref()) {
+        Some(arn) => (arn.account().to_owned(), arn.name().to_owned()),
+        None => (String::new(), stream.to_owned()),
+    };
+    let epoch = summary.stream_creation_timestamp().secs();
+    Ok(format!("{account}:{name}:{epoch}"))
+}
