@@ -164,7 +164,8 @@ proptest! {
     /// squared weights, never raises the heaviest worker nor lowers the
     /// lightest, and the fleet stops moving within the margin: the
     /// heaviest worker carries at most 1.5 times the lightest plus its own
-    /// lightest lease (unless the lightest is at its count cap). Counts
+    /// lightest lease (unless the lightest is at its count cap; of equally
+    /// heavy workers, the one thieves look at, the smallest id). Counts
     /// never exceed the cap.
     #[test]
     fn load_balance_narrows_the_spread_every_round_until_within_the_margin(
@@ -205,7 +206,12 @@ proptest! {
         let w = fleet.weights(&loads);
         let counts = fleet.counts();
         let light = (0..workers).min_by(|a, b| w[*a].total_cmp(&w[*b])).expect("workers");
-        let heavy = (0..workers).max_by(|a, b| w[*a].total_cmp(&w[*b])).expect("workers");
+        // The heaviest worker thieves look at: ties go to the smallest id,
+        // as in the decision (of two equally heavy workers, only that one
+        // is held to the margin).
+        let heavy = (0..workers)
+            .max_by(|a, b| w[*a].total_cmp(&w[*b]).then_with(|| b.cmp(a)))
+            .expect("workers");
         let cost = LEASE_COST * loads.iter().sum::<f64>() / leases as f64;
         let lightest_lease = (0..leases)
             .filter(|i| fleet.owners[*i] == Some(heavy))
