@@ -19,7 +19,7 @@ use aws_sdk_kinesis::types::PutRecordsRequestEntry;
 use kcl::{
     Checkpointer, InitialPosition, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
 };
-use kcl_tests::e2e::{BatchLog, now_ns, read_logs, verify};
+use kcl_tests::e2e::{BatchLog, Verdict, now_ns, read_logs, verify};
 use kcl_tests::{
     TestEnv, TestRecord, create_stream, delete_stream, delete_table, list_all_shards, unique_name,
 };
@@ -47,15 +47,14 @@ impl RecordProcessor for Logger {
         cp: &mut Checkpointer,
     ) -> Result<(), ProcessorError> {
         let start = now_ns();
-        let line = serde_json::to_string(&BatchLog::new(
+        BatchLog::new(
             &self.ctx.worker_id,
             &self.ctx.shard_id,
             start,
             cp,
             &batch.records,
-        ))?;
-        // One write per line: the shards' processors share the file.
-        self.out.write_all(format!("{line}\n").as_bytes())?;
+        )
+        .append_to(&mut self.out)?;
         if self.checkpoint {
             cp.checkpoint().await?;
         }
@@ -763,22 +762,7 @@ pub(crate) async fn scale_out(exe: &Path) -> anyhow::Result<Section> {
         ),
     );
     s.row("leases moved (seen in the table)", moved.to_string());
-    s.row(
-        "records produced / lost / duplicates",
-        format!(
-            "{} / {} / {}",
-            u64::from(LOAD_SHARDS as u32) * per_key,
-            verdict.missing.len(),
-            verdict.duplicates
-        ),
-    );
-    if !verdict.missing.is_empty() || !verdict.order_violations.is_empty() {
-        s.failed = Some(format!(
-            "{} records lost, {} order violations",
-            verdict.missing.len(),
-            verdict.order_violations.len()
-        ));
-    }
+    record_verdict(&mut s, u64::from(LOAD_SHARDS as u32) * per_key, &verdict);
     s.headline = format!(
         "balanced {} after 3 workers joined 1 (16 shards, taker tick 2 s), {} graceful handoffs, {} duplicates",
         secs(balanced_after),
@@ -948,22 +932,7 @@ pub(crate) async fn lose_a_worker(exe: &Path, loss: Loss) -> anyhow::Result<Sect
         "its shards delivering again after (first / last shard)",
         format!("{} / {}", secs(fastest), secs(slowest)),
     );
-    s.row(
-        "records produced / lost / duplicates",
-        format!(
-            "{} / {} / {}",
-            u64::from(LOAD_SHARDS as u32) * per_key,
-            verdict.missing.len(),
-            verdict.duplicates
-        ),
-    );
-    if !verdict.missing.is_empty() || !verdict.order_violations.is_empty() {
-        s.failed = Some(format!(
-            "{} records lost, {} order violations",
-            verdict.missing.len(),
-            verdict.order_violations.len()
-        ));
-    }
+    record_verdict(&mut s, u64::from(LOAD_SHARDS as u32) * per_key, &verdict);
     s.headline = format!(
         "its shards delivering again {}-{} after {} ({}), {} lost, {} duplicates",
         secs(fastest),
@@ -1522,4 +1491,25 @@ pub(crate) async fn cold_start_at_defaults(exe: &Path) -> anyhow::Result<Section
                 scan, 8 takes, then GetShardIterator and GetRecords per shard."
         .into();
     Ok(s)
+}
+
+/// The records row of a fleet section, and its failure when a record was
+/// lost or came out of order.
+fn record_verdict(s: &mut Section, produced: u64, verdict: &Verdict) {
+    s.row(
+        "records produced / lost / duplicates",
+        format!(
+            "{} / {} / {}",
+            produced,
+            verdict.missing.len(),
+            verdict.duplicates
+        ),
+    );
+    if !verdict.missing.is_empty() || !verdict.order_violations.is_empty() {
+        s.failed = Some(format!(
+            "{} records lost, {} order violations",
+            verdict.missing.len(),
+            verdict.order_violations.len()
+        ));
+    }
 }

@@ -138,18 +138,14 @@ impl RecordProcessor for Logger {
         }
         // A little work, so that two workers on one shard would overlap.
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let line = serde_json::to_string(&BatchLog::new(
+        BatchLog::new(
             &self.ctx.worker_id,
             &self.ctx.shard_id,
             start,
             cp,
             &batch.records,
-        ))?;
-        // One write per line: every shard's processor appends to this file,
-        // and `writeln!` writes the text and the newline separately, so two
-        // shards' lines could interleave into one unparsable line.
-        self.out.write_all(format!("{line}\n").as_bytes())?;
-        self.out.flush()?;
+        )
+        .append_to(&mut self.out)?;
         if self.every_batch {
             cp.checkpoint().await?;
         }

@@ -66,6 +66,16 @@ impl BatchLog {
                 .collect(),
         }
     }
+
+    /// Appends this entry to a batch log as one JSON line, in one write:
+    /// every shard's processor of a process appends to the same file, and
+    /// the text and its newline written apart could interleave with
+    /// another shard's line into one that does not parse.
+    pub fn append_to(&self, log: &mut impl std::io::Write) -> std::io::Result<()> {
+        let line = serde_json::to_string(self)?;
+        log.write_all(format!("{line}\n").as_bytes())?;
+        log.flush()
+    }
 }
 
 /// What the batches of a run show.
@@ -272,6 +282,16 @@ impl WorkerProcessConfig {
             id: id.to_owned(),
             child,
         })
+    }
+
+    /// Starts a worker process for each of `ids`, in order.
+    pub fn spawn_all(&self, ids: &[&str]) -> Vec<WorkerProcess> {
+        ids.iter()
+            .map(|id| {
+                self.spawn(id)
+                    .unwrap_or_else(|e| panic!("worker process {id}: {e:#}"))
+            })
+            .collect()
     }
 }
 
@@ -490,6 +510,29 @@ pub async fn wait_complete(
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// Waits until the batch logs in `out` hold every produced record (at
+/// most `limit`), then stops `procs` with SIGTERM (each within 30 s), and
+/// returns the logged batches: the end of most process scenarios.
+pub async fn wait_complete_then_terminate<'a>(
+    out: &Path,
+    per_key: u64,
+    limit: Duration,
+    procs: impl IntoIterator<Item = &'a mut WorkerProcess>,
+) -> Vec<BatchLog> {
+    let batches = wait_complete(
+        || read_logs(out).expect("the batch logs are readable"),
+        per_key,
+        limit,
+    )
+    .await;
+    for p in procs {
+        p.terminate(Duration::from_secs(30))
+            .await
+            .expect("the worker process stops on SIGTERM");
+    }
+    batches
 }
 
 /// Waits until no lease is owned by `gone` and every lease has an owner.

@@ -32,18 +32,16 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use kcl::observability::cloudwatch::CloudWatchMetrics;
-use kcl::{
-    Checkpointer, InitialPosition, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
-    Worker,
-};
+use kcl::{InitialPosition, Worker};
 use kcl_tests::{TestEnv, create_stream, put_sequenced_records, unique_name};
+
+use crate::Counting;
+use crate::fleet::{in_own_process, ran_in_own_process};
 use minicbor::data::Token;
 use serde_json::{Value, json};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-/// Set in the worker process this test starts.
-const WORKER_PROCESS: &str = "KCL_CLOUDWATCH_TEST_WORKER";
 /// The CloudWatch service id in the RPC v2 path and the JSON target.
 const SERVICE: &str = "GraniteServiceVersion20100801";
 const KEYS: u32 = 4;
@@ -51,7 +49,7 @@ const PER_KEY: u64 = 5;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_publishes_the_java_kcl_metrics_to_cloudwatch() {
-    if std::env::var_os(WORKER_PROCESS).is_some() {
+    if in_own_process() {
         return worker_process().await;
     }
     let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
@@ -65,39 +63,19 @@ async fn a_worker_publishes_the_java_kcl_metrics_to_cloudwatch() {
         .unwrap();
     let shards: BTreeSet<String> = sent.iter().map(|r| r.shard_id.clone()).collect();
 
-    let this_test = format!(
-        "{}::a_worker_publishes_the_java_kcl_metrics_to_cloudwatch",
-        module_path!().split_once("::").map_or("", |(_, m)| m)
-    );
-    let child = tokio::process::Command::new(std::env::current_exe().unwrap())
-        .args([&this_test, "--exact", "--nocapture", "--test-threads=1"])
-        .env(WORKER_PROCESS, "1")
-        .env("KCL_CW_STREAM", &stream)
-        .env("KCL_CW_APP", &app)
-        .env("KCL_CW_WORKER", &worker_id)
-        .env("KCL_CW_ENDPOINT", &moto.endpoint)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let output = tokio::time::timeout(Duration::from_secs(180), child.wait_with_output())
-        .await
-        .expect("the worker process finished within 3 minutes")
-        .unwrap();
-    let printed = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(
-        output.status.success(),
-        "the worker process failed:\n{printed}"
-    );
-    assert!(
-        printed.contains("1 passed"),
-        "the worker process ran its test:\n{printed}"
-    );
+    // The worker runs in a process of its own, with the names it is to use.
+    let ran = ran_in_own_process(
+        module_path!(),
+        "a_worker_publishes_the_java_kcl_metrics_to_cloudwatch",
+        &[
+            ("KCL_CW_STREAM", &stream),
+            ("KCL_CW_APP", &app),
+            ("KCL_CW_WORKER", &worker_id),
+            ("KCL_CW_ENDPOINT", &moto.endpoint),
+        ],
+    )
+    .await;
+    assert!(ran, "the worker ran in a process of its own");
 
     // What a Java KCL dashboard of this application finds in CloudWatch.
     let listed = moto
@@ -230,12 +208,7 @@ async fn worker_process() {
                 .client(cloudwatch.clone())
                 .flush_interval(Duration::from_secs(3600)),
         )
-        .processor({
-            let processed = Arc::clone(&processed);
-            move |_: &ShardContext| Counting {
-                processed: Arc::clone(&processed),
-            }
-        })
+        .processor(Counting::factory(&processed, Duration::ZERO))
         .build()
         .unwrap();
     let publisher = worker
@@ -248,9 +221,7 @@ async fn worker_process() {
         .stream(var("KCL_CW_STREAM"))
         .sdk_config(env.sdk_config())
         .publish_cloudwatch_metrics(CloudWatchMetrics::new().client(cloudwatch))
-        .processor(|_: &ShardContext| Counting {
-            processed: Arc::default(),
-        })
+        .processor(Counting::factory(&Arc::default(), Duration::ZERO))
         .build()
         .expect_err("a second namespace in one process");
     assert_eq!(
@@ -289,25 +260,6 @@ async fn worker_process() {
         (0, 0),
         "{stats:?}"
     );
-}
-
-/// Counts records and checkpoints every batch.
-struct Counting {
-    processed: Arc<AtomicU64>,
-}
-
-#[kcl::async_trait]
-impl RecordProcessor for Counting {
-    async fn process_records(
-        &mut self,
-        batch: &RecordBatch,
-        checkpointer: &mut Checkpointer,
-    ) -> Result<(), ProcessorError> {
-        checkpointer.checkpoint().await?;
-        self.processed
-            .fetch_add(batch.records.len() as u64, Ordering::Relaxed);
-        Ok(())
-    }
 }
 
 fn string(v: &Value) -> String {

@@ -1,7 +1,9 @@
 //! Two `e2e-worker` processes with their endpoints and logs, for the
 //! hung-processor scenarios: spawning with the worker's stderr kept in a
 //! file, the bound endpoint address each process publishes, production
-//! that reports where records landed, and the worker's log lines.
+//! that reports where records landed, and the worker's log lines; and a
+//! test run alone in a process of its own (this test binary again), for
+//! the tests that install the process's global metrics recorder.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -14,6 +16,54 @@ use tokio::process::Command;
 use tokio::time::Instant;
 
 pub(crate) const E2E_WORKER: &str = env!("CARGO_BIN_EXE_e2e-worker");
+
+/// Set in a process that [`ran_in_own_process`] starts.
+const OWN_PROCESS: &str = "KCL_TESTS_OWN_PROCESS";
+
+/// Whether this is a process [`ran_in_own_process`] started, where the
+/// test's body is to run.
+pub(crate) fn in_own_process() -> bool {
+    std::env::var_os(OWN_PROCESS).is_some()
+}
+
+/// Runs `test` (the test of that name in `module`, as `module_path!()`
+/// gives it) alone in a new process of this binary with `envs` set, and
+/// checks that it ran and passed. Returns false at once in that process,
+/// where the test's body is to run.
+pub(crate) async fn ran_in_own_process(module: &str, test: &str, envs: &[(&str, &str)]) -> bool {
+    if in_own_process() {
+        return false;
+    }
+    // libtest names a test by its path below the crate root.
+    let name = format!("{}::{test}", module.split_once("::").map_or("", |(_, m)| m));
+    let child = Command::new(std::env::current_exe().expect("this test binary's path"))
+        .args([&name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(OWN_PROCESS, "1")
+        .envs(envs.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("this test binary starts again");
+    let output = tokio::time::timeout(Duration::from_secs(180), child.wait_with_output())
+        .await
+        .expect("the test's process finished within 3 minutes")
+        .expect("the test's output");
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success(),
+        "{name} failed in its process:\n{printed}"
+    );
+    assert!(
+        printed.contains("1 passed"),
+        "{name} did not run in its process:\n{printed}"
+    );
+    true
+}
 
 /// Starts worker `id` of `cfg` with its stderr (the worker's log) in
 /// `<logs>/<id>.log`.

@@ -12,7 +12,6 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -24,11 +23,11 @@ use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use kcl::metric_names::{self, MetricKind, MetricUnit};
 use kcl::observability::OtlpMetrics;
-use kcl::{
-    Checkpointer, InitialPosition, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
-    Worker,
-};
+use kcl::{InitialPosition, Worker};
 use kcl_tests::{TestEnv, create_stream, http_get, put_sequenced_records, unique_name};
+
+use crate::Counting;
+use crate::fleet::ran_in_own_process;
 use opentelemetry_proto::tonic::collector::metrics::v1::{
     ExportMetricsServiceRequest, ExportMetricsServiceResponse,
 };
@@ -38,9 +37,6 @@ use opentelemetry_proto::tonic::metrics::v1::{
 };
 use prost::Message;
 use tokio::time::Instant;
-
-/// Set in the process a test starts to run itself in.
-const OWN_PROCESS: &str = "KCL_TESTS_OTLP_OWN_PROCESS";
 
 const KEYS: u32 = 4;
 const PER_KEY: u64 = 5;
@@ -53,45 +49,6 @@ const SECONDS_BUCKETS: &[f64] = &[
 const BATCH_BUCKETS: &[f64] = &[
     1.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0,
 ];
-
-/// Runs `test` (this module's test of that name) alone in a new process
-/// of this binary and checks that it ran and passed. Returns false in
-/// that process, where the test's body is to run.
-async fn ran_in_own_process(test: &str) -> bool {
-    if std::env::var_os(OWN_PROCESS).is_some() {
-        return false;
-    }
-    let name = format!(
-        "{}::{test}",
-        module_path!().split_once("::").map_or("", |(_, m)| m)
-    );
-    let child = tokio::process::Command::new(std::env::current_exe().expect("this binary"))
-        .args([&name, "--exact", "--nocapture", "--test-threads=1"])
-        .env(OWN_PROCESS, "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("this test binary starts again");
-    let output = tokio::time::timeout(Duration::from_secs(180), child.wait_with_output())
-        .await
-        .expect("the test's process finished within 3 minutes")
-        .expect("the test's output");
-    let printed = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(
-        output.status.success(),
-        "{name} failed in its process:\n{printed}"
-    );
-    assert!(
-        printed.contains("1 passed"),
-        "{name} did not run in its process:\n{printed}"
-    );
-    true
-}
 
 /// One export the collector received.
 #[derive(Debug)]
@@ -208,33 +165,6 @@ async fn receive(
     Ok(response)
 }
 
-/// Counts the records; checkpoints every batch.
-struct Counting {
-    processed: Arc<AtomicU64>,
-}
-
-#[kcl::async_trait]
-impl RecordProcessor for Counting {
-    async fn process_records(
-        &mut self,
-        batch: &RecordBatch,
-        checkpointer: &mut Checkpointer,
-    ) -> Result<(), ProcessorError> {
-        self.processed
-            .fetch_add(batch.records.len() as u64, Ordering::Relaxed);
-        checkpointer.checkpoint().await?;
-        Ok(())
-    }
-
-    async fn shutdown_requested(
-        &mut self,
-        checkpointer: &mut Checkpointer,
-    ) -> Result<(), ProcessorError> {
-        checkpointer.checkpoint().await?;
-        Ok(())
-    }
-}
-
 fn metrics_of(request: &ExportMetricsServiceRequest) -> &[Metric] {
     &request.resource_metrics[0].scope_metrics[0].metrics
 }
@@ -327,7 +257,13 @@ fn records_processed(request: &ExportMetricsServiceRequest, stream: &str) -> i64
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_pushes_its_metrics_to_an_otlp_collector() {
-    if ran_in_own_process("a_worker_pushes_its_metrics_to_an_otlp_collector").await {
+    if ran_in_own_process(
+        module_path!(),
+        "a_worker_pushes_its_metrics_to_an_otlp_collector",
+        &[],
+    )
+    .await
+    {
         return;
     }
     let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
@@ -347,9 +283,7 @@ async fn a_worker_pushes_its_metrics_to_an_otlp_collector() {
         Worker::builder(&app)
             .stream(&stream)
             .sdk_config(env.sdk_config())
-            .processor(move |_: &ShardContext| Counting {
-                processed: Arc::clone(&processed),
-            })
+            .processor(Counting::factory(&processed, Duration::ZERO))
     };
     let worker = builder()
         .worker_id(&worker_id)
@@ -596,7 +530,13 @@ async fn a_worker_pushes_its_metrics_to_an_otlp_collector() {
 
 #[tokio::test]
 async fn export_otlp_metrics_fails_beside_another_recorder() {
-    if ran_in_own_process("export_otlp_metrics_fails_beside_another_recorder").await {
+    if ran_in_own_process(
+        module_path!(),
+        "export_otlp_metrics_fails_beside_another_recorder",
+        &[],
+    )
+    .await
+    {
         return;
     }
     // The application's own recorder.
@@ -610,9 +550,7 @@ async fn export_otlp_metrics_fails_beside_another_recorder() {
     let error = Worker::builder("otlp-beside-another")
         .stream("orders")
         .sdk_config(&sdk)
-        .processor(|_: &ShardContext| Counting {
-            processed: Arc::default(),
-        })
+        .processor(Counting::factory(&Arc::default(), Duration::ZERO))
         .export_otlp_metrics(OtlpMetrics::new("http://127.0.0.1:4318"))
         .build()
         .expect_err("the recorder cannot be installed");

@@ -10,10 +10,13 @@ use std::time::Duration;
 
 use kcl::{InitialPosition, Worker, WorkerHandle};
 use kcl_tests::e2e::{
-    CheckpointMode, KEYS, LEASE, Producer, RecordedBatches, Scenario, WorkerProcess, out_dir,
-    process_stats, read_logs, stat, verify, wait_all_owned_by, wait_complete, wait_taken_over,
+    CheckpointMode, KEYS, LEASE, Producer, RecordedBatches, Scenario, out_dir, process_stats,
+    read_logs, stat, verify, wait_all_owned_by, wait_complete, wait_complete_then_terminate,
+    wait_taken_over,
 };
 use kcl_tests::{TestEnv, unique_name};
+
+use crate::E2E_WORKER;
 
 /// How the in-process workers read their shards.
 #[derive(Debug, Clone, Copy)]
@@ -101,19 +104,12 @@ async fn three_worker_processes_process_everything_in_order_with_fan_out() {
 async fn three_worker_processes(mode: Mode) {
     let mut s = Scenario::new(4).await;
     let out = out_dir("kcl-e2e-procs");
-    let mut cfg = s.processes(
-        env!("CARGO_BIN_EXE_e2e-worker"),
-        &out,
-        CheckpointMode::EveryBatch,
-    );
+    let mut cfg = s.processes(E2E_WORKER, &out, CheckpointMode::EveryBatch);
     if let Mode::FanOut = mode {
         cfg.extra_env
             .push(("KCL_E2E_RETRIEVAL".into(), "fanout".into()));
     }
-    let mut procs: Vec<WorkerProcess> = ["p-1", "p-2", "p-3"]
-        .iter()
-        .map(|id| cfg.spawn(id).unwrap())
-        .collect();
+    let mut procs = cfg.spawn_all(&["p-1", "p-2", "p-3"]);
     s.produce(25).await;
     // Production goes on while the fleet balances and after.
     wait_all_owned_by(&s, &["p-1", "p-2", "p-3"].into(), 1).await;
@@ -122,15 +118,8 @@ async fn three_worker_processes(mode: Mode) {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     let per_key = s.produced;
-    let batches = wait_complete(
-        || read_logs(&out).unwrap(),
-        per_key,
-        Duration::from_secs(90),
-    )
-    .await;
-    for p in &mut procs {
-        p.terminate(Duration::from_secs(30)).await.unwrap();
-    }
+    let batches =
+        wait_complete_then_terminate(&out, per_key, Duration::from_secs(90), &mut procs).await;
     let verdict = verify(&batches, KEYS, per_key);
     println!(
         "3 processes: per worker {:?}, duplicates {}",
@@ -151,15 +140,8 @@ const TAKEOVER_LIMIT: Duration = Duration::from_secs(60);
 async fn a_sigkilled_process_loses_nothing_and_survivors_take_over_its_leases() {
     let mut s = Scenario::new(4).await;
     let out = out_dir("kcl-e2e-kill");
-    let cfg = s.processes(
-        env!("CARGO_BIN_EXE_e2e-worker"),
-        &out,
-        CheckpointMode::EveryBatch,
-    );
-    let mut procs: Vec<WorkerProcess> = ["k-1", "k-2", "k-3"]
-        .iter()
-        .map(|id| cfg.spawn(id).unwrap())
-        .collect();
+    let cfg = s.processes(E2E_WORKER, &out, CheckpointMode::EveryBatch);
+    let mut procs = cfg.spawn_all(&["k-1", "k-2", "k-3"]);
     s.produce(30).await;
     wait_all_owned_by(&s, &["k-1", "k-2", "k-3"].into(), 1).await;
 
@@ -174,15 +156,13 @@ async fn a_sigkilled_process_loses_nothing_and_survivors_take_over_its_leases() 
     println!("SIGKILL: survivors took the killed worker's {killed_leases} leases after {took:?}");
     s.produce(30).await;
     let per_key = s.produced;
-    let batches = wait_complete(
-        || read_logs(&out).unwrap(),
+    let batches = wait_complete_then_terminate(
+        &out,
         per_key,
         Duration::from_secs(90),
+        procs.iter_mut().take(2),
     )
     .await;
-    for p in procs.iter_mut().take(2) {
-        p.terminate(Duration::from_secs(30)).await.unwrap();
-    }
     let verdict = verify(&batches, KEYS, per_key);
     println!(
         "SIGKILL: duplicates {} (at-least-once), per worker {:?}",
@@ -206,15 +186,8 @@ async fn a_sigtermed_process_releases_its_shards_and_nothing_repeats() {
     let out = out_dir("kcl-e2e-term");
     // Checkpoints only in shutdown_requested: no duplicate may appear, so
     // every move (balancing handoffs and the SIGTERM) must be graceful.
-    let cfg = s.processes(
-        env!("CARGO_BIN_EXE_e2e-worker"),
-        &out,
-        CheckpointMode::OnShutdown,
-    );
-    let mut procs: Vec<WorkerProcess> = ["t-1", "t-2", "t-3"]
-        .iter()
-        .map(|id| cfg.spawn(id).unwrap())
-        .collect();
+    let cfg = s.processes(E2E_WORKER, &out, CheckpointMode::OnShutdown);
+    let mut procs = cfg.spawn_all(&["t-1", "t-2", "t-3"]);
     s.produce(30).await;
     wait_all_owned_by(&s, &["t-1", "t-2", "t-3"].into(), 1).await;
 
@@ -223,15 +196,13 @@ async fn a_sigtermed_process_releases_its_shards_and_nothing_repeats() {
     println!("SIGTERM: shards picked up {took:?} after the process exited");
     s.produce(30).await;
     let per_key = s.produced;
-    let batches = wait_complete(
-        || read_logs(&out).unwrap(),
+    let batches = wait_complete_then_terminate(
+        &out,
         per_key,
         Duration::from_secs(90),
+        procs.iter_mut().take(2),
     )
     .await;
-    for p in procs.iter_mut().take(2) {
-        p.terminate(Duration::from_secs(30)).await.unwrap();
-    }
     let verdict = verify(&batches, KEYS, per_key);
     println!(
         "SIGTERM: duplicates {}, per worker {:?}",
@@ -262,11 +233,7 @@ async fn a_sigtermed_process_releases_its_shards_and_nothing_repeats() {
 async fn under_a_checkpoint_policy_a_handoff_and_a_sigterm_repeat_no_record() {
     let mut s = Scenario::new(4).await;
     let out = out_dir("kcl-e2e-policy");
-    let mut cfg = s.processes(
-        env!("CARGO_BIN_EXE_e2e-worker"),
-        &out,
-        CheckpointMode::EveryBatch,
-    );
+    let mut cfg = s.processes(E2E_WORKER, &out, CheckpointMode::EveryBatch);
     cfg.extra_env.extend([
         ("KCL_E2E_CHECKPOINT_EVERY_MS".into(), "5000".into()),
         ("KCL_E2E_SHUTDOWN_CHECKPOINT".into(), "none".into()),
@@ -333,6 +300,13 @@ async fn under_a_checkpoint_policy_a_handoff_and_a_sigterm_repeat_no_record() {
 async fn bad_configuration_and_a_missing_stream_are_clear_errors() {
     let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
     let factory = RecordedBatches::default().factory();
+    // Each case is a valid builder with one thing wrong.
+    let valid = |app: &str, stream: &str| {
+        Worker::builder(app)
+            .stream(stream)
+            .sdk_config(env.sdk_config())
+            .processor(factory.clone())
+    };
     let cases: Vec<(kcl::WorkerBuilder, &str)> = vec![
         (
             Worker::builder("ok-app")
@@ -352,60 +326,26 @@ async fn bad_configuration_and_a_missing_stream_are_clear_errors() {
                 .sdk_config(env.sdk_config()),
             "processor",
         ),
+        (valid("a b", "s"), "application_name"),
         (
-            Worker::builder("a b")
-                .stream("s")
-                .sdk_config(env.sdk_config())
-                .processor(factory.clone()),
-            "application_name",
-        ),
-        (
-            Worker::builder("ok-app")
-                .stream("s")
-                .sdk_config(env.sdk_config())
-                .processor(factory.clone())
-                .renew_interval(Duration::from_secs(60)),
+            valid("ok-app", "s").renew_interval(Duration::from_secs(60)),
             "renew_interval",
         ),
+        (valid("ok-app", "s").max_records(0), "max_records"),
         (
-            Worker::builder("ok-app")
-                .stream("s")
-                .sdk_config(env.sdk_config())
-                .processor(factory.clone())
-                .max_records(0),
-            "max_records",
+            valid("ok-app", "arn:aws:kinesis:us-east-1:1234:stream/s"),
+            "stream",
         ),
+        // The test configuration is in us-east-1.
         (
-            Worker::builder("ok-app")
-                .stream("arn:aws:kinesis:us-east-1:1234:stream/s")
-                .sdk_config(env.sdk_config())
-                .processor(factory.clone()),
+            valid("ok-app", "arn:aws:kinesis:ap-south-2:123456789012:stream/s"),
             "stream",
         ),
         (
-            // The test configuration is in us-east-1.
-            Worker::builder("ok-app")
-                .stream("arn:aws:kinesis:ap-south-2:123456789012:stream/s")
-                .sdk_config(env.sdk_config())
-                .processor(factory.clone()),
-            "stream",
-        ),
-        (
-            Worker::builder("ok-app")
-                .stream("s")
-                .sdk_config(env.sdk_config())
-                .processor(factory.clone())
-                .idle_time_between_reads(Duration::from_millis(50)),
+            valid("ok-app", "s").idle_time_between_reads(Duration::from_millis(50)),
             "idle_time_between_reads",
         ),
-        (
-            Worker::builder("ok-app")
-                .stream("s")
-                .stream("s")
-                .sdk_config(env.sdk_config())
-                .processor(factory.clone()),
-            "streams",
-        ),
+        (valid("ok-app", "s").stream("s"), "streams"),
     ];
     for (builder, field) in cases {
         let err = builder.build().unwrap_err().to_string();

@@ -22,8 +22,9 @@ use kcl_tests::e2e::{CheckpointMode, KEYS, Scenario, out_dir, read_logs, verify_
 use kcl_tests::{TestRecord, create_stream, read_shard, unique_name};
 use tokio::time::Instant;
 
+use crate::E2E_WORKER;
+
 // A 1 MiB failed record through the dead-letter stream, in parts.
-#[path = "poison/dead_letters.rs"]
 mod dead_letters;
 
 /// Orders two decimal sequence numbers.
@@ -211,11 +212,7 @@ async fn poison_goes_to_the_failure_stream(lanes: usize, retrieval: &str) {
     // The destination refuses every send until the test removes this.
     let hold = out.join("dlq.hold");
     std::fs::write(&hold, "").unwrap();
-    let mut config = s.processes(
-        env!("CARGO_BIN_EXE_e2e-worker"),
-        &out,
-        CheckpointMode::EveryBatch,
-    );
+    let mut config = s.processes(E2E_WORKER, &out, CheckpointMode::EveryBatch);
     config.extra_env = vec![
         (
             "KCL_E2E_POISON".into(),

@@ -221,28 +221,26 @@ async fn lists_every_state_as_a_table_and_as_json() {
 async fn reset_is_refused_while_held_and_done_with_force() {
     let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
     let (table, store) = table_in_every_state(&env).await;
+    // `kcl leases reset` of one shard of the table.
+    let reset = |shard: &'static str, to: &'static str, force: bool| {
+        let table = table.clone();
+        async move {
+            let mut args = vec![
+                "leases", "reset", "--table", &table, "--shard", shard, "--to", to,
+            ];
+            if force {
+                args.push("--force");
+            }
+            kcl(&args, &[]).await
+        }
+    };
     let get = |key: &'static str| {
         let store = store.clone();
         async move { store.get(key).await.unwrap().unwrap() }
     };
 
     // Held: refused, nothing written.
-    let err = failed(
-        &kcl(
-            &[
-                "leases",
-                "reset",
-                "--table",
-                &table,
-                "--shard",
-                "shardId-000000000000",
-                "--to",
-                "TRIM_HORIZON",
-            ],
-            &[],
-        )
-        .await,
-    );
+    let err = failed(&reset("shardId-000000000000", "TRIM_HORIZON", false).await);
     assert!(
         err.contains("held by w1") && err.contains("--force"),
         "{err}"
@@ -251,57 +249,14 @@ async fn reset_is_refused_while_held_and_done_with_force() {
     assert_eq!((l0.counter, &l0.checkpoint), (5, &Checkpoint::at(SEQ, 2)));
 
     // In a handoff, or completed: refused too.
-    let err = failed(
-        &kcl(
-            &[
-                "leases",
-                "reset",
-                "--table",
-                &table,
-                "--shard",
-                "shardId-000000000003",
-                "--to",
-                "LATEST",
-            ],
-            &[],
-        )
-        .await,
-    );
+    let err = failed(&reset("shardId-000000000003", "LATEST", false).await);
     assert!(err.contains("handoff from w1 to w2"), "{err}");
-    let err = failed(
-        &kcl(
-            &[
-                "leases",
-                "reset",
-                "--table",
-                &table,
-                "--shard",
-                "shardId-000000000002",
-                "--to",
-                "LATEST",
-            ],
-            &[],
-        )
-        .await,
-    );
+    let err = failed(&reset("shardId-000000000002", "LATEST", false).await);
     assert!(err.contains("completed"), "{err}");
 
     // Unowned: done, to a sequence number with a sub-sequence, the
     // counter bumped.
-    let out = ok(&kcl(
-        &[
-            "leases",
-            "reset",
-            "--table",
-            &table,
-            "--shard",
-            "shardId-000000000001",
-            "--to",
-            "1234/5",
-        ],
-        &[],
-    )
-    .await);
+    let out = ok(&reset("shardId-000000000001", "1234/5", false).await);
     assert!(out.contains("reset shard shardId-000000000001"), "{out}");
     let l1 = get("shardId-000000000001").await;
     assert_eq!(
@@ -310,21 +265,7 @@ async fn reset_is_refused_while_held_and_done_with_force() {
     );
 
     // Held, with --force: the owner is evicted in the same write.
-    let out = ok(&kcl(
-        &[
-            "leases",
-            "reset",
-            "--table",
-            &table,
-            "--shard",
-            "shardId-000000000000",
-            "--to",
-            "LATEST",
-            "--force",
-        ],
-        &[],
-    )
-    .await);
+    let out = ok(&reset("shardId-000000000000", "LATEST", true).await);
     assert!(out.contains("evicted w1"), "{out}");
     let l0 = get("shardId-000000000000").await;
     assert_eq!(
@@ -333,56 +274,14 @@ async fn reset_is_refused_while_held_and_done_with_force() {
     );
 
     // A handoff, forced: both owners evicted.
-    ok(&kcl(
-        &[
-            "leases",
-            "reset",
-            "--table",
-            &table,
-            "--shard",
-            "shardId-000000000003",
-            "--to",
-            "TRIM_HORIZON",
-            "--force",
-        ],
-        &[],
-    )
-    .await);
+    ok(&reset("shardId-000000000003", "TRIM_HORIZON", true).await);
     let l3 = get("shardId-000000000003").await;
     assert_eq!((&l3.owner, &l3.checkpoint_owner), (&None, &None));
 
     // Unknown shard, bad position.
-    let err = failed(
-        &kcl(
-            &[
-                "leases",
-                "reset",
-                "--table",
-                &table,
-                "--shard",
-                "shardId-9",
-                "--to",
-                "LATEST",
-            ],
-            &[],
-        )
-        .await,
-    );
+    let err = failed(&reset("shardId-9", "LATEST", false).await);
     assert!(err.contains("no lease for shard shardId-9"), "{err}");
-    let out = kcl(
-        &[
-            "leases",
-            "reset",
-            "--table",
-            &table,
-            "--shard",
-            "shardId-000000000001",
-            "--to",
-            "EARLIEST",
-        ],
-        &[],
-    )
-    .await;
+    let out = reset("shardId-000000000001", "EARLIEST", false).await;
     assert_eq!(
         out.status.code(),
         Some(2),

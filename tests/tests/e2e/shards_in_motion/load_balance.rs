@@ -24,7 +24,7 @@ use kcl_tests::e2e::{
 use kcl_tests::skew::{Skew, SkewedProducer, max_over_mean};
 use tokio::time::Instant;
 
-use super::E2E_WORKER;
+use crate::E2E_WORKER;
 
 /// The lease table's owner of each unfinished lease, by shard.
 async fn owners_by_shard(s: &Scenario) -> BTreeMap<String, Option<String>> {

@@ -13,6 +13,7 @@ use kcl::{InitialPosition, Worker};
 use kcl_tests::e2e::{
     CheckpointMode, KEYS, LEASE, Producer, RecordedBatches, Scenario, TICK_MAX, now_ns, out_dir,
     process_stats as stats, read_logs, stat, verify, wait_all_owned_by, wait_complete,
+    wait_complete_then_terminate,
 };
 use kcl_tests::{
     TestRecord, create_stream, list_all_shards, merge_shards, put_records, split_shard_in_half,
@@ -20,10 +21,9 @@ use kcl_tests::{
 };
 use tokio::time::Instant;
 
-const E2E_WORKER: &str = env!("CARGO_BIN_EXE_e2e-worker");
+use crate::E2E_WORKER;
 
 // Hot shards spread by load-aware balance, two then three processes.
-#[path = "shards_in_motion/load_balance.rs"]
 mod load_balance;
 
 fn owner_counts(owners: &[Option<String>]) -> BTreeMap<String, usize> {
@@ -73,15 +73,8 @@ async fn scale_out_from_one_to_three_processes_under_load_loses_and_repeats_noth
     };
     tokio::time::sleep(Duration::from_secs(3)).await;
     let per_key = producer.stop(&mut s).await;
-    let batches = wait_complete(
-        || read_logs(&out).unwrap(),
-        per_key,
-        Duration::from_secs(90),
-    )
-    .await;
-    for p in &mut procs {
-        p.terminate(Duration::from_secs(30)).await.unwrap();
-    }
+    let batches =
+        wait_complete_then_terminate(&out, per_key, Duration::from_secs(90), &mut procs).await;
     let (mut completed, mut forced) = (0, 0);
     for id in names {
         let st = stats(&out, id);
@@ -148,15 +141,8 @@ async fn a_rolling_restart_between_the_renewal_modes_never_shares_a_shard() {
         }
     }
     let per_key = producer.stop(&mut s).await;
-    let batches = wait_complete(
-        || read_logs(&out).unwrap(),
-        per_key,
-        Duration::from_secs(90),
-    )
-    .await;
-    for p in &mut procs {
-        p.terminate(Duration::from_secs(30)).await.unwrap();
-    }
+    let batches =
+        wait_complete_then_terminate(&out, per_key, Duration::from_secs(90), &mut procs).await;
     let forced: u64 = names
         .iter()
         .map(|id| stat(&stats(&out, id), "handoffs_forced"))
@@ -315,15 +301,8 @@ async fn split_and_merge(retrieval: &str) {
         .unwrap();
     tokio::time::sleep(Duration::from_secs(4)).await;
     let per_key = producer.stop(&mut s).await;
-    let batches = wait_complete(
-        || read_logs(&out).unwrap(),
-        per_key,
-        Duration::from_secs(120),
-    )
-    .await;
-    for p in &mut procs {
-        p.terminate(Duration::from_secs(30)).await.unwrap();
-    }
+    let batches =
+        wait_complete_then_terminate(&out, per_key, Duration::from_secs(120), &mut procs).await;
     let verdict = verify(&batches, KEYS, per_key);
     println!(
         "split + merge ({retrieval}): duplicates {}, per worker {:?}",

@@ -22,7 +22,7 @@ use kcl_kinesis::kpl::{UserRecord, aggregate};
 use kcl_kinesis::{KinesisShardSource, PollingConfig};
 use kcl_tests::{
     STATUS_TIMEOUT, TestEnv, TestRecord, create_stream, delete_stream, delete_table,
-    put_sequenced_records, unique_name, wait_for_stream_active,
+    put_sequenced_records, split_shard_in_half, unique_name, wait_for_stream_active,
 };
 
 /// How long a test waits for the records it expects.
@@ -76,6 +76,22 @@ async fn open(
             lease,
         ))
         .await?)
+}
+
+/// Opens `shard` at TRIM_HORIZON under a lease held for the whole test.
+async fn open_at_start(
+    source: &KinesisShardSource,
+    stream: &str,
+    shard: &ShardInfo,
+) -> anyhow::Result<Box<dyn ShardReader>> {
+    open(
+        source,
+        stream,
+        shard,
+        StartPosition::TrimHorizon,
+        held(shard),
+    )
+    .await
 }
 
 /// Reads until at least `n` records arrived (or the shard ended), failing
@@ -237,16 +253,7 @@ async fn shard_sync_from_two_workers_creates_each_lease_once() -> anyhow::Result
     let lister = KinesisShardSource::new(kinesis.clone());
     let first = lister.list_shards(&stream).await?;
     let parent = first.first().context("no shard")?.clone();
-    let (lo, hi) = bounds(&parent)?;
-    kinesis
-        .split_shard()
-        .stream_name(&stream)
-        .shard_to_split(&parent.shard_id)
-        .new_starting_hash_key((lo + (hi - lo) / 2).to_string())
-        .send()
-        .await
-        .context("SplitShard")?;
-    wait_for_stream_active(kinesis, &stream, STATUS_TIMEOUT).await?;
+    split_shard_in_half(kinesis, &stream, &parent.shard_id).await?;
     let shards = lister.list_shards(&stream).await?;
     ensure!(shards.len() == 5, "{shards:?}");
 
@@ -328,14 +335,7 @@ async fn polling_reads_every_record_of_a_prefilled_shard_in_order() -> anyhow::R
 
     let source = source(&env, polling().max_records(50).build()?, None)?;
     let shard = only_shard(&source, &stream).await?;
-    let mut reader = open(
-        &source,
-        &stream,
-        &shard,
-        StartPosition::TrimHorizon,
-        held(&shard),
-    )
-    .await?;
+    let mut reader = open_at_start(&source, &stream, &shard).await?;
     let (records, retryable) = read_n(reader.as_mut(), 300).await?;
     ensure!(retryable == 0);
 
@@ -394,16 +394,7 @@ async fn reading_a_split_parent_ends_with_its_children() -> anyhow::Result<()> {
     put_sequenced_records(kinesis, &stream, 2, 10).await?;
     let source = source(&env, polling().build()?, None)?;
     let parent = only_shard(&source, &stream).await?;
-    let (lo, hi) = bounds(&parent)?;
-    kinesis
-        .split_shard()
-        .stream_name(&stream)
-        .shard_to_split(&parent.shard_id)
-        .new_starting_hash_key((lo + (hi - lo) / 2).to_string())
-        .send()
-        .await
-        .context("SplitShard")?;
-    wait_for_stream_active(kinesis, &stream, STATUS_TIMEOUT).await?;
+    split_shard_in_half(kinesis, &stream, &parent.shard_id).await?;
     let listed: BTreeSet<String> = source
         .list_shards(&stream)
         .await?
@@ -412,14 +403,7 @@ async fn reading_a_split_parent_ends_with_its_children() -> anyhow::Result<()> {
         .map(|s| s.shard_id)
         .collect();
 
-    let mut reader = open(
-        &source,
-        &stream,
-        &parent,
-        StartPosition::TrimHorizon,
-        held(&parent),
-    )
-    .await?;
+    let mut reader = open_at_start(&source, &stream, &parent).await?;
     let read = async {
         let mut records = 0;
         loop {
@@ -501,14 +485,7 @@ async fn resume_in_the_middle_of_a_kpl_aggregate() -> anyhow::Result<()> {
 
     let source = source(&env, polling().max_records(3).build()?, None)?;
     let shard = only_shard(&source, &stream).await?;
-    let mut first = open(
-        &source,
-        &stream,
-        &shard,
-        StartPosition::TrimHorizon,
-        held(&shard),
-    )
-    .await?;
+    let mut first = open_at_start(&source, &stream, &shard).await?;
     let (all, _) = read_n(first.as_mut(), users).await?;
     drop(first);
     ensure!(
@@ -573,14 +550,7 @@ async fn expired_iterator_and_throttling_mid_read_lose_and_repeat_nothing() -> a
     let config = polling().max_records(20).max_prefetch_records(20).build()?;
     let source = source(&env, config, Some(faults.clone()))?;
     let shard = only_shard(&source, &stream).await?;
-    let mut reader = open(
-        &source,
-        &stream,
-        &shard,
-        StartPosition::TrimHorizon,
-        held(&shard),
-    )
-    .await?;
+    let mut reader = open_at_start(&source, &stream, &shard).await?;
 
     let (mut records, _) = read_n(reader.as_mut(), 40).await?;
     faults.inject(Call::GetRecords, Fault::ExpiredIterator);

@@ -22,8 +22,9 @@ use kcl_tests::fault_proxy::{FaultProxy, Faults};
 use kcl_tests::unique_name;
 use tokio::time::Instant;
 
+use crate::E2E_WORKER;
+
 // Commits whose answer is lost, settled by their own token.
-#[path = "exactly_once/settling.rs"]
 mod settling;
 
 fn dynamodb_endpoint() -> String {
@@ -208,11 +209,7 @@ async fn chaos_run(mode: Mode) -> Run {
         .unwrap();
     let out = out_dir("kcl-e2e-exactly-once");
     let stall = out.join("stall");
-    let mut config = s.processes(
-        env!("CARGO_BIN_EXE_e2e-worker"),
-        &out,
-        CheckpointMode::EveryBatch,
-    );
+    let mut config = s.processes(E2E_WORKER, &out, CheckpointMode::EveryBatch);
     config.extra_env = vec![
         ("KCL_E2E_COUNT_TABLE".into(), table.clone()),
         ("KCL_E2E_COUNT_MODE".into(), mode.as_str().into()),

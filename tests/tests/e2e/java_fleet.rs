@@ -28,7 +28,8 @@ use kcl_tests::java_kcl::JavaKcl;
 use kcl_tests::{list_all_shards, split_shard_in_half};
 use tokio::time::Instant;
 
-const E2E_WORKER: &str = env!("CARGO_BIN_EXE_e2e-worker");
+use crate::E2E_WORKER;
+
 const SHARDS: i32 = 4;
 /// A Java worker on a fresh lease table waits up to 30 s for another to
 /// create the leases, syncs shards, creates its own tables and index, and

@@ -20,6 +20,8 @@ use kcl_tests::fault_proxy::{FaultProxy, Faults};
 use kcl_tests::{TestEnv, http_get};
 use tokio::time::Instant;
 
+use crate::E2E_WORKER;
+
 /// The DynamoDB endpoint the emulators' environment names.
 fn dynamodb_endpoint() -> String {
     std::env::var("AWS_ENDPOINT_URL_DYNAMODB")
@@ -220,11 +222,7 @@ async fn a_sigterm_right_after_a_peers_steal_completes_the_handoff() {
     let out = out_dir("kcl-e2e-steal-term");
     // Checkpoints only in shutdown_requested: a forced handoff would repeat
     // the victim's records; a completed one repeats none.
-    let cfg = s.processes(
-        env!("CARGO_BIN_EXE_e2e-worker"),
-        &out,
-        CheckpointMode::OnShutdown,
-    );
+    let cfg = s.processes(E2E_WORKER, &out, CheckpointMode::OnShutdown);
     let mut victim = cfg.spawn("st-1").unwrap();
     s.produce(20).await;
     kcl_tests::e2e::wait_all_owned_by(&s, &["st-1"].into(), 4).await;

@@ -45,7 +45,8 @@ use rand::{Rng, SeedableRng};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-const E2E_WORKER: &str = env!("CARGO_BIN_EXE_e2e-worker");
+use crate::E2E_WORKER;
+
 /// Worker processes: four ids, and a second process under the first id.
 const WORKERS: usize = 5;
 const SHARDS: i32 = 8;

@@ -20,18 +20,12 @@ use tokio::time::Instant;
 
 // The deploy/ alert rules and dashboard, and a hung processor seen through
 // the probes, the metrics and a real Prometheus (in their own files).
-#[path = "observability/alert_rules.rs"]
 mod alert_rules;
-#[path = "observability/fleet.rs"]
 mod fleet;
-#[path = "observability/hung_processor.rs"]
 mod hung_processor;
-#[path = "observability/prometheus_alerts.rs"]
 mod prometheus_alerts;
 
-#[path = "observability/cloudwatch.rs"]
 mod cloudwatch;
-#[path = "observability/otlp.rs"]
 mod otlp;
 
 /// One sample of the text exposition format.
@@ -82,10 +76,26 @@ fn find<'a>(samples: &'a [Sample], name: &str, labels: &[(&str, &str)]) -> Vec<&
         .collect()
 }
 
-/// Counts records; checkpoints every batch; takes its time in
-/// `shutdown_requested` so the drain can be observed.
+/// Counts records once their batch is checkpointed (every batch is); with
+/// a `drain`, takes that long in `shutdown_requested` so the drain can be
+/// observed. Shared by this binary's tests.
 struct Counting {
     processed: Arc<AtomicU64>,
+    drain: Duration,
+}
+
+impl Counting {
+    /// A processor factory: every shard's processor counts into `processed`.
+    fn factory(
+        processed: &Arc<AtomicU64>,
+        drain: Duration,
+    ) -> impl Fn(&ShardContext) -> Counting + Send + Sync + 'static {
+        let processed = Arc::clone(processed);
+        move |_: &ShardContext| Counting {
+            processed: Arc::clone(&processed),
+            drain,
+        }
+    }
 }
 
 #[kcl::async_trait]
@@ -95,9 +105,9 @@ impl RecordProcessor for Counting {
         batch: &RecordBatch,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), ProcessorError> {
+        checkpointer.checkpoint().await?;
         self.processed
             .fetch_add(batch.records.len() as u64, Ordering::Relaxed);
-        checkpointer.checkpoint().await?;
         Ok(())
     }
 
@@ -105,7 +115,7 @@ impl RecordProcessor for Counting {
         &mut self,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), ProcessorError> {
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        tokio::time::sleep(self.drain).await;
         checkpointer.checkpoint().await?;
         Ok(())
     }
@@ -141,12 +151,7 @@ async fn metrics_and_probes_follow_the_worker() {
         .idle_time_between_reads(Duration::from_millis(200))
         .shutdown_timeout(Duration::from_secs(10))
         .serve_metrics("127.0.0.1:0".parse().unwrap())
-        .processor({
-            let processed = Arc::clone(&processed);
-            move |_: &ShardContext| Counting {
-                processed: Arc::clone(&processed),
-            }
-        })
+        .processor(Counting::factory(&processed, Duration::from_secs(2)))
         .build()
         .unwrap();
     let addr = worker.metrics_addr().unwrap();
@@ -331,9 +336,7 @@ async fn a_worker_that_cannot_start_is_not_ready() {
         .stream("never-described")
         .clients(kinesis, env.dynamodb().clone())
         .serve_metrics("127.0.0.1:0".parse().unwrap())
-        .processor(|_: &ShardContext| Counting {
-            processed: Arc::default(),
-        })
+        .processor(Counting::factory(&Arc::default(), Duration::ZERO))
         .build()
         .unwrap();
     let addr = worker.metrics_addr().unwrap();
