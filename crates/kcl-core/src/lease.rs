@@ -201,13 +201,20 @@ pub struct Lease {
     pub throughput: Option<Throughput>,
 }
 
+/// The instance that wrote `tenure` (the part before the first dot; tenure
+/// ids are `<instance>.<n>`, made by `leases::tenure`). It lives with the
+/// model because the store reads it too, without the lease engine.
+pub(crate) fn instance_of(tenure: &str) -> &str {
+    tenure
+        .split_once('.')
+        .map_or(tenure, |(instance, _)| instance)
+}
+
 impl Lease {
     /// The worker process (instance id) whose tenure holds the lease: the
     /// key of its liveness record. `None` for a lease without a tenure.
     pub fn tenure_instance(&self) -> Option<&str> {
-        self.tenure
-            .as_deref()
-            .map(crate::leases::tenure::instance_of)
+        self.tenure.as_deref().map(instance_of)
     }
 
     /// A new, unowned lease for `shard_id` starting at `checkpoint`, keyed by

@@ -40,111 +40,98 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-pub use crate::config::Balance;
+pub(crate) use crate::config::Balance;
 
-pub mod load;
+pub(crate) mod load;
 
 /// One lease as this worker sees it at the end of a scan.
 #[derive(Debug, Clone, PartialEq)]
-pub struct LeaseView<'a> {
+pub(crate) struct LeaseView<'a> {
     /// The lease key.
-    pub key: &'a str,
+    pub(crate) key: &'a str,
     /// The owner recorded in the table.
-    pub owner: Option<&'a str>,
+    pub(crate) owner: Option<&'a str>,
     /// True when this worker has seen the counter stand still for the lease
     /// duration (judged on its own monotonic clock).
-    pub expired: bool,
+    pub(crate) expired: bool,
     /// How long this worker has seen the counter stand still.
-    pub unrenewed_for: Duration,
+    pub(crate) unrenewed_for: Duration,
     /// True when this worker holds the lease right now.
-    pub held_here: bool,
+    pub(crate) held_here: bool,
     /// True when the owner is this worker's id but the tenure was written by
     /// another process under the same id (alive, or stopped: a restart).
-    pub other_process: bool,
+    pub(crate) other_process: bool,
     /// True while a graceful handoff of the lease runs; it is never stolen
     /// again before it completes.
-    pub in_handoff: bool,
+    pub(crate) in_handoff: bool,
     /// True when this worker has seen the lease's holder write since it
     /// started watching (the lease renewed or taken, or a beat of the
     /// holder's liveness record). Only such leases are stolen: a worker
     /// seen only standing still may have stopped before this one started,
     /// and a handoff asked of it would never complete; its leases are
     /// taken once they expire instead.
-    pub seen_alive: bool,
+    pub(crate) seen_alive: bool,
     /// What the lease carries, as its holder last published it (KB/s, the
     /// lease item's `throughputKBps`); `None` when no figure was published
     /// (a lease nobody processed, or one held by a Java KCL worker that
     /// publishes none), which weighs as an idle lease.
-    pub load: Option<f64>,
+    pub(crate) load: Option<f64>,
 }
 
 /// The inputs of one decision.
 #[derive(Debug, Clone)]
-pub struct BalanceInput<'a> {
+pub(crate) struct BalanceInput<'a> {
     /// This worker's id.
-    pub me: &'a str,
+    pub(crate) me: &'a str,
     /// Every lease that needs an owner (finished leases left out).
-    pub leases: Vec<LeaseView<'a>>,
+    pub(crate) leases: Vec<LeaseView<'a>>,
     /// Upper bound on leases one worker holds.
-    pub max_leases_per_worker: usize,
+    pub(crate) max_leases_per_worker: usize,
     /// Upper bound on leases stolen in one decision (0 disables stealing).
-    pub max_leases_to_steal: usize,
+    pub(crate) max_leases_to_steal: usize,
     /// Live workers known from their liveness records (this one included or
     /// not), counted even while they hold nothing: a fleet starting together
     /// divides the leases at once instead of the first tick taking all.
-    pub peers: Vec<&'a str>,
+    pub(crate) peers: Vec<&'a str>,
     /// How long an unowned lease must stay untaken before any worker takes
     /// it beyond its target (the lease duration).
-    pub stale_after: Duration,
+    pub(crate) stale_after: Duration,
     /// Live workers of the Java KCL 3.x (known from their reports, and
     /// among `peers` too): they take no lease themselves (their leader
     /// assigns), so the most loaded kcl worker hands them their share.
-    pub foreign: Vec<&'a str>,
+    pub(crate) foreign: Vec<&'a str>,
     /// Whether leases are weighed by their load figures or counted (see
     /// [`load`]).
-    pub balance: Balance,
+    pub(crate) balance: Balance,
 }
 
 /// What the lease taker should do this tick.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Decision {
+pub(crate) struct Decision {
     /// Leases the table says are ours but that we do not hold (a take whose
     /// response was lost, or a restart under the same worker id): take them
     /// back under the counter guard.
-    pub reclaim: Vec<String>,
+    pub(crate) reclaim: Vec<String>,
     /// Unowned or expired leases to take, most urgent first.
-    pub take: Vec<String>,
+    pub(crate) take: Vec<String>,
     /// Leases to steal, all from `victim`.
-    pub steal: Vec<String>,
+    pub(crate) steal: Vec<String>,
     /// The worker being stolen from, when `steal` is not empty.
-    pub victim: Option<String>,
+    pub(crate) victim: Option<String>,
     /// Leases of ours to hand to `give_to` by graceful handoff.
-    pub give: Vec<String>,
+    pub(crate) give: Vec<String>,
     /// The Java KCL worker `give` goes to.
-    pub give_to: Option<String>,
+    pub(crate) give_to: Option<String>,
     /// The target this worker computed (for logs and metrics).
-    pub target: usize,
+    pub(crate) target: usize,
     /// Live workers counted, this one included.
-    pub live_workers: usize,
+    pub(crate) live_workers: usize,
 }
 
 /// Decides what this worker takes and steals, from one view of the table.
-pub fn decide(input: &BalanceInput<'_>) -> Decision {
+pub(crate) fn decide(input: &BalanceInput<'_>) -> Decision {
     let me = input.me;
-    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-    counts.insert(me, 0);
-    for peer in &input.peers {
-        counts.entry(peer).or_insert(0);
-    }
-    let mut reclaim = Vec::new();
-    for lease in &input.leases {
-        if let Some(holder) = counted_for(lease, me) {
-            *counts.entry(holder).or_default() += 1;
-        }
-        if lease.owner == Some(me) && !lease.other_process && !lease.held_here {
-            reclaim.push(lease.key.to_owned());
-        }
-    }
+    let (counts, reclaim) = count(input);
     let live_workers = counts.len();
     let total = input.leases.len();
     let target = total
@@ -157,22 +144,7 @@ pub fn decide(input: &BalanceInput<'_>) -> Decision {
         live_workers,
         ..Decision::default()
     };
-    // Leases nobody took for a lease duration are taken whatever the
-    // target says: a peer counted above may not compete for them (another
-    // stream set, or it cannot read the table: its scans fail while its
-    // beats land), and a lease must never stay unread. An expired lease
-    // counts once it stood still a lease duration past its expiry.
-    let stale: Vec<String> = input
-        .leases
-        .iter()
-        .filter(|l| {
-            let unowned = l.owner.is_none() && !l.in_handoff;
-            let abandoned = l.expired && !l.held_here && (l.owner != Some(me) || l.other_process);
-            (unowned && l.unrenewed_for >= input.stale_after)
-                || (abandoned && l.unrenewed_for >= input.stale_after * 2)
-        })
-        .map(|l| l.key.to_owned())
-        .collect();
+    let stale = stale(input);
     let weights = load::Weights::of(input, &counts);
     if mine >= target {
         if !stale.is_empty() && mine < input.max_leases_per_worker {
@@ -189,7 +161,67 @@ pub fn decide(input: &BalanceInput<'_>) -> Decision {
     }
     let owed = target - mine;
 
-    let mut available: Vec<&LeaseView<'_>> = input
+    let available = available(input);
+    if !available.is_empty() {
+        decision.take = take_first(input, &counts, available, owed);
+        return decision;
+    }
+    if let Some(weights) = &weights {
+        load::steal(input, &counts, weights, &mut decision);
+        return decision;
+    }
+    steal_by_count(input, &counts, owed, &mut decision);
+    decision
+}
+
+/// The leases each live worker holds (this worker and every known peer
+/// counted, even with none), and the leases to reclaim: ours in the
+/// table, in a tenure this process wrote, but not held here.
+fn count<'v>(input: &'v BalanceInput<'_>) -> (BTreeMap<&'v str, usize>, Vec<String>) {
+    let me = input.me;
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    counts.insert(me, 0);
+    for peer in &input.peers {
+        counts.entry(peer).or_insert(0);
+    }
+    let mut reclaim = Vec::new();
+    for lease in &input.leases {
+        if let Some(holder) = counted_for(lease, me) {
+            *counts.entry(holder).or_default() += 1;
+        }
+        if lease.owner == Some(me) && !lease.other_process && !lease.held_here {
+            reclaim.push(lease.key.to_owned());
+        }
+    }
+    (counts, reclaim)
+}
+
+/// The leases taken beyond the target: nobody took them for a lease
+/// duration.
+fn stale(input: &BalanceInput<'_>) -> Vec<String> {
+    let me = input.me;
+    // Leases nobody took for a lease duration are taken whatever the
+    // target says: a peer counted in the balance may not compete for them (another
+    // stream set, or it cannot read the table: its scans fail while its
+    // beats land), and a lease must never stay unread. An expired lease
+    // counts once it stood still a lease duration past its expiry.
+    input
+        .leases
+        .iter()
+        .filter(|l| {
+            let unowned = l.owner.is_none() && !l.in_handoff;
+            let abandoned = l.expired && !l.held_here && (l.owner != Some(me) || l.other_process);
+            (unowned && l.unrenewed_for >= input.stale_after)
+                || (abandoned && l.unrenewed_for >= input.stale_after * 2)
+        })
+        .map(|l| l.key.to_owned())
+        .collect()
+}
+
+/// The leases free to take: unowned, or expired and not this process's.
+fn available<'v, 'a>(input: &'v BalanceInput<'a>) -> Vec<&'v LeaseView<'a>> {
+    let me = input.me;
+    input
         .leases
         .iter()
         // An unowned lease whose previous owner still hands it off (its
@@ -198,54 +230,63 @@ pub fn decide(input: &BalanceInput<'_>) -> Decision {
             (l.owner.is_none() && !l.in_handoff)
                 || (l.expired && (l.owner != Some(me) || l.other_process))
         })
-        .collect();
-    if !available.is_empty() {
-        // Unowned leases first (nobody will renew them), then the longest
-        // unrenewed. Workers that know each other (liveness records) start
-        // from a slice of their own (the leases whose hash falls on their
-        // rank), so a fleet starting together splits without collisions;
-        // ties otherwise broken by a per-worker hash so that workers
-        // starting together try different leases first.
-        let ranked: Vec<&str> = counts.keys().copied().collect();
-        let (rank, n) = match ranked.iter().position(|w| *w == me) {
-            Some(r) if !input.peers.is_empty() => (r as u64, ranked.len() as u64),
-            _ => (0, 1),
-        };
-        available.sort_by_key(|l| {
-            (
-                l.owner.is_some(),
-                std::cmp::Reverse(l.unrenewed_for),
-                (spread("", l.key) % n + n - rank) % n,
-                spread(me, l.key),
-            )
-        });
-        decision.take = available
-            .iter()
-            .take(owed)
-            .map(|l| l.key.to_owned())
-            .collect();
-        return decision;
-    }
-    if let Some(weights) = &weights {
-        load::steal(input, &counts, weights, &mut decision);
-        return decision;
-    }
+        .collect()
+}
 
-    // Most loaded worker; ties broken by name so every tick picks the same.
-    let Some((&victim, &victim_count)) = counts
+/// The `owed` leases of `available` this worker takes first.
+fn take_first(
+    input: &BalanceInput<'_>,
+    counts: &BTreeMap<&str, usize>,
+    mut available: Vec<&LeaseView<'_>>,
+    owed: usize,
+) -> Vec<String> {
+    let me = input.me;
+    // Unowned leases first (nobody will renew them), then the longest
+    // unrenewed. Workers that know each other (liveness records) start
+    // from a slice of their own (the leases whose hash falls on their
+    // rank), so a fleet starting together splits without collisions;
+    // ties otherwise broken by a per-worker hash so that workers
+    // starting together try different leases first.
+    let ranked: Vec<&str> = counts.keys().copied().collect();
+    let (rank, n) = match ranked.iter().position(|w| *w == me) {
+        Some(r) if !input.peers.is_empty() => (r as u64, ranked.len() as u64),
+        _ => (0, 1),
+    };
+    available.sort_by_key(|l| {
+        (
+            l.owner.is_some(),
+            std::cmp::Reverse(l.unrenewed_for),
+            (spread("", l.key) % n + n - rank) % n,
+            spread(me, l.key),
+        )
+    });
+    available
         .iter()
-        .filter(|(w, _)| **w != me)
-        .max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0)))
-    else {
-        return decision;
+        .take(owed)
+        .map(|l| l.key.to_owned())
+        .collect()
+}
+
+/// With nothing free to take and leases counted rather than weighed: the
+/// steal from the most loaded worker, half its lead at most.
+fn steal_by_count(
+    input: &BalanceInput<'_>,
+    counts: &BTreeMap<&str, usize>,
+    owed: usize,
+    decision: &mut Decision,
+) {
+    let me = input.me;
+    let mine = counts[me];
+    let Some((victim, victim_count)) = most_loaded(counts, |w| w != me) else {
+        return;
     };
     let lead = victim_count.saturating_sub(mine);
     if lead <= 1 {
-        return decision;
+        return;
     }
     let count = owed.min(lead / 2).min(input.max_leases_to_steal);
     if count == 0 {
-        return decision;
+        return;
     }
     let mut candidates: Vec<&LeaseView<'_>> = input
         .leases
@@ -261,7 +302,6 @@ pub fn decide(input: &BalanceInput<'_>) -> Decision {
         .map(|l| l.key.to_owned())
         .collect();
     decision.victim = Some(victim.to_owned());
-    decision
 }
 
 /// Hands leases to the least loaded Java KCL worker, which takes none
@@ -285,11 +325,7 @@ fn give(
     else {
         return;
     };
-    let giver = counts
-        .iter()
-        .filter(|(w, _)| !is_foreign(w))
-        .max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0)))
-        .map(|(w, _)| *w);
+    let giver = most_loaded(counts, |w| !is_foreign(w)).map(|(w, _)| w);
     let mine = counts[me];
     if giver != Some(me) || theirs >= target || mine < theirs + 2 {
         return;
@@ -307,6 +343,20 @@ fn give(
     if !decision.give.is_empty() {
         decision.give_to = Some(to.to_owned());
     }
+}
+
+/// The worker holding the most leases of those `counts` lists that `keep`
+/// accepts; ties broken by name (the smallest id) so every tick picks the
+/// same.
+fn most_loaded<'c>(
+    counts: &BTreeMap<&'c str, usize>,
+    keep: impl Fn(&str) -> bool,
+) -> Option<(&'c str, usize)> {
+    counts
+        .iter()
+        .filter(|(w, _)| keep(w))
+        .max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0)))
+        .map(|(w, n)| (*w, *n))
 }
 
 /// The worker a lease counts for in the balance: its owner while it lives.

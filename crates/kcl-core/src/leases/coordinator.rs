@@ -19,11 +19,10 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::config::LeaseConfig;
+use crate::leases::events::{CoordinatorSnapshot, CoordinatorStats, LeaseEvent};
 use crate::leases::handoff::{Ours, Verdict, judge};
 use crate::leases::held::{EndReason, Held, LeaseHandle, Phase};
-use crate::leases::shared::{
-    CoordinatorStats, LeaseEvent, LeaseFilter, Shared, StatsSnapshot, each_unblocked,
-};
+use crate::leases::shared::{LeaseFilter, Shared, each_unblocked};
 use crate::leases::{renewer, taker, watcher};
 use crate::observe::Observer;
 use crate::store::{LeaseStore, StoreError};
@@ -122,7 +121,7 @@ impl LeaseCoordinator {
     }
 
     /// The coordinator's counters.
-    pub fn stats(&self) -> StatsSnapshot {
+    pub fn stats(&self) -> CoordinatorSnapshot {
         self.shared.stats.snapshot()
     }
 

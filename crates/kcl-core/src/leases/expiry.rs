@@ -23,19 +23,19 @@ struct Seen {
 
 /// Remembers, per lease, when this worker last saw its counter change.
 #[derive(Debug, Default)]
-pub struct ExpiryTracker {
+pub(crate) struct ExpiryTracker {
     seen: HashMap<String, Seen>,
 }
 
 impl ExpiryTracker {
     /// An empty tracker.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Records one scan's leases, observed at `now`, and forgets leases that
     /// are gone from the table.
-    pub fn observe(&mut self, leases: &[Lease], now: Instant) {
+    pub(crate) fn observe(&mut self, leases: &[Lease], now: Instant) {
         let mut next = HashMap::with_capacity(leases.len());
         for lease in leases {
             let seen = match self.seen.remove(&lease.key) {
@@ -56,7 +56,7 @@ impl ExpiryTracker {
     /// it) shows the same owner at a later counter than the last scan did,
     /// when this worker first saw it at the earlier one: the owner held the
     /// lease since then at the latest.
-    pub fn renewed_in_place(&self, lease: &Lease) -> Option<Instant> {
+    pub(crate) fn renewed_in_place(&self, lease: &Lease) -> Option<Instant> {
         lease.owner.as_ref()?;
         self.seen
             .get(&lease.key)
@@ -65,7 +65,7 @@ impl ExpiryTracker {
     }
 
     /// How long this worker has seen `lease` unchanged, as of `now`.
-    pub fn unchanged_for(&self, lease: &Lease, now: Instant) -> Duration {
+    pub(crate) fn unchanged_for(&self, lease: &Lease, now: Instant) -> Duration {
         match self.seen.get(&lease.key) {
             Some(s) if s.counter == lease.counter && s.owner == lease.owner => {
                 now.saturating_duration_since(s.since)
@@ -76,7 +76,7 @@ impl ExpiryTracker {
 
     /// When this worker first saw `lease` as it stands (`None` for a lease
     /// never observed in this state).
-    pub fn seen_since(&self, lease: &Lease) -> Option<Instant> {
+    pub(crate) fn seen_since(&self, lease: &Lease) -> Option<Instant> {
         self.seen
             .get(&lease.key)
             .filter(|s| s.counter == lease.counter && s.owner == lease.owner)
@@ -87,13 +87,13 @@ impl ExpiryTracker {
     /// since it started watching it: proof that someone writes it, where a
     /// lease seen only standing still may belong to a worker that stopped
     /// before this one started.
-    pub fn has_moved(&self, lease: &Lease) -> bool {
+    pub(crate) fn has_moved(&self, lease: &Lease) -> bool {
         self.seen.get(&lease.key).is_some_and(|s| s.moved)
     }
 
     /// When `lease` will count as expired if its counter keeps standing
     /// still; `None` for a lease never observed.
-    pub fn expires_at(&self, lease: &Lease, lease_duration: Duration) -> Option<Instant> {
+    pub(crate) fn expires_at(&self, lease: &Lease, lease_duration: Duration) -> Option<Instant> {
         self.seen
             .get(&lease.key)
             .filter(|s| s.counter == lease.counter && s.owner == lease.owner)
@@ -103,7 +103,7 @@ impl ExpiryTracker {
     /// True if `lease` has an owner (or a previous owner still handing it
     /// off) and this worker has not seen its counter move for
     /// `lease_duration`.
-    pub fn is_expired(&self, lease: &Lease, lease_duration: Duration, now: Instant) -> bool {
+    pub(crate) fn is_expired(&self, lease: &Lease, lease_duration: Duration, now: Instant) -> bool {
         (lease.owner.is_some() || lease.checkpoint_owner.is_some())
             && self.unchanged_for(lease, now) >= lease_duration
     }

@@ -15,8 +15,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::lease::Lease;
-use crate::leases::tenure::instance_of;
+use crate::lease::{Lease, instance_of};
 use crate::store::Beat;
 
 /// The entry a thief leaves in its victim's record: the lease key and the

@@ -14,9 +14,8 @@
 //! kcl renewing per lease without one) is released outright: its holder
 //! renews the item and learns from the failed renewal.
 
-use crate::lease::Lease;
+use crate::lease::{Lease, instance_of};
 use crate::leases::liveness::ask_entry;
-use crate::leases::tenure::instance_of;
 use crate::store::{Beat, Holder, LeaseStore, StoreError, is_evicted_tenure};
 
 /// What an operator's release did.

@@ -48,16 +48,10 @@ impl Tenures {
     }
 }
 
-/// The instance that wrote `tenure` (the part before the first dot).
-pub(crate) fn instance_of(tenure: &str) -> &str {
-    tenure
-        .split_once('.')
-        .map_or(tenure, |(instance, _)| instance)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lease::instance_of;
 
     #[test]
     fn ids_are_fresh_and_recognised_only_by_their_maker() {

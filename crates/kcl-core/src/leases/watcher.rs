@@ -95,90 +95,28 @@ impl Watcher {
         let rate = READS_PER_INTERVAL / shared.config.renew_interval.as_secs_f64().max(1e-3);
         self.budget = (self.budget_now(asked, rate) - 1.0).max(-1.0);
         self.budget_at = Some(asked);
-        let beats = match shared.store.beats().await {
-            Ok(beats) => beats,
-            Err(e) => {
-                shared.emit(Event::LivenessReadFailed);
-                if !counted_as_throttling(StoreOp::ReadBeats, &e) {
-                    warn!(error = %e, "reading the liveness records failed; retrying");
-                }
-                return;
-            }
+        let Some(beats) = read_beats(shared).await else {
+            return;
         };
         let answered = Instant::now();
-        // Our own record missing after a beat landed: the read did not see
-        // the liveness table we beat into (deleted, or another name), and
-        // judging leases from it would take every live holder's.
-        let landed = shared
-            .last_beat
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some();
-        if landed && !beats.iter().any(|b| b.instance == shared.instance()) {
-            shared.emit(Event::LivenessReadFailed);
-            warn!(
-                "the liveness records read do not include this worker's own; is the workers table there? retrying"
-            );
+        if !shows_own_record(shared, &beats) {
             return;
         }
         let mut act_now = std::mem::take(&mut self.fresh_for_taker);
-        // A peer that woke us (through our own record) is seen here as
-        // well as at our next beat.
-        if let Some(own) = beats.iter().find(|b| b.instance == shared.instance()) {
-            let mut state = shared.beat_state();
-            if state.wake_seen.is_some_and(|w| w != own.wake) {
-                shared.rescan.store(true, Ordering::Relaxed);
-                act_now = true;
-            }
-            if state.wake_seen.is_some() {
-                state.wake_seen = Some(own.wake);
-            }
-        }
+        act_now |= woken_by_peer(shared, &beats);
         self.learn_cadences(shared, &beats, asked, answered);
-        let own = shared.config.lease_duration;
-        let (died, proven) = {
-            let mut liveness = shared.liveness();
-            // A peer that created, released or finished leases says so by
-            // its change counter: look at the table now (children of a
-            // finished shard, released leases), not at the next tick.
-            let before: HashMap<&str, u64> = liveness
-                .beats()
-                .map(|b| (b.instance.as_str(), b.changes))
-                .collect();
-            act_now |= beats.iter().any(|b| {
-                b.instance != shared.instance()
-                    && before
-                        .get(b.instance.as_str())
-                        .is_some_and(|c| *c != b.changes)
-            });
-            drop(before);
-            let holders_alive: HashSet<String> = liveness
-                .alive(own, asked)
-                .into_iter()
-                .filter(|b| b.held > 0 && b.instance != shared.instance())
-                .map(|b| b.instance.clone())
-                .collect();
-            let moved_before = liveness.moved_instances();
-            liveness.observe(beats, asked, answered);
-            let still: HashSet<&str> = liveness
-                .alive(own, asked)
-                .into_iter()
-                .map(|b| b.instance.as_str())
-                .collect();
-            let died = holders_alive.iter().any(|i| !still.contains(i.as_str()));
-            let proven = liveness.moved_instances() > moved_before;
-            (died, proven)
-        };
+        let seen = observe_beats(shared, beats, asked, answered);
+        act_now |= seen.changed;
         self.last_read = Some(asked);
         *shared.last_read.lock().unwrap_or_else(|e| e.into_inner()) = Some(asked);
         // A holder just judged dead: its leases are free now, not at the
         // next tick. A peer just proven to run, while the taker held a
         // steal back for want of that proof: steal now.
-        let wants_proof = proven && shared.wants_proof.swap(false, Ordering::Relaxed);
-        if died {
+        let wants_proof = seen.proven && shared.wants_proof.swap(false, Ordering::Relaxed);
+        if seen.died {
             debug!("a holder stopped beating; its leases are taken now");
         }
-        if died || act_now || wants_proof {
+        if seen.died || act_now || wants_proof {
             shared.want_rescan();
         }
     }
@@ -283,5 +221,108 @@ impl Watcher {
             .unwrap_or(latest)
             .min(latest)
             .max(now)
+    }
+}
+
+/// Every liveness record, or `None` (counted, and logged unless it was
+/// throttling) when the read failed.
+async fn read_beats(shared: &Shared) -> Option<Vec<Beat>> {
+    match shared.store.beats().await {
+        Ok(beats) => Some(beats),
+        Err(e) => {
+            shared.emit(Event::LivenessReadFailed);
+            if !counted_as_throttling(StoreOp::ReadBeats, &e) {
+                warn!(error = %e, "reading the liveness records failed; retrying");
+            }
+            None
+        }
+    }
+}
+
+/// False (the read counted as failed) when our own record is missing after
+/// a beat landed: the read did not see the liveness table we beat into
+/// (deleted, or another name), and judging leases from it would take every
+/// live holder's.
+fn shows_own_record(shared: &Shared, beats: &[Beat]) -> bool {
+    let landed = shared
+        .last_beat
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .is_some();
+    if landed && !beats.iter().any(|b| b.instance == shared.instance()) {
+        shared.emit(Event::LivenessReadFailed);
+        warn!(
+            "the liveness records read do not include this worker's own; is the workers table there? retrying"
+        );
+        return false;
+    }
+    true
+}
+
+/// Whether a peer woke us through our own record since the last look (it
+/// is seen here as well as at our next beat); asks the taker for a scan.
+fn woken_by_peer(shared: &Shared, beats: &[Beat]) -> bool {
+    let mut woken = false;
+    if let Some(own) = beats.iter().find(|b| b.instance == shared.instance()) {
+        let mut state = shared.beat_state();
+        if state.wake_seen.is_some_and(|w| w != own.wake) {
+            shared.rescan.store(true, Ordering::Relaxed);
+            woken = true;
+        }
+        if state.wake_seen.is_some() {
+            state.wake_seen = Some(own.wake);
+        }
+    }
+    woken
+}
+
+/// What applying one read to the liveness tracker showed.
+struct Seen {
+    /// A holder of leases alive before the read is not any more.
+    died: bool,
+    /// The read proved more instances running than before.
+    proven: bool,
+    /// A peer's change counter moved: it created, released or finished
+    /// leases.
+    changed: bool,
+}
+
+/// Applies `beats` to the liveness tracker, and tells what they changed.
+fn observe_beats(shared: &Shared, beats: Vec<Beat>, asked: Instant, answered: Instant) -> Seen {
+    let own = shared.config.lease_duration;
+    let mut liveness = shared.liveness();
+    // A peer that created, released or finished leases says so by
+    // its change counter: look at the table now (children of a
+    // finished shard, released leases), not at the next tick.
+    let before: HashMap<&str, u64> = liveness
+        .beats()
+        .map(|b| (b.instance.as_str(), b.changes))
+        .collect();
+    let changed = beats.iter().any(|b| {
+        b.instance != shared.instance()
+            && before
+                .get(b.instance.as_str())
+                .is_some_and(|c| *c != b.changes)
+    });
+    drop(before);
+    let holders_alive: HashSet<String> = liveness
+        .alive(own, asked)
+        .into_iter()
+        .filter(|b| b.held > 0 && b.instance != shared.instance())
+        .map(|b| b.instance.clone())
+        .collect();
+    let moved_before = liveness.moved_instances();
+    liveness.observe(beats, asked, answered);
+    let still: HashSet<&str> = liveness
+        .alive(own, asked)
+        .into_iter()
+        .map(|b| b.instance.as_str())
+        .collect();
+    let died = holders_alive.iter().any(|i| !still.contains(i.as_str()));
+    let proven = liveness.moved_instances() > moved_before;
+    Seen {
+        died,
+        proven,
+        changed,
     }
 }

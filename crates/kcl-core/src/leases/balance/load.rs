@@ -54,15 +54,15 @@ use super::{Balance, BalanceInput, Decision, LeaseView, counted_for, spread};
 /// How far off a published figure may be, as a fraction, without moving a
 /// lease the wrong way: figures are measured over a window and written
 /// again when they moved by more than this.
-pub const TOLERANCE: f64 = 0.2;
+pub(crate) const TOLERANCE: f64 = 0.2;
 
 /// What a lease weighs beyond its figure, as a fraction of the mean figure
 /// of all leases.
-pub const LEASE_COST: f64 = 0.05;
+pub(crate) const LEASE_COST: f64 = 0.05;
 
 /// The most leases a thief holds after a load steal: twice its count share
 /// `ceil(leases / workers)`, and never more than `max_leases_per_worker`.
-pub fn count_cap(leases: usize, workers: usize, max_leases_per_worker: usize) -> usize {
+pub(crate) fn count_cap(leases: usize, workers: usize, max_leases_per_worker: usize) -> usize {
     (2 * leases.div_ceil(workers.max(1)))
         .max(1)
         .min(max_leases_per_worker)
@@ -71,7 +71,7 @@ pub fn count_cap(leases: usize, workers: usize, max_leases_per_worker: usize) ->
 /// True if moving a lease from a worker that keeps `rest` without it to a
 /// worker weighing `thief` lowers the fleet's sum of squared weights even
 /// with every figure [`TOLERANCE`] off against the move.
-pub fn helps(rest: f64, thief: f64) -> bool {
+pub(crate) fn helps(rest: f64, thief: f64) -> bool {
     rest / (1.0 + TOLERANCE) > thief / (1.0 - TOLERANCE)
 }
 

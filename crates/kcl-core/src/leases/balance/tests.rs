@@ -146,6 +146,18 @@ impl Fleet {
     }
 }
 
+/// Shuffles `order` (Fisher-Yates) with the xorshift state `s`, which it
+/// advances: the tests draw worker and lease orders from their seeds with
+/// it.
+pub(super) fn shuffle(order: &mut [usize], s: &mut u64) {
+    for i in (1..order.len()).rev() {
+        *s ^= *s << 13;
+        *s ^= *s >> 7;
+        *s ^= *s << 17;
+        order.swap(i, (*s % (i as u64 + 1)) as usize);
+    }
+}
+
 /// Runs rounds until balanced; returns the rounds it took. Fails if a state
 /// repeats before balance (an oscillation) or if balance is not stable.
 fn rounds_to_balance(mut fleet: Fleet, max_steal: usize, orders: &[Vec<usize>]) -> usize {
@@ -207,10 +219,7 @@ proptest! {
             .map(|seed| {
                 let mut order: Vec<usize> = (0..workers).collect();
                 let mut s = *seed | 1;
-                for i in (1..workers).rev() {
-                    s ^= s << 13; s ^= s >> 7; s ^= s << 17;
-                    order.swap(i, (s % (i as u64 + 1)) as usize);
-                }
+                shuffle(&mut order, &mut s);
                 order
             })
             .collect();
@@ -250,10 +259,7 @@ proptest! {
         let orders: Vec<Vec<usize>> = (0..8)
             .map(|_| {
                 let mut order: Vec<usize> = (0..kcl).collect();
-                for i in (1..kcl).rev() {
-                    s ^= s << 13; s ^= s >> 7; s ^= s << 17;
-                    order.swap(i, (s % (i as u64 + 1)) as usize);
-                }
+                shuffle(&mut order, &mut s);
                 order
             })
             .collect();
@@ -381,6 +387,21 @@ fn view<'a>(key: &'a str, owner: Option<&'a str>, expired: bool, secs: u64) -> L
     }
 }
 
+/// The input of a decision by "me" over `leases`: no peer known, no cap,
+/// one steal at a time; each test sets what it is about.
+fn input(leases: Vec<LeaseView<'_>>) -> BalanceInput<'_> {
+    BalanceInput {
+        me: "me",
+        leases,
+        max_leases_per_worker: usize::MAX,
+        max_leases_to_steal: 1,
+        peers: Vec::new(),
+        stale_after: Duration::from_secs(10),
+        foreign: vec![],
+        balance: Balance::ByLoad,
+    }
+}
+
 #[test]
 fn takes_everything_owed_in_one_decision_longest_unrenewed_first() {
     let leases = vec![
@@ -390,16 +411,7 @@ fn takes_everything_owed_in_one_decision_longest_unrenewed_first() {
         view("d", Some("alive"), false, 1),
         view("e", Some("dead"), true, 20),
     ];
-    let d = decide(&BalanceInput {
-        me: "me",
-        leases,
-        max_leases_per_worker: usize::MAX,
-        max_leases_to_steal: 1,
-        peers: Vec::new(),
-        stale_after: Duration::from_secs(10),
-        foreign: vec![],
-        balance: Balance::ByLoad,
-    });
+    let d = decide(&input(leases));
     // Live: me, alive. 5 leases -> target 3, all owed in this one tick.
     assert_eq!(d.target, 3);
     assert_eq!(d.take, vec!["c", "b", "e"]);
@@ -413,16 +425,7 @@ fn expired_owners_are_not_live_workers() {
         view("b", Some("dead"), true, 12),
         view("c", Some("dead"), true, 12),
     ];
-    let d = decide(&BalanceInput {
-        me: "me",
-        leases,
-        max_leases_per_worker: usize::MAX,
-        max_leases_to_steal: 1,
-        peers: Vec::new(),
-        stale_after: Duration::from_secs(10),
-        foreign: vec![],
-        balance: Balance::ByLoad,
-    });
+    let d = decide(&input(leases));
     assert_eq!((d.live_workers, d.target, d.take.len()), (1, 3, 3));
 }
 
@@ -431,14 +434,8 @@ fn max_leases_per_worker_caps_the_target() {
     let leases = (0..10).map(|i| format!("s{i}")).collect::<Vec<_>>();
     let views = leases.iter().map(|k| view(k, None, false, 0)).collect();
     let d = decide(&BalanceInput {
-        me: "me",
-        leases: views,
         max_leases_per_worker: 4,
-        max_leases_to_steal: 1,
-        peers: Vec::new(),
-        stale_after: Duration::from_secs(10),
-        foreign: vec![],
-        balance: Balance::ByLoad,
+        ..input(views)
     });
     assert_eq!((d.target, d.take.len()), (4, 4));
 }
@@ -450,19 +447,13 @@ fn owned_but_not_held_is_reclaimed_and_counted() {
     let mut b = view("b", Some("me"), false, 0);
     b.held_here = true;
     let d = decide(&BalanceInput {
-        me: "me",
-        leases: vec![
+        max_leases_to_steal: 4,
+        ..input(vec![
             a,
             b,
             view("c", Some("other"), false, 0),
             view("d", Some("other"), false, 0),
-        ],
-        max_leases_per_worker: usize::MAX,
-        max_leases_to_steal: 4,
-        peers: Vec::new(),
-        stale_after: Duration::from_secs(10),
-        foreign: vec![],
-        balance: Balance::ByLoad,
+        ])
     });
     assert_eq!(d.reclaim, vec!["a"]);
     assert!(
@@ -479,19 +470,13 @@ fn another_process_under_our_id_keeps_its_leases_until_they_expire() {
         v
     };
     let d = decide(&BalanceInput {
-        me: "me",
-        leases: vec![
+        max_leases_to_steal: 4,
+        ..input(vec![
             twin("a", false),
             twin("b", false),
             twin("c", true),
             view("d", Some("other"), false, 0),
-        ],
-        max_leases_per_worker: usize::MAX,
-        max_leases_to_steal: 4,
-        peers: Vec::new(),
-        stale_after: Duration::from_secs(10),
-        foreign: vec![],
-        balance: Balance::ByLoad,
+        ])
     });
     assert!(
         d.reclaim.is_empty(),
@@ -502,14 +487,8 @@ fn another_process_under_our_id_keeps_its_leases_until_they_expire() {
     assert_eq!((d.live_workers, d.target), (2, 2));
     assert!(d.steal.is_empty(), "{d:?}");
     let d = decide(&BalanceInput {
-        me: "me",
-        leases: vec![twin("c", true), view("d", Some("other"), false, 0)],
-        max_leases_per_worker: usize::MAX,
         max_leases_to_steal: 4,
-        peers: Vec::new(),
-        stale_after: Duration::from_secs(10),
-        foreign: vec![],
-        balance: Balance::ByLoad,
+        ..input(vec![twin("c", true), view("d", Some("other"), false, 0)])
     });
     assert_eq!(d.take, vec!["c"], "taken once expired: {d:?}");
 }
@@ -521,14 +500,8 @@ fn an_unowned_lease_mid_handoff_waits_for_its_previous_owner() {
     let mut abandoned = view("b", None, true, 30);
     abandoned.in_handoff = true;
     let d = decide(&BalanceInput {
-        me: "me",
-        leases: vec![draining, abandoned],
-        max_leases_per_worker: usize::MAX,
         max_leases_to_steal: 4,
-        peers: Vec::new(),
-        stale_after: Duration::from_secs(10),
-        foreign: vec![],
-        balance: Balance::ByLoad,
+        ..input(vec![draining, abandoned])
     });
     assert_eq!(d.take, vec!["b"], "only the expired one: {d:?}");
 }
@@ -585,14 +558,9 @@ fn peers_known_from_liveness_split_a_cold_start_without_collisions() {
 fn a_lease_left_untaken_for_a_lease_duration_is_taken_beyond_the_target() {
     let leases = vec![view("a", Some("me"), false, 0), view("b", None, false, 30)];
     let d = decide(&BalanceInput {
-        me: "me",
-        leases,
-        max_leases_per_worker: usize::MAX,
         max_leases_to_steal: 4,
         peers: vec!["me", "other-stream-worker"],
-        stale_after: Duration::from_secs(10),
-        foreign: vec![],
-        balance: Balance::ByLoad,
+        ..input(leases)
     });
     assert_eq!(d.target, 1);
     assert_eq!(d.take, vec!["b".to_owned()]);
@@ -611,20 +579,14 @@ fn an_owner_never_seen_writing_gets_no_handoff_requests() {
             ..view(k, Some("stopped"), false, 3)
         })
         .collect();
-    let input = |leases: Vec<LeaseView<'static>>| BalanceInput {
-        me: "me",
-        leases,
-        max_leases_per_worker: usize::MAX,
+    let two_at_a_time = |leases: Vec<LeaseView<'static>>| BalanceInput {
         max_leases_to_steal: 2,
-        peers: vec![],
-        stale_after: Duration::from_secs(10),
-        foreign: vec![],
-        balance: Balance::ByLoad,
+        ..input(leases)
     };
-    let d = decide(&input(leases.clone()));
+    let d = decide(&two_at_a_time(leases.clone()));
     assert!(d.steal.is_empty(), "{d:?}");
     leases[2].seen_alive = true;
-    let d = decide(&input(leases));
+    let d = decide(&two_at_a_time(leases));
     assert_eq!(d.steal, vec!["c".to_owned()]);
     assert_eq!(d.victim.as_deref(), Some("stopped"));
 }
@@ -637,31 +599,25 @@ fn an_owner_never_seen_writing_gets_no_handoff_requests() {
 /// same id, the new process's scans failing: two shards unread 112 s).
 #[test]
 fn expired_leases_left_for_a_peer_that_does_not_take_them_are_taken_beyond_the_target() {
-    let input = |unrenewed: u64| BalanceInput {
-        me: "me",
-        leases: vec![
+    let gone_for = |unrenewed: u64| BalanceInput {
+        // "stuck" beats but never takes: its share is e and f.
+        peers: vec!["me", "peer", "stuck"],
+        ..input(vec![
             view("a", Some("me"), false, 0),
             view("b", Some("me"), false, 0),
             view("c", Some("peer"), false, 0),
             view("d", Some("peer"), false, 0),
             view("e", Some("gone"), true, unrenewed),
             view("f", Some("gone"), true, unrenewed),
-        ],
-        max_leases_per_worker: usize::MAX,
-        max_leases_to_steal: 1,
-        // "stuck" beats but never takes: its share is e and f.
-        peers: vec!["me", "peer", "stuck"],
-        stale_after: Duration::from_secs(10),
-        foreign: vec![],
-        balance: Balance::ByLoad,
+        ])
     };
-    let fresh = decide(&input(15));
+    let fresh = decide(&gone_for(15));
     assert_eq!(fresh.target, 2);
     assert!(
         fresh.take.is_empty(),
         "expired a while: left to its share's taker"
     );
-    let stale = decide(&input(20));
+    let stale = decide(&gone_for(20));
     assert_eq!(
         stale.take,
         vec!["e", "f"],

@@ -3,6 +3,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
+use super::super::tests::shuffle;
 use super::super::{Balance, BalanceInput, Decision, LeaseView, decide};
 use super::{LEASE_COST, TOLERANCE, count_cap};
 
@@ -126,12 +127,7 @@ fn loads_from(seeds: &[u16], leases: usize) -> Vec<f64> {
 fn dealt(workers: usize, leases: usize, seed: u64) -> Fleet {
     let mut order: Vec<usize> = (0..leases).collect();
     let mut s = seed | 1;
-    for i in (1..leases).rev() {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        order.swap(i, (s % (i as u64 + 1)) as usize);
-    }
+    shuffle(&mut order, &mut s);
     let mut owners = vec![None; leases];
     for (n, i) in order.into_iter().enumerate() {
         owners[i] = Some(n % workers);
@@ -144,12 +140,7 @@ fn orders(workers: usize, seed: u64) -> Vec<Vec<usize>> {
     (0..8)
         .map(|_| {
             let mut order: Vec<usize> = (0..workers).collect();
-            for i in (1..workers).rev() {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                order.swap(i, (s % (i as u64 + 1)) as usize);
-            }
+            shuffle(&mut order, &mut s);
             order
         })
         .collect()

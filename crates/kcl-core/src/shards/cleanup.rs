@@ -20,14 +20,14 @@ use crate::store::LeaseStore;
 /// Remembers since when each finished lease was seen finished (on this
 /// worker's monotonic clock) and deletes those past the retention.
 #[derive(Debug)]
-pub struct LeaseCleanup {
+pub(crate) struct LeaseCleanup {
     retention: Duration,
     finished_since: HashMap<String, (u64, Instant)>,
 }
 
 impl LeaseCleanup {
     /// Deletes finished leases seen finished for at least `retention`.
-    pub fn new(retention: Duration) -> Self {
+    pub(crate) fn new(retention: Duration) -> Self {
         LeaseCleanup {
             retention,
             finished_since: HashMap::new(),
@@ -36,7 +36,7 @@ impl LeaseCleanup {
 
     /// The finished leases of `layout` that may go now, given one listing
     /// and one scan.
-    pub fn due<'a>(
+    pub(crate) fn due<'a>(
         &mut self,
         layout: &LeaseLayout,
         shards: &[ShardInfo],
@@ -81,7 +81,7 @@ impl LeaseCleanup {
     /// Deletes the due leases (each guarded by the counter read); returns
     /// how many this worker deleted. Peers racing to delete the same lease
     /// lose their condition harmlessly.
-    pub async fn run(
+    pub(crate) async fn run(
         &mut self,
         store: &dyn LeaseStore,
         layout: &LeaseLayout,

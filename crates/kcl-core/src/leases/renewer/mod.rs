@@ -4,7 +4,6 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -14,14 +13,18 @@ use crate::backoff::Backoff;
 use crate::config::LeaseConfig;
 use crate::lease::{Lease, Throughput};
 use crate::leases::handoff::{Ours, Verdict, judge};
-use crate::leases::held::{AskState, EndReason, Held, Phase};
-use crate::leases::liveness::{ask_entry, asked_lease};
+use crate::leases::held::{EndReason, Held, Phase};
+use crate::leases::liveness::asked_lease;
 use crate::leases::meter::{Reading, moved};
 use crate::leases::shared::{Shared, each_unblocked};
-use crate::leases::tenure::instance_of;
 use crate::observe::Event;
 use crate::store::retry::{RetryPolicy, retry_until};
-use crate::store::{BeatUpdate, StoreError, StoreOp};
+use crate::store::{Beat, BeatUpdate, Holder, StoreError, StoreOp};
+
+mod awaited;
+
+use awaited::handoff_loop;
+pub(crate) use awaited::tell_previous_owner;
 
 pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     // Fencing runs beside renewal, not after it: a round stuck on a hung
@@ -150,6 +153,32 @@ async fn beat_once(shared: &Shared, next_round: Instant) {
         .map(|(_, h)| h.valid_until())
         .min()
         .map_or(next_round, |v| v.max(next_round));
+    let (result, sent, answered) = send_beat(shared, deadline).await;
+    let beat = match result {
+        Ok(beat) => beat,
+        Err(e) => {
+            shared.emit(Event::RenewalFailed);
+            warn!(error = %e, leases = renewed.len(), "liveness beat failed; the leases are fenced if this persists");
+            return;
+        }
+    };
+    shared.beat_landed(sent);
+    note_beat(shared, &beat, &answered);
+    let unjudged = judge_asked(shared, &beat).await;
+    for (key, held) in &renewed {
+        if !unjudged.contains(key.as_str()) {
+            shared.extended(key, held, sent).await;
+        }
+    }
+}
+
+/// Writes this instance's record until `deadline`: what the beat says of
+/// this worker, then the write. Returns the answer, when the first attempt
+/// was sent, and the handoff requests the beat cleared.
+async fn send_beat(
+    shared: &Shared,
+    deadline: Instant,
+) -> (Result<Beat, StoreError>, Instant, Vec<String>) {
     let (changes, answered, stopping) = {
         let state = shared.beat_state();
         (
@@ -182,23 +211,23 @@ async fn beat_once(shared: &Shared, next_round: Instant) {
         || shared.store.beat(&update),
     )
     .await;
-    let beat = match result {
-        Ok(beat) => beat,
-        Err(e) => {
-            shared.emit(Event::RenewalFailed);
-            warn!(error = %e, leases = renewed.len(), "liveness beat failed; the leases are fenced if this persists");
-            return;
-        }
-    };
-    shared.beat_landed(sent);
-    {
-        let mut state = shared.beat_state();
-        state.answered.retain(|k| !answered.contains(k));
-        if state.wake_seen.is_some_and(|w| w != beat.wake) {
-            shared.want_rescan();
-        }
-        state.wake_seen = Some(beat.wake);
+    (result, sent, answered)
+}
+
+/// Records what a landed beat answered: the handoff requests it cleared
+/// leave the next beat, and a peer's wake makes the taker read the table.
+fn note_beat(shared: &Shared, beat: &Beat, answered: &[String]) {
+    let mut state = shared.beat_state();
+    state.answered.retain(|k| !answered.contains(k));
+    if state.wake_seen.is_some_and(|w| w != beat.wake) {
+        shared.want_rescan();
     }
+    state.wake_seen = Some(beat.wake);
+}
+
+/// Judges each lease peers asked for in our record, and returns those that
+/// could not be read: the beat renews none of them.
+async fn judge_asked<'a>(shared: &Shared, beat: &'a Beat) -> HashSet<&'a str> {
     // Peers that stole a lease from us asked in our record. Each is judged
     // from the lease item before this beat renews anything: a lease asked
     // for is never renewed by a beat until it was judged (still ours, or
@@ -219,35 +248,7 @@ async fn beat_once(shared: &Shared, next_round: Instant) {
         }
         shared.beat_state().answered.push(entry.clone());
     }
-    for (key, held) in &renewed {
-        if !unjudged.contains(key.as_str()) {
-            shared.extended(key, held, sent).await;
-        }
-    }
-}
-
-/// Tells the previous owner of an awaited handoff, through its liveness
-/// record, that the lease is asked of it (it renews nothing per lease, so
-/// it would not learn from a failed renewal), and starts the handoff's
-/// deadline once it was told. A previous owner without a record (it renews
-/// per lease, or stopped) has nothing to be told. Retried from the handoff
-/// poller, at most once a second, until it answers.
-pub(crate) async fn tell_previous_owner(shared: &Shared, key: &str, held: &Arc<Held>) {
-    let timeout = shared.config.handoff_timeout;
-    let lease = held.lease();
-    let Some(victim) = lease.checkpoint_owner_tenure.as_deref() else {
-        held.ask_told(Instant::now(), timeout);
-        return;
-    };
-    held.ask_tried(Instant::now());
-    let entry = ask_entry(key, held.holder().tenure.unwrap_or_default());
-    match shared.store.poke(instance_of(victim), Some(&entry)).await {
-        Ok(()) => held.ask_told(Instant::now(), timeout),
-        Err(e) if e.is_condition_failed() => held.ask_told(Instant::now(), timeout),
-        Err(e) => {
-            debug!(lease = %key, error = %e, "telling the previous owner of a handoff failed; retrying")
-        }
-    }
+    unjudged
 }
 
 /// Applies the judgement of one read of a held, active lease: lost to
@@ -299,13 +300,6 @@ pub(crate) async fn observe_one(
     }
 }
 
-/// How often a thief checks whether a handoff it asked for completed: a
-/// cheap read of each lease it awaits, only while it awaits any.
-const HANDOFF_POLL: Duration = Duration::from_millis(250);
-
-/// How often a thief tries again to tell a previous owner it did not reach.
-const ASK_RETRY: Duration = Duration::from_secs(1);
-
 /// Renewals retry inside their round, at most twice, starting at a tenth
 /// of the renew interval: the next round is a retry too, and the store's
 /// SDK already retries inside each attempt. Retrying from a few tens of
@@ -316,183 +310,6 @@ fn renew_policy(config: &LeaseConfig) -> RetryPolicy {
         attempt_timeout: config.store_timeout,
         backoff: Backoff::new(config.renew_interval / 10, config.renew_interval / 2).retries(2),
     }
-}
-
-async fn handoff_loop(shared: &Shared) {
-    loop {
-        tokio::time::sleep(HANDOFF_POLL).await;
-        let awaited = shared
-            .held_snapshot()
-            .into_iter()
-            .filter(|(_, h)| matches!(h.phase(), Phase::Awaiting { .. }))
-            .collect();
-        // Each awaited lease is read on its own: one slow read does not hold
-        // back the others.
-        each_unblocked(
-            awaited,
-            shared.config.renew_concurrency,
-            |(key, held)| async move {
-                let retry = match held.ask_state() {
-                    AskState::Told => false,
-                    AskState::Untold => true,
-                    AskState::Tried(at) => at.elapsed() >= ASK_RETRY,
-                };
-                if retry {
-                    tell_previous_owner(shared, &key, &held).await;
-                }
-                progress_handoff(shared, &key, &held).await;
-            },
-        )
-        .await;
-    }
-}
-
-/// One step of an awaited handoff: read the lease, judge, and activate it
-/// once its previous owner completed the handoff, or force it at the
-/// deadline.
-async fn progress_handoff(shared: &Shared, key: &str, held: &Arc<Held>) {
-    let Some((lease, sent, forced)) = advance_handoff(shared, key, held).await else {
-        return;
-    };
-    let from = match held.phase() {
-        Phase::Awaiting { from, .. } => from,
-        _ => String::new(),
-    };
-    // The write lock is released before the event is sent: a full event
-    // channel must not hold up this lease's renewals.
-    shared.emit(Event::HandoffEnded { key, forced });
-    if forced {
-        warn!(lease = %key, from, "previous owner did not hand over in time; handoff forced");
-    } else {
-        info!(lease = %key, from, "handoff completed");
-    }
-    shared.activate(key, held, lease, sent).await;
-}
-
-/// Under the lease's write lock: the lease to activate with its validity
-/// base, and whether it was forced.
-async fn advance_handoff(
-    shared: &Shared,
-    key: &str,
-    held: &Arc<Held>,
-) -> Option<(Lease, Instant, bool)> {
-    let limit = shared.config.store_timeout;
-    let _writing = tokio::time::timeout(limit, held.writing.lock())
-        .await
-        .ok()?;
-    let phase = held.phase();
-    if !matches!(phase, Phase::Awaiting { .. }) || held.is_ended() {
-        return None;
-    }
-    let asked = Instant::now();
-    let item = match shared.store.get(key).await {
-        Ok(item) => item,
-        Err(e) => {
-            debug!(lease = %key, error = %e, "reading an awaited lease failed; retrying");
-            return None;
-        }
-    };
-    let now = Instant::now();
-    // A previous owner renews the lease while it drains (a Java worker and
-    // kcl in either mode): the handoff is forced only once it stopped,
-    // judged like expiry by the previous owner's lease duration. One with a
-    // liveness record is also never forced before the deadline telling it
-    // set (an older kcl renews nothing while it drains).
-    if let Some(item) = &item
-        && item.checkpoint_owner.is_some()
-    {
-        let (window, told) = previous_owner_window(shared, item);
-        held.watch_previous_owner(item.counter, now, window, told);
-        // A previous owner its liveness record shows dead processes
-        // nothing: every tenure of its, the one draining included, lapsed
-        // with its last beat (invariant 4).
-        if previous_owner_dead(shared, item) {
-            held.force_now(now);
-        }
-    }
-    let phase = held.phase();
-    let holder = held.holder();
-    let ours = Ours {
-        holder,
-        counter: held.counter(),
-        phase: &phase,
-    };
-    // Judged as of the read: a renewal that landed after it says nothing
-    // about what the read showed.
-    let forced = match judge(ours, item.as_ref(), asked) {
-        Verdict::Activate => false,
-        Verdict::Force => true,
-        Verdict::Adopt => {
-            held.adopt(item?);
-            return None;
-        }
-        Verdict::Lost { same_id } => {
-            if same_id {
-                shared.same_id_conflict(key);
-            }
-            shared.ended(key, held, EndReason::Lost).await;
-            return None;
-        }
-        Verdict::Keep | Verdict::Drain => return None,
-    };
-    let current = item?;
-    held.adopt(current.clone());
-    // Completed: a fresh renewal gives the new owner its validity; past the
-    // deadline: a take (in the same tenure) clears the previous owner's
-    // right to checkpoint.
-    let sent = held.write_base(current.counter, now);
-    let written = if forced {
-        shared.store.take(&current, holder).await
-    } else {
-        shared.store.renew(key, holder, current.counter).await
-    };
-    match written {
-        Ok(lease) => Some((lease, sent, forced)),
-        Err(e) => {
-            // A failed condition is judged again at the next poll. A write
-            // that keeps failing for a handoff timeout gives the tenure up:
-            // while it awaits, this instance's beats keep the lease alive
-            // to peers with nobody reading it; ended, the taker takes it
-            // back in a new tenure (a write of another kind) or, failing,
-            // lets it stand free of this tenure.
-            debug!(lease = %key, error = %e, "advancing a handoff failed; retrying");
-            if !e.is_condition_failed()
-                && held.advance_failing(now) >= shared.config.handoff_timeout
-            {
-                warn!(lease = %key, error = %e, "activating the handoff kept failing; giving the tenure up");
-                drop(_writing);
-                shared.ended(key, held, EndReason::Fenced).await;
-            }
-            None
-        }
-    }
-}
-
-/// True if the previous owner of `lease`'s handoff has a liveness record
-/// that the last read judged dead.
-fn previous_owner_dead(shared: &Shared, lease: &Lease) -> bool {
-    let liveness = shared.liveness();
-    // Only a tenure that names the previous owner's own instance: a Java
-    // KCL take leaves the last kcl holder's tenure behind, whose dead
-    // record says nothing of the Java worker handing the lease over.
-    let [_, previous] = liveness.named(lease);
-    previous.is_some_and(|instance| {
-        liveness.has_record(instance)
-            && !liveness.is_alive(instance, shared.config.lease_duration, Instant::now())
-    })
-}
-
-/// How long the counter of `lease`'s handoff must stand still before the
-/// previous owner's validity is surely over (its own lease duration, from
-/// its liveness record, else this worker's), and whether it has a record
-/// (it was told through it). A Java KCL previous owner names no tenure.
-fn previous_owner_window(shared: &Shared, lease: &Lease) -> (Duration, bool) {
-    let own = shared.config.lease_duration;
-    let liveness = shared.liveness();
-    let [_, previous] = liveness.named(lease);
-    previous
-        .and_then(|instance| liveness.duration_of(instance, own))
-        .map_or((own, false), |d| (d, true))
 }
 
 async fn renew_loop(shared: &Shared) {
@@ -597,70 +414,94 @@ async fn renew_one(shared: &Shared, key: &str, held: &Arc<Held>, next_round: Ins
     )
     .await;
     match result {
-        Ok(lease) => {
-            if load.is_some() {
-                held.meter.published(sent);
-            }
-            // Renewals of a lease handed off from us succeed (we keep it
-            // alive while draining): the answer is how we learn of it.
-            let asked = holder.hands_off(&lease) && held.phase() == Phase::Active;
-            let to = lease.owner.clone();
-            shared.renewed(key, held, lease, sent).await;
-            if asked && held.request_handoff() {
-                info!(lease = %key, to = ?to, "handoff requested; draining the shard");
-                shared.emit(Event::HandoffRequested { key });
-            }
-        }
+        Ok(lease) => renew_landed(shared, key, held, lease, load.is_some(), sent).await,
         Err(StoreError::ConditionFailed { current, .. }) => {
-            let phase = held.phase();
-            let ours = Ours {
-                holder,
-                counter,
-                phase: &phase,
-            };
-            match judge(ours, current.as_deref(), Instant::now()) {
-                // Still ours to hand off, at a counter someone else moved:
-                // the new owner renews it while it waits (an older kcl).
-                // Two renewers would fail each other's conditions every
-                // round; we stop, and our validity runs out before it
-                // forces the handoff.
-                Verdict::Keep
-                    if phase == Phase::HandingOff
-                        && current.as_ref().is_some_and(|c| c.counter > counter) =>
-                {
-                    debug!(lease = %key, "the new owner renews the lease we hand off; we stop renewing it");
-                    held.stop_renewals();
-                }
-                Verdict::Keep => {}
-                // Still ours, at a counter a handoff step (or our own lost
-                // write) moved: renew from it next round. While awaiting,
-                // the handoff poller activates or forces.
-                Verdict::Adopt | Verdict::Activate | Verdict::Force => {
-                    if let Some(current) = current {
-                        held.adopt(*current);
-                    }
-                    debug!(lease = %key, "lease counter moved under us; renewing from the new value");
-                }
-                Verdict::Drain => {
-                    if held.request_handoff() {
-                        let to = current.and_then(|c| c.owner);
-                        info!(lease = %key, to = ?to, "handoff requested; draining the shard");
-                        shared.emit(Event::HandoffRequested { key });
-                    }
-                }
-                Verdict::Lost { same_id } => {
-                    if same_id {
-                        shared.same_id_conflict(key);
-                    }
-                    let owner = current.and_then(|l| l.owner);
-                    warn!(lease = %key, owner = ?owner, "lease lost: renewal failed its condition");
-                    shared.ended(key, held, EndReason::Lost).await;
-                }
-            }
+            renew_refused(shared, key, held, holder, counter, current).await;
         }
         Err(e) => {
             shared.emit(Event::RenewalFailed);
             warn!(lease = %key, error = %e, "renewal failed; the lease is fenced if this persists");
+        }
+    }
+}
+
+/// A renewal sent at `sent` landed: the tenure is renewed, and a renewal
+/// that shows the lease handed off from us starts draining.
+async fn renew_landed(
+    shared: &Shared,
+    key: &str,
+    held: &Arc<Held>,
+    lease: Lease,
+    carried_load: bool,
+    sent: Instant,
+) {
+    if carried_load {
+        held.meter.published(sent);
+    }
+    // Renewals of a lease handed off from us succeed (we keep it
+    // alive while draining): the answer is how we learn of it.
+    let asked = held.holder().hands_off(&lease) && held.phase() == Phase::Active;
+    let to = lease.owner.clone();
+    shared.renewed(key, held, lease, sent).await;
+    if asked && held.request_handoff() {
+        info!(lease = %key, to = ?to, "handoff requested; draining the shard");
+        shared.emit(Event::HandoffRequested { key });
+    }
+}
+
+/// A renewal failed its condition: judges the lease as the table shows it
+/// (`current`) against the holder and counter the renewal expected.
+async fn renew_refused(
+    shared: &Shared,
+    key: &str,
+    held: &Arc<Held>,
+    holder: Holder<'_>,
+    counter: u64,
+    current: Option<Box<Lease>>,
+) {
+    let phase = held.phase();
+    let ours = Ours {
+        holder,
+        counter,
+        phase: &phase,
+    };
+    match judge(ours, current.as_deref(), Instant::now()) {
+        // Still ours to hand off, at a counter someone else moved:
+        // the new owner renews it while it waits (an older kcl).
+        // Two renewers would fail each other's conditions every
+        // round; we stop, and our validity runs out before it
+        // forces the handoff.
+        Verdict::Keep
+            if phase == Phase::HandingOff
+                && current.as_ref().is_some_and(|c| c.counter > counter) =>
+        {
+            debug!(lease = %key, "the new owner renews the lease we hand off; we stop renewing it");
+            held.stop_renewals();
+        }
+        Verdict::Keep => {}
+        // Still ours, at a counter a handoff step (or our own lost
+        // write) moved: renew from it next round. While awaiting,
+        // the handoff poller activates or forces.
+        Verdict::Adopt | Verdict::Activate | Verdict::Force => {
+            if let Some(current) = current {
+                held.adopt(*current);
+            }
+            debug!(lease = %key, "lease counter moved under us; renewing from the new value");
+        }
+        Verdict::Drain => {
+            if held.request_handoff() {
+                let to = current.and_then(|c| c.owner);
+                info!(lease = %key, to = ?to, "handoff requested; draining the shard");
+                shared.emit(Event::HandoffRequested { key });
+            }
+        }
+        Verdict::Lost { same_id } => {
+            if same_id {
+                shared.same_id_conflict(key);
+            }
+            let owner = current.and_then(|l| l.owner);
+            warn!(lease = %key, owner = ?owner, "lease lost: renewal failed its condition");
+            shared.ended(key, held, EndReason::Lost).await;
         }
     }
 }

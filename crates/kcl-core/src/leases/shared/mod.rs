@@ -1,20 +1,22 @@
 //! The state the coordinator's tasks share: the held tenures, the event
-//! channel to the worker, the counters, and the transitions every task
-//! applies the same way (acquired, awaiting, activated, ended).
+//! channel to the worker, the counters (declared in `events`), and the
+//! transitions every task applies the same way (acquired, awaiting,
+//! activated, ended). Which renewal runs is in `renewal_mode`, sitting
+//! out after an unreadable shard in `sit_out`.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::Duration;
 
 use futures::StreamExt;
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
-use crate::config::{LeaseConfig, LeaseRenewal};
+use crate::config::LeaseConfig;
 use crate::lease::Lease;
+use crate::leases::events::{CoordinatorStats, LeaseEvent};
 use crate::leases::held::{EndReason, Held, LeaseHandle, Phase};
 use crate::leases::liveness::LivenessTracker;
 use crate::leases::tenure::Tenures;
@@ -22,68 +24,10 @@ use crate::observe::{Event, Observer, record_metric};
 use crate::store::timeout::TimeoutStore;
 use crate::store::{Holder, LeaseStore, StoreError};
 
-/// A change to the set of leases this worker holds.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum LeaseEvent {
-    /// This worker now holds a lease; start consuming its shard.
-    Acquired(LeaseHandle),
-    /// This worker no longer holds a lease; its handle's `ended` completed.
-    Ended {
-        /// The lease key.
-        key: String,
-        /// Why.
-        reason: EndReason,
-    },
-}
+mod renewal_mode;
+mod sit_out;
 
-crate::counters! {
-    /// Counters of the coordinator's work, for tests, benchmarks and logs.
-    pub struct CoordinatorStats => StatsSnapshot {
-        counts {
-            /// Lease-taker ticks.
-            ticks,
-            /// Ticks that read only the liveness records: nothing in the fleet had
-            /// changed, so the lease table was not read (liveness mode).
-            quiet_ticks,
-            /// Ticks whose scan failed.
-            scan_failures,
-            /// Reads of the liveness records that failed.
-            liveness_read_failures,
-            /// Unowned or expired leases taken.
-            taken,
-            /// Handoffs started from another worker (steals).
-            stolen,
-            /// Awaited handoffs the previous owner completed.
-            handoffs_completed,
-            /// Awaited handoffs forced at their deadline.
-            handoffs_forced,
-            /// Leases this worker handed to a worker that asked for them.
-            handed_off,
-            /// Leases the table said were this worker's, taken back in a new tenure.
-            reclaimed,
-            /// Takes that lost their race.
-            take_conflicts,
-            /// Takes that failed otherwise.
-            take_failures,
-            /// Successful renewals.
-            renewals,
-            /// Renewal rounds of a lease that did not succeed.
-            renew_failures,
-            /// Tenures lost to another holder.
-            lost,
-            /// Tenures fenced (renewals did not succeed in time).
-            fenced,
-            /// Leases released.
-            released,
-            /// Tenures lost to another process running under this worker's id.
-            same_id_conflicts,
-            /// Switches from liveness records to per-lease renewal (at most one):
-            /// workers that judge leases by their counters share the table.
-            switched_to_per_lease,
-        }
-    }
-}
+use sit_out::SitOut;
 
 /// Decides which leases of the table this worker competes for (a
 /// multi-stream worker ignores leases of streams it was not configured for).
@@ -160,29 +104,6 @@ pub(crate) struct BeatState {
     pub(crate) stopping: bool,
 }
 
-/// Sitting out after a shard could not be read (see [`Shared::sit_out`]).
-#[derive(Debug, Default)]
-struct SitOut {
-    /// Until when this worker takes no lease.
-    until: Option<Instant>,
-    /// When each sit-out of the last [`SIT_OUT_MEMORY`] began.
-    began: std::collections::VecDeque<Instant>,
-}
-
-/// How long a worker sits out after `recent` sit-outs in the last
-/// [`SIT_OUT_MEMORY`], for a `max_read_failure_time` of `limit`.
-fn sit_out_length(recent: usize, limit: Duration) -> Duration {
-    let doublings = u32::try_from(recent).unwrap_or(u32::MAX);
-    let factor = 2u32.saturating_pow(doublings).min(SIT_OUT_MAX_FACTOR);
-    limit.saturating_mul(2).saturating_mul(factor)
-}
-
-/// How far back sit-outs count towards the next one's length: a worker
-/// that read its shards for this long starts again at the shortest.
-const SIT_OUT_MEMORY: Duration = Duration::from_secs(3600);
-/// The longest sit-out, in multiples of the first.
-const SIT_OUT_MAX_FACTOR: u32 = 16;
-
 impl fmt::Debug for Shared {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Shared")
@@ -228,66 +149,6 @@ impl Shared {
             wants_proof: AtomicBool::new(false),
             switched: Mutex::new(None),
             sit_out: Mutex::default(),
-        }
-    }
-
-    /// This worker gave a shard back because no read of it succeeded, and
-    /// the stream service answered none of its calls, for `limit`
-    /// (`max_read_failure_time`): it is cut off from the service while it
-    /// still reaches the lease table. Taking that lease (or another) again
-    /// at its next tick would leave the shard unread for another `limit`,
-    /// and again after that: the worker that can read would never get it,
-    /// as the balance counts this one in. So this worker takes and steals
-    /// nothing for a while, and its beats say it is stopping, so
-    /// that peers leave it out of their targets and take what it gave
-    /// back. Returns how long: twice `limit`, doubling with each sit-out
-    /// of the last hour up to 16 times that, so that a worker cut off for
-    /// good tries its share again ever more rarely, and one whose route
-    /// came back is at full strength again soon.
-    pub(crate) fn sit_out(&self, now: Instant, limit: Duration) -> Duration {
-        let mut sit = self.sit_out.lock().unwrap_or_else(|e| e.into_inner());
-        while sit
-            .began
-            .front()
-            .is_some_and(|b| now.saturating_duration_since(*b) > SIT_OUT_MEMORY)
-        {
-            sit.began.pop_front();
-        }
-        // A sit-out already under way (several shards given back at once)
-        // counts once; a shard given back near its end stretches it, so
-        // that the shard is not taken right back.
-        let running = sit.until.is_some_and(|until| until > now);
-        let recent = sit.began.len().saturating_sub(usize::from(running));
-        let length = sit_out_length(recent, limit);
-        if !running {
-            sit.began.push_back(now);
-        }
-        // A length past what an Instant holds (a limit of `Duration::MAX`)
-        // stands for thirty years.
-        let until = now
-            .checked_add(length)
-            .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 24 * 3600));
-        let until = sit
-            .until
-            .filter(|_| running)
-            .map_or(until, |u| u.max(until));
-        sit.until = Some(until);
-        until - now
-    }
-
-    /// Whether this worker sits out at `now` (see [`Shared::sit_out`]).
-    /// The taker asks before it takes anything, and every beat asks, so
-    /// that the record says `stopping` exactly as long as the sit-out lasts.
-    pub(crate) fn sitting_out(&self, now: Instant) -> bool {
-        let mut sit = self.sit_out.lock().unwrap_or_else(|e| e.into_inner());
-        match sit.until {
-            Some(until) if until > now => true,
-            Some(_) => {
-                sit.until = None;
-                info!("the sit-out after an unreadable shard ended; taking leases again");
-                false
-            }
-            None => false,
         }
     }
 
@@ -345,103 +206,6 @@ impl Shared {
     pub(crate) fn beat_landed(&self, sent: Instant) {
         let mut last = self.last_beat.lock().unwrap_or_else(|e| e.into_inner());
         *last = Some(last.map_or(sent, |l| l.max(sent)));
-    }
-
-    /// True in the worker-liveness renewal mode (configured, and not
-    /// switched to per-lease renewal since).
-    pub(crate) fn liveness_mode(&self) -> bool {
-        self.config.renewal == LeaseRenewal::WorkerLiveness && self.switched_at().is_none()
-    }
-
-    fn switched_at(&self) -> Option<Instant> {
-        *self.switched.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// How often every lease is renewed per lease: the configured interval,
-    /// or after a switch from liveness records (whose interval, half the
-    /// lease duration, leaves no room for a failed renewal per lease) the
-    /// per-lease default, a third of the lease duration.
-    pub(crate) fn lease_renew_interval(&self) -> std::time::Duration {
-        match self.switched_at() {
-            Some(_) => self
-                .config
-                .renew_interval
-                .min(self.config.lease_duration / 3),
-            None => self.config.renew_interval,
-        }
-    }
-
-    /// What this instance's beats say of its renewal (see
-    /// [`crate::store::Beat::per_lease`]): peers that read it judge its
-    /// leases by their counters too. After a switch, only once every lease
-    /// it holds was written since: a peer that had watched a lease's
-    /// counter stand still for minutes (it renewed by beats) would judge it
-    /// expired at once.
-    pub(crate) fn beats_per_lease(&self) -> bool {
-        match self.switched_at() {
-            None => !self.liveness_mode(),
-            Some(at) => self
-                .held_snapshot()
-                .iter()
-                .filter(|(_, h)| h.phase() == Phase::Active && !h.is_ended())
-                .all(|(_, h)| h.item_written_at().is_some_and(|w| w >= at)),
-        }
-    }
-
-    /// True if `owner` judges leases by their counters, as far as this
-    /// worker can tell: a worker (not this one) that no liveness record
-    /// names. A Java KCL worker writes none; nor does kcl renewing per
-    /// lease whose beats never landed.
-    pub(crate) fn judges_by_counters(&self, owner: &str) -> bool {
-        owner != self.me() && !self.liveness().beats().any(|b| b.worker == owner)
-    }
-
-    /// A lease of ours went to `item`'s owner: if that is a worker that
-    /// judges by counters, it took the lease because our beats never move
-    /// its counter, and it will take every other.
-    pub(crate) fn lost_to(&self, item: Option<&Lease>) {
-        if !self.liveness_mode() {
-            return;
-        }
-        if let Some(owner) = item.and_then(|l| l.owner.as_deref())
-            && self.judges_by_counters(owner)
-        {
-            self.switch_to_per_lease(owner, "took a lease from this worker");
-        }
-    }
-
-    /// Renews every lease per lease from now on, as if configured
-    /// `PerLease`: a worker that judges leases by their counters (`owner`,
-    /// which `evidence` showed) shares this table, and to it this worker's
-    /// leases, renewed only by beats, look expired. It takes them while
-    /// this worker still processes them, and renewing per lease is what
-    /// makes them look alive. Every held lease is renewed at once, and the
-    /// taker reads the table (and the Java workers' reports) from now on
-    /// at every tick. Once per process; an error, because the table should
-    /// be configured for it.
-    pub(crate) fn switch_to_per_lease(&self, owner: &str, evidence: &str) {
-        if self.config.renewal != LeaseRenewal::WorkerLiveness {
-            return;
-        }
-        {
-            let mut switched = self.switched.lock().unwrap_or_else(|e| e.into_inner());
-            if switched.is_some() {
-                return;
-            }
-            *switched = Some(Instant::now());
-        }
-        error!(
-            worker = %self.config.worker_id,
-            other = %owner,
-            "{owner} {evidence} and writes no liveness record: it judges leases by their \
-             counters (a Java KCL worker, or kcl renewing per lease without a workers table), \
-             and took or would take every lease renewed only by liveness records; this worker \
-             renews every lease from now on. Configure LeaseRenewal::PerLease for tables \
-             shared with the Java KCL"
-        );
-        self.emit(Event::SwitchedToPerLease { owner });
-        self.renew_now.notify_one();
-        self.want_rescan();
     }
 
     /// This process's instance id (its liveness record's key).
@@ -875,19 +639,4 @@ where
             }
         })
         .await;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sit_outs_double_from_twice_the_read_limit_up_to_sixteen_times_that() {
-        let limit = Duration::from_secs(45);
-        let lengths: Vec<u64> = (0..7)
-            .map(|recent| sit_out_length(recent, limit).as_secs())
-            .collect();
-        assert_eq!(lengths, [90, 180, 360, 720, 1440, 1440, 1440]);
-        assert_eq!(sit_out_length(usize::MAX, Duration::MAX), Duration::MAX);
-    }
 }

@@ -1,0 +1,210 @@
+//! Step 7 of a tick: the decision's takes, reclaims and steals, each in a
+//! fresh tenure under the counter guard, up to [`TAKE_CONCURRENCY`] in
+//! flight; and its gifts to a Java KCL worker.
+
+use std::collections::HashMap;
+
+use futures::StreamExt;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::TAKE_CONCURRENCY;
+use crate::lease::Lease;
+use crate::leases::balance::Decision;
+use crate::leases::held::Phase;
+use crate::leases::renewer::tell_previous_owner;
+use crate::leases::shared::Shared;
+use crate::observe::{Acquisition, Event};
+use crate::store::retry::counted_as_throttling;
+use crate::store::{Holder, StoreError, StoreOp};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Reclaim,
+    Take,
+    Steal,
+}
+
+/// Applies `decision`: takes, reclaims and steals at once, then gifts one
+/// at a time.
+pub(super) async fn apply(
+    shared: &Shared,
+    leases: &[Lease],
+    decision: &Decision,
+    asked_at: &HashMap<String, Instant>,
+) {
+    let by_key: HashMap<&str, &Lease> = leases.iter().map(|l| (l.key.as_str(), l)).collect();
+    let work = decision
+        .reclaim
+        .iter()
+        .map(|k| (Kind::Reclaim, k))
+        .chain(decision.take.iter().map(|k| (Kind::Take, k)))
+        .chain(decision.steal.iter().map(|k| (Kind::Steal, k)))
+        .filter_map(|(kind, key)| by_key.get(key.as_str()).map(|l| (kind, *l)));
+    futures::stream::iter(work)
+        .for_each_concurrent(TAKE_CONCURRENCY, |(kind, seen)| {
+            take_one(
+                shared,
+                kind,
+                seen,
+                asked_at
+                    .get(&seen.key)
+                    .copied()
+                    .unwrap_or_else(Instant::now),
+            )
+        })
+        .await;
+    if let Some(to) = &decision.give_to {
+        for key in &decision.give {
+            give_one(shared, key, to).await;
+        }
+    }
+}
+
+/// Hands one of our leases to a Java KCL worker by the handoff the Java
+/// KCL's leader would write: it becomes the owner, we the checkpoint owner
+/// while our processor drains; then we complete the handoff and the Java
+/// worker finds the lease at its next discovery.
+async fn give_one(shared: &Shared, key: &str, to: &str) {
+    let Some(held) = shared.held(key) else {
+        return;
+    };
+    if held.phase() != Phase::Active || held.is_ended() {
+        return;
+    }
+    let Ok(_writing) = tokio::time::timeout(shared.config.store_timeout, held.writing.lock()).await
+    else {
+        return;
+    };
+    let mut seen = held.lease();
+    for attempt in 0..2 {
+        match shared
+            .store
+            .start_handoff(
+                &seen,
+                Holder {
+                    owner: to,
+                    tenure: None,
+                },
+            )
+            .await
+        {
+            Ok(_) => {
+                if held.request_handoff() {
+                    info!(lease = %key, to, "handing a lease to a Java KCL worker; draining the shard");
+                    shared.emit(Event::HandoffGiven { key });
+                }
+                return;
+            }
+            // Our own renewal moved the counter since: once more from it.
+            Err(StoreError::ConditionFailed { current, .. }) => match current {
+                Some(cur)
+                    if attempt == 0
+                        && held.holder().owns(&cur)
+                        && cur.checkpoint_owner.is_none() =>
+                {
+                    seen = *cur;
+                }
+                _ => return,
+            },
+            Err(e) => {
+                debug!(lease = %key, error = %e, "handing a lease to a Java KCL worker failed");
+                return;
+            }
+        }
+    }
+}
+
+/// One take, reclaim or steal, in a fresh tenure. A write whose outcome is
+/// unknown (an error) leaves that tenure in the table or not; the next
+/// tick's scan tells, and a tenure written here is reclaimed.
+async fn take_one(shared: &Shared, kind: Kind, seen: &Lease, read_from: Instant) {
+    let me = shared.me();
+    let tenure = shared.fresh_tenure();
+    let by = Holder::new(me, &tenure);
+    let mut seen = seen.clone();
+    for attempt in 0..2 {
+        let sent = Instant::now();
+        let write = match kind {
+            Kind::Reclaim => shared.store.reclaim(&seen, by).await,
+            Kind::Take => shared.store.take(&seen, by).await,
+            // A steal is a graceful handoff: the victim drains and
+            // checkpoints before this worker starts, so no two workers
+            // process the shard.
+            Kind::Steal => shared.store.start_handoff(&seen, by).await,
+        };
+        match write {
+            Ok(lease) => {
+                acquired(shared, kind, &seen, lease, read_from, sent).await;
+                return;
+            }
+            Err(StoreError::ConditionFailed { current, .. }) => {
+                // A victim that merely renewed since the scan is still the
+                // victim: retry once with its new counter. Any other change
+                // (a new owner, a release) means the scan's reasoning no
+                // longer holds: skip until the next tick.
+                if let (Kind::Steal, 0, Some(cur)) = (kind, attempt, current.as_deref())
+                    && cur.owner == seen.owner
+                    && cur.checkpoint_owner.is_none()
+                {
+                    seen = cur.clone();
+                    continue;
+                }
+                shared.emit(Event::TakeConflict { key: &seen.key });
+                debug!(lease = %seen.key, "lost the race for a lease");
+                return;
+            }
+            Err(e) => {
+                shared.emit(Event::TakeFailed { key: &seen.key });
+                let op = match kind {
+                    Kind::Take => StoreOp::Take,
+                    Kind::Steal => StoreOp::StartHandoff,
+                    Kind::Reclaim => StoreOp::Reclaim,
+                };
+                if !counted_as_throttling(op, &e) {
+                    warn!(lease = %seen.key, error = %e, "taking a lease failed; retrying next tick");
+                }
+                return;
+            }
+        }
+    }
+}
+
+async fn acquired(
+    shared: &Shared,
+    kind: Kind,
+    seen: &Lease,
+    lease: Lease,
+    read_from: Instant,
+    sent: Instant,
+) {
+    let me = shared.me();
+    let how = match kind {
+        Kind::Reclaim => Acquisition::Reclaimed,
+        Kind::Take => Acquisition::Taken,
+        Kind::Steal => Acquisition::Stolen,
+    };
+    shared.emit(Event::Acquired {
+        key: &lease.key,
+        how,
+    });
+    // A steal, or a reclaim of a lease whose handoff from another worker is
+    // still running (our handoff start applied, its answer lost): wait for
+    // that worker's processor to checkpoint rather than start under it.
+    let from = match kind {
+        Kind::Steal => seen.owner.clone(),
+        _ => lease.checkpoint_owner.clone().filter(|f| f != me),
+    };
+    match from {
+        Some(from) => {
+            info!(lease = %lease.key, from = %from, how = how.as_str(), "handoff started");
+            let key = lease.key.clone();
+            let held = shared.awaiting(lease, from, read_from, sent);
+            tell_previous_owner(shared, &key, &held).await;
+        }
+        None => {
+            info!(lease = %lease.key, from = ?seen.owner, how = how.as_str(), "lease acquired");
+            shared.acquired(lease, read_from).await;
+        }
+    }
+}
