@@ -298,101 +298,16 @@ impl LeaseConfigBuilder {
 
     /// Validates the settings.
     pub fn build(self) -> Result<LeaseConfig, ConfigError> {
-        let err = |field, reason: String| Err(ConfigError { field, reason });
-        if self.worker_id.trim().is_empty() {
-            return err("worker_id", "must not be empty".into());
-        }
-        if self.lease_duration < Duration::from_millis(100) {
-            return err(
-                "lease_duration",
-                format!("is {:?}; it must be at least 100ms", self.lease_duration),
-            );
-        }
-        let liveness = self.renewal == LeaseRenewal::WorkerLiveness;
-        let renew_interval = self.renew_interval.unwrap_or(if liveness {
-            self.lease_duration / 2
-        } else {
-            self.lease_duration / 3
-        });
-        let fence_margin = self.fence_margin.unwrap_or(self.lease_duration / 10);
-        if fence_margin >= self.lease_duration {
-            return err(
-                "fence_margin",
-                format!(
-                    "is {fence_margin:?}; it must be below lease_duration ({:?})",
-                    self.lease_duration
-                ),
-            );
-        }
-        let usable = self.lease_duration - fence_margin;
-        // Per lease, the next round is the retry; a liveness beat retries
-        // inside its round until the validity runs out, so one round must
-        // leave room for a retry after a timed-out attempt.
-        let retry_room = if liveness {
-            renew_interval + renew_interval / 2 > usable
-        } else {
-            renew_interval * 2 > usable
-        };
-        if renew_interval.is_zero() || retry_room {
-            return err(
-                "renew_interval",
-                format!(
-                    "is {renew_interval:?}; it must be above zero and leave lease_duration - \
-                     fence_margin ({usable:?}) room for a retry before the lease is fenced: \
-                     at most half of it per lease, two thirds of it for liveness records"
-                ),
-            );
-        }
-        if self.taker_interval.is_zero() {
-            return err("taker_interval", "must be above zero".into());
-        }
-        if !(0.0..1.0).contains(&self.jitter) {
-            return err(
-                "jitter",
-                format!("is {}; it must be in 0.0..1.0", self.jitter),
-            );
-        }
-        let handoff_timeout = self.handoff_timeout.unwrap_or(self.lease_duration);
-        if handoff_timeout < self.lease_duration {
-            return err(
-                "handoff_timeout",
-                format!(
-                    "is {handoff_timeout:?}; it must be at least lease_duration ({:?}) so a \
-                     forced handoff never overlaps the previous owner",
-                    self.lease_duration
-                ),
-            );
-        }
-        let store_timeout = self
-            .store_timeout
-            .unwrap_or((renew_interval / 2).min(Duration::from_secs(5)));
-        if store_timeout.is_zero() || store_timeout >= renew_interval {
-            return err(
-                "store_timeout",
-                format!(
-                    "is {store_timeout:?}; it must be above zero and below renew_interval \
-                     ({renew_interval:?}) so a stuck renewal is retried before the next round"
-                ),
-            );
-        }
-        if self.max_leases_per_worker == 0 {
-            return err("max_leases_per_worker", "must be at least 1".into());
-        }
-        if self.renew_concurrency == 0 {
-            return err("renew_concurrency", "must be at least 1".into());
-        }
-        let load_report_interval = self
-            .load_report_interval
-            .unwrap_or(Duration::from_secs(60).max(renew_interval));
-        if load_report_interval < renew_interval {
-            return err(
-                "load_report_interval",
-                format!(
-                    "is {load_report_interval:?}; it must be at least renew_interval \
-                     ({renew_interval:?})"
-                ),
-            );
-        }
+        self.check_identity()?;
+        let Renewal {
+            renew_interval,
+            fence_margin,
+        } = self.renewal_timing()?;
+        self.check_taker()?;
+        let handoff_timeout = self.resolved_handoff_timeout()?;
+        let store_timeout = self.resolved_store_timeout(renew_interval)?;
+        self.check_limits()?;
+        let load_report_interval = self.resolved_load_report_interval(renew_interval)?;
         Ok(LeaseConfig {
             worker_id: self.worker_id,
             lease_duration: self.lease_duration,
@@ -412,6 +327,154 @@ impl LeaseConfigBuilder {
             load_report_interval,
         })
     }
+
+    /// A worker id, and a lease duration a renewal can keep up with.
+    fn check_identity(&self) -> Result<(), ConfigError> {
+        if self.worker_id.trim().is_empty() {
+            return invalid("worker_id", "must not be empty".into());
+        }
+        if self.lease_duration < Duration::from_millis(100) {
+            return invalid(
+                "lease_duration",
+                format!("is {:?}; it must be at least 100ms", self.lease_duration),
+            );
+        }
+        Ok(())
+    }
+
+    /// The renew interval and fence margin (defaults resolved), checked to
+    /// leave a retry room before a lease is fenced.
+    fn renewal_timing(&self) -> Result<Renewal, ConfigError> {
+        let liveness = self.renewal == LeaseRenewal::WorkerLiveness;
+        let renew_interval = self.renew_interval.unwrap_or(if liveness {
+            self.lease_duration / 2
+        } else {
+            self.lease_duration / 3
+        });
+        let fence_margin = self.fence_margin.unwrap_or(self.lease_duration / 10);
+        if fence_margin >= self.lease_duration {
+            return invalid(
+                "fence_margin",
+                format!(
+                    "is {fence_margin:?}; it must be below lease_duration ({:?})",
+                    self.lease_duration
+                ),
+            );
+        }
+        let usable = self.lease_duration - fence_margin;
+        // Per lease, the next round is the retry; a liveness beat retries
+        // inside its round until the validity runs out, so one round must
+        // leave room for a retry after a timed-out attempt.
+        let retry_room = if liveness {
+            renew_interval + renew_interval / 2 > usable
+        } else {
+            renew_interval * 2 > usable
+        };
+        if renew_interval.is_zero() || retry_room {
+            return invalid(
+                "renew_interval",
+                format!(
+                    "is {renew_interval:?}; it must be above zero and leave lease_duration - \
+                     fence_margin ({usable:?}) room for a retry before the lease is fenced: \
+                     at most half of it per lease, two thirds of it for liveness records"
+                ),
+            );
+        }
+        Ok(Renewal {
+            renew_interval,
+            fence_margin,
+        })
+    }
+
+    /// The taker's tick and its jitter.
+    fn check_taker(&self) -> Result<(), ConfigError> {
+        if self.taker_interval.is_zero() {
+            return invalid("taker_interval", "must be above zero".into());
+        }
+        if !(0.0..1.0).contains(&self.jitter) {
+            return invalid(
+                "jitter",
+                format!("is {}; it must be in 0.0..1.0", self.jitter),
+            );
+        }
+        Ok(())
+    }
+
+    /// The handoff timeout (default resolved), never below a lease duration.
+    fn resolved_handoff_timeout(&self) -> Result<Duration, ConfigError> {
+        let handoff_timeout = self.handoff_timeout.unwrap_or(self.lease_duration);
+        if handoff_timeout < self.lease_duration {
+            return invalid(
+                "handoff_timeout",
+                format!(
+                    "is {handoff_timeout:?}; it must be at least lease_duration ({:?}) so a \
+                     forced handoff never overlaps the previous owner",
+                    self.lease_duration
+                ),
+            );
+        }
+        Ok(handoff_timeout)
+    }
+
+    /// The store call timeout (default resolved), below `renew_interval`.
+    fn resolved_store_timeout(&self, renew_interval: Duration) -> Result<Duration, ConfigError> {
+        let store_timeout = self
+            .store_timeout
+            .unwrap_or((renew_interval / 2).min(Duration::from_secs(5)));
+        if store_timeout.is_zero() || store_timeout >= renew_interval {
+            return invalid(
+                "store_timeout",
+                format!(
+                    "is {store_timeout:?}; it must be above zero and below renew_interval \
+                     ({renew_interval:?}) so a stuck renewal is retried before the next round"
+                ),
+            );
+        }
+        Ok(store_timeout)
+    }
+
+    /// The counts that must be at least 1.
+    fn check_limits(&self) -> Result<(), ConfigError> {
+        if self.max_leases_per_worker == 0 {
+            return invalid("max_leases_per_worker", "must be at least 1".into());
+        }
+        if self.renew_concurrency == 0 {
+            return invalid("renew_concurrency", "must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// The load report interval (default resolved), at least
+    /// `renew_interval`.
+    fn resolved_load_report_interval(
+        &self,
+        renew_interval: Duration,
+    ) -> Result<Duration, ConfigError> {
+        let load_report_interval = self
+            .load_report_interval
+            .unwrap_or(Duration::from_secs(60).max(renew_interval));
+        if load_report_interval < renew_interval {
+            return invalid(
+                "load_report_interval",
+                format!(
+                    "is {load_report_interval:?}; it must be at least renew_interval \
+                     ({renew_interval:?})"
+                ),
+            );
+        }
+        Ok(load_report_interval)
+    }
+}
+
+/// The renewal timing `build()` resolves.
+struct Renewal {
+    renew_interval: Duration,
+    fence_margin: Duration,
+}
+
+/// The error for an impossible `field`.
+fn invalid<T>(field: &'static str, reason: String) -> Result<T, ConfigError> {
+    Err(ConfigError { field, reason })
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@
 //! # Layout
 //!
 //! - [`lease`]: the lease model (owner, counter, checkpoint, lineage) and
-//!   lease-key layouts.
+//!   lease-key layouts; the bottom layer, depending on no other module.
 //! - [`record`]: the user records handed to processors.
 //! - [`store`]: the `LeaseStore` trait, the [`Holder`] (worker id and
 //!   tenure) every holder's write is conditional on, and its typed errors;
@@ -18,9 +18,10 @@
 //!   conformance suite every store must pass.
 //! - [`source`]: the `ShardSource` trait (shards, lineage, readers); with
 //!   `test-util`, an in-memory source with splits, merges and read faults.
-//! - [`shard_sync`]: which shards get a lease, at which position (a pure
-//!   plan over one listing and one scan), and the sync that creates them.
-//! - [`cleanup`]: deleting finished leases after a retention period.
+//! - [`shard_sync`] (`shards/sync`, re-exported here): which shards get a
+//!   lease, at which position (a pure plan over one listing and one scan),
+//!   and the sync that creates them; `shards::cleanup` (private) deletes
+//!   finished leases after a retention period.
 //! - [`leases`]: the lease engine, the part to read first: the taker and
 //!   its pure balancing decision, expiry on the monotonic clock, tenures,
 //!   held-lease state, the handoff judgement, the renewer, and the
@@ -36,8 +37,9 @@
 //!   Initializing -> Processing -> ShuttingDown; the delivery of a batch
 //!   under the failure policy; the parallel lanes of a shard.
 //! - [`worker`]: the `Worker` engine and its configuration.
-//! - [`observe`]: the lease engine's typed events, feeding its counters,
-//!   its metrics and the application's observer through one path.
+//! - [`observe`] (in `leases/`, re-exported here): the lease engine's
+//!   typed events, feeding its counters, its metrics and the application's
+//!   observer through one path.
 //! - [`backoff`]: the one backoff policy of every retry loop.
 //! - [`counters!`]: counter sets and their snapshots, declared once.
 //! - [`warn_limit`]: warnings about recurring conditions (throttling,
@@ -79,28 +81,35 @@
 
 pub mod backoff;
 pub mod checkpointer;
-pub mod cleanup;
 pub mod config;
+mod context;
 mod counters;
 pub mod lease;
 pub mod leases;
 pub mod metric_names;
-pub mod observe;
 pub mod poison;
 pub mod processor;
+mod progress;
 pub mod record;
-pub mod shard_sync;
 pub mod source;
 pub mod store;
+#[cfg(feature = "test-util")]
+pub mod test_util;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
 pub mod warn_limit;
 pub mod worker;
 
 mod consumer;
+mod shards;
+
+// The engine's events live in `leases/` and shard sync in `shards/`; their
+// crate-root paths are the ones every other module and crate uses.
+pub use leases::observe;
+pub use shards::sync as shard_sync;
 
 pub use config::{Balance, ConfigError, LeaseConfig, LeaseRenewal};
 pub use lease::{Checkpoint, HashKeyRange, Lease, LeaseLayout, Throughput};
 pub use leases::{EndReason, LeaseCoordinator, LeaseEvent, LeaseHandle, ShutdownMode};
 pub use record::Record;
-pub use store::{ErrorKind, Holder, LeaseStore, StoreError};
+pub use store::{Holder, LeaseStore, StoreError, StoreErrorKind};

@@ -8,36 +8,7 @@ use crate::lease::Checkpoint;
 use crate::poison::PoisonPolicy;
 use crate::record::Record;
 
-/// An error returned by a processor; what happens next is decided by the
-/// worker's [`FailurePolicy`].
-pub type ProcessorError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Which shard a processor works on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShardContext {
-    /// The stream name.
-    pub stream: String,
-    /// The shard id.
-    pub shard_id: String,
-    /// The lease key in the lease table.
-    pub lease_key: String,
-    /// This worker's id.
-    pub worker_id: String,
-    /// The lane this processor serves when the shard is processed in
-    /// parallel lanes (`parallelism_per_shard` above 1), `None` otherwise.
-    pub lane: Option<Lane>,
-}
-
-/// One of the parallel lanes of a shard: a processor instance that sees
-/// every record of the partition keys hashed to it, in shard order, and no
-/// other.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Lane {
-    /// This lane, `0..count`.
-    pub index: usize,
-    /// How many lanes the shard has.
-    pub count: usize,
-}
+pub use crate::context::{Lane, ProcessorError, ShardContext};
 
 /// What [`RecordProcessor::initialize`] is told.
 #[derive(Debug, Clone, PartialEq, Eq)]

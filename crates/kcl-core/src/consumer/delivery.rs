@@ -11,7 +11,8 @@ use super::{Call, Consumer, Stop, limited, processor_error};
 use crate::checkpointer::Checkpointer;
 use crate::metric_names::PROCESSOR_BATCHES_SKIPPED;
 use crate::poison::{FailedRecord, FailureReason, PoisonPolicy};
-use crate::processor::{FailurePolicy, RecordBatch, RecordProcessor};
+use crate::processor::{FailurePolicy, ProcessorError, RecordBatch, RecordProcessor};
+use crate::record::Record;
 
 mod set_aside;
 use set_aside::set_aside;
@@ -103,31 +104,10 @@ async fn isolate(
         if range.is_empty() {
             continue;
         }
-        c.may_finish()?;
-        let before = checkpointer.delivered_position();
-        checkpointer.delivered(&records[range.end - 1]);
-        let part;
-        let sub = if range.len() == records.len() {
-            batch
-        } else {
-            part = RecordBatch {
-                records: records[range.clone()].to_vec(),
-                millis_behind_latest: batch.millis_behind_latest,
-            };
-            &part
+        let Some(e) = try_range(c, processor, checkpointer, batch, &range, call).await? else {
+            backoff.reset();
+            continue;
         };
-        let called = limited(c, call, processor.process_records(sub, checkpointer)).await;
-        let e = match called.inspect_err(|_| checkpointer.rewind(before.clone()))? {
-            Ok(()) => {
-                c.still_ours_after_checkpoint()?;
-                backoff.reset();
-                continue;
-            }
-            Err(e) => e,
-        };
-        processor_error("process_records", &c.ctx, &*e);
-        checkpointer.rewind(before);
-        c.still_ours()?;
         if policy.bisect && range.len() > 1 {
             // The halves are tried at once, as Lambda does: backing off at
             // each of log2(n) levels would hold a shard for minutes behind
@@ -137,30 +117,12 @@ async fn isolate(
             ranges.push_front(range.start..mid);
             continue;
         }
-        for a in &mut attempts[range.clone()] {
-            *a += 1;
-        }
-        let verdicts: Vec<Option<FailureReason>> = range
-            .clone()
-            .map(|i| policy.verdict(&records[i], attempts[i]))
-            .collect();
-        if let Some(reason) = verdicts.iter().flatten().next().copied() {
-            // Given up on together: they were tried together.
-            let failed: Vec<FailedRecord> = range
-                .clone()
-                .map(|i| {
-                    FailedRecord::new(
-                        c.ctx.clone(),
-                        records[i].clone(),
-                        e.to_string(),
-                        attempts[i],
-                        verdicts[i - range.start].unwrap_or(reason),
-                    )
-                })
-                .collect();
-            set_aside(c, policy, &failed).await?;
-            checkpointer.delivered(&records[range.end - 1]);
-            checkpointer.set_aside(&records[range.clone()]);
+        let tried = Tried {
+            records,
+            range: range.clone(),
+            error: &e,
+        };
+        if give_up(c, checkpointer, policy, &mut attempts, tried).await? {
             backoff.reset();
             continue;
         }
@@ -168,4 +130,93 @@ async fn isolate(
         c.pause(backoff.next_or_max()).await?;
     }
     Ok(())
+}
+
+/// One call of the processor with the records of `range`: `None` once
+/// they are processed, or the processor's error (the delivery taken back,
+/// the lease still ours).
+async fn try_range(
+    c: &Consumer,
+    processor: &mut dyn RecordProcessor,
+    checkpointer: &mut Checkpointer,
+    batch: &RecordBatch,
+    range: &Range<usize>,
+    call: Call,
+) -> Result<Option<ProcessorError>, Stop> {
+    let records = &batch.records;
+    c.may_finish()?;
+    let before = checkpointer.delivered_position();
+    checkpointer.delivered(&records[range.end - 1]);
+    let part;
+    let sub = if range.len() == records.len() {
+        batch
+    } else {
+        part = RecordBatch {
+            records: records[range.clone()].to_vec(),
+            millis_behind_latest: batch.millis_behind_latest,
+        };
+        &part
+    };
+    let called = limited(c, call, processor.process_records(sub, checkpointer)).await;
+    let e = match called.inspect_err(|_| checkpointer.rewind(before.clone()))? {
+        Ok(()) => {
+            c.still_ours_after_checkpoint()?;
+            return Ok(None);
+        }
+        Err(e) => e,
+    };
+    processor_error("process_records", &c.ctx, &*e);
+    checkpointer.rewind(before);
+    c.still_ours()?;
+    Ok(Some(e))
+}
+
+/// A range of a batch the processor just failed on, as a whole.
+struct Tried<'a> {
+    records: &'a [Record],
+    range: Range<usize>,
+    error: &'a ProcessorError,
+}
+
+/// Counts an attempt on each record of the range, and sets the range aside
+/// if any of its records is to be given up on; `true` if it was.
+async fn give_up(
+    c: &Consumer,
+    checkpointer: &mut Checkpointer,
+    policy: &PoisonPolicy,
+    attempts: &mut [u32],
+    tried: Tried<'_>,
+) -> Result<bool, Stop> {
+    let Tried {
+        records,
+        range,
+        error: e,
+    } = tried;
+    for a in &mut attempts[range.clone()] {
+        *a += 1;
+    }
+    let verdicts: Vec<Option<FailureReason>> = range
+        .clone()
+        .map(|i| policy.verdict(&records[i], attempts[i]))
+        .collect();
+    let Some(reason) = verdicts.iter().flatten().next().copied() else {
+        return Ok(false);
+    };
+    // Given up on together: they were tried together.
+    let failed: Vec<FailedRecord> = range
+        .clone()
+        .map(|i| {
+            FailedRecord::new(
+                c.ctx.clone(),
+                records[i].clone(),
+                e.to_string(),
+                attempts[i],
+                verdicts[i - range.start].unwrap_or(reason),
+            )
+        })
+        .collect();
+    set_aside(c, policy, &failed).await?;
+    checkpointer.delivered(&records[range.end - 1]);
+    checkpointer.set_aside(&records[range.clone()]);
+    Ok(true)
 }

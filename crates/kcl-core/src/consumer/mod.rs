@@ -15,31 +15,30 @@ use tracing::{debug, error, info, warn};
 
 use crate::backoff::Backoff;
 use crate::checkpointer::{CheckpointError, CheckpointPolicy, Checkpointer};
-use crate::lease::{Checkpoint, LeaseLayout};
+use crate::lease::{Checkpoint, Lease, LeaseLayout};
 use crate::leases::LeaseHandle;
-use crate::metric_names::{
-    BATCH_PROCESSING_SECONDS, BYTES_PROCESSED, MILLIS_BEHIND_LATEST, PROCESSOR_ERRORS,
-    RECORDS_PER_BATCH, RECORDS_PROCESSED, SHARD_END_NOT_CHECKPOINTED,
-};
+use crate::metric_names::{BATCH_PROCESSING_SECONDS, MILLIS_BEHIND_LATEST, PROCESSOR_ERRORS};
 use crate::processor::{
     FailurePolicy, InitializeInput, ProcessorFactory, RecordBatch, RecordProcessor, ShardContext,
 };
 
 mod call_limit;
 mod delivery;
+mod fetch;
 mod lanes;
 mod read_errors;
+mod shard_end;
+mod slots;
 
-use crate::source::{
-    Batch, ChildShard, InitialPosition, OpenShard, ShardReader, ShardSource, SourceError,
-    StartPosition,
-};
+use crate::progress::{ProgressRegistry, ShardTracker};
+use crate::source::{InitialPosition, ShardSource};
 use crate::store::LeaseStore;
-use crate::worker::{ProgressRegistry, ShardTracker};
 pub(crate) use call_limit::CallLimits;
 use call_limit::{Call, limited};
 use delivery::deliver;
-use read_errors::{ReadFailures, Retry, Stage};
+use fetch::{Fetch, shard_labels};
+use shard_end::finish_shard;
+pub(crate) use slots::ShardSlots;
 
 /// Everything a consumer needs besides its lease; shared by all consumers
 /// of one stream.
@@ -59,7 +58,7 @@ pub(crate) struct ConsumerSetup {
     pub(crate) checkpoint_policy: CheckpointPolicy,
     pub(crate) parent_poll_interval: Duration,
     /// How long a shard may go without a successful read before it is
-    /// given back (see [`ReadFailures`]).
+    /// given back (see [`read_errors::ReadFailures`]).
     pub(crate) max_read_failure_time: Duration,
     /// Where each consumer reports its shard's progress.
     pub(crate) progress: ProgressRegistry,
@@ -90,59 +89,6 @@ impl std::fmt::Debug for ConsumerSetup {
 /// this worker to finish before it starts anyway (a processor that never
 /// returns must not stall the shard forever).
 const PREVIOUS_CONSUMER_GRACE: Duration = Duration::from_secs(30);
-
-/// One consumer per shard at a time in this worker. When the worker takes a
-/// lease again (a fence during a store outage, then a reclaim), the
-/// consumer of its previous tenure may still be inside a processor call.
-/// Its checkpoints can no longer land (they are conditional on its tenure),
-/// but its side effects would overlap the new tenure's: the new consumer
-/// waits for the old one, reads the checkpoint after it, and two processors
-/// of one shard never run in one worker.
-#[derive(Debug, Default)]
-pub(crate) struct ShardSlots {
-    slots: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-}
-
-impl ShardSlots {
-    /// The slot of `key`, held by the returned value until it drops.
-    fn slot(self: &Arc<Self>, key: &str) -> SlotRef {
-        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        SlotRef {
-            slots: Arc::clone(self),
-            key: key.to_owned(),
-            slot: Some(Arc::clone(slots.entry(key.to_owned()).or_default())),
-        }
-    }
-}
-
-/// A consumer's reference to its shard's slot. When the last one goes, so
-/// does the slot: the map stays as small as the set of shards in use, at a
-/// constant cost per consumer (a sweep over every slot at each start made
-/// a cold start of many shards quadratic).
-struct SlotRef {
-    slots: Arc<ShardSlots>,
-    key: String,
-    slot: Option<Arc<tokio::sync::Mutex<()>>>,
-}
-
-impl SlotRef {
-    fn mutex(&self) -> Arc<tokio::sync::Mutex<()>> {
-        self.slot.clone().unwrap_or_default()
-    }
-}
-
-impl Drop for SlotRef {
-    fn drop(&mut self) {
-        let mut slots = self.slots.slots.lock().unwrap_or_else(|e| e.into_inner());
-        drop(self.slot.take());
-        if slots
-            .get(&self.key)
-            .is_some_and(|slot| Arc::strong_count(slot) == 1)
-        {
-            slots.remove(&self.key);
-        }
-    }
-}
 
 /// How a consumer ended; the worker acts on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -247,60 +193,16 @@ pub(crate) async fn run(
     lease: LeaseHandle,
     shutdown: CancellationToken,
 ) -> ConsumerExit {
-    let held = lease.lease();
-    let ctx = ShardContext {
-        stream: setup.stream.clone(),
-        shard_id: held.shard_id.clone(),
-        lease_key: held.key.clone(),
-        worker_id: setup.worker_id.clone(),
-        lane: None,
-    };
-    let c = Consumer {
-        progress: setup
-            .progress
-            .track(&ctx.lease_key, &ctx.stream, &ctx.shard_id),
-        setup,
-        lease,
-        shutdown,
-        lost: CancellationToken::new(),
-        halt: CancellationToken::new(),
-        ctx,
-    };
+    let c = Consumer::new(setup, lease, shutdown);
     // Held until this consumer returns: the next consumer of the shard in
     // this worker starts after it (see ShardSlots).
-    let slot = c.setup.slots.slot(&c.ctx.lease_key);
-    let _slot = tokio::select! {
-        guard = slot.mutex().lock_owned() => Some(guard),
-        _ = tokio::time::sleep(PREVIOUS_CONSUMER_GRACE) => {
-            warn!(grace = ?PREVIOUS_CONSUMER_GRACE, "the previous consumer of this shard has not finished; starting anyway");
-            None
-        }
-        _ = c.lease.ended() => return ConsumerExit::LeaseLost,
-        _ = c.lease.handoff_requested() => return ConsumerExit::HandedOff,
-        _ = c.shutdown.cancelled() => return ConsumerExit::ShutDown,
+    let _slot = match take_slot(&c).await {
+        Ok(held) => held,
+        Err(exit) => return exit,
     };
-    // WaitingOnParents: no processor exists yet, so nothing to tell it.
-    match wait_for_parents(&c).await {
-        Ok(()) => {}
-        Err(Stop::Shutdown) => return ConsumerExit::ShutDown,
-        Err(stop) => return exit_without_processor(stop),
-    }
-    // Initializing: the checkpoint is read fresh, not from the acquisition
-    // snapshot: a previous owner may have checkpointed since.
-    let current = loop {
-        match c.setup.store.get(&c.ctx.lease_key).await {
-            Ok(Some(l)) => break l,
-            Ok(None) => {
-                warn!("lease vanished from the table; stopping");
-                return ConsumerExit::LeaseLost;
-            }
-            Err(e) => {
-                warn!(error = %e, "reading the lease failed; retrying");
-                if let Err(stop) = c.pause(Duration::from_millis(500)).await {
-                    return exit_without_processor(stop);
-                }
-            }
-        }
+    let current = match start(&c).await {
+        Ok(current) => current,
+        Err(exit) => return exit,
     };
     if current.checkpoint == Checkpoint::ShardEnd {
         debug!("shard already finished");
@@ -311,6 +213,96 @@ pub(crate) async fn run(
         forget_lag(&c);
         return exit;
     }
+    run_processor(&c, &current).await
+}
+
+impl Consumer {
+    /// The consumer of `lease`'s shard, registered in the worker's
+    /// progress registry.
+    fn new(setup: Arc<ConsumerSetup>, lease: LeaseHandle, shutdown: CancellationToken) -> Self {
+        let held = lease.lease();
+        let ctx = ShardContext {
+            stream: setup.stream.clone(),
+            shard_id: held.shard_id.clone(),
+            lease_key: held.key.clone(),
+            worker_id: setup.worker_id.clone(),
+            lane: None,
+        };
+        Consumer {
+            progress: setup
+                .progress
+                .track(&ctx.lease_key, &ctx.stream, &ctx.shard_id),
+            setup,
+            lease,
+            shutdown,
+            lost: CancellationToken::new(),
+            halt: CancellationToken::new(),
+            ctx,
+        }
+    }
+}
+
+/// A consumer's hold on its shard's slot (see [`ShardSlots`]). The fields
+/// drop in their order: the lock first, then the reference, so that the
+/// slot leaves the map when no consumer needs it.
+struct HeldSlot {
+    _guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+    _slot: slots::SlotRef,
+}
+
+/// Waits for the previous consumer of the shard in this worker to finish,
+/// for [`PREVIOUS_CONSUMER_GRACE`] at most (a processor that never returns
+/// must not stall the shard), unless the lease ends, is asked for, or the
+/// worker stops first.
+async fn take_slot(c: &Consumer) -> Result<HeldSlot, ConsumerExit> {
+    let slot = c.setup.slots.slot(&c.ctx.lease_key);
+    let guard = tokio::select! {
+        guard = slot.mutex().lock_owned() => Some(guard),
+        _ = tokio::time::sleep(PREVIOUS_CONSUMER_GRACE) => {
+            warn!(grace = ?PREVIOUS_CONSUMER_GRACE, "the previous consumer of this shard has not finished; starting anyway");
+            None
+        }
+        _ = c.lease.ended() => return Err(ConsumerExit::LeaseLost),
+        _ = c.lease.handoff_requested() => return Err(ConsumerExit::HandedOff),
+        _ = c.shutdown.cancelled() => return Err(ConsumerExit::ShutDown),
+    };
+    Ok(HeldSlot {
+        _guard: guard,
+        _slot: slot,
+    })
+}
+
+/// WaitingOnParents, then the lease as Initializing starts from; the exit
+/// if the consumer stops before it has a processor.
+async fn start(c: &Consumer) -> Result<Lease, ConsumerExit> {
+    // WaitingOnParents: no processor exists yet, so nothing to tell it.
+    match wait_for_parents(c).await {
+        Ok(()) => {}
+        Err(Stop::Shutdown) => return Err(ConsumerExit::ShutDown),
+        Err(stop) => return Err(exit_without_processor(stop)),
+    }
+    // Initializing: the checkpoint is read fresh, not from the acquisition
+    // snapshot: a previous owner may have checkpointed since.
+    loop {
+        match c.setup.store.get(&c.ctx.lease_key).await {
+            Ok(Some(l)) => return Ok(l),
+            Ok(None) => {
+                warn!("lease vanished from the table; stopping");
+                return Err(ConsumerExit::LeaseLost);
+            }
+            Err(e) => {
+                warn!(error = %e, "reading the lease failed; retrying");
+                if let Err(stop) = c.pause(Duration::from_millis(500)).await {
+                    return Err(exit_without_processor(stop));
+                }
+            }
+        }
+    }
+}
+
+/// One processor for the whole shard: Initializing from `current`, then
+/// Processing, then ShuttingDown.
+async fn run_processor(c: &Consumer, current: &Lease) -> ConsumerExit {
     let mut processor = c.setup.factory.create(&c.ctx);
     let mut checkpointer = Checkpointer::new(
         Arc::clone(&c.setup.store),
@@ -326,10 +318,10 @@ pub(crate) async fn run(
         checkpoint: current.checkpoint.clone(),
         pending_checkpoint: current.pending_checkpoint.clone(),
     };
-    let outcome = match initialize(&c, processor.as_mut(), &input).await {
+    let outcome = match initialize(c, processor.as_mut(), &input).await {
         Ok(()) => {
             process(
-                &c,
+                c,
                 processor.as_mut(),
                 &mut checkpointer,
                 &current.checkpoint,
@@ -338,26 +330,35 @@ pub(crate) async fn run(
         }
         Err(stop) => Err(stop),
     };
-    forget_lag(&c);
-    // ShuttingDown: exactly one of the three endings reaches the processor.
+    forget_lag(c);
+    shut_down(c, processor.as_mut(), &mut checkpointer, outcome).await
+}
+
+/// ShuttingDown: exactly one of the three endings reaches the processor.
+async fn shut_down(
+    c: &Consumer,
+    processor: &mut dyn RecordProcessor,
+    checkpointer: &mut Checkpointer,
+    outcome: Result<(), Stop>,
+) -> ConsumerExit {
     match outcome {
         Ok(()) => ConsumerExit::ShardEnded,
         Err(Stop::LeaseLost) => {
             info!("lease lost; stopping the processor");
-            lease_lost(&c, processor.as_mut(), None).await;
+            lease_lost(c, processor, None).await;
             ConsumerExit::LeaseLost
         }
         Err(Stop::Shutdown) => {
-            last_checkpoints(&c, processor.as_mut(), &mut checkpointer).await;
+            last_checkpoints(c, processor, checkpointer).await;
             ConsumerExit::ShutDown
         }
         Err(Stop::Handoff) => {
             info!("handing the shard over; the processor may checkpoint");
-            last_checkpoints(&c, processor.as_mut(), &mut checkpointer).await;
+            last_checkpoints(c, processor, checkpointer).await;
             ConsumerExit::HandedOff
         }
         Err(stop @ (Stop::Release | Stop::TimedOut | Stop::Unreadable)) => {
-            lease_lost(&c, processor.as_mut(), None).await;
+            lease_lost(c, processor, None).await;
             exit_without_processor(stop)
         }
     }
@@ -430,7 +431,7 @@ fn exit_without_processor(stop: Stop) -> ConsumerExit {
 /// deliberately never read: shard sync creates parents first (and skips
 /// only closed roots under LATEST and shards trimmed away), and a parent's
 /// consumer creates a merge child only once the other parent's lease
-/// exists (see [`create_children`]). So a parent missing now was finished
+/// exists (see [`shard_end::create_children`]). So a parent missing now was finished
 /// and cleaned up (cleanup needs every child leased), or was never to be
 /// read.
 async fn wait_for_parents(c: &Consumer) -> Result<(), Stop> {
@@ -494,47 +495,6 @@ fn processor_error(
         .increment(1);
 }
 
-/// Opens a reader at `position`, judging each failure as a failed read
-/// (see [`ReadFailures::judge`]): the attempts count with the reads'.
-async fn open_reader(
-    c: &Consumer,
-    position: StartPosition,
-    failures: &mut ReadFailures,
-) -> Result<Box<dyn ShardReader>, Stop> {
-    loop {
-        c.still_ours()?;
-        let request = OpenShard {
-            answers: failures.answers().clone(),
-            ..OpenShard::new(
-                c.setup.stream.clone(),
-                c.ctx.shard_id.clone(),
-                position.clone(),
-                c.lease.clone(),
-            )
-        };
-        // An open left unanswered counts against the read deadline too.
-        let open = c.setup.source.open(request);
-        tokio::pin!(open);
-        let opened = loop {
-            tokio::select! {
-                opened = &mut open => break opened,
-                () = tokio::time::sleep_until(failures.next_check()) => {
-                    // The deadline moves while the service answers.
-                    if failures.expired() {
-                        return Err(failures.unanswered(c, Stage::Open));
-                    }
-                }
-            }
-        };
-        match opened {
-            Ok(reader) => return Ok(reader),
-            Err(e) => {
-                failures.judge(c, Stage::Open, e).await?;
-            }
-        }
-    }
-}
-
 /// Processing: fetch, de-aggregated by the reader, hand to the processor.
 /// `Ok` once SHARD_END is checkpointed.
 async fn process(
@@ -573,122 +533,6 @@ async fn process(
     }
 }
 
-fn shard_labels(c: &Consumer) -> [(&'static str, String); 2] {
-    [
-        ("stream", c.ctx.stream.clone()),
-        ("shard", c.ctx.shard_id.clone()),
-    ]
-}
-
-/// The metrics of one fetched batch with records.
-fn count_batch(labels: &[(&'static str, String); 2], batch: &Batch) {
-    let bytes: usize = batch.records.iter().map(|r| r.data.len()).sum();
-    metrics::counter!(RECORDS_PROCESSED, labels).increment(batch.records.len() as u64);
-    metrics::counter!(BYTES_PROCESSED, labels).increment(bytes as u64);
-    metrics::histogram!(RECORDS_PER_BATCH, labels).record(batch.records.len() as f64);
-    if let Some(ms) = batch.millis_behind_latest {
-        metrics::gauge!(MILLIS_BEHIND_LATEST, labels).set(ms as f64);
-    }
-}
-
-/// The reading side of a consumer: its reader, the position after the
-/// last batch it handed on (where a reopened reader resumes), and the
-/// failures since that batch (see [`ReadFailures`]).
-struct Fetch {
-    reader: Box<dyn ShardReader>,
-    position: StartPosition,
-    /// `stream` and `shard` labels of the shard's metrics.
-    labels: [(&'static str, String); 2],
-    failures: ReadFailures,
-}
-
-impl Fetch {
-    /// Opens the shard after `start`; `None` when there is nothing to read
-    /// (the checkpoint is at the shard's end).
-    async fn open(c: &Consumer, start: &Checkpoint) -> Result<Option<Fetch>, Stop> {
-        let Some(position) = StartPosition::from_checkpoint(start, c.setup.initial) else {
-            return Ok(None);
-        };
-        let mut failures = ReadFailures::new(c);
-        Ok(Some(Fetch {
-            reader: open_reader(c, position.clone(), &mut failures).await?,
-            position,
-            labels: shard_labels(c),
-            failures,
-        }))
-    }
-
-    /// The reader's next answer, or why the consumer stops: no read
-    /// succeeded within the read deadline (see [`ReadFailures`]), the
-    /// answer to this one included. A fetch cut at the deadline is
-    /// dropped, which a reader must take (it is cancel-safe).
-    async fn next_batch(&mut self, c: &Consumer) -> Result<Result<Batch, SourceError>, Stop> {
-        let fetch = self.reader.next_batch();
-        tokio::pin!(fetch);
-        loop {
-            tokio::select! {
-                biased;
-                fetched = &mut fetch => return Ok(fetched),
-                () = tokio::time::sleep_until(self.failures.next_check()) => {
-                    // The deadline moves while the service answers (errors
-                    // a reader retries by itself, for one).
-                    if self.failures.expired() {
-                        return Err(self.failures.unanswered(c, Stage::Read));
-                    }
-                }
-            }
-        }
-    }
-
-    /// The batch to hand on (counted, and the position moved past it),
-    /// `None` to fetch again (after a pause or a reopen from the
-    /// position), or why the consumer stops.
-    async fn judge(
-        &mut self,
-        c: &Consumer,
-        fetched: Result<Batch, SourceError>,
-    ) -> Result<Option<Batch>, Stop> {
-        match fetched {
-            Ok(batch) => {
-                self.failures.reset();
-                // The reader checked the lease when it was asked for this
-                // batch, but the batch can arrive much later (the process
-                // was paused with the batch prefetched, and resumes after a
-                // peer took the lease): nothing reaches the processor unless
-                // the lease is still ours (invariant 1).
-                c.still_ours()?;
-                c.progress
-                    .fetched(batch.records.len(), batch.millis_behind_latest);
-                // What the shard carries, published on its lease for peers
-                // to balance by.
-                let bytes: usize = batch.records.iter().map(|r| r.data.len()).sum();
-                c.lease.record_read(
-                    bytes as u64,
-                    batch.records.len() as u64,
-                    batch.millis_behind_latest,
-                );
-                if let Some(last) = batch.records.last() {
-                    self.position = StartPosition::AfterCheckpoint {
-                        seq: last.sequence_number.clone(),
-                        sub: last.sub_sequence_number,
-                    };
-                    count_batch(&self.labels, &batch);
-                } else if let Some(ms) = batch.millis_behind_latest {
-                    metrics::gauge!(MILLIS_BEHIND_LATEST, &self.labels).set(ms as f64);
-                }
-                Ok(Some(batch))
-            }
-            Err(e) => match self.failures.judge(c, Stage::Read, e).await? {
-                Retry::Fetch => Ok(None),
-                Retry::Reopen => {
-                    self.reader = open_reader(c, self.position.clone(), &mut self.failures).await?;
-                    Ok(None)
-                }
-            },
-        }
-    }
-}
-
 impl Consumer {
     /// After a processor returns: a checkpoint it attempted may have found
     /// the lease gone, in which case the consumer stops at once.
@@ -712,144 +556,5 @@ async fn flush_due(c: &Consumer, checkpointer: &mut Checkpointer) -> Result<(), 
             warn!(shard = %c.ctx.shard_id, error = %e, "writing a held-back checkpoint failed; retrying");
             Ok(())
         }
-    }
-}
-
-/// ShuttingDown at SHARD_END: create the children's leases (so they start
-/// without waiting for a shard sync), then let the processors (one, or one
-/// per lane, every lane drained) checkpoint SHARD_END, retrying until one
-/// does. `shard` is the shard's own checkpointer when the processors have
-/// lane checkpointers.
-async fn finish_shard(
-    c: &Consumer,
-    processors: &mut [(&mut dyn RecordProcessor, &mut Checkpointer)],
-    shard: Option<&tokio::sync::Mutex<Checkpointer>>,
-    children: &[ChildShard],
-) -> Result<(), Stop> {
-    create_children(c, children).await?;
-    let ids: Vec<String> = children.iter().map(|c| c.shard_id.clone()).collect();
-    if let Some(shard) = shard {
-        let mut shard = shard.lock().await;
-        shard.write_every_call();
-        shard.set_shard_ended(ids.clone());
-    }
-    for (_, checkpointer) in processors.iter_mut() {
-        checkpointer.write_every_call();
-        checkpointer.set_shard_ended(ids.clone());
-    }
-    let mut backoff = c.setup.backoff.pauses();
-    loop {
-        // Every processor gets its call in each round, so that a lane's
-        // failure does not keep the others from theirs.
-        let mut failed = false;
-        for (i, (processor, checkpointer)) in processors.iter_mut().enumerate() {
-            // With lanes, each lane is in the slice at its index.
-            let call = Call::new("shard_ended", shard.is_some().then_some(i));
-            match limited(c, call, processor.shard_ended(checkpointer)).await? {
-                Ok(()) => c.still_ours_after_checkpoint()?,
-                Err(e) => {
-                    processor_error("shard_ended", &c.ctx, &*e);
-                    c.still_ours()?;
-                    failed = true;
-                }
-            }
-        }
-        let ended = match shard {
-            Some(shard) => *shard.lock().await.last_checkpoint() == Checkpoint::ShardEnd,
-            None => processors
-                .iter()
-                .any(|(_, cp)| *cp.last_checkpoint() == Checkpoint::ShardEnd),
-        };
-        if ended {
-            info!("shard finished");
-            return Ok(());
-        }
-        if failed && c.setup.policy.releases() {
-            return Err(Stop::Release);
-        }
-        if !failed {
-            error!(
-                "the processor returned from shard_ended without checkpointing; the shard's children cannot start until it does"
-            );
-            metrics::counter!(
-                SHARD_END_NOT_CHECKPOINTED,
-                "stream" => c.ctx.stream.clone(),
-                "shard" => c.ctx.shard_id.clone()
-            )
-            .increment(1);
-        }
-        c.pause(backoff.next_or_max()).await?;
-    }
-}
-
-/// Creates the children's leases, retrying failures until each exists.
-/// SHARD_END is checkpointed only after: a child created later by shard
-/// sync alone would still be correct, but cleanup and the next owner rely
-/// on a finished parent's children being leased.
-async fn create_children(c: &Consumer, children: &[ChildShard]) -> Result<(), Stop> {
-    let mut backoff = c.setup.backoff.pauses();
-    let mut pending: Vec<&ChildShard> = children.iter().collect();
-    loop {
-        let mut left = Vec::new();
-        for child in pending {
-            match create_child(c, child).await {
-                Ok(()) => {}
-                Err(why) => {
-                    warn!(child = %child.shard_id, why, "the child shard's lease is not created yet; retrying");
-                    left.push(child);
-                }
-            }
-        }
-        if left.is_empty() {
-            return Ok(());
-        }
-        c.setup.sync_now.notify_one();
-        c.pause(backoff.next_or_max()).await?;
-        pending = left;
-    }
-}
-
-/// Creates one child's lease unless it exists. A merge child waits until
-/// its other parent has a lease: created from this parent alone, it would
-/// be read before the other parent, and the next shard sync would take
-/// that parent (closed, no lease, a child leased) for finished and never
-/// read it. Shard sync, which knows the other parent's lineage, creates
-/// its lease (and then the child's), or the child's alone when the other
-/// parent is never to be read.
-async fn create_child(c: &Consumer, child: &ChildShard) -> Result<(), String> {
-    let key = c.setup.layout.key(&child.shard_id);
-    match c.setup.store.get(&key).await {
-        Ok(Some(_)) => return Ok(()),
-        Ok(None) => {}
-        Err(e) => return Err(format!("reading its lease failed: {e}")),
-    }
-    for other in child
-        .parent_shard_ids
-        .iter()
-        .filter(|p| **p != c.ctx.shard_id)
-    {
-        match c.setup.store.get(&c.setup.layout.key(other)).await {
-            Ok(Some(_)) => {}
-            Ok(None) => {
-                return Err(format!(
-                    "its other parent {other} has no lease yet (shard sync creates it first)"
-                ));
-            }
-            Err(e) => return Err(format!("reading its other parent {other} failed: {e}")),
-        }
-    }
-    let mut lease = c
-        .setup
-        .layout
-        .new_lease(&child.shard_id, Checkpoint::TrimHorizon);
-    lease.parent_shard_ids = child.parent_shard_ids.iter().cloned().collect();
-    lease.hash_key_range = Some(child.hash_key_range.clone());
-    match c.setup.store.create_if_absent(&lease).await {
-        Ok(_) => {
-            info!(child = %child.shard_id, "created the child shard's lease");
-            Ok(())
-        }
-        Err(e) if e.is_condition_failed() => Ok(()),
-        Err(e) => Err(format!("creating it failed: {e}")),
     }
 }

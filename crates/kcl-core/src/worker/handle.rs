@@ -9,8 +9,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::shutdown::Stopped;
-use super::{ProgressRegistry, ShardProgress, ShutdownReport};
-use crate::leases::{CoordinatorStats, StatsSnapshot};
+use super::{ShardProgress, ShutdownReport};
+use crate::leases::{CoordinatorSnapshot, CoordinatorStats};
+use crate::progress::ProgressRegistry;
 
 /// What a running worker is doing, for probes and tests.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -24,7 +25,7 @@ pub struct WorkerStatus {
     /// Lease keys with a running consumer.
     pub consuming: Vec<String>,
     /// The lease coordinator's counters.
-    pub leases: StatsSnapshot,
+    pub leases: CoordinatorSnapshot,
     /// Shards whose records were all processed by this worker.
     pub shards_finished: u64,
 }

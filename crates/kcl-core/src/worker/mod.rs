@@ -4,22 +4,18 @@
 //! Store- and source-agnostic: the `kcl` crate wires it to DynamoDB and
 //! Kinesis; tests wire it to the in-memory store and source.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use futures::TryStreamExt;
-use rand::Rng;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::backoff::Backoff;
-use crate::cleanup::LeaseCleanup;
 use crate::consumer::{self, ConsumerExit, ConsumerSetup};
 use crate::lease::{Lease, LeaseLayout};
 use crate::leases::{
@@ -35,19 +31,21 @@ use crate::store::{LeaseStore, StoreError};
 
 mod config;
 mod handle;
-mod progress;
+mod running;
 mod shutdown;
 mod streams;
+mod sync_loop;
+pub use crate::progress::{CheckpointMark, Delivery, ProcessorCall, ShardProgress};
 pub use config::{
     DEFAULT_MAX_READ_FAILURE_TIME, MAX_PARALLELISM_PER_SHARD, WorkerConfig, WorkerConfigBuilder,
     check_stream_names,
 };
 pub use handle::{WorkerHandle, WorkerStatus};
-pub use progress::{CheckpointMark, Delivery, ProcessorCall, ShardProgress};
-pub(crate) use progress::{ProgressRegistry, ShardTracker};
+use running::Running;
 pub use shutdown::ShutdownReport;
-use streams::{LiveStreams, delete_removed_leases, read, update_streams};
+use streams::{LiveStreams, read};
 pub use streams::{RemovedStreamPolicy, StreamSpec, StreamTracker};
+use sync_loop::SyncLoop;
 
 /// Why a worker could not run.
 #[derive(Debug, thiserror::Error)]
@@ -229,47 +227,20 @@ impl Worker {
             Arc::clone(&self.store),
             config.lease.store_timeout(),
         ));
-        // Startup checks: every stream exists, and the first sync creates the
-        // leases before the taker's first tick looks for them. What retrying
-        // can fix (throttling, 5xx, a lost connection) is retried with capped
-        // backoff while the status says why; the rest ends the run.
-        for spec in &config.streams {
-            let what = format!("the first shard sync of stream {:?}", spec.name);
-            let synced = retry_startup(&self.handle, &what, SyncError::is_retryable, || {
-                self.sync(&bounded, spec)
-            })
-            .await
-            .map_err(|e| sync_failed(e, spec))?;
-            if synced.is_none() {
-                info!("shut down during startup");
-                return Ok(ShutdownReport {
-                    graceful: true,
-                    ..ShutdownReport::default()
-                });
-            }
+        if !self.first_syncs(&bounded).await? {
+            info!("shut down during startup");
+            return Ok(ShutdownReport {
+                graceful: true,
+                ..ShutdownReport::default()
+            });
         }
         // The stream list can change at runtime (a tracker); the taker, the
         // sync loop and consumer setup all read the live list.
         let live: LiveStreams = Arc::new(RwLock::new(config.streams.clone()));
-        let filter_streams = Arc::clone(&live);
-        let filter: LeaseFilter =
-            Arc::new(move |l: &Lease| read(&filter_streams).iter().any(|s| s.layout.owns(l)));
-        let (coordinator, mut events) = LeaseCoordinator::start_filtered(
-            Arc::clone(&self.store),
-            config.lease.clone(),
-            Some(filter),
-            self.observer.clone(),
-        );
-        *self.handle.leases.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some(coordinator.stats_source());
-        self.handle.update(|s| {
-            s.ready = true;
-            s.starting = None;
-        });
-        info!(streams = ?config.streams.iter().map(|s| &s.name).collect::<Vec<_>>(), "worker started");
+        let (coordinator, events) = self.start_coordinator(&live);
 
         let sync_stop = CancellationToken::new();
-        let (removed_tx, mut removed_rx) = mpsc::channel::<StreamSpec>(64);
+        let (removed_tx, removed) = mpsc::channel::<StreamSpec>(64);
         // Aborted if this future is dropped, like every task the worker owns.
         let sync_now = Arc::new(tokio::sync::Notify::new());
         let sync_task = AbortOnDropHandle::new(tokio::spawn(
@@ -284,59 +255,137 @@ impl Worker {
             .in_current_span(),
         ));
 
-        let mut setups: HashMap<LeaseLayout, Arc<ConsumerSetup>> = HashMap::new();
-        let mut consumers: JoinSet<(String, ConsumerExit)> = JoinSet::new();
-        let mut running = Running::new(&self.handle);
-        let shutdown = self.handle.shutdown.clone();
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => break,
-                event = events.recv() => match event {
-                    Some(LeaseEvent::Acquired(lease)) => {
-                        let held = lease.lease();
-                        let Some(spec) = read(&live).iter().find(|s| s.layout.owns(&held)).cloned() else {
-                            // Its stream was removed since the take: give it back.
-                            release(&coordinator, &lease).await;
-                            continue;
-                        };
-                        let setup = setups
-                            .entry(spec.layout.clone())
-                            .or_insert_with(|| self.consumer_setup(&spec, &bounded, &sync_now));
-                        let key = lease.key().to_owned();
-                        let stop = CancellationToken::new();
-                        let span = info_span!("shard", stream = %setup.stream, shard = %held.shard_id);
-                        let setup = Arc::clone(setup);
-                        let (task_key, task_stop, tenure) = (key.clone(), stop.clone(), lease.clone());
-                        let task = consumers.spawn(
-                            async move { (task_key, consumer::run(setup, lease, task_stop).await) }
-                                .instrument(span),
-                        );
-                        running.insert(task.id(), tenure, spec.layout, stop);
-                        self.publish(&coordinator);
-                    }
-                    Some(_) => self.publish(&coordinator),
-                    None => break,
-                },
-                Some(done) = consumers.join_next_with_id() => {
-                    self.consumer_done(&coordinator, &mut running, done).await;
-                }
-                Some(spec) = removed_rx.recv() => {
-                    // Processors of a removed stream checkpoint and stop; their
-                    // leases are released when they are done.
-                    let stopped = running.retire(&spec.layout);
-                    info!(stream = %spec.name, consumers = stopped, "stream removed; stopping its consumers");
-                }
-            }
-        }
+        let mut session = Session {
+            coordinator,
+            events,
+            removed,
+            live,
+            bounded,
+            sync_now,
+            setups: HashMap::new(),
+            consumers: JoinSet::new(),
+            running: Running::new(&self.handle),
+        };
+        self.serve(&mut session).await;
 
         // Graceful shutdown: no new leases, then every processor gets its
         // chance to checkpoint while the leases are still renewed, then the
         // leases are released so peers take them on their next tick.
         info!("shutting down: stopping the lease taker and the processors");
-        coordinator.stop_taking();
+        session.coordinator.stop_taking();
         sync_stop.cancel();
-        running.stop_all();
-        let deadline = tokio::time::sleep(config.shutdown_timeout);
+        session.running.stop_all();
+        let mut report = self.drain(&mut session).await;
+        let _ = sync_task.await;
+        self.release_all(session, &mut report).await;
+        Ok(report)
+    }
+
+    /// Startup checks: every stream exists, and the first sync creates the
+    /// leases before the taker's first tick looks for them. What retrying
+    /// can fix (throttling, 5xx, a lost connection) is retried with capped
+    /// backoff while the status says why; the rest ends the run. `false`
+    /// if the worker was shut down meanwhile.
+    async fn first_syncs(&self, bounded: &Arc<dyn LeaseStore>) -> Result<bool, WorkerError> {
+        for spec in &self.config.streams {
+            let what = format!("the first shard sync of stream {:?}", spec.name);
+            let synced = retry_startup(&self.handle, &what, SyncError::is_retryable, || {
+                self.sync(bounded, spec)
+            })
+            .await
+            .map_err(|e| sync_failed(e, spec))?;
+            if synced.is_none() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Starts the lease coordinator on the leases of the live streams, and
+    /// marks the worker ready.
+    fn start_coordinator(
+        &self,
+        live: &LiveStreams,
+    ) -> (LeaseCoordinator, mpsc::Receiver<LeaseEvent>) {
+        let config = &self.config;
+        let filter_streams = Arc::clone(live);
+        let filter: LeaseFilter =
+            Arc::new(move |l: &Lease| read(&filter_streams).iter().any(|s| s.layout.owns(l)));
+        let (coordinator, events) = LeaseCoordinator::start_filtered(
+            Arc::clone(&self.store),
+            config.lease.clone(),
+            Some(filter),
+            self.observer.clone(),
+        );
+        *self.handle.leases.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(coordinator.stats_source());
+        self.handle.update(|s| {
+            s.ready = true;
+            s.starting = None;
+        });
+        info!(streams = ?config.streams.iter().map(|s| &s.name).collect::<Vec<_>>(), "worker started");
+        (coordinator, events)
+    }
+
+    /// Runs consumers for the leases the coordinator acquires, until
+    /// shutdown is asked for (or the coordinator's events end).
+    async fn serve(&self, s: &mut Session) {
+        let shutdown = self.handle.shutdown.clone();
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                event = s.events.recv() => match event {
+                    Some(LeaseEvent::Acquired(lease)) => self.start_consumer(s, lease).await,
+                    Some(_) => self.publish(&s.coordinator),
+                    None => break,
+                },
+                Some(done) = s.consumers.join_next_with_id() => {
+                    self.consumer_done(&s.coordinator, &mut s.running, done).await;
+                }
+                Some(spec) = s.removed.recv() => {
+                    // Processors of a removed stream checkpoint and stop; their
+                    // leases are released when they are done.
+                    let stopped = s.running.retire(&spec.layout);
+                    info!(stream = %spec.name, consumers = stopped, "stream removed; stopping its consumers");
+                }
+            }
+        }
+    }
+
+    /// Spawns the consumer of an acquired lease, or gives the lease back if
+    /// its stream was removed since the take.
+    async fn start_consumer(&self, s: &mut Session, lease: LeaseHandle) {
+        let held = lease.lease();
+        let Some(spec) = read(&s.live)
+            .iter()
+            .find(|sp| sp.layout.owns(&held))
+            .cloned()
+        else {
+            // Its stream was removed since the take: give it back.
+            release(&s.coordinator, &lease).await;
+            return;
+        };
+        let setup = s
+            .setups
+            .entry(spec.layout.clone())
+            .or_insert_with(|| self.consumer_setup(&spec, &s.bounded, &s.sync_now));
+        let key = lease.key().to_owned();
+        let stop = CancellationToken::new();
+        let span = info_span!("shard", stream = %setup.stream, shard = %held.shard_id);
+        let setup = Arc::clone(setup);
+        let (task_key, task_stop, tenure) = (key.clone(), stop.clone(), lease.clone());
+        let task = s.consumers.spawn(
+            async move { (task_key, consumer::run(setup, lease, task_stop).await) }
+                .instrument(span),
+        );
+        s.running.insert(task.id(), tenure, spec.layout, stop);
+        self.publish(&s.coordinator);
+    }
+
+    /// Waits for the stopped consumers until the shutdown timeout, then
+    /// cuts off the rest; the report of the shutdown so far.
+    async fn drain(&self, s: &mut Session) -> ShutdownReport {
+        let deadline = tokio::time::sleep(self.config.shutdown_timeout);
         tokio::pin!(deadline);
         let mut report = ShutdownReport {
             graceful: true,
@@ -344,24 +393,35 @@ impl Worker {
         };
         loop {
             tokio::select! {
-                done = consumers.join_next_with_id() => match done {
+                done = s.consumers.join_next_with_id() => match done {
                     Some(done) => {
                         report.drained += 1;
-                        self.consumer_done(&coordinator, &mut running, done).await;
+                        self.consumer_done(&s.coordinator, &mut s.running, done).await;
                     }
                     None => break,
                 },
                 _ = &mut deadline => {
-                    report.cut_off = consumers.len();
-                    warn!(remaining = consumers.len(), "processors did not finish within the shutdown timeout; stopping them");
-                    consumers.shutdown().await;
+                    report.cut_off = s.consumers.len();
+                    warn!(remaining = s.consumers.len(), "processors did not finish within the shutdown timeout; stopping them");
+                    s.consumers.shutdown().await;
                     break;
                 }
                 // Keep the event channel flowing so no coordinator task waits on it.
-                Some(_) = events.recv() => {}
+                Some(_) = s.events.recv() => {}
             }
         }
-        let _ = sync_task.await;
+        report
+    }
+
+    /// Releases every lease (or hands it off), and marks the worker
+    /// stopped.
+    async fn release_all(&self, s: Session, report: &mut ShutdownReport) {
+        // The event channel stays open until the coordinator is shut down.
+        let Session {
+            coordinator,
+            events: _events,
+            ..
+        } = s;
         let released = coordinator.shutdown(ShutdownMode::Release).await;
         report.released = released.released;
         report.handed_off = released.handed_off;
@@ -373,7 +433,6 @@ impl Worker {
             .unwrap_or_else(|e| e.into_inner())
             .clear();
         info!(?report, "worker stopped");
-        Ok(report)
     }
 
     async fn consumer_done(
@@ -491,181 +550,41 @@ impl Worker {
         removed_tx: mpsc::Sender<StreamSpec>,
         now: Arc<tokio::sync::Notify>,
     ) -> impl Future<Output = ()> + Send + 'static {
-        let source = Arc::clone(&self.source);
-        let tracker = self.tracker.clone();
-        let interval = self.config.shard_sync_interval;
-        let initial = self.config.initial_position;
-        let retention = self.config.completed_lease_retention;
-        let policy = self.config.removed_stream_policy;
-        async move {
-            let mut cleanups: HashMap<LeaseLayout, LeaseCleanup> = HashMap::new();
-            let mut removed_at: HashMap<LeaseLayout, (String, Instant)> = HashMap::new();
-            loop {
-                let jittered = interval.mul_f64(rand::rng().random_range(0.75..=1.25));
-                let mut asked = tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(jittered) => false,
-                    // A consumer needs a lease only the sync creates.
-                    _ = now.notified() => true,
-                };
-                if let Some(tracker) = &tracker {
-                    match tracker.streams().await {
-                        Ok(wanted) => {
-                            let (removed, added) = update_streams(&live, wanted);
-                            // A stream new to this worker needs its leases
-                            // now, whoever leads the fleet's rounds.
-                            asked |= added;
-                            for spec in removed {
-                                removed_at.insert(
-                                    spec.layout.clone(),
-                                    (spec.name.clone(), Instant::now()),
-                                );
-                                let _ = removed_tx.send(spec).await;
-                            }
-                            for spec in read(&live).iter() {
-                                removed_at.remove(&spec.layout);
-                            }
-                        }
-                        Err(e) => {
-                            warn!(error = %e, "the stream tracker failed; keeping the current streams")
-                        }
-                    }
-                }
-                // One round per fleet: the periodic sync and cleanup run on
-                // the leader only; a sync a consumer asked for (its shard
-                // ended, its children need leases) runs here at once.
-                let leader = signals.is_sync_leader();
-                if !leader && !asked {
-                    continue;
-                }
-                // One scan serves every stream of this worker.
-                let leases: Vec<Lease> = match store.scan().try_collect::<Vec<_>>().await {
-                    Ok(pages) => pages.into_iter().flatten().collect(),
-                    Err(e) => {
-                        warn!(error = %e, "shard sync could not read the lease table; retrying next interval");
-                        continue;
-                    }
-                };
-                if leader {
-                    signals.saw_table(&leases);
-                }
-                let streams = read(&live).clone();
-                let mut created = 0;
-                for spec in &streams {
-                    let synced = shard_sync::sync_shards_from(
-                        source.as_ref(),
-                        store.as_ref(),
-                        &spec.name,
-                        &spec.layout,
-                        initial,
-                        &leases,
-                    )
-                    .await;
-                    match synced {
-                        Ok(report) => {
-                            created += report.created;
-                            if !leader {
-                                continue;
-                            }
-                            let cleanup = cleanups
-                                .entry(spec.layout.clone())
-                                .or_insert_with(|| LeaseCleanup::new(retention));
-                            cleanup
-                                .run(store.as_ref(), &spec.layout, &report.shards, &report.leases)
-                                .await;
-                        }
-                        Err(e) => {
-                            warn!(stream = %spec.name, error = %e, "shard sync failed; retrying next interval")
-                        }
-                    }
-                }
-                if created > 0 {
-                    signals.leases_created();
-                }
-                if !leader {
-                    continue;
-                }
-                if let RemovedStreamPolicy::DeleteAfter(delay) = policy {
-                    delete_removed_leases(store.as_ref(), &mut removed_at, delay).await;
-                }
-            }
+        SyncLoop {
+            source: Arc::clone(&self.source),
+            tracker: self.tracker.clone(),
+            interval: self.config.shard_sync_interval,
+            initial: self.config.initial_position,
+            retention: self.config.completed_lease_retention,
+            policy: self.config.removed_stream_policy,
+            signals,
+            store,
+            stop,
+            live,
+            removed_tx,
+            now,
+            cleanups: HashMap::new(),
+            removed_at: HashMap::new(),
         }
+        .run()
     }
 }
 
-/// The running consumers: task id to lease key, stream, and stop token.
-#[derive(Debug)]
-struct Running {
-    by_task: HashMap<tokio::task::Id, RunningConsumer>,
-    /// The handle's consumer counts per lease key.
-    keys: Arc<Mutex<BTreeMap<String, usize>>>,
-}
-
-#[derive(Debug)]
-struct RunningConsumer {
-    lease: LeaseHandle,
-    layout: LeaseLayout,
-    stop: CancellationToken,
-    /// Stopped because its stream was removed: release the lease after.
-    retired: bool,
-}
-
-impl Running {
-    fn new(handle: &WorkerHandle) -> Self {
-        Running {
-            by_task: HashMap::new(),
-            keys: Arc::clone(&handle.consuming),
-        }
-    }
-    fn insert(
-        &mut self,
-        id: tokio::task::Id,
-        lease: LeaseHandle,
-        layout: LeaseLayout,
-        stop: CancellationToken,
-    ) {
-        *self
-            .keys
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(lease.key().to_owned())
-            .or_default() += 1;
-        self.by_task.insert(
-            id,
-            RunningConsumer {
-                lease,
-                layout,
-                stop,
-                retired: false,
-            },
-        );
-    }
-    fn remove(&mut self, id: tokio::task::Id) -> Option<RunningConsumer> {
-        let removed = self.by_task.remove(&id)?;
-        let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = keys.get_mut(removed.lease.key()) {
-            *n -= 1;
-            if *n == 0 {
-                keys.remove(removed.lease.key());
-            }
-        }
-        Some(removed)
-    }
-    fn stop_all(&self) {
-        for c in self.by_task.values() {
-            c.stop.cancel();
-        }
-    }
-    /// Stops the consumers of one stream; returns how many.
-    fn retire(&mut self, layout: &LeaseLayout) -> usize {
-        let mut n = 0;
-        for c in self.by_task.values_mut().filter(|c| &c.layout == layout) {
-            c.retired = true;
-            c.stop.cancel();
-            n += 1;
-        }
-        n
-    }
+/// What a started worker runs with: the coordinator and its events, the
+/// streams, and the consumers with what they share.
+struct Session {
+    coordinator: LeaseCoordinator,
+    events: mpsc::Receiver<LeaseEvent>,
+    /// Streams the tracker removed, whose consumers stop.
+    removed: mpsc::Receiver<StreamSpec>,
+    live: LiveStreams,
+    /// The store with every call bounded.
+    bounded: Arc<dyn LeaseStore>,
+    sync_now: Arc<tokio::sync::Notify>,
+    /// One setup per stream, shared by its consumers.
+    setups: HashMap<LeaseLayout, Arc<ConsumerSetup>>,
+    consumers: JoinSet<(String, ConsumerExit)>,
+    running: Running,
 }
 
 /// The worker's error for a failed startup sync of `spec`.

@@ -1,0 +1,352 @@
+//! The checkpointer's tests: validation, pacing, lanes' watermark,
+//! commits.
+
+use super::*;
+use crate::lease::Lease;
+use crate::store::Holder;
+use crate::store::memory::InMemoryLeaseStore;
+
+async fn setup() -> (InMemoryLeaseStore, Checkpointer) {
+    let store = InMemoryLeaseStore::new();
+    let lease = store
+        .create_if_absent(&Lease::new("s", Checkpoint::TrimHorizon))
+        .await
+        .unwrap();
+    let lease = store
+        .take(&lease, crate::store::Holder::new("me", "t1"))
+        .await
+        .unwrap();
+    let handle = LeaseHandle::detached(lease, Duration::from_secs(60));
+    let cp = Checkpointer::for_test(Arc::new(store.clone()), handle);
+    (store, cp)
+}
+
+#[tokio::test]
+async fn checkpoint_means_the_last_delivered_record() {
+    let (store, mut cp) = setup().await;
+    cp.checkpoint().await.unwrap();
+    assert_eq!(
+        store.get("s").await.unwrap().unwrap().checkpoint,
+        Checkpoint::TrimHorizon,
+        "nothing delivered"
+    );
+    cp.delivered_for_test("100", 3);
+    cp.checkpoint().await.unwrap();
+    assert_eq!(
+        store.get("s").await.unwrap().unwrap().checkpoint,
+        Checkpoint::at("100", 3)
+    );
+    cp.set_shard_ended(vec![]);
+    cp.checkpoint().await.unwrap();
+    assert_eq!(
+        store.get("s").await.unwrap().unwrap().checkpoint,
+        Checkpoint::ShardEnd
+    );
+}
+
+/// Under a policy, a call inside the period is held back and the
+/// latest one written once it is up; a flush that fails keeps the
+/// position for the next; the tenure's end writes it.
+#[tokio::test(start_paused = true)]
+async fn a_policy_holds_positions_back_and_a_failed_flush_keeps_them() {
+    use crate::store::StoreOp;
+    use crate::store::memory::Fault;
+    let (store, cp) = setup().await;
+    let mut cp = cp.with_policy(CheckpointPolicy::every(Duration::from_secs(5)));
+    let at = |store: &InMemoryLeaseStore| {
+        let store = store.clone();
+        async move { store.get("s").await.unwrap().unwrap().checkpoint }
+    };
+    cp.delivered_for_test("100", 0);
+    cp.checkpoint().await.unwrap();
+    assert_eq!(
+        at(&store).await,
+        Checkpoint::at("100", 0),
+        "the first goes at once"
+    );
+    cp.delivered_for_test("200", 0);
+    cp.checkpoint().await.unwrap();
+    cp.delivered_for_test("300", 0);
+    cp.checkpoint().await.unwrap();
+    assert_eq!(at(&store).await, Checkpoint::at("100", 0), "held back");
+    cp.flush_due().await.unwrap();
+    assert_eq!(at(&store).await, Checkpoint::at("100", 0), "not due yet");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for _ in 0..6 {
+        store.inject(
+            StoreOp::Checkpoint,
+            Fault::Error(crate::store::StoreErrorKind::Retryable),
+        );
+    }
+    assert!(cp.flush_due().await.is_err());
+    assert_eq!(at(&store).await, Checkpoint::at("100", 0));
+    cp.flush_due().await.unwrap();
+    assert_eq!(
+        at(&store).await,
+        Checkpoint::at("300", 0),
+        "kept and written"
+    );
+    cp.delivered_for_test("400", 0);
+    cp.checkpoint().await.unwrap();
+    cp.write_every_call();
+    cp.delivered_for_test("500", 0);
+    cp.checkpoint().await.unwrap();
+    assert_eq!(
+        at(&store).await,
+        Checkpoint::at("500", 0),
+        "the tenure's end writes"
+    );
+}
+
+#[tokio::test]
+async fn checkpoint_at_is_validated() {
+    let (_, mut cp) = setup().await;
+    assert!(
+        matches!(
+            cp.checkpoint_at("5", 0).await,
+            Err(CheckpointError::OutOfRange { .. })
+        ),
+        "nothing delivered yet"
+    );
+    cp.delivered_for_test("100", 0);
+    cp.checkpoint_at("50", 0).await.unwrap();
+    for (seq, sub) in [
+        ("101", 0),
+        ("100", 1),
+        ("49", 0),
+        ("abc", 0),
+        ("SHARD_END", 0),
+    ] {
+        let e = cp.checkpoint_at(seq, sub).await.unwrap_err();
+        assert!(
+            matches!(e, CheckpointError::OutOfRange { .. }),
+            "{seq}/{sub}: {e}"
+        );
+        assert!(
+            e.to_string().contains("50/0"),
+            "names the last checkpoint: {e}"
+        );
+    }
+    cp.checkpoint_at("50", 0).await.unwrap();
+    cp.checkpoint_at("100", 0).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_moved_lease_is_lease_lost_and_stops_the_consumer() {
+    let (store, mut cp) = setup().await;
+    let current = store.get("s").await.unwrap().unwrap();
+    store
+        .take(&current, crate::store::Holder::new("thief", "t2"))
+        .await
+        .unwrap();
+    cp.delivered_for_test("7", 0);
+    let e = cp.checkpoint().await.unwrap_err();
+    assert!(matches!(e, CheckpointError::LeaseLost { .. }), "{e}");
+    assert!(cp.lost.is_cancelled());
+    assert_eq!(
+        store.get("s").await.unwrap().unwrap().checkpoint,
+        Checkpoint::TrimHorizon
+    );
+}
+
+#[tokio::test]
+async fn a_write_of_an_earlier_tenure_of_this_worker_is_rejected() {
+    let (store, mut cp) = setup().await;
+    // The same worker id took the lease again in a new tenure (a
+    // restart, or another process under the same id).
+    let current = store.get("s").await.unwrap().unwrap();
+    store
+        .reclaim(&current, crate::store::Holder::new("me", "t-later"))
+        .await
+        .unwrap();
+    cp.delivered_for_test("7", 0);
+    let e = cp.checkpoint().await.unwrap_err();
+    assert!(matches!(e, CheckpointError::LeaseLost { .. }), "{e}");
+    assert_eq!(
+        store.get("s").await.unwrap().unwrap().checkpoint,
+        Checkpoint::TrimHorizon
+    );
+}
+
+#[tokio::test]
+async fn a_late_attempt_of_an_earlier_checkpoint_never_lands_after_a_newer_one() {
+    let (store, mut cp) = setup().await;
+    let lease = cp.lease.clone();
+    let holder = lease.holder();
+    // What a given-up first attempt to checkpoint 5 looks like when it
+    // lands after the checkpointer moved on to 9.
+    let late = CheckpointUpdate::to(Checkpoint::at("5", 0)).replacing(Checkpoint::TrimHorizon);
+    cp.delivered_for_test("5", 0);
+    cp.checkpoint().await.unwrap();
+    cp.delivered_for_test("9", 0);
+    cp.checkpoint().await.unwrap();
+    let e = store.checkpoint("s", holder, &late).await.unwrap_err();
+    assert!(e.is_condition_failed(), "{e}");
+    assert_eq!(
+        store.get("s").await.unwrap().unwrap().checkpoint,
+        Checkpoint::at("9", 0)
+    );
+    // A replay of the latest write reconciles as applied.
+    let replay = CheckpointUpdate::to(Checkpoint::at("9", 0)).replacing(Checkpoint::at("5", 0));
+    store.checkpoint("s", holder, &replay).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_caller_written_checkpoint_moves_on_only_when_its_write_succeeded() {
+    let (_, mut cp) = setup().await;
+    cp.delivered_for_test("9", 2);
+    let out_of_range = cp
+        .commit_with("10", 0, |_| async { Ok::<(), CommitFailure<()>>(()) })
+        .await;
+    assert!(matches!(
+        out_of_range,
+        Err(CheckpointError::OutOfRange { .. })
+    ));
+    let failed = cp
+        .commit_with("9", 1, |p| async move {
+            assert_eq!(p.update.checkpoint, Checkpoint::at("9", 1));
+            assert_eq!(p.update.replacing, Some(Checkpoint::TrimHorizon));
+            assert_eq!(p.holder(), Holder::new("me", "t1"));
+            Err(CommitFailure::Other("sink said no"))
+        })
+        .await
+        .unwrap();
+    assert_eq!(failed, Err("sink said no"));
+    assert_eq!(cp.last_checkpoint(), &Checkpoint::TrimHorizon);
+    cp.commit_with("9", 1, |_| async { Ok::<(), CommitFailure<()>>(()) })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(cp.last_checkpoint(), &Checkpoint::at("9", 1));
+    // Not at the same position again: its condition would still pass
+    // after the first commit landed.
+    let again = cp
+        .commit_with("9", 1, |_| async { Ok::<(), CommitFailure<()>>(()) })
+        .await;
+    assert!(matches!(again, Err(CheckpointError::OutOfRange { .. })));
+    let lost = cp
+        .commit_with("9", 2, |_| async {
+            Err::<(), _>(CommitFailure::<()>::LeaseLost)
+        })
+        .await;
+    assert!(matches!(lost, Err(CheckpointError::LeaseLost { .. })));
+    assert!(cp.lost.is_cancelled(), "the consumer stops");
+}
+
+#[tokio::test]
+async fn a_commit_found_moved_by_this_tenure_is_not_applied_and_the_checkpointer_catches_up() {
+    let (_, mut cp) = setup().await;
+    cp.delivered_for_test("9", 5);
+    let moved = |to: Checkpoint| {
+        move |_| async move {
+            Err::<(), _>(CommitFailure::CheckpointMoved {
+                to,
+                error: "not applied",
+            })
+        }
+    };
+    let failed = cp
+        .commit_with("9", 2, moved(Checkpoint::at("9", 2)))
+        .await
+        .unwrap();
+    assert_eq!(failed, Err("not applied"));
+    assert_eq!(cp.last_checkpoint(), &Checkpoint::at("9", 2));
+    assert!(!cp.lost.is_cancelled(), "still this tenure's lease");
+    // Never backwards, whatever the write reports.
+    let failed = cp
+        .commit_with("9", 4, moved(Checkpoint::at("9", 1)))
+        .await
+        .unwrap();
+    assert_eq!(failed, Err("not applied"));
+    assert_eq!(cp.last_checkpoint(), &Checkpoint::at("9", 2));
+    // The next commit replaces the checkpoint the lease shows.
+    cp.commit_with("9", 4, |p| async move {
+        assert_eq!(p.update.replacing, Some(Checkpoint::at("9", 2)));
+        Ok::<(), CommitFailure<()>>(())
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(cp.last_checkpoint(), &Checkpoint::at("9", 4));
+}
+
+/// Two lanes' checkpointers over one shard checkpointer, the shard
+/// ended, lane 0 holding record 1 and lane 1 records 2 to 4.
+async fn ended_lanes() -> (InMemoryLeaseStore, Vec<Checkpointer>) {
+    let (store, shard) = setup().await;
+    let window = Arc::new(std::sync::Mutex::new(Window::new(2)));
+    let shard = Arc::new(tokio::sync::Mutex::new(shard));
+    let mut lanes: Vec<Checkpointer> = {
+        let template = shard.lock().await;
+        (0..2)
+            .map(|i| Checkpointer::for_lane(&template, i, Arc::clone(&window), Arc::clone(&shard)))
+            .collect()
+    };
+    {
+        let mut w = window.lock().unwrap();
+        w.dispatch(0, Position::new("1", 0));
+        for n in 2..=4u64 {
+            w.dispatch(1, Position::new(n.to_string(), 0));
+        }
+    }
+    lanes[0].delivered_for_test("1", 0);
+    lanes[1].delivered_for_test("4", 0);
+    shard.lock().await.set_shard_ended(vec!["child".into()]);
+    for lane in &mut lanes {
+        lane.set_shard_ended(vec!["child".into()]);
+    }
+    (store, lanes)
+}
+
+/// A lane that flushes what it held in chunks in `shard_ended`, each
+/// chunk checkpointed: SHARD_END (which lets the children start) waits
+/// for its last chunk, every chunk's checkpoint is accepted, and the
+/// watermark moves with the chunks meanwhile.
+#[tokio::test]
+async fn a_lane_is_ended_only_after_its_last_record_is_checkpointed() {
+    let (store, mut lanes) = ended_lanes().await;
+    let at = |store: &InMemoryLeaseStore| {
+        let store = store.clone();
+        async move { store.get("s").await.unwrap().unwrap().checkpoint }
+    };
+    let mut seen = Vec::new();
+    lanes[0].checkpoint().await.unwrap();
+    seen.push(at(&store).await);
+    for n in ["2", "3", "4"] {
+        lanes[1].checkpoint_at(n, 0).await.unwrap();
+        seen.push(at(&store).await);
+    }
+    assert_eq!(
+        seen,
+        vec![
+            Checkpoint::at("1", 0),
+            Checkpoint::at("2", 0),
+            Checkpoint::at("3", 0),
+            Checkpoint::ShardEnd
+        ]
+    );
+    let lease = store.get("s").await.unwrap().unwrap();
+    assert_eq!(
+        lease.child_shard_ids.into_iter().collect::<Vec<_>>(),
+        vec!["child".to_owned()]
+    );
+}
+
+#[tokio::test]
+async fn pending_checkpoints_are_stored_without_moving_the_checkpoint() {
+    let (store, mut cp) = setup().await;
+    cp.delivered_for_test("9", 0);
+    cp.prepare_checkpoint("9", 0, Some(b"txn-42".to_vec()))
+        .await
+        .unwrap();
+    let l = store.get("s").await.unwrap().unwrap();
+    assert_eq!(l.checkpoint, Checkpoint::TrimHorizon);
+    assert_eq!(l.pending_checkpoint, Some(Checkpoint::at("9", 0)));
+    assert_eq!(l.pending_checkpoint_state.as_deref(), Some(&b"txn-42"[..]));
+    cp.checkpoint_at("9", 0).await.unwrap();
+    let l = store.get("s").await.unwrap().unwrap();
+    assert_eq!(
+        (l.checkpoint, l.pending_checkpoint),
+        (Checkpoint::at("9", 0), None)
+    );
+}

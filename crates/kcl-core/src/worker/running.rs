@@ -1,0 +1,86 @@
+//! The worker's running consumers, and the handle's count of consumers
+//! per lease key.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use tokio_util::sync::CancellationToken;
+
+use super::WorkerHandle;
+use crate::lease::LeaseLayout;
+use crate::leases::LeaseHandle;
+
+/// The running consumers: task id to lease key, stream, and stop token.
+#[derive(Debug)]
+pub(super) struct Running {
+    by_task: HashMap<tokio::task::Id, RunningConsumer>,
+    /// The handle's consumer counts per lease key.
+    keys: Arc<Mutex<BTreeMap<String, usize>>>,
+}
+
+#[derive(Debug)]
+pub(super) struct RunningConsumer {
+    pub(super) lease: LeaseHandle,
+    layout: LeaseLayout,
+    stop: CancellationToken,
+    /// Stopped because its stream was removed: release the lease after.
+    pub(super) retired: bool,
+}
+
+impl Running {
+    pub(super) fn new(handle: &WorkerHandle) -> Self {
+        Running {
+            by_task: HashMap::new(),
+            keys: Arc::clone(&handle.consuming),
+        }
+    }
+    pub(super) fn insert(
+        &mut self,
+        id: tokio::task::Id,
+        lease: LeaseHandle,
+        layout: LeaseLayout,
+        stop: CancellationToken,
+    ) {
+        *self
+            .keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(lease.key().to_owned())
+            .or_default() += 1;
+        self.by_task.insert(
+            id,
+            RunningConsumer {
+                lease,
+                layout,
+                stop,
+                retired: false,
+            },
+        );
+    }
+    pub(super) fn remove(&mut self, id: tokio::task::Id) -> Option<RunningConsumer> {
+        let removed = self.by_task.remove(&id)?;
+        let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = keys.get_mut(removed.lease.key()) {
+            *n -= 1;
+            if *n == 0 {
+                keys.remove(removed.lease.key());
+            }
+        }
+        Some(removed)
+    }
+    pub(super) fn stop_all(&self) {
+        for c in self.by_task.values() {
+            c.stop.cancel();
+        }
+    }
+    /// Stops the consumers of one stream; returns how many.
+    pub(super) fn retire(&mut self, layout: &LeaseLayout) -> usize {
+        let mut n = 0;
+        for c in self.by_task.values_mut().filter(|c| &c.layout == layout) {
+            c.retired = true;
+            c.stop.cancel();
+            n += 1;
+        }
+        n
+    }
+}

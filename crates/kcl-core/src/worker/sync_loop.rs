@@ -1,0 +1,179 @@
+//! The worker's shard sync task: on a jittered interval, or at once when a
+//! consumer asks, it follows the stream tracker, lists shards and creates
+//! their leases, cleans up finished leases, and deletes the leases of
+//! removed streams.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use rand::Rng;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use super::streams::{LiveStreams, delete_removed_leases, read, update_streams};
+use super::{RemovedStreamPolicy, StreamSpec, StreamTracker};
+use crate::lease::{Lease, LeaseLayout};
+use crate::leases::FleetSignals;
+use crate::shard_sync;
+use crate::shards::cleanup::LeaseCleanup;
+use crate::source::{InitialPosition, ShardSource};
+use crate::store::LeaseStore;
+
+/// The shard sync task's settings (from the worker's configuration), its
+/// ties to the worker, and what it keeps from round to round.
+pub(super) struct SyncLoop {
+    pub(super) source: Arc<dyn ShardSource>,
+    pub(super) tracker: Option<Arc<dyn StreamTracker>>,
+    pub(super) interval: Duration,
+    pub(super) initial: InitialPosition,
+    pub(super) retention: Duration,
+    pub(super) policy: RemovedStreamPolicy,
+    pub(super) signals: FleetSignals,
+    pub(super) store: Arc<dyn LeaseStore>,
+    pub(super) stop: CancellationToken,
+    pub(super) live: LiveStreams,
+    /// Where removed streams go, for the worker to stop their consumers.
+    pub(super) removed_tx: mpsc::Sender<StreamSpec>,
+    /// Notified by a consumer that needs a lease only the sync creates.
+    pub(super) now: Arc<tokio::sync::Notify>,
+    /// Each stream's finished-lease cleanup (it remembers what it saw).
+    pub(super) cleanups: HashMap<LeaseLayout, LeaseCleanup>,
+    /// Streams removed, and when, for `RemovedStreamPolicy::DeleteAfter`.
+    pub(super) removed_at: HashMap<LeaseLayout, (String, Instant)>,
+}
+
+impl SyncLoop {
+    /// Runs rounds until stopped.
+    pub(super) async fn run(mut self) {
+        loop {
+            let Some(mut asked) = self.wait().await else {
+                return;
+            };
+            if self.tracker.is_some() {
+                asked |= self.follow_tracker().await;
+            }
+            // One round per fleet: the periodic sync and cleanup run on
+            // the leader only; a sync a consumer asked for (its shard
+            // ended, its children need leases) runs here at once.
+            let leader = self.signals.is_sync_leader();
+            if !leader && !asked {
+                continue;
+            }
+            self.round(leader).await;
+        }
+    }
+
+    /// Waits for the next round: `Some(true)` when a consumer asked for
+    /// it, `Some(false)` at the jittered interval, `None` once stopped.
+    async fn wait(&self) -> Option<bool> {
+        let jittered = self.interval.mul_f64(rand::rng().random_range(0.75..=1.25));
+        tokio::select! {
+            _ = self.stop.cancelled() => None,
+            _ = tokio::time::sleep(jittered) => Some(false),
+            // A consumer needs a lease only the sync creates.
+            _ = self.now.notified() => Some(true),
+        }
+    }
+
+    /// Takes the tracker's stream list as the live one, handing removed
+    /// streams to the worker; `true` if a stream was added.
+    async fn follow_tracker(&mut self) -> bool {
+        let Some(tracker) = &self.tracker else {
+            return false;
+        };
+        let mut added = false;
+        match tracker.streams().await {
+            Ok(wanted) => {
+                let (removed, any_added) = update_streams(&self.live, wanted);
+                // A stream new to this worker needs its leases
+                // now, whoever leads the fleet's rounds.
+                added = any_added;
+                for spec in removed {
+                    self.removed_at
+                        .insert(spec.layout.clone(), (spec.name.clone(), Instant::now()));
+                    let _ = self.removed_tx.send(spec).await;
+                }
+                for spec in read(&self.live).iter() {
+                    self.removed_at.remove(&spec.layout);
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, "the stream tracker failed; keeping the current streams")
+            }
+        }
+        added
+    }
+
+    /// One round: one scan of the lease table, a sync of every stream from
+    /// it, and (on the leader) the cleanups and removed streams' deletions.
+    async fn round(&mut self, leader: bool) {
+        // One scan serves every stream of this worker.
+        let leases: Vec<Lease> = match self.store.scan().try_collect::<Vec<_>>().await {
+            Ok(pages) => pages.into_iter().flatten().collect(),
+            Err(e) => {
+                warn!(error = %e, "shard sync could not read the lease table; retrying next interval");
+                return;
+            }
+        };
+        if leader {
+            self.signals.saw_table(&leases);
+        }
+        let created = self.sync_streams(leader, &leases).await;
+        if created > 0 {
+            self.signals.leases_created();
+        }
+        if !leader {
+            return;
+        }
+        if let RemovedStreamPolicy::DeleteAfter(delay) = self.policy {
+            delete_removed_leases(self.store.as_ref(), &mut self.removed_at, delay).await;
+        }
+    }
+
+    /// Syncs every live stream from `leases` (cleaning up after each on the
+    /// leader); returns how many leases were created.
+    async fn sync_streams(&mut self, leader: bool, leases: &[Lease]) -> usize {
+        let streams = read(&self.live).clone();
+        let mut created = 0;
+        for spec in &streams {
+            let synced = shard_sync::sync_shards_from(
+                self.source.as_ref(),
+                self.store.as_ref(),
+                &spec.name,
+                &spec.layout,
+                self.initial,
+                leases,
+            )
+            .await;
+            match synced {
+                Ok(report) => {
+                    created += report.created;
+                    if !leader {
+                        continue;
+                    }
+                    let retention = self.retention;
+                    let cleanup = self
+                        .cleanups
+                        .entry(spec.layout.clone())
+                        .or_insert_with(|| LeaseCleanup::new(retention));
+                    cleanup
+                        .run(
+                            self.store.as_ref(),
+                            &spec.layout,
+                            &report.shards,
+                            &report.leases,
+                        )
+                        .await;
+                }
+                Err(e) => {
+                    warn!(stream = %spec.name, error = %e, "shard sync failed; retrying next interval")
+                }
+            }
+        }
+        created
+    }
+}
