@@ -22,7 +22,7 @@ use kcl::{
     Worker,
 };
 use kcl_core::Lease;
-use kcl_core::store::metered::{StatsSnapshot, StoreStats};
+use kcl_core::store::metered::{StoreSnapshot, StoreStats};
 use kcl_core::store::{LeaseStore, StoreOp};
 use kcl_dynamodb::DynamoDbLeaseStore;
 use kcl_tests::{
@@ -211,7 +211,7 @@ async fn busy_fleet(env: &TestEnv, policy: Option<Duration>) -> anyhow::Result<B
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     tokio::time::sleep(SETTLE).await;
-    let snapshot = |fleet: &[Running]| -> Vec<StatsSnapshot> {
+    let snapshot = |fleet: &[Running]| -> Vec<StoreSnapshot> {
         fleet.iter().map(|(_, _, s)| s.snapshot()).collect()
     };
     let before = snapshot(&fleet);

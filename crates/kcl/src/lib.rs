@@ -130,10 +130,10 @@ pub mod core {
         /// An in-memory store with fault injection (feature `test-util`).
         #[cfg(feature = "test-util")]
         pub use kcl_core::store::memory;
-        pub use kcl_core::store::metered::{MeteredStore, StatsSnapshot, StoreStats};
+        pub use kcl_core::store::metered::{MeteredStore, StoreSnapshot, StoreStats};
         pub use kcl_core::store::{
-            Beat, BeatUpdate, CheckpointUpdate, ErrorKind, Holder, Intent, JavaWorker, LeaseStore,
-            Page, StoreError, StoreOp, evicted_tenure, is_evicted_tenure,
+            Beat, BeatUpdate, CheckpointUpdate, Holder, Intent, JavaWorker, LeaseStore, Page,
+            StoreError, StoreErrorKind, StoreOp, evicted_tenure, is_evicted_tenure,
         };
     }
 

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use futures::stream::StreamExt;
 use tokio::time::Instant;
 
-use super::{ErrorKind, LeaseStore, StoreError, StoreOp};
+use super::{LeaseStore, StoreError, StoreErrorKind, StoreOp};
 
 #[derive(Debug, Default)]
 struct OpCounters {
@@ -53,14 +53,14 @@ pub struct OpSnapshot {
 
 /// A point-in-time copy of all counters.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct StatsSnapshot {
+pub struct StoreSnapshot {
     /// Whole-table scans started.
     pub scans: u64,
     /// Per-operation counters.
     pub ops: BTreeMap<StoreOp, OpSnapshot>,
 }
 
-impl StatsSnapshot {
+impl StoreSnapshot {
     /// The counters of `op` (zero if never called).
     pub fn op(&self, op: StoreOp) -> OpSnapshot {
         self.ops.get(&op).copied().unwrap_or_default()
@@ -77,7 +77,7 @@ impl StatsSnapshot {
     }
 
     /// The counts accumulated since `earlier`.
-    pub fn since(&self, earlier: &StatsSnapshot) -> StatsSnapshot {
+    pub fn since(&self, earlier: &StoreSnapshot) -> StoreSnapshot {
         let ops = self
             .ops
             .iter()
@@ -93,7 +93,7 @@ impl StatsSnapshot {
                 (*op, diff)
             })
             .collect();
-        StatsSnapshot {
+        StoreSnapshot {
             scans: self.scans - earlier.scans,
             ops,
         }
@@ -121,7 +121,7 @@ impl StoreStats {
     }
 
     /// Copies every counter.
-    pub fn snapshot(&self) -> StatsSnapshot {
+    pub fn snapshot(&self) -> StoreSnapshot {
         let ops = StoreOp::ALL
             .iter()
             .map(|&op| {
@@ -136,7 +136,7 @@ impl StoreStats {
                 (op, snap)
             })
             .collect();
-        StatsSnapshot {
+        StoreSnapshot {
             scans: self.scans(),
             ops,
         }
@@ -150,15 +150,15 @@ impl StoreStats {
             .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
         let outcome = match result {
             Ok(_) => "ok",
-            Err(e) if e.kind() == ErrorKind::ConditionFailed => {
+            Err(e) if e.kind() == StoreErrorKind::ConditionFailed => {
                 c.condition_failed.fetch_add(1, Ordering::Relaxed);
                 "condition_failed"
             }
             Err(e) => {
                 c.errors.fetch_add(1, Ordering::Relaxed);
                 match e.kind() {
-                    ErrorKind::Throttled => "throttled",
-                    ErrorKind::Fatal => "fatal",
+                    StoreErrorKind::Throttled => "throttled",
+                    StoreErrorKind::Fatal => "fatal",
                     _ => "retryable",
                 }
             }

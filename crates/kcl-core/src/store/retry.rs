@@ -14,7 +14,7 @@ use backon::Retryable;
 use tokio::time::Instant;
 
 use super::timeout::bounded;
-use super::{ErrorKind, StoreError, StoreOp};
+use super::{StoreError, StoreErrorKind, StoreOp};
 use crate::backoff::Backoff;
 use crate::warn_limit::{RateLimitedWarn, WARN_INTERVAL};
 
@@ -31,7 +31,7 @@ static RETRIED: RateLimitedWarn = RateLimitedWarn::new(WARN_INTERVAL);
 /// throttles that reach the retries may be few (the SDK retries inside
 /// each attempt, and an attempt that times out reads as unavailable).
 pub(crate) fn counted_as_throttling(op: StoreOp, e: &StoreError) -> bool {
-    if e.kind() != ErrorKind::Throttled {
+    if e.kind() != StoreErrorKind::Throttled {
         return false;
     }
     if let Some(n) = THROTTLED.hit() {
@@ -90,7 +90,7 @@ where
         })
         .adjust(move |e, pause| {
             let pause = pause?;
-            let pause = if e.kind() == ErrorKind::Throttled {
+            let pause = if e.kind() == StoreErrorKind::Throttled {
                 pause * 2
             } else {
                 pause
@@ -112,9 +112,9 @@ mod tests {
         backoff: Backoff::new(Duration::from_millis(300), Duration::from_secs(2)).retries(2),
     };
 
-    fn failing(kind: ErrorKind) -> StoreError {
+    fn failing(kind: StoreErrorKind) -> StoreError {
         match kind {
-            ErrorKind::Throttled => StoreError::Throttled {
+            StoreErrorKind::Throttled => StoreError::Throttled {
                 op: StoreOp::Renew,
                 source: "slow down".into(),
             },
@@ -128,7 +128,7 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(30);
         let r: Result<(), _> = retry_until(StoreOp::Renew, deadline, POLICY, || {
             calls.fetch_add(1, Ordering::Relaxed);
-            async { Err(failing(ErrorKind::Retryable)) }
+            async { Err(failing(StoreErrorKind::Retryable)) }
         })
         .await;
         assert!(r.is_err());
@@ -169,8 +169,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn throttling_waits_twice_as_long() {
         for (kind, min_wait) in [
-            (ErrorKind::Retryable, Duration::from_millis(300)),
-            (ErrorKind::Throttled, Duration::from_millis(600)),
+            (StoreErrorKind::Retryable, Duration::from_millis(300)),
+            (StoreErrorKind::Throttled, Duration::from_millis(600)),
         ] {
             let started = Instant::now();
             let calls = AtomicUsize::new(0);

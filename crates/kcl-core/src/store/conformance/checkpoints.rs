@@ -1,0 +1,135 @@
+//! Checkpoints: written by the holder that may checkpoint, never racing
+//! renewals, conditional on the one they replace, SHARD_END with children.
+
+use super::{assert_condition_failed, cp, h, owned_by};
+use crate::lease::Checkpoint;
+use crate::store::{CheckpointUpdate, LeaseStore};
+
+/// The owner checkpoints (without bumping the counter); others cannot.
+pub async fn checkpoint_is_guarded_by_ownership<S: LeaseStore + ?Sized>(store: &S) {
+    let l = owned_by(store, "s", "a").await;
+    let pending = CheckpointUpdate {
+        pending: Some(Checkpoint::at("200", 3)),
+        pending_state: Some(b"prepared".to_vec()),
+        ..CheckpointUpdate::to(Checkpoint::at("100", 0))
+    };
+    let c = store
+        .checkpoint("s", h("a"), &pending)
+        .await
+        .expect("checkpoint");
+    assert_eq!(c.checkpoint, Checkpoint::at("100", 0));
+    assert_eq!(c.pending_checkpoint, Some(Checkpoint::at("200", 3)));
+    assert_eq!(
+        c.pending_checkpoint_state.as_deref(),
+        Some(&b"prepared"[..])
+    );
+    assert_eq!(c.owner_switches_since_checkpoint, 0);
+    assert_eq!(c.counter, l.counter, "a checkpoint must not race renewals");
+
+    let done = store
+        .checkpoint("s", h("a"), &CheckpointUpdate::to(Checkpoint::at("200", 3)))
+        .await
+        .expect("commit");
+    assert_eq!(done.checkpoint, Checkpoint::at("200", 3));
+    assert_eq!(done.pending_checkpoint, None);
+    assert_eq!(done.pending_checkpoint_state, None);
+
+    assert_condition_failed(
+        store
+            .checkpoint("s", h("b"), &CheckpointUpdate::to(Checkpoint::ShardEnd))
+            .await,
+        "checkpoint by a non-owner",
+    );
+    let after = store.get("s").await.expect("get").expect("exists");
+    assert_eq!(after.checkpoint, Checkpoint::at("200", 3));
+}
+
+/// A worker whose lease was taken cannot checkpoint any more.
+pub async fn checkpoint_after_the_lease_moved_is_rejected<S: LeaseStore + ?Sized>(store: &S) {
+    let l = owned_by(store, "s", "a").await;
+    store.take(&l, h("b")).await.expect("steal");
+    assert_condition_failed(
+        store.checkpoint("s", h("a"), &cp("5")).await,
+        "checkpoint by the old owner",
+    );
+    let c = store
+        .checkpoint("s", h("b"), &cp("6"))
+        .await
+        .expect("new owner checkpoints");
+    assert_eq!(c.checkpoint, Checkpoint::at("6", 0));
+}
+
+/// A checkpoint that names the one it replaces lands only over that one: a
+/// late attempt of an earlier checkpoint of the same tenure fails. A replay
+/// of a write that applied reconciles.
+pub async fn a_checkpoint_naming_its_predecessor_is_conditional_on_it<S: LeaseStore + ?Sized>(
+    store: &S,
+) {
+    owned_by(store, "s", "a").await;
+    let first = CheckpointUpdate::to(Checkpoint::at("5", 0)).replacing(Checkpoint::TrimHorizon);
+    store.checkpoint("s", h("a"), &first).await.expect("first");
+    let second = CheckpointUpdate::to(Checkpoint::at("9", 2)).replacing(Checkpoint::at("5", 0));
+    store
+        .checkpoint("s", h("a"), &second)
+        .await
+        .expect("second");
+    // The first write's late twin, and a write from a stale view.
+    let current = assert_condition_failed(
+        store.checkpoint("s", h("a"), &first).await,
+        "a late attempt of the first",
+    );
+    if let Some(current) = current {
+        assert_eq!(current.checkpoint, Checkpoint::at("9", 2));
+    }
+    let stale = CheckpointUpdate::to(Checkpoint::at("7", 0)).replacing(Checkpoint::at("5", 0));
+    assert_condition_failed(
+        store.checkpoint("s", h("a"), &stale).await,
+        "a stale predecessor",
+    );
+    store
+        .checkpoint("s", h("a"), &second)
+        .await
+        .expect("a replay of the last write reconciles");
+    assert_condition_failed(
+        store.checkpoint("s", h("b"), &second).await,
+        "a replay by another holder",
+    );
+    let third = CheckpointUpdate::to(Checkpoint::ShardEnd).replacing(Checkpoint::at("9", 2));
+    store.checkpoint("s", h("a"), &third).await.expect("third");
+    assert_eq!(
+        store
+            .get("s")
+            .await
+            .expect("get")
+            .expect("exists")
+            .checkpoint,
+        Checkpoint::ShardEnd
+    );
+}
+
+/// SHARD_END is checkpointed with the shard's children, recorded on the
+/// parent as the Java KCL records them (`childShardIds`); written again it
+/// succeeds, and a later checkpoint without children keeps them.
+pub async fn a_shard_end_checkpoint_records_the_children<S: LeaseStore + ?Sized>(store: &S) {
+    let l = owned_by(store, "s", "a").await;
+    let children = ["shardId-000000000001", "shardId-000000000002"].map(str::to_owned);
+    let end = CheckpointUpdate::to(Checkpoint::ShardEnd).with_children(children.clone());
+    let done = store
+        .checkpoint("s", h("a"), &end)
+        .await
+        .expect("shard end");
+    assert_eq!(done.checkpoint, Checkpoint::ShardEnd);
+    assert_eq!(done.child_shard_ids, children.clone().into());
+    let read = store.get("s").await.expect("get").expect("exists");
+    assert_eq!(read.child_shard_ids, children.clone().into());
+    store
+        .checkpoint("s", h("a"), &end)
+        .await
+        .expect("written again");
+    let again = store
+        .checkpoint("s", h("a"), &CheckpointUpdate::to(Checkpoint::ShardEnd))
+        .await
+        .expect("checkpoint without children");
+    assert_eq!(again.child_shard_ids, children.into());
+    assert_eq!(l.counter, again.counter, "checkpoints never race renewals");
+}
