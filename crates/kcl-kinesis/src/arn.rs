@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use crate::config::ConfigError;
+use kcl_core::ConfigError;
 
 /// A parsed Kinesis stream ARN.
 #[derive(Debug, Clone, PartialEq, Eq)]

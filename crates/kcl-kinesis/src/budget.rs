@@ -85,14 +85,14 @@ pub(crate) struct Reservation {
 
 /// Budget a batch holds until it is handed out (dropped).
 #[derive(Debug)]
-pub(crate) struct Held {
+pub(crate) struct HeldBudget {
     _permit: Option<OwnedSemaphorePermit>,
     /// What the batch holds (the permits may be fewer, never more).
     bytes: usize,
     stats: Arc<SourceStats>,
 }
 
-impl Drop for Held {
+impl Drop for HeldBudget {
     fn drop(&mut self) {
         self.stats.unbuffered(self.bytes as u64);
     }
@@ -132,7 +132,7 @@ impl Budget {
     /// gives the rest back. A batch holding more than was reserved also
     /// takes what is free of the excess, without waiting (see the module's
     /// notes); the rest is over the budget, and counted.
-    pub(crate) fn keep(&self, mut reservation: Reservation, bytes: usize) -> Held {
+    pub(crate) fn keep(&self, mut reservation: Reservation, bytes: usize) -> HeldBudget {
         let reserved = reservation.permit.num_permits();
         if bytes <= reserved {
             let permit = reservation
@@ -148,8 +148,8 @@ impl Budget {
     }
 
     /// What a batch that holds nothing (a shard's end) holds.
-    pub(crate) fn nothing(&self) -> Held {
-        Held {
+    pub(crate) fn nothing(&self) -> HeldBudget {
+        HeldBudget {
             _permit: None,
             bytes: 0,
             stats: Arc::clone(&self.stats),
@@ -173,9 +173,9 @@ impl Budget {
         }
     }
 
-    fn held(&self, permit: OwnedSemaphorePermit, bytes: usize) -> Held {
+    fn held(&self, permit: OwnedSemaphorePermit, bytes: usize) -> HeldBudget {
         self.stats.buffered(bytes as u64);
-        Held {
+        HeldBudget {
             _permit: Some(permit),
             bytes,
             stats: Arc::clone(&self.stats),
@@ -217,7 +217,7 @@ mod tests {
         let mut source = KinesisShardSource::with_api(fake as Arc<dyn KinesisApi>, polling);
         source.shared = crate::calls::Shared::new(
             Arc::clone(&source.shared.api),
-            source.shared.polling.clone(),
+            source.shared.retry,
             None,
             budget,
         );

@@ -110,7 +110,7 @@ pub(crate) async fn list_all(
                         .map_err(classify)
                 }
             };
-            let policy = shared.polling.retry_policy();
+            let policy = shared.retry;
             let out = match retrying(shared, &policy, Op::ListShards, stream, None, attempt).await {
                 Ok(out) => out,
                 Err(Failure::Classified(c)) if c.class == Class::ExpiredNextToken => {
@@ -185,9 +185,9 @@ mod tests {
     use kcl_core::source::{ShardSource, SourceError};
 
     use crate::calls::KinesisApi;
-    use crate::config::PollingConfig;
     use crate::fake::FakeKinesis;
     use crate::faults::{Call, Fault, FaultInjector, Faulty};
+    use crate::polling::PollingConfig;
     use crate::source::KinesisShardSource;
 
     fn source(

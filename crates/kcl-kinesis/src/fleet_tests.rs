@@ -4,86 +4,43 @@
 //! the processor), not just inside one reader.
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use kcl_core::checkpointer::Checkpointer;
-use kcl_core::processor::{ProcessorError, RecordBatch, RecordProcessor, ShardContext};
-use kcl_core::source::InitialPosition;
-use kcl_core::store::memory::InMemoryLeaseStore;
-use kcl_core::worker::{StreamSpec, Worker, WorkerConfig, WorkerError, WorkerHandle};
-use kcl_core::{Checkpoint, LeaseConfig, LeaseLayout, LeaseStore};
-use tokio::task::JoinHandle;
+use kcl_core::test_util::fleet::{self, Payloads, Seen};
+use kcl_core::{Checkpoint, LeaseConfig, LeaseStore};
 use tokio::time::{Instant, sleep};
 
 use crate::calls::KinesisApi;
 use crate::fake::FakeKinesis;
 use crate::faults::{Call, Fault, FaultInjector, Faulty};
-use crate::{KinesisShardSource, PollingConfig, StatsSnapshot};
+use crate::{KinesisShardSource, PollingConfig, SourceSnapshot};
 
 const STREAM: &str = "orders";
 
-/// What the processors saw: (shard, payload), in order.
-type Seen = Arc<Mutex<Vec<(String, String)>>>;
-
-struct Recorder {
-    shard: String,
-    seen: Seen,
-}
-
-#[async_trait]
-impl RecordProcessor for Recorder {
-    async fn process_records(
-        &mut self,
-        batch: &RecordBatch,
-        cp: &mut Checkpointer,
-    ) -> Result<(), ProcessorError> {
-        {
-            let mut seen = self.seen.lock().unwrap();
-            for r in &batch.records {
-                seen.push((
-                    self.shard.clone(),
-                    String::from_utf8_lossy(&r.data).into_owned(),
-                ));
-            }
-        }
-        cp.checkpoint().await?;
-        Ok(())
-    }
-
-    async fn shard_ended(&mut self, cp: &mut Checkpointer) -> Result<(), ProcessorError> {
-        cp.checkpoint().await?;
-        Ok(())
-    }
-
-    async fn shutdown_requested(&mut self, cp: &mut Checkpointer) -> Result<(), ProcessorError> {
-        cp.checkpoint().await?;
-        Ok(())
-    }
-}
-
+/// Workers on the fake Kinesis, each processor keeping what it sees.
 struct Fleet {
+    base: fleet::Fleet,
     fake: Arc<FakeKinesis>,
-    store: InMemoryLeaseStore,
     seen: Seen,
-    workers: Vec<(WorkerHandle, JoinHandle<Result<(), WorkerError>>)>,
     sources: Vec<KinesisShardSource>,
     /// One injector for every worker's calls: a KMS key or a policy fails
     /// the whole fleet alike.
     faults: FaultInjector,
 }
 
+// The table, the workers and their shared helpers (`owners`,
+// `given_back`, `stop_all`).
+kcl_core::deref_fleet!(Fleet, base);
+
 impl Fleet {
     fn new(shards: usize) -> (Self, Vec<String>) {
         let fake = Arc::new(FakeKinesis::default());
         let ids = fake.create_stream(STREAM, shards);
         let fleet = Fleet {
+            base: fleet::Fleet::new(),
             fake,
-            store: InMemoryLeaseStore::new(),
-            seen: Arc::default(),
-            workers: Vec::new(),
+            seen: Seen::default(),
             sources: Vec::new(),
             faults: FaultInjector::new(),
         };
@@ -114,29 +71,15 @@ impl Fleet {
             .release_on_drop(false)
             .build()
             .unwrap();
-        let config = WorkerConfig::builder(lease)
-            .stream(StreamSpec {
-                name: STREAM.into(),
-                layout: LeaseLayout::SingleStream,
-            })
-            .initial_position(InitialPosition::TrimHorizon)
+        let config = fleet::one_stream(lease, STREAM)
             .parent_poll_interval(Duration::from_secs(1))
             .shard_sync_interval(Duration::from_secs(5))
             .build()
             .unwrap();
-        let seen = Arc::clone(&self.seen);
-        let factory = move |ctx: &ShardContext| Recorder {
-            shard: ctx.shard_id.clone(),
-            seen: Arc::clone(&seen),
-        };
-        let worker = Worker::new(
-            config,
-            Arc::new(self.store.handle()),
-            Arc::new(source),
-            Arc::new(factory),
-        );
-        let handle = worker.handle();
-        self.workers.push((handle, tokio::spawn(worker.run())));
+        let store = Arc::new(self.base.table_for_worker());
+        let factory = Payloads::factory(&self.seen);
+        self.base
+            .run_worker(config, store, Arc::new(source), factory);
     }
 
     fn put(&self, shard: &str, payload: &str) {
@@ -148,38 +91,23 @@ impl Fleet {
     }
 
     async fn wait_until(&self, what: &str, limit: Duration, done: impl Fn(&Self) -> bool) {
-        let started = Instant::now();
-        while !done(self) {
-            assert!(started.elapsed() < limit, "not within {limit:?}: {what}");
-            sleep(Duration::from_millis(200)).await;
-        }
+        fleet::wait_until(
+            limit,
+            Duration::from_millis(200),
+            || done(self),
+            || format!("not within {limit:?}: {what}"),
+        )
+        .await;
     }
 
-    fn owners(&self) -> BTreeMap<String, Option<String>> {
-        self.store
-            .snapshot()
-            .into_iter()
-            .map(|l| (l.key.clone(), l.owner.clone()))
-            .collect()
-    }
-
-    fn stats(&self) -> StatsSnapshot {
-        let mut total = StatsSnapshot::default();
+    fn stats(&self) -> SourceSnapshot {
+        let mut total = SourceSnapshot::default();
         for s in &self.sources {
             let one = s.stats();
             total.access_denied += one.access_denied;
             total.expired_shards += one.expired_shards;
         }
         total
-    }
-
-    async fn stop_all(&mut self) {
-        for (handle, _) in &self.workers {
-            handle.shutdown();
-        }
-        for (_, task) in self.workers.drain(..) {
-            task.await.unwrap().unwrap();
-        }
     }
 }
 
@@ -243,11 +171,7 @@ async fn a_kms_outage_keeps_every_lease_where_it_is() {
 
 /// How many leases `worker` holds.
 fn held_by(fleet: &Fleet, worker: &str) -> usize {
-    fleet
-        .owners()
-        .values()
-        .filter(|o| o.as_deref() == Some(worker))
-        .count()
+    fleet.base.held_by(worker)
 }
 
 #[tokio::test(start_paused = true)]
@@ -398,20 +322,6 @@ async fn the_children_of_an_expired_split_parent_are_processed() {
     assert_eq!(parent_lease.checkpoint, Checkpoint::ShardEnd);
     assert_eq!(fleet.stats().expired_shards, 1);
     fleet.stop_all().await;
-}
-
-impl Fleet {
-    /// Leases the workers gave back unfinished (a failure policy, an
-    /// unreadable shard), fleet-wide: released, but not at SHARD_END.
-    fn given_back(&self) -> u64 {
-        self.workers
-            .iter()
-            .map(|(handle, _)| {
-                let status = handle.status();
-                status.leases.released - status.shards_finished
-            })
-            .sum()
-    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -30,13 +30,14 @@
 //!   shard, a deleted stream, data loss behind the trim horizon).
 //! - `budget`: the worker-wide prefetch budget.
 //! - `arn`: streams named by ARN ([`StreamArn`]).
-//! - `polling`: the polling reader and its fetch task (pacing from
+//! - `polling`: polling retrieval, beside `fanout`: its settings
+//!   ([`PollingConfig`], `polling::config`, validated at `build()`) and the
+//!   reader and its fetch task (`polling::reader`: pacing from
 //!   `MillisBehindLatest`, expired-iterator recovery, bounded prefetch,
 //!   shard end with the children).
-//! - [`PollingConfig`] (`config`): polling settings, validated at `build()`.
 //! - [`SourceStats`] (`stats`): call, retry, fault and memory counters for
 //!   tests and tools (the same events go to `metrics`).
-//! - `fanout`: enhanced fan-out retrieval ([`FanOutConfig`]): the stream
+//! - `fanout`: enhanced fan-out retrieval ([`FanOutConfig`], `fanout::config`): the stream
 //!   consumer (found or registered once per stream, waited for until
 //!   ACTIVE, deregistered at shutdown only if [`DeregisterConsumer`] says
 //!   so), and the reader whose task holds one `SubscribeToShard`
@@ -45,8 +46,10 @@
 //! - [`KinesisDestination`] (`destination`): a dead-letter stream for
 //!   records a processor keeps failing on (`FailurePolicy::Isolate`), and
 //!   [`reassemble_dead_letters`] to read them back whole.
-//! - [`fake`] (feature `test-util`): an in-memory Kinesis for tests and
-//!   benchmarks with thousands of shards.
+//! - `test_util` (feature `test-util`): what tests and benchmarks run on
+//!   instead of Kinesis, re-exported as [`fake`] (an in-memory Kinesis for
+//!   tests and benchmarks with thousands of shards, and its fan-out calls)
+//!   and [`faults`] (the fault injector).
 //!
 //! # Concurrency model
 //!
@@ -70,14 +73,9 @@ pub mod kpl;
 mod arn;
 mod budget;
 mod calls;
-mod config;
 mod destination;
 mod discovery;
-#[cfg(any(test, feature = "test-util"))]
-pub mod fake;
 mod fanout;
-#[cfg(any(test, feature = "test-util"))]
-pub mod faults;
 #[cfg(test)]
 mod fleet_tests;
 mod gone;
@@ -86,17 +84,21 @@ mod records;
 mod source;
 mod stats;
 mod task_reader;
+#[cfg(any(test, feature = "test-util"))]
+mod test_util;
 
 pub use arn::StreamArn;
 pub use budget::DEFAULT_PREFETCH_BUDGET;
-pub use config::{
-    ConfigError, MAX_GET_RECORDS_LIMIT, MIN_TIME_BETWEEN_READS, PollingConfig, PollingConfigBuilder,
-};
 pub use destination::{
     DeadLetter, DeadLetterError, DeadLetterReassembler, KinesisDestination, reassemble_dead_letters,
 };
 pub use fanout::{DeregisterConsumer, FanOutConfig, FanOutConfigBuilder, MAX_CONSUMER_NAME_LEN};
+pub use polling::{
+    ConfigError, MAX_GET_RECORDS_LIMIT, MIN_TIME_BETWEEN_READS, PollingConfig, PollingConfigBuilder,
+};
 pub use source::{
     KinesisShardSource, KinesisShardSourceBuilder, MAX_LIST_SHARDS_RESULTS, Retrieval,
 };
-pub use stats::{SourceStats, StatsSnapshot};
+pub use stats::{SourceSnapshot, SourceStats};
+#[cfg(any(test, feature = "test-util"))]
+pub use test_util::{fake, faults};

@@ -7,11 +7,11 @@ use kcl_core::source::{OpenShard, ShardInfo, ShardReader, ShardSource, SourceErr
 
 use crate::budget::DEFAULT_PREFETCH_BUDGET;
 use crate::calls::{KinesisApi, Shared};
-use crate::config::{ConfigError, PollingConfig};
 use crate::discovery::{list_all, shard_info};
 use crate::fanout::{FanOut, FanOutApi, FanOutConfig, FanOutReader};
 use crate::polling::PollingReader;
-use crate::stats::{SourceStats, StatsSnapshot};
+use crate::polling::{ConfigError, PollingConfig};
+use crate::stats::{SourceSnapshot, SourceStats};
 
 /// The smallest worker-wide prefetch budget a source accepts.
 const MIN_PREFETCH_BUDGET: usize = 1024 * 1024;
@@ -46,6 +46,9 @@ impl Default for Retrieval {
 #[derive(Debug, Clone)]
 pub struct KinesisShardSource {
     pub(crate) shared: Shared,
+    /// The settings of polling readers (and, in `shared`, of the calls
+    /// every reader makes).
+    polling: PollingConfig,
     /// Set in fan-out mode.
     fanout: Option<Arc<FanOut>>,
 }
@@ -59,10 +62,11 @@ impl KinesisShardSource {
         KinesisShardSource {
             shared: Shared::new(
                 Arc::new(one_retry_layer(&client)),
-                PollingConfig::default(),
+                PollingConfig::default().retry_policy(),
                 None,
                 DEFAULT_PREFETCH_BUDGET,
             ),
+            polling: PollingConfig::default(),
             fanout: None,
         }
     }
@@ -83,7 +87,7 @@ impl KinesisShardSource {
     }
 
     /// The counters of this source and all its readers.
-    pub fn stats(&self) -> StatsSnapshot {
+    pub fn stats(&self) -> SourceSnapshot {
         self.shared.stats.snapshot()
     }
 
@@ -95,14 +99,14 @@ impl KinesisShardSource {
 
     /// The polling settings readers use.
     pub fn polling_config(&self) -> &PollingConfig {
-        &self.shared.polling
+        &self.polling
     }
 
     /// How readers get records.
     pub fn retrieval(&self) -> Retrieval {
         match &self.fanout {
             Some(fanout) => Retrieval::FanOut(fanout.config.clone()),
-            None => Retrieval::Polling(self.shared.polling.clone()),
+            None => Retrieval::Polling(self.polling.clone()),
         }
     }
 
@@ -139,7 +143,7 @@ impl KinesisShardSource {
     /// benchmarks with more shards than an emulator holds.
     #[cfg(any(test, feature = "test-util"))]
     pub fn on_fake_fan_out(fake: Arc<crate::fake::FakeKinesis>) -> KinesisShardSourceBuilder {
-        let fanout = crate::fanout::fake::FakeFanOut::new(Arc::clone(&fake));
+        let fanout = crate::test_util::fanout::FakeFanOut::new(Arc::clone(&fake));
         KinesisShardSourceBuilder {
             fanout_api: Some(Arc::new(fanout)),
             ..Self::on_fake(fake)
@@ -155,7 +159,13 @@ impl KinesisShardSource {
     ) -> Self {
         let name = config.consumer_name().unwrap_or("test-consumer").to_owned();
         KinesisShardSource {
-            shared: Shared::new(api, PollingConfig::default(), None, DEFAULT_PREFETCH_BUDGET),
+            shared: Shared::new(
+                api,
+                PollingConfig::default().retry_policy(),
+                None,
+                DEFAULT_PREFETCH_BUDGET,
+            ),
+            polling: PollingConfig::default(),
             fanout: Some(Arc::new(FanOut::new(config, name, fanout_api))),
         }
     }
@@ -164,7 +174,8 @@ impl KinesisShardSource {
     #[cfg(test)]
     pub(crate) fn with_api(api: Arc<dyn KinesisApi>, polling: PollingConfig) -> Self {
         KinesisShardSource {
-            shared: Shared::new(api, polling, None, DEFAULT_PREFETCH_BUDGET),
+            shared: Shared::new(api, polling.retry_policy(), None, DEFAULT_PREFETCH_BUDGET),
+            polling,
             fanout: None,
         }
     }
@@ -305,7 +316,13 @@ impl KinesisShardSourceBuilder {
             None => None,
         };
         Ok(KinesisShardSource {
-            shared: Shared::new(api, self.polling, self.max_results, self.prefetch_budget),
+            shared: Shared::new(
+                api,
+                self.polling.retry_policy(),
+                self.max_results,
+                self.prefetch_budget,
+            ),
+            polling: self.polling,
             fanout,
         })
     }
@@ -324,7 +341,8 @@ impl ShardSource for KinesisShardSource {
                 FanOutReader::open(self.shared.clone(), Arc::clone(fanout), request).await?;
             return Ok(Box::new(reader));
         }
-        let reader = PollingReader::open(self.shared.clone(), request).await?;
+        let reader =
+            PollingReader::open(self.shared.clone(), self.polling.clone(), request).await?;
         Ok(Box::new(reader))
     }
 }

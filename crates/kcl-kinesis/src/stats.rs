@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 kcl_core::counters! {
     /// Counters of one [`crate::KinesisShardSource`] and its readers.
-    pub struct SourceStats => StatsSnapshot {
+    pub struct SourceStats => SourceSnapshot {
         counts {
             /// `ListShards` calls (one per page), including failed ones.
             list_shards_calls,

@@ -23,10 +23,9 @@ use aws_sdk_kinesis::primitives::DateTime;
 use aws_sdk_kinesis::types::{ShardFilter, ShardIteratorType};
 
 use self::classify::classify;
-use self::retry::{Failure, ForReader, Op, retrying};
+use self::retry::{Failure, ForReader, Op, RetryPolicy, retrying};
 use crate::arn::stream_fields;
 use crate::budget::Budget;
-use crate::config::PollingConfig;
 use crate::stats::SourceStats;
 
 pub(crate) mod classify;
@@ -36,7 +35,12 @@ pub(crate) mod retry;
 #[derive(Debug, Clone)]
 pub(crate) struct Shared {
     pub(crate) api: Arc<dyn KinesisApi>,
-    pub(crate) polling: PollingConfig,
+    /// How the calls outside a reader's `GetRecords` loop are retried
+    /// (`ListShards`, `GetShardIterator`, a short look with `GetRecords`):
+    /// the polling settings' policy, whatever the retrieval. The polling
+    /// settings themselves stay with the source and its polling readers,
+    /// so the call layer does not depend on the polling module.
+    pub(crate) retry: RetryPolicy,
     pub(crate) max_results: Option<i32>,
     pub(crate) stats: Arc<SourceStats>,
     /// The worker-wide prefetch budget of every reader of the source.
@@ -44,18 +48,18 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// What a source on `api` shares, with a worker-wide budget of
-    /// `budget` bytes.
+    /// What a source on `api` shares, its calls retried with `retry`,
+    /// with a worker-wide budget of `budget` bytes.
     pub(crate) fn new(
         api: Arc<dyn KinesisApi>,
-        polling: PollingConfig,
+        retry: RetryPolicy,
         max_results: Option<i32>,
         budget: usize,
     ) -> Self {
         let stats = Arc::<SourceStats>::default();
         Shared {
             api,
-            polling,
+            retry,
             max_results,
             budget: Arc::new(Budget::new(budget, Arc::clone(&stats))),
             stats,
@@ -83,8 +87,15 @@ impl Shared {
                     .map_err(classify)
             }
         };
-        let policy = self.polling.retry_policy();
-        let out = retrying(self, &policy, Op::GetShardIterator, stream, reader, attempt).await?;
+        let out = retrying(
+            self,
+            &self.retry,
+            Op::GetShardIterator,
+            stream,
+            reader,
+            attempt,
+        )
+        .await?;
         Ok(out.shard_iterator.filter(|it| !it.is_empty()))
     }
 
@@ -107,8 +118,7 @@ impl Shared {
                     .map_err(classify)
             }
         };
-        let policy = self.polling.retry_policy();
-        retrying(self, &policy, Op::GetRecords, stream, reader, attempt).await
+        retrying(self, &self.retry, Op::GetRecords, stream, reader, attempt).await
     }
 }
 

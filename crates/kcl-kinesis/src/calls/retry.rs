@@ -255,6 +255,13 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, Classified>>,
 {
+    let call = Call {
+        shared,
+        policy,
+        op,
+        stream,
+        reader,
+    };
     let mut backoff = policy.backoff.pauses();
     let mut failures: u32 = 0;
     loop {
@@ -264,61 +271,105 @@ where
         let Some(held) = prepare().await else {
             return Err(Failure::LeaseLost);
         };
-        let answered = |yes: bool| {
-            if let Some(r) = reader {
-                if yes {
-                    r.answers.answered();
-                } else {
-                    r.answers.silent();
-                }
-            }
+        let error = match call.attempt(attempt()).await {
+            Ok(v) => return Ok((v, held)),
+            Err(e) => e,
         };
-        let error = match tokio::time::timeout(policy.attempt_timeout, attempt()).await {
+        match call.count_failure(&error) {
+            Some(true) => failures += 1,
+            Some(false) => {}
+            None => return Err(Failure::Classified(error)),
+        }
+        if failures > policy.max_transient {
+            return Err(Failure::Exhausted(error));
+        }
+        call.count_retry();
+        drop(held);
+        call.pause(&mut backoff, &error).await;
+    }
+}
+
+/// One retried call: what each phase of [`retrying_holding`] reports on.
+#[derive(Debug, Clone, Copy)]
+struct Call<'a> {
+    shared: &'a Shared,
+    policy: &'a RetryPolicy,
+    op: Op,
+    stream: &'a str,
+    reader: Option<ForReader<'a>>,
+}
+
+impl Call<'_> {
+    /// Tells the reader's clock whether the service answered.
+    fn answered(&self, yes: bool) {
+        if let Some(r) = self.reader {
+            if yes {
+                r.answers.answered();
+            } else {
+                r.answers.silent();
+            }
+        }
+    }
+
+    /// Makes one attempt within the policy's attempt timeout; one that
+    /// does not answer in time is a transient failure, counted as a
+    /// timeout.
+    async fn attempt<T, Fut>(&self, attempt: Fut) -> Result<T, Classified>
+    where
+        Fut: Future<Output = Result<T, Classified>>,
+    {
+        let (op, stream) = (self.op, self.stream);
+        match tokio::time::timeout(self.policy.attempt_timeout, attempt).await {
             Ok(Ok(v)) => {
-                answered(true);
-                return Ok((v, held));
+                self.answered(true);
+                Ok(v)
             }
             Ok(Err(e)) => {
-                answered(e.answered);
-                e
+                self.answered(e.answered);
+                Err(e)
             }
             Err(_) => {
-                answered(false);
-                shared.stats.call_timeout();
+                self.answered(false);
+                self.shared.stats.call_timeout();
                 metrics::counter!(
                     KINESIS_CALL_TIMEOUTS,
                     "stream" => stream.to_owned(),
                     "call" => op.as_str()
                 )
                 .increment(1);
-                Classified {
+                Err(Classified {
                     class: Class::Transient,
                     code: None,
                     answered: false,
                     error: format!(
                         "{} did not answer within {:?}",
                         op.as_str(),
-                        policy.attempt_timeout
+                        self.policy.attempt_timeout
                     )
                     .into(),
-                }
+                })
             }
-        };
+        }
+    }
+
+    /// Counts a failed attempt by its class: whether it counts toward
+    /// `max_transient` (throttles and denied access do only without a
+    /// reader), or `None` for an error retrying does not fix.
+    fn count_failure(&self, error: &Classified) -> Option<bool> {
+        let (op, stream) = (self.op, self.stream);
         match error.class {
             Class::Throttled => {
-                shared.stats.throttle();
+                self.shared.stats.throttle();
                 metrics::counter!(
                     KINESIS_THROTTLES,
                     "stream" => stream.to_owned(),
                     "call" => op.as_str()
                 )
                 .increment(1);
-                if reader.is_none() {
-                    failures += 1;
-                }
+                Some(self.reader.is_none())
             }
             Class::AccessDenied => {
-                shared.stats.access_denied();
+                self.shared.stats.access_denied();
                 let code = error.code.clone().unwrap_or_default();
                 metrics::counter!(
                     KINESIS_ACCESS_ERRORS,
@@ -330,24 +381,28 @@ where
                 warn!(stream, call = op.as_str(), code, error = %error.error,
                     "access to the stream or its KMS key is denied; keeping the shard and retrying \
                      until the permissions or the key are fixed");
-                if reader.is_none() {
-                    failures += 1;
-                }
+                Some(self.reader.is_none())
             }
-            Class::Transient => failures += 1,
-            _ => return Err(Failure::Classified(error)),
+            Class::Transient => Some(true),
+            _ => None,
         }
-        if failures > policy.max_transient {
-            return Err(Failure::Exhausted(error));
-        }
-        shared.stats.retry();
+    }
+
+    /// Counts the retry about to be made.
+    fn count_retry(&self) {
+        self.shared.stats.retry();
         metrics::counter!(
             KINESIS_RETRIES,
-            "stream" => stream.to_owned(),
-            "call" => op.as_str()
+            "stream" => self.stream.to_owned(),
+            "call" => self.op.as_str()
         )
         .increment(1);
-        drop(held);
+    }
+
+    /// The pause before the next attempt (logged; a storm of retries shows
+    /// at warn level once per interval).
+    async fn pause(&self, backoff: &mut kcl_core::backoff::Pauses, error: &Classified) {
+        let (op, stream) = (self.op, self.stream);
         let delay = backoff.next_or_max();
         debug!(stream, call = op.as_str(), code = ?error.code, ?delay, "retrying Kinesis call");
         let limiter = if error.class == Class::Throttled {
@@ -372,8 +427,8 @@ mod tests {
 
     use super::*;
     use crate::calls::KinesisApi;
-    use crate::config::PollingConfig;
     use crate::fake::FakeKinesis;
+    use crate::polling::PollingConfig;
 
     /// Counts the guards alive.
     struct Guard(Arc<AtomicUsize>);
@@ -387,7 +442,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn what_an_attempt_holds_is_given_back_before_the_retry_pause() {
         let api: Arc<dyn KinesisApi> = Arc::new(FakeKinesis::default());
-        let shared = Shared::new(api, PollingConfig::default(), None, 1024 * 1024);
+        let shared = Shared::new(
+            api,
+            PollingConfig::default().retry_policy(),
+            None,
+            1024 * 1024,
+        );
         let policy = RetryPolicy {
             attempt_timeout: Duration::from_secs(1),
             backoff: Backoff::new(Duration::from_secs(60), Duration::from_secs(60)),

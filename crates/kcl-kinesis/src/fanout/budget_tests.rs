@@ -12,7 +12,6 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::FanOutConfigBuilder;
-use super::fake::FakeFanOut;
 use super::tests::{STREAM, config, held};
 use crate::KinesisShardSource;
 use crate::budget::estimate::MIN_EVENT_RESERVATION;
@@ -20,6 +19,7 @@ use crate::calls::{KinesisApi, Shared};
 use crate::fake::FakeKinesis;
 use crate::kpl::{UserRecord, aggregate};
 use crate::records::held_bytes;
+use crate::test_util::fanout::FakeFanOut;
 
 const KIB: usize = 1024;
 const MIB: usize = 1024 * KIB;
@@ -50,7 +50,7 @@ fn worker_with(shards: usize, budget: usize, config: FanOutConfigBuilder) -> Wor
     );
     source.shared = Shared::new(
         Arc::clone(&source.shared.api),
-        source.shared.polling.clone(),
+        source.shared.retry,
         None,
         budget,
     );

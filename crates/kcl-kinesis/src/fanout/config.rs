@@ -6,7 +6,7 @@ use crate::calls::retry::{RetryPolicy, RetrySettings};
 
 use kcl_core::backoff::Pauses;
 
-use crate::config::ConfigError;
+use kcl_core::ConfigError;
 
 /// How long a stream-consumer call (describe, register, deregister) may
 /// take; they answer in milliseconds.

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use aws_sdk_kinesis::operation::describe_stream_consumer::DescribeStreamConsumerOutput;
 use aws_sdk_kinesis::types::ConsumerStatus;
 use kcl_core::backoff::Backoff;
 use kcl_core::metric_names::KINESIS_FANOUT_CONSUMERS_REGISTERED;
@@ -92,23 +93,7 @@ impl FanOut {
         let Some((stream_arn, _)) = arn.split_once("/consumer/") else {
             return Ok(false);
         };
-        let described = retrying(
-            shared,
-            &self.config.retry_policy(),
-            Op::DescribeStreamConsumer,
-            stream,
-            None,
-            || {
-                shared.stats.consumer_call();
-                async move {
-                    self.api
-                        .describe_stream_consumer(stream_arn, &self.name)
-                        .await
-                        .map_err(classify)
-                }
-            },
-        )
-        .await;
+        let described = self.describe(shared, stream, stream_arn).await;
         match described {
             Ok(out) => Ok(out.consumer_description.is_some_and(|c| {
                 c.consumer_arn == arn && c.consumer_status == ConsumerStatus::Active
@@ -131,14 +116,8 @@ impl FanOut {
             .collect();
         let mut done = 0;
         for (stream, arn) in known {
-            let out = retrying(
-                shared,
-                &self.config.retry_policy(),
-                Op::DeregisterStreamConsumer,
-                &stream,
-                None,
-                || {
-                    shared.stats.consumer_call();
+            let out = self
+                .consumer_call(shared, Op::DeregisterStreamConsumer, &stream, || {
                     let arn = arn.as_str();
                     async move {
                         self.api
@@ -146,9 +125,8 @@ impl FanOut {
                             .await
                             .map_err(classify)
                     }
-                },
-            )
-            .await;
+                })
+                .await;
             match out {
                 Ok(_) => {
                     info!(%stream, consumer = %self.name, "stream consumer deregistered");
@@ -170,24 +148,7 @@ impl FanOut {
         let mut polls = STATUS_POLL.pauses();
         let mut last_status: Option<ConsumerStatus> = None;
         loop {
-            let described = retrying(
-                shared,
-                &self.config.retry_policy(),
-                Op::DescribeStreamConsumer,
-                stream,
-                None,
-                || {
-                    shared.stats.consumer_call();
-                    let stream_arn = stream_arn.as_str();
-                    async move {
-                        self.api
-                            .describe_stream_consumer(stream_arn, &self.name)
-                            .await
-                            .map_err(classify)
-                    }
-                },
-            )
-            .await;
+            let described = self.describe(shared, stream, &stream_arn).await;
             match described {
                 Ok(out) => {
                     if let Some(c) = out.consumer_description {
@@ -232,14 +193,8 @@ impl FanOut {
         stream: &str,
         stream_arn: &str,
     ) -> Result<(), SourceError> {
-        let out = retrying(
-            shared,
-            &self.config.retry_policy(),
-            Op::RegisterStreamConsumer,
-            stream,
-            None,
-            || {
-                shared.stats.consumer_call();
+        let out = self
+            .consumer_call(shared, Op::RegisterStreamConsumer, stream, || {
                 async move {
                     self.api
                         .register_stream_consumer(stream_arn, &self.name)
@@ -255,9 +210,8 @@ impl FanOut {
                             c
                         })
                 }
-            },
-        )
-        .await;
+            })
+            .await;
         match out {
             Ok(_) => {
                 info!(%stream, consumer = %self.name, "registered stream consumer");
@@ -278,23 +232,14 @@ impl FanOut {
     }
 
     async fn stream_arn(&self, shared: &Shared, stream: &str) -> Result<String, SourceError> {
-        let out = retrying(
-            shared,
-            &self.config.retry_policy(),
-            Op::DescribeStreamSummary,
-            stream,
-            None,
-            || {
-                shared.stats.consumer_call();
-                async move {
-                    self.api
-                        .describe_stream_summary(stream)
-                        .await
-                        .map_err(classify)
-                }
-            },
-        )
-        .await;
+        let out = self
+            .consumer_call(shared, Op::DescribeStreamSummary, stream, || async move {
+                self.api
+                    .describe_stream_summary(stream)
+                    .await
+                    .map_err(classify)
+            })
+            .await;
         match out {
             Ok(out) => match out.stream_description_summary {
                 Some(summary) if !summary.stream_arn.is_empty() => Ok(summary.stream_arn),
@@ -311,6 +256,50 @@ impl FanOut {
             }
             Err(f) => Err(self.error(stream, f, "describing the stream")),
         }
+    }
+
+    /// A stream-consumer call, counted and retried with the fan-out policy;
+    /// without a lease, as consumers are looked after outside any reader.
+    async fn consumer_call<T, F, Fut>(
+        &self,
+        shared: &Shared,
+        op: Op,
+        stream: &str,
+        mut call: F,
+    ) -> Result<T, Failure>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, Classified>>,
+    {
+        retrying(
+            shared,
+            &self.config.retry_policy(),
+            op,
+            stream,
+            None,
+            || {
+                shared.stats.consumer_call();
+                call()
+            },
+        )
+        .await
+    }
+
+    /// `DescribeStreamConsumer` of this source's consumer of the stream
+    /// `stream_arn` (`stream` names it in metrics and errors).
+    async fn describe(
+        &self,
+        shared: &Shared,
+        stream: &str,
+        stream_arn: &str,
+    ) -> Result<DescribeStreamConsumerOutput, Failure> {
+        self.consumer_call(shared, Op::DescribeStreamConsumer, stream, || async move {
+            self.api
+                .describe_stream_consumer(stream_arn, &self.name)
+                .await
+                .map_err(classify)
+        })
+        .await
     }
 
     fn error(&self, stream: &str, failure: Failure, what: &str) -> SourceError {

@@ -7,12 +7,12 @@ use std::time::Duration;
 use kcl_core::source::StartPosition;
 use tokio::time::Instant;
 
-use super::fake::{StreamFault, SubscribeFault};
 use super::reader::SUBSCRIBE_INTERVAL;
 use super::tests::{
-    STREAM, config, expected, held, open, open_at, payloads, put_plain, read_n, setup,
+    STREAM, after, config, expected, held, open, open_at, payloads, put_plain, read_n, setup,
 };
 use crate::calls::IteratorStart;
+use crate::test_util::fanout::{StreamFault, SubscribeFault};
 
 #[tokio::test(start_paused = true)]
 async fn a_silent_subscription_is_replaced_within_the_event_timeout() {
@@ -80,17 +80,9 @@ async fn a_trimmed_checkpoint_resubscribes_at_trim_horizon_and_is_counted() {
     let s = setup(config().build().expect("config"));
     let seqs = put_plain(&s, 0..8);
     s.kinesis.trim(STREAM, &s.shard, 5);
-    let mut reader = open_at(
-        &s,
-        &s.shard,
-        StartPosition::AfterCheckpoint {
-            seq: seqs[1].clone(),
-            sub: 0,
-        },
-        held(&s.shard),
-    )
-    .await
-    .expect("open");
+    let mut reader = open_at(&s, &s.shard, after(&seqs[1]), held(&s.shard))
+        .await
+        .expect("open");
     let (records, errors) = read_n(reader.as_mut(), 3).await;
     assert_eq!((payloads(&records), errors), (expected(5..8), 0));
     assert_eq!(s.source.stats().trimmed_starts, 1);

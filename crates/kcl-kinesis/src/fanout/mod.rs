@@ -12,7 +12,9 @@
 //!   registration by another worker answers `ResourceInUse`, which means
 //!   "it exists"), waited for until ACTIVE within a bound, deregistered at
 //!   shutdown only when configured.
-//! - `reader`: the `ShardReader` and its subscription task.
+//! - `reader`: the `ShardReader` and its subscription task; what the task
+//!   does with each event (`reader::event`) and with each failed
+//!   subscription (`reader::failure`).
 //! - `api`: the calls behind a crate-private trait (the seam for the unit
 //!   tests' fake) and the classification of event-stream errors.
 //!
@@ -59,14 +61,14 @@ mod reader;
 
 #[cfg(test)]
 mod budget_tests;
-#[cfg(any(test, feature = "test-util"))]
-pub(crate) mod fake;
 #[cfg(test)]
 mod fault_tests;
 #[cfg(test)]
 mod tests;
 
 pub(crate) use api::FanOutApi;
+#[cfg(any(test, feature = "test-util"))]
+pub(crate) use api::{EventStream, StreamError};
 pub use config::{DeregisterConsumer, FanOutConfig, FanOutConfigBuilder, MAX_CONSUMER_NAME_LEN};
 pub(crate) use consumer::FanOut;
 pub(crate) use reader::FanOutReader;

@@ -1,39 +1,40 @@
-//! The fan-out reader and its subscription task.
+//! The fan-out reader and its subscription task: subscribing, reading a
+//! subscription with room for each event, and pacing; what the task does
+//! with each event is in `event`, with each failed subscription in
+//! `failure`.
 
-use std::cmp::Ordering;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aws_sdk_kinesis::types::{SubscribeToShardEvent, SubscribeToShardEventStream};
+use aws_sdk_kinesis::types::SubscribeToShardEventStream;
 use kcl_core::backoff::Pauses;
-use kcl_core::checkpointer::SequenceNumber;
 use kcl_core::leases::LeaseHandle;
 use kcl_core::metric_names::{
-    KINESIS_ACCESS_ERRORS, KINESIS_BYTES_FETCHED, KINESIS_FANOUT_CLOSED_SHARD_CHECKS,
-    KINESIS_FANOUT_ERRORS, KINESIS_FANOUT_EVENTS, KINESIS_FANOUT_REPEATED_RECORDS,
-    KINESIS_FANOUT_RESUBSCRIBES, KINESIS_FANOUT_SILENT_SUBSCRIPTIONS, KINESIS_FANOUT_SUBSCRIPTIONS,
-    KINESIS_MILLIS_BEHIND_LATEST, KINESIS_RECORDS_FETCHED, KINESIS_THROTTLES,
+    KINESIS_BYTES_FETCHED, KINESIS_FANOUT_CLOSED_SHARD_CHECKS, KINESIS_FANOUT_ERRORS,
+    KINESIS_FANOUT_EVENTS, KINESIS_FANOUT_REPEATED_RECORDS, KINESIS_FANOUT_RESUBSCRIBES,
+    KINESIS_FANOUT_SILENT_SUBSCRIPTIONS, KINESIS_FANOUT_SUBSCRIPTIONS,
+    KINESIS_MILLIS_BEHIND_LATEST, KINESIS_RECORDS_FETCHED,
 };
-use kcl_core::source::{AnswerClock, Batch, ChildShard, OpenShard, SourceError};
+use kcl_core::source::{AnswerClock, Batch, OpenShard, SourceError};
 use metrics::{Counter, Gauge};
 use tokio::sync::mpsc::{self, OwnedPermit};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use super::FanOut;
 use super::api::{EventStream, IN_USE, classify_stream};
-use crate::budget::{EventEstimate, Held, Reservation};
+use crate::budget::{EventEstimate, HeldBudget, Reservation};
 use crate::calls::IteratorStart;
 use crate::calls::Shared;
 use crate::calls::classify::{Class, Classified, classify};
-use crate::calls::retry::{Failure, ForReader, retryable};
-use crate::discovery::{children_in, list_after, reported_children};
-use crate::gone::{Missing, past_trim_horizon, why_missing};
-use crate::records::{Records, Start, Taken, held_bytes};
+use crate::records::{Records, Start};
 use crate::task_reader::{Delivery, TaskReader};
+
+mod event;
+mod failure;
 
 /// Kinesis accepts one `SubscribeToShard` per second per consumer and
 /// shard; a reader never subscribes faster.
@@ -75,7 +76,7 @@ struct Room {
 pub(crate) struct Buffered {
     batch: Batch,
     _bytes: OwnedSemaphorePermit,
-    _worker: Held,
+    _worker: HeldBudget,
 }
 
 /// A [`ShardReader`](kcl_core::source::ShardReader) on one shard, fed by
@@ -462,185 +463,6 @@ impl Subscriber {
         self.subscriptions += 1;
     }
 
-    /// Handles a failed subscription: waits before the next one, reports
-    /// persistent transient failures, ends the reader on fatal ones.
-    /// `Ok(false)` when the task is done: the reader went away, or the
-    /// shard turned out to be past retention and its end was queued.
-    async fn failed(&mut self, c: Classified, backoff: &mut Pauses) -> Result<bool, SourceError> {
-        self.shared.stats.subscription_error();
-        self.meters.error(&c);
-        let in_use = c.code.as_deref() == Some(IN_USE);
-        match c.class {
-            Class::Throttled => {
-                self.shared.stats.throttle();
-                metrics::counter!(
-                    KINESIS_THROTTLES,
-                    "stream" => self.stream.clone(),
-                    "call" => "subscribe_to_shard"
-                )
-                .increment(1);
-            }
-            // Another subscription of this consumer still holds the shard:
-            // the previous owner's (AWS lets a new one take over after 5 s,
-            // kinesis-mock once the old connection is gone) or our own
-            // previous one, not yet torn down. Waiting it out is the only
-            // remedy, and it is not a failure worth reporting.
-            Class::Transient if in_use => {}
-            Class::Transient => {
-                self.transient_failures += 1;
-                if self.transient_failures > self.fanout.config.retry.max_transient {
-                    self.transient_failures = 0;
-                    let e = retryable(&self.stream, &self.shard_id, c.error);
-                    warn!(stream = %self.stream, shard = %self.shard_id, error = %e,
-                        "subscriptions keep failing; still retrying");
-                    if self.tx.send(Err(e)).await.is_err() {
-                        return Ok(false);
-                    }
-                    return self.back_off(backoff).await.map(|()| true);
-                }
-            }
-            Class::AccessDenied => {
-                // The stream's KMS key or the permissions: only an operator
-                // can fix them, and every worker would fail alike, so the
-                // shard stays here and the subscription is retried.
-                self.shared.stats.access_denied();
-                metrics::counter!(
-                    KINESIS_ACCESS_ERRORS,
-                    "stream" => self.stream.clone(),
-                    "call" => "subscribe_to_shard",
-                    "code" => c.code.clone().unwrap_or_default()
-                )
-                .increment(1);
-                warn!(stream = %self.stream, shard = %self.shard_id, code = ?c.code, error = %c.error,
-                    "access to the stream or its KMS key is denied; keeping the shard and \
-                     subscribing again until the permissions or the key are fixed");
-            }
-            Class::NotFound => {
-                let missing = match why_missing(&self.shared, &self.stream, &self.shard_id).await {
-                    Ok(missing) => missing,
-                    Err(e) if e.is_retryable() => {
-                        self.report_and_back_off(e, backoff).await?;
-                        return Ok(true);
-                    }
-                    Err(e) => return Err(e),
-                };
-                return match missing {
-                    // Past retention: the shard is over.
-                    Missing::Expired(children) => {
-                        self.send_end(children).await;
-                        Ok(false)
-                    }
-                    Missing::Stream => Err(SourceError::StreamNotFound {
-                        stream: self.stream.clone(),
-                    }),
-                    Missing::Listed => self.listed_not_found(c, backoff).await,
-                };
-            }
-            Class::InvalidArgument => {
-                let position = self.position();
-                let trimmed = past_trim_horizon(
-                    &self.shared,
-                    &self.stream,
-                    &self.shard_id,
-                    &position,
-                    ForReader {
-                        lease: &self.lease,
-                        answers: &self.answers,
-                    },
-                )
-                .await;
-                let trimmed = match trimmed {
-                    Ok(trimmed) => trimmed,
-                    Err(e) if e.is_retryable() => {
-                        self.report_and_back_off(e, backoff).await?;
-                        return Ok(true);
-                    }
-                    Err(e) => return Err(e),
-                };
-                match trimmed {
-                    Some(horizon) => {
-                        self.restart_at = Some(horizon);
-                        return Ok(true);
-                    }
-                    None => return Err(self.fatal(c, "Kinesis rejected the subscription")),
-                }
-            }
-            _ => return Err(self.fatal(c, "Kinesis rejected the subscription")),
-        }
-        debug!(stream = %self.stream, shard = %self.shard_id, code = ?c.code, error = %c.error,
-            "subscription failed; subscribing again");
-        self.back_off(backoff).await.map(|()| true)
-    }
-
-    /// `ResourceNotFound` for a shard that is not gone (listed, or too new
-    /// for the listing): either the consumer was deregistered, or the
-    /// answer about the shard was stale, as for a child right after a
-    /// split. Only a missing consumer is dropped (the next open registers
-    /// it again) and ends the reader; a stale answer is reported and
-    /// retried with backoff, as polling does, and the consumer kept.
-    async fn listed_not_found(
-        &mut self,
-        c: Classified,
-        backoff: &mut Pauses,
-    ) -> Result<bool, SourceError> {
-        let registered = self
-            .fanout
-            .is_registered(&self.shared, &self.stream, &self.consumer_arn)
-            .await;
-        match registered {
-            Ok(true) => {
-                let e = retryable(&self.stream, &self.shard_id, c.error);
-                self.report_and_back_off(e, backoff).await?;
-                Ok(true)
-            }
-            Ok(false) => {
-                self.fanout.forget(&self.stream, &self.consumer_arn);
-                Err(self.fatal(c, "the stream consumer does not exist"))
-            }
-            Err(e) if e.is_retryable() => {
-                self.report_and_back_off(e, backoff).await?;
-                Ok(true)
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Tells the reader about a failure the task keeps retrying, then
-    /// waits out the next backoff step.
-    async fn report_and_back_off(
-        &self,
-        e: SourceError,
-        backoff: &mut Pauses,
-    ) -> Result<(), SourceError> {
-        warn!(stream = %self.stream, shard = %self.shard_id, error = %e,
-            "Kinesis keeps failing; still retrying");
-        // If the reader is gone the task ends at its next check.
-        let _ = self.tx.send(Err(e)).await;
-        self.back_off(backoff).await
-    }
-
-    /// Queues the end of a shard that has no records left (it expired).
-    /// False if the reader is gone.
-    async fn send_end(&self, children: Vec<ChildShard>) -> bool {
-        let Ok(budget) = Arc::clone(&self.bytes).acquire_many_owned(0).await else {
-            return false;
-        };
-        let worker = self.shared.budget.nothing();
-        let batch = Batch {
-            records: Vec::new(),
-            millis_behind_latest: Some(0),
-            shard_end: Some(children),
-        };
-        self.tx
-            .send(Ok(Buffered {
-                batch,
-                _bytes: budget,
-                _worker: worker,
-            }))
-            .await
-            .is_ok()
-    }
-
     async fn back_off(&self, backoff: &mut Pauses) -> Result<(), SourceError> {
         let delay = backoff.next_or_max();
         self.sleep_until(Instant::now() + delay).await
@@ -765,227 +587,4 @@ impl Subscriber {
         let bytes = self.estimate.reservation();
         self.shared.budget.reserve(bytes).await
     }
-
-    /// True unless the record was already received, or lies before the
-    /// resume checkpoint.
-    fn is_new(&self, seq: &str) -> bool {
-        if let Some(last) = self.pipeline.last_sequence() {
-            return SequenceNumber::order(seq, last) == Ordering::Greater;
-        }
-        if let Some(floor) = &self.floor {
-            return SequenceNumber::order(seq, floor) != Ordering::Less;
-        }
-        true
-    }
-
-    /// De-aggregates an event and queues it for the reader in the slot of
-    /// `room`, keeping what it holds of the room's reservation.
-    async fn on_event(
-        &mut self,
-        event: SubscribeToShardEvent,
-        room: Room,
-    ) -> Result<Flow, SourceError> {
-        self.shared.stats.event();
-        self.meters.events.increment(1);
-        self.answers.answered();
-        self.received_event = true;
-        self.restart_at = None;
-
-        let SubscribeToShardEvent {
-            records,
-            continuation_sequence_number: continuation,
-            millis_behind_latest,
-            child_shards,
-            ..
-        } = event;
-        let received = records.len();
-        let records: Vec<_> = records
-            .into_iter()
-            .filter(|r| self.is_new(&r.sequence_number))
-            .collect();
-        if records.len() < received {
-            // A resubscription may start before records already received
-            // (an endpoint that treats an unknown sequence number as
-            // TRIM_HORIZON, say); delivering them again would break order.
-            let repeated = received - records.len();
-            self.meters.repeated.increment(repeated as u64);
-            debug!(stream = %self.stream, shard = %self.shard_id, repeated,
-                "dropped records received before");
-        }
-        if !records.is_empty() {
-            self.floor = None;
-        }
-        if !continuation.is_empty() {
-            self.continuation = Some(continuation.clone());
-        }
-        let Taken {
-            user,
-            fetched,
-            payload_bytes,
-        } = self.pipeline.take(records);
-        self.shared
-            .stats
-            .fetched(user.len() as u64, payload_bytes as u64);
-        self.meters.records.increment(user.len() as u64);
-        self.meters.bytes.increment(payload_bytes as u64);
-        let bytes = held_bytes(&user);
-        // Counted as soon as the records are made (a KPL aggregate's
-        // expansion included), before anything below may wait.
-        let Room { slot, worker } = room;
-        let worker = self.shared.budget.keep(worker, bytes);
-        self.estimate.saw(bytes);
-        let behind = u64::try_from(millis_behind_latest).ok();
-        if let Some(ms) = behind {
-            self.meters.millis_behind_latest.set(ms as f64);
-        }
-
-        // Kinesis ends a shard's last event with its children and without
-        // a continuation sequence number.
-        let announced =
-            continuation.is_empty() || child_shards.as_ref().is_some_and(|c| !c.is_empty());
-        let shard_end = if announced {
-            match self.children(child_shards).await? {
-                Some(children) => Some(children),
-                None => return Ok(Flow::ReaderGone),
-            }
-        } else if fetched == 0 && behind == Some(0) && self.closed_check_due() {
-            match self.check_closed().await? {
-                Closed::No => None,
-                Closed::Yes(children) => Some(children),
-                Closed::ReaderGone => return Ok(Flow::ReaderGone),
-            }
-        } else {
-            None
-        };
-
-        // The event may have waited in the transport while the lease ran
-        // out: nothing read under a lease is queued after it.
-        if !self.lease.is_valid() {
-            return Err(self.lease_lost());
-        }
-        let end = shard_end.is_some();
-        // Our own slot counts as taken: anything less than the full
-        // capacity beyond it means a batch is already waiting, and an
-        // empty batch would say nothing new.
-        if user.is_empty() && !end && self.tx.capacity() + 1 < self.tx.max_capacity() {
-            return Ok(Flow::Continue);
-        }
-        let max = self.fanout.config.max_buffered_bytes;
-        // The budget fits in u32 (validated at build()); a batch larger
-        // than the whole budget takes all of it.
-        let wanted = u32::try_from(bytes.min(max)).unwrap_or(u32::MAX);
-        let Ok(budget) = Arc::clone(&self.bytes).acquire_many_owned(wanted).await else {
-            return Ok(Flow::ReaderGone);
-        };
-        slot.send(Ok(Buffered {
-            batch: Batch {
-                records: user,
-                millis_behind_latest: behind,
-                shard_end,
-            },
-            _bytes: budget,
-            _worker: worker,
-        }));
-        Ok(if end { Flow::ShardEnd } else { Flow::Continue })
-    }
-
-    fn closed_check_due(&self) -> bool {
-        let Some(interval) = self.fanout.config.closed_shard_check_interval else {
-            return false;
-        };
-        self.last_closed_check.elapsed() >= interval
-    }
-
-    /// Asks with `GetShardIterator` + `GetRecords` whether the shard is
-    /// closed and nothing follows the last record received: for endpoints
-    /// that never announce the end in an event. Best effort: a failed
-    /// check is tried again at the next interval.
-    async fn check_closed(&mut self) -> Result<Closed, SourceError> {
-        self.last_closed_check = Instant::now();
-        self.meters.closed_checks.increment(1);
-        // Where the next subscription would start (after a trimmed start,
-        // TRIM_HORIZON rather than the trimmed position).
-        let start = self.position();
-        // Best effort, so without the lease: throttles and denied access
-        // count toward the transient limit instead of retrying forever.
-        let (stream, shard) = (self.stream.as_str(), self.shard_id.as_str());
-        let failed = |c: Classified| {
-            debug!(stream, shard, error = %c.error,
-                "closed-shard check failed; trying again later");
-            Ok(Closed::No)
-        };
-        let iterator = match self
-            .shared
-            .shard_iterator(stream, shard, &start, None)
-            .await
-        {
-            Ok(Some(it)) => it,
-            Ok(None) => return Ok(Closed::No),
-            Err(Failure::LeaseLost) => return Err(self.lease_lost()),
-            Err(Failure::Classified(c) | Failure::Exhausted(c)) => return failed(c),
-        };
-        let out = match self.shared.peek_records(stream, &iterator, 1, None).await {
-            Ok(out) => out,
-            Err(Failure::LeaseLost) => return Err(self.lease_lost()),
-            Err(Failure::Classified(c) | Failure::Exhausted(c)) => return failed(c),
-        };
-        let open = out
-            .next_shard_iterator
-            .as_deref()
-            .is_some_and(|it| !it.is_empty());
-        if open || !out.records.is_empty() {
-            // Open, or records still to come: the subscription brings them.
-            return Ok(Closed::No);
-        }
-        info!(stream = %self.stream, shard = %self.shard_id,
-            "shard is closed and fully read, though no event said so");
-        Ok(match self.children(out.child_shards).await? {
-            Some(children) => Closed::Yes(children),
-            None => Closed::ReaderGone,
-        })
-    }
-
-    /// The children of the closed shard: as reported, or, when those are
-    /// missing or incomplete, from `ListShards`. `None` if the reader went
-    /// away while retrying.
-    async fn children(
-        &self,
-        reported: Option<Vec<aws_sdk_kinesis::types::ChildShard>>,
-    ) -> Result<Option<Vec<ChildShard>>, SourceError> {
-        if let Some(children) = reported_children(reported) {
-            return Ok(Some(children));
-        }
-        debug!(stream = %self.stream, shard = %self.shard_id,
-            "shard ended without child shards; looking its children up");
-        loop {
-            if !self.lease.is_valid() {
-                return Err(self.lease_lost());
-            }
-            match list_after(&self.shared, &self.stream, &self.shard_id).await {
-                Ok(shards) => {
-                    let children = children_in(shards, &self.shard_id);
-                    if children.is_empty() {
-                        warn!(stream = %self.stream, shard = %self.shard_id,
-                            "closed shard has no children in ListShards");
-                    }
-                    return Ok(Some(children));
-                }
-                Err(e) if e.is_retryable() => {
-                    warn!(stream = %self.stream, shard = %self.shard_id, error = %e,
-                        "listing the children keeps failing; still retrying");
-                    if self.tx.send(Err(e)).await.is_err() {
-                        return Ok(None);
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-}
-
-/// What a closed-shard check found.
-enum Closed {
-    No,
-    Yes(Vec<ChildShard>),
-    ReaderGone,
 }

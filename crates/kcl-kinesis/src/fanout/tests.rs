@@ -1,20 +1,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use kcl_core::leases::{EndReason, LeaseHandle};
 use kcl_core::source::{OpenShard, ShardReader, ShardSource, SourceError, StartPosition};
-use kcl_core::{Checkpoint, Lease, Record};
 
 use super::api::FanOutApi;
-use super::fake::{FakeFanOut, StreamFault, SubscribeFault};
 use super::{DeregisterConsumer, FanOutConfig, FanOutConfigBuilder};
 use crate::KinesisShardSource;
 use crate::calls::{IteratorStart, KinesisApi};
 use crate::fake::FakeKinesis;
-use crate::kpl::{UserRecord, aggregate};
-
-pub(super) const STREAM: &str = "orders";
+use crate::test_util::fanout::{FakeFanOut, StreamFault, SubscribeFault};
+pub(super) use crate::test_util::readers::{
+    STREAM, after, expected, handle, held, payloads, put_aggregate_between, read_n,
+};
 
 pub(super) fn config() -> FanOutConfigBuilder {
     FanOutConfig::builder()
@@ -61,12 +59,13 @@ pub(super) fn put_plain(s: &Setup, range: std::ops::Range<usize>) -> Vec<String>
         .collect()
 }
 
-pub(super) fn handle(shard: &str, valid_for: Duration) -> LeaseHandle {
-    LeaseHandle::detached(Lease::new(shard, Checkpoint::TrimHorizon), valid_for)
-}
-
-pub(super) fn held(shard: &str) -> LeaseHandle {
-    handle(shard, Duration::from_secs(3600))
+/// Puts records `r0` to `r{n-1}` one per event: each while the
+/// subscription polls, 200 ms apart.
+pub(super) async fn put_one_per_event(s: &Setup, n: usize) {
+    for i in 0..n {
+        s.kinesis.put(STREAM, &s.shard, "pk", format!("r{i}"));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 pub(super) async fn open_at(
@@ -84,37 +83,6 @@ pub(super) async fn open(s: &Setup, position: StartPosition) -> Box<dyn ShardRea
     open_at(s, &s.shard, position, held(&s.shard))
         .await
         .expect("open")
-}
-
-/// Reads until `n` records arrived; returns them and the retryable errors
-/// seen on the way.
-pub(super) async fn read_n(reader: &mut dyn ShardReader, n: usize) -> (Vec<Record>, usize) {
-    let mut records = Vec::new();
-    let mut errors = 0;
-    let read = async {
-        while records.len() < n {
-            match reader.next_batch().await {
-                Ok(batch) => records.extend(batch.records),
-                Err(e) if e.is_retryable() => errors += 1,
-                Err(e) => panic!("read failed: {e}"),
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(600), read)
-        .await
-        .expect("read timed out");
-    (records, errors)
-}
-
-pub(super) fn payloads(records: &[Record]) -> Vec<String> {
-    records
-        .iter()
-        .map(|r| String::from_utf8_lossy(&r.data).into_owned())
-        .collect()
-}
-
-pub(super) fn expected(range: std::ops::Range<usize>) -> Vec<String> {
-    range.map(|i| format!("r{i}")).collect()
 }
 
 #[tokio::test(start_paused = true)]
@@ -462,11 +430,7 @@ async fn opening_with_a_lost_lease_makes_no_call() {
 async fn a_stalled_processor_stops_the_event_stream() {
     let s = setup(config().max_buffered_batches(2).build().expect("config"));
     let mut reader = open(&s, StartPosition::TrimHorizon).await;
-    // One record per event: each put while the subscription polls.
-    for i in 0..20 {
-        s.kinesis.put(STREAM, &s.shard, "pk", format!("r{i}"));
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    put_one_per_event(&s, 20).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     // Two batches wait in the channel, and one more event was read and
     // waits for room; the rest stay unread at the service.
@@ -480,10 +444,7 @@ async fn a_stalled_processor_stops_the_event_stream() {
 async fn a_long_stall_lets_the_subscription_go_and_resumes_after_it() {
     let s = setup(config().max_buffered_batches(1).build().expect("config"));
     let mut reader = open(&s, StartPosition::TrimHorizon).await;
-    for i in 0..10 {
-        s.kinesis.put(STREAM, &s.shard, "pk", format!("r{i}"));
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    put_one_per_event(&s, 10).await;
     // Nobody reads: after the stall limit the subscription is let go, so
     // its unread data no longer holds the connection's window.
     tokio::time::sleep(Duration::from_secs(15)).await;
@@ -521,16 +482,7 @@ async fn the_byte_budget_bounds_what_is_buffered() {
 #[tokio::test(start_paused = true)]
 async fn resume_inside_an_aggregate_skips_the_done_sub_records() {
     let s = setup(config().build().expect("config"));
-    s.kinesis.put(STREAM, &s.shard, "pk", "before");
-    let subs: Vec<UserRecord> = (0..5)
-        .map(|i| UserRecord {
-            partition_key: format!("pk-{i}"),
-            explicit_hash_key: None,
-            data: Bytes::from(format!("sub {i}")),
-        })
-        .collect();
-    let seq = s.kinesis.put(STREAM, &s.shard, "pk-0", aggregate(&subs));
-    s.kinesis.put(STREAM, &s.shard, "pk", "after");
+    let seq = put_aggregate_between(&s.kinesis, &s.shard);
     let mut reader = open(
         &s,
         StartPosition::AfterCheckpoint {
@@ -561,14 +513,7 @@ async fn records_before_the_resume_checkpoint_are_never_delivered() {
     // An endpoint that starts over at TRIM_HORIZON for the first
     // subscription still delivers nothing before the checkpoint.
     s.fake.restart_from_trim_horizon();
-    let mut reader = open(
-        &s,
-        StartPosition::AfterCheckpoint {
-            seq: seqs[2].clone(),
-            sub: 0,
-        },
-    )
-    .await;
+    let mut reader = open(&s, after(&seqs[2])).await;
     let (records, _) = read_n(reader.as_mut(), 3).await;
     assert_eq!(payloads(&records), expected(3..6));
 }

@@ -238,103 +238,152 @@ impl Deaggregator {
     /// Decodes an aggregate (magic already checked) and appends its
     /// sub-records. Returns how many lie outside the shard.
     fn split(&self, raw: &RawRecord, out: &mut Vec<Record>) -> Result<usize, MalformedReason> {
-        let len = raw.data.len();
-        if len < MAGIC.len() + DIGEST_LEN {
-            return Err(MalformedReason::Truncated { len });
-        }
-        let body_end = len - DIGEST_LEN;
-        // `slice` shares the buffer; decoding from it makes every `data`
-        // field a view into the fetched record rather than a copy.
-        let body = raw.data.slice(MAGIC.len()..body_end);
-        if md5(&body) != raw.data[body_end..] {
-            return Err(MalformedReason::DigestMismatch);
-        }
-        let agg = proto::AggregatedRecord::decode(body)
-            .map_err(|e| MalformedReason::Decode(DecodeError(e)))?;
-        if agg.records.is_empty() {
-            return Err(MalformedReason::Empty);
-        }
-
-        // Explicit hash keys are parsed once per table entry, not per
-        // sub-record. An invalid entry is only an error if a sub-record
-        // uses it (as in the Java KCL, which parses them lazily).
-        let ehk_values: Vec<Result<u128, HashKeyError>> = agg
-            .explicit_hash_key_table
-            .iter()
-            .map(|s| parse_hash_key(s))
-            .collect();
-        // Likewise the partition keys' hashes, needed only for the range check.
-        let pk_hashes: Vec<u128> = match self.shard_range {
-            Some(_) => agg
-                .partition_key_table
-                .iter()
-                .map(|pk| partition_key_hash(pk))
-                .collect(),
-            None => Vec::new(),
-        };
-
+        let agg = decode(raw)?;
+        let keys = KeyTables::of(
+            &agg.partition_key_table,
+            &agg.explicit_hash_key_table,
+            self.shard_range.is_some(),
+        );
         out.reserve(agg.records.len());
         let mut outside = 0;
         for (sub, rec) in (0u64..).zip(agg.records) {
-            let missing = |field| MalformedReason::MissingField { sub, field };
-            let pk_index = rec
-                .partition_key_index
-                .ok_or_else(|| missing("Record.partition_key_index"))?;
-            let data = rec.data.ok_or_else(|| missing("Record.data"))?;
-            if rec.tags.iter().any(|t| t.key.is_none()) {
-                return Err(missing("Tag.key"));
-            }
-            let pk_slot = table_slot(pk_index, agg.partition_key_table.len()).ok_or(
-                MalformedReason::PartitionKeyIndexOutOfRange {
-                    sub,
-                    index: pk_index,
-                    table_len: agg.partition_key_table.len(),
-                },
-            )?;
-            let partition_key = &agg.partition_key_table[pk_slot];
-
-            let (explicit_hash_key, ehk_value) = match rec.explicit_hash_key_index {
-                None => (None, None),
-                Some(index) => {
-                    let slot = table_slot(index, agg.explicit_hash_key_table.len()).ok_or(
-                        MalformedReason::ExplicitHashKeyIndexOutOfRange {
-                            sub,
-                            index,
-                            table_len: agg.explicit_hash_key_table.len(),
-                        },
-                    )?;
-                    // `slot` is in range of both: `ehk_values` mirrors the table.
-                    match &ehk_values[slot] {
-                        Ok(v) => (Some(agg.explicit_hash_key_table[slot].clone()), Some(*v)),
-                        Err(e) => {
-                            return Err(MalformedReason::InvalidExplicitHashKey {
-                                sub,
-                                source: e.clone(),
-                            });
-                        }
-                    }
-                }
-            };
-
+            let (record, pk_slot, ehk_value) = keys.sub_record(raw, sub, rec)?;
             if let Some(range) = self.shard_range {
                 // `pk_hashes` mirrors the partition key table when a range is set.
-                let hash_key = ehk_value.unwrap_or(pk_hashes[pk_slot]);
+                let hash_key = ehk_value.unwrap_or(keys.pk_hashes[pk_slot]);
                 if !range.contains(hash_key) {
                     outside += 1;
                 }
             }
-
-            out.push(Record {
-                data,
-                partition_key: partition_key.clone(),
-                explicit_hash_key,
-                sequence_number: raw.sequence_number.clone(),
-                sub_sequence_number: sub,
-                approximate_arrival: raw.approximate_arrival,
-                aggregated: true,
-            });
+            out.push(record);
         }
         Ok(outside)
+    }
+}
+
+/// Checks an aggregate's length and digest and decodes its body: the
+/// checks before any sub-record is looked at.
+fn decode(raw: &RawRecord) -> Result<proto::AggregatedRecord, MalformedReason> {
+    let len = raw.data.len();
+    if len < MAGIC.len() + DIGEST_LEN {
+        return Err(MalformedReason::Truncated { len });
+    }
+    let body_end = len - DIGEST_LEN;
+    // `slice` shares the buffer; decoding from it makes every `data`
+    // field a view into the fetched record rather than a copy.
+    let body = raw.data.slice(MAGIC.len()..body_end);
+    if md5(&body) != raw.data[body_end..] {
+        return Err(MalformedReason::DigestMismatch);
+    }
+    let agg = proto::AggregatedRecord::decode(body)
+        .map_err(|e| MalformedReason::Decode(DecodeError(e)))?;
+    if agg.records.is_empty() {
+        return Err(MalformedReason::Empty);
+    }
+    Ok(agg)
+}
+
+/// An aggregate's key tables, each entry parsed once for all the
+/// sub-records that name it.
+struct KeyTables<'a> {
+    partition_keys: &'a [String],
+    explicit_hash_keys: &'a [String],
+    /// Mirrors `explicit_hash_keys`. An invalid entry is only an error if a
+    /// sub-record uses it (as in the Java KCL, which parses them lazily).
+    ehk_values: Vec<Result<u128, HashKeyError>>,
+    /// Mirrors `partition_keys` when the shard range is checked, else empty.
+    pk_hashes: Vec<u128>,
+}
+
+impl<'a> KeyTables<'a> {
+    /// Parses the tables; the partition keys' hashes only if `ranged`
+    /// (they are needed only for the range check).
+    fn of(partition_keys: &'a [String], explicit_hash_keys: &'a [String], ranged: bool) -> Self {
+        // Explicit hash keys are parsed once per table entry, not per
+        // sub-record.
+        let ehk_values: Vec<Result<u128, HashKeyError>> = explicit_hash_keys
+            .iter()
+            .map(|s| parse_hash_key(s))
+            .collect();
+        let pk_hashes: Vec<u128> = if ranged {
+            partition_keys
+                .iter()
+                .map(|pk| partition_key_hash(pk))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        KeyTables {
+            partition_keys,
+            explicit_hash_keys,
+            ehk_values,
+            pk_hashes,
+        }
+    }
+
+    /// Sub-record `sub` as a user record, with its partition key's slot
+    /// and its explicit hash key's value (for the range check); an error
+    /// for a missing field or a key index out of its table.
+    fn sub_record(
+        &self,
+        raw: &RawRecord,
+        sub: u64,
+        rec: proto::Record,
+    ) -> Result<(Record, usize, Option<u128>), MalformedReason> {
+        let missing = |field| MalformedReason::MissingField { sub, field };
+        let pk_index = rec
+            .partition_key_index
+            .ok_or_else(|| missing("Record.partition_key_index"))?;
+        let data = rec.data.ok_or_else(|| missing("Record.data"))?;
+        if rec.tags.iter().any(|t| t.key.is_none()) {
+            return Err(missing("Tag.key"));
+        }
+        let pk_slot = table_slot(pk_index, self.partition_keys.len()).ok_or(
+            MalformedReason::PartitionKeyIndexOutOfRange {
+                sub,
+                index: pk_index,
+                table_len: self.partition_keys.len(),
+            },
+        )?;
+        let partition_key = &self.partition_keys[pk_slot];
+        let (explicit_hash_key, ehk_value) =
+            self.explicit_hash_key(sub, rec.explicit_hash_key_index)?;
+        let record = Record {
+            data,
+            partition_key: partition_key.clone(),
+            explicit_hash_key,
+            sequence_number: raw.sequence_number.clone(),
+            sub_sequence_number: sub,
+            approximate_arrival: raw.approximate_arrival,
+            aggregated: true,
+        };
+        Ok((record, pk_slot, ehk_value))
+    }
+
+    /// The explicit hash key a sub-record names, if any, and its value.
+    fn explicit_hash_key(
+        &self,
+        sub: u64,
+        index: Option<u64>,
+    ) -> Result<(Option<String>, Option<u128>), MalformedReason> {
+        let Some(index) = index else {
+            return Ok((None, None));
+        };
+        let slot = table_slot(index, self.explicit_hash_keys.len()).ok_or(
+            MalformedReason::ExplicitHashKeyIndexOutOfRange {
+                sub,
+                index,
+                table_len: self.explicit_hash_keys.len(),
+            },
+        )?;
+        // `slot` is in range of both: `ehk_values` mirrors the table.
+        match &self.ehk_values[slot] {
+            Ok(v) => Ok((Some(self.explicit_hash_keys[slot].clone()), Some(*v))),
+            Err(e) => Err(MalformedReason::InvalidExplicitHashKey {
+                sub,
+                source: e.clone(),
+            }),
+        }
     }
 }
 

@@ -36,8 +36,9 @@ pub fn skip_checkpointed(records: &mut Vec<Record>, checkpoint: &Checkpoint) -> 
 mod tests {
     use bytes::Bytes;
 
-    use super::super::{RawRecord, UserRecord, aggregate, deaggregate};
+    use super::super::{RawRecord, aggregate, deaggregate};
     use super::*;
+    use crate::test_util::readers::sub_records;
 
     const SEQ: &str = "49590338271490256608559692538361571095921575989136588898";
 
@@ -51,13 +52,7 @@ mod tests {
             sequence_number: seq.to_owned(),
             approximate_arrival: None,
         };
-        let subs: Vec<UserRecord> = (0..5)
-            .map(|i| UserRecord {
-                partition_key: format!("pk-{i}"),
-                explicit_hash_key: None,
-                data: Bytes::from(format!("sub {i}")),
-            })
-            .collect();
+        let subs = sub_records(5);
         let mut out = Vec::new();
         for raw in [
             fetched(

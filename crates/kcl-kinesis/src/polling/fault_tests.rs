@@ -8,14 +8,10 @@ use kcl_core::source::{OpenShard, ShardSource, SourceError, StartPosition};
 use tokio::time::Instant;
 
 use super::tests::{
-    STREAM, Setup, expected, handle, open, payloads, polling, put_plain, read_n, setup,
+    STREAM, Setup, after, expected, held, open, payloads, polling, put_plain, read_n, setup,
 };
 use crate::MIN_TIME_BETWEEN_READS;
 use crate::faults::{Call, Fault};
-
-fn hour() -> Duration {
-    Duration::from_secs(3600)
-}
 
 async fn try_open(s: &Setup, position: StartPosition) -> Result<(), SourceError> {
     s.source
@@ -23,7 +19,7 @@ async fn try_open(s: &Setup, position: StartPosition) -> Result<(), SourceError>
             STREAM,
             s.shard.clone(),
             position,
-            handle(&s.shard, hour()),
+            held(&s.shard),
         ))
         .await
         .map(drop)
@@ -35,7 +31,7 @@ async fn an_expired_split_parent_ends_with_its_children_so_they_start() {
     put_plain(&s, 3);
     let kids = s.fake.split(STREAM, &s.shard, true);
     s.fake.expire(STREAM, &s.shard);
-    let mut reader = open(&s, StartPosition::TrimHorizon, handle(&s.shard, hour())).await;
+    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     let batch = reader.next_batch().await.expect("the end");
     assert!(batch.records.is_empty(), "its records are gone");
     let children = batch.shard_end.expect("SHARD_END, not an error");
@@ -53,7 +49,7 @@ async fn read_all(s: &Setup, shard: &str) -> Vec<String> {
             STREAM,
             shard,
             StartPosition::TrimHorizon,
-            handle(shard, hour()),
+            held(shard),
         ))
         .await
         .expect("open");
@@ -71,7 +67,7 @@ async fn read_all(s: &Setup, shard: &str) -> Vec<String> {
 async fn a_shard_that_expires_while_read_ends_where_it_was() {
     let s = setup(polling().build().expect("config"));
     put_plain(&s, 5);
-    let mut reader = open(&s, StartPosition::TrimHorizon, handle(&s.shard, hour())).await;
+    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     let (records, _) = read_n(reader.as_mut(), 5).await;
     assert_eq!(payloads(&records), expected(0..5));
     // Split while read: the next records go to the children; then the
@@ -122,7 +118,7 @@ async fn a_shard_too_new_for_the_listing_is_not_taken_for_expired() {
             STREAM,
             "shardId-000000000099",
             StartPosition::TrimHorizon,
-            handle("shardId-000000000099", hour()),
+            held("shardId-000000000099"),
         ))
         .await
         .map(drop)
@@ -135,7 +131,7 @@ async fn a_shard_too_new_for_the_listing_is_not_taken_for_expired() {
 async fn a_stale_not_found_while_reading_is_reported_and_reading_goes_on() {
     let s = setup(polling().build().expect("config"));
     put_plain(&s, 3);
-    let mut reader = open(&s, StartPosition::TrimHorizon, handle(&s.shard, hour())).await;
+    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     let (first, _) = read_n(reader.as_mut(), 3).await;
     assert_eq!(payloads(&first), expected(0..3));
     s.faults.inject(Call::GetRecords, Fault::ResourceNotFound);
@@ -178,15 +174,7 @@ async fn a_checkpoint_behind_the_trim_horizon_resumes_there_and_is_counted() {
     let s = setup(polling().build().expect("config"));
     let seqs = put_plain(&s, 10);
     s.fake.trim(STREAM, &s.shard, 6);
-    let mut reader = open(
-        &s,
-        StartPosition::AfterCheckpoint {
-            seq: seqs[2].clone(),
-            sub: 0,
-        },
-        handle(&s.shard, hour()),
-    )
-    .await;
+    let mut reader = open(&s, after(&seqs[2]), held(&s.shard)).await;
     let (records, errors) = read_n(reader.as_mut(), 4).await;
     assert_eq!((payloads(&records), errors), (expected(6..10), 0));
     assert_eq!(s.source.stats().trimmed_starts, 1);
@@ -202,15 +190,7 @@ async fn an_invalid_checkpoint_that_is_not_trimmed_is_an_error_not_a_replay() {
     let seqs = put_plain(&s, 5);
     s.faults
         .inject(Call::GetShardIterator, Fault::InvalidArgument);
-    let err = try_open(
-        &s,
-        StartPosition::AfterCheckpoint {
-            seq: seqs[3].clone(),
-            sub: 0,
-        },
-    )
-    .await
-    .expect_err("rejected");
+    let err = try_open(&s, after(&seqs[3])).await.expect_err("rejected");
     assert!(matches!(err, SourceError::Fatal { .. }), "{err:?}");
     assert_eq!(s.source.stats().trimmed_starts, 0);
 }
@@ -228,7 +208,7 @@ async fn calls_cut_short_by_the_prefetch_budget_keep_the_200_ms_floor() {
     );
     put_plain(&s, 100);
     let started = Instant::now();
-    let mut reader = open(&s, StartPosition::TrimHorizon, handle(&s.shard, hour())).await;
+    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     let (records, _) = read_n(reader.as_mut(), 100).await;
     assert_eq!(payloads(&records), expected(0..100));
     let calls = s.fake.get_records_calls();
@@ -247,7 +227,7 @@ async fn a_hung_get_records_is_abandoned_after_the_call_timeout() {
     put_plain(&s, 3);
     s.faults.inject(Call::GetRecords, Fault::Hang);
     let started = Instant::now();
-    let mut reader = open(&s, StartPosition::TrimHorizon, handle(&s.shard, hour())).await;
+    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     let (records, errors) = read_n(reader.as_mut(), 3).await;
     assert_eq!((payloads(&records), errors), (expected(0..3), 0));
     let stats = s.source.stats();
@@ -270,7 +250,7 @@ async fn a_hung_get_shard_iterator_is_abandoned_too() {
     );
     put_plain(&s, 2);
     s.faults.inject(Call::GetShardIterator, Fault::Hang);
-    let mut reader = open(&s, StartPosition::TrimHorizon, handle(&s.shard, hour())).await;
+    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     let (records, _) = read_n(reader.as_mut(), 2).await;
     assert_eq!(payloads(&records), expected(0..2));
     assert_eq!(s.source.stats().call_timeouts, 1);
@@ -286,7 +266,7 @@ async fn kms_and_access_errors_are_retried_without_giving_the_shard_up() {
         s.faults.inject(Call::GetShardIterator, Fault::AccessDenied);
         s.faults.inject(Call::GetRecords, fault);
     }
-    let mut reader = open(&s, StartPosition::TrimHorizon, handle(&s.shard, hour())).await;
+    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     let (records, errors) = read_n(reader.as_mut(), 4).await;
     assert_eq!(payloads(&records), expected(0..4));
     assert_eq!(errors, 0, "nothing reported: the reader keeps the shard");
@@ -311,7 +291,7 @@ async fn catching_up_through_partial_pages_is_not_held_back_by_the_idle_pause() 
     put_plain(&s, 100);
     s.fake.cap_pages(STREAM, &s.shard, Some(10));
     let started = Instant::now();
-    let mut reader = open(&s, StartPosition::TrimHorizon, handle(&s.shard, hour())).await;
+    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     let (records, _) = read_n(reader.as_mut(), 100).await;
     assert_eq!(payloads(&records), expected(0..100));
     assert_eq!(s.fake.get_records_calls(), 10);
@@ -333,7 +313,7 @@ async fn empty_pages_while_behind_are_followed_at_the_floor_not_the_idle_time() 
     );
     put_plain(&s, 5);
     s.fake.cap_pages(STREAM, &s.shard, Some(0));
-    let _reader = open(&s, StartPosition::TrimHorizon, handle(&s.shard, hour())).await;
+    let _reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     tokio::time::sleep(Duration::from_millis(1990)).await;
     // One call every 200 ms: 10 in the first two seconds.
     assert_eq!(s.fake.get_records_calls(), 10);
@@ -348,7 +328,7 @@ async fn a_trickling_shard_costs_time_between_reads_and_an_idle_one_the_idle_tim
             .build()
             .expect("the defaults are valid"),
     );
-    let mut reader = open(&s, StartPosition::TrimHorizon, handle(&s.shard, hour())).await;
+    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     // Idle: one call a second.
     let mut batches = 0;
     let until = Instant::now() + Duration::from_millis(9_990);

@@ -1,18 +1,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use kcl_core::leases::{EndReason, LeaseHandle};
 use kcl_core::source::{OpenShard, ShardReader, ShardSource, SourceError, StartPosition};
-use kcl_core::{Checkpoint, Lease, Record};
 
 use crate::calls::KinesisApi;
 use crate::fake::FakeKinesis;
 use crate::faults::{Call, Fault, FaultInjector, Faulty};
-use crate::kpl::{UserRecord, aggregate};
+pub(super) use crate::test_util::readers::{
+    STREAM, after, expected, handle, held, payloads, put_aggregate_between, read_n,
+};
 use crate::{KinesisShardSource, PollingConfig};
-
-pub(super) const STREAM: &str = "orders";
 
 pub(super) fn polling() -> crate::PollingConfigBuilder {
     PollingConfig::builder()
@@ -55,10 +53,6 @@ pub(super) fn put_plain(s: &Setup, n: usize) -> Vec<String> {
         .collect()
 }
 
-pub(super) fn handle(shard: &str, valid_for: Duration) -> LeaseHandle {
-    LeaseHandle::detached(Lease::new(shard, Checkpoint::TrimHorizon), valid_for)
-}
-
 pub(super) async fn open(
     s: &Setup,
     position: StartPosition,
@@ -70,47 +64,11 @@ pub(super) async fn open(
         .expect("open")
 }
 
-/// Reads until `n` records arrived; returns them and the retryable errors
-/// seen on the way.
-pub(super) async fn read_n(reader: &mut dyn ShardReader, n: usize) -> (Vec<Record>, usize) {
-    let mut records = Vec::new();
-    let mut errors = 0;
-    let read = async {
-        while records.len() < n {
-            match reader.next_batch().await {
-                Ok(batch) => records.extend(batch.records),
-                Err(e) if e.is_retryable() => errors += 1,
-                Err(e) => panic!("read failed: {e}"),
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(600), read)
-        .await
-        .expect("read timed out");
-    (records, errors)
-}
-
-pub(super) fn payloads(records: &[Record]) -> Vec<String> {
-    records
-        .iter()
-        .map(|r| String::from_utf8_lossy(&r.data).into_owned())
-        .collect()
-}
-
-pub(super) fn expected(range: std::ops::Range<usize>) -> Vec<String> {
-    range.map(|i| format!("r{i}")).collect()
-}
-
 #[tokio::test(start_paused = true)]
 async fn reads_every_record_in_order_across_batches() {
     let s = setup(polling().build().expect("config"));
     let seqs = put_plain(&s, 25);
-    let mut reader = open(
-        &s,
-        StartPosition::TrimHorizon,
-        handle(&s.shard, Duration::from_secs(3600)),
-    )
-    .await;
+    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     let (records, errors) = read_n(reader.as_mut(), 25).await;
     assert_eq!(errors, 0);
     assert_eq!(payloads(&records), expected(0..25));
@@ -127,12 +85,7 @@ async fn reads_every_record_in_order_across_batches() {
 async fn latest_reads_only_new_records() {
     let s = setup(polling().build().expect("config"));
     put_plain(&s, 5);
-    let mut reader = open(
-        &s,
-        StartPosition::Latest,
-        handle(&s.shard, Duration::from_secs(3600)),
-    )
-    .await;
+    let mut reader = open(&s, StartPosition::Latest, held(&s.shard)).await;
     s.fake.put(STREAM, &s.shard, "pk", "new");
     let (records, _) = read_n(reader.as_mut(), 1).await;
     assert_eq!(payloads(&records), ["new"]);
@@ -144,12 +97,7 @@ async fn expired_iterator_mid_read_loses_and_repeats_nothing() {
     // so the fault lands in the middle of the shard.
     let s = setup(polling().max_prefetch_records(10).build().expect("config"));
     put_plain(&s, 45);
-    let mut reader = open(
-        &s,
-        StartPosition::TrimHorizon,
-        handle(&s.shard, Duration::from_secs(3600)),
-    )
-    .await;
+    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     let (mut records, _) = read_n(reader.as_mut(), 10).await;
     s.faults.inject(Call::GetRecords, Fault::ExpiredIterator);
     let (rest, errors) = read_n(reader.as_mut(), 35).await;
@@ -168,15 +116,7 @@ async fn expired_iterator_before_any_record_restarts_at_the_checkpoint() {
     let s = setup(polling().build().expect("config"));
     let seqs = put_plain(&s, 6);
     s.faults.inject(Call::GetRecords, Fault::ExpiredIterator);
-    let mut reader = open(
-        &s,
-        StartPosition::AfterCheckpoint {
-            seq: seqs[2].clone(),
-            sub: 0,
-        },
-        handle(&s.shard, Duration::from_secs(3600)),
-    )
-    .await;
+    let mut reader = open(&s, after(&seqs[2]), held(&s.shard)).await;
     let (records, _) = read_n(reader.as_mut(), 3).await;
     assert_eq!(payloads(&records), expected(3..6));
 }
@@ -185,12 +125,7 @@ async fn expired_iterator_before_any_record_restarts_at_the_checkpoint() {
 async fn throttling_backs_off_retries_and_is_counted() {
     let s = setup(polling().max_prefetch_records(10).build().expect("config"));
     put_plain(&s, 30);
-    let mut reader = open(
-        &s,
-        StartPosition::TrimHorizon,
-        handle(&s.shard, Duration::from_secs(3600)),
-    )
-    .await;
+    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     let (mut records, _) = read_n(reader.as_mut(), 10).await;
     for fault in [
         Fault::ProvisionedThroughputExceeded,
@@ -222,12 +157,7 @@ async fn transient_failures_are_reported_after_the_limit_and_reading_goes_on() {
             .expect("config"),
     );
     put_plain(&s, 20);
-    let mut reader = open(
-        &s,
-        StartPosition::TrimHorizon,
-        handle(&s.shard, Duration::from_secs(3600)),
-    )
-    .await;
+    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     let (mut records, _) = read_n(reader.as_mut(), 10).await;
     for fault in [
         Fault::InternalFailure,
@@ -247,7 +177,7 @@ async fn transient_failures_are_reported_after_the_limit_and_reading_goes_on() {
 async fn lease_lost_stops_without_another_get_records() {
     let s = setup(polling().build().expect("config"));
     put_plain(&s, 5);
-    let lease = handle(&s.shard, Duration::from_secs(3600));
+    let lease = held(&s.shard);
     let mut reader = open(&s, StartPosition::TrimHorizon, lease.clone()).await;
     read_n(reader.as_mut(), 5).await;
     lease.end_for_test(EndReason::Lost);
@@ -284,23 +214,14 @@ async fn lease_expiry_stops_the_fetcher_by_itself() {
 #[tokio::test(start_paused = true)]
 async fn resume_inside_an_aggregate_skips_the_done_sub_records() {
     let s = setup(polling().build().expect("config"));
-    s.fake.put(STREAM, &s.shard, "pk", "before");
-    let subs: Vec<UserRecord> = (0..5)
-        .map(|i| UserRecord {
-            partition_key: format!("pk-{i}"),
-            explicit_hash_key: None,
-            data: Bytes::from(format!("sub {i}")),
-        })
-        .collect();
-    let seq = s.fake.put(STREAM, &s.shard, "pk-0", aggregate(&subs));
-    s.fake.put(STREAM, &s.shard, "pk", "after");
+    let seq = put_aggregate_between(&s.fake, &s.shard);
     let mut reader = open(
         &s,
         StartPosition::AfterCheckpoint {
             seq: seq.clone(),
             sub: 2,
         },
-        handle(&s.shard, Duration::from_secs(3600)),
+        held(&s.shard),
     )
     .await;
     let (records, _) = read_n(reader.as_mut(), 3).await;
@@ -322,12 +243,7 @@ async fn shard_end_names_the_children() {
         let s = setup(polling().build().expect("config"));
         put_plain(&s, 3);
         let kids = s.fake.split(STREAM, &s.shard, report_children);
-        let mut reader = open(
-            &s,
-            StartPosition::TrimHorizon,
-            handle(&s.shard, Duration::from_secs(3600)),
-        )
-        .await;
+        let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
         let batch = reader.next_batch().await.expect("last batch");
         assert_eq!(payloads(&batch.records), expected(0..3));
         let children = batch.shard_end.expect("shard end");
@@ -358,12 +274,7 @@ async fn shard_end_names_the_children() {
 async fn prefetch_is_bounded_in_records() {
     let s = setup(polling().max_prefetch_records(20).build().expect("config"));
     put_plain(&s, 100);
-    let mut reader = open(
-        &s,
-        StartPosition::TrimHorizon,
-        handle(&s.shard, Duration::from_secs(3600)),
-    )
-    .await;
+    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     // Two 10-record responses fill the budget; the fetcher then waits for
     // free budget before calling again, however long the consumer stalls.
@@ -378,12 +289,7 @@ async fn prefetch_is_bounded_in_bytes() {
     for i in 0..50 {
         s.fake.put(STREAM, &s.shard, "pk", vec![b'x'; 1000 + i]);
     }
-    let mut reader = open(
-        &s,
-        StartPosition::TrimHorizon,
-        handle(&s.shard, Duration::from_secs(3600)),
-    )
-    .await;
+    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     // A 10-record response (>10 kB) takes the whole 3 kB budget; the next
     // call waits for it to be handed out.
@@ -396,12 +302,7 @@ async fn prefetch_is_bounded_in_bytes() {
 async fn dropping_the_reader_stops_its_task() {
     let s = setup(polling().build().expect("config"));
     put_plain(&s, 3);
-    let mut reader = open(
-        &s,
-        StartPosition::TrimHorizon,
-        handle(&s.shard, Duration::from_secs(3600)),
-    )
-    .await;
+    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     read_n(reader.as_mut(), 3).await;
     drop(reader);
     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -437,12 +338,7 @@ async fn iterators_that_keep_expiring_are_replaced_with_backoff() {
         s.faults.inject(Call::GetRecords, Fault::ExpiredIterator);
     }
     let started = tokio::time::Instant::now();
-    let mut reader = open(
-        &s,
-        StartPosition::TrimHorizon,
-        handle(&s.shard, Duration::from_secs(3600)),
-    )
-    .await;
+    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     let (records, errors) = read_n(reader.as_mut(), 5).await;
     assert_eq!((payloads(&records), errors), (expected(0..5), 0));
     assert_eq!(s.source.stats().expired_iterators, 3);

@@ -1,6 +1,7 @@
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
+
+use kcl_core::test_util::metrics::Recorded;
 
 use super::super::{UserRecord, aggregate};
 use super::*;
@@ -496,77 +497,6 @@ fn reasons_have_distinct_labels_and_readable_messages() {
 
 // --- the malformed report reaches logs and metrics -------------------
 
-#[derive(Default, Clone)]
-struct Counters(Arc<Mutex<BTreeMap<String, u64>>>);
-
-struct Count {
-    key: String,
-    counters: Counters,
-}
-
-impl metrics::CounterFn for Count {
-    fn increment(&self, value: u64) {
-        *self
-            .counters
-            .0
-            .lock()
-            .unwrap()
-            .entry(self.key.clone())
-            .or_default() += value;
-    }
-    fn absolute(&self, value: u64) {
-        self.counters
-            .0
-            .lock()
-            .unwrap()
-            .insert(self.key.clone(), value);
-    }
-}
-
-impl metrics::Recorder for Counters {
-    fn describe_counter(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn describe_gauge(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn describe_histogram(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
-        let labels: Vec<String> = key
-            .labels()
-            .map(|l| format!("{}={}", l.key(), l.value()))
-            .collect();
-        metrics::Counter::from_arc(Arc::new(Count {
-            key: format!("{}{{{}}}", key.name(), labels.join(",")),
-            counters: self.clone(),
-        }))
-    }
-    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-        metrics::Gauge::noop()
-    }
-    fn register_histogram(
-        &self,
-        _: &metrics::Key,
-        _: &metrics::Metadata<'_>,
-    ) -> metrics::Histogram {
-        metrics::Histogram::noop()
-    }
-}
-
 thread_local! {
     /// The log text of the current test thread, while it is observed.
     static CAPTURED: std::cell::RefCell<Option<Vec<u8>>> = const { std::cell::RefCell::new(None) };
@@ -606,11 +536,11 @@ fn observed(f: impl FnOnce()) -> (BTreeMap<String, u64>, String) {
             .finish();
         tracing::subscriber::set_global_default(subscriber).unwrap();
     });
-    let counters = Counters::default();
+    let counters = Recorded::new();
     CAPTURED.with(|c| *c.borrow_mut() = Some(Vec::new()));
     metrics::with_local_recorder(&counters, f);
     let logs = CAPTURED.with(|c| c.borrow_mut().take()).unwrap_or_default();
-    let counts = counters.0.lock().unwrap().clone();
+    let counts = counters.counters();
     (counts, String::from_utf8(logs).unwrap())
 }
 

@@ -1,5 +1,5 @@
 //! An in-memory stand-in for the fan-out calls, on top of
-//! [`crate::fake::FakeKinesis`]: a subscription reads the fake's shard with
+//! [`FakeKinesis`]: a subscription reads the fake's shard with
 //! its `GetRecords`, so records, splits and children come from one place.
 //!
 //! Like Kinesis, an event is pushed as soon as records are there, and an
@@ -47,9 +47,9 @@ use aws_smithy_runtime_api::http::StatusCode;
 use aws_smithy_types::body::SdkBody;
 use aws_smithy_types::event_stream::RawMessage;
 
-use super::api::{EventStream, FanOutApi, StreamError};
+use super::fake::FakeKinesis;
 use crate::calls::{IteratorStart, KinesisApi, ListShardsPage};
-use crate::fake::FakeKinesis;
+use crate::fanout::{EventStream, FanOutApi, StreamError};
 
 /// How often an open subscription looks for new records.
 const POLL: Duration = Duration::from_millis(50);
@@ -386,87 +386,107 @@ impl FanOutApi for FakeFanOut {
         shard_id: &str,
         start: &IteratorStart,
     ) -> Result<Box<dyn EventStream>, SdkError<SubscribeToShardError>> {
-        let (stream_fault, end_after, silent_end, start) = {
-            let mut s = self.lock();
-            s.subscriptions
-                .push((tokio::time::Instant::now(), start.clone()));
-            if let Some(fault) = s.subscribe_faults.pop_front() {
-                return Err(match fault {
-                    SubscribeFault::InUse => service(
-                        SubscribeToShardError::ResourceInUseException(
-                            ResourceInUseException::builder().build(),
-                        ),
-                        400,
-                    ),
-                    SubscribeFault::LimitExceeded => service(
-                        SubscribeToShardError::LimitExceededException(
-                            LimitExceededException::builder().build(),
-                        ),
-                        400,
-                    ),
-                    SubscribeFault::NotFound => service(
-                        SubscribeToShardError::ResourceNotFoundException(
-                            ResourceNotFoundException::builder().build(),
-                        ),
-                        400,
-                    ),
-                    SubscribeFault::InternalFailure => service(
-                        SubscribeToShardError::generic(
-                            ErrorMetadata::builder().code("InternalFailure").build(),
-                        ),
-                        500,
-                    ),
-                    SubscribeFault::AccessDenied => service(
-                        SubscribeToShardError::AccessDeniedException(
-                            AccessDeniedException::builder().build(),
-                        ),
-                        400,
-                    ),
-                });
-            }
-            let known = s.consumers.values().any(|c| c.arn == consumer_arn);
-            if !known {
-                return Err(service(
-                    SubscribeToShardError::ResourceNotFoundException(
-                        ResourceNotFoundException::builder().build(),
-                    ),
-                    400,
-                ));
-            }
-            if !s.active.insert(shard_id.to_owned()) {
-                return Err(service(
-                    SubscribeToShardError::ResourceInUseException(
-                        ResourceInUseException::builder().build(),
-                    ),
-                    400,
-                ));
-            }
-            let start = if std::mem::take(&mut s.restart_from_trim_horizon) {
-                IteratorStart::TrimHorizon
-            } else {
-                start.clone()
-            };
-            (
-                s.stream_faults.pop_front(),
-                s.end_after_events,
-                s.silent_end,
-                start,
-            )
-        };
+        let admitted = self.admit(consumer_arn, shard_id, start)?;
         let stream = stream_of(consumer_arn.split("/consumer/").next().unwrap_or_default());
-        let iterator = match self
+        let iterator = self
+            .first_iterator(stream, shard_id, &admitted.start)
+            .await?;
+        let continuation = self.before(&iterator).await;
+        Ok(Box::new(FakeEvents {
+            fake: self.clone(),
+            shard_id: shard_id.to_owned(),
+            iterator: Some(iterator),
+            continuation,
+            sent: 0,
+            stream_fault: admitted.stream_fault,
+            end_after: admitted.end_after,
+            silent_end: admitted.silent_end,
+            done: false,
+        }))
+    }
+}
+
+/// What a subscription the fake admitted is scripted to do.
+#[derive(Debug)]
+struct Admitted {
+    stream_fault: Option<(usize, StreamFault)>,
+    end_after: Option<usize>,
+    silent_end: bool,
+    /// Where it starts (TRIM_HORIZON if the script says so).
+    start: IteratorStart,
+}
+
+impl FakeFanOut {
+    /// Records a `SubscribeToShard` and admits it (the shard then has an
+    /// active subscription), or fails it: as scripted, for an unknown
+    /// consumer, or while another subscription to the shard is active.
+    // The error is the one `subscribe_to_shard` answers with, as the SDK
+    // types it; boxing it here would only be undone there.
+    #[allow(clippy::result_large_err)]
+    fn admit(
+        &self,
+        consumer_arn: &str,
+        shard_id: &str,
+        start: &IteratorStart,
+    ) -> Result<Admitted, SdkError<SubscribeToShardError>> {
+        let mut s = self.lock();
+        s.subscriptions
+            .push((tokio::time::Instant::now(), start.clone()));
+        if let Some(fault) = s.subscribe_faults.pop_front() {
+            return Err(subscribe_error(fault));
+        }
+        let known = s.consumers.values().any(|c| c.arn == consumer_arn);
+        if !known {
+            return Err(service(
+                SubscribeToShardError::ResourceNotFoundException(
+                    ResourceNotFoundException::builder().build(),
+                ),
+                400,
+            ));
+        }
+        if !s.active.insert(shard_id.to_owned()) {
+            return Err(service(
+                SubscribeToShardError::ResourceInUseException(
+                    ResourceInUseException::builder().build(),
+                ),
+                400,
+            ));
+        }
+        let start = if std::mem::take(&mut s.restart_from_trim_horizon) {
+            IteratorStart::TrimHorizon
+        } else {
+            start.clone()
+        };
+        Ok(Admitted {
+            stream_fault: s.stream_faults.pop_front(),
+            end_after: s.end_after_events,
+            silent_end: s.silent_end,
+            start,
+        })
+    }
+
+    /// The admitted subscription's first iterator on the fake Kinesis; on
+    /// failure the shard's subscription ends, with the error Kinesis gives
+    /// for a bad start (`InvalidArgument`) or a missing shard.
+    async fn first_iterator(
+        &self,
+        stream: &str,
+        shard_id: &str,
+        start: &IteratorStart,
+    ) -> Result<String, SdkError<SubscribeToShardError>> {
+        match self
             .kinesis
-            .get_shard_iterator(stream, shard_id, &start)
+            .get_shard_iterator(stream, shard_id, start)
             .await
         {
-            Ok(out) => out.shard_iterator.expect("iterator"),
+            Ok(out) => Ok(out.shard_iterator.expect("iterator")),
             Err(e) => {
                 self.lock().active.remove(shard_id);
                 let invalid = matches!(
                     e.as_service_error(),
                     Some(GetShardIteratorError::InvalidArgumentException(_))
                 );
-                return Err(if invalid {
+                Err(if invalid {
                     service(
                         SubscribeToShardError::InvalidArgumentException(
                             InvalidArgumentException::builder().build(),
@@ -480,21 +500,43 @@ impl FanOutApi for FakeFanOut {
                         ),
                         400,
                     )
-                });
+                })
             }
-        };
-        let continuation = self.before(&iterator).await;
-        Ok(Box::new(FakeEvents {
-            fake: self.clone(),
-            shard_id: shard_id.to_owned(),
-            iterator: Some(iterator),
-            continuation,
-            sent: 0,
-            stream_fault,
-            end_after,
-            silent_end,
-            done: false,
-        }))
+        }
+    }
+}
+
+/// The error a scripted `SubscribeToShard` failure answers.
+fn subscribe_error(fault: SubscribeFault) -> SdkError<SubscribeToShardError> {
+    match fault {
+        SubscribeFault::InUse => service(
+            SubscribeToShardError::ResourceInUseException(
+                ResourceInUseException::builder().build(),
+            ),
+            400,
+        ),
+        SubscribeFault::LimitExceeded => service(
+            SubscribeToShardError::LimitExceededException(
+                LimitExceededException::builder().build(),
+            ),
+            400,
+        ),
+        SubscribeFault::NotFound => service(
+            SubscribeToShardError::ResourceNotFoundException(
+                ResourceNotFoundException::builder().build(),
+            ),
+            400,
+        ),
+        SubscribeFault::InternalFailure => service(
+            SubscribeToShardError::generic(
+                ErrorMetadata::builder().code("InternalFailure").build(),
+            ),
+            500,
+        ),
+        SubscribeFault::AccessDenied => service(
+            SubscribeToShardError::AccessDeniedException(AccessDeniedException::builder().build()),
+            400,
+        ),
     }
 }
 

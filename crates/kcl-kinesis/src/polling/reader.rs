@@ -1,23 +1,6 @@
-//! Polling retrieval: `GetShardIterator` once, then `GetRecords` in a loop,
-//! in a background task owned by the reader.
-//!
-//! # Concurrency model
-//!
-//! Each [`PollingReader`] owns one fetch task (its `JoinHandle` and a
-//! `CancellationToken`; dropping the reader cancels and aborts it). The task
-//! sends batches on a bounded channel of [`PREFETCH_BATCHES`]; each batch
-//! carries permits of two semaphores, one counting user records and one
-//! counting payload bytes, which the reader releases when it hands the
-//! batch out. The task waits for free permits before each `GetRecords` and
-//! asks for no more records than are free, so a stalled processor stops
-//! the fetching: per shard, memory stays within the prefetch budget plus
-//! the one response being admitted.
-//!
-//! The lease is checked before every `GetRecords` (and `GetShardIterator`)
-//! call; when it is no longer valid the task sends
-//! [`SourceError::LeaseLost`] and ends. The reader also checks it before
-//! handing out each batch and wakes the moment the lease ends, so a batch
-//! prefetched under a lease is never delivered after it.
+//! The polling reader and its fetch task: the first iterator, the
+//! `GetRecords` loop with its pacing and prefetch budgets, expired-iterator
+//! recovery and the shard's end (see the module above for the model).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,12 +18,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, warn};
 
-use crate::budget::{Held, Reservation};
+use super::config::{MIN_TIME_BETWEEN_READS, PollingConfig};
+use crate::budget::{HeldBudget, Reservation};
 use crate::calls::IteratorStart;
 use crate::calls::Shared;
 use crate::calls::classify::{Class, classify};
 use crate::calls::retry::{Failure, ForReader, Op, retryable, retrying_holding};
-use crate::config::MIN_TIME_BETWEEN_READS;
 use crate::discovery::{children_in, list_after, reported_children};
 use crate::gone::{Missing, past_trim_horizon, why_missing};
 use crate::records::{Records, Start, Taken, held_bytes};
@@ -60,7 +43,7 @@ pub(crate) struct Prefetched {
     batch: Batch,
     _records: OwnedSemaphorePermit,
     _bytes: OwnedSemaphorePermit,
-    _worker: Held,
+    _worker: HeldBudget,
 }
 
 /// A [`ShardReader`] on one shard, fed by a background `GetRecords` loop.
@@ -75,7 +58,11 @@ impl Delivery for Prefetched {
 impl PollingReader {
     /// Gets the first shard iterator (so a missing shard or stream fails
     /// here) and starts the fetch task.
-    pub(crate) async fn open(shared: Shared, request: OpenShard) -> Result<Self, SourceError> {
+    pub(crate) async fn open(
+        shared: Shared,
+        polling: PollingConfig,
+        request: OpenShard,
+    ) -> Result<Self, SourceError> {
         let OpenShard {
             stream,
             shard_id,
@@ -88,6 +75,7 @@ impl PollingReader {
         let meters = Meters::new(&stream, &shard_id);
         let ctx = Ctx {
             shared,
+            polling,
             stream,
             shard_id,
             lease,
@@ -99,7 +87,7 @@ impl PollingReader {
 
         let (tx, rx) = mpsc::channel(PREFETCH_BATCHES);
         let stop = CancellationToken::new();
-        let polling = &ctx.shared.polling;
+        let polling = &ctx.polling;
         let fetcher = Fetcher {
             records: Arc::new(Semaphore::new(polling.max_prefetch_records)),
             bytes: Arc::new(Semaphore::new(polling.max_prefetch_bytes)),
@@ -163,6 +151,8 @@ impl Meters {
 #[derive(Debug, Clone)]
 struct Ctx {
     shared: Shared,
+    /// The source's polling settings.
+    polling: PollingConfig,
     stream: String,
     shard_id: String,
     lease: LeaseHandle,
@@ -320,13 +310,12 @@ impl Fetcher {
                     if expired_in_a_row > 0 {
                         let delay = self
                             .ctx
-                            .shared
                             .polling
                             .retry_policy()
                             .backoff
                             .pauses()
                             .nth(expired_in_a_row.min(16) as usize)
-                            .unwrap_or(self.ctx.shared.polling.retry.max_delay);
+                            .unwrap_or(self.ctx.polling.retry.max_delay);
                         tokio::time::sleep(delay).await;
                     }
                     expired_in_a_row = expired_in_a_row.saturating_add(1);
@@ -344,7 +333,7 @@ impl Fetcher {
                             if !self.report(e).await {
                                 return Ok(());
                             }
-                            let pause = self.ctx.shared.polling.retry.max_delay;
+                            let pause = self.ctx.polling.retry.max_delay;
                             tokio::select! {
                                 () = tokio::time::sleep(pause) => {}
                                 () = self.ctx.lease.ended() => {}
@@ -376,7 +365,7 @@ impl Fetcher {
     /// How long after the start of the call that returned `out` the next
     /// one may start (the pacing table on [`crate::PollingConfig`]).
     fn pause_after(&self, out: &GetRecordsOutput, limit: i32) -> Duration {
-        let polling = &self.ctx.shared.polling;
+        let polling = &self.ctx.polling;
         let got = out.records.len();
         // Full means all a call may return (max_records): more is waiting,
         // read it at once. A call that only filled the smaller limit a
@@ -411,7 +400,7 @@ impl Fetcher {
     /// Takes this reader's budget for `batch` (which holds `bytes`, and
     /// `worker` of the worker-wide budget) and queues it for the reader.
     /// False if the reader is gone.
-    async fn queue(&self, batch: Batch, bytes: usize, worker: Held) -> bool {
+    async fn queue(&self, batch: Batch, bytes: usize, worker: HeldBudget) -> bool {
         let Some((records, bytes)) = self.reserve(batch.records.len(), bytes).await else {
             return false;
         };
@@ -432,7 +421,7 @@ impl Fetcher {
         drop(self.records.acquire().await.ok()?);
         drop(self.bytes.acquire().await.ok()?);
         let free = self.records.available_permits().max(1);
-        let max = self.ctx.shared.polling.max_records;
+        let max = self.ctx.polling.max_records;
         Some(i32::try_from(free).map_or(max, |free| free.min(max)))
     }
 
@@ -467,7 +456,7 @@ impl Fetcher {
         };
         let out = retrying_holding(
             &ctx.shared,
-            &ctx.shared.polling.retry_policy(),
+            &ctx.polling.retry_policy(),
             Op::GetRecords,
             &ctx.stream,
             Some(ctx.reader()),
@@ -584,7 +573,7 @@ impl Fetcher {
         records: usize,
         bytes: usize,
     ) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
-        let polling = &self.ctx.shared.polling;
+        let polling = &self.ctx.polling;
         // Both budgets fit in u32 (validated at build()).
         let n = |v: usize, max: usize| u32::try_from(v.min(max)).unwrap_or(u32::MAX);
         let r = Arc::clone(&self.records)
@@ -650,9 +639,3 @@ impl Fetcher {
         }
     }
 }
-
-#[cfg(test)]
-mod tests;
-
-#[cfg(test)]
-mod fault_tests;

@@ -229,83 +229,79 @@ fn service_error<E>(fault: Fault, err: E) -> SdkError<E> {
     }
 }
 
+/// The service error `$error::$exception` an injected fault stands for:
+/// its exception, built with `$message` and the fault's metadata.
+macro_rules! injected {
+    ($error:ident :: $exception:ident, $meta:expr, $message:literal) => {
+        $error::$exception($exception::builder().message($message).meta($meta).build())
+    };
+}
+
 fn get_records_error(fault: Fault) -> SdkError<GetRecordsError> {
     let meta = fault.meta();
     let err = match fault {
         Fault::Timeout => return SdkError::timeout_error("injected timeout"),
-        Fault::ExpiredIterator => GetRecordsError::ExpiredIteratorException(
-            ExpiredIteratorException::builder()
-                .message("injected: iterator expired")
-                .meta(meta)
-                .build(),
+        Fault::ExpiredIterator => injected!(
+            GetRecordsError::ExpiredIteratorException,
+            meta,
+            "injected: iterator expired"
         ),
         Fault::ProvisionedThroughputExceeded => {
-            GetRecordsError::ProvisionedThroughputExceededException(
-                ProvisionedThroughputExceededException::builder()
-                    .message("injected: rate exceeded")
-                    .meta(meta)
-                    .build(),
+            injected!(
+                GetRecordsError::ProvisionedThroughputExceededException,
+                meta,
+                "injected: rate exceeded"
             )
         }
-        Fault::KmsThrottling => GetRecordsError::KmsThrottlingException(
-            KmsThrottlingException::builder()
-                .message("injected: KMS throttled")
-                .meta(meta)
-                .build(),
+        Fault::KmsThrottling => injected!(
+            GetRecordsError::KmsThrottlingException,
+            meta,
+            "injected: KMS throttled"
         ),
-        Fault::InternalFailure => GetRecordsError::InternalFailureException(
-            InternalFailureException::builder()
-                .message("injected: internal failure")
-                .meta(meta)
-                .build(),
+        Fault::InternalFailure => injected!(
+            GetRecordsError::InternalFailureException,
+            meta,
+            "injected: internal failure"
         ),
-        Fault::ResourceNotFound => GetRecordsError::ResourceNotFoundException(
-            ResourceNotFoundException::builder()
-                .message("injected: shard not found")
-                .meta(meta)
-                .build(),
+        Fault::ResourceNotFound => injected!(
+            GetRecordsError::ResourceNotFoundException,
+            meta,
+            "injected: shard not found"
         ),
-        Fault::InvalidArgument => GetRecordsError::InvalidArgumentException(
-            InvalidArgumentException::builder()
-                .message("injected: invalid argument")
-                .meta(meta)
-                .build(),
+        Fault::InvalidArgument => injected!(
+            GetRecordsError::InvalidArgumentException,
+            meta,
+            "injected: invalid argument"
         ),
-        Fault::AccessDenied => GetRecordsError::AccessDeniedException(
-            AccessDeniedException::builder()
-                .message("injected: access denied")
-                .meta(meta)
-                .build(),
+        Fault::AccessDenied => injected!(
+            GetRecordsError::AccessDeniedException,
+            meta,
+            "injected: access denied"
         ),
-        Fault::KmsAccessDenied => GetRecordsError::KmsAccessDeniedException(
-            KmsAccessDeniedException::builder()
-                .message("injected: KMS access denied")
-                .meta(meta)
-                .build(),
+        Fault::KmsAccessDenied => injected!(
+            GetRecordsError::KmsAccessDeniedException,
+            meta,
+            "injected: KMS access denied"
         ),
-        Fault::KmsDisabled => GetRecordsError::KmsDisabledException(
-            KmsDisabledException::builder()
-                .message("injected: KMS key disabled")
-                .meta(meta)
-                .build(),
+        Fault::KmsDisabled => injected!(
+            GetRecordsError::KmsDisabledException,
+            meta,
+            "injected: KMS key disabled"
         ),
-        Fault::KmsInvalidState => GetRecordsError::KmsInvalidStateException(
-            KmsInvalidStateException::builder()
-                .message("injected: KMS key in an invalid state")
-                .meta(meta)
-                .build(),
+        Fault::KmsInvalidState => injected!(
+            GetRecordsError::KmsInvalidStateException,
+            meta,
+            "injected: KMS key in an invalid state"
         ),
-        Fault::KmsNotFound => GetRecordsError::KmsNotFoundException(
-            KmsNotFoundException::builder()
-                .message("injected: KMS key not found")
-                .meta(meta)
-                .build(),
+        Fault::KmsNotFound => injected!(
+            GetRecordsError::KmsNotFoundException,
+            meta,
+            "injected: KMS key not found"
         ),
-        Fault::KmsOptInRequired => GetRecordsError::KmsOptInRequired(
-            KmsOptInRequired::builder()
-                .message("injected: KMS opt-in required")
-                .meta(meta)
-                .build(),
+        Fault::KmsOptInRequired => injected!(
+            GetRecordsError::KmsOptInRequired,
+            meta,
+            "injected: KMS opt-in required"
         ),
         Fault::LimitExceeded | Fault::ExpiredNextToken | Fault::Hang => {
             GetRecordsError::generic(meta)
@@ -319,36 +315,31 @@ fn get_shard_iterator_error(fault: Fault) -> SdkError<GetShardIteratorError> {
     let err = match fault {
         Fault::Timeout => return SdkError::timeout_error("injected timeout"),
         Fault::ProvisionedThroughputExceeded => {
-            GetShardIteratorError::ProvisionedThroughputExceededException(
-                ProvisionedThroughputExceededException::builder()
-                    .message("injected: rate exceeded")
-                    .meta(meta)
-                    .build(),
+            injected!(
+                GetShardIteratorError::ProvisionedThroughputExceededException,
+                meta,
+                "injected: rate exceeded"
             )
         }
-        Fault::InternalFailure => GetShardIteratorError::InternalFailureException(
-            InternalFailureException::builder()
-                .message("injected: internal failure")
-                .meta(meta)
-                .build(),
+        Fault::InternalFailure => injected!(
+            GetShardIteratorError::InternalFailureException,
+            meta,
+            "injected: internal failure"
         ),
-        Fault::ResourceNotFound => GetShardIteratorError::ResourceNotFoundException(
-            ResourceNotFoundException::builder()
-                .message("injected: shard not found")
-                .meta(meta)
-                .build(),
+        Fault::ResourceNotFound => injected!(
+            GetShardIteratorError::ResourceNotFoundException,
+            meta,
+            "injected: shard not found"
         ),
-        Fault::InvalidArgument => GetShardIteratorError::InvalidArgumentException(
-            InvalidArgumentException::builder()
-                .message("injected: starting sequence number behind the trim horizon")
-                .meta(meta)
-                .build(),
+        Fault::InvalidArgument => injected!(
+            GetShardIteratorError::InvalidArgumentException,
+            meta,
+            "injected: starting sequence number behind the trim horizon"
         ),
-        Fault::AccessDenied => GetShardIteratorError::AccessDeniedException(
-            AccessDeniedException::builder()
-                .message("injected: access denied")
-                .meta(meta)
-                .build(),
+        Fault::AccessDenied => injected!(
+            GetShardIteratorError::AccessDeniedException,
+            meta,
+            "injected: access denied"
         ),
         _ => GetShardIteratorError::generic(meta),
     };
@@ -359,17 +350,15 @@ fn list_shards_error(fault: Fault) -> SdkError<ListShardsError> {
     let meta = fault.meta();
     let err = match fault {
         Fault::Timeout => return SdkError::timeout_error("injected timeout"),
-        Fault::LimitExceeded => ListShardsError::LimitExceededException(
-            LimitExceededException::builder()
-                .message("injected: limit exceeded")
-                .meta(meta)
-                .build(),
+        Fault::LimitExceeded => injected!(
+            ListShardsError::LimitExceededException,
+            meta,
+            "injected: limit exceeded"
         ),
-        Fault::ExpiredNextToken => ListShardsError::ExpiredNextTokenException(
-            ExpiredNextTokenException::builder()
-                .message("injected: next token expired")
-                .meta(meta)
-                .build(),
+        Fault::ExpiredNextToken => injected!(
+            ListShardsError::ExpiredNextTokenException,
+            meta,
+            "injected: next token expired"
         ),
         _ => ListShardsError::generic(meta),
     };

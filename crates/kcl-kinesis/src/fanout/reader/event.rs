@@ -1,0 +1,313 @@
+//! What the subscription task does with each event: drop what was
+//! received before, de-aggregate the rest, tell whether the shard ended
+//! (announced, or found closed by a check), and queue the batch.
+
+use std::cmp::Ordering;
+use std::sync::Arc;
+
+use aws_sdk_kinesis::types::{Record, SubscribeToShardEvent};
+use kcl_core::checkpointer::SequenceNumber;
+use kcl_core::source::{Batch, ChildShard, SourceError};
+use tokio::sync::mpsc::OwnedPermit;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::{Buffered, Flow, Message, Room, Subscriber};
+use crate::budget::HeldBudget;
+use crate::calls::classify::Classified;
+use crate::calls::retry::Failure;
+use crate::discovery::{children_in, list_after, reported_children};
+use crate::records::{Taken, held_bytes};
+
+/// An event's batch on its way to the reader: its slot in the channel,
+/// its records and what they hold of the worker-wide budget.
+struct EventBatch {
+    slot: OwnedPermit<Message>,
+    user: Vec<kcl_core::Record>,
+    /// What the records hold in memory.
+    bytes: usize,
+    behind: Option<u64>,
+    worker: HeldBudget,
+}
+
+impl Subscriber {
+    /// True unless the record was already received, or lies before the
+    /// resume checkpoint.
+    fn is_new(&self, seq: &str) -> bool {
+        if let Some(last) = self.pipeline.last_sequence() {
+            return SequenceNumber::order(seq, last) == Ordering::Greater;
+        }
+        if let Some(floor) = &self.floor {
+            return SequenceNumber::order(seq, floor) != Ordering::Less;
+        }
+        true
+    }
+
+    /// De-aggregates an event and queues it for the reader in the slot of
+    /// `room`, keeping what it holds of the room's reservation.
+    pub(super) async fn on_event(
+        &mut self,
+        event: SubscribeToShardEvent,
+        room: Room,
+    ) -> Result<Flow, SourceError> {
+        self.shared.stats.event();
+        self.meters.events.increment(1);
+        self.answers.answered();
+        self.received_event = true;
+        self.restart_at = None;
+
+        let SubscribeToShardEvent {
+            records,
+            continuation_sequence_number: continuation,
+            millis_behind_latest,
+            child_shards,
+            ..
+        } = event;
+        let records = self.new_records(records, &continuation);
+        let (batch, fetched) = self.take(records, room, millis_behind_latest);
+        let shard_end = match self
+            .shard_end(&continuation, child_shards, fetched, batch.behind)
+            .await?
+        {
+            Closed::No => None,
+            Closed::Yes(children) => Some(children),
+            Closed::ReaderGone => return Ok(Flow::ReaderGone),
+        };
+        self.queue(batch, shard_end).await
+    }
+
+    /// The event's records not received before (nor before the resume
+    /// checkpoint); notes the continuation to subscribe after.
+    fn new_records(&mut self, records: Vec<Record>, continuation: &str) -> Vec<Record> {
+        let received = records.len();
+        let records: Vec<_> = records
+            .into_iter()
+            .filter(|r| self.is_new(&r.sequence_number))
+            .collect();
+        if records.len() < received {
+            // A resubscription may start before records already received
+            // (an endpoint that treats an unknown sequence number as
+            // TRIM_HORIZON, say); delivering them again would break order.
+            let repeated = received - records.len();
+            self.meters.repeated.increment(repeated as u64);
+            debug!(stream = %self.stream, shard = %self.shard_id, repeated,
+                "dropped records received before");
+        }
+        if !records.is_empty() {
+            self.floor = None;
+        }
+        if !continuation.is_empty() {
+            self.continuation = Some(continuation.to_owned());
+        }
+        records
+    }
+
+    /// Runs the records through the pipeline and counts them; the batch
+    /// keeps what it holds of the room's reservation. Also returns how
+    /// many Kinesis records were fetched.
+    fn take(
+        &mut self,
+        records: Vec<Record>,
+        room: Room,
+        millis_behind_latest: i64,
+    ) -> (EventBatch, usize) {
+        let Taken {
+            user,
+            fetched,
+            payload_bytes,
+        } = self.pipeline.take(records);
+        self.shared
+            .stats
+            .fetched(user.len() as u64, payload_bytes as u64);
+        self.meters.records.increment(user.len() as u64);
+        self.meters.bytes.increment(payload_bytes as u64);
+        let bytes = held_bytes(&user);
+        // Counted as soon as the records are made (a KPL aggregate's
+        // expansion included), before anything below may wait.
+        let Room { slot, worker } = room;
+        let worker = self.shared.budget.keep(worker, bytes);
+        self.estimate.saw(bytes);
+        let behind = u64::try_from(millis_behind_latest).ok();
+        if let Some(ms) = behind {
+            self.meters.millis_behind_latest.set(ms as f64);
+        }
+        let batch = EventBatch {
+            slot,
+            user,
+            bytes,
+            behind,
+            worker,
+        };
+        (batch, fetched)
+    }
+
+    /// Whether the event ends the shard: announced in the event, or (when
+    /// a check is due on an idle shard at the tip) found closed.
+    async fn shard_end(
+        &mut self,
+        continuation: &str,
+        child_shards: Option<Vec<aws_sdk_kinesis::types::ChildShard>>,
+        fetched: usize,
+        behind: Option<u64>,
+    ) -> Result<Closed, SourceError> {
+        // Kinesis ends a shard's last event with its children and without
+        // a continuation sequence number.
+        let announced =
+            continuation.is_empty() || child_shards.as_ref().is_some_and(|c| !c.is_empty());
+        if announced {
+            Ok(match self.children(child_shards).await? {
+                Some(children) => Closed::Yes(children),
+                None => Closed::ReaderGone,
+            })
+        } else if fetched == 0 && behind == Some(0) && self.closed_check_due() {
+            self.check_closed().await
+        } else {
+            Ok(Closed::No)
+        }
+    }
+
+    /// Queues the batch in its slot with its own byte budget, unless the
+    /// lease ended or the batch says nothing new.
+    async fn queue(
+        &self,
+        batch: EventBatch,
+        shard_end: Option<Vec<ChildShard>>,
+    ) -> Result<Flow, SourceError> {
+        let EventBatch {
+            slot,
+            user,
+            bytes,
+            behind,
+            worker,
+        } = batch;
+        // The event may have waited in the transport while the lease ran
+        // out: nothing read under a lease is queued after it.
+        if !self.lease.is_valid() {
+            return Err(self.lease_lost());
+        }
+        let end = shard_end.is_some();
+        // Our own slot counts as taken: anything less than the full
+        // capacity beyond it means a batch is already waiting, and an
+        // empty batch would say nothing new.
+        if user.is_empty() && !end && self.tx.capacity() + 1 < self.tx.max_capacity() {
+            return Ok(Flow::Continue);
+        }
+        let max = self.fanout.config.max_buffered_bytes;
+        // The budget fits in u32 (validated at build()); a batch larger
+        // than the whole budget takes all of it.
+        let wanted = u32::try_from(bytes.min(max)).unwrap_or(u32::MAX);
+        let Ok(budget) = Arc::clone(&self.bytes).acquire_many_owned(wanted).await else {
+            return Ok(Flow::ReaderGone);
+        };
+        slot.send(Ok(Buffered {
+            batch: Batch {
+                records: user,
+                millis_behind_latest: behind,
+                shard_end,
+            },
+            _bytes: budget,
+            _worker: worker,
+        }));
+        Ok(if end { Flow::ShardEnd } else { Flow::Continue })
+    }
+
+    fn closed_check_due(&self) -> bool {
+        let Some(interval) = self.fanout.config.closed_shard_check_interval else {
+            return false;
+        };
+        self.last_closed_check.elapsed() >= interval
+    }
+
+    /// Asks with `GetShardIterator` + `GetRecords` whether the shard is
+    /// closed and nothing follows the last record received: for endpoints
+    /// that never announce the end in an event. Best effort: a failed
+    /// check is tried again at the next interval.
+    async fn check_closed(&mut self) -> Result<Closed, SourceError> {
+        self.last_closed_check = Instant::now();
+        self.meters.closed_checks.increment(1);
+        // Where the next subscription would start (after a trimmed start,
+        // TRIM_HORIZON rather than the trimmed position).
+        let start = self.position();
+        // Best effort, so without the lease: throttles and denied access
+        // count toward the transient limit instead of retrying forever.
+        let (stream, shard) = (self.stream.as_str(), self.shard_id.as_str());
+        let failed = |c: Classified| {
+            debug!(stream, shard, error = %c.error,
+                "closed-shard check failed; trying again later");
+            Ok(Closed::No)
+        };
+        let iterator = match self
+            .shared
+            .shard_iterator(stream, shard, &start, None)
+            .await
+        {
+            Ok(Some(it)) => it,
+            Ok(None) => return Ok(Closed::No),
+            Err(Failure::LeaseLost) => return Err(self.lease_lost()),
+            Err(Failure::Classified(c) | Failure::Exhausted(c)) => return failed(c),
+        };
+        let out = match self.shared.peek_records(stream, &iterator, 1, None).await {
+            Ok(out) => out,
+            Err(Failure::LeaseLost) => return Err(self.lease_lost()),
+            Err(Failure::Classified(c) | Failure::Exhausted(c)) => return failed(c),
+        };
+        let open = out
+            .next_shard_iterator
+            .as_deref()
+            .is_some_and(|it| !it.is_empty());
+        if open || !out.records.is_empty() {
+            // Open, or records still to come: the subscription brings them.
+            return Ok(Closed::No);
+        }
+        info!(stream = %self.stream, shard = %self.shard_id,
+            "shard is closed and fully read, though no event said so");
+        Ok(match self.children(out.child_shards).await? {
+            Some(children) => Closed::Yes(children),
+            None => Closed::ReaderGone,
+        })
+    }
+
+    /// The children of the closed shard: as reported, or, when those are
+    /// missing or incomplete, from `ListShards`. `None` if the reader went
+    /// away while retrying.
+    async fn children(
+        &self,
+        reported: Option<Vec<aws_sdk_kinesis::types::ChildShard>>,
+    ) -> Result<Option<Vec<ChildShard>>, SourceError> {
+        if let Some(children) = reported_children(reported) {
+            return Ok(Some(children));
+        }
+        debug!(stream = %self.stream, shard = %self.shard_id,
+            "shard ended without child shards; looking its children up");
+        loop {
+            if !self.lease.is_valid() {
+                return Err(self.lease_lost());
+            }
+            match list_after(&self.shared, &self.stream, &self.shard_id).await {
+                Ok(shards) => {
+                    let children = children_in(shards, &self.shard_id);
+                    if children.is_empty() {
+                        warn!(stream = %self.stream, shard = %self.shard_id,
+                            "closed shard has no children in ListShards");
+                    }
+                    return Ok(Some(children));
+                }
+                Err(e) if e.is_retryable() => {
+                    warn!(stream = %self.stream, shard = %self.shard_id, error = %e,
+                        "listing the children keeps failing; still retrying");
+                    if self.tx.send(Err(e)).await.is_err() {
+                        return Ok(None);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// What a closed-shard check found.
+enum Closed {
+    No,
+    Yes(Vec<ChildShard>),
+    ReaderGone,
+}

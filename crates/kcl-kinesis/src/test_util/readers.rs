@@ -1,0 +1,89 @@
+//! What the polling and the fan-out reader tests share: the stream they
+//! read, leases, and reading a reader until enough records arrived.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use kcl_core::leases::LeaseHandle;
+use kcl_core::source::{ShardReader, StartPosition};
+use kcl_core::{Checkpoint, Lease, Record};
+
+use super::fake::FakeKinesis;
+use crate::kpl::{UserRecord, aggregate};
+
+/// The stream every reader test reads.
+pub(crate) const STREAM: &str = "orders";
+
+/// A lease on `shard`, valid for `valid_for`.
+pub(crate) fn handle(shard: &str, valid_for: Duration) -> LeaseHandle {
+    LeaseHandle::detached(Lease::new(shard, Checkpoint::TrimHorizon), valid_for)
+}
+
+/// A lease on `shard` that outlasts the test.
+pub(crate) fn held(shard: &str) -> LeaseHandle {
+    handle(shard, Duration::from_secs(3600))
+}
+
+/// Just after the whole record `seq`: where a reader resumes after a
+/// checkpoint at it.
+pub(crate) fn after(seq: &str) -> StartPosition {
+    StartPosition::AfterCheckpoint {
+        seq: seq.to_owned(),
+        sub: 0,
+    }
+}
+
+/// Reads until `n` records arrived; returns them and the retryable errors
+/// seen on the way.
+pub(crate) async fn read_n(reader: &mut dyn ShardReader, n: usize) -> (Vec<Record>, usize) {
+    let mut records = Vec::new();
+    let mut errors = 0;
+    let read = async {
+        while records.len() < n {
+            match reader.next_batch().await {
+                Ok(batch) => records.extend(batch.records),
+                Err(e) if e.is_retryable() => errors += 1,
+                Err(e) => panic!("read failed: {e}"),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(600), read)
+        .await
+        .expect("read timed out");
+    (records, errors)
+}
+
+/// The records' payloads, as text.
+pub(crate) fn payloads(records: &[Record]) -> Vec<String> {
+    records
+        .iter()
+        .map(|r| String::from_utf8_lossy(&r.data).into_owned())
+        .collect()
+}
+
+/// The payloads the tests' plain records `range` carry.
+pub(crate) fn expected(range: std::ops::Range<usize>) -> Vec<String> {
+    range.map(|i| format!("r{i}")).collect()
+}
+
+/// `n` user records for an aggregate: keys `pk-{i}`, payloads `sub {i}`.
+pub(crate) fn sub_records(n: usize) -> Vec<UserRecord> {
+    (0..n)
+        .map(|i| UserRecord {
+            partition_key: format!("pk-{i}"),
+            explicit_hash_key: None,
+            data: Bytes::from(format!("sub {i}")),
+        })
+        .collect()
+}
+
+/// Puts a plain record `before`, an aggregate of five
+/// [`sub_records`] and a plain record `after` on `shard` of [`STREAM`];
+/// returns the aggregate's sequence number, for a resume inside it.
+pub(crate) fn put_aggregate_between(fake: &FakeKinesis, shard: &str) -> String {
+    fake.put(STREAM, shard, "pk", "before");
+    let subs = sub_records(5);
+    let seq = fake.put(STREAM, shard, "pk-0", aggregate(&subs));
+    fake.put(STREAM, shard, "pk", "after");
+    seq
+}
