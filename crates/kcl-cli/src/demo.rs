@@ -33,11 +33,10 @@ use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
 use aws_config::{BehaviorVersion, SdkConfig};
-use aws_sdk_kinesis::primitives::Blob;
-use aws_sdk_kinesis::types::{PutRecordsRequestEntry, StreamStatus};
+use aws_sdk_kinesis::types::StreamStatus;
 use kcl::{
     Checkpointer, InitialPosition, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
-    Worker, WorkerHandle,
+    Worker, WorkerHandle, WorkerStatus,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -57,6 +56,10 @@ const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(30);
 /// The workers' graceful-shutdown budget, and how long `main` waits for it.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 const JOIN_TIMEOUT: Duration = Duration::from_secs(20);
+
+mod producer;
+
+use producer::{parse_payload, payload, produce};
 
 /// Runs the demo and returns its exit status: success when every produced
 /// record was processed. The per-second lines go to stdout; logs (if the
@@ -115,6 +118,8 @@ async fn setup_run_and_clean_up() -> anyhow::Result<Verdict> {
     result
 }
 
+/// Produces, runs the three workers and checks what they processed: the
+/// demo's three phases, then its summary.
 async fn produce_and_consume(
     sdk: &SdkConfig,
     kinesis: &aws_sdk_kinesis::Client,
@@ -133,44 +138,29 @@ async fn produce_and_consume(
     ));
 
     let started = Instant::now();
-    let mut workers: Vec<Slot> = (0..WORKERS)
+    let workers: Vec<Slot> = (0..WORKERS)
         .map(|i| Slot {
             id: format!("worker-{}", i + 1),
             starts_at: started + WORKER_STAGGER * i as u32,
             running: None,
         })
         .collect();
-    let mut report = Report::new(WORKERS);
     let mut ticker = tokio::time::interval(Duration::from_secs(1));
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-
-    // Phase 1: produce, start the workers one by one, report every second.
-    let signal = kcl::shutdown_signal();
-    tokio::pin!(signal);
-    let interrupted = loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            () = &mut signal => break true,
-        }
-        for (index, slot) in workers.iter_mut().enumerate() {
-            if slot.running.is_none() && Instant::now() >= slot.starts_at {
-                slot.start(sdk, name, index, &tracker)?;
-                println!("       {} started", slot.id);
-            }
-        }
-        check_workers(&mut workers).await?;
-        report.line(
-            started,
-            &workers,
-            &tracker,
-            produced.load(Ordering::Relaxed),
-        );
-        if started.elapsed() >= PRODUCE_FOR {
-            break false;
-        }
+    let mut demo = Demo {
+        sdk,
+        name,
+        tracker,
+        produced,
+        started,
+        workers,
+        report: Report::new(WORKERS),
+        ticker,
     };
 
-    for slot in &mut workers {
+    let interrupted = demo.run_workers().await?;
+
+    for slot in &mut demo.workers {
         // Interrupted early: those not started yet will not start.
         slot.starts_at = slot.starts_at.min(Instant::now());
     }
@@ -183,87 +173,156 @@ async fn produce_and_consume(
     );
     let _ = stop_producer.send(true);
     let produced_set = producer.await.context("the producer panicked")??;
-    let deadline = Instant::now() + CATCH_UP_TIMEOUT;
-    let signal = kcl::shutdown_signal();
-    tokio::pin!(signal);
-    while tracker.missing(&produced_set) > 0 && Instant::now() < deadline {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            // A second Ctrl-C skips the wait; the summary says what is missing.
-            () = &mut signal => break,
+    demo.catch_up(&produced_set).await?;
+
+    let statuses = demo.shut_down().await?;
+    Ok(demo.summary(&produced_set, &statuses))
+}
+
+/// The state the demo's phases share: the workers, what they processed,
+/// what was produced, and the per-second report.
+struct Demo<'a> {
+    sdk: &'a SdkConfig,
+    name: &'a str,
+    tracker: Arc<Tracker>,
+    /// Records Kinesis accepted so far (the producer's running count).
+    produced: Arc<AtomicU64>,
+    started: Instant,
+    workers: Vec<Slot>,
+    report: Report,
+    ticker: tokio::time::Interval,
+}
+
+impl Demo<'_> {
+    /// Phase 1: produce, start the workers one by one, report every
+    /// second, until the production time is over. True if Ctrl-C cut it
+    /// short.
+    async fn run_workers(&mut self) -> anyhow::Result<bool> {
+        let signal = kcl::shutdown_signal();
+        tokio::pin!(signal);
+        Ok(loop {
+            tokio::select! {
+                _ = self.ticker.tick() => {}
+                () = &mut signal => break true,
+            }
+            for (index, slot) in self.workers.iter_mut().enumerate() {
+                if slot.running.is_none() && Instant::now() >= slot.starts_at {
+                    slot.start(self.sdk, self.name, index, &self.tracker)?;
+                    println!("       {} started", slot.id);
+                }
+            }
+            self.check_and_report().await?;
+            if self.started.elapsed() >= PRODUCE_FOR {
+                break false;
+            }
+        })
+    }
+
+    /// Phase 2's wait, bounded: until every record in `produced_set` was
+    /// processed, reporting every second.
+    async fn catch_up(&mut self, produced_set: &HashSet<(u64, u64)>) -> anyhow::Result<()> {
+        let deadline = Instant::now() + CATCH_UP_TIMEOUT;
+        let signal = kcl::shutdown_signal();
+        tokio::pin!(signal);
+        while self.tracker.missing(produced_set) > 0 && Instant::now() < deadline {
+            tokio::select! {
+                _ = self.ticker.tick() => {}
+                // A second Ctrl-C skips the wait; the summary says what is missing.
+                () = &mut signal => break,
+            }
+            self.check_and_report().await?;
         }
-        check_workers(&mut workers).await?;
-        report.line(
-            started,
-            &workers,
-            &tracker,
-            produced.load(Ordering::Relaxed),
+        Ok(())
+    }
+
+    /// Fails if a worker stopped on its own; otherwise prints this second's
+    /// line.
+    async fn check_and_report(&mut self) -> anyhow::Result<()> {
+        check_workers(&mut self.workers).await?;
+        self.report.line(
+            self.started,
+            &self.workers,
+            &self.tracker,
+            self.produced.load(Ordering::Relaxed),
         );
+        Ok(())
     }
 
-    // Phase 3: graceful shutdown of every worker: processors checkpoint,
-    // leases are released.
-    println!("       shutting the workers down");
-    for slot in &workers {
-        if let Some(running) = &slot.running {
-            running.handle.shutdown();
+    /// Phase 3: graceful shutdown of every worker: processors checkpoint,
+    /// leases are released. Each worker's last status (`None` for one that
+    /// never started), in worker order.
+    async fn shut_down(&mut self) -> anyhow::Result<Vec<Option<WorkerStatus>>> {
+        println!("       shutting the workers down");
+        for slot in &self.workers {
+            if let Some(running) = &slot.running {
+                running.handle.shutdown();
+            }
         }
-    }
-    let deadline = Instant::now() + JOIN_TIMEOUT;
-    let mut lease_stats = Vec::new();
-    for slot in &mut workers {
-        let Some(mut running) = slot.running.take() else {
-            lease_stats.push(None);
-            continue;
-        };
-        match tokio::time::timeout_at(deadline, &mut running.task).await {
-            Ok(joined) => joined
-                .with_context(|| format!("{} panicked", slot.id))?
-                .with_context(|| format!("{} failed", slot.id))?,
-            Err(_) => bail!("{} did not shut down within {JOIN_TIMEOUT:?}", slot.id),
+        let deadline = Instant::now() + JOIN_TIMEOUT;
+        let mut statuses = Vec::new();
+        for slot in &mut self.workers {
+            let Some(mut running) = slot.running.take() else {
+                statuses.push(None);
+                continue;
+            };
+            match tokio::time::timeout_at(deadline, &mut running.task).await {
+                Ok(joined) => joined
+                    .with_context(|| format!("{} panicked", slot.id))?
+                    .with_context(|| format!("{} failed", slot.id))?,
+                Err(_) => bail!("{} did not shut down within {JOIN_TIMEOUT:?}", slot.id),
+            }
+            statuses.push(Some(running.handle.status()));
         }
-        lease_stats.push(Some(running.handle.status().leases));
+        Ok(statuses)
     }
 
-    // The summary.
-    let processed = tracker.distinct();
-    let missing = tracker.missing(&produced_set);
-    let duplicates = tracker.duplicates.load(Ordering::Relaxed);
-    let unexpected = tracker.unexpected.load(Ordering::Relaxed);
-    println!();
-    println!("summary after {}s", started.elapsed().as_secs());
-    println!(
-        "  produced   {:>6} records over {PARTITION_KEYS} partition keys",
-        produced_set.len()
-    );
-    println!("  processed  {processed:>6} distinct");
-    println!("  duplicates {duplicates:>6} (redelivered after a lease moved; at-least-once)");
-    for ((slot, total), stats) in workers.iter().zip(&tracker.per_worker).zip(&lease_stats) {
-        let total = total.load(Ordering::Relaxed);
-        match stats {
-            Some(s) => println!(
-                "  {}   {total:>6} records; leases taken {}, stolen {}, handed off {}",
-                slot.id, s.taken, s.stolen, s.handed_off
-            ),
-            None => println!("  {}   never started", slot.id),
-        }
-    }
-    let mut verdict = Verdict::Ok;
-    if missing > 0 {
-        let examples = tracker.missing_examples(&produced_set, 5);
+    /// The summary: what was produced and processed, by whom, and whether
+    /// every produced record was processed.
+    fn summary(
+        &self,
+        produced_set: &HashSet<(u64, u64)>,
+        statuses: &[Option<WorkerStatus>],
+    ) -> Verdict {
+        let tracker = &self.tracker;
+        let processed = tracker.distinct();
+        let missing = tracker.missing(produced_set);
+        let duplicates = tracker.duplicates.load(Ordering::Relaxed);
+        let unexpected = tracker.unexpected.load(Ordering::Relaxed);
+        println!();
+        println!("summary after {}s", self.started.elapsed().as_secs());
         println!(
-            "MISMATCH: {missing} produced records were never processed (for example {examples})"
+            "  produced   {:>6} records over {PARTITION_KEYS} partition keys",
+            produced_set.len()
         );
-        verdict = Verdict::Mismatch;
+        println!("  processed  {processed:>6} distinct");
+        println!("  duplicates {duplicates:>6} (redelivered after a lease moved; at-least-once)");
+        for ((slot, total), status) in self.workers.iter().zip(&tracker.per_worker).zip(statuses) {
+            let total = total.load(Ordering::Relaxed);
+            match status.as_ref().map(|status| &status.leases) {
+                Some(s) => println!(
+                    "  {}   {total:>6} records; leases taken {}, stolen {}, handed off {}",
+                    slot.id, s.taken, s.stolen, s.handed_off
+                ),
+                None => println!("  {}   never started", slot.id),
+            }
+        }
+        let mut verdict = Verdict::Ok;
+        if missing > 0 {
+            let examples = tracker.missing_examples(produced_set, 5);
+            println!(
+                "MISMATCH: {missing} produced records were never processed (for example {examples})"
+            );
+            verdict = Verdict::Mismatch;
+        }
+        if unexpected > 0 {
+            println!("MISMATCH: {unexpected} processed records were not produced by this run");
+            verdict = Verdict::Mismatch;
+        }
+        if verdict == Verdict::Ok {
+            println!("OK: produced = processed ({processed})");
+        }
+        verdict
     }
-    if unexpected > 0 {
-        println!("MISMATCH: {unexpected} processed records were not produced by this run");
-        verdict = Verdict::Mismatch;
-    }
-    if verdict == Verdict::Ok {
-        println!("OK: produced = processed ({processed})");
-    }
-    Ok(verdict)
 }
 
 // ---------------------------------------------------------------------------
@@ -515,122 +574,6 @@ fn short(lease_key: &str) -> String {
     } else {
         digits.to_owned()
     }
-}
-
-// ---------------------------------------------------------------------------
-// The producer
-// ---------------------------------------------------------------------------
-
-fn payload(key: u64, counter: u64) -> String {
-    format!("pk-{key}:{counter}")
-}
-
-fn parse_payload(data: &[u8]) -> Option<(u64, u64)> {
-    let text = std::str::from_utf8(data).ok()?;
-    let (key, counter) = text.strip_prefix("pk-")?.split_once(':')?;
-    Some((key.parse().ok()?, counter.parse().ok()?))
-}
-
-/// Puts `RECORDS_PER_PUT` records every `PUT_EVERY` until stopped, then
-/// retries what is still rejected a few times. Returns every record
-/// Kinesis accepted. Entries Kinesis rejects (throttling) are put again
-/// with the same payload, so each payload is in the stream once (twice only
-/// if a call failed after the service applied it; the consumer side counts
-/// that as a duplicate).
-async fn produce(
-    kinesis: aws_sdk_kinesis::Client,
-    stream: String,
-    hash_keys: Vec<String>,
-    produced: Arc<AtomicU64>,
-    mut stop: watch::Receiver<bool>,
-) -> anyhow::Result<HashSet<(u64, u64)>> {
-    let mut accepted = HashSet::new();
-    let mut pending: Vec<(u64, u64)> = Vec::new();
-    let mut next: u64 = 0;
-    let mut ticker = tokio::time::interval(PUT_EVERY);
-    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            _ = stop.wait_for(|stopped| *stopped) => break,
-        }
-        pending.extend(
-            (next..next + RECORDS_PER_PUT).map(|n| (n % PARTITION_KEYS, n / PARTITION_KEYS)),
-        );
-        next += RECORDS_PER_PUT;
-        pending = put(&kinesis, &stream, &hash_keys, pending, &mut accepted).await?;
-        produced.store(accepted.len() as u64, Ordering::Relaxed);
-    }
-    for attempt in 1..=10u32 {
-        if pending.is_empty() {
-            break;
-        }
-        tokio::time::sleep(PUT_EVERY * attempt).await;
-        pending = put(&kinesis, &stream, &hash_keys, pending, &mut accepted).await?;
-        produced.store(accepted.len() as u64, Ordering::Relaxed);
-    }
-    if !pending.is_empty() {
-        eprintln!(
-            "       {} records were never accepted by Kinesis",
-            pending.len()
-        );
-    }
-    Ok(accepted)
-}
-
-/// One PutRecords call; returns the records to put again.
-async fn put(
-    kinesis: &aws_sdk_kinesis::Client,
-    stream: &str,
-    hash_keys: &[String],
-    records: Vec<(u64, u64)>,
-    accepted: &mut HashSet<(u64, u64)>,
-) -> anyhow::Result<Vec<(u64, u64)>> {
-    let entries = records
-        .iter()
-        .map(|&(key, counter)| {
-            PutRecordsRequestEntry::builder()
-                .partition_key(format!("pk-{key}"))
-                // Eight partition keys hash unevenly over four shards (one
-                // shard often gets none); an explicit hash key places key k
-                // on shard k mod 4, so every shard carries the same load.
-                .explicit_hash_key(&hash_keys[key as usize % hash_keys.len()])
-                .data(Blob::new(payload(key, counter)))
-                .build()
-                .context("building a PutRecords entry")
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let out = match kinesis
-        .put_records()
-        .stream_name(stream)
-        .set_records(Some(entries))
-        .send()
-        .await
-    {
-        Ok(out) => out,
-        Err(e) => {
-            eprintln!(
-                "       PutRecords failed ({}); retrying",
-                aws_sdk_kinesis::error::DisplayErrorContext(&e)
-            );
-            return Ok(records);
-        }
-    };
-    ensure!(
-        out.records().len() == records.len(),
-        "PutRecords returned {} results for {} entries",
-        out.records().len(),
-        records.len()
-    );
-    let mut rejected = Vec::new();
-    for (record, result) in records.into_iter().zip(out.records()) {
-        if result.error_code().is_none() && result.sequence_number().is_some() {
-            accepted.insert(record);
-        } else {
-            rejected.push(record);
-        }
-    }
-    Ok(rejected)
 }
 
 // ---------------------------------------------------------------------------

@@ -246,7 +246,44 @@ pub(crate) struct ResetArgs {
 /// is checked before anything is written, so a refusal writes nothing.
 pub(crate) async fn reset(a: ResetArgs) -> anyhow::Result<()> {
     let table = Table::open(&a.table).await?;
-    let leases: Vec<Lease> = match &a.shard {
+    let leases = leases_to_reset(&table, &a).await?;
+    if !a.force {
+        refuse_any(&leases)?;
+    }
+    if a.dry_run {
+        print_dry_run(&table, &leases, &a.to);
+        return Ok(());
+    }
+    // Held by kcl instances with liveness records, a lease is evicted by a
+    // handoff to nobody, and the holder told through its record.
+    let beats = if a.force {
+        table.beats_or_none().await
+    } else {
+        Vec::new()
+    };
+    let mut failed = Vec::new();
+    for lease in &leases {
+        if let Err(e) = reset_one(&table, lease, &a.to, a.force, &beats).await {
+            failed.push(format!("{e:#}"));
+        }
+    }
+    match failed.as_slice() {
+        [] => Ok(()),
+        [one] if leases.len() == 1 => bail!("{one}"),
+        _ => bail!(
+            "{} of {} shards were not reset (the others were):\n  {}",
+            failed.len(),
+            leases.len(),
+            failed.join("\n  ")
+        ),
+    }
+}
+
+/// The leases `a` names: its one shard, or every lease of the table (of
+/// its stream, when given; finished ones only with `--force`), in stream
+/// and shard order. None at all is an error naming the table.
+async fn leases_to_reset(table: &Table, a: &ResetArgs) -> anyhow::Result<Vec<Lease>> {
+    Ok(match &a.shard {
         Some(shard) => vec![table.find(shard, a.stream.as_deref()).await?],
         None => {
             let mut all: Vec<Lease> = table
@@ -275,63 +312,45 @@ pub(crate) async fn reset(a: ResetArgs) -> anyhow::Result<()> {
             }
             all
         }
-    };
-    if !a.force {
-        let refusals: Vec<String> = leases.iter().filter_map(refusal).collect();
-        if let [one] = refusals.as_slice() {
-            bail!("{one}");
-        }
-        if !refusals.is_empty() {
-            bail!(
-                "refusing to reset {} of {} shards, so nothing was written:\n  {}",
-                refusals.len(),
-                leases.len(),
-                refusals.join("\n  ")
-            );
-        }
+    })
+}
+
+/// Fails, naming every refusal, if any of `leases` may not be reset
+/// without `--force`: checked before anything is written.
+fn refuse_any(leases: &[Lease]) -> anyhow::Result<()> {
+    let refusals: Vec<String> = leases.iter().filter_map(refusal).collect();
+    if let [one] = refusals.as_slice() {
+        bail!("{one}");
     }
-    if a.dry_run {
-        for lease in &leases {
-            println!(
-                "would reset shard {} of table {} to {} (now {}, counter {}){}",
-                lease.shard_id,
-                table.name(),
-                a.to,
-                lease.checkpoint,
-                lease.counter,
-                lease
-                    .owner
-                    .as_deref()
-                    .map(|o| format!(", evicting {o}"))
-                    .unwrap_or_default()
-            );
-        }
-        println!("dry run: nothing was written");
-        return Ok(());
-    }
-    // Held by kcl instances with liveness records, a lease is evicted by a
-    // handoff to nobody, and the holder told through its record.
-    let beats = if a.force {
-        table.beats_or_none().await
-    } else {
-        Vec::new()
-    };
-    let mut failed = Vec::new();
-    for lease in &leases {
-        if let Err(e) = reset_one(&table, lease, &a.to, a.force, &beats).await {
-            failed.push(format!("{e:#}"));
-        }
-    }
-    match failed.as_slice() {
-        [] => Ok(()),
-        [one] if leases.len() == 1 => bail!("{one}"),
-        _ => bail!(
-            "{} of {} shards were not reset (the others were):\n  {}",
-            failed.len(),
+    if !refusals.is_empty() {
+        bail!(
+            "refusing to reset {} of {} shards, so nothing was written:\n  {}",
+            refusals.len(),
             leases.len(),
-            failed.join("\n  ")
-        ),
+            refusals.join("\n  ")
+        );
     }
+    Ok(())
+}
+
+/// `--dry-run`: what each reset would change.
+fn print_dry_run(table: &Table, leases: &[Lease], to: &Checkpoint) {
+    for lease in leases {
+        println!(
+            "would reset shard {} of table {} to {} (now {}, counter {}){}",
+            lease.shard_id,
+            table.name(),
+            to,
+            lease.checkpoint,
+            lease.counter,
+            lease
+                .owner
+                .as_deref()
+                .map(|o| format!(", evicting {o}"))
+                .unwrap_or_default()
+        );
+    }
+    println!("dry run: nothing was written");
 }
 
 /// Why `lease` may not be reset without `--force`, if it may not.
@@ -373,29 +392,7 @@ async fn reset_one(
     beats: &[Beat],
 ) -> anyhow::Result<()> {
     let shard = &lease.shard_id;
-    // A holder that renews through its liveness record writes no lease item
-    // per round: removed from the lease, it would go on processing until its
-    // next checkpoint while a peer took the shard. Evicted first (a handoff
-    // to nobody in a tenure it never wrote), it may write nothing more, and
-    // no peer takes the lease before it let go or stopped beating; the
-    // reset keeps that handoff. An eviction left by an earlier attempt is
-    // kept the same way.
-    let evicted = if force {
-        operator::evict(&table.store, lease, beats)
-            .await
-            .map_err(|e| {
-                if e.is_condition_failed() {
-                    anyhow::anyhow!(
-                        "shard {shard} changed while resetting; nothing was written: look again \
-                         and retry"
-                    )
-                } else {
-                    anyhow::Error::new(e).context(format!("evicting the owner of shard {shard}"))
-                }
-            })?
-    } else {
-        None
-    };
+    let evicted = evict_first(table, lease, force, beats).await?;
     let (lease, instance) = match &evicted {
         Some((now, instance)) => (now, Some(instance.as_str())),
         None => (lease, None),
@@ -405,100 +402,27 @@ async fn reset_one(
         .as_deref()
         .zip(lease.checkpoint_owner_tenure.as_deref())
         .filter(|(_, t)| force && is_evicted_tenure(t));
-    let s = |v: &str| AttributeValue::S(v.to_owned());
-    let n = |v: u64| AttributeValue::N(v.to_string());
-    // The counter is bumped like any ownership change: a worker about to
-    // take the lease with the counter it scanned loses that race instead
-    // of taking it with the old checkpoint in hand. Removing the tenures
-    // ends every holder's tenure: an evicted owner's checkpoint still in
-    // flight fails its condition instead of overwriting the reset.
-    let mut condition = "#counter = :seen".to_owned();
-    if !force {
-        condition.push_str(" AND attribute_not_exists(#owner) AND attribute_not_exists(#cpOwner)");
-    }
-    let mut remove = "#owner, #pcp, #psub, #pstate, #tenure".to_owned();
-    if keep.is_some() {
-        condition.push_str(" AND #cpOwner = :cpOwner AND #cpTenure = :cpTenure");
-    } else {
-        remove.push_str(", #cpOwner, #cpTenure");
-    }
-    let names = HashMap::from(
-        [
-            ("#counter", attr::LEASE_COUNTER),
-            ("#owner", attr::LEASE_OWNER),
-            ("#cpOwner", attr::CHECKPOINT_OWNER),
-            ("#cp", attr::CHECKPOINT),
-            ("#sub", attr::CHECKPOINT_SUB),
-            ("#switches", attr::OWNER_SWITCHES),
-            ("#pcp", attr::PENDING_CHECKPOINT),
-            ("#psub", attr::PENDING_CHECKPOINT_SUB),
-            ("#pstate", attr::PENDING_CHECKPOINT_STATE),
-            ("#tenure", attr::TENURE),
-            ("#cpTenure", attr::CHECKPOINT_OWNER_TENURE),
-        ]
-        .map(|(k, v)| (k.to_owned(), v.to_owned())),
-    );
-    let mut values = HashMap::from(
-        [
-            (":seen", n(lease.counter)),
-            (":next", n(lease.counter + 1)),
-            (":cp", s(to.as_str())),
-            (":sub", n(to.sub_sequence())),
-            (":zero", n(0)),
-        ]
-        .map(|(k, v)| (k.to_owned(), v)),
-    );
-    if let Some((owner, tenure)) = keep {
-        values.insert(":cpOwner".to_owned(), s(owner));
-        values.insert(":cpTenure".to_owned(), s(tenure));
-    }
+    let write = ResetWrite::new(lease, to, force, keep);
     let result = table
         .store
         .client()
         .update_item()
         .table_name(table.name())
-        .key(attr::LEASE_KEY, s(&lease.key))
+        .key(attr::LEASE_KEY, AttributeValue::S(lease.key.clone()))
         .update_expression(format!(
-            "SET #cp = :cp, #sub = :sub, #counter = :next, #switches = :zero REMOVE {remove}"
+            "SET #cp = :cp, #sub = :sub, #counter = :next, #switches = :zero REMOVE {}",
+            write.remove
         ))
-        .condition_expression(condition)
-        .set_expression_attribute_names(Some(names))
-        .set_expression_attribute_values(Some(values))
+        .condition_expression(write.condition)
+        .set_expression_attribute_names(Some(write.names))
+        .set_expression_attribute_values(Some(write.values))
         .return_values(ReturnValue::AllNew)
         .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
         .send()
         .await;
     match result {
         Ok(_) => {
-            println!(
-                "reset shard {shard} of table {} to {} (was {}; counter {} -> {})",
-                table.name(),
-                to,
-                lease.checkpoint,
-                lease.counter,
-                lease.counter + 1
-            );
-            if let (Some((owner, _)), Some(instance)) = (keep, instance) {
-                let told = operator::tell(&table.store, instance, &lease.key).await;
-                println!(
-                    "evicted {owner}: it renews through its liveness record, which now asks it \
-                     to stop{}; it writes nothing more to the shard, and no worker takes the \
-                     shard before it let go (or stopped beating); a worker then takes it from \
-                     the new checkpoint",
-                    if told {
-                        " (it reads it within a renew interval)"
-                    } else {
-                        " (telling it failed: it stops at its next read of the lease table)"
-                    }
-                );
-            } else if let Some(owner) = &lease.owner {
-                println!(
-                    "evicted {owner}: it has no liveness record (it renews every lease: a Java \
-                     KCL worker, or kcl renewing per lease) and stops processing the shard at \
-                     its next renewal or checkpoint; a worker then takes the shard from the new \
-                     checkpoint"
-                );
-            }
+            report_reset(table, lease, to, keep, instance).await;
             Ok(())
         }
         Err(e) => {
@@ -517,6 +441,149 @@ async fn reset_one(
                 e,
             ))
         }
+    }
+}
+
+/// With `force`, evicts the holder before the reset: the lease as the
+/// eviction left it, and the instance to tell, if it was evicted.
+async fn evict_first(
+    table: &Table,
+    lease: &Lease,
+    force: bool,
+    beats: &[Beat],
+) -> anyhow::Result<Option<(Lease, String)>> {
+    let shard = &lease.shard_id;
+    // A holder that renews through its liveness record writes no lease item
+    // per round: removed from the lease, it would go on processing until its
+    // next checkpoint while a peer took the shard. Evicted first (a handoff
+    // to nobody in a tenure it never wrote), it may write nothing more, and
+    // no peer takes the lease before it let go or stopped beating; the
+    // reset keeps that handoff. An eviction left by an earlier attempt is
+    // kept the same way.
+    Ok(if force {
+        operator::evict(&table.store, lease, beats)
+            .await
+            .map_err(|e| {
+                if e.is_condition_failed() {
+                    anyhow::anyhow!(
+                        "shard {shard} changed while resetting; nothing was written: look again \
+                         and retry"
+                    )
+                } else {
+                    anyhow::Error::new(e).context(format!("evicting the owner of shard {shard}"))
+                }
+            })?
+    } else {
+        None
+    })
+}
+
+/// The reset's UpdateItem expressions, conditional on the counter seen (and
+/// on the eviction to keep, or on nobody holding the lease).
+struct ResetWrite {
+    condition: String,
+    remove: String,
+    names: HashMap<String, String>,
+    values: HashMap<String, AttributeValue>,
+}
+
+impl ResetWrite {
+    fn new(lease: &Lease, to: &Checkpoint, force: bool, keep: Option<(&str, &str)>) -> Self {
+        let s = |v: &str| AttributeValue::S(v.to_owned());
+        let n = |v: u64| AttributeValue::N(v.to_string());
+        // The counter is bumped like any ownership change: a worker about to
+        // take the lease with the counter it scanned loses that race instead
+        // of taking it with the old checkpoint in hand. Removing the tenures
+        // ends every holder's tenure: an evicted owner's checkpoint still in
+        // flight fails its condition instead of overwriting the reset.
+        let mut condition = "#counter = :seen".to_owned();
+        if !force {
+            condition
+                .push_str(" AND attribute_not_exists(#owner) AND attribute_not_exists(#cpOwner)");
+        }
+        let mut remove = "#owner, #pcp, #psub, #pstate, #tenure".to_owned();
+        if keep.is_some() {
+            condition.push_str(" AND #cpOwner = :cpOwner AND #cpTenure = :cpTenure");
+        } else {
+            remove.push_str(", #cpOwner, #cpTenure");
+        }
+        let names = HashMap::from(
+            [
+                ("#counter", attr::LEASE_COUNTER),
+                ("#owner", attr::LEASE_OWNER),
+                ("#cpOwner", attr::CHECKPOINT_OWNER),
+                ("#cp", attr::CHECKPOINT),
+                ("#sub", attr::CHECKPOINT_SUB),
+                ("#switches", attr::OWNER_SWITCHES),
+                ("#pcp", attr::PENDING_CHECKPOINT),
+                ("#psub", attr::PENDING_CHECKPOINT_SUB),
+                ("#pstate", attr::PENDING_CHECKPOINT_STATE),
+                ("#tenure", attr::TENURE),
+                ("#cpTenure", attr::CHECKPOINT_OWNER_TENURE),
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned())),
+        );
+        let mut values = HashMap::from(
+            [
+                (":seen", n(lease.counter)),
+                (":next", n(lease.counter + 1)),
+                (":cp", s(to.as_str())),
+                (":sub", n(to.sub_sequence())),
+                (":zero", n(0)),
+            ]
+            .map(|(k, v)| (k.to_owned(), v)),
+        );
+        if let Some((owner, tenure)) = keep {
+            values.insert(":cpOwner".to_owned(), s(owner));
+            values.insert(":cpTenure".to_owned(), s(tenure));
+        }
+        ResetWrite {
+            condition,
+            remove,
+            names,
+            values,
+        }
+    }
+}
+
+/// Says what a reset that landed did, and tells an evicted holder with a
+/// liveness record to stop (through that record).
+async fn report_reset(
+    table: &Table,
+    lease: &Lease,
+    to: &Checkpoint,
+    keep: Option<(&str, &str)>,
+    instance: Option<&str>,
+) {
+    println!(
+        "reset shard {} of table {} to {} (was {}; counter {} -> {})",
+        lease.shard_id,
+        table.name(),
+        to,
+        lease.checkpoint,
+        lease.counter,
+        lease.counter + 1
+    );
+    if let (Some((owner, _)), Some(instance)) = (keep, instance) {
+        let told = operator::tell(&table.store, instance, &lease.key).await;
+        println!(
+            "evicted {owner}: it renews through its liveness record, which now asks it \
+             to stop{}; it writes nothing more to the shard, and no worker takes the \
+             shard before it let go (or stopped beating); a worker then takes it from \
+             the new checkpoint",
+            if told {
+                " (it reads it within a renew interval)"
+            } else {
+                " (telling it failed: it stops at its next read of the lease table)"
+            }
+        );
+    } else if let Some(owner) = &lease.owner {
+        println!(
+            "evicted {owner}: it has no liveness record (it renews every lease: a Java \
+             KCL worker, or kcl renewing per lease) and stops processing the shard at \
+             its next renewal or checkpoint; a worker then takes the shard from the new \
+             checkpoint"
+        );
     }
 }
 

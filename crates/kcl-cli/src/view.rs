@@ -183,6 +183,46 @@ impl Row {
             self.checkpoint.clone()
         }
     }
+
+    /// This lease's cells in the terminal table (with the watch and
+    /// liveness columns when `watch` and `beats` say the table has them).
+    fn cells(&self, wide: bool, watch: bool, beats: bool) -> Vec<String> {
+        let r = self;
+        let mut state = r.state.as_str().to_owned();
+        if let Some(from) = &r.handoff_from {
+            let _ = write!(state, " (from {from})");
+        }
+        let mut row = vec![
+            r.stream.clone().unwrap_or_else(|| "-".into()),
+            r.shard.clone(),
+            r.owner.clone().unwrap_or_else(|| "-".into()),
+            r.counter.to_string(),
+            r.checkpoint_text(wide),
+            if r.parents.is_empty() {
+                "-".into()
+            } else {
+                r.parents.join(",")
+            },
+            state,
+        ];
+        if watch {
+            row.push(match r.counter_unchanged_secs {
+                Some(s) => format!("{s}s ago"),
+                None => "-".into(),
+            });
+        }
+        if beats {
+            row.push(match &r.liveness {
+                Some(l) => format!(
+                    "{:.1}s ago{}",
+                    l.last_beat_ms_ago as f64 / 1000.0,
+                    if l.stopping { ", stopping" } else { "" }
+                ),
+                None => "-".into(),
+            });
+        }
+        row
+    }
 }
 
 /// `account:stream:creationEpoch` -> `stream` (a stream name has no ':').
@@ -288,6 +328,32 @@ impl Listing {
 
     /// The terminal table, then the per-worker summary.
     pub(crate) fn render(&self, wide: bool) -> String {
+        let mut out = String::new();
+        if self.leases.is_empty() {
+            let _ = writeln!(
+                out,
+                "table {} has no leases (workers create them at their first shard sync)",
+                self.table
+            );
+        } else {
+            out.push_str(&columns(&self.lease_rows(wide)));
+        }
+        let t = &self.totals;
+        let _ = writeln!(
+            out,
+            "\n{} leases: {} active, {} expired, {} in handoff, {} unowned, {} completed",
+            t.leases, t.active, t.expired, t.handoff, t.unowned, t.completed
+        );
+        if !self.workers.is_empty() {
+            out.push('\n');
+            out.push_str(&columns(&self.worker_rows()));
+        }
+        out
+    }
+
+    /// The lease table's cells, header first: the watch and liveness
+    /// columns only when some row has them.
+    fn lease_rows(&self, wide: bool) -> Vec<Vec<String>> {
         let watch = self
             .leases
             .iter()
@@ -310,78 +376,30 @@ impl Listing {
         }
         let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| (*h).to_owned()).collect()];
         for r in &self.leases {
-            let mut state = r.state.as_str().to_owned();
-            if let Some(from) = &r.handoff_from {
-                let _ = write!(state, " (from {from})");
-            }
-            let mut row = vec![
-                r.stream.clone().unwrap_or_else(|| "-".into()),
-                r.shard.clone(),
-                r.owner.clone().unwrap_or_else(|| "-".into()),
-                r.counter.to_string(),
-                r.checkpoint_text(wide),
-                if r.parents.is_empty() {
-                    "-".into()
-                } else {
-                    r.parents.join(",")
-                },
-                state,
-            ];
-            if watch {
-                row.push(match r.counter_unchanged_secs {
-                    Some(s) => format!("{s}s ago"),
-                    None => "-".into(),
-                });
-            }
-            if beats {
-                row.push(match &r.liveness {
-                    Some(l) => format!(
-                        "{:.1}s ago{}",
-                        l.last_beat_ms_ago as f64 / 1000.0,
-                        if l.stopping { ", stopping" } else { "" }
-                    ),
-                    None => "-".into(),
-                });
-            }
-            rows.push(row);
+            rows.push(r.cells(wide, watch, beats));
         }
-        let mut out = String::new();
-        if self.leases.is_empty() {
-            let _ = writeln!(
-                out,
-                "table {} has no leases (workers create them at their first shard sync)",
-                self.table
-            );
-        } else {
-            out.push_str(&columns(&rows));
+        rows
+    }
+
+    /// The per-worker summary's cells, header first.
+    fn worker_rows(&self) -> Vec<Vec<String>> {
+        let mut rows = vec![vec![
+            "WORKER".to_owned(),
+            "LEASES".to_owned(),
+            "HANDOFFS IN".to_owned(),
+            "HANDOFFS OUT".to_owned(),
+            "EXPIRED".to_owned(),
+        ]];
+        for w in &self.workers {
+            rows.push(vec![
+                w.worker.clone(),
+                w.leases.to_string(),
+                w.handoffs_in.to_string(),
+                w.handoffs_out.to_string(),
+                w.expired.to_string(),
+            ]);
         }
-        let t = &self.totals;
-        let _ = writeln!(
-            out,
-            "\n{} leases: {} active, {} expired, {} in handoff, {} unowned, {} completed",
-            t.leases, t.active, t.expired, t.handoff, t.unowned, t.completed
-        );
-        if !self.workers.is_empty() {
-            let mut rows = vec![vec![
-                "WORKER".to_owned(),
-                "LEASES".to_owned(),
-                "HANDOFFS IN".to_owned(),
-                "HANDOFFS OUT".to_owned(),
-                "EXPIRED".to_owned(),
-            ]];
-            for w in &self.workers {
-                rows.push(vec![
-                    w.worker.clone(),
-                    w.leases.to_string(),
-                    w.handoffs_in.to_string(),
-                    w.handoffs_out.to_string(),
-                    w.expired.to_string(),
-                ]);
-            }
-            out.push('\n');
-            out.push_str(&columns(&rows));
-        }
-        out
+        rows
     }
 }
 

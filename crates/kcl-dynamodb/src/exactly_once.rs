@@ -62,8 +62,6 @@ mod settle;
 #[cfg(test)]
 mod tests;
 
-use attempts::Outcome;
-
 /// Items a transaction may hold, the checkpoint included.
 pub const MAX_ITEMS: usize = 100;
 /// Bytes a transaction may hold (DynamoDB counts items' sizes).
@@ -373,5 +371,43 @@ fn item_bytes(item: &TransactWriteItem) -> usize {
         map(c.key())
     } else {
         0
+    }
+}
+
+/// What became of a commit, or of one attempt of it.
+#[derive(Debug)]
+enum Outcome {
+    /// It committed (perhaps in an earlier attempt whose answer was lost).
+    Applied,
+    /// The lease is no longer this tenure's, and the commit did not land.
+    LeaseLost,
+    /// Another write of this tenure moved the checkpoint to this one; the
+    /// commit did not land.
+    Moved(Checkpoint),
+    /// No verdict (no answer, or a failure worth retrying): it may yet land.
+    Retry(String),
+    /// It did not land, for this reason.
+    Fail(TransactionError),
+}
+
+impl Outcome {
+    /// The outcome as `Checkpointer::commit_with` takes it, for lease `key`.
+    fn into_commit(self, key: &str) -> Result<(), CommitFailure<TransactionError>> {
+        match self {
+            Outcome::Applied => Ok(()),
+            Outcome::LeaseLost => Err(CommitFailure::LeaseLost),
+            Outcome::Moved(to) => Err(CommitFailure::CheckpointMoved {
+                error: TransactionError::CheckpointMoved {
+                    key: key.to_owned(),
+                    checkpoint: to.clone(),
+                },
+                to,
+            }),
+            Outcome::Retry(message) => Err(CommitFailure::Other(TransactionError::Failed {
+                message,
+                retries_exhausted: true,
+            })),
+            Outcome::Fail(e) => Err(CommitFailure::Other(e)),
+        }
     }
 }

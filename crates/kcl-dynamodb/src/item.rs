@@ -56,55 +56,8 @@ use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
 use kcl_core::{Checkpoint, HashKeyRange, Lease, Throughput};
 
-/// Attribute names, as the Java KCL spells them.
-pub mod attr {
-    /// The hash key.
-    pub const LEASE_KEY: &str = "leaseKey";
-    /// The owner's worker id.
-    pub const LEASE_OWNER: &str = "leaseOwner";
-    /// The lease counter.
-    pub const LEASE_COUNTER: &str = "leaseCounter";
-    /// The checkpoint's sequence number or sentinel.
-    pub const CHECKPOINT: &str = "checkpoint";
-    /// The checkpoint's sub-sequence number.
-    pub const CHECKPOINT_SUB: &str = "checkpointSubSequenceNumber";
-    /// The pending checkpoint's sequence number.
-    pub const PENDING_CHECKPOINT: &str = "pendingCheckpoint";
-    /// The pending checkpoint's sub-sequence number.
-    pub const PENDING_CHECKPOINT_SUB: &str = "pendingCheckpointSubSequenceNumber";
-    /// The pending checkpoint's application state.
-    pub const PENDING_CHECKPOINT_STATE: &str = "pendingCheckpointState";
-    /// Owner changes since the last checkpoint.
-    pub const OWNER_SWITCHES: &str = "ownerSwitchesSinceCheckpoint";
-    /// Parent shard ids.
-    pub const PARENT_SHARD_IDS: &str = "parentShardId";
-    /// Child shard ids.
-    pub const CHILD_SHARD_IDS: &str = "childShardIds";
-    /// First hash key of the shard.
-    pub const STARTING_HASH_KEY: &str = "startingHashKey";
-    /// Last hash key of the shard.
-    pub const ENDING_HASH_KEY: &str = "endingHashKey";
-    /// The previous owner during a graceful handoff.
-    pub const CHECKPOINT_OWNER: &str = "checkpointOwner";
-    /// Multi-stream: the stream identifier (named `streamName` for legacy
-    /// reasons in the Java KCL).
-    pub const STREAM_NAME: &str = "streamName";
-    /// Multi-stream: the shard id.
-    pub const SHARD_ID: &str = "shardId";
-    /// What the shard carries, KB/s (the Java KCL 3.x's lease throughput).
-    pub const THROUGHPUT_KBPS: &str = "throughputKBps";
-    /// Marks non-lease entities written by newer Java KCLs.
-    pub const ENTITY_TYPE: &str = "entityType";
-    /// kcl only: the owner's tenure.
-    pub const TENURE: &str = "kclTenure";
-    /// kcl only: the previous owner's tenure during a graceful handoff.
-    pub const CHECKPOINT_OWNER_TENURE: &str = "kclCheckpointOwnerTenure";
-    /// kcl only: the token of the last exactly-once commit, written only by
-    /// its transaction.
-    pub const COMMIT_TOKEN: &str = "kclCommitToken";
-    /// kcl only: tokens of exactly-once commits that may never land.
-    pub const FENCED_COMMITS: &str = "kclFencedCommits";
-}
+/// Attribute names, as the Java KCL spells them (kept in [`crate::schema`]).
+pub use crate::schema::lease as attr;
 
 /// Why an item could not be read as a lease.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -231,51 +184,11 @@ pub fn from_item(item: &HashMap<String, AttributeValue>) -> Result<ReadItem, Ite
     let counter = r
         .number(attr::LEASE_COUNTER)?
         .ok_or_else(|| r.err(format!("`{}` is missing", attr::LEASE_COUNTER)))?;
-    let checkpoint = match r.string(attr::CHECKPOINT)? {
-        Some(cp) => {
-            let sub = r.number(attr::CHECKPOINT_SUB)?.unwrap_or(0);
-            Checkpoint::parse(cp, sub).map_err(|e| r.err(format!("`{}`: {e}", attr::CHECKPOINT)))?
-        }
-        None => return Err(r.err(format!("`{}` is missing", attr::CHECKPOINT))),
-    };
-    let pending_checkpoint = match r.string(attr::PENDING_CHECKPOINT)? {
-        Some(p) if !p.is_empty() => {
-            let sub = r.number(attr::PENDING_CHECKPOINT_SUB)?.unwrap_or(0);
-            Some(
-                Checkpoint::parse(p, sub)
-                    .map_err(|e| r.err(format!("`{}`: {e}", attr::PENDING_CHECKPOINT)))?,
-            )
-        }
-        _ => None,
-    };
-    let pending_checkpoint_state = match item.get(attr::PENDING_CHECKPOINT_STATE) {
-        None | Some(AttributeValue::Null(_)) => None,
-        Some(AttributeValue::B(b)) => Some(b.as_ref().to_vec()),
-        Some(_) => {
-            return Err(r.err(format!(
-                "`{}` is not binary",
-                attr::PENDING_CHECKPOINT_STATE
-            )));
-        }
-    };
-    let hash_key_range = match (
-        r.string(attr::STARTING_HASH_KEY)?,
-        r.string(attr::ENDING_HASH_KEY)?,
-    ) {
-        (Some(a), Some(b)) if !a.is_empty() && !b.is_empty() => Some(HashKeyRange {
-            starting: a.to_owned(),
-            ending: b.to_owned(),
-        }),
-        _ => None,
-    };
-    let stream = r.string(attr::STREAM_NAME)?.map(str::to_owned);
-    let shard_id = match (&stream, r.string(attr::SHARD_ID)?) {
-        (Some(_), Some(shard)) => shard.to_owned(),
-        (Some(_), None) => {
-            return Err(r.err(format!("multi-stream lease without `{}`", attr::SHARD_ID)));
-        }
-        (None, _) => key.clone(),
-    };
+    let checkpoint = r.checkpoint()?;
+    let pending_checkpoint = r.pending_checkpoint()?;
+    let pending_checkpoint_state = r.pending_state()?;
+    let hash_key_range = r.hash_key_range()?;
+    let (stream, shard_id) = r.stream_and_shard()?;
     Ok(ReadItem::Lease(Box::new(Lease {
         owner: r.string(attr::LEASE_OWNER)?.map(str::to_owned),
         counter,
@@ -336,6 +249,74 @@ impl<'a> Reader<'a> {
             Some(AttributeValue::S(s)) => Ok([s.clone()].into()),
             Some(_) => Err(self.err(format!("`{name}` is not a string set"))),
         }
+    }
+
+    /// The checkpoint, which every lease has.
+    fn checkpoint(&self) -> Result<Checkpoint, ItemError> {
+        match self.string(attr::CHECKPOINT)? {
+            Some(cp) => {
+                let sub = self.number(attr::CHECKPOINT_SUB)?.unwrap_or(0);
+                Checkpoint::parse(cp, sub)
+                    .map_err(|e| self.err(format!("`{}`: {e}", attr::CHECKPOINT)))
+            }
+            None => Err(self.err(format!("`{}` is missing", attr::CHECKPOINT))),
+        }
+    }
+
+    /// The prepared checkpoint, if any (an empty one is none).
+    fn pending_checkpoint(&self) -> Result<Option<Checkpoint>, ItemError> {
+        Ok(match self.string(attr::PENDING_CHECKPOINT)? {
+            Some(p) if !p.is_empty() => {
+                let sub = self.number(attr::PENDING_CHECKPOINT_SUB)?.unwrap_or(0);
+                Some(
+                    Checkpoint::parse(p, sub)
+                        .map_err(|e| self.err(format!("`{}`: {e}", attr::PENDING_CHECKPOINT)))?,
+                )
+            }
+            _ => None,
+        })
+    }
+
+    /// The prepared checkpoint's application state, if any.
+    fn pending_state(&self) -> Result<Option<Vec<u8>>, ItemError> {
+        match self.item.get(attr::PENDING_CHECKPOINT_STATE) {
+            None | Some(AttributeValue::Null(_)) => Ok(None),
+            Some(AttributeValue::B(b)) => Ok(Some(b.as_ref().to_vec())),
+            Some(_) => Err(self.err(format!(
+                "`{}` is not binary",
+                attr::PENDING_CHECKPOINT_STATE
+            ))),
+        }
+    }
+
+    /// The hash-key range, when both ends are present and not empty.
+    fn hash_key_range(&self) -> Result<Option<HashKeyRange>, ItemError> {
+        Ok(
+            match (
+                self.string(attr::STARTING_HASH_KEY)?,
+                self.string(attr::ENDING_HASH_KEY)?,
+            ) {
+                (Some(a), Some(b)) if !a.is_empty() && !b.is_empty() => Some(HashKeyRange {
+                    starting: a.to_owned(),
+                    ending: b.to_owned(),
+                }),
+                _ => None,
+            },
+        )
+    }
+
+    /// A multi-stream lease's stream and shard, or a single-stream lease's
+    /// shard, which is its key.
+    fn stream_and_shard(&self) -> Result<(Option<String>, String), ItemError> {
+        let stream = self.string(attr::STREAM_NAME)?.map(str::to_owned);
+        let shard_id = match (&stream, self.string(attr::SHARD_ID)?) {
+            (Some(_), Some(shard)) => shard.to_owned(),
+            (Some(_), None) => {
+                return Err(self.err(format!("multi-stream lease without `{}`", attr::SHARD_ID)));
+            }
+            (None, _) => self.key.to_owned(),
+        };
+        Ok((stream, shard_id))
     }
 }
 

@@ -13,30 +13,27 @@
 use aws_sdk_dynamodb::types::AttributeValue;
 use kcl_core::store::{JavaWorker, StoreError, StoreOp};
 
+use crate::schema::java_workers::{LAST_UPDATE, WORKER_ID};
+pub use crate::schema::worker_metric_stats_table_for;
 use crate::store::DynamoDbLeaseStore;
-
-/// The Java KCL 3.x's table of worker reports for `lease_table` (its
-/// default name: the application name, which is the lease table's).
-pub fn worker_metric_stats_table_for(lease_table: &str) -> String {
-    format!("{lease_table}-WorkerMetricStats")
-}
 
 impl DynamoDbLeaseStore {
     pub(crate) async fn read_java_workers(&self) -> Result<Vec<JavaWorker>, StoreError> {
         let table = worker_metric_stats_table_for(self.table());
         // No such table: no Java KCL 3.x worker ever ran here.
+        let projection = format!("{WORKER_ID}, {LAST_UPDATE}");
         let items = self
-            .scan_all(StoreOp::ReadJavaWorkers, &table, false, Some("wid, lut"))
+            .scan_all(StoreOp::ReadJavaWorkers, &table, false, Some(&projection))
             .await?
             .unwrap_or_default();
         Ok(items
             .iter()
             .filter_map(|item| {
-                let id = match item.get("wid") {
+                let id = match item.get(WORKER_ID) {
                     Some(AttributeValue::S(id)) => id.clone(),
                     _ => return None,
                 };
-                let last_update_secs = match item.get("lut") {
+                let last_update_secs = match item.get(LAST_UPDATE) {
                     Some(AttributeValue::N(n)) => n.parse().ok()?,
                     _ => return None,
                 };

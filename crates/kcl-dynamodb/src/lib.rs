@@ -13,6 +13,8 @@
 //! - [`exactly_once`]: a batch's writes and its checkpoint in one
 //!   transaction, conditional on the lease's tenure ([`ExactlyOnce`]).
 //! - [`table`]: creating the tables if missing and checking existing ones.
+//! - [`schema`]: the tables' attribute names and naming conventions, in
+//!   one place.
 //!
 //! The store passes the same conformance suite as the in-memory store
 //! (`kcl_core::store::conformance`), run against DynamoDB Local by the
@@ -27,6 +29,7 @@ mod fake;
 pub mod item;
 pub mod java;
 pub mod liveness;
+pub mod schema;
 pub mod store;
 pub mod table;
 

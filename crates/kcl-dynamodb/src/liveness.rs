@@ -37,37 +37,8 @@ use kcl_core::store::{Beat, BeatUpdate, StoreError, StoreOp};
 use crate::error::{ClassifiedError, classify};
 use crate::store::DynamoDbLeaseStore;
 
-/// Attribute names of a liveness record.
-pub mod attr {
-    /// Hash key: the instance id.
-    pub const INSTANCE: &str = "instance";
-    /// The worker id.
-    pub const WORKER: &str = "workerId";
-    /// The beat counter.
-    pub const BEAT: &str = "beat";
-    /// Leases held.
-    pub const HELD: &str = "held";
-    /// The change counter.
-    pub const CHANGES: &str = "changes";
-    /// The wake counter.
-    pub const WAKE: &str = "wake";
-    /// Lease keys asked for.
-    pub const ASKED: &str = "asked";
-    /// Shutting down.
-    pub const STOPPING: &str = "stopping";
-    /// The instance's lease duration, in milliseconds.
-    pub const LEASE_DURATION: &str = "d";
-    /// When the record was last written (epoch milliseconds, the writer's clock).
-    pub const WRITTEN_AT: &str = "t";
-    /// How often the instance beats, in milliseconds.
-    pub const BEAT_INTERVAL: &str = "i";
-    /// The instance renews every lease too.
-    pub const PER_LEASE: &str = "p";
-    /// On the one item that is not a liveness record: the stream a
-    /// single-stream lease table serves (see
-    /// [`crate::table::claim_stream`]).
-    pub const SERVES_STREAM: &str = "servesStream";
-}
+/// Attribute names of a liveness record (kept in [`crate::schema`]).
+pub use crate::schema::liveness as attr;
 
 fn key(instance: &str) -> HashMap<String, AttributeValue> {
     HashMap::from([(
@@ -131,19 +102,25 @@ pub(crate) fn from_item(item: &HashMap<String, AttributeValue>) -> Option<Beat> 
     })
 }
 
-fn store_error(classified: ClassifiedError, instance: &str) -> StoreError {
-    match classified {
-        ClassifiedError::Store(e) => e,
-        ClassifiedError::ConditionFailed(_) => StoreError::ConditionFailed {
-            key: format!("liveness record {instance}"),
-            current: None,
-        },
-    }
+/// A beat's UpdateItem expressions: what it sets, removes and deletes.
+struct BeatWrite {
+    expression: String,
+    names: HashMap<String, String>,
+    values: HashMap<String, AttributeValue>,
 }
 
-impl DynamoDbLeaseStore {
-    pub(crate) async fn write_beat(&self, update: &BeatUpdate<'_>) -> Result<Beat, StoreError> {
-        let table = self.workers_table();
+impl BeatWrite {
+    /// The whole update of `update`'s beat: its fields set, its flags set
+    /// or removed, the answered requests deleted.
+    fn new(update: &BeatUpdate<'_>) -> Self {
+        let mut write = Self::set(update);
+        write.flags(update);
+        write.answered(update);
+        write
+    }
+
+    /// The fields every beat sets, and the counter it bumps.
+    fn set(update: &BeatUpdate<'_>) -> Self {
         // A record created anew starts at a random counter: a peer that
         // remembers an earlier record of this instance (deleted while the
         // instance was paused) must see the counter move.
@@ -158,7 +135,7 @@ impl DynamoDbLeaseStore {
         if update.per_lease {
             expression.push_str(", #p = :p");
         }
-        let mut names = HashMap::from([
+        let names = HashMap::from([
             ("#i".to_owned(), attr::INSTANCE.to_owned()),
             ("#w".to_owned(), attr::WORKER.to_owned()),
             ("#h".to_owned(), attr::HELD.to_owned()),
@@ -174,7 +151,7 @@ impl DynamoDbLeaseStore {
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default()
             .as_millis();
-        let mut values = HashMap::from([
+        let values = HashMap::from([
             (":w".to_owned(), AttributeValue::S(update.worker.to_owned())),
             (":h".to_owned(), AttributeValue::N(update.held.to_string())),
             (
@@ -196,29 +173,66 @@ impl DynamoDbLeaseStore {
                 AttributeValue::N(u64::from(rand::random::<u32>()).to_string()),
             ),
         ]);
+        BeatWrite {
+            expression,
+            names,
+            values,
+        }
+    }
+
+    /// Binds the flags that are set, and removes those that are not (an
+    /// absent flag reads false).
+    fn flags(&mut self, update: &BeatUpdate<'_>) {
         let mut removed = Vec::new();
         if update.stopping {
-            values.insert(":s".to_owned(), AttributeValue::Bool(true));
+            self.values
+                .insert(":s".to_owned(), AttributeValue::Bool(true));
         } else {
             removed.push("#s");
         }
         if update.per_lease {
-            values.insert(":p".to_owned(), AttributeValue::Bool(true));
+            self.values
+                .insert(":p".to_owned(), AttributeValue::Bool(true));
         } else {
             removed.push("#p");
         }
         if !removed.is_empty() {
-            expression.push_str(" REMOVE ");
-            expression.push_str(&removed.join(", "));
+            self.expression.push_str(" REMOVE ");
+            self.expression.push_str(&removed.join(", "));
         }
+    }
+
+    /// Deletes the requests this beat answers from the record.
+    fn answered(&mut self, update: &BeatUpdate<'_>) {
         if !update.answered.is_empty() {
-            expression.push_str(" DELETE #a :answered");
-            names.insert("#a".to_owned(), attr::ASKED.to_owned());
-            values.insert(
+            self.expression.push_str(" DELETE #a :answered");
+            self.names.insert("#a".to_owned(), attr::ASKED.to_owned());
+            self.values.insert(
                 ":answered".to_owned(),
                 AttributeValue::Ss(update.answered.to_vec()),
             );
         }
+    }
+}
+
+fn store_error(classified: ClassifiedError, instance: &str) -> StoreError {
+    match classified {
+        ClassifiedError::Store(e) => e,
+        ClassifiedError::ConditionFailed(_) => StoreError::ConditionFailed {
+            key: format!("liveness record {instance}"),
+            current: None,
+        },
+    }
+}
+
+impl DynamoDbLeaseStore {
+    pub(crate) async fn write_beat(&self, update: &BeatUpdate<'_>) -> Result<Beat, StoreError> {
+        let table = self.workers_table();
+        let BeatWrite {
+            expression,
+            names,
+            values,
+        } = BeatWrite::new(update);
         let result = self
             .client()
             .update_item()

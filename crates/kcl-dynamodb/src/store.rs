@@ -6,7 +6,6 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
-use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{
     AttributeValue, ConsumedCapacity, ReturnConsumedCapacity, ReturnValue,
     ReturnValuesOnConditionCheckFailure,
@@ -17,11 +16,17 @@ use kcl_core::store::metered::StoreStats;
 use kcl_core::store::{
     Beat, BeatUpdate, CheckpointUpdate, Holder, Intent, LeaseStore, Page, StoreError, StoreOp,
 };
-use kcl_core::{Checkpoint, Lease, Throughput};
+use kcl_core::{Lease, Throughput};
 use tracing::warn;
 
 use crate::error::{ClassifiedError, classify, unconditional_error};
-use crate::item::{ReadItem, attr, from_item, throughput_value, to_item};
+use crate::item::{ReadItem, from_item, throughput_value, to_item};
+use crate::schema::{lease as attr, workers_table_for};
+
+mod update;
+
+use update::{Update, checkpoint_update, hands_off, owned_by, owner_condition, tenure_is};
+pub(crate) use update::{checkpoint_transact_item, fence_item};
 
 /// A [`LeaseStore`] on a DynamoDB table with the Java KCL's item layout.
 ///
@@ -54,7 +59,7 @@ impl DynamoDbLeaseStore {
         let table = table.into();
         DynamoDbLeaseStore {
             client,
-            workers_table: crate::table::workers_table_for(&table),
+            workers_table: workers_table_for(&table),
             table,
             page_size: None,
             stats: None,
@@ -238,286 +243,6 @@ impl DynamoDbLeaseStore {
     }
 }
 
-/// One UpdateItem's expressions, built with placeholders so attribute names
-/// never clash with DynamoDB's reserved words.
-#[derive(Debug, Default)]
-struct Update {
-    expression: String,
-    condition: String,
-    names: HashMap<String, String>,
-    values: HashMap<String, AttributeValue>,
-}
-
-impl Update {
-    fn new(expression: &str, condition: &str) -> Self {
-        let mut u = Update {
-            expression: expression.to_owned(),
-            condition: condition.to_owned(),
-            ..Update::default()
-        };
-        // Every expression below names attributes as #attributeName.
-        for a in [
-            attr::LEASE_KEY,
-            attr::LEASE_OWNER,
-            attr::LEASE_COUNTER,
-            attr::CHECKPOINT,
-            attr::CHECKPOINT_SUB,
-            attr::PENDING_CHECKPOINT,
-            attr::PENDING_CHECKPOINT_SUB,
-            attr::PENDING_CHECKPOINT_STATE,
-            attr::OWNER_SWITCHES,
-            attr::CHECKPOINT_OWNER,
-            attr::TENURE,
-            attr::CHECKPOINT_OWNER_TENURE,
-            attr::CHILD_SHARD_IDS,
-            attr::COMMIT_TOKEN,
-            attr::FENCED_COMMITS,
-            attr::THROUGHPUT_KBPS,
-        ] {
-            let placeholder = format!("#{a}");
-            if uses(&u.expression, &placeholder) || uses(&u.condition, &placeholder) {
-                u.names.insert(placeholder, a.to_owned());
-            }
-        }
-        u
-    }
-
-    fn s(mut self, name: &str, v: &str) -> Self {
-        self.values
-            .insert(name.to_owned(), AttributeValue::S(v.to_owned()));
-        self
-    }
-
-    fn n(mut self, name: &str, v: u64) -> Self {
-        self.values
-            .insert(name.to_owned(), AttributeValue::N(v.to_string()));
-        self
-    }
-
-    /// Binds `:prev` and `:prevsub` to the checkpoint replaced, if any
-    /// (see [`checkpoint_condition`]).
-    fn replacing(self, replacing: Option<&Checkpoint>) -> Self {
-        match replacing {
-            Some(p) => self.s(":prev", p.as_str()).n(":prevsub", p.sub_sequence()),
-            None => self,
-        }
-    }
-
-    /// Binds `:name` when the tenure is known (see [`tenure_is`]).
-    fn tenure(self, name: &str, tenure: Option<&str>) -> Self {
-        match tenure {
-            Some(t) => self.s(name, t),
-            None => self,
-        }
-    }
-}
-
-/// `#attr = :value`, or, for a holder whose lease carries no tenure
-/// (written by a Java KCL worker or by kcl before tenures), that the item
-/// has none either.
-fn tenure_is(attribute: &str, value: &str, tenure: Option<&str>) -> String {
-    match tenure {
-        Some(_) => format!("#{attribute} = {value}"),
-        None => format!("attribute_not_exists(#{attribute})"),
-    }
-}
-
-/// The condition that `by` owns the lease in its tenure.
-fn owned_by(by: Holder<'_>) -> String {
-    format!(
-        "#leaseOwner = :owner AND {}",
-        tenure_is(attr::TENURE, ":tenure", by.tenure)
-    )
-}
-
-/// The condition that `by` is the previous owner of a handoff in progress,
-/// in the tenure the handoff recorded (a handoff recorded without one, by a
-/// Java KCL leader, counts for any tenure: see [`Holder::hands_off`]).
-fn hands_off(by: Holder<'_>) -> String {
-    let tenure = match by.tenure {
-        Some(_) => {
-            "(#kclCheckpointOwnerTenure = :tenure OR attribute_not_exists(#kclCheckpointOwnerTenure))"
-        }
-        None => "attribute_not_exists(#kclCheckpointOwnerTenure)",
-    };
-    format!("#checkpointOwner = :owner AND {tenure}")
-}
-
-/// True if `expr` uses `placeholder` as a whole token (`#checkpoint` is not
-/// used by `#checkpointOwner`): DynamoDB rejects unused names.
-fn uses(expr: &str, placeholder: &str) -> bool {
-    expr.match_indices(placeholder).any(|(i, m)| {
-        !expr[i + m.len()..]
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
-    })
-}
-
-/// The UpdateItem of a checkpoint by `by`: conditional on `by` owning the
-/// lease in its tenure (or handing it off), and on the checkpoint it
-/// replaces. The lease store's checkpoint writes it without `commit`; the
-/// transactional checkpoint of [`crate::exactly_once`] with its commit's
-/// token, which it stores (the marker no plain checkpoint writes), and which
-/// must not have been fenced (see [`fence_item`]).
-fn checkpoint_update(by: Holder<'_>, update: &CheckpointUpdate, commit: Option<&str>) -> Update {
-    let mut set = vec![
-        "#checkpoint = :cp",
-        "#checkpointSubSequenceNumber = :sub",
-        "#ownerSwitchesSinceCheckpoint = :zero",
-    ];
-    let mut remove = Vec::new();
-    match &update.pending {
-        Some(_) => {
-            set.push("#pendingCheckpoint = :pcp");
-            set.push("#pendingCheckpointSubSequenceNumber = :psub");
-        }
-        None => remove.extend(["#pendingCheckpoint", "#pendingCheckpointSubSequenceNumber"]),
-    }
-    match &update.pending_state {
-        Some(_) => set.push("#pendingCheckpointState = :pstate"),
-        None => remove.push("#pendingCheckpointState"),
-    }
-    if !update.children.is_empty() {
-        set.push("#childShardIds = :children");
-    }
-    let mut condition = checkpoint_condition(by, update.replacing.as_ref());
-    // Every fenced attempt was conditional on the checkpoint it replaced,
-    // and checkpoints only move forward: once one moves past it (a commit
-    // or a plain checkpoint), none of them can land any more, and the
-    // fence set is cleared rather than left to grow.
-    let moves = update
-        .replacing
-        .as_ref()
-        .is_some_and(|p| *p != update.checkpoint);
-    if commit.is_some() || moves {
-        remove.push("#kclFencedCommits");
-    }
-    if commit.is_some() {
-        set.push("#kclCommitToken = :token");
-        condition.push_str(" AND NOT contains(#kclFencedCommits, :token)");
-    }
-    let mut expression = format!("SET {}", set.join(", "));
-    if !remove.is_empty() {
-        expression.push_str(&format!(" REMOVE {}", remove.join(", ")));
-    }
-    let mut full = Update::new(&expression, &condition)
-        .s(":owner", by.owner)
-        .tenure(":tenure", by.tenure)
-        .replacing(update.replacing.as_ref())
-        .s(":cp", update.checkpoint.as_str())
-        .n(":sub", update.checkpoint.sub_sequence())
-        .n(":zero", 0);
-    if let Some(p) = &update.pending {
-        full = full.s(":pcp", p.as_str()).n(":psub", p.sub_sequence());
-    }
-    if let Some(state) = &update.pending_state {
-        full.values.insert(
-            ":pstate".into(),
-            AttributeValue::B(Blob::new(state.clone())),
-        );
-    }
-    if !update.children.is_empty() {
-        full.values.insert(
-            ":children".into(),
-            AttributeValue::Ss(update.children.iter().cloned().collect()),
-        );
-    }
-    if let Some(token) = commit {
-        full = full.s(":token", token);
-    }
-    full
-}
-
-/// The condition of a checkpoint by `by` replacing `replacing`: `by` owns
-/// the lease in its tenure (or hands it off), and the checkpoint is still
-/// the one replaced. Binds `:owner`, `:tenure`, `:prev` and `:prevsub`.
-fn checkpoint_condition(by: Holder<'_>, replacing: Option<&Checkpoint>) -> String {
-    let mut condition = format!(
-        "(({}) OR (attribute_not_exists(#checkpointOwner) AND {}))",
-        hands_off(by),
-        owned_by(by)
-    );
-    // Items the Java KCL wrote before it stored sub-sequence numbers lack
-    // the attribute, which means 0.
-    match replacing {
-        Some(p) if p.sub_sequence() == 0 => condition.push_str(
-            " AND #checkpoint = :prev AND (#checkpointSubSequenceNumber = :prevsub \
-                 OR attribute_not_exists(#checkpointSubSequenceNumber))",
-        ),
-        Some(_) => condition
-            .push_str(" AND #checkpoint = :prev AND #checkpointSubSequenceNumber = :prevsub"),
-        None => {}
-    }
-    condition
-}
-
-/// A checkpoint of lease `key` by `by` as one item of the TransactWriteItems
-/// of exactly-once commit `token`, returning the lease item if its
-/// condition fails (to tell what happened to the commit).
-pub(crate) fn checkpoint_transact_item(
-    table: &str,
-    key: &str,
-    by: Holder<'_>,
-    update: &CheckpointUpdate,
-    token: &str,
-) -> Result<aws_sdk_dynamodb::types::TransactWriteItem, aws_sdk_dynamodb::error::BuildError> {
-    let item = sdk_update(table, key, checkpoint_update(by, update, Some(token)))?;
-    Ok(aws_sdk_dynamodb::types::TransactWriteItem::builder()
-        .update(item)
-        .build())
-}
-
-/// The UpdateItem that fences exactly-once commit `token` of `by`,
-/// replacing `replacing`: it adds the token to `kclFencedCommits`, under
-/// the commit's own lease condition. If it lands, the commit had not (it
-/// would have moved the checkpoint) and never will (its condition now
-/// fails); if its condition fails, the lease item returned tells why.
-pub(crate) fn fence_item(
-    table: &str,
-    key: &str,
-    by: Holder<'_>,
-    replacing: Option<&Checkpoint>,
-    token: &str,
-) -> Result<aws_sdk_dynamodb::types::Update, aws_sdk_dynamodb::error::BuildError> {
-    let mut fence = Update::new(
-        "ADD #kclFencedCommits :fence",
-        &checkpoint_condition(by, replacing),
-    )
-    .s(":owner", by.owner)
-    .tenure(":tenure", by.tenure)
-    .replacing(replacing);
-    fence
-        .values
-        .insert(":fence".into(), AttributeValue::Ss(vec![token.to_owned()]));
-    sdk_update(table, key, fence)
-}
-
-/// `u` on lease `key`, as the SDK's update, returning the lease item if its
-/// condition fails.
-fn sdk_update(
-    table: &str,
-    key: &str,
-    u: Update,
-) -> Result<aws_sdk_dynamodb::types::Update, aws_sdk_dynamodb::error::BuildError> {
-    aws_sdk_dynamodb::types::Update::builder()
-        .table_name(table)
-        .set_key(Some(DynamoDbLeaseStore::key(key)))
-        .update_expression(u.expression)
-        .condition_expression(u.condition)
-        .set_expression_attribute_names(Some(u.names))
-        .set_expression_attribute_values(Some(u.values).filter(|v| !v.is_empty()))
-        .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-        .build()
-}
-
-fn owner_condition(owner: Option<&str>) -> &'static str {
-    match owner {
-        Some(_) => "#leaseOwner = :old",
-        None => "attribute_not_exists(#leaseOwner)",
-    }
-}
-
 #[async_trait]
 impl LeaseStore for DynamoDbLeaseStore {
     async fn create_if_absent(&self, lease: &Lease) -> Result<Lease, StoreError> {
@@ -653,8 +378,7 @@ impl LeaseStore for DynamoDbLeaseStore {
             expression,
             "#leaseOwner = :owner AND #leaseCounter = :counter",
         )
-        .s(":owner", by.owner)
-        .tenure(":tenure", by.tenure)
+        .holder(by)
         .n(":counter", seen.counter)
         .n(":next", seen.counter + 1);
         let intent = Intent::Own {
@@ -685,8 +409,7 @@ impl LeaseStore for DynamoDbLeaseStore {
                 hands_off(by)
             ),
         )
-        .s(":owner", by.owner)
-        .tenure(":tenure", by.tenure)
+        .holder(by)
         .n(":counter", counter)
         .n(":next", counter + 1);
         if let Some(load) = load {
@@ -705,9 +428,7 @@ impl LeaseStore for DynamoDbLeaseStore {
         by: Holder<'_>,
         load: Throughput,
     ) -> Result<Lease, StoreError> {
-        let mut update = Update::new("SET #throughputKBps = :load", &owned_by(by))
-            .s(":owner", by.owner)
-            .tenure(":tenure", by.tenure);
+        let mut update = Update::new("SET #throughputKBps = :load", &owned_by(by)).holder(by);
         update.values.insert(":load".into(), throughput_value(load));
         self.update(StoreOp::ReportLoad, key, update, None).await
     }
@@ -717,8 +438,7 @@ impl LeaseStore for DynamoDbLeaseStore {
             "REMOVE #leaseOwner, #kclTenure SET #leaseCounter = #leaseCounter + :one",
             &owned_by(by),
         )
-        .s(":owner", by.owner)
-        .tenure(":tenure", by.tenure)
+        .holder(by)
         .n(":one", 1);
         self.update(StoreOp::Release, key, update, None).await
     }
@@ -829,8 +549,7 @@ impl LeaseStore for DynamoDbLeaseStore {
             "REMOVE #checkpointOwner, #kclCheckpointOwnerTenure SET #leaseCounter = #leaseCounter + :one",
             &hands_off(from),
         )
-        .s(":owner", from.owner)
-        .tenure(":tenure", from.tenure)
+        .holder(from)
         .n(":one", 1);
         self.update(StoreOp::CompleteHandoff, key, update, None)
             .await

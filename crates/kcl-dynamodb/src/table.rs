@@ -12,7 +12,8 @@ use kcl_core::store::{StoreError, StoreOp};
 use tracing::info;
 
 use crate::error::unconditional_error;
-use crate::item::attr;
+pub use crate::schema::{STREAM_CLAIM_KEY, workers_table_for};
+use crate::schema::{lease as attr, liveness};
 
 /// How the table is billed when this library creates it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -155,11 +156,6 @@ pub async fn ensure_table(
     .await
 }
 
-/// The default name of the liveness records' table for `lease_table`.
-pub fn workers_table_for(lease_table: &str) -> String {
-    format!("{lease_table}-workers")
-}
-
 /// Creates the table of liveness records (hash key `instance`, a string)
 /// if it does not exist, and waits until it is ACTIVE; an existing table
 /// must have that key schema. Only the worker-liveness renewal mode needs
@@ -169,7 +165,7 @@ pub async fn ensure_workers_table(
     table: &str,
     options: impl Into<TableOptions>,
 ) -> Result<(), StoreError> {
-    let key = crate::liveness::attr::INSTANCE;
+    let key = liveness::INSTANCE;
     ensure(
         client,
         table,
@@ -351,10 +347,6 @@ async fn create(
     }
 }
 
-/// The key of the item, in the liveness records' table, that names the
-/// stream a single-stream lease table serves.
-pub const STREAM_CLAIM_KEY: &str = "kcl:served-stream";
-
 /// Records that the single-stream lease table `lease_table` serves the
 /// stream `identifier` (`account:name:creationEpoch`), or refuses if it
 /// already serves another. Single-stream lease keys are bare shard ids,
@@ -369,17 +361,17 @@ pub async fn claim_stream(
     identifier: &str,
 ) -> Result<(), StoreError> {
     use aws_sdk_dynamodb::types::AttributeValue;
-    let serves = crate::liveness::attr::SERVES_STREAM;
+    let serves = liveness::SERVES_STREAM;
     let put = client
         .put_item()
         .table_name(workers_table)
         .item(
-            crate::liveness::attr::INSTANCE,
+            liveness::INSTANCE,
             AttributeValue::S(STREAM_CLAIM_KEY.into()),
         )
         .item(serves, AttributeValue::S(identifier.into()))
         .condition_expression("attribute_not_exists(#instance) OR #serves = :stream")
-        .expression_attribute_names("#instance", crate::liveness::attr::INSTANCE)
+        .expression_attribute_names("#instance", liveness::INSTANCE)
         .expression_attribute_names("#serves", serves)
         .expression_attribute_values(":stream", AttributeValue::S(identifier.into()))
         .return_values_on_condition_check_failure(

@@ -21,7 +21,7 @@ use kcl_kinesis::{
 
 use crate::error::Error;
 use crate::streams::{StreamNames, StreamResolver};
-use crate::worker::{Endpoints, Worker};
+use crate::worker::{EndpointSettings, Worker};
 
 /// Configures a [`Worker`]. Every setting has a default except the streams,
 /// the AWS configuration and the processor; `build()` rejects impossible
@@ -444,49 +444,9 @@ impl WorkerBuilder {
 
     /// Validates every setting and returns the worker.
     pub fn build(self) -> Result<Worker, Error> {
-        let invalid =
-            |field: &'static str, reason: String| Error::from(ConfigError { field, reason });
-        let table = self.table.clone().unwrap_or_else(|| self.app.clone());
-        let table_field = if self.table.is_some() {
-            "table_name"
-        } else {
-            "application_name"
-        };
-        if !valid_table_name(&table) {
-            return Err(invalid(
-                table_field,
-                format!(
-                    "is {table:?}; a DynamoDB table name is 3-255 characters of a-z, A-Z, 0-9, '_', '-', '.'"
-                ),
-            ));
-        }
-        if self.streams.is_empty() {
-            return Err(invalid(
-                "stream",
-                "no stream given; call .stream(name)".into(),
-            ));
-        }
+        let table = self.checked_table()?;
+        self.check_streams()?;
         let sdk = self.sdk.clone();
-        let sdk_region = sdk
-            .as_ref()
-            .and_then(|c| c.region())
-            .or_else(|| self.kinesis.as_ref().and_then(|k| k.config().region()))
-            .map(|r| r.as_ref().to_owned());
-        for stream in &self.streams {
-            let arn = StreamArn::parse(stream)?;
-            if let (Some(arn), Some(region)) = (arn, &sdk_region)
-                && arn.region() != region
-            {
-                return Err(invalid(
-                    "stream",
-                    format!(
-                        "{stream:?} is in region {}, the AWS configuration in {region}; a worker \
-                         reads through one regional client: run one per region",
-                        arn.region()
-                    ),
-                ));
-            }
-        }
         let (kinesis, dynamodb) = match (self.kinesis, self.dynamodb, &sdk) {
             (Some(kinesis), Some(dynamodb), _) => (Some(kinesis), Some(dynamodb)),
             (_, _, Some(sdk)) => (Some(aws_sdk_kinesis::Client::new(sdk)), None),
@@ -504,26 +464,7 @@ impl WorkerBuilder {
                 "no processor factory; call .processor(..)".into(),
             ));
         };
-        // Two places for one setting would leave one of them silently
-        // ignored.
-        if let (Some(_), Some(field)) = (&self.retrieval, self.polling_field) {
-            return Err(invalid(
-                field,
-                "cannot be combined with .retrieval(..): set it on the PollingConfig given there (it does not apply to fan-out)".into(),
-            ));
-        }
-        let retrieval = match self.retrieval {
-            None => Retrieval::Polling(self.polling.build()?),
-            Some(Retrieval::FanOut(fan_out)) if fan_out.consumer_name().is_none() => {
-                Retrieval::FanOut(fan_out.with_consumer_name(&self.app).map_err(|e| {
-                    invalid(
-                        e.field,
-                        format!("{} (it defaults to the application name; set FanOutConfig's consumer_name)", e.reason),
-                    )
-                })?)
-            }
-            Some(other) => other,
-        };
+        let retrieval = retrieval(self.retrieval, self.polling_field, self.polling, &self.app)?;
         let mut source = KinesisShardSource::builder(kinesis.clone()).retrieval(retrieval);
         if let Some(bytes) = self.prefetch_budget {
             source = source.prefetch_budget(bytes);
@@ -551,8 +492,15 @@ impl WorkerBuilder {
             Some(metrics) => metrics.install_for_worker(&self.app, sdk.as_ref(), multi_stream)?,
             None => None,
         };
-        #[cfg(feature = "otlp")]
-        let (app, worker_id) = (self.app.clone(), lease.worker_id().to_owned());
+        // Last: nothing is bound when another setting is invalid.
+        let endpoints = EndpointSettings {
+            health_addr: self.health_addr,
+            #[cfg(feature = "prometheus")]
+            metrics_addr: self.metrics_addr,
+            #[cfg(feature = "otlp")]
+            otlp: self.otlp,
+        }
+        .bind(&self.app, lease.worker_id())?;
         Ok(Worker {
             app: self.app,
             table,
@@ -571,29 +519,106 @@ impl WorkerBuilder {
             liveness_stall_bound: self.liveness_stall_bound,
             #[cfg(feature = "cloudwatch")]
             cloudwatch,
-            // Last: nothing is bound when another setting is invalid.
-            endpoints: Endpoints {
-                health: self
-                    .health_addr
-                    .map(crate::observability::Endpoint::health)
-                    .transpose()?,
-                #[cfg(feature = "prometheus")]
-                metrics: self
-                    .metrics_addr
-                    .map(crate::observability::Endpoint::metrics)
-                    .transpose()?,
-                #[cfg(not(feature = "prometheus"))]
-                metrics: None,
-                // After the sockets: installing the recorder cannot be
-                // undone, so it comes once everything else succeeded.
-                #[cfg(feature = "otlp")]
-                otlp: self
-                    .otlp
-                    .map(|otlp| crate::observability::install_otlp(otlp, &app, &worker_id))
-                    .transpose()?,
-            },
+            endpoints,
         })
     }
+
+    /// The lease table's name (the application's unless `table_name` says
+    /// otherwise), if DynamoDB accepts it.
+    fn checked_table(&self) -> Result<String, Error> {
+        let table = self.table.clone().unwrap_or_else(|| self.app.clone());
+        let table_field = if self.table.is_some() {
+            "table_name"
+        } else {
+            "application_name"
+        };
+        if !valid_table_name(&table) {
+            return Err(invalid(
+                table_field,
+                format!(
+                    "is {table:?}; a DynamoDB table name is 3-255 characters of a-z, A-Z, 0-9, '_', '-', '.'"
+                ),
+            ));
+        }
+        Ok(table)
+    }
+
+    /// At least one stream, and none given by an ARN of another region
+    /// than the AWS configuration's.
+    fn check_streams(&self) -> Result<(), Error> {
+        if self.streams.is_empty() {
+            return Err(invalid(
+                "stream",
+                "no stream given; call .stream(name)".into(),
+            ));
+        }
+        let sdk_region = self
+            .sdk
+            .as_ref()
+            .and_then(|c| c.region())
+            .or_else(|| self.kinesis.as_ref().and_then(|k| k.config().region()))
+            .map(|r| r.as_ref().to_owned());
+        for stream in &self.streams {
+            let arn = StreamArn::parse(stream)?;
+            if let (Some(arn), Some(region)) = (arn, &sdk_region)
+                && arn.region() != region
+            {
+                return Err(invalid(
+                    "stream",
+                    format!(
+                        "{stream:?} is in region {}, the AWS configuration in {region}; a worker \
+                         reads through one regional client: run one per region",
+                        arn.region()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Worker {
+    /// Starts configuring a worker for `application_name`, which also names
+    /// the lease table unless [`WorkerBuilder::table_name`] says otherwise.
+    pub fn builder(application_name: impl Into<String>) -> WorkerBuilder {
+        WorkerBuilder::new(application_name.into())
+    }
+}
+
+/// An engine setting `field` rejects, as the facade's error.
+fn invalid(field: &'static str, reason: String) -> Error {
+    Error::from(ConfigError { field, reason })
+}
+
+/// How the worker reads its shards: the [`Retrieval`] given whole (a
+/// fan-out consumer named after `app` unless named), or polling with the
+/// settings given one by one, never both.
+fn retrieval(
+    given: Option<Retrieval>,
+    polling_field: Option<&'static str>,
+    polling: PollingConfigBuilder,
+    app: &str,
+) -> Result<Retrieval, Error> {
+    // Two places for one setting would leave one of them silently
+    // ignored.
+    if let (Some(_), Some(field)) = (&given, polling_field) {
+        return Err(invalid(
+            field,
+            "cannot be combined with .retrieval(..): set it on the PollingConfig given there (it does not apply to fan-out)".into(),
+        ));
+    }
+    Ok(match given {
+        None => Retrieval::Polling(polling.build()?),
+        Some(Retrieval::FanOut(fan_out)) if fan_out.consumer_name().is_none() => {
+            Retrieval::FanOut(fan_out.with_consumer_name(app).map_err(|e| {
+                invalid(
+                    e.field,
+                    format!("{} (it defaults to the application name; set FanOutConfig's consumer_name)", e.reason),
+                )
+            })?)
+        }
+        Some(other) => other,
+    })
 }
 
 /// The lease table's client, with timeouts `sdk` leaves unset.
@@ -639,138 +664,4 @@ fn default_worker_id() -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::error::ErrorKind;
-    use kcl_core::LeaseLayout;
-    use kcl_core::worker::StreamSpec;
-
-    fn offline_builder() -> WorkerBuilder {
-        let sdk = SdkConfig::builder()
-            .region(aws_config::Region::new("us-east-1"))
-            .behavior_version(aws_config::BehaviorVersion::latest())
-            .build();
-        Worker::builder("facade-app")
-            .stream("orders")
-            .sdk_config(&sdk)
-            .processor(|_: &kcl_core::processor::ShardContext| NoOp)
-    }
-
-    struct NoOp;
-
-    #[async_trait::async_trait]
-    impl kcl_core::processor::RecordProcessor for NoOp {
-        async fn process_records(
-            &mut self,
-            _: &kcl_core::processor::RecordBatch,
-            _: &mut kcl_core::checkpointer::Checkpointer,
-        ) -> Result<(), kcl_core::processor::ProcessorError> {
-            Ok(())
-        }
-    }
-
-    #[test]
-    fn every_setting_given_to_the_facade_reaches_the_engine() {
-        let worker = offline_builder()
-            .worker_id("w-1")
-            .lease_duration(Duration::from_secs(20))
-            .renew_interval(Duration::from_secs(4))
-            .renewal(LeaseRenewal::PerLease)
-            .taker_interval(Duration::from_secs(3))
-            .max_leases_per_worker(9)
-            .max_leases_to_steal(2)
-            .handoff_timeout(Duration::from_secs(40))
-            .initial_position(InitialPosition::TrimHorizon)
-            .parallelism_per_shard(7)
-            .shard_sync_interval(Duration::from_secs(11))
-            .parent_poll_interval(Duration::from_secs(12))
-            .shutdown_timeout(Duration::from_secs(13))
-            .completed_lease_retention(Duration::from_secs(14))
-            .removed_stream_policy(RemovedStreamPolicy::DeleteAfter(Duration::from_secs(15)))
-            .max_records(77)
-            .idle_time_between_reads(Duration::from_millis(1500))
-            .time_between_reads(Duration::from_millis(700))
-            .build()
-            .expect("valid settings");
-        let lease = &worker.lease;
-        assert_eq!(lease.worker_id(), "w-1");
-        assert_eq!(lease.lease_duration(), Duration::from_secs(20));
-        assert_eq!(lease.renew_interval(), Duration::from_secs(4));
-        assert_eq!(lease.renewal(), LeaseRenewal::PerLease);
-        assert_eq!(lease.taker_interval(), Duration::from_secs(3));
-        assert_eq!(lease.max_leases_per_worker(), 9);
-        assert_eq!(lease.max_leases_to_steal(), 2);
-        assert_eq!(lease.handoff_timeout(), Duration::from_secs(40));
-        let polling = worker.source.polling_config();
-        assert_eq!(polling.max_records(), 77);
-        assert_eq!(
-            polling.idle_time_between_reads(),
-            Duration::from_millis(1500)
-        );
-        assert_eq!(polling.time_between_reads(), Duration::from_millis(700));
-        let engine = worker
-            .engine
-            .clone()
-            .stream(StreamSpec {
-                name: "orders".into(),
-                layout: LeaseLayout::SingleStream,
-            })
-            .build()
-            .expect("the streams were all that was left");
-        assert_eq!(
-            engine.lease(),
-            lease,
-            "the engine runs the lease settings built here"
-        );
-        let shown = format!("{engine:?}");
-        for expected in [
-            "initial_position: TrimHorizon",
-            "parallelism_per_shard: 7",
-            "shard_sync_interval: 11s",
-            "parent_poll_interval: 12s",
-            "shutdown_timeout: 13s",
-            "completed_lease_retention: 14s",
-            "removed_stream_policy: DeleteAfter(15s)",
-        ] {
-            assert!(shown.contains(expected), "{expected} in {shown}");
-        }
-    }
-
-    #[test]
-    fn build_names_the_field_of_an_engine_setting_it_rejects() {
-        let cases: Vec<(WorkerBuilder, &str)> = vec![
-            (offline_builder().worker_id(" "), "worker_id"),
-            (
-                offline_builder().renew_interval(Duration::from_secs(60)),
-                "renew_interval",
-            ),
-            (
-                offline_builder().parallelism_per_shard(0),
-                "parallelism_per_shard",
-            ),
-            (
-                offline_builder().shard_sync_interval(Duration::ZERO),
-                "shard_sync_interval",
-            ),
-            (offline_builder().max_records(0), "max_records"),
-            (offline_builder().prefetch_budget(10), "prefetch_budget"),
-            (offline_builder().stream("orders"), "streams"),
-            (offline_builder().stream(" "), "streams"),
-            (
-                offline_builder()
-                    .enhanced_fan_out()
-                    .time_between_reads(Duration::from_secs(1)),
-                "time_between_reads",
-            ),
-        ];
-        for (builder, field) in cases {
-            match builder.build() {
-                Err(e) => {
-                    assert_eq!(e.kind(), ErrorKind::Config, "{field}: {e}");
-                    assert_eq!(e.config().map(|c| c.field), Some(field), "{e}");
-                }
-                Ok(_) => panic!("{field}: accepted"),
-            }
-        }
-    }
-}
+mod tests;

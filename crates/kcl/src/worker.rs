@@ -21,7 +21,6 @@ use kcl_dynamodb::{
 use kcl_kinesis::KinesisShardSource;
 use tracing::{info, warn};
 
-use crate::builder::WorkerBuilder;
 use crate::error::{Error, Repr};
 use crate::streams::{NameTracker, StreamNames, StreamResolver};
 
@@ -75,6 +74,45 @@ impl Endpoints {
     }
 }
 
+/// The endpoints a builder was asked for, bound once every other setting
+/// proved valid.
+pub(crate) struct EndpointSettings {
+    pub(crate) health_addr: Option<std::net::SocketAddr>,
+    #[cfg(feature = "prometheus")]
+    pub(crate) metrics_addr: Option<std::net::SocketAddr>,
+    #[cfg(feature = "otlp")]
+    pub(crate) otlp: Option<crate::observability::OtlpMetrics>,
+}
+
+impl EndpointSettings {
+    /// Binds the sockets, then installs the OTLP exporter of worker
+    /// `worker_id` of `app`.
+    pub(crate) fn bind(self, app: &str, worker_id: &str) -> Result<Endpoints, Error> {
+        #[cfg(not(feature = "otlp"))]
+        let _ = (app, worker_id);
+        Ok(Endpoints {
+            health: self
+                .health_addr
+                .map(crate::observability::Endpoint::health)
+                .transpose()?,
+            #[cfg(feature = "prometheus")]
+            metrics: self
+                .metrics_addr
+                .map(crate::observability::Endpoint::metrics)
+                .transpose()?,
+            #[cfg(not(feature = "prometheus"))]
+            metrics: None,
+            // After the sockets: installing the recorder cannot be
+            // undone, so it comes once everything else succeeded.
+            #[cfg(feature = "otlp")]
+            otlp: self
+                .otlp
+                .map(|otlp| crate::observability::install_otlp(otlp, app, worker_id))
+                .transpose()?,
+        })
+    }
+}
+
 impl fmt::Debug for Worker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Worker")
@@ -87,12 +125,6 @@ impl fmt::Debug for Worker {
 }
 
 impl Worker {
-    /// Starts configuring a worker for `application_name`, which also names
-    /// the lease table unless [`WorkerBuilder::table_name`] says otherwise.
-    pub fn builder(application_name: impl Into<String>) -> WorkerBuilder {
-        WorkerBuilder::new(application_name.into())
-    }
-
     /// A handle to stop the worker gracefully and read its status.
     pub fn handle(&self) -> WorkerHandle {
         self.handle.clone()
@@ -110,14 +142,16 @@ impl Worker {
     }
 
     /// The address of the metrics endpoint (see
-    /// [`WorkerBuilder::serve_metrics`]), with the port actually bound.
+    /// [`WorkerBuilder::serve_metrics`](crate::WorkerBuilder::serve_metrics)),
+    /// with the port actually bound.
     #[cfg(feature = "prometheus")]
     pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
         self.endpoints.metrics.as_ref().map(|m| m.local_addr())
     }
 
     /// The publisher of this worker's CloudWatch metrics (see
-    /// [`WorkerBuilder::publish_cloudwatch_metrics`]): its
+    /// [`WorkerBuilder::publish_cloudwatch_metrics`](crate::WorkerBuilder::publish_cloudwatch_metrics)):
+    /// its
     /// [`stats`](crate::observability::cloudwatch::CloudWatchPublisher::stats)
     /// say what was sent, retried, failed and dropped.
     #[cfg(feature = "cloudwatch")]
@@ -128,13 +162,16 @@ impl Worker {
     }
 
     /// The address of the health endpoint (see
-    /// [`WorkerBuilder::serve_health`]), with the port actually bound.
+    /// [`WorkerBuilder::serve_health`](crate::WorkerBuilder::serve_health)),
+    /// with the port actually bound.
     pub fn health_addr(&self) -> Option<std::net::SocketAddr> {
         self.endpoints.health.as_ref().map(|m| m.local_addr())
     }
 
     /// The process's OTLP exporter, if this worker exports through it
-    /// (see [`WorkerBuilder::export_otlp_metrics`]): its
+    /// (see
+    /// [`WorkerBuilder::export_otlp_metrics`](crate::WorkerBuilder::export_otlp_metrics)):
+    /// its
     /// [`stats`](crate::observability::OtlpExporter::stats) say how the
     /// exports go.
     #[cfg(feature = "otlp")]

@@ -5,51 +5,12 @@
 use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{CancellationReason, TransactWriteItem};
-use kcl_core::Checkpoint;
-use kcl_core::checkpointer::{CommitFailure, PreparedCheckpoint};
+use kcl_core::checkpointer::PreparedCheckpoint;
 use tokio::time::Instant;
 use tracing::warn;
 
 use super::settle::{Verdict, verdict};
-use super::{ExactlyOnce, TransactionError};
-
-/// What became of a commit, or of one attempt of it.
-#[derive(Debug)]
-pub(super) enum Outcome {
-    /// It committed (perhaps in an earlier attempt whose answer was lost).
-    Applied,
-    /// The lease is no longer this tenure's, and the commit did not land.
-    LeaseLost,
-    /// Another write of this tenure moved the checkpoint to this one; the
-    /// commit did not land.
-    Moved(Checkpoint),
-    /// No verdict (no answer, or a failure worth retrying): it may yet land.
-    Retry(String),
-    /// It did not land, for this reason.
-    Fail(TransactionError),
-}
-
-impl Outcome {
-    /// The outcome as `Checkpointer::commit_with` takes it, for lease `key`.
-    pub(super) fn into_commit(self, key: &str) -> Result<(), CommitFailure<TransactionError>> {
-        match self {
-            Outcome::Applied => Ok(()),
-            Outcome::LeaseLost => Err(CommitFailure::LeaseLost),
-            Outcome::Moved(to) => Err(CommitFailure::CheckpointMoved {
-                error: TransactionError::CheckpointMoved {
-                    key: key.to_owned(),
-                    checkpoint: to.clone(),
-                },
-                to,
-            }),
-            Outcome::Retry(message) => Err(CommitFailure::Other(TransactionError::Failed {
-                message,
-                retries_exhausted: true,
-            })),
-            Outcome::Fail(e) => Err(CommitFailure::Other(e)),
-        }
-    }
-}
+use super::{ExactlyOnce, Outcome, TransactionError};
 
 impl ExactlyOnce {
     /// Sends `items` until an attempt has a verdict, the retries are spent,

@@ -20,10 +20,9 @@ use kcl_core::checkpointer::PreparedCheckpoint;
 use kcl_core::store::StoreOp;
 use tokio::time::Instant;
 
-use super::attempts::Outcome;
-use super::{ExactlyOnce, TransactionError};
+use super::{ExactlyOnce, Outcome, TransactionError};
 use crate::error::{ClassifiedError, classify};
-use crate::item::attr;
+use crate::schema::lease as attr;
 use crate::store::{fence_item, read_lenient};
 
 /// The first pause between two fence attempts; it doubles.

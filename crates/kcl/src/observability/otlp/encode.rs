@@ -28,68 +28,41 @@ pub(super) fn request(
     now: u64,
 ) -> ExportMetricsServiceRequest {
     let mut metrics = Vec::new();
-    metrics.extend(
-        grouped(snapshot.counters)
-            .into_iter()
-            .map(|(name, points)| {
-                let data_points = points
-                    .into_iter()
-                    .map(|(attributes, point)| counter_point(attributes, point, now))
-                    .collect();
-                let sum = Sum {
-                    data_points,
-                    aggregation_temporality: AggregationTemporality::Cumulative.into(),
-                    is_monotonic: true,
-                };
-                metric(registry, name, metric::Data::Sum(sum))
-            }),
-    );
-    metrics.extend(grouped(snapshot.gauges).into_iter().map(|(name, points)| {
-        let data_points = points
-            .into_iter()
-            .map(|(attributes, value)| NumberDataPoint {
-                attributes,
-                time_unix_nano: now,
-                value: Some(number_data_point::Value::AsDouble(value)),
-                ..Default::default()
-            })
-            .collect();
-        metric(registry, name, metric::Data::Gauge(Gauge { data_points }))
-    }));
-    metrics.extend(
-        grouped(snapshot.histograms)
-            .into_iter()
-            .map(|(name, points)| {
-                let data_points = points
-                    .into_iter()
-                    .map(|(attributes, point)| histogram_point(attributes, point, now))
-                    .collect();
-                let histogram = Histogram {
-                    data_points,
-                    aggregation_temporality: AggregationTemporality::Cumulative.into(),
-                };
-                metric(registry, name, metric::Data::Histogram(histogram))
-            }),
-    );
-    // The exporter's own count, always present so that an alert on it
-    // needs no absent() guard.
-    let dropped = Sum {
-        data_points: vec![counter_point(
-            Vec::new(),
-            CounterPoint {
-                value: snapshot.dropped,
-                start: started,
-            },
-            now,
-        )],
-        aggregation_temporality: AggregationTemporality::Cumulative.into(),
-        is_monotonic: true,
-    };
-    metrics.push(metric(
+    metrics.extend(named(
         registry,
-        OTLP_MEASUREMENTS_DROPPED.to_owned(),
-        metric::Data::Sum(dropped),
+        snapshot.counters,
+        |attributes, point| counter_point(attributes, point, now),
+        |data_points| {
+            metric::Data::Sum(Sum {
+                data_points,
+                aggregation_temporality: AggregationTemporality::Cumulative.into(),
+                is_monotonic: true,
+            })
+        },
     ));
+    metrics.extend(named(
+        registry,
+        snapshot.gauges,
+        |attributes, value| NumberDataPoint {
+            attributes,
+            time_unix_nano: now,
+            value: Some(number_data_point::Value::AsDouble(value)),
+            ..Default::default()
+        },
+        |data_points| metric::Data::Gauge(Gauge { data_points }),
+    ));
+    metrics.extend(named(
+        registry,
+        snapshot.histograms,
+        |attributes, point| histogram_point(attributes, point, now),
+        |data_points| {
+            metric::Data::Histogram(Histogram {
+                data_points,
+                aggregation_temporality: AggregationTemporality::Cumulative.into(),
+            })
+        },
+    ));
+    metrics.push(dropped(registry, snapshot.dropped, started, now));
     metrics.sort_by(|a, b| a.name.cmp(&b.name));
     ExportMetricsServiceRequest {
         resource_metrics: vec![ResourceMetrics {
@@ -112,6 +85,45 @@ pub(super) fn request(
             ..Default::default()
         }],
     }
+}
+
+/// One metric per name of `series`: each series a data point (made by
+/// `point`), the points of a name its data (made by `data`).
+fn named<P, D>(
+    registry: &Registry,
+    series: Vec<(Key, P)>,
+    point: impl Fn(Vec<KeyValue>, P) -> D,
+    data: impl Fn(Vec<D>) -> metric::Data,
+) -> impl Iterator<Item = Metric> {
+    grouped(series).into_iter().map(move |(name, points)| {
+        let data_points = points
+            .into_iter()
+            .map(|(attributes, value)| point(attributes, value))
+            .collect();
+        metric(registry, name, data(data_points))
+    })
+}
+
+/// The exporter's own count of dropped measurements, always present so
+/// that an alert on it needs no absent() guard.
+fn dropped(registry: &Registry, dropped: u64, started: u64, now: u64) -> Metric {
+    let dropped = Sum {
+        data_points: vec![counter_point(
+            Vec::new(),
+            CounterPoint {
+                value: dropped,
+                start: started,
+            },
+            now,
+        )],
+        aggregation_temporality: AggregationTemporality::Cumulative.into(),
+        is_monotonic: true,
+    };
+    metric(
+        registry,
+        OTLP_MEASUREMENTS_DROPPED.to_owned(),
+        metric::Data::Sum(dropped),
+    )
 }
 
 /// The data points of one metric: each series' attributes and value.

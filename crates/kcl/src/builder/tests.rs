@@ -1,0 +1,133 @@
+use super::*;
+use crate::error::ErrorKind;
+use kcl_core::LeaseLayout;
+use kcl_core::worker::StreamSpec;
+
+fn offline_builder() -> WorkerBuilder {
+    let sdk = SdkConfig::builder()
+        .region(aws_config::Region::new("us-east-1"))
+        .behavior_version(aws_config::BehaviorVersion::latest())
+        .build();
+    Worker::builder("facade-app")
+        .stream("orders")
+        .sdk_config(&sdk)
+        .processor(|_: &kcl_core::processor::ShardContext| NoOp)
+}
+
+struct NoOp;
+
+#[async_trait::async_trait]
+impl kcl_core::processor::RecordProcessor for NoOp {
+    async fn process_records(
+        &mut self,
+        _: &kcl_core::processor::RecordBatch,
+        _: &mut kcl_core::checkpointer::Checkpointer,
+    ) -> Result<(), kcl_core::processor::ProcessorError> {
+        Ok(())
+    }
+}
+
+#[test]
+fn every_setting_given_to_the_facade_reaches_the_engine() {
+    let worker = offline_builder()
+        .worker_id("w-1")
+        .lease_duration(Duration::from_secs(20))
+        .renew_interval(Duration::from_secs(4))
+        .renewal(LeaseRenewal::PerLease)
+        .taker_interval(Duration::from_secs(3))
+        .max_leases_per_worker(9)
+        .max_leases_to_steal(2)
+        .handoff_timeout(Duration::from_secs(40))
+        .initial_position(InitialPosition::TrimHorizon)
+        .parallelism_per_shard(7)
+        .shard_sync_interval(Duration::from_secs(11))
+        .parent_poll_interval(Duration::from_secs(12))
+        .shutdown_timeout(Duration::from_secs(13))
+        .completed_lease_retention(Duration::from_secs(14))
+        .removed_stream_policy(RemovedStreamPolicy::DeleteAfter(Duration::from_secs(15)))
+        .max_records(77)
+        .idle_time_between_reads(Duration::from_millis(1500))
+        .time_between_reads(Duration::from_millis(700))
+        .build()
+        .expect("valid settings");
+    let lease = &worker.lease;
+    assert_eq!(lease.worker_id(), "w-1");
+    assert_eq!(lease.lease_duration(), Duration::from_secs(20));
+    assert_eq!(lease.renew_interval(), Duration::from_secs(4));
+    assert_eq!(lease.renewal(), LeaseRenewal::PerLease);
+    assert_eq!(lease.taker_interval(), Duration::from_secs(3));
+    assert_eq!(lease.max_leases_per_worker(), 9);
+    assert_eq!(lease.max_leases_to_steal(), 2);
+    assert_eq!(lease.handoff_timeout(), Duration::from_secs(40));
+    let polling = worker.source.polling_config();
+    assert_eq!(polling.max_records(), 77);
+    assert_eq!(
+        polling.idle_time_between_reads(),
+        Duration::from_millis(1500)
+    );
+    assert_eq!(polling.time_between_reads(), Duration::from_millis(700));
+    let engine = worker
+        .engine
+        .clone()
+        .stream(StreamSpec {
+            name: "orders".into(),
+            layout: LeaseLayout::SingleStream,
+        })
+        .build()
+        .expect("the streams were all that was left");
+    assert_eq!(
+        engine.lease(),
+        lease,
+        "the engine runs the lease settings built here"
+    );
+    let shown = format!("{engine:?}");
+    for expected in [
+        "initial_position: TrimHorizon",
+        "parallelism_per_shard: 7",
+        "shard_sync_interval: 11s",
+        "parent_poll_interval: 12s",
+        "shutdown_timeout: 13s",
+        "completed_lease_retention: 14s",
+        "removed_stream_policy: DeleteAfter(15s)",
+    ] {
+        assert!(shown.contains(expected), "{expected} in {shown}");
+    }
+}
+
+#[test]
+fn build_names_the_field_of_an_engine_setting_it_rejects() {
+    let cases: Vec<(WorkerBuilder, &str)> = vec![
+        (offline_builder().worker_id(" "), "worker_id"),
+        (
+            offline_builder().renew_interval(Duration::from_secs(60)),
+            "renew_interval",
+        ),
+        (
+            offline_builder().parallelism_per_shard(0),
+            "parallelism_per_shard",
+        ),
+        (
+            offline_builder().shard_sync_interval(Duration::ZERO),
+            "shard_sync_interval",
+        ),
+        (offline_builder().max_records(0), "max_records"),
+        (offline_builder().prefetch_budget(10), "prefetch_budget"),
+        (offline_builder().stream("orders"), "streams"),
+        (offline_builder().stream(" "), "streams"),
+        (
+            offline_builder()
+                .enhanced_fan_out()
+                .time_between_reads(Duration::from_secs(1)),
+            "time_between_reads",
+        ),
+    ];
+    for (builder, field) in cases {
+        match builder.build() {
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::Config, "{field}: {e}");
+                assert_eq!(e.config().map(|c| c.field), Some(field), "{e}");
+            }
+            Ok(_) => panic!("{field}: accepted"),
+        }
+    }
+}
