@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::*;
 use kcl_core::store::memory::{Fault, InMemoryLeaseStore};
-use kcl_core::store::{ErrorKind, StoreOp};
+use kcl_core::store::{StoreErrorKind, StoreOp};
 use kcl_core::{EndReason, LeaseCoordinator, LeaseEvent, LeaseStore};
 use tokio::time::{Instant, sleep, timeout};
 
@@ -352,7 +352,7 @@ async fn renewals_under_throttling_retry_at_most_twice_per_round() {
     let rounds = 3;
     a.store.fail_until(
         Some(StoreOp::Renew),
-        ErrorKind::Throttled,
+        StoreErrorKind::Throttled,
         Instant::now() + RENEW * rounds,
     );
     sleep(RENEW * rounds).await;
@@ -443,7 +443,7 @@ async fn a_release_that_failed_is_taken_back_rather_than_left_held_and_unread() 
         .handle(key)
         .expect("taken on the first tick");
     a.store
-        .inject(StoreOp::Release, Fault::Error(ErrorKind::Retryable));
+        .inject(StoreOp::Release, Fault::Error(StoreErrorKind::Retryable));
     assert!(a.coordinator().release(&handle).await.is_err());
     assert!(a.coordinator().held_keys().is_empty());
     sleep(tick_max() + Duration::from_secs(1)).await;

@@ -17,9 +17,9 @@ use kcl_core::poison::{CannotStore, FailedRecord, FailureDestination, PoisonPoli
 use kcl_core::processor::{
     FailurePolicy, InitializeInput, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
 };
-use kcl_core::source::InitialPosition;
 use kcl_core::source::memory::InMemoryShardSource;
 use kcl_core::store::memory::InMemoryLeaseStore;
+use kcl_core::test_util::fleet;
 use kcl_core::worker::{StreamSpec, Worker, WorkerConfig, WorkerHandle};
 use kcl_core::{Checkpoint, LeaseConfig, LeaseLayout, LeaseStore};
 use tokio::task::JoinHandle;
@@ -144,12 +144,7 @@ fn start(policy: PoisonPolicy) -> Setup {
         .taker_interval(Duration::from_secs(5))
         .build()
         .unwrap();
-    let config = WorkerConfig::builder(lease)
-        .stream(StreamSpec {
-            name: STREAM.into(),
-            layout: LeaseLayout::SingleStream,
-        })
-        .initial_position(InitialPosition::TrimHorizon)
+    let config = fleet::one_stream(lease, STREAM)
         .failure_policy(FailurePolicy::Isolate(policy))
         .max_backoff(Duration::from_secs(1))
         .build()

@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::*;
 use kcl_core::LeaseRenewal;
 use kcl_core::store::memory::{Fault, RandomFaults};
-use kcl_core::store::{ErrorKind, StoreOp};
+use kcl_core::store::{StoreErrorKind, StoreOp};
 use tokio::time::{Instant, sleep};
 
 fn ids(n: usize) -> Vec<String> {
@@ -56,22 +56,10 @@ async fn renewal_writes_follow_workers_not_leases(mode: LeaseRenewal) {
     const SHARDS: usize = 40;
     let table = table_with(SHARDS).await;
     let names = ids(4);
-    let workers: Vec<SimWorker> = names
-        .iter()
-        .enumerate()
-        .map(|(i, id)| SimWorker::start(&table, in_mode(mode, id, 50 + i as u64).build().unwrap()))
-        .collect();
-    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    let mut log = OverlapLog::default();
-    while !balanced(&table, &refs) {
-        run_for(
-            &workers,
-            &mut log,
-            Duration::from_secs(1),
-            Duration::from_millis(100),
-        )
-        .await;
-    }
+    let workers = start_all(&table, &names, |id, i| {
+        in_mode(mode, id, 50 + i).build().unwrap()
+    });
+    run_until_balanced(&table, &workers, &names, Duration::from_millis(100)).await;
     sleep(TICK * 2).await;
     let before: Vec<_> = workers.iter().map(|w| w.stats.snapshot()).collect();
     sleep(Duration::from_secs(60)).await;
@@ -116,28 +104,14 @@ async fn idle_reads_follow_peers_beats() {
     for (workers_n, reads_max) in [(2usize, 12u64), (4, 25)] {
         let table = table_with(8).await;
         let names = ids(workers_n);
-        let workers: Vec<SimWorker> = names
-            .iter()
-            .enumerate()
-            .map(|(i, id)| SimWorker::start(&table, config(id, 90 + i as u64).build().unwrap()))
-            .collect();
+        let workers = start_all(&table, &names, |id, i| config(id, 90 + i).build().unwrap());
         for (i, w) in workers.iter().enumerate() {
             w.store.set_random_faults(Some(RandomFaults {
                 seed: i as u64,
                 ..latency
             }));
         }
-        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        let mut log = OverlapLog::default();
-        while !balanced(&table, &refs) {
-            run_for(
-                &workers,
-                &mut log,
-                Duration::from_secs(1),
-                Duration::from_millis(100),
-            )
-            .await;
-        }
+        run_until_balanced(&table, &workers, &names, Duration::from_millis(100)).await;
         sleep(TICK * 3).await;
         let before: Vec<_> = workers.iter().map(|w| w.stats.snapshot()).collect();
         sleep(Duration::from_secs(60)).await;
@@ -209,11 +183,9 @@ async fn cold_start_claims_everything_in_one_tick_then_balances(mode: LeaseRenew
     const SHARDS: usize = 64;
     let table = table_with(SHARDS).await;
     let names = ids(4);
-    let workers: Vec<SimWorker> = names
-        .iter()
-        .enumerate()
-        .map(|(i, id)| SimWorker::start(&table, in_mode(mode, id, i as u64).build().unwrap()))
-        .collect();
+    let workers = start_all(&table, &names, |id, i| {
+        in_mode(mode, id, i).build().unwrap()
+    });
 
     // Every first tick runs at start; nothing waits for a second tick.
     sleep(Duration::from_millis(50)).await;
@@ -267,22 +239,10 @@ async fn a_killed_workers_leases_are_taken_within_lease_duration_plus_one_tick(m
     const SHARDS: usize = 32;
     let table = table_with(SHARDS).await;
     let names = ids(4);
-    let mut workers: Vec<SimWorker> = names
-        .iter()
-        .enumerate()
-        .map(|(i, id)| SimWorker::start(&table, in_mode(mode, id, 10 + i as u64).build().unwrap()))
-        .collect();
-    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    let mut log = OverlapLog::default();
-    while !balanced(&table, &refs) {
-        run_for(
-            &workers,
-            &mut log,
-            Duration::from_secs(1),
-            Duration::from_millis(50),
-        )
-        .await;
-    }
+    let mut workers = start_all(&table, &names, |id, i| {
+        in_mode(mode, id, 10 + i).build().unwrap()
+    });
+    run_until_balanced(&table, &workers, &names, Duration::from_millis(50)).await;
     // Let a few renew rounds pass so the kill lands at a random phase.
     sleep(Duration::from_millis(7_777)).await;
 
@@ -704,20 +664,18 @@ async fn a_lost_take_is_reclaimed_by_its_own_process_not_by_another_under_the_sa
 /// the handoff completes.
 #[tokio::test(start_paused = true)]
 async fn a_steal_the_victim_never_heard_of_is_never_forced() {
-    let table = table_with(4).await;
-    let mut log = OverlapLog::default();
+    let (table, mut log, mut workers) =
+        first_holder(4, config("a", 1).build().unwrap(), StandIn::Idle).await;
     let step = Duration::from_millis(50);
-    let mut workers = vec![SimWorker::start(&table, config("a", 1).build().unwrap())];
-    run_for(&workers, &mut log, TICK * 2, step).await;
     assert_eq!(workers[0].valid_keys().len(), 4);
     let cut_off = Instant::now() + LEASE * 4;
     workers[0]
         .store
-        .fail_until(Some(StoreOp::ScanPage), ErrorKind::Retryable, cut_off);
+        .fail_until(Some(StoreOp::ScanPage), StoreErrorKind::Retryable, cut_off);
     let thief = SimWorker::start(&table, config("b", 2).build().unwrap());
     thief
         .store
-        .fail_until(Some(StoreOp::Poke), ErrorKind::Retryable, cut_off);
+        .fail_until(Some(StoreOp::Poke), StoreErrorKind::Retryable, cut_off);
     workers.push(thief);
     run_for(&workers, &mut log, LEASE * 4, step).await;
     let b = workers[1].coordinator().stats();
@@ -739,16 +697,14 @@ async fn a_steal_the_victim_never_heard_of_is_never_forced() {
 /// victim cannot complete it) never overlaps it.
 #[tokio::test(start_paused = true)]
 async fn a_victim_that_cannot_judge_an_asked_lease_stops_renewing_it() {
-    let table = table_with(4).await;
-    let mut log = OverlapLog::default();
+    let (table, mut log, mut workers) =
+        first_holder(4, config("a", 1).build().unwrap(), StandIn::Idle).await;
     let step = Duration::from_millis(50);
-    let mut workers = vec![SimWorker::start(&table, config("a", 1).build().unwrap())];
-    run_for(&workers, &mut log, TICK * 2, step).await;
     let cut_off = Instant::now() + LEASE * 4;
     for op in [StoreOp::ScanPage, StoreOp::Get] {
         workers[0]
             .store
-            .fail_until(Some(op), ErrorKind::Retryable, cut_off);
+            .fail_until(Some(op), StoreErrorKind::Retryable, cut_off);
     }
     workers.push(SimWorker::start(&table, config("b", 2).build().unwrap()));
     run_for(&workers, &mut log, LEASE * 4, step).await;
@@ -814,15 +770,14 @@ async fn a_dead_per_lease_worker_in_a_mixed_fleet_loses_its_leases() {
 /// completion, so without looking again the lease stayed held and unread.
 #[tokio::test(start_paused = true)]
 async fn a_handoff_whose_thief_died_and_whose_completion_failed_still_moves_the_lease() {
-    let table = table_with(4).await;
-    let mut log = OverlapLog::default();
+    let (table, mut log, mut workers) =
+        first_holder(4, config("a", 1).build().unwrap(), StandIn::Idle).await;
     let step = Duration::from_millis(50);
-    let mut workers = vec![SimWorker::start(&table, config("a", 1).build().unwrap())];
-    run_for(&workers, &mut log, TICK * 2, step).await;
     for _ in 0..2 {
-        workers[0]
-            .store
-            .inject(StoreOp::CompleteHandoff, Fault::Error(ErrorKind::Retryable));
+        workers[0].store.inject(
+            StoreOp::CompleteHandoff,
+            Fault::Error(StoreErrorKind::Retryable),
+        );
     }
     workers.push(SimWorker::start(&table, config("b", 2).build().unwrap()));
     // The victim hands over (its completion write fails); the thief dies
@@ -855,18 +810,16 @@ async fn a_handoff_whose_thief_died_and_whose_completion_failed_still_moves_the_
 /// renewals it was fenced a lease duration after its last beat (4 to 9 s
 /// into a drain at the defaults), its handoff checkpoint refused.
 async fn a_previous_owner_renews_while_it_drains_and_the_handoff_completes(mode: LeaseRenewal) {
-    let table = table_with(4).await;
-    let mut log = OverlapLog::default();
-    let step = Duration::from_millis(50);
     // Within the handoff timeout (a lease duration by default), long
     // enough for two renewals per lease and one with liveness records.
     let drain = LEASE.mul_f64(0.75);
-    let mut workers = vec![SimWorker::start_with(
-        &table,
+    let (table, mut log, mut workers) = first_holder(
+        4,
         in_mode(mode, "a", 1).build().unwrap(),
         StandIn::SlowHandoff(drain),
-    )];
-    run_for(&workers, &mut log, TICK * 2, step).await;
+    )
+    .await;
+    let step = Duration::from_millis(50);
     workers.push(SimWorker::start(
         &table,
         in_mode(mode, "b", 2).build().unwrap(),
@@ -931,15 +884,13 @@ async fn a_previous_owner_renews_while_it_drains_and_the_handoff_completes(mode:
 /// completes the handoff it no longer drains; the thief starts only then,
 /// never while the previous owner could still process the lease.
 async fn a_stuck_previous_owner_lets_go_only_after_the_handoff_timeout(mode: LeaseRenewal) {
-    let table = table_with(4).await;
-    let mut log = OverlapLog::default();
-    let step = Duration::from_millis(50);
-    let mut workers = vec![SimWorker::start_with(
-        &table,
+    let (table, mut log, mut workers) = first_holder(
+        4,
         in_mode(mode, "a", 1).build().unwrap(),
         StandIn::NeverHandsOff,
-    )];
-    run_for(&workers, &mut log, TICK * 2, step).await;
+    )
+    .await;
+    let step = Duration::from_millis(50);
     let timeout = in_mode(mode, "a", 1).build().unwrap().handoff_timeout();
     workers.push(SimWorker::start(
         &table,
@@ -1046,16 +997,13 @@ async fn a_late_joiner_processes_its_first_lease_within_a_third_of_a_beat_interv
 /// two share the leases by handoff.
 #[tokio::test(start_paused = true)]
 async fn workers_with_different_lease_durations_never_process_one_lease_at_once() {
-    let table = table_with(4).await;
-    let mut log = OverlapLog::default();
-    let step = Duration::from_millis(50);
     let long = LEASE * 3;
-    let mut workers = vec![SimWorker::start_with(
-        &table,
+    let (table, mut log, mut workers) = first_holder(
+        4,
         config("old", 1).lease_duration(long).build().unwrap(),
         StandIn::Checkpointing,
-    )];
-    run_for(&workers, &mut log, TICK * 2, step).await;
+    )
+    .await;
     assert_eq!(workers[0].valid_keys().len(), 4);
     workers.push(SimWorker::start_with(
         &table,
@@ -1096,25 +1044,22 @@ async fn workers_with_different_lease_durations_never_process_one_lease_at_once(
 /// back by handoff.
 #[tokio::test(start_paused = true)]
 async fn a_worker_whose_beats_fail_gives_its_leases_to_peers_until_they_land() {
-    use kcl_core::store::ErrorKind;
+    use kcl_core::store::StoreErrorKind;
     const SHARDS: usize = 8;
     let table = table_with(SHARDS).await;
-    let mut log = OverlapLog::default();
     let step = Duration::from_millis(50);
-    let workers: Vec<SimWorker> = ["a", "b"]
-        .iter()
-        .enumerate()
-        .map(|(i, id)| SimWorker::start(&table, config(id, 30 + i as u64).build().unwrap()))
-        .collect();
-    while !balanced(&table, &["a", "b"]) {
-        run_for(&workers, &mut log, Duration::from_secs(1), step).await;
-    }
+    let workers = start_all(&table, &["a", "b"], |id, i| {
+        config(id, 30 + i).build().unwrap()
+    });
+    let mut log = run_until_balanced(&table, &workers, &["a", "b"], step).await;
     let outage = Duration::from_secs(120);
     let started = Instant::now();
     let before = workers[0].coordinator().stats();
-    workers[0]
-        .store
-        .fail_until(Some(StoreOp::Beat), ErrorKind::Throttled, started + outage);
+    workers[0].store.fail_until(
+        Some(StoreOp::Beat),
+        StoreErrorKind::Throttled,
+        started + outage,
+    );
     // The last beat landed at most a renew interval before; the peer sees
     // the record stand still at its next read and takes a lease duration
     // after that, at its next tick.
@@ -1160,14 +1105,9 @@ async fn a_worker_whose_beats_fail_gives_its_leases_to_peers_until_they_land() {
 async fn a_worker_that_stopped_before_this_one_started_has_its_leases_within_a_lease_duration(
     mode: LeaseRenewal,
 ) {
-    let table = table_with(4).await;
-    let mut log = OverlapLog::default();
+    let (table, mut log, mut workers) =
+        first_holder(4, in_mode(mode, "a", 1).build().unwrap(), StandIn::Idle).await;
     let step = Duration::from_millis(50);
-    let mut workers = vec![SimWorker::start(
-        &table,
-        in_mode(mode, "a", 1).build().unwrap(),
-    )];
-    run_for(&workers, &mut log, TICK * 2, step).await;
     workers[0].kill().await;
     workers.push(SimWorker::start(
         &table,
@@ -1437,15 +1377,9 @@ async fn java_worker(
 async fn a_liveness_worker_sharing_its_table_with_java_switches_to_per_lease_renewal() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
-    let table = table_with(8).await;
-    let mut log = OverlapLog::default();
+    let (table, mut log, workers) =
+        first_holder(8, config("a", 1).build().unwrap(), StandIn::Checkpointing).await;
     let step = Duration::from_millis(50);
-    let workers = vec![SimWorker::start_with(
-        &table,
-        config("a", 1).build().unwrap(),
-        StandIn::Checkpointing,
-    )];
-    run_for(&workers, &mut log, TICK * 2, step).await;
     assert_eq!(workers[0].valid_keys().len(), 8);
     let takes = Arc::new(AtomicU64::new(0));
     let java = tokio::spawn(java_worker(
@@ -1541,15 +1475,12 @@ async fn a_liveness_worker_that_finds_java_reports_renews_per_lease_from_its_fir
 #[tokio::test(start_paused = true)]
 async fn an_operators_reset_during_a_steal_evicts_the_draining_previous_owner_first() {
     use kcl_core::Checkpoint;
-    let table = table_with(4).await;
-    let mut log = OverlapLog::default();
-    let step = Duration::from_millis(50);
-    let mut workers = vec![SimWorker::start_with(
-        &table,
+    let (table, mut log, mut workers) = first_holder(
+        4,
         config("a", 1).build().unwrap(),
         StandIn::SlowHandoff(LEASE / 2),
-    )];
-    run_for(&workers, &mut log, TICK * 2, step).await;
+    )
+    .await;
     assert_eq!(workers[0].valid_keys().len(), 4);
     workers.push(SimWorker::start_with(
         &table,

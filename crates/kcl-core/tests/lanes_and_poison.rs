@@ -18,13 +18,11 @@ use kcl_core::poison::{FailedRecord, FailureDestination, FailureReason, PoisonPo
 use kcl_core::processor::{
     FailurePolicy, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
 };
-use kcl_core::source::InitialPosition;
 use kcl_core::source::memory::InMemoryShardSource;
-use kcl_core::store::memory::InMemoryLeaseStore;
-use kcl_core::worker::{StreamSpec, Worker, WorkerConfig, WorkerError, WorkerHandle};
+use kcl_core::test_util::fleet::{self, parse};
+use kcl_core::worker::{StreamSpec, WorkerConfig};
 use kcl_core::{Checkpoint, LeaseConfig, LeaseLayout, LeaseStore};
 use proptest::prelude::*;
-use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 
 const STREAM: &str = "orders";
@@ -59,11 +57,8 @@ struct Log {
 
 impl Log {
     fn by_key(&self) -> BTreeMap<String, Vec<u64>> {
-        let mut m: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-        for (pk, n) in self.processed.lock().unwrap().iter() {
-            m.entry(pk.clone()).or_default().push(*n);
-        }
-        m
+        let processed = self.processed.lock().unwrap();
+        fleet::by_key(processed.iter().map(|(pk, n)| (pk.as_str(), *n)))
     }
     fn count(&self) -> usize {
         self.processed.lock().unwrap().len()
@@ -127,12 +122,6 @@ impl Recorder {
     fn lane(&self) -> usize {
         self.ctx.lane.map_or(0, |l| l.index)
     }
-}
-
-fn parse(data: &[u8]) -> (String, u64) {
-    let s = std::str::from_utf8(data).unwrap();
-    let (pk, n) = s.split_once(':').unwrap();
-    (pk.to_owned(), n.parse().unwrap())
 }
 
 #[async_trait]
@@ -247,13 +236,12 @@ impl FailureDestination for Collect {
     }
 }
 
+/// The shared fleet (table, workers) with this file's processors and
+/// settings.
 struct Fleet {
-    store: InMemoryLeaseStore,
+    base: fleet::Fleet,
     source: InMemoryShardSource,
     log: Arc<Log>,
-    workers: Vec<(WorkerHandle, JoinHandle<Result<(), WorkerError>>)>,
-    /// Each worker's handle on the table, for its own faults.
-    stores: Vec<InMemoryLeaseStore>,
     parent_poll: Duration,
 }
 
@@ -262,11 +250,9 @@ impl Fleet {
         let source = InMemoryShardSource::new().with_max_records(40);
         source.create_stream(STREAM, shards);
         Fleet {
-            store: InMemoryLeaseStore::new(),
+            base: fleet::Fleet::new(),
             source,
             log: Arc::default(),
-            workers: Vec::new(),
-            stores: Vec::new(),
             parent_poll: Duration::from_secs(10),
         }
     }
@@ -277,12 +263,7 @@ impl Fleet {
             .seed(id.len() as u64 * 31)
             .build()
             .unwrap();
-        let config = WorkerConfig::builder(lease)
-            .stream(StreamSpec {
-                name: STREAM.into(),
-                layout: LeaseLayout::SingleStream,
-            })
-            .initial_position(InitialPosition::TrimHorizon)
+        let config = fleet::one_stream(lease, STREAM)
             .failure_policy(policy)
             .parallelism_per_shard(lanes)
             .max_backoff(Duration::from_secs(1))
@@ -297,78 +278,44 @@ impl Fleet {
             initialized: false,
             buffer: Vec::new(),
         };
-        let store = self.store.handle();
-        self.stores.push(store.clone());
-        let worker = Worker::new(
-            config,
-            Arc::new(store),
-            Arc::new(self.source.clone()),
-            Arc::new(factory),
-        );
-        let handle = worker.handle();
-        self.workers.push((handle, tokio::spawn(worker.run())));
-        self.workers.len() - 1
+        let store = Arc::new(self.base.table_for_worker());
+        let source = Arc::new(self.source.clone());
+        self.base.run_worker(config, store, source, factory)
     }
 
     fn produce(&self, keys: usize, from: u64, per_key: u64) {
-        for n in from..from + per_key {
-            for k in 0..keys {
-                let pk = format!("pk-{k}");
-                self.source.put(STREAM, &pk, format!("{pk}:{n}")).unwrap();
-            }
-        }
+        fleet::produce(&self.source, STREAM, keys, from, per_key);
     }
 
     async fn wait_for(&self, count: usize, limit: Duration) {
-        let started = Instant::now();
-        while self.log.count() < count {
-            assert!(
-                started.elapsed() < limit,
-                "only {} of {count} records processed",
-                self.log.count()
-            );
-            sleep(Duration::from_millis(50)).await;
-        }
+        fleet::wait_for_records(limit, Duration::from_millis(50), count, || self.log.count()).await;
     }
 
     /// Waits until each of `keys` had its record `per_key - 1` processed.
     async fn wait_for_last(&self, keys: usize, per_key: u64, limit: Duration) {
-        let started = Instant::now();
-        loop {
-            let by_key = self.log.by_key();
-            let missing = (0..keys)
-                .filter(|k| {
-                    !by_key
-                        .get(&format!("pk-{k}"))
-                        .is_some_and(|v| v.contains(&(per_key - 1)))
-                })
-                .count();
-            if missing == 0 {
-                return;
-            }
-            assert!(
-                started.elapsed() < limit,
-                "{missing} keys never got to record {}",
-                per_key - 1
-            );
-            sleep(Duration::from_millis(100)).await;
-        }
+        fleet::wait_until(
+            limit,
+            Duration::from_millis(100),
+            || self.missing_last(keys, per_key) == 0,
+            || {
+                let missing = self.missing_last(keys, per_key);
+                format!("{missing} keys never got to record {}", per_key - 1)
+            },
+        )
+        .await;
     }
 
-    async fn stop(&mut self, i: usize) {
-        let (handle, task) = &mut self.workers[i];
-        handle.shutdown();
-        task.await.unwrap().unwrap();
-    }
-
-    async fn kill(&mut self, i: usize) {
-        let (_, task) = &mut self.workers[i];
-        task.abort();
-        let _ = task.await;
-    }
-
-    fn consuming(&self, i: usize) -> usize {
-        self.workers[i].0.status().consuming.len()
+    /// How many of `keys` have not had their record `per_key - 1`
+    /// processed yet.
+    fn missing_last(&self, keys: usize, per_key: u64) -> usize {
+        let by_key = self.log.by_key();
+        (0..keys)
+            .filter(|k| {
+                !by_key
+                    .get(&format!("pk-{k}"))
+                    .is_some_and(|v| v.contains(&(per_key - 1)))
+            })
+            .count()
     }
 
     async fn checkpoint_of_only_shard(&self) -> Checkpoint {
@@ -382,6 +329,9 @@ impl Fleet {
             .checkpoint
     }
 }
+
+// The table and the workers (`stop`, `kill`, `consuming`).
+kcl_core::deref_fleet!(Fleet, base);
 
 /// Every record of `keys` x `0..per_key` except `skip` was processed, each
 /// key's in order (a replay after a crash restarts from a checkpoint, so
@@ -979,7 +929,7 @@ async fn a_lease_lost_during_a_drain_starts_no_more_queued_batches() {
     // a's table goes away and a shuts down: its drain outlives its lease.
     fleet.stores[a].fail_until(
         None,
-        kcl_core::ErrorKind::Retryable,
+        kcl_core::StoreErrorKind::Retryable,
         Instant::now() + Duration::from_secs(600),
     );
     fleet.workers[a].0.shutdown();

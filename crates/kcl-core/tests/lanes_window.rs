@@ -17,11 +17,11 @@ use kcl_core::checkpointer::{Checkpointer, MAX_LANE_RECORDS_IN_FLIGHT};
 use kcl_core::processor::{
     FailurePolicy, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
 };
-use kcl_core::source::InitialPosition;
 use kcl_core::source::memory::InMemoryShardSource;
 use kcl_core::store::memory::InMemoryLeaseStore;
-use kcl_core::worker::{StreamSpec, Worker, WorkerConfig, WorkerError, WorkerHandle};
-use kcl_core::{Checkpoint, LeaseConfig, LeaseLayout, Record};
+use kcl_core::test_util::fleet;
+use kcl_core::worker::{Worker, WorkerError, WorkerHandle};
+use kcl_core::{Checkpoint, LeaseConfig, Record};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 
@@ -42,11 +42,8 @@ struct Log {
 
 impl Log {
     fn by_key(&self) -> BTreeMap<String, Vec<u64>> {
-        let mut m: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-        for (pk, n) in self.processed.lock().unwrap().iter() {
-            m.entry(pk.clone()).or_default().push(*n);
-        }
-        m
+        let processed = self.processed.lock().unwrap();
+        fleet::by_key(processed.iter().map(|(pk, n)| (pk.as_str(), *n)))
     }
 }
 
@@ -81,9 +78,7 @@ struct Lane {
 }
 
 fn parse(record: &Record) -> (String, u64) {
-    let s = std::str::from_utf8(&record.data).unwrap();
-    let (pk, n) = s.split_once(':').unwrap();
-    (pk.to_owned(), n.parse().unwrap())
+    fleet::parse(&record.data)
 }
 
 /// The shard's first record in [`Mode::OneLaneHolds`].
@@ -217,12 +212,7 @@ impl Fleet {
             .taker_interval(Duration::from_secs(5))
             .build()
             .unwrap();
-        let config = WorkerConfig::builder(lease)
-            .stream(StreamSpec {
-                name: STREAM.into(),
-                layout: LeaseLayout::SingleStream,
-            })
-            .initial_position(InitialPosition::TrimHorizon)
+        let config = fleet::one_stream(lease, STREAM)
             .failure_policy(FailurePolicy::Retry)
             .parallelism_per_shard(lanes)
             .max_backoff(Duration::from_secs(1))
@@ -281,28 +271,24 @@ impl Fleet {
 
     /// Waits until `count` records were handed to processors.
     async fn wait_delivered(&self, count: u64) {
-        let started = Instant::now();
-        while self.log.delivered.load(Ordering::SeqCst) < count {
-            assert!(
-                started.elapsed() < Duration::from_secs(600),
-                "only {} of {count} records delivered",
-                self.log.delivered.load(Ordering::SeqCst)
-            );
-            sleep(Duration::from_millis(100)).await;
-        }
+        fleet::wait_until(
+            Duration::from_secs(600),
+            Duration::from_millis(100),
+            || delivered(&self.log) >= count,
+            || format!("only {} of {count} records delivered", delivered(&self.log)),
+        )
+        .await;
     }
 
     /// Waits until `count` records were written.
     async fn wait_written(&self, count: usize) {
-        let started = Instant::now();
-        while self.log.processed.lock().unwrap().len() < count {
-            assert!(
-                started.elapsed() < Duration::from_secs(600),
-                "only {} of {count} records written",
-                self.log.processed.lock().unwrap().len()
-            );
-            sleep(Duration::from_millis(100)).await;
-        }
+        fleet::wait_until(
+            Duration::from_secs(600),
+            Duration::from_millis(100),
+            || written(&self.log) >= count as u64,
+            || format!("only {} of {count} records written", written(&self.log)),
+        )
+        .await;
     }
 
     /// Waits until `count` (records delivered, or written) stays the same

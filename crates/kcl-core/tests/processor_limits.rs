@@ -7,24 +7,28 @@
 //! where the worker's tasks run.
 #![allow(clippy::unwrap_used)]
 
-use std::collections::HashMap;
-use std::io::Write;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+// Every test of this binary captures its logs: tracing caches whether a
+// log line is wanted across threads, and a thread with no subscriber
+// would have another test's warning dropped.
+mod common;
+
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use common::{Lines, capture_warnings};
 use kcl_core::checkpointer::Checkpointer;
 use kcl_core::observe::{Event, Observer};
 use kcl_core::processor::{
     InitializeInput, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
 };
-use kcl_core::source::InitialPosition;
 use kcl_core::source::memory::InMemoryShardSource;
 use kcl_core::store::memory::InMemoryLeaseStore;
+use kcl_core::test_util::fleet;
+use kcl_core::test_util::metrics::Recorded;
 use kcl_core::worker::{StreamSpec, Worker, WorkerConfig, WorkerConfigBuilder, WorkerHandle};
 use kcl_core::{Checkpoint, EndReason, LeaseConfig, LeaseLayout, LeaseStore};
-use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 
@@ -161,74 +165,24 @@ impl Observer for Releases {
 
 /// Counters by name and `stage` label, recorded on this thread.
 #[derive(Default)]
-struct Counters(Mutex<HashMap<(String, String), Arc<AtomicU64>>>);
+struct Counters(Recorded);
 
 impl Counters {
     fn get(&self, name: &str, stage: &str) -> u64 {
-        let map = self.0.lock().unwrap();
-        map.get(&(name.to_owned(), stage.to_owned()))
-            .map_or(0, |c| c.load(Ordering::SeqCst))
+        self.0.counter(name, &[("stage", stage)])
     }
 }
 
-impl Recorder for Counters {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-
-    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        let stage = key
-            .labels()
-            .find(|l| l.key() == "stage")
-            .map_or(String::new(), |l| l.value().to_owned());
-        let mut map = self.0.lock().unwrap();
-        let counter = map.entry((key.name().to_owned(), stage)).or_default();
-        Counter::from_arc(Arc::clone(counter))
-    }
-
-    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
-        Gauge::noop()
-    }
-
-    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
-        Histogram::noop()
-    }
-}
-
-/// The log lines written at warn level and above.
-#[derive(Clone, Default)]
-struct Lines(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Lines {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Lines {
-    fn count(&self, containing: &str) -> usize {
-        String::from_utf8_lossy(&self.0.lock().unwrap())
-            .lines()
-            .filter(|l| l.contains(containing))
-            .count()
-    }
-}
-
-/// Every test of this binary captures its logs: tracing caches whether a
-/// log line is wanted across threads, and a thread with no subscriber
-/// would have another test's warning dropped.
-fn capture_logs(lines: &Lines) -> tracing::subscriber::DefaultGuard {
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::set_default(subscriber)
+/// Records the test's counters into `$counters` and its warnings into
+/// `$lines`, on its thread (where the worker's tasks run), until the end
+/// of the calling block.
+macro_rules! capture {
+    ($counters:ident, $lines:ident) => {
+        let $counters = Counters::default();
+        let _metrics = metrics::set_default_local_recorder(&$counters.0);
+        let $lines = Lines::default();
+        let _logs = capture_warnings(&$lines);
+    };
 }
 
 struct Setup {
@@ -251,13 +205,7 @@ fn start(limits: impl FnOnce(WorkerConfigBuilder) -> WorkerConfigBuilder) -> Set
         .taker_interval(Duration::from_secs(5))
         .build()
         .unwrap();
-    let config = WorkerConfig::builder(lease)
-        .stream(StreamSpec {
-            name: STREAM.into(),
-            layout: LeaseLayout::SingleStream,
-        })
-        .initial_position(InitialPosition::TrimHorizon)
-        .max_backoff(Duration::from_secs(1));
+    let config = fleet::one_stream(lease, STREAM).max_backoff(Duration::from_secs(1));
     let config = limits(config).build().unwrap();
     let log = Arc::new(Log::default());
     let (made, table) = (Arc::clone(&log), store.clone());
@@ -361,10 +309,7 @@ const TIMEOUTS: &str = "kcl_processor_timeouts_total";
 
 #[tokio::test(start_paused = true)]
 async fn a_hung_call_is_warned_about_once_then_cancelled_before_its_shard_is_given_back() {
-    let counters = Counters::default();
-    let _metrics = metrics::set_default_local_recorder(&counters);
-    let lines = Lines::default();
-    let _logs = capture_logs(&lines);
+    capture!(counters, lines);
     let mut s = start(|c| {
         c.processor_warn_after(Duration::from_secs(10))
             .processor_timeout(Duration::from_secs(30))
@@ -407,10 +352,7 @@ async fn a_hung_call_is_warned_about_once_then_cancelled_before_its_shard_is_giv
 
 #[tokio::test(start_paused = true)]
 async fn without_a_timeout_a_hung_call_is_only_warned_about_and_keeps_its_lease() {
-    let counters = Counters::default();
-    let _metrics = metrics::set_default_local_recorder(&counters);
-    let lines = Lines::default();
-    let _logs = capture_logs(&lines);
+    capture!(counters, lines);
     let mut s = start(|c| c.processor_warn_after(Duration::from_secs(10)));
     s.checkpoint_then_hang().await;
     until("the hung call warned about", || {
@@ -437,10 +379,7 @@ async fn without_a_timeout_a_hung_call_is_only_warned_about_and_keeps_its_lease(
 
 #[tokio::test(start_paused = true)]
 async fn a_hung_lane_call_is_cancelled_and_every_lane_gives_the_shard_back() {
-    let counters = Counters::default();
-    let _metrics = metrics::set_default_local_recorder(&counters);
-    let lines = Lines::default();
-    let _logs = capture_logs(&lines);
+    capture!(counters, lines);
     let mut s = start(|c| {
         c.parallelism_per_shard(2)
             .processor_warn_after(Duration::from_secs(10))
@@ -521,10 +460,7 @@ fn call_limits_that_cannot_work_are_refused_naming_the_field() {
 
 #[tokio::test(start_paused = true)]
 async fn a_hung_initialize_is_cancelled_and_the_shard_read_in_the_next_tenure() {
-    let counters = Counters::default();
-    let _metrics = metrics::set_default_local_recorder(&counters);
-    let lines = Lines::default();
-    let _logs = capture_logs(&lines);
+    capture!(counters, lines);
     let s = start(|c| {
         c.processor_warn_after(Duration::from_secs(10))
             .processor_timeout(Duration::from_secs(30))
@@ -549,10 +485,7 @@ async fn a_hung_initialize_is_cancelled_and_the_shard_read_in_the_next_tenure() 
 
 #[tokio::test(start_paused = true)]
 async fn a_lane_call_cut_during_a_shutdown_drain_ends_every_lane_with_lease_lost() {
-    let counters = Counters::default();
-    let _metrics = metrics::set_default_local_recorder(&counters);
-    let lines = Lines::default();
-    let _logs = capture_logs(&lines);
+    capture!(counters, lines);
     let mut s = start(|c| {
         c.parallelism_per_shard(2)
             .shutdown_timeout(Duration::from_secs(120))

@@ -10,10 +10,9 @@ use async_trait::async_trait;
 use kcl_core::checkpointer::Checkpointer;
 use kcl_core::processor::{ProcessorError, RecordBatch, RecordProcessor, ShardContext};
 use kcl_core::source::memory::InMemoryShardSource;
-use kcl_core::source::{
-    Batch, InitialPosition, OpenShard, ShardInfo, ShardReader, ShardSource, SourceError,
-};
+use kcl_core::source::{Batch, OpenShard, ShardInfo, ShardReader, ShardSource, SourceError};
 use kcl_core::store::memory::InMemoryLeaseStore;
+use kcl_core::test_util::fleet;
 use kcl_core::worker::{StreamSpec, Worker, WorkerConfig, WorkerConfigBuilder, WorkerHandle};
 use kcl_core::{LeaseConfig, LeaseLayout};
 use tokio::sync::Notify;
@@ -136,16 +135,7 @@ fn start(
         .seed(id.len() as u64)
         .build()
         .unwrap();
-    let config = tune(
-        WorkerConfig::builder(lease)
-            .stream(StreamSpec {
-                name: STREAM.into(),
-                layout: LeaseLayout::SingleStream,
-            })
-            .initial_position(InitialPosition::TrimHorizon),
-    )
-    .build()
-    .unwrap();
+    let config = tune(fleet::one_stream(lease, STREAM)).build().unwrap();
     let (worker_id, shared) = (id.to_owned(), shared.clone());
     let factory = move |ctx: &ShardContext| Recorder {
         worker: worker_id.clone(),

@@ -6,21 +6,18 @@
 //! metrics recorder.
 #![allow(clippy::unwrap_used)]
 
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use kcl_core::checkpointer::Checkpointer;
-use kcl_core::processor::{ProcessorError, RecordBatch, RecordProcessor, ShardContext};
+use kcl_core::LeaseConfig;
 use kcl_core::source::memory::InMemoryShardSource;
-use kcl_core::source::{
-    Batch, InitialPosition, OpenShard, ShardInfo, ShardReader, ShardSource, SourceError,
-};
+use kcl_core::source::{Batch, OpenShard, ShardInfo, ShardReader, ShardSource, SourceError};
 use kcl_core::store::memory::InMemoryLeaseStore;
-use kcl_core::worker::{StreamSpec, Worker, WorkerConfig, WorkerHandle};
-use kcl_core::{LeaseConfig, LeaseLayout};
-use tokio::time::{Instant, sleep};
+use kcl_core::test_util::fleet::{self, Payloads, Seen};
+use kcl_core::test_util::metrics::Recorded;
+use kcl_core::worker::{Worker, WorkerHandle};
 
 /// What one open does, in script order; opens past the script succeed.
 #[derive(Debug, Clone, Copy)]
@@ -127,109 +124,12 @@ impl ShardReader for FailsFirst {
 
 /// Counters by `name{labels}`, from every test of this binary; each test
 /// reads those of its own stream.
-#[derive(Debug, Default, Clone)]
-struct Counters(Arc<Mutex<BTreeMap<String, u64>>>);
-
-struct Count(String, Counters);
-
-impl metrics::CounterFn for Count {
-    fn increment(&self, value: u64) {
-        *(self.1)
-            .0
-            .lock()
-            .unwrap()
-            .entry(self.0.clone())
-            .or_default() += value;
-    }
-    fn absolute(&self, value: u64) {
-        (self.1).0.lock().unwrap().insert(self.0.clone(), value);
-    }
-}
-
-impl metrics::Recorder for Counters {
-    fn describe_counter(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn describe_gauge(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn describe_histogram(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
-        let mut labels: Vec<String> = key
-            .labels()
-            .map(|l| format!("{}={}", l.key(), l.value()))
-            .collect();
-        labels.sort();
-        let name = format!("{}{{{}}}", key.name(), labels.join(","));
-        metrics::Counter::from_arc(Arc::new(Count(name, self.clone())))
-    }
-    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-        metrics::Gauge::noop()
-    }
-    fn register_histogram(
-        &self,
-        _: &metrics::Key,
-        _: &metrics::Metadata<'_>,
-    ) -> metrics::Histogram {
-        metrics::Histogram::noop()
-    }
-}
-
-fn counters() -> &'static Counters {
-    static COUNTERS: OnceLock<Counters> = OnceLock::new();
-    COUNTERS.get_or_init(|| {
-        let counters = Counters::default();
-        metrics::set_global_recorder(counters.clone()).unwrap();
-        counters
-    })
-}
-
 /// How often `stream`'s shard was given back as unreadable at `stage`.
 fn released_unreadable(stream: &str, shard: &str, stage: &str) -> u64 {
-    let key = format!(
-        "kcl_unreadable_shards_released_total{{shard={shard},stage={stage},stream={stream}}}"
-    );
-    counters().0.lock().unwrap().get(&key).copied().unwrap_or(0)
-}
-
-struct Recorder {
-    seen: Arc<Mutex<Vec<String>>>,
-}
-
-#[async_trait]
-impl RecordProcessor for Recorder {
-    async fn process_records(
-        &mut self,
-        batch: &RecordBatch,
-        cp: &mut Checkpointer,
-    ) -> Result<(), ProcessorError> {
-        let data = batch
-            .records
-            .iter()
-            .map(|r| String::from_utf8_lossy(&r.data).into_owned());
-        self.seen.lock().unwrap().extend(data);
-        cp.checkpoint().await?;
-        Ok(())
-    }
-
-    async fn shard_ended(&mut self, cp: &mut Checkpointer) -> Result<(), ProcessorError> {
-        cp.checkpoint().await?;
-        Ok(())
-    }
+    Recorded::global().counter(
+        "kcl_unreadable_shards_released_total",
+        &[("shard", shard), ("stage", stage), ("stream", stream)],
+    )
 }
 
 /// One worker on a one-shard `stream` whose opens follow `script`, and
@@ -237,13 +137,13 @@ impl RecordProcessor for Recorder {
 struct Run {
     source: Arc<Scripted>,
     shard: String,
-    seen: Arc<Mutex<Vec<String>>>,
+    seen: Seen,
     handle: WorkerHandle,
 }
 
 impl Run {
     fn start(stream: &str, script: Vec<Open>) -> Run {
-        counters();
+        Recorded::global();
         let inner = InMemoryShardSource::new();
         let shard = inner.create_stream(stream, 1).remove(0);
         for i in 0..5 {
@@ -260,27 +160,18 @@ impl Run {
             .taker_interval(Duration::from_secs(10))
             .build()
             .unwrap();
-        let config = WorkerConfig::builder(lease)
-            .stream(StreamSpec {
-                name: stream.into(),
-                layout: LeaseLayout::SingleStream,
-            })
-            .initial_position(InitialPosition::TrimHorizon)
+        let config = fleet::one_stream(lease, stream)
             // The attempts' count is what these tests judge: the time
             // bound on failing reads (tests/progress.rs) stays out of it.
             .max_read_failure_time(Duration::from_secs(3600))
             .build()
             .unwrap();
-        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
-        let recorded = Arc::clone(&seen);
-        let factory = move |_: &ShardContext| Recorder {
-            seen: Arc::clone(&recorded),
-        };
+        let seen = Seen::default();
         let worker = Worker::new(
             config,
             Arc::new(table),
             Arc::clone(&source) as Arc<dyn ShardSource>,
-            Arc::new(factory),
+            Arc::new(Payloads::factory(&seen)),
         );
         let handle = worker.handle();
         tokio::spawn(worker.run());
@@ -294,20 +185,24 @@ impl Run {
 
     /// Waits (in paused time) until the five records were processed.
     async fn wait_for_records(&self) {
-        let started = Instant::now();
-        while self.seen.lock().unwrap().len() < 5 {
-            assert!(
-                started.elapsed() < Duration::from_secs(600),
-                "records never processed; opens per tenure: {:?}",
-                self.source.opens_per_tenure()
-            );
-            sleep(Duration::from_millis(100)).await;
-        }
+        fleet::wait_until(
+            Duration::from_secs(600),
+            Duration::from_millis(100),
+            || self.seen.lock().unwrap().len() >= 5,
+            || {
+                format!(
+                    "records never processed; opens per tenure: {:?}",
+                    self.source.opens_per_tenure()
+                )
+            },
+        )
+        .await;
         self.handle.shutdown();
     }
 
     fn seen(&self) -> Vec<String> {
-        self.seen.lock().unwrap().clone()
+        let seen = self.seen.lock().unwrap();
+        seen.iter().map(|(_, payload)| payload.clone()).collect()
     }
 
     fn released(&self) -> u64 {

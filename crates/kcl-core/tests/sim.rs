@@ -43,7 +43,7 @@ use std::time::Duration;
 use common::*;
 use kcl_core::LeaseRenewal;
 use kcl_core::store::memory::{InMemoryLeaseStore, RandomFaults};
-use kcl_core::store::{ErrorKind, StoreOp};
+use kcl_core::store::{StoreErrorKind, StoreOp};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::{Instant, sleep};
@@ -305,7 +305,7 @@ async fn run(schedule: &Schedule) -> Findings {
                     let w = fleet.workers[who].as_ref().unwrap();
                     for op in ops {
                         w.store
-                            .fail_until(Some(*op), ErrorKind::Throttled, now + *d);
+                            .fail_until(Some(*op), StoreErrorKind::Throttled, now + *d);
                     }
                     // A worker missing any of these cannot keep, take or
                     // process leases: not one that can take them over.

@@ -7,44 +7,16 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use kcl_core::store::{ErrorKind, StoreOp};
+use kcl_core::store::{StoreErrorKind, StoreOp};
 use tokio::time::{Instant, sleep};
-
-/// The log lines written while a test runs.
-#[derive(Clone, Default)]
-struct Lines(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Lines {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Lines {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
 
 #[tokio::test(start_paused = true)]
 async fn throttled_taker_reads_show_as_the_rate_limited_throttling_warning() {
     let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let _guard = capture_warnings(&lines);
 
     let table = table_with(2).await;
     let config = config("a", 1).build().unwrap();
@@ -53,7 +25,7 @@ async fn throttled_taker_reads_show_as_the_rate_limited_throttling_warning() {
     // taker gives up on each tick.
     a.store.fail_until(
         Some(StoreOp::ReadBeats),
-        ErrorKind::Throttled,
+        StoreErrorKind::Throttled,
         Instant::now() + Duration::from_secs(65),
     );
     sleep(Duration::from_secs(65)).await;

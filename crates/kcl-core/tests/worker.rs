@@ -21,9 +21,9 @@ use kcl_core::source::memory::InMemoryShardSource;
 use kcl_core::store::StoreOp;
 use kcl_core::store::memory::InMemoryLeaseStore;
 use kcl_core::store::metered::{MeteredStore, StoreStats};
-use kcl_core::worker::{StreamSpec, Worker, WorkerConfig, WorkerError, WorkerHandle};
+use kcl_core::test_util::fleet;
+use kcl_core::worker::{StreamSpec, Worker, WorkerConfig, WorkerError};
 use kcl_core::{Checkpoint, LeaseConfig, LeaseLayout, LeaseStore};
-use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 
 const STREAM: &str = "orders";
@@ -45,11 +45,8 @@ struct Log {
 
 impl Log {
     fn by_key(&self) -> BTreeMap<String, Vec<u64>> {
-        let mut m: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-        for (_, _, pk, n) in self.processed.lock().unwrap().iter() {
-            m.entry(pk.clone()).or_default().push(*n);
-        }
-        m
+        let processed = self.processed.lock().unwrap();
+        fleet::by_key(processed.iter().map(|(_, _, pk, n)| (pk.as_str(), *n)))
     }
     fn count(&self) -> usize {
         self.processed.lock().unwrap().len()
@@ -103,11 +100,7 @@ impl RecordProcessor for Recorder {
         let parsed: Vec<(String, u64)> = batch
             .records
             .iter()
-            .map(|r| {
-                let s = std::str::from_utf8(&r.data).unwrap();
-                let (pk, n) = s.split_once(':').unwrap();
-                (pk.to_owned(), n.parse().unwrap())
-            })
+            .map(|r| fleet::parse(&r.data))
             .collect();
         if parsed.iter().any(|(_, n)| *n == 7) && take_one(&self.log.failures_left) {
             return Err("injected processor failure".into());
@@ -174,13 +167,12 @@ impl RecordProcessor for Recorder {
     }
 }
 
+/// The shared fleet (table, workers) with this file's processors and
+/// settings.
 struct Fleet {
-    store: InMemoryLeaseStore,
+    base: fleet::Fleet,
     source: InMemoryShardSource,
     log: Arc<Log>,
-    workers: Vec<(WorkerHandle, JoinHandle<Result<(), WorkerError>>)>,
-    /// Each worker's handle on the table, for its own faults.
-    stores: Vec<InMemoryLeaseStore>,
     retention: Duration,
     sync_interval: Duration,
     /// Whether a killed (dropped) worker releases its leases; off by
@@ -199,11 +191,9 @@ impl Fleet {
         let source = InMemoryShardSource::new().with_max_records(50);
         source.create_stream(STREAM, shards);
         Fleet {
-            store: InMemoryLeaseStore::new(),
+            base: fleet::Fleet::new(),
             source,
             log: Arc::default(),
-            workers: Vec::new(),
-            stores: Vec::new(),
             retention: Duration::from_secs(300),
             sync_interval: Duration::from_secs(5),
             release_on_drop: false,
@@ -222,12 +212,7 @@ impl Fleet {
             lease = lease.handoff_timeout(d);
         }
         let lease = lease.build().unwrap();
-        WorkerConfig::builder(lease)
-            .stream(StreamSpec {
-                name: STREAM.into(),
-                layout: LeaseLayout::SingleStream,
-            })
-            .initial_position(InitialPosition::TrimHorizon)
+        fleet::one_stream(lease, STREAM)
             .failure_policy(policy)
             .checkpoint_policy(self.checkpoint_policy)
             .parent_poll_interval(Duration::from_secs(1))
@@ -250,61 +235,30 @@ impl Fleet {
             log: Arc::clone(&log),
             b,
         };
-        let store = self.store.handle();
-        self.stores.push(store.clone());
-        let metered = MeteredStore::new(store);
+        let metered = MeteredStore::new(self.base.table_for_worker());
         self.metered.push(Arc::clone(metered.stats()));
-        let worker = Worker::new(
-            self.config(id, policy),
-            Arc::new(metered),
-            Arc::new(self.source.clone()),
-            Arc::new(factory),
-        );
-        let handle = worker.handle();
-        self.workers.push((handle, tokio::spawn(worker.run())));
-        self.workers.len() - 1
+        let config = self.config(id, policy);
+        let source = Arc::new(self.source.clone());
+        self.base
+            .run_worker(config, Arc::new(metered), source, factory)
     }
 
     /// Puts `per_key` records for each of `keys` partition keys, numbering
     /// each key's records from `from`.
     fn produce(&self, keys: usize, from: u64, per_key: u64) {
-        for n in from..from + per_key {
-            for k in 0..keys {
-                let pk = format!("pk-{k}");
-                self.source.put(STREAM, &pk, format!("{pk}:{n}")).unwrap();
-            }
-        }
+        fleet::produce(&self.source, STREAM, keys, from, per_key);
     }
 
     async fn wait_for(&self, count: usize, limit: Duration) {
-        let started = Instant::now();
-        while self.log.count() < count {
-            assert!(
-                started.elapsed() < limit,
-                "only {} of {count} records processed",
-                self.log.count()
-            );
-            sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    async fn stop(&mut self, i: usize) {
-        let (handle, task) = &mut self.workers[i];
-        handle.shutdown();
-        task.await.unwrap().unwrap();
-    }
-
-    /// A crash: the run future is dropped; nothing is released.
-    async fn kill(&mut self, i: usize) {
-        let (_, task) = &mut self.workers[i];
-        task.abort();
-        let _ = task.await;
-    }
-
-    fn consuming(&self, i: usize) -> usize {
-        self.workers[i].0.status().consuming.len()
+        fleet::wait_for_records(limit, Duration::from_millis(100), count, || {
+            self.log.count()
+        })
+        .await;
     }
 }
+
+// The table and the workers (`stop`, `kill`, `consuming`).
+kcl_core::deref_fleet!(Fleet, base);
 
 /// Every record of `keys` x `0..per_key` was processed at least once; returns
 /// the number of duplicates. Each key's records arrive in order (a replay
@@ -940,7 +894,7 @@ async fn a_merge_child_waits_for_its_other_parents_lease_and_nothing_is_lost() {
         fleet.stores[0].inject_on(
             kcl_core::store::StoreOp::Create,
             &b0,
-            kcl_core::store::memory::Fault::Error(kcl_core::ErrorKind::Retryable),
+            kcl_core::store::memory::Fault::Error(kcl_core::StoreErrorKind::Retryable),
         );
     }
     fleet.produce(KEYS, 40, 40);
@@ -1044,7 +998,7 @@ async fn startup_under_throttling_retries_until_ready() {
     let i = fleet.start("w-a", Behaviour::default(), FailurePolicy::Retry);
     fleet.stores[i].fail_until(
         None,
-        kcl_core::ErrorKind::Throttled,
+        kcl_core::StoreErrorKind::Throttled,
         Instant::now() + Duration::from_secs(20),
     );
     sleep(Duration::from_secs(5)).await;
@@ -1086,7 +1040,7 @@ async fn a_consumer_stopped_by_a_rejected_checkpoint_resumes_in_a_new_tenure() {
     fleet.wait_for(4 * 20, Duration::from_secs(60)).await;
     fleet.stores[i].inject(
         kcl_core::store::StoreOp::Checkpoint,
-        kcl_core::store::memory::Fault::Error(kcl_core::ErrorKind::ConditionFailed),
+        kcl_core::store::memory::Fault::Error(kcl_core::StoreErrorKind::ConditionFailed),
     );
     fleet.produce(4, 20, 20);
     fleet.wait_for(4 * 40, Duration::from_secs(120)).await;

@@ -3,7 +3,8 @@
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kcl_core::checkpointer::Checkpointer;
@@ -323,6 +324,52 @@ pub async fn table_paged(n: usize, page: usize) -> InMemoryLeaseStore {
     table
 }
 
+/// Starts a worker for each of `names`, with the config
+/// `config(name, index)`.
+pub fn start_all(
+    table: &InMemoryLeaseStore,
+    names: &[impl AsRef<str>],
+    config: impl Fn(&str, u64) -> LeaseConfig,
+) -> Vec<SimWorker> {
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, id)| SimWorker::start(table, config(id.as_ref(), i as u64)))
+        .collect()
+}
+
+/// Runs `workers` a second at a time, sampling overlaps every `step`,
+/// until the table is [`balanced`] among `names`; returns the overlaps.
+pub async fn run_until_balanced(
+    table: &InMemoryLeaseStore,
+    workers: &[SimWorker],
+    names: &[impl AsRef<str>],
+    step: Duration,
+) -> OverlapLog {
+    let refs: Vec<&str> = names.iter().map(AsRef::as_ref).collect();
+    let mut log = OverlapLog::default();
+    while !balanced(table, &refs) {
+        run_for(workers, &mut log, Duration::from_secs(1), step).await;
+    }
+    log
+}
+
+/// A table of `leases` unowned leases and a first worker (`config`,
+/// `stand_in`) that had two ticks alone to take them, overlaps sampled
+/// every 50 ms from its start: where the handoff scenarios begin before
+/// a second worker joins.
+pub async fn first_holder(
+    leases: usize,
+    config: LeaseConfig,
+    stand_in: StandIn,
+) -> (InMemoryLeaseStore, OverlapLog, Vec<SimWorker>) {
+    let table = table_with(leases).await;
+    let mut log = OverlapLog::default();
+    let workers = vec![SimWorker::start_with(&table, config, stand_in)];
+    run_for(&workers, &mut log, TICK * 2, Duration::from_millis(50)).await;
+    (table, log, workers)
+}
+
 /// Owners per worker id, from the table.
 pub fn table_counts(table: &InMemoryLeaseStore) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();
@@ -436,4 +483,46 @@ pub async fn run_checking(
         log.sample(workers);
         checkpoints.sample(table);
     }
+}
+
+/// The log lines written while a test runs, at warn level and above
+/// (see [`capture_warnings`]).
+#[derive(Clone, Default)]
+pub struct Lines(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Lines {
+    /// Everything written so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+
+    /// How many lines written so far contain `containing`.
+    pub fn count(&self, containing: &str) -> usize {
+        self.text()
+            .lines()
+            .filter(|l| l.contains(containing))
+            .count()
+    }
+}
+
+/// Writes this thread's log lines at warn level and above into `lines`
+/// until the guard drops.
+pub fn capture_warnings(lines: &Lines) -> tracing::subscriber::DefaultGuard {
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::set_default(subscriber)
 }
