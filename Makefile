@@ -51,7 +51,7 @@ demo: ## start the emulators, then run the demo (produce and consume a stream)
 	$(call with_emulators,$(CARGO) run -p kcl-examples --bin demo)
 
 .PHONY: bench
-bench: ## start the emulators, run every benchmark (release), write docs/BENCHMARKS.md
+bench: ## start the emulators, run every benchmark (release), write docs/benchmarks.json and render the docs from it
 	$(CARGO) build --release -p kcl-tests --bin latency-bench \
 		|| echo "latency-bench did not build: its section of the report says so"
 	$(CARGO) build --release -p kcl-tests --bin kcl-bench
@@ -66,3 +66,7 @@ fmt: ## format the workspace
 .PHONY: lint
 lint: ## clippy on every target, warnings as errors
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+.PHONY: figures
+figures: ## render docs/BENCHMARKS.md and the figures the README and the guide quote, from docs/benchmarks.json
+	$(CARGO) run -p kcl-tests --bin kcl-bench -- render

@@ -1,23 +1,31 @@
 //! `kcl-bench`: runs kcl's benchmark scenarios against the emulators (and
-//! in memory) and writes `docs/BENCHMARKS.md` from scratch: one table per
-//! scenario with its figures, the settings used next to the production
-//! defaults, a comparison with the Java KCL where one is meaningful, what
-//! limits the figure on this machine, and the machine itself.
+//! in memory) and writes what they measured to `docs/benchmarks.json`: each
+//! figure by name, and each scenario's section of the report (a table of
+//! its figures, the settings used next to the production defaults, a
+//! comparison with the Java KCL where one is meaningful, what limits the
+//! figure on this machine) with the machine itself. It then renders
+//! `docs/BENCHMARKS.md` and the figures the README and the guide quote from
+//! that file alone (`figures.rs`), so that no doc can disagree with it.
 //!
-//! Usage (`make bench` does the first):
+//! Usage (`make bench` does the first, `make figures` the last):
 //!
 //! ```text
 //! cargo run --release -p kcl-tests --bin kcl-bench                # every scenario
 //! cargo run --release -p kcl-tests --bin kcl-bench -- --only cold-start,failover
 //! cargo run --release -p kcl-tests --bin kcl-bench -- --out /tmp/b.md
+//! cargo run -p kcl-tests --bin kcl-bench -- render                # the docs from the json
 //! ```
 //!
-//! With `--only`, the report goes to stdout unless `--out` is given, so a
-//! partial run never overwrites the full report.
+//! A partial run (`--only`) replaces its own sections and figures in the
+//! json and keeps the rest, and prints its own report to stdout unless
+//! `--out` is given; `--out` writes the run's own report there.
 //!
 //! # Layout
 //!
-//! - this file: options, the report and the machine description;
+//! - this file: options, the scenarios' sections and the machine
+//!   description, and what a run writes to `docs/benchmarks.json`;
+//! - `figures.rs`: the json's layout, and the docs rendered from it
+//!   (`docs/BENCHMARKS.md`, the README's and the guide's figures);
 //! - `bench_local.rs`: in-process scenarios: per-record CPU on the
 //!   in-memory source, de-aggregation, end-to-end throughput against a bare
 //!   `GetRecords` loop, and the DynamoDB cost of an idle fleet;
@@ -48,7 +56,8 @@
 //!   2 then 3 workers for five minutes, balanced by load and by count.
 //!
 //! Every figure a section lists under `figures` also goes to
-//! `docs/benchmarks.json` (merged: a partial run updates its own keys).
+//! `docs/benchmarks.json` by name (merged: a partial run updates its own
+//! keys).
 //!
 //! # Concurrency model
 //!
@@ -69,8 +78,8 @@ mod bench_parallel;
 mod bench_policy;
 mod bench_protocol;
 mod bench_retrieval;
+mod figures;
 
-use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -120,34 +129,26 @@ impl Section {
         self.rows.push((figure.to_owned(), value.into()));
     }
 
-    fn render(&self, out: &mut String, seconds: f64) {
-        let _ = writeln!(out, "## {}\n", self.title);
-        if !self.what.is_empty() {
-            let _ = writeln!(out, "{}\n", self.what);
+    /// The section as `docs/benchmarks.json` keeps it.
+    fn recorded(&self, seconds: f64, date: &str) -> figures::Recorded {
+        figures::Recorded {
+            title: self.title.clone(),
+            what: self.what.clone(),
+            rows: self.rows.clone(),
+            extra: self.extra.clone(),
+            settings: self.settings.clone(),
+            java: self.java.clone(),
+            limits: self.limits.clone(),
+            headline: self.headline.clone(),
+            failed: self.failed.clone(),
+            seconds,
+            date: date.to_owned(),
+            figures: self
+                .figures
+                .iter()
+                .map(|(name, value, _)| ((*name).to_owned(), *value))
+                .collect(),
         }
-        if let Some(f) = &self.failed {
-            let _ = writeln!(out, "**FAILED: {f}**\n");
-        }
-        if !self.rows.is_empty() {
-            let _ = writeln!(out, "| figure | value |\n|---|---:|");
-            for (figure, value) in &self.rows {
-                let _ = writeln!(out, "| {figure} | {value} |");
-            }
-            out.push('\n');
-        }
-        if !self.extra.is_empty() {
-            let _ = writeln!(out, "{}\n", self.extra.trim_end());
-        }
-        for (label, text) in [
-            ("Settings", &self.settings),
-            ("Java KCL", &self.java),
-            ("What limits it here", &self.limits),
-        ] {
-            if !text.is_empty() {
-                let _ = writeln!(out, "- **{label}:** {text}");
-            }
-        }
-        let _ = writeln!(out, "- *Scenario took {seconds:.0} s.*\n");
     }
 }
 
@@ -211,16 +212,15 @@ fn options() -> anyhow::Result<Options> {
             "--out" => out = Some(PathBuf::from(args.next().context("--out needs a path")?)),
             "-h" | "--help" => {
                 println!(
-                    "kcl-bench [--only SCENARIO,...] [--out PATH]\nscenarios: {}",
+                    "kcl-bench [--only SCENARIO,...] [--out PATH]\n\
+                     kcl-bench render   (the docs from docs/benchmarks.json)\n\
+                     scenarios: {}",
                     SCENARIOS.join(", ")
                 );
                 std::process::exit(0);
             }
             other => bail!("unknown argument {other:?} (see --help)"),
         }
-    }
-    if only.is_none() && out.is_none() {
-        out = Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/BENCHMARKS.md"));
     }
     Ok(Options { only, out })
 }
@@ -268,89 +268,89 @@ fn machine() -> Vec<(String, String)> {
     ]
 }
 
-fn render(sections: &[(Section, f64)], total: f64, partial: bool) -> String {
-    let mut out = String::new();
-    out.push_str(
-        "# Benchmarks\n\n\
-         <!-- generated by `make bench` (tests/bench/bench.rs); edits are overwritten -->\n\n\
-         Figures from `make bench`: kcl against the local emulators (kinesis-mock and \
-         DynamoDB Local) and in memory, on the machine below. The emulators share the \
-         machine's cores with the workers, so every time here includes emulator work \
-         that AWS does elsewhere; the figures compare kcl's behaviour (how many ticks, \
-         how many requests, how much CPU per record), not AWS latencies.\n\n\
-         The fleet scenarios run with short lease settings so that they finish in \
-         seconds; each section states them next to the defaults a production \
-         application uses (lease 10 s, renewal every 3.33 s, a lease-taker tick every \
-         10 s +/-25 %, an idle pause of 1 s between empty `GetRecords`).\n\n",
-    );
-    if partial {
-        out.push_str("*Partial run (`--only`).*\n\n");
+/// Merges a run into `docs/benchmarks.json`'s contents: every figure by
+/// name (`{"figures": {name: {"value": number, "unit": text}}}`, names
+/// stable from run to run so that a script can compare runs) and every
+/// section of the report by scenario. A full run (`machine` given) also
+/// replaces the machine, its time and any section of a scenario that no
+/// longer exists; a partial run (`--only`) updates its own names and
+/// sections and keeps the rest, except where a scenario failed before it
+/// measured anything: its last good section stays. Returns how many
+/// figures it wrote.
+fn merge(
+    doc: &mut figures::Figures,
+    sections: &[(&str, Section, f64)],
+    machine: Option<(Vec<(String, String)>, f64)>,
+    date: &str,
+) -> usize {
+    let full = machine.is_some();
+    if let Some((machine, total_s)) = machine {
+        doc.report.machine = machine;
+        doc.report.total_s = total_s;
+        doc.report.sections.clear();
     }
-    out.push_str("## Machine\n\n| | |\n|---|---|\n");
-    for (k, v) in machine() {
-        let _ = writeln!(out, "| {k} | {v} |");
-    }
-    let _ = writeln!(out, "| total bench time | {:.1} min |\n", total / 60.0);
-    out.push_str("## Summary\n\n| scenario | headline |\n|---|---|\n");
-    for (s, _) in sections {
-        let headline = match &s.failed {
-            Some(f) => format!("**FAILED:** {f}"),
-            None => s.headline.clone(),
-        };
-        let anchor: String = s
-            .title
-            .to_lowercase()
-            .chars()
-            .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
-            .map(|c| if c == ' ' { '-' } else { c })
-            .collect();
-        let _ = writeln!(out, "| [{}](#{anchor}) | {headline} |", s.title);
-    }
-    out.push('\n');
-    for (s, secs) in sections {
-        s.render(&mut out, *secs);
-    }
-    out
-}
-
-/// Merges every section's figures into `docs/benchmarks.json`:
-/// `{"figures": {name: {"value": number, "unit": text}}}`, names stable
-/// from run to run so that a script can compare runs. A partial run
-/// (`--only`) updates its own names and keeps the rest.
-fn write_figures(sections: &[(Section, f64)]) -> anyhow::Result<()> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/benchmarks.json");
-    let mut figures: serde_json::Map<String, serde_json::Value> =
-        match std::fs::read_to_string(&path) {
-            Ok(text) => {
-                let doc: serde_json::Value = serde_json::from_str(&text)
-                    .with_context(|| format!("{} is not JSON", path.display()))?;
-                match doc.get("figures").and_then(|f| f.as_object()) {
-                    Some(f) => f.clone(),
-                    // The earlier flat layout: re-written by the next run.
-                    None => serde_json::Map::new(),
-                }
-            }
-            Err(_) => serde_json::Map::new(),
-        };
     let mut wrote = 0;
-    for (s, _) in sections {
-        if s.failed.is_some() && s.figures.is_empty() {
+    for (name, s, secs) in sections {
+        if !full && s.failed.is_some() && s.figures.is_empty() {
             continue;
         }
+        doc.report
+            .sections
+            .insert((*name).to_owned(), s.recorded(*secs, date));
         for (name, value, unit) in &s.figures {
-            figures.insert(
+            doc.figures.insert(
                 (*name).to_owned(),
-                serde_json::json!({ "value": value, "unit": unit }),
+                figures::Figure {
+                    unit: (*unit).to_owned(),
+                    value: *value,
+                },
             );
             wrote += 1;
         }
     }
-    if wrote == 0 {
-        return Ok(());
+    wrote
+}
+
+/// The end of a run: the json, the docs rendered from it, and this run's
+/// own report where `--out` (or a partial run, to stdout) asks for it.
+fn finish(sections: Vec<(&str, Section, f64)>, total: f64, opts: &Options) -> anyhow::Result<()> {
+    let machine = machine();
+    let date = machine
+        .iter()
+        .find(|(k, _)| k == "date")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default();
+    let root = figures::root();
+    let mut doc = figures::Figures::load(&root)?;
+    let full = opts.only.is_none().then(|| (machine.clone(), total));
+    let wrote = merge(&mut doc, &sections, full, &date);
+    doc.save(&root)?;
+    eprintln!(
+        "wrote {wrote} figures and {} sections to {}",
+        sections.len(),
+        figures::json_path(&root).display()
+    );
+    figures::render_docs(&root, SCENARIOS)?;
+
+    let mut own = figures::Figures::default();
+    merge(&mut own, &sections, Some((machine, total)), &date);
+    let report = figures::benchmarks_md(&own, SCENARIOS, opts.only.is_some());
+    match &opts.out {
+        Some(path) => {
+            std::fs::write(path, &report).with_context(|| format!("writing {}", path.display()))?;
+            eprintln!("wrote {} after {:.1} min", path.display(), total / 60.0);
+        }
+        None if opts.only.is_some() => println!("{report}"),
+        None => eprintln!("done after {:.1} min", total / 60.0),
     }
-    let text = serde_json::to_string_pretty(&serde_json::json!({ "figures": figures }))? + "\n";
-    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
-    eprintln!("wrote {wrote} figures to {}", path.display());
+    let failed: Vec<&str> = sections
+        .iter()
+        .filter(|(_, s, _)| s.failed.is_some())
+        .map(|(_, s, _)| s.title.as_str())
+        .collect();
+    if !failed.is_empty() {
+        bail!("scenarios failed: {}", failed.join(", "));
+    }
     Ok(())
 }
 
@@ -358,6 +358,7 @@ fn main() -> anyhow::Result<()> {
     match std::env::args().nth(1).as_deref() {
         Some("worker") => return bench_fleet::worker_main(),
         Some("budget-worker") => return bench_retrieval::budget_worker_main(),
+        Some("render") => return figures::render_docs(&figures::root(), SCENARIOS),
         _ => {}
     }
     let opts = options()?;
@@ -367,8 +368,8 @@ fn main() -> anyhow::Result<()> {
             .is_none_or(|l| l.iter().any(|s| s == name))
     };
     let started = Instant::now();
-    let mut sections: Vec<(Section, f64)> = Vec::new();
-    let mut run = |name: &str, f: &mut dyn FnMut() -> anyhow::Result<Section>| {
+    let mut sections: Vec<(&str, Section, f64)> = Vec::new();
+    let mut run = |name: &'static str, f: &mut dyn FnMut() -> anyhow::Result<Section>| {
         if !wanted(name) {
             return;
         }
@@ -390,7 +391,7 @@ fn main() -> anyhow::Result<()> {
         for (k, v) in &section.rows {
             eprintln!("   {k}: {v}");
         }
-        sections.push((section, secs));
+        sections.push((name, section, secs));
     };
 
     // CPU-bound scenarios first, each on a runtime of its own.
@@ -452,24 +453,5 @@ fn main() -> anyhow::Result<()> {
     run("fanout-budget", &mut || {
         rt.block_on(bench_fanout_budget::fanout_budget())
     });
-    write_figures(&sections)?;
-
-    let total = started.elapsed().as_secs_f64();
-    let report = render(&sections, total, opts.only.is_some());
-    match &opts.out {
-        Some(path) => {
-            std::fs::write(path, &report).with_context(|| format!("writing {}", path.display()))?;
-            eprintln!("wrote {} after {:.1} min", path.display(), total / 60.0);
-        }
-        None => println!("{report}"),
-    }
-    let failed: Vec<&str> = sections
-        .iter()
-        .filter(|(s, _)| s.failed.is_some())
-        .map(|(s, _)| s.title.as_str())
-        .collect();
-    if !failed.is_empty() {
-        bail!("scenarios failed: {}", failed.join(", "));
-    }
-    Ok(())
+    finish(sections, started.elapsed().as_secs_f64(), &opts)
 }

@@ -53,11 +53,14 @@
 //! `kcl-dynamodb`, and retrieval in `kcl-kinesis`.
 #![deny(missing_docs)]
 
-// The README's quickstart compiles as a doctest (its fragments are
-// marked `ignore`): the first program a user copies cannot rot.
+// The README's and the user guide's Rust blocks compile as doctests: the
+// programs a user copies cannot rot.
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 mod readme {}
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/guide.md")]
+mod guide {}
 
 mod builder;
 mod error;
