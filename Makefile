@@ -38,6 +38,10 @@ test: ## start the emulators, then cargo test the whole workspace (doctests too:
 	$(call with_emulators,$(CARGO) test --workspace --all-targets --no-fail-fast)
 	$(CARGO) test --workspace --doc
 
+.PHONY: layout
+layout: ## check the library's layout rules: short functions and files, no import circle
+	python3 .ci/layout.py
+
 .PHONY: sim
 sim: ## run the seeded fleet simulator over SEEDS random seeds (default 200; SIM_BASE=n replays from n)
 	SIM_SEEDS=$(or $(SEEDS),200) $(CARGO) test --release -p kcl-core --test sim random_seeds -- --nocapture
