@@ -481,9 +481,14 @@ async fn check_seed(seed: u64) {
 /// looked at again, the taker's ticks quiet; 3221: a per-lease worker
 /// whose renewals failed while its beats landed, its leases judged alive
 /// by its record; 3261: a thief whose handoff activation kept failing,
-/// its beats keeping the lease alive to peers), and one more: each runs
-/// in every `make test`.
-const FIXED_SEEDS: &[u64] = &[1, 1053, 1079, 2026, 3221, 3261];
+/// its beats keeping the lease alive to peers; 5340163516996700958: a
+/// third worker taking a lease mid-steal by its 10 s thief's record while
+/// the 20 s victim, its renewals failing, still drained), and one more:
+/// each runs in every `make test`. That last seed overlapped in three
+/// replays in four while replays were not exact; its exact replay now
+/// passes with or without the fix, which
+/// `a_lease_mid_steal_lapses_by_its_previous_owners_record` holds.
+const FIXED_SEEDS: &[u64] = &[1, 1053, 1079, 2026, 3221, 3261, 5340163516996700958];
 
 #[tokio::test(start_paused = true)]
 async fn fixed_seeds_hold_every_invariant() {

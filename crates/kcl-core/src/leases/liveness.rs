@@ -162,12 +162,20 @@ impl LivenessTracker {
             })
     }
 
-    /// The lease duration of `lease`'s owner, if its record says it renews
-    /// every lease too: its tenures then also lapse once the lease's
-    /// counter stood still that long, whatever its beats.
+    /// The lease duration of the instance renewing `lease`, if its record
+    /// says it renews every lease too: its tenures then also lapse once the
+    /// lease's counter stood still that long, whatever its beats. That is
+    /// the owner, except mid-steal: the thief renews nothing it awaits,
+    /// while the previous owner drains with a validity of its own lease
+    /// duration. Judged by a 10 s thief's record, a lease whose 20 s
+    /// victim drained (its renewals failing) was taken by a third worker
+    /// 10 s after the steal (simulator seed 5340163516996700958).
     pub(crate) fn per_lease_owner(&self, lease: &Lease, own: Duration) -> Option<Duration> {
-        let [owner, _] = self.named(lease);
-        owner
+        let renewing = match self.named(lease) {
+            [Some(_), previous] if lease.in_handoff() => previous,
+            [owner, _] => owner,
+        };
+        renewing
             .and_then(|i| self.seen.get(i))
             .filter(|s| s.beat.per_lease)
             .map(|s| window(&s.beat, own))
@@ -394,6 +402,31 @@ mod tests {
         assert_eq!(t.expires_at("b", own), Some(t0 + s(4)));
         assert_eq!(t.duration_of("c", own), Some(own));
         assert_eq!(t.alive(own, t0 + s(12)).len(), 1);
+    }
+
+    /// Mid-steal a lease lapses by its previous owner's renewals, not by
+    /// the thief's record: the thief renews nothing it awaits.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_mid_steal_lapses_by_its_previous_owners_record() {
+        let own = Duration::from_secs(10);
+        let s = Duration::from_secs;
+        let mut thief = beat("t", 1);
+        thief.worker = "thief".into();
+        (thief.per_lease, thief.lease_duration) = (true, Some(s(10)));
+        let mut victim = beat("v", 1);
+        victim.lease_duration = Some(s(20));
+        let mut t = LivenessTracker::default();
+        read(&mut t, vec![thief, victim.clone()], Instant::now());
+        let mut lease = Lease::new("s", Checkpoint::TrimHorizon);
+        lease.owner = Some("thief".into());
+        lease.tenure = Some("t.1".into());
+        assert_eq!(t.per_lease_owner(&lease, own), Some(s(10)));
+        lease.checkpoint_owner = Some("w".into());
+        lease.checkpoint_owner_tenure = Some("v.1".into());
+        assert_eq!(t.per_lease_owner(&lease, own), None, "the victim beats");
+        victim.per_lease = true;
+        read(&mut t, vec![victim], Instant::now());
+        assert_eq!(t.per_lease_owner(&lease, own), Some(s(20)));
     }
 
     #[tokio::test(start_paused = true)]
