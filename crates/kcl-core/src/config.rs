@@ -290,7 +290,10 @@ impl LeaseConfigBuilder {
         self.load_report_interval = Some(d);
         self
     }
-    /// Seeds the tick jitter, for reproducible simulations.
+    /// Seeds the tick jitter, the renewals' retry jitter and the instance
+    /// id, for reproducible simulations. Two processes of one worker id
+    /// need different seeds: with one instance id, each would take the
+    /// other's tenures for its own.
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
         self

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::backoff::Backoff;
+use crate::backoff::{Backoff, mix_seed};
 use crate::lease::Checkpoint;
 use crate::leases::LeaseHandle;
 use crate::metric_names::CHECKPOINTS;
@@ -542,7 +542,13 @@ impl Checkpointer {
             }
             store.checkpoint(&key, lease.holder(), &update).await
         })
-        .retry(CHECKPOINT_BACKOFF.pauses())
+        // Jittered by the tenure: one per take, under an instance id drawn
+        // per process (or from a simulation's seed, which then replays).
+        .retry(
+            CHECKPOINT_BACKOFF
+                .seeded(mix_seed(0, lease.tenure()))
+                .pauses(),
+        )
         .sleep(tokio::time::sleep)
         .when(StoreError::is_retryable)
         .await;

@@ -3,7 +3,8 @@
 //! 10).
 //!
 //! An id is `<instance>.<n>`: a random 64-bit instance id drawn once per
-//! coordinator (so once per process, in practice) and a sequence number.
+//! coordinator (so once per process, in practice; from the config's seed
+//! when one is set) and a sequence number.
 //! The instance part lets this process recognise tenures it wrote itself
 //! (a take whose response was lost) without remembering each one, and tell
 //! them from the tenures of another process running under the same worker
@@ -21,8 +22,21 @@ pub(crate) struct Tenures {
 impl Tenures {
     /// Ids under a fresh random instance id.
     pub(crate) fn new() -> Self {
+        Self::with_instance(rand::random::<u64>())
+    }
+
+    /// Ids under an instance id drawn from `seed` and the worker id: a
+    /// seeded simulation replays exactly (the instance orders liveness
+    /// records and elects the sync leader). Two processes of one worker
+    /// id need different seeds, or each takes the other's tenures for its
+    /// own.
+    pub(crate) fn seeded(seed: u64, worker_id: &str) -> Self {
+        Self::with_instance(crate::backoff::mix_seed(seed, worker_id))
+    }
+
+    fn with_instance(instance: u64) -> Self {
         Tenures {
-            prefix: format!("{:016x}.", rand::random::<u64>()),
+            prefix: format!("{instance:016x}."),
             next: AtomicU64::new(1),
         }
     }
@@ -64,5 +78,16 @@ mod tests {
         assert!(!mine.is_ours(""));
         assert_eq!(instance_of(&a), mine.instance());
         assert_ne!(instance_of(&a), theirs.instance());
+    }
+
+    #[test]
+    fn a_seeded_instance_is_the_same_in_every_process_and_differs_by_worker() {
+        let a = Tenures::seeded(5, "w0");
+        assert_eq!(a.instance(), Tenures::seeded(5, "w0").instance());
+        assert_ne!(a.instance(), Tenures::seeded(5, "w1").instance());
+        assert_ne!(a.instance(), Tenures::seeded(6, "w0").instance());
+        // Seed and worker id do not cancel out.
+        let b = Tenures::seeded(2, "b");
+        assert_ne!(Tenures::seeded(1, "a").instance(), b.instance());
     }
 }

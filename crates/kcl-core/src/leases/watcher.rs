@@ -52,7 +52,9 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
         watcher.read(&shared).await;
         let _ = shared.first_read.send_replace(true);
         let at = watcher.next_read(&shared, Instant::now());
+        // In a fixed order (a seeded simulation replays exactly).
         tokio::select! {
+            biased;
             _ = stop.cancelled() => break,
             _ = tokio::time::sleep_until(at) => {}
             _ = shared.read_now.notified() => {
@@ -61,6 +63,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
                 // cannot turn into a stream of reads.
                 if let Some(last) = watcher.last_asked {
                     tokio::select! {
+                        biased;
                         _ = stop.cancelled() => break,
                         _ = tokio::time::sleep_until(last + FRESH_READ_GAP) => {}
                     }

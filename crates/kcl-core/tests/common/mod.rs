@@ -239,6 +239,7 @@ async fn consume(
                     }
                     StandIn::SlowHandoff(d) => {
                         tokio::select! {
+                            biased;
                             _ = tokio::time::sleep(d) => {}
                             _ = handle.ended() => return,
                         }

@@ -34,7 +34,10 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     // it drains, see `renew_all`); renewing per lease, every tenure is
     // renewed per lease too, for Java KCL workers, which judge by counters,
     // and its validity needs both (see `Held::extend`).
+    // Polled in this order whenever several are ready at one instant, not
+    // in a random one, so that a seeded simulation replays exactly.
     tokio::select! {
+        biased;
         _ = stop.cancelled() => {}
         _ = beat_loop(&shared) => {}
         _ = renew_loop(&shared) => {}
@@ -306,9 +309,11 @@ pub(crate) async fn observe_one(
 /// milliseconds would multiply a throttled table's load just when it has
 /// the least to spare.
 fn renew_policy(config: &LeaseConfig) -> RetryPolicy {
+    let backoff = Backoff::new(config.renew_interval / 10, config.renew_interval / 2).retries(2);
     RetryPolicy {
         attempt_timeout: config.store_timeout,
-        backoff: Backoff::new(config.renew_interval / 10, config.renew_interval / 2).retries(2),
+        // A seeded simulation replays its retries exactly.
+        backoff: config.seed.map_or(backoff, |seed| backoff.seeded(seed)),
     }
 }
 
@@ -316,6 +321,7 @@ async fn renew_loop(shared: &Shared) {
     let mut next_round = Instant::now() + shared.lease_renew_interval();
     loop {
         tokio::select! {
+            biased;
             _ = tokio::time::sleep_until(next_round) => {
                 next_round += shared.lease_renew_interval();
             }
@@ -345,6 +351,7 @@ async fn fence_loop(shared: &Shared) {
         // have an earlier one (takes count validity from the scan), so it
         // wakes the loop to look again.
         tokio::select! {
+            biased;
             _ = tokio::time::sleep_until(next) => {}
             _ = shared.held_added.notified() => {}
         }

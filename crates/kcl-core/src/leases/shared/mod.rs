@@ -4,7 +4,7 @@
 //! activated, ended). Which renewal runs is in `renewal_mode`, sitting
 //! out after an unreadable shard in `sit_out`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -40,7 +40,9 @@ pub(crate) struct Shared {
     pub(crate) store: Arc<dyn LeaseStore>,
     pub(crate) filter: Option<LeaseFilter>,
     pub(crate) tenures: Tenures,
-    held: Mutex<HashMap<String, Arc<Held>>>,
+    /// Held tenures by lease key, in key order: every round walks them in
+    /// the same order, so a seeded simulation replays its store calls.
+    held: Mutex<BTreeMap<String, Arc<Held>>>,
     /// Tenures that ended while their consumer was still running (a
     /// processor call in flight), by lease key: this process may still be
     /// processing those shards (see [`Shared::still_processing`]).
@@ -123,11 +125,14 @@ impl Shared {
         observer: Option<Arc<dyn Observer>>,
     ) -> Self {
         let timeout = config.store_timeout;
+        let tenures = config.seed.map_or_else(Tenures::new, |seed| {
+            Tenures::seeded(seed, &config.worker_id)
+        });
         Shared {
             config,
             store: Arc::new(TimeoutStore::new(store, timeout)),
             filter,
-            tenures: Tenures::new(),
+            tenures,
             held: Mutex::default(),
             ended_running: Mutex::default(),
             events,
@@ -253,7 +258,7 @@ impl Shared {
         self.tenures.fresh()
     }
 
-    fn held_map(&self) -> MutexGuard<'_, HashMap<String, Arc<Held>>> {
+    fn held_map(&self) -> MutexGuard<'_, BTreeMap<String, Arc<Held>>> {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -266,9 +271,7 @@ impl Shared {
     }
 
     pub(crate) fn held_keys(&self) -> Vec<String> {
-        let mut keys: Vec<String> = self.held_map().keys().cloned().collect();
-        keys.sort();
-        keys
+        self.held_map().keys().cloned().collect()
     }
 
     pub(crate) fn held_snapshot(&self) -> Vec<(String, Arc<Held>)> {
@@ -632,6 +635,7 @@ where
                 };
                 tokio::pin!(call);
                 tokio::select! {
+                    biased;
                     () = &mut call => return,
                     () = tokio::time::sleep(SLOW_CALL) => drop(permit),
                 }

@@ -84,7 +84,9 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
         if let Some(at) = next_wake {
             wake = wake.min(at);
         }
+        // In a fixed order (a seeded simulation replays exactly).
         tokio::select! {
+            biased;
             _ = stop.cancelled() => break,
             _ = tokio::time::sleep_until(wake) => {}
             _ = shared.tick_now.notified() => {}

@@ -47,6 +47,9 @@ struct Table {
     /// When each record was last written, on the (possibly paused) tokio
     /// clock every handle shares: what [`Beat::age`] is read from.
     beats_written: HashMap<String, Instant>,
+    /// Liveness records created so far (what a new one's counter is drawn
+    /// from).
+    beats_created: u64,
     /// Java KCL workers' `WorkerMetricStats` entries, as a test sets them.
     java_workers: Vec<JavaWorker>,
 }

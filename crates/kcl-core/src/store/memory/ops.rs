@@ -291,8 +291,13 @@ impl LeaseStore for InMemoryLeaseStore {
                     instance: update.instance.to_owned(),
                     worker: update.worker.to_owned(),
                     // A record created anew starts at a random counter, as
-                    // in DynamoDB: see `kcl_dynamodb::liveness`.
-                    counter: u64::from(rand::random::<u32>()),
+                    // in DynamoDB: see `kcl_dynamodb::liveness`. Drawn from
+                    // the instance and the records created so far, so that
+                    // a seeded simulation replays exactly.
+                    counter: {
+                        t.beats_created += 1;
+                        crate::backoff::mix_seed(t.beats_created, update.instance) >> 32
+                    },
                     ..Beat::default()
                 });
             if beat.worker != update.worker {
