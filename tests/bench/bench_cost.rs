@@ -114,17 +114,7 @@ async fn idle_cost(
     let started = Instant::now();
     loop {
         let leases: Vec<Lease> = base.scan().try_concat().await?;
-        let mut counts = vec![0usize; workers];
-        for l in &leases {
-            if let Some(w) = l
-                .owner
-                .as_deref()
-                .and_then(|o| o.strip_prefix("w-"))
-                .and_then(|n| n.parse::<usize>().ok())
-            {
-                counts[w] += 1;
-            }
-        }
+        let counts = owner_counts(&leases, workers);
         let settled = counts.iter().sum::<usize>() == shards
             && counts.iter().max().unwrap_or(&0) - counts.iter().min().unwrap_or(&0) <= 1
             && leases.iter().all(|l| l.checkpoint_owner.is_none());
@@ -315,8 +305,13 @@ struct SimWorker {
 }
 
 fn counts(table: &InMemoryLeaseStore) -> Vec<usize> {
-    let mut counts = vec![0usize; SIM_WORKERS];
-    for l in table.snapshot() {
+    owner_counts(&table.snapshot(), SIM_WORKERS)
+}
+
+/// Leases held per worker `w-0` .. `w-{workers - 1}`.
+fn owner_counts(leases: &[Lease], workers: usize) -> Vec<usize> {
+    let mut counts = vec![0usize; workers];
+    for l in leases {
         if let Some(w) = l
             .owner
             .as_deref()

@@ -19,9 +19,10 @@ use aws_sdk_kinesis::types::PutRecordsRequestEntry;
 use kcl::{
     Checkpointer, InitialPosition, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
 };
-use kcl_tests::e2e::{BatchLog, Verdict, now_ns, read_logs, verify};
+use kcl_tests::e2e::{BatchLog, Verdict, now_ns, open_log, read_logs, verify};
 use kcl_tests::{
-    TestEnv, TestRecord, create_stream, delete_stream, delete_table, list_all_shards, unique_name,
+    TestEnv, TestRecord, create_stream, delete_stream, delete_table, put_entries, shard_hash_keys,
+    unique_name,
 };
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
@@ -47,14 +48,7 @@ impl RecordProcessor for Logger {
         cp: &mut Checkpointer,
     ) -> Result<(), ProcessorError> {
         let start = now_ns();
-        BatchLog::new(
-            &self.ctx.worker_id,
-            &self.ctx.shard_id,
-            start,
-            cp,
-            &batch.records,
-        )
-        .append_to(&mut self.out)?;
+        BatchLog::new(&self.ctx, start, cp, &batch.records).append_to(&mut self.out)?;
         if self.checkpoint {
             cp.checkpoint().await?;
         }
@@ -162,11 +156,7 @@ pub(crate) fn worker_main() -> anyhow::Result<()> {
             })
             .processor(move |ctx: &ShardContext| Logger {
                 ctx: ctx.clone(),
-                out: std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&path)
-                    .unwrap_or_else(|e| panic!("cannot open {path}: {e}")),
+                out: open_log(&path),
                 checkpoint,
             })
             .build()?;
@@ -217,17 +207,7 @@ impl Fleet {
         let env = TestEnv::connect().await?;
         let stream = unique_name("kcl-bench");
         create_stream(env.kinesis(), &stream, shards).await?;
-        let mut list: Vec<(String, String)> = list_all_shards(env.kinesis(), &stream)
-            .await?
-            .iter()
-            .map(|s| {
-                let hash = s
-                    .hash_key_range()
-                    .map(|r| r.starting_hash_key().to_owned())
-                    .unwrap_or_default();
-                (s.shard_id().to_owned(), hash)
-            })
-            .collect();
+        let mut list = shard_hash_keys(env.kinesis(), &stream).await?;
         list.sort();
         let out = std::env::temp_dir().join(unique_name("kcl-bench"));
         std::fs::create_dir_all(&out)?;
@@ -273,12 +253,13 @@ impl Fleet {
         self.procs.iter().find(|p| p.id == id)?.child.id()
     }
 
+    /// Where the process of worker `id` is in `procs`.
+    fn index(&self, id: &str) -> Option<usize> {
+        self.procs.iter().position(|p| p.id == id)
+    }
+
     async fn kill(&mut self, id: &str) -> anyhow::Result<()> {
-        let i = self
-            .procs
-            .iter()
-            .position(|p| p.id == id)
-            .context("no such worker")?;
+        let i = self.index(id).context("no such worker")?;
         let mut p = self.procs.remove(i);
         p.child.kill().await?;
         Ok(())
@@ -305,6 +286,21 @@ impl Fleet {
             ensure!(status.success(), "{} exited with {status}", p.id);
         }
         Ok(())
+    }
+
+    /// Stops `producer`, waits up to `limit` until every record of `keys`
+    /// keys is in the logs, stops every process and checks the batches:
+    /// the records produced per key, and the verdict.
+    pub(crate) async fn finish(
+        &mut self,
+        producer: Producer,
+        keys: u32,
+        limit: Duration,
+    ) -> anyhow::Result<(u64, Verdict)> {
+        let per_key = producer.stop().await?;
+        let batches = wait_complete(self, keys, per_key, limit).await?;
+        self.stop_all().await?;
+        Ok((per_key, verify(&batches, keys, per_key)))
     }
 
     pub(crate) fn batches(&self) -> anyhow::Result<Vec<BatchLog>> {
@@ -429,14 +425,7 @@ async fn put_round(
                         .context("PutRecordsRequestEntry")
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            let out = env
-                .kinesis()
-                .put_records()
-                .stream_name(stream)
-                .set_records(Some(entries))
-                .send()
-                .await
-                .context("PutRecords")?;
+            let out = put_entries(env.kinesis(), stream, entries).await?;
             pending = pending
                 .iter()
                 .zip(out.records())
@@ -733,11 +722,9 @@ pub(crate) async fn scale_out(exe: &Path) -> anyhow::Result<Section> {
         );
     };
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let per_key = producer.stop().await?;
-    let batches =
-        wait_complete(&fleet, LOAD_SHARDS as u32, per_key, Duration::from_secs(90)).await?;
-    fleet.stop_all().await?;
-    let verdict = verify(&batches, LOAD_SHARDS as u32, per_key);
+    let (per_key, verdict) = fleet
+        .finish(producer, LOAD_SHARDS as u32, Duration::from_secs(90))
+        .await?;
     let stats = fleet.stats();
     let stat = |k: &str| stats.get(k).copied().unwrap_or(0);
     let mut s = Section::new("Scale-out under load: 1 -> 4 worker processes");
@@ -819,11 +806,7 @@ pub(crate) async fn lose_a_worker(exe: &Path, loss: Loss) -> anyhow::Result<Sect
     };
     tokio::time::sleep(Duration::from_secs(2)).await;
     let victim = "w-4";
-    let victim_shards: BTreeSet<String> = leases
-        .iter()
-        .filter(|(_, o)| o.as_deref() == Some(victim))
-        .map(|(k, _)| k.clone())
-        .collect();
+    let victim_shards = held_by(&leases, victim);
     let t0 = now_ns();
     let mut exit_after = None;
     match loss {
@@ -835,11 +818,7 @@ pub(crate) async fn lose_a_worker(exe: &Path, loss: Loss) -> anyhow::Result<Sect
     let mut taken_over = None;
     let resumed: Vec<u128> = loop {
         if loss == Loss::Term && exit_after.is_none() {
-            let i = fleet
-                .procs
-                .iter()
-                .position(|p| p.id == victim)
-                .context("victim")?;
+            let i = fleet.index(victim).context("victim")?;
             if let Some(status) = fleet.procs[i].child.try_wait()? {
                 ensure!(
                     status.success(),
@@ -859,22 +838,7 @@ pub(crate) async fn lose_a_worker(exe: &Path, loss: Loss) -> anyhow::Result<Sect
                 taken_over = Some(now_ns() - t0);
             }
         }
-        let batches = fleet.batches()?;
-        let firsts: Vec<u128> = victim_shards
-            .iter()
-            .filter_map(|shard| {
-                batches
-                    .iter()
-                    .filter(|b| {
-                        b.shard == *shard
-                            && b.worker != victim
-                            && b.start_ns > t0
-                            && !b.records.is_empty()
-                    })
-                    .map(|b| b.start_ns - t0)
-                    .min()
-            })
-            .collect();
+        let firsts = first_deliveries(&fleet.batches()?, &victim_shards, victim, t0);
         if firsts.len() == victim_shards.len() && (loss == Loss::Kill || exit_after.is_some()) {
             break firsts;
         }
@@ -887,11 +851,9 @@ pub(crate) async fn lose_a_worker(exe: &Path, loss: Loss) -> anyhow::Result<Sect
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let per_key = producer.stop().await?;
-    let batches =
-        wait_complete(&fleet, LOAD_SHARDS as u32, per_key, Duration::from_secs(90)).await?;
-    fleet.stop_all().await?;
-    let verdict = verify(&batches, LOAD_SHARDS as u32, per_key);
+    let (per_key, verdict) = fleet
+        .finish(producer, LOAD_SHARDS as u32, Duration::from_secs(90))
+        .await?;
     let slowest = resumed.iter().max().copied().unwrap_or_default();
     let fastest = resumed.iter().min().copied().unwrap_or_default();
     let mut s = match loss {
@@ -1218,22 +1180,7 @@ async fn resumed_after(
     limit: Duration,
 ) -> anyhow::Result<u128> {
     loop {
-        let batches = fleet.batches()?;
-        let firsts: Vec<u128> = shards
-            .iter()
-            .filter_map(|shard| {
-                batches
-                    .iter()
-                    .filter(|b| {
-                        b.shard == *shard
-                            && b.worker != victim
-                            && b.start_ns > t0
-                            && !b.records.is_empty()
-                    })
-                    .map(|b| b.start_ns - t0)
-                    .min()
-            })
-            .collect();
+        let firsts = first_deliveries(&fleet.batches()?, shards, victim, t0);
         if firsts.len() == shards.len() {
             return Ok(firsts.into_iter().max().unwrap_or_default());
         }
@@ -1245,6 +1192,32 @@ async fn resumed_after(
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// For each of `shards`, how long after `t0` a worker other than `victim`
+/// first delivered a non-empty batch from it; shards not yet resumed are
+/// left out.
+fn first_deliveries(
+    batches: &[BatchLog],
+    shards: &BTreeSet<String>,
+    victim: &str,
+    t0: u128,
+) -> Vec<u128> {
+    shards
+        .iter()
+        .filter_map(|shard| {
+            batches
+                .iter()
+                .filter(|b| {
+                    b.shard == *shard
+                        && b.worker != victim
+                        && b.start_ns > t0
+                        && !b.records.is_empty()
+                })
+                .map(|b| b.start_ns - t0)
+                .min()
+        })
+        .collect()
 }
 
 fn held_by(leases: &BTreeMap<String, Option<String>>, id: &str) -> BTreeSet<String> {
@@ -1288,11 +1261,7 @@ pub(crate) async fn graceful_pickup_at_defaults(exe: &Path) -> anyhow::Result<Se
         fleet.sigterm(&victim)?;
         let took = resumed_after(&mut fleet, &victim, &shards, t0, Duration::from_secs(60)).await?;
         times.push(took as f64 / 1e9);
-        let i = fleet
-            .procs
-            .iter()
-            .position(|p| p.id == victim)
-            .context("victim")?;
+        let i = fleet.index(&victim).context("victim")?;
         let mut p = fleet.procs.remove(i);
         let status = tokio::time::timeout(Duration::from_secs(40), p.child.wait()).await??;
         ensure!(
@@ -1301,11 +1270,9 @@ pub(crate) async fn graceful_pickup_at_defaults(exe: &Path) -> anyhow::Result<Se
         );
         exits.push(((now_ns() - t0) as f64) / 1e9);
     }
-    let per_key = producer.stop().await?;
-    let batches =
-        wait_complete(&fleet, PAIR_SHARDS as u32, per_key, Duration::from_secs(90)).await?;
-    fleet.stop_all().await?;
-    let verdict = verify(&batches, PAIR_SHARDS as u32, per_key);
+    let (_, verdict) = fleet
+        .finish(producer, PAIR_SHARDS as u32, Duration::from_secs(90))
+        .await?;
     let med = median(times.clone());
     let mut s =
         Section::new("Graceful pickup at the defaults: SIGTERM one of 2 workers on 8 shards");
@@ -1319,11 +1286,7 @@ pub(crate) async fn graceful_pickup_at_defaults(exe: &Path) -> anyhow::Result<Se
     );
     s.row(
         "survivor delivering from all 4 shards again, per run",
-        times
-            .iter()
-            .map(|t| format!("{t:.2} s"))
-            .collect::<Vec<_>>()
-            .join(", "),
+        per_run(&times),
     );
     s.row("median", format!("{med:.2} s"));
     s.row(
@@ -1382,11 +1345,9 @@ pub(crate) async fn failover_at_defaults(exe: &Path) -> anyhow::Result<Section> 
         let t0 = now_ns();
         fleet.kill("f-2").await?;
         let took = resumed_after(&mut fleet, "f-2", &shards, t0, Duration::from_secs(60)).await?;
-        let per_key = producer.stop().await?;
-        let batches =
-            wait_complete(&fleet, PAIR_SHARDS as u32, per_key, Duration::from_secs(90)).await?;
-        fleet.stop_all().await?;
-        let verdict = verify(&batches, PAIR_SHARDS as u32, per_key);
+        let (_, verdict) = fleet
+            .finish(producer, PAIR_SHARDS as u32, Duration::from_secs(90))
+            .await?;
         let secs_taken = took as f64 / 1e9;
         s.row(
             &format!("{renewal}: survivor delivering from all 4 shards again"),
@@ -1472,14 +1433,7 @@ pub(crate) async fn cold_start_at_defaults(exe: &Path) -> anyhow::Result<Section
               process until every shard delivered its record (the process start, the table \
               creation and the first shard sync included)."
         .into();
-    s.row(
-        "all 8 shards delivering, per run",
-        times
-            .iter()
-            .map(|t| format!("{t:.2} s"))
-            .collect::<Vec<_>>()
-            .join(", "),
-    );
+    s.row("all 8 shards delivering, per run", per_run(&times));
     s.row("median", format!("{med:.2} s"));
     s.figure("cold_start_all_delivering_8_shards_s", med, "s (median)");
     s.headline = format!(
@@ -1491,6 +1445,15 @@ pub(crate) async fn cold_start_at_defaults(exe: &Path) -> anyhow::Result<Section
                 scan, 8 takes, then GetShardIterator and GetRecords per shard."
         .into();
     Ok(s)
+}
+
+/// Seconds per run, as a row's value: "1.23 s, 4.56 s".
+fn per_run(times: &[f64]) -> String {
+    times
+        .iter()
+        .map(|t| format!("{t:.2} s"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The records row of a fleet section, and its failure when a record was

@@ -16,17 +16,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
-use kcl::{
-    Checkpointer, InitialPosition, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
-};
+use kcl::{Checkpointer, ProcessorError, RecordBatch, RecordProcessor, ShardContext};
 use kcl_core::checkpointer::MAX_LANE_RECORDS_IN_FLIGHT;
 use kcl_core::source::memory::InMemoryShardSource;
-use kcl_core::store::memory::InMemoryLeaseStore;
-use kcl_core::worker::{StreamSpec, Worker, WorkerConfig};
-use kcl_core::{LeaseConfig, LeaseLayout};
 use metrics::{Counter, Gauge, GaugeFn, Histogram, Key, KeyName, Metadata, SharedString, Unit};
 
 use crate::Section;
+use crate::bench_parallel::lanes_worker;
 
 const STREAM: &str = "lanes-window";
 const LANES: usize = 4;
@@ -114,21 +110,7 @@ async fn hold_one_lane() -> anyhow::Result<u64> {
             holds: false,
         }
     };
-    let lease = LeaseConfig::builder("bench-lanes-window").build()?;
-    let config = WorkerConfig::builder(lease)
-        .stream(StreamSpec {
-            name: STREAM.into(),
-            layout: LeaseLayout::SingleStream,
-        })
-        .initial_position(InitialPosition::TrimHorizon)
-        .parallelism_per_shard(LANES)
-        .build()?;
-    let worker = Worker::new(
-        config,
-        Arc::new(InMemoryLeaseStore::new()),
-        Arc::new(source),
-        Arc::new(factory),
-    );
+    let worker = lanes_worker("bench-lanes-window", STREAM, LANES, source, factory)?;
     let handle = worker.handle();
     let task = tokio::spawn(worker.run());
     // Paused clock: a minute without a delivery is a stall, not a slow run.

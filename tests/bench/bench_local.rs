@@ -22,7 +22,7 @@ use kcl_core::worker::{StreamSpec, WorkerConfig};
 use kcl_core::{Checkpoint, Lease, LeaseConfig, LeaseHandle, LeaseLayout};
 use kcl_kinesis::kpl::{self, Deaggregator, RawRecord, ShardHashRange, UserRecord};
 use kcl_tests::{
-    TestEnv, create_stream, delete_stream, delete_table, list_all_shards, unique_name,
+    TestEnv, create_stream, delete_stream, delete_table, list_all_shards, put_entries, unique_name,
 };
 use tokio::sync::Notify;
 
@@ -399,14 +399,7 @@ async fn prefill(env: &TestEnv, stream: &str, per_shard: usize) -> anyhow::Resul
                     .context("PutRecordsRequestEntry")
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let out = env
-            .kinesis()
-            .put_records()
-            .stream_name(stream)
-            .set_records(Some(entries))
-            .send()
-            .await
-            .context("PutRecords")?;
+        let out = put_entries(env.kinesis(), stream, entries).await?;
         ensure!(
             out.failed_record_count().unwrap_or(0) == 0,
             "the emulator rejected records while pre-filling"

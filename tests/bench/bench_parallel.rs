@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
 use kcl::{
-    Checkpointer, InitialPosition, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
+    Checkpointer, InitialPosition, ProcessorError, ProcessorFactory, RecordBatch, RecordProcessor,
+    ShardContext,
 };
 use kcl_core::source::memory::InMemoryShardSource;
 use kcl_core::store::memory::InMemoryLeaseStore;
@@ -56,6 +57,33 @@ impl RecordProcessor for Sleeper {
 
 /// Records a second through one shard in `lanes` lanes over `keys` keys,
 /// and whether every key's records kept their order.
+/// A worker of application `app` in `lanes` lanes per shard over
+/// `source`'s `stream` (read from the trim horizon) and a fresh in-memory
+/// lease table.
+pub(crate) fn lanes_worker(
+    app: &str,
+    stream: &str,
+    lanes: usize,
+    source: InMemoryShardSource,
+    factory: impl ProcessorFactory,
+) -> anyhow::Result<Worker> {
+    let lease = LeaseConfig::builder(app).build()?;
+    let config = WorkerConfig::builder(lease)
+        .stream(StreamSpec {
+            name: stream.into(),
+            layout: LeaseLayout::SingleStream,
+        })
+        .initial_position(InitialPosition::TrimHorizon)
+        .parallelism_per_shard(lanes)
+        .build()?;
+    Ok(Worker::new(
+        config,
+        Arc::new(InMemoryLeaseStore::new()),
+        Arc::new(source),
+        Arc::new(factory),
+    ))
+}
+
 async fn run(lanes: usize, keys: usize) -> anyhow::Result<(f64, bool)> {
     let total = (lanes.min(keys) as u64 * 100 * SECONDS).max(200);
     let source = InMemoryShardSource::new().with_max_records(500);
@@ -76,21 +104,7 @@ async fn run(lanes: usize, keys: usize) -> anyhow::Result<(f64, bool)> {
             order: Arc::clone(&order),
         }
     };
-    let lease = LeaseConfig::builder("bench-parallel").build()?;
-    let config = WorkerConfig::builder(lease)
-        .stream(StreamSpec {
-            name: STREAM.into(),
-            layout: LeaseLayout::SingleStream,
-        })
-        .initial_position(InitialPosition::TrimHorizon)
-        .parallelism_per_shard(lanes)
-        .build()?;
-    let worker = Worker::new(
-        config,
-        Arc::new(InMemoryLeaseStore::new()),
-        Arc::new(source),
-        Arc::new(factory),
-    );
+    let worker = lanes_worker("bench-parallel", STREAM, lanes, source, factory)?;
     let handle = worker.handle();
     let task = tokio::spawn(worker.run());
     // Timed from the first record done, so the lease take is not counted.

@@ -26,7 +26,7 @@ use kcl_core::store::metered::{StoreSnapshot, StoreStats};
 use kcl_core::store::{LeaseStore, StoreOp};
 use kcl_dynamodb::DynamoDbLeaseStore;
 use kcl_tests::{
-    TestEnv, create_stream, delete_stream, delete_table, list_all_shards, unique_name,
+    TestEnv, create_stream, delete_stream, delete_table, list_all_shards, put_entries, unique_name,
 };
 use tokio::time::Instant;
 
@@ -102,13 +102,7 @@ async fn produce(
                     .context("PutRecordsRequestEntry")
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let out = kinesis
-            .put_records()
-            .stream_name(&stream)
-            .set_records(Some(entries))
-            .send()
-            .await
-            .context("PutRecords")?;
+        let out = put_entries(&kinesis, &stream, entries).await?;
         put += hashes.len() as u64 - u64::try_from(out.failed_record_count().unwrap_or(0))?;
         // Paced from the start, so a slow put does not lower the rate.
         tokio::time::sleep_until(started + every * (round + 1)).await;

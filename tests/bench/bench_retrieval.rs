@@ -9,12 +9,11 @@ use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
 use aws_sdk_kinesis::primitives::Blob;
-use kcl::{InitialPosition, ShardContext, Worker};
 use kcl_core::source::{OpenShard, ShardReader, ShardSource, StartPosition};
 use kcl_core::{Checkpoint, Lease, LeaseHandle};
 use kcl_kinesis::fake::FakeKinesis;
 use kcl_kinesis::{KinesisShardSource, PollingConfig};
-use kcl_tests::latency::{LatencyProcessor, Seen, now_ns, percentile};
+use kcl_tests::latency::{Seen, latency_worker, now_ns, percentile, wait_latencies};
 use kcl_tests::{TestEnv, create_stream, delete_stream, unique_name};
 use tokio::process::Command;
 use tokio::time::Instant;
@@ -39,17 +38,7 @@ pub(crate) async fn polling_pacing() -> anyhow::Result<Section> {
     let stream = unique_name("kcl-pacing");
     create_stream(&kinesis, &stream, 1).await?;
     let seen = Arc::new(Mutex::new(Seen::default()));
-    let for_factory = Arc::clone(&seen);
-    let worker = Worker::builder(unique_name("kcl-pacing-app"))
-        .stream(&stream)
-        .sdk_config(env.sdk_config())
-        .initial_position(InitialPosition::TrimHorizon)
-        .lease_duration(Duration::from_secs(6))
-        .taker_interval(Duration::from_secs(1))
-        .processor(move |_: &ShardContext| LatencyProcessor {
-            seen: Arc::clone(&for_factory),
-        })
-        .build()?;
+    let worker = latency_worker("kcl-pacing-app", &stream, env.sdk_config(), &seen).build()?;
     let stats = worker.source_stats();
     let handle = worker.handle();
     let running = tokio::spawn(worker.run());
@@ -89,20 +78,9 @@ pub(crate) async fn polling_pacing() -> anyhow::Result<Section> {
     }
     let trickle_secs = started.elapsed().as_secs_f64();
     let trickle_calls = stats.snapshot().get_records_calls - before.get_records_calls;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let n = seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .latencies
-            .len();
-        if n as u64 >= records {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!("{n} of {records} records processed 30 s after the last put");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    if let Err(n) = wait_latencies(&seen, usize::try_from(records)?, Duration::from_secs(30)).await
+    {
+        bail!("{n} of {records} records processed 30 s after the last put");
     }
     // Idle: nothing more is put.
     tokio::time::sleep(Duration::from_secs(2)).await;

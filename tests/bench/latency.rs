@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use aws_sdk_kinesis::primitives::Blob;
-use kcl::{FanOutConfig, InitialPosition, PollingConfig, Retrieval, ShardContext, Worker};
-use kcl_tests::latency::{LatencyProcessor, Seen, now_ns, percentile};
+use kcl::{FanOutConfig, PollingConfig, Retrieval};
+use kcl_tests::latency::{Seen, latency_worker, now_ns, percentile, wait_latencies};
 use kcl_tests::{TestEnv, create_stream, delete_stream, unique_name};
 use tokio::time::Instant;
 
@@ -64,17 +64,8 @@ async fn measure(
     let stream = unique_name("kcl-latency");
     create_stream(kinesis, &stream, SHARDS).await?;
     let seen = Arc::new(Mutex::new(Seen::default()));
-    let for_factory = Arc::clone(&seen);
-    let worker = Worker::builder(unique_name("kcl-latency-app"))
-        .stream(&stream)
-        .sdk_config(env.sdk_config())
-        .initial_position(InitialPosition::TrimHorizon)
-        .lease_duration(Duration::from_secs(6))
-        .taker_interval(Duration::from_secs(1))
+    let worker = latency_worker("kcl-latency-app", &stream, env.sdk_config(), &seen)
         .retrieval(retrieval)
-        .processor(move |_: &ShardContext| LatencyProcessor {
-            seen: Arc::clone(&for_factory),
-        })
         .build()?;
     let handle = worker.handle();
     let running = tokio::spawn(worker.run());
@@ -103,20 +94,8 @@ async fn measure(
         put(kinesis, &stream, key, format!("lat:{}", now_ns())).await?;
         tokio::time::sleep(interval).await;
     }
-    let done_deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let n = seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .latencies
-            .len();
-        if n >= records {
-            break;
-        }
-        if Instant::now() > done_deadline {
-            bail!("{mode}: {n} of {records} records processed after 60 s");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    if let Err(n) = wait_latencies(&seen, records, Duration::from_secs(60)).await {
+        bail!("{mode}: {n} of {records} records processed after 60 s");
     }
     handle.shutdown();
     running.await??;

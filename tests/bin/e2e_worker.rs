@@ -54,7 +54,7 @@ use kcl::{
     InitialPosition, KinesisDestination, PoisonPolicy, ProcessorError, RecordBatch,
     RecordProcessor, ShardContext, Worker, WorkerBuilder,
 };
-use kcl_tests::e2e::{BatchLog, now_ns};
+use kcl_tests::e2e::{BatchLog, now_ns, open_log};
 
 struct Logger {
     ctx: ShardContext,
@@ -138,14 +138,7 @@ impl RecordProcessor for Logger {
         }
         // A little work, so that two workers on one shard would overlap.
         tokio::time::sleep(Duration::from_millis(20)).await;
-        BatchLog::new(
-            &self.ctx.worker_id,
-            &self.ctx.shard_id,
-            start,
-            cp,
-            &batch.records,
-        )
-        .append_to(&mut self.out)?;
+        BatchLog::new(&self.ctx, start, cp, &batch.records).append_to(&mut self.out)?;
         if self.every_batch {
             cp.checkpoint().await?;
         }
@@ -350,11 +343,7 @@ async fn main() -> anyhow::Result<()> {
     let worker = builder
         .processor(move |ctx: &ShardContext| Logger {
             ctx: ctx.clone(),
-            out: std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&out_path)
-                .unwrap_or_else(|e| panic!("cannot open {out_path}: {e}")),
+            out: open_log(&out_path),
             every_batch,
             checkpoint_at_shutdown,
             hang_at,

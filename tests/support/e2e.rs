@@ -44,18 +44,17 @@ pub fn now_ns() -> u128 {
 }
 
 impl BatchLog {
-    /// A log entry for `records` processed under `cp`'s tenure (payloads
-    /// that do not parse are dropped).
+    /// A log entry for `records` of `ctx`'s shard processed under `cp`'s
+    /// tenure (payloads that do not parse are dropped).
     pub fn new(
-        worker: &str,
-        shard: &str,
+        ctx: &kcl::ShardContext,
         start_ns: u128,
         cp: &kcl::Checkpointer,
         records: &[kcl::Record],
     ) -> Self {
         BatchLog {
-            worker: worker.to_owned(),
-            shard: shard.to_owned(),
+            worker: ctx.worker_id.clone(),
+            shard: ctx.shard_id.clone(),
             start_ns,
             end_ns: now_ns(),
             tenure: cp.lease_tenure().to_owned(),
@@ -189,6 +188,58 @@ pub fn verify_skipping(
         }
     }
     verdict
+}
+
+/// Opens the batch log at `path` for appending (created if missing): a
+/// worker process's processors all append to it. Panics when it cannot,
+/// as a processor factory has no error to return.
+pub fn open_log(path: &str) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("cannot open {path}: {e}"))
+}
+
+/// A worker running in this process: its handle and its task.
+pub type Running = (
+    kcl::WorkerHandle,
+    tokio::task::JoinHandle<Result<(), kcl::Error>>,
+);
+
+/// Shuts every worker of `running` down, then waits for each to end
+/// without an error.
+pub async fn shutdown_all(running: Vec<Running>) {
+    for (h, _) in &running {
+        h.shutdown();
+    }
+    for (_, t) in running {
+        match t.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => panic!("a worker ended with an error: {e:?}"),
+            Err(e) => panic!("a worker's task failed: {e}"),
+        }
+    }
+}
+
+/// Starts `worker` on a task of its own.
+pub fn start(worker: kcl::Worker) -> Running {
+    (worker.handle(), tokio::spawn(worker.run()))
+}
+
+/// The end of most in-process scenarios: waits until `log` holds every
+/// record `s` produced (at most `limit`), shuts `running` down and checks
+/// the batches; the batches and the verdict.
+pub async fn complete_then_shut_down(
+    s: &Scenario,
+    log: &RecordedBatches,
+    running: Vec<Running>,
+    limit: Duration,
+) -> (Vec<BatchLog>, Verdict) {
+    let batches = wait_complete(|| log.all(), s.produced, limit).await;
+    shutdown_all(running).await;
+    let verdict = verify(&batches, KEYS, s.produced);
+    (batches, verdict)
 }
 
 /// Reads every batch log line from the files in `dir`.
@@ -408,6 +459,43 @@ impl Scenario {
             }
             Err(e) => panic!("scanning the lease table: {e:?}"),
         }
+    }
+
+    /// A worker `id` of the application on the stream, from the trim
+    /// horizon, with the tests' short lease and a 2 s taker tick; the
+    /// rest (retrieval, processor) is the caller's.
+    pub fn worker(&self, id: &str) -> kcl::WorkerBuilder {
+        kcl::Worker::builder(&self.app)
+            .stream(&self.stream)
+            .sdk_config(self.env.sdk_config())
+            .worker_id(id)
+            .initial_position(kcl::InitialPosition::TrimHorizon)
+            .lease_duration(LEASE)
+            .taker_interval(Duration::from_secs(2))
+    }
+
+    /// `rounds` times: puts the next `per_key` records of every key, then
+    /// sleeps `every`.
+    pub async fn produce_paced(&mut self, rounds: u32, per_key: u64, every: Duration) {
+        for _ in 0..rounds {
+            self.produce(per_key).await;
+            tokio::time::sleep(every).await;
+        }
+    }
+
+    /// Splits the stream's first listed shard in half: its id and its
+    /// children's.
+    pub async fn split_first_shard(&self) -> (String, Vec<String>) {
+        let kinesis = self.env.kinesis();
+        let split = async {
+            let shards = crate::list_all_shards(kinesis, &self.stream).await?;
+            let parent = shards.first().context("no shard")?.shard_id().to_owned();
+            let children = crate::split_shard_in_half(kinesis, &self.stream, &parent).await?;
+            anyhow::Ok((parent, children))
+        };
+        split
+            .await
+            .unwrap_or_else(|e| panic!("splitting a shard of {}: {e:#}", self.stream))
     }
 
     /// Owners of the unfinished leases (none while the workers have not
@@ -632,13 +720,7 @@ impl kcl::RecordProcessor for Recorder {
     ) -> Result<(), kcl::ProcessorError> {
         let start = now_ns();
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let entry = BatchLog::new(
-            &self.ctx.worker_id,
-            &self.ctx.shard_id,
-            start,
-            cp,
-            &batch.records,
-        );
+        let entry = BatchLog::new(&self.ctx, start, cp, &batch.records);
         self.log.lock().push((self.ctx.stream.clone(), entry));
         cp.checkpoint().await?;
         Ok(())

@@ -499,6 +499,27 @@ fn hop_by_hop(name: &header::HeaderName) -> bool {
         || name.as_str() == "proxy-connection"
 }
 
+/// Sends `request` to `addr` on a fresh HTTP/1 connection, as it is, and
+/// reads the whole response.
+pub async fn exchange(
+    addr: impl tokio::net::ToSocketAddrs,
+    request: Request<Full<Bytes>>,
+) -> anyhow::Result<(hyper::http::response::Parts, Bytes)> {
+    let io = TcpStream::connect(addr).await?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
+    let exchange = async move {
+        let response = sender.send_request(request).await?;
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await?.to_bytes();
+        // Dropping the sender lets the connection future finish.
+        drop(sender);
+        anyhow::Ok((parts, body))
+    };
+    // The connection is driven here, next to the exchange, not spawned.
+    let (_, exchanged) = tokio::join!(connection, exchange);
+    exchanged
+}
+
 /// Sends one request upstream on a fresh connection and reads the whole
 /// response.
 async fn forward(
@@ -511,20 +532,7 @@ async fn forward(
         outgoing = outgoing.header(name, value);
     }
     let outgoing = outgoing.body(Full::new(body))?;
-
-    let io = TcpStream::connect(upstream).await?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
-    let exchange = async move {
-        let response = sender.send_request(outgoing).await?;
-        let (parts, body) = response.into_parts();
-        let body = body.collect().await?.to_bytes();
-        // Dropping the sender lets the connection future finish.
-        drop(sender);
-        anyhow::Ok((parts, body))
-    };
-    // The connection is driven here, next to the exchange, not spawned.
-    let (_, exchanged) = tokio::join!(connection, exchange);
-    let (parts, body) = exchanged?;
+    let (parts, body) = exchange(upstream, outgoing).await?;
     let mut response = Response::builder().status(parts.status);
     for (name, value) in parts.headers.iter().filter(|(n, _)| !hop_by_hop(n)) {
         response = response.header(name, value);

@@ -57,6 +57,52 @@ impl RecordProcessor for LatencyProcessor {
     }
 }
 
+/// A worker of a fresh application (named from `app`) on `stream`, from
+/// the trim horizon with a 6 s lease and a 1 s taker tick, whose
+/// processors record into `seen`: the latency benchmarks' worker, but for
+/// its retrieval.
+pub fn latency_worker(
+    app: &str,
+    stream: &str,
+    sdk: &aws_config::SdkConfig,
+    seen: &Arc<Mutex<Seen>>,
+) -> kcl::WorkerBuilder {
+    let seen = Arc::clone(seen);
+    kcl::Worker::builder(crate::unique_name(app))
+        .stream(stream)
+        .sdk_config(sdk)
+        .initial_position(kcl::InitialPosition::TrimHorizon)
+        .lease_duration(Duration::from_secs(6))
+        .taker_interval(Duration::from_secs(1))
+        .processor(move |_: &kcl::ShardContext| LatencyProcessor {
+            seen: Arc::clone(&seen),
+        })
+}
+
+/// Waits until `seen` holds `records` latencies, for up to `limit`;
+/// `Err` with how many it held when `limit` passed first.
+pub async fn wait_latencies(
+    seen: &Mutex<Seen>,
+    records: usize,
+    limit: Duration,
+) -> Result<(), usize> {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let n = seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .latencies
+            .len();
+        if n >= records {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(n);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The `p`th percentile of `sorted` (nearest rank); zero when empty.
 pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {

@@ -263,6 +263,56 @@ pub async fn list_all_shards(
     Ok(list_shards_paged(kinesis, stream, None).await?.shards)
 }
 
+/// The ARN of a stream.
+pub async fn stream_arn(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> anyhow::Result<String> {
+    Ok(kinesis
+        .describe_stream_summary()
+        .stream_name(stream)
+        .send()
+        .await
+        .with_context(|| format!("DescribeStreamSummary {stream}"))?
+        .stream_description_summary()
+        .context("no stream summary")?
+        .stream_arn()
+        .to_owned())
+}
+
+/// One PutRecords call of `entries` on `stream`. The entries it rejects
+/// are in the output, for the caller to retry or count.
+pub async fn put_entries(
+    kinesis: &aws_sdk_kinesis::Client,
+    stream: &str,
+    entries: Vec<PutRecordsRequestEntry>,
+) -> anyhow::Result<aws_sdk_kinesis::operation::put_records::PutRecordsOutput> {
+    let n = entries.len();
+    kinesis
+        .put_records()
+        .stream_name(stream)
+        .set_records(Some(entries))
+        .send()
+        .await
+        .with_context(|| format!("PutRecords {stream} ({n} records)"))
+}
+
+/// `(shard id, starting hash key)` of every shard of a stream, in the
+/// order [`list_all_shards`] returns them.
+pub async fn shard_hash_keys(
+    kinesis: &aws_sdk_kinesis::Client,
+    stream: &str,
+) -> anyhow::Result<Vec<(String, String)>> {
+    Ok(list_all_shards(kinesis, stream)
+        .await?
+        .iter()
+        .map(|s| {
+            let hash = s
+                .hash_key_range()
+                .map(|r| r.starting_hash_key().to_owned())
+                .unwrap_or_default();
+            (s.shard_id().to_owned(), hash)
+        })
+        .collect())
+}
+
 /// The result of [`list_shards_paged`].
 #[derive(Debug, Clone)]
 pub struct ShardListing {
@@ -405,13 +455,7 @@ pub async fn put_records(
                         .context("building PutRecordsRequestEntry")
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            let out = kinesis
-                .put_records()
-                .stream_name(stream)
-                .set_records(Some(entries))
-                .send()
-                .await
-                .with_context(|| format!("PutRecords {stream} ({} records)", pending.len()))?;
+            let out = put_entries(kinesis, stream, entries).await?;
             ensure!(
                 out.records().len() == pending.len(),
                 "PutRecords {stream}: {} results for {} entries",

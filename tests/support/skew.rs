@@ -43,18 +43,7 @@ impl Skew {
         stream: &str,
         hot: [&str; 2],
     ) -> anyhow::Result<Skew> {
-        let shards: Vec<(String, String)> = crate::list_all_shards(kinesis, stream)
-            .await?
-            .iter()
-            .map(|s| {
-                let hash = s
-                    .hash_key_range()
-                    .map(|r| r.starting_hash_key().to_owned())
-                    .unwrap_or_default();
-                (s.shard_id().to_owned(), hash)
-            })
-            .collect();
-        Skew::of_shards(&shards, hot)
+        Skew::of_shards(&crate::shard_hash_keys(kinesis, stream).await?, hot)
     }
 
     /// [`Skew::of_stream`] from the listing: `(shard id, starting hash
@@ -190,13 +179,7 @@ async fn put(
                     .context("building a PutRecords entry")
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let out = kinesis
-            .put_records()
-            .stream_name(stream)
-            .set_records(Some(entries))
-            .send()
-            .await
-            .with_context(|| format!("PutRecords {stream}"))?;
+        let out = crate::put_entries(kinesis, stream, entries).await?;
         // Only rejected entries go again (as `put_records` does): each key
         // has one record a round, so a retry lands before the next round.
         let again: Vec<&TestRecord> = pending

@@ -104,6 +104,19 @@ impl FailedRecord {
         }
         &self.error[..end]
     }
+
+    /// `stream/shard/sequence/sub-sequence`: the record's place in its
+    /// source stream, which names it in destinations (a key, a document id)
+    /// and in their errors.
+    pub fn id(&self) -> String {
+        format!(
+            "{}/{}/{}/{}",
+            self.shard.stream,
+            self.shard.shard_id,
+            self.record.sequence_number,
+            self.record.sub_sequence_number
+        )
+    }
 }
 
 /// The error a [`FailureDestination`] returns for records it can never

@@ -7,11 +7,14 @@
 //! changes.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use common::single_stream_config;
 use kcl_core::checkpointer::Checkpointer;
 use kcl_core::poison::{CannotStore, FailedRecord, FailureDestination, PoisonPolicy};
 use kcl_core::processor::{
@@ -20,8 +23,8 @@ use kcl_core::processor::{
 use kcl_core::source::memory::InMemoryShardSource;
 use kcl_core::store::memory::InMemoryLeaseStore;
 use kcl_core::test_util::fleet;
-use kcl_core::worker::{StreamSpec, Worker, WorkerConfig, WorkerHandle};
-use kcl_core::{Checkpoint, LeaseConfig, LeaseLayout, LeaseStore};
+use kcl_core::worker::{Worker, WorkerHandle};
+use kcl_core::{Checkpoint, LeaseConfig, LeaseStore};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 
@@ -194,6 +197,18 @@ async fn until(what: &str, limit: Duration, done: impl Fn() -> bool) {
     }
 }
 
+/// Waits until the shard's records but the poison one (2) are processed,
+/// and checks that each was processed once, in order.
+async fn until_the_rest_processed(s: &Setup) {
+    until(
+        "the rest of the shard processed",
+        Duration::from_secs(600),
+        || s.processed().len() == 4,
+    )
+    .await;
+    assert_eq!(s.processed(), ["0", "1", "3", "4"]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_send_that_never_answers_is_cut_and_the_shard_given_back_after_the_deadline() {
     let dest = Arc::new(Silent {
@@ -250,13 +265,7 @@ async fn a_hung_send_is_cut_and_retried_without_giving_the_shard_back() {
         .max_attempts(1)
         .send_attempt_timeout(Duration::from_secs(10));
     let s = start(policy);
-    until(
-        "the rest of the shard processed",
-        Duration::from_secs(600),
-        || s.processed().len() == 4,
-    )
-    .await;
-    assert_eq!(s.processed(), ["0", "1", "3", "4"]);
+    until_the_rest_processed(&s).await;
     assert_eq!(
         dest.calls.load(Ordering::SeqCst),
         2,
@@ -309,13 +318,7 @@ async fn a_record_the_destination_can_never_store_keeps_the_shard_and_is_retried
     );
     // The destination is changed to take it: the shard goes on.
     dest.refuse.store(false, Ordering::SeqCst);
-    until(
-        "the rest of the shard processed",
-        Duration::from_secs(600),
-        || s.processed().len() == 4,
-    )
-    .await;
-    assert_eq!(s.processed(), ["0", "1", "3", "4"]);
+    until_the_rest_processed(&s).await;
     let got = dest.got.lock().unwrap().clone();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].record.data.as_ref(), POISON);
@@ -330,11 +333,6 @@ async fn a_record_the_destination_can_never_store_keeps_the_shard_and_is_retried
 
 #[test]
 fn a_poison_policy_without_time_for_its_sends_is_refused() {
-    let lease = LeaseConfig::builder("w").build().unwrap();
-    let spec = StreamSpec {
-        name: STREAM.into(),
-        layout: LeaseLayout::SingleStream,
-    };
     let cases = [
         (
             PoisonPolicy::drop_failed().send_attempt_timeout(Duration::ZERO),
@@ -346,8 +344,7 @@ fn a_poison_policy_without_time_for_its_sends_is_refused() {
         ),
     ];
     for (policy, named) in cases {
-        let e = WorkerConfig::builder(lease.clone())
-            .stream(spec.clone())
+        let e = single_stream_config(STREAM)
             .failure_policy(FailurePolicy::Isolate(policy))
             .build()
             .unwrap_err();

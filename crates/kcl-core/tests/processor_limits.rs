@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use common::{Lines, capture_warnings};
+use common::{Lines, capture_warnings, single_stream_config};
 use kcl_core::checkpointer::Checkpointer;
 use kcl_core::observe::{Event, Observer};
 use kcl_core::processor::{
@@ -27,8 +27,8 @@ use kcl_core::source::memory::InMemoryShardSource;
 use kcl_core::store::memory::InMemoryLeaseStore;
 use kcl_core::test_util::fleet;
 use kcl_core::test_util::metrics::Recorded;
-use kcl_core::worker::{StreamSpec, Worker, WorkerConfig, WorkerConfigBuilder, WorkerHandle};
-use kcl_core::{Checkpoint, EndReason, LeaseConfig, LeaseLayout, LeaseStore};
+use kcl_core::worker::{Worker, WorkerConfigBuilder, WorkerHandle};
+use kcl_core::{Checkpoint, EndReason, LeaseConfig, LeaseStore};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 
@@ -281,6 +281,19 @@ impl Setup {
     }
 }
 
+/// Asserts that `events` begin with the hung call dropped while the lease
+/// was held, then `lanes` lanes' lease_lost, then the lease released.
+fn assert_dropped_then_released(events: &[String], lanes: usize) {
+    let mut expected = vec!["call dropped, owner Some(\"w-a\")"];
+    expected.extend(std::iter::repeat_n("lease_lost", lanes));
+    expected.push("lease released");
+    assert_eq!(
+        events[..expected.len()],
+        expected,
+        "the call is cancelled while the lease is held, and the lease released after"
+    );
+}
+
 /// Waits (in paused time) until `done` holds, or fails naming `what`.
 async fn until(what: &str, done: impl Fn() -> bool) {
     let started = Instant::now();
@@ -328,15 +341,7 @@ async fn a_hung_call_is_warned_about_once_then_cancelled_before_its_shard_is_giv
         ["0", "1", "2", "3", "4"],
         "nothing lost or repeated"
     );
-    assert_eq!(
-        s.events()[..3],
-        [
-            "call dropped, owner Some(\"w-a\")",
-            "lease_lost",
-            "lease released"
-        ],
-        "the call is cancelled while the lease is held, and the lease released after"
-    );
+    assert_dropped_then_released(&s.events(), 1);
     assert_eq!(s.log.initialized.load(Ordering::SeqCst), 2, "a new tenure");
     until_checkpoint(&s, Checkpoint::at(s.seqs[4].clone(), 0)).await;
     assert_eq!(
@@ -392,16 +397,7 @@ async fn a_hung_lane_call_is_cancelled_and_every_lane_gives_the_shard_back() {
     .await;
     until_checkpoint(&s, Checkpoint::at(s.seqs[4].clone(), 0)).await;
     let events = s.events();
-    assert_eq!(
-        events[..4],
-        [
-            "call dropped, owner Some(\"w-a\")",
-            "lease_lost",
-            "lease_lost",
-            "lease released"
-        ],
-        "the call is cancelled while the lease is held, and the lease released after"
-    );
+    assert_dropped_then_released(&events, 2);
     let processed = s.processed();
     let mut first = processed[..2].to_vec();
     first.sort();
@@ -425,12 +421,7 @@ async fn a_hung_lane_call_is_cancelled_and_every_lane_gives_the_shard_back() {
 
 #[test]
 fn call_limits_that_cannot_work_are_refused_naming_the_field() {
-    let lease = LeaseConfig::builder("w").build().unwrap();
-    let spec = StreamSpec {
-        name: STREAM.into(),
-        layout: LeaseLayout::SingleStream,
-    };
-    let builder = || WorkerConfig::builder(lease.clone()).stream(spec.clone());
+    let builder = || single_stream_config(STREAM);
     let cases = [
         (
             builder().processor_warn_after(Duration::ZERO),
@@ -467,15 +458,7 @@ async fn a_hung_initialize_is_cancelled_and_the_shard_read_in_the_next_tenure() 
     });
     s.log.initialize_hangs.store(1, Ordering::SeqCst);
     until("the shard processed", || s.processed().len() == 2).await;
-    assert_eq!(
-        s.events()[..3],
-        [
-            "call dropped, owner Some(\"w-a\")",
-            "lease_lost",
-            "lease released"
-        ],
-        "the call is cancelled while the lease is held, and the lease released after"
-    );
+    assert_dropped_then_released(&s.events(), 1);
     assert_eq!(s.processed(), ["0", "1"]);
     assert_eq!(s.log.initialized.load(Ordering::SeqCst), 2, "a new tenure");
     assert_eq!(counters.get(SLOW, "initialize"), 1);
@@ -507,13 +490,5 @@ async fn a_lane_call_cut_during_a_shutdown_drain_ends_every_lane_with_lease_lost
         "no lane checkpoints beside a call that was cut off"
     );
     assert_eq!(events.lease_lost.load(Ordering::SeqCst), 2);
-    assert_eq!(
-        events.events.lock().unwrap()[..4],
-        [
-            "call dropped, owner Some(\"w-a\")",
-            "lease_lost",
-            "lease_lost",
-            "lease released"
-        ]
-    );
+    assert_dropped_then_released(&events.events.lock().unwrap(), 2);
 }

@@ -162,7 +162,7 @@ pub(crate) type Item = Vec<(&'static str, AttributeValue)>;
 pub(crate) fn item(failed: &FailedRecord, truncate: bool) -> Result<Item, CannotStore> {
     let r = &failed.record;
     let mut item = vec![
-        (FAILURE_KEY, s(&record_id(failed))),
+        (FAILURE_KEY, s(&failed.id())),
         ("stream", s(&failed.shard.stream)),
         ("shard_id", s(&failed.shard.shard_id)),
         ("sequence_number", s(&r.sequence_number)),
@@ -192,7 +192,7 @@ pub(crate) fn item(failed: &FailedRecord, truncate: bool) -> Result<Item, Cannot
              (DynamoDB items are at most 400 KB); it is not stored, and the shard does not \
              move past it. Use a destination that holds it (KinesisDestination stores up to \
              1 MiB) or DynamoDbDestination::truncate_oversized_data(true) to keep its first {room} bytes",
-            record_id(failed),
+            failed.id(),
             r.data.len()
         )));
     };
@@ -201,16 +201,6 @@ pub(crate) fn item(failed: &FailedRecord, truncate: bool) -> Result<Item, Cannot
         AttributeValue::B(Blob::new(r.data[..kept].to_vec())),
     ));
     Ok(item)
-}
-
-fn record_id(failed: &FailedRecord) -> String {
-    format!(
-        "{}/{}/{}/{}",
-        failed.shard.stream,
-        failed.shard.shard_id,
-        failed.record.sequence_number,
-        failed.record.sub_sequence_number
-    )
 }
 
 /// The size DynamoDB counts for `item`, or more: names and strings by their
@@ -285,32 +275,12 @@ mod tests {
 
     use super::*;
     use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
-    use kcl_core::Record;
-    use kcl_core::poison::FailureReason;
-    use kcl_core::processor::ShardContext;
+    use kcl_core::test_util::failed_record;
 
     fn failed(bytes: usize, error: &str) -> FailedRecord {
-        FailedRecord::new(
-            ShardContext {
-                stream: "orders".into(),
-                shard_id: "shardId-000000000001".into(),
-                lease_key: "shardId-000000000001".into(),
-                worker_id: "w-1".into(),
-                lane: None,
-            },
-            Record {
-                data: vec![7u8; bytes].into(),
-                partition_key: "k".repeat(256),
-                explicit_hash_key: None,
-                sequence_number: "49590".into(),
-                sub_sequence_number: 2,
-                approximate_arrival: Some(SystemTime::now()),
-                aggregated: false,
-            },
-            error.into(),
-            3,
-            FailureReason::MaxAttempts,
-        )
+        let mut f = failed_record(vec![7u8; bytes].into(), "49590", error);
+        f.record.approximate_arrival = Some(SystemTime::now());
+        f
     }
 
     fn get<'a>(item: &'a Item, name: &str) -> Option<&'a AttributeValue> {

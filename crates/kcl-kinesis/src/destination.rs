@@ -174,9 +174,7 @@ mod tests {
     use super::*;
     use aws_smithy_types::base64;
     use bytes::Bytes;
-    use kcl_core::Record;
-    use kcl_core::poison::FailureReason;
-    use kcl_core::processor::ShardContext;
+    use kcl_core::test_util::failed_record;
     use std::time::UNIX_EPOCH;
 
     fn failed(data: Bytes) -> FailedRecord {
@@ -184,27 +182,8 @@ mod tests {
     }
 
     fn failed_at(data: Bytes, seq: &str, error: &str) -> FailedRecord {
-        let mut f = FailedRecord::new(
-            ShardContext {
-                stream: "orders".into(),
-                shard_id: "shardId-000000000001".into(),
-                lease_key: "shardId-000000000001".into(),
-                worker_id: "w-1".into(),
-                lane: None,
-            },
-            Record {
-                data,
-                partition_key: "k".repeat(256),
-                explicit_hash_key: None,
-                sequence_number: seq.into(),
-                sub_sequence_number: 2,
-                approximate_arrival: None,
-                aggregated: true,
-            },
-            error.into(),
-            3,
-            FailureReason::MaxAttempts,
-        );
+        let mut f = failed_record(data, seq, error);
+        f.record.aggregated = true;
         f.failed_at = UNIX_EPOCH + std::time::Duration::from_millis(5);
         f
     }

@@ -86,6 +86,24 @@ impl Fleet {
         self.fake.put(STREAM, shard, "pk", payload.to_owned());
     }
 
+    /// Puts one record on each of `ids`, `{tag}-{i}` on the i-th.
+    fn put_each(&self, ids: &[String], tag: &str) {
+        for (i, id) in ids.iter().enumerate() {
+            self.put(id, &format!("{tag}-{i}"));
+        }
+    }
+
+    /// Waits until the four shards were read and `w-a` and `w-b` hold two
+    /// leases each.
+    async fn wait_balanced(&self) {
+        self.wait_until(
+            "all shards read and the leases balanced",
+            Duration::from_secs(300),
+            |f| f.seen().len() == 4 && held_by(f, "w-a") == 2 && held_by(f, "w-b") == 2,
+        )
+        .await;
+    }
+
     fn seen(&self) -> Vec<(String, String)> {
         self.seen.lock().unwrap().clone()
     }
@@ -98,6 +116,11 @@ impl Fleet {
             || format!("not within {limit:?}: {what}"),
         )
         .await;
+    }
+
+    /// Waits until `n` records were seen.
+    async fn wait_seen(&self, what: &str, limit: Duration, n: usize) {
+        self.wait_until(what, limit, |f| f.seen().len() == n).await;
     }
 
     fn stats(&self) -> SourceSnapshot {
@@ -116,23 +139,8 @@ async fn a_kms_outage_keeps_every_lease_where_it_is() {
     let (mut fleet, ids) = Fleet::new(4);
     fleet.start("w-a");
     fleet.start("w-b");
-    for (i, id) in ids.iter().enumerate() {
-        fleet.put(id, &format!("before-{i}"));
-    }
-    fleet
-        .wait_until(
-            "all shards read and the leases balanced",
-            Duration::from_secs(300),
-            |f| {
-                let owners = f.owners();
-                let a = owners
-                    .values()
-                    .filter(|o| o.as_deref() == Some("w-a"))
-                    .count();
-                f.seen().len() == 4 && a == 2 && owners.values().all(Option::is_some)
-            },
-        )
-        .await;
+    fleet.put_each(&ids, "before");
+    fleet.wait_balanced().await;
     let before = fleet.store.owner_changes().len();
     let owners = fleet.owners();
 
@@ -142,13 +150,9 @@ async fn a_kms_outage_keeps_every_lease_where_it_is() {
     sleep(Duration::from_secs(300)).await;
     let during = fleet.stats().access_denied;
     fleet.faults.clear(Call::GetRecords);
-    for (i, id) in ids.iter().enumerate() {
-        fleet.put(id, &format!("after-{i}"));
-    }
+    fleet.put_each(&ids, "after");
     fleet
-        .wait_until("reading resumed", Duration::from_secs(60), |f| {
-            f.seen().len() == 8
-        })
+        .wait_seen("reading resumed", Duration::from_secs(60), 8)
         .await;
 
     assert_eq!(
@@ -180,16 +184,8 @@ async fn a_worker_cut_off_from_kinesis_gives_its_shards_to_a_worker_that_reads_t
     let cut = FaultInjector::new();
     fleet.start_with("w-a", cut.clone());
     fleet.start("w-b");
-    for (i, id) in ids.iter().enumerate() {
-        fleet.put(id, &format!("before-{i}"));
-    }
-    fleet
-        .wait_until(
-            "all shards read and the leases balanced",
-            Duration::from_secs(300),
-            |f| f.seen().len() == 4 && held_by(f, "w-a") == 2 && held_by(f, "w-b") == 2,
-        )
-        .await;
+    fleet.put_each(&ids, "before");
+    fleet.wait_balanced().await;
     let cut_off: Vec<String> = fleet
         .owners()
         .into_iter()
@@ -203,14 +199,12 @@ async fn a_worker_cut_off_from_kinesis_gives_its_shards_to_a_worker_that_reads_t
     let cut_at = Instant::now();
     cut.fail_all(Call::GetRecords, Fault::Hang);
     cut.fail_all(Call::GetShardIterator, Fault::Hang);
-    for (i, id) in ids.iter().enumerate() {
-        fleet.put(id, &format!("after-{i}"));
-    }
+    fleet.put_each(&ids, "after");
     fleet
-        .wait_until(
+        .wait_seen(
             "every record read, those of w-a's shards by w-b",
             Duration::from_secs(600),
-            |f| f.seen().len() == 8,
+            8,
         )
         .await;
 
@@ -253,22 +247,16 @@ async fn a_lone_worker_cut_off_from_kinesis_reads_again_as_soon_as_the_route_is_
     let (mut fleet, ids) = Fleet::new(2);
     let cut = FaultInjector::new();
     fleet.start_with("w-a", cut.clone());
-    for (i, id) in ids.iter().enumerate() {
-        fleet.put(id, &format!("before-{i}"));
-    }
+    fleet.put_each(&ids, "before");
     fleet
-        .wait_until("all shards read", Duration::from_secs(300), |f| {
-            f.seen().len() == 2
-        })
+        .wait_seen("all shards read", Duration::from_secs(300), 2)
         .await;
 
     // Cut off past max_read_failure_time (45 s): the shards are given
     // back, but with nobody else to take them w-a must not sit out.
     cut.fail_all(Call::GetRecords, Fault::Hang);
     cut.fail_all(Call::GetShardIterator, Fault::Hang);
-    for (i, id) in ids.iter().enumerate() {
-        fleet.put(id, &format!("after-{i}"));
-    }
+    fleet.put_each(&ids, "after");
     sleep(Duration::from_secs(60)).await;
     let given_back = fleet
         .store
@@ -282,10 +270,10 @@ async fn a_lone_worker_cut_off_from_kinesis_reads_again_as_soon_as_the_route_is_
     // A sit-out would leave them unread for 90 s more; a call in flight
     // when the route came back times out (10 s) and is made again.
     fleet
-        .wait_until(
+        .wait_seen(
             "the shards read again within a read timeout and a tick",
             Duration::from_secs(30),
-            |f| f.seen().len() == 4,
+            4,
         )
         .await;
     assert_eq!(held_by(&fleet, "w-a"), 2);
@@ -312,9 +300,7 @@ async fn the_children_of_an_expired_split_parent_are_processed() {
         .unwrap();
     fleet.start("w-a");
     fleet
-        .wait_until("both children read", Duration::from_secs(300), |f| {
-            f.seen().len() == 2
-        })
+        .wait_seen("both children read", Duration::from_secs(300), 2)
         .await;
     let seen: Vec<String> = fleet.seen().into_iter().map(|(s, _)| s).collect();
     assert!(kids.iter().all(|k| seen.contains(k)), "{seen:?}");
@@ -339,9 +325,7 @@ async fn an_invalid_argument_at_open_gives_the_shard_back_after_five_attempts() 
     }
     fleet.start("w-a");
     fleet
-        .wait_until("the record read", Duration::from_secs(600), |f| {
-            f.seen().len() == 1
-        })
+        .wait_seen("the record read", Duration::from_secs(600), 1)
         .await;
     assert_eq!(fleet.faults.injected(Call::GetShardIterator), 9);
     assert_eq!(
@@ -359,9 +343,7 @@ async fn a_childs_stale_not_found_after_a_split_is_retried_and_the_shard_kept() 
     fleet.put(&parent, "parent");
     fleet.start("w-a");
     fleet
-        .wait_until("the parent read", Duration::from_secs(300), |f| {
-            f.seen().len() == 1
-        })
+        .wait_seen("the parent read", Duration::from_secs(300), 1)
         .await;
     // Right after the split the children answer ResourceNotFound though
     // ListShards lists them: more times than a fatal error is tried, so a
@@ -376,9 +358,7 @@ async fn a_childs_stale_not_found_after_a_split_is_retried_and_the_shard_kept() 
         fleet.put(kid, &format!("child-{kid}"));
     }
     fleet
-        .wait_until("both children read", Duration::from_secs(600), |f| {
-            f.seen().len() == 3
-        })
+        .wait_seen("both children read", Duration::from_secs(600), 3)
         .await;
     assert_eq!(fleet.faults.injected(Call::GetShardIterator), 12);
     assert_eq!(fleet.given_back(), 0, "no shard given back");

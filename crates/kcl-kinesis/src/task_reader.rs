@@ -10,6 +10,25 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+/// Runs a fetching task's `work` until it ends or `stop` is cancelled; the
+/// error it ends with goes to the reader.
+pub(crate) async fn run_task<D>(
+    stop: CancellationToken,
+    tx: mpsc::Sender<Result<D, SourceError>>,
+    work: impl Future<Output = Result<(), SourceError>>,
+) {
+    tokio::select! {
+        biased;
+        () = stop.cancelled() => {}
+        () = async {
+            if let Err(e) = work.await {
+                // If the reader is gone nobody needs the error.
+                let _ = tx.send(Err(e)).await;
+            }
+        } => {}
+    }
+}
+
 /// What a fetching task hands over: a batch plus whatever budget permits
 /// it holds (dropped, so the budget frees, when the batch is handed out).
 pub(crate) trait Delivery: Send + 'static {

@@ -414,6 +414,11 @@ impl RecordProcessor for Quiet {
     }
 }
 
+/// `kcl leases release` of one shard of `app`: what it printed.
+async fn release(app: &str, shard: &str) -> String {
+    ok(&kcl(&["leases", "release", "--app", app, "--shard", shard], &[]).await)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_released_lease_is_taken_again_within_a_tick() {
     let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
@@ -440,18 +445,7 @@ async fn a_released_lease_is_taken_again_within_a_tick() {
     }
     let before = handle.status().leases;
 
-    let out = ok(&kcl(
-        &[
-            "leases",
-            "release",
-            "--app",
-            &app,
-            "--shard",
-            "shardId-000000000000",
-        ],
-        &[],
-    )
-    .await);
+    let out = release(&app, "shardId-000000000000").await;
     assert!(
         out.contains("released shard shardId-000000000000 (owner was w-release"),
         "{out}"
@@ -491,18 +485,7 @@ async fn a_released_lease_is_taken_again_within_a_tick() {
         .unwrap()
         .unwrap()
         .unwrap();
-    let out = ok(&kcl(
-        &[
-            "leases",
-            "release",
-            "--app",
-            &app,
-            "--shard",
-            "shardId-000000000001",
-        ],
-        &[],
-    )
-    .await);
+    let out = release(&app, "shardId-000000000001").await;
     assert!(out.contains("not owned by any worker"), "{out}");
 }
 
@@ -666,14 +649,28 @@ async fn wait_for_lines(copies: &[&Consumer], n: usize) {
     }
 }
 
+/// A fresh `shards`-shard stream, its application's name and a scratch
+/// directory, each named from `name`.
+async fn stream_app_dir(env: &TestEnv, name: &str, shards: i32) -> (String, String, PathBuf) {
+    let stream = unique_name(name);
+    let app = unique_name(&format!("{name}-app"));
+    create_stream(env.kinesis(), &stream, shards).await.unwrap();
+    let dir = std::env::temp_dir().join(unique_name(name));
+    std::fs::create_dir_all(&dir).unwrap();
+    (stream, app, dir)
+}
+
+/// Stops both copies (SIGTERM, 30 s each); the lines they printed.
+async fn terminate_both(a: Consumer, b: Consumer) -> Vec<Value> {
+    let mut lines = a.terminate(Duration::from_secs(30)).await;
+    lines.extend(b.terminate(Duration::from_secs(30)).await);
+    lines
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_consumers_share_a_stream_exactly_once_and_resume() {
     let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
-    let stream = unique_name("kcl-cli-consume");
-    let app = unique_name("kcl-cli-consume-app");
-    create_stream(env.kinesis(), &stream, 4).await.unwrap();
-    let dir = std::env::temp_dir().join(unique_name("kcl-cli-consume"));
-    std::fs::create_dir_all(&dir).unwrap();
+    let (stream, app, dir) = stream_app_dir(&env, "kcl-cli-consume", 4).await;
 
     // Round 1: both copies share the shards, then the records come.
     let a = Consumer::spawn(&dir, "c1", &app, &stream, &[]);
@@ -683,8 +680,7 @@ async fn two_consumers_share_a_stream_exactly_once_and_resume() {
         .await
         .unwrap();
     wait_for_lines(&[&a, &b], first.len()).await;
-    let mut lines = a.terminate(Duration::from_secs(30)).await;
-    lines.extend(b.terminate(Duration::from_secs(30)).await);
+    let lines = terminate_both(a, b).await;
     exactly_once(&lines, &first, &stream);
 
     // Round 2: more records while stopped; restarted copies print only
@@ -698,8 +694,7 @@ async fn two_consumers_share_a_stream_exactly_once_and_resume() {
     // Let the second copy get its share (handoffs drain gracefully), and
     // make sure nothing old shows up meanwhile.
     balanced(&app).await;
-    let mut lines = a.terminate(Duration::from_secs(30)).await;
-    lines.extend(b.terminate(Duration::from_secs(30)).await);
+    let lines = terminate_both(a, b).await;
     exactly_once(&lines, &second, &stream);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -729,11 +724,7 @@ async fn checkpoints(env: &TestEnv, app: &str) -> BTreeMap<String, String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_all_rewinds_a_running_application_and_a_dry_run_writes_nothing() {
     let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
-    let stream = unique_name("kcl-cli-reset-all");
-    let app = unique_name("kcl-cli-reset-all-app");
-    create_stream(env.kinesis(), &stream, 2).await.unwrap();
-    let dir = std::env::temp_dir().join(unique_name("kcl-cli-reset-all"));
-    std::fs::create_dir_all(&dir).unwrap();
+    let (stream, app, dir) = stream_app_dir(&env, "kcl-cli-reset-all", 2).await;
     let c = Consumer::spawn(&dir, "r1", &app, &stream, &["--meta"]);
     let sent = put_records(env.kinesis(), &stream, &records(0, 5))
         .await
@@ -839,9 +830,7 @@ async fn reset_all_rewinds_a_running_application_and_a_dry_run_writes_nothing() 
 async fn sustained_throttling_shows_at_warn_once_per_interval() {
     use kcl_tests::fault_proxy::{FaultProxy, Faults};
     let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
-    let stream = unique_name("kcl-cli-throttled");
-    let app = unique_name("kcl-cli-throttled-app");
-    create_stream(env.kinesis(), &stream, 1).await.unwrap();
+    let (stream, app, dir) = stream_app_dir(&env, "kcl-cli-throttled", 1).await;
     let upstream = std::env::var("AWS_ENDPOINT_URL_DYNAMODB")
         .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
         .expect("AWS_ENDPOINT_URL_DYNAMODB (start the emulators: localstack/up)");
@@ -855,8 +844,6 @@ async fn sustained_throttling_shows_at_warn_once_per_interval() {
     )
     .await
     .unwrap();
-    let dir = std::env::temp_dir().join(unique_name("kcl-cli-throttled"));
-    std::fs::create_dir_all(&dir).unwrap();
     let stderr = dir.join("stderr.log");
     // The default log level (no RUST_LOG, no -v): what an operator sees.
     let mut child = Command::new(KCL)
@@ -1030,42 +1017,24 @@ async fn one_listing_shows_each_holders_liveness_and_watch_learns_the_lease_dura
     let listing = ok(&kcl(&["leases", "--table", &table], &[]).await);
     assert!(listing.contains("LAST BEAT"), "{listing}");
 
-    let screen = ok(&kcl(
-        &[
-            "leases",
-            "watch",
-            "--table",
-            &table,
-            "--count",
-            "1",
-            "--interval",
-            "100ms",
-        ],
-        &[],
-    )
-    .await);
+    let watch = [
+        "leases",
+        "watch",
+        "--table",
+        &table,
+        "--count",
+        "1",
+        "--interval",
+        "100ms",
+    ];
+    let screen = ok(&kcl(&watch, &[]).await);
     assert!(
         screen.contains(
             "counter unchanged for 60s, the lease duration from the workers' liveness records"
         ),
         "{screen}"
     );
-    let told = ok(&kcl(
-        &[
-            "leases",
-            "watch",
-            "--table",
-            &table,
-            "--count",
-            "1",
-            "--interval",
-            "100ms",
-            "--lease-duration",
-            "30s",
-        ],
-        &[],
-    )
-    .await);
+    let told = ok(&kcl(&[&watch[..], &["--lease-duration", "30s"]].concat(), &[]).await);
     assert!(
         told.contains("counter unchanged for 30s, the lease duration from --lease-duration"),
         "{told}"

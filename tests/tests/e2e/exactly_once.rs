@@ -297,13 +297,17 @@ async fn counters_are_exact_under_kills_and_pauses_where_at_least_once_counts_tw
 /// A lease table on DynamoDB Local with one lease held by `w-1` in tenure
 /// `t-1`, a checkpointer for it that has been handed records up to
 /// `100/5`, and a sink table.
-async fn held_lease() -> (
-    kcl_tests::TestEnv,
-    kcl_dynamodb::DynamoDbLeaseStore,
-    Checkpointer,
-    ExactlyOnce,
-    String,
-) {
+/// A lease table with lease `shard-1` held by `w-1` in tenure `t-1`, a
+/// checkpointer for it handed records up to `100/5`, and a sink table.
+struct Held {
+    env: kcl_tests::TestEnv,
+    store: kcl_dynamodb::DynamoDbLeaseStore,
+    lease_table: String,
+    checkpointer: Checkpointer,
+    sink: String,
+}
+
+async fn held_lease() -> Held {
     use kcl_core::store::LeaseStore as _;
     let env = kcl_tests::TestEnv::connect()
         .await
@@ -329,12 +333,30 @@ async fn held_lease() -> (
         .await
         .unwrap();
     let handle = kcl_core::LeaseHandle::detached(lease, Duration::from_secs(300));
-    let mut cp = Checkpointer::for_test(std::sync::Arc::new(store.clone()), handle);
-    cp.delivered_for_test("100", 5);
+    let mut checkpointer = Checkpointer::for_test(std::sync::Arc::new(store.clone()), handle);
+    checkpointer.delivered_for_test("100", 5);
     let sink = unique_name("kcl-eo-sink");
     counting::create_table(env.dynamodb(), &sink).await.unwrap();
-    let eo = ExactlyOnce::new(env.dynamodb().clone(), &lease_table);
-    (env, store, cp, eo, sink)
+    Held {
+        env,
+        store,
+        lease_table,
+        checkpointer,
+        sink,
+    }
+}
+
+/// [`held_lease`], with an [`ExactlyOnce`] on its lease table.
+async fn held_lease_with_eo() -> (
+    kcl_tests::TestEnv,
+    kcl_dynamodb::DynamoDbLeaseStore,
+    Checkpointer,
+    ExactlyOnce,
+    String,
+) {
+    let held = held_lease().await;
+    let eo = ExactlyOnce::new(held.env.dynamodb().clone(), &held.lease_table);
+    (held.env, held.store, held.checkpointer, eo, held.sink)
 }
 
 fn record(seq: &str, sub: u64) -> kcl::Record {
@@ -366,7 +388,7 @@ fn put(table: &str, key: &str) -> aws_sdk_dynamodb::types::TransactWriteItem {
 #[tokio::test]
 async fn a_commit_moves_the_checkpoint_with_its_writes_at_a_sub_sequence_position() {
     use kcl_core::store::LeaseStore as _;
-    let (env, store, mut cp, eo, sink) = held_lease().await;
+    let (env, store, mut cp, eo, sink) = held_lease_with_eo().await;
     let mut tx = kcl::Transaction::new();
     tx.push(put(&sink, "a")).unwrap();
     eo.commit(&mut cp, tx, &record("100", 3)).await.unwrap();
@@ -384,7 +406,7 @@ async fn a_commit_moves_the_checkpoint_with_its_writes_at_a_sub_sequence_positio
 async fn a_failed_condition_of_the_applications_own_writes_writes_nothing() {
     use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem};
     use kcl_core::store::LeaseStore as _;
-    let (env, store, mut cp, eo, sink) = held_lease().await;
+    let (env, store, mut cp, eo, sink) = held_lease_with_eo().await;
     let mut tx = kcl::Transaction::new();
     tx.push(put(&sink, "a")).unwrap();
     tx.push(
@@ -419,7 +441,7 @@ async fn a_failed_condition_of_the_applications_own_writes_writes_nothing() {
 #[tokio::test]
 async fn a_stale_tenure_writes_nothing_and_learns_its_lease_is_lost() {
     use kcl_core::store::LeaseStore as _;
-    let (env, store, mut cp, eo, sink) = held_lease().await;
+    let (env, store, mut cp, eo, sink) = held_lease_with_eo().await;
     // The same worker id took the lease again (a restart): this tenure is
     // stale though the owner's name matches.
     let current = store.get("shard-1").await.unwrap().unwrap();
@@ -446,7 +468,7 @@ async fn a_stale_tenure_writes_nothing_and_learns_its_lease_is_lost() {
 #[tokio::test]
 async fn the_previous_owner_commits_while_it_hands_the_lease_off() {
     use kcl_core::store::LeaseStore as _;
-    let (env, store, mut cp, eo, sink) = held_lease().await;
+    let (env, store, mut cp, eo, sink) = held_lease_with_eo().await;
     let current = store.get("shard-1").await.unwrap().unwrap();
     store
         .start_handoff(&current, kcl_core::Holder::new("w-2", "t-9"))
@@ -467,7 +489,7 @@ async fn the_previous_owner_commits_while_it_hands_the_lease_off() {
 
 #[tokio::test]
 async fn a_second_commit_at_the_same_position_is_refused_so_it_cannot_apply_twice() {
-    let (env, _store, mut cp, eo, sink) = held_lease().await;
+    let (env, _store, mut cp, eo, sink) = held_lease_with_eo().await;
     let mut tx = kcl::Transaction::new();
     tx.push(put_add(&sink, "a")).unwrap();
     eo.commit(&mut cp, tx, &record("100", 2)).await.unwrap();

@@ -6,17 +6,20 @@
 // Setup helpers live outside #[test] fns; a failed setup should panic with its error.
 #![allow(clippy::unwrap_used)]
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
 use aws_sdk_kinesis::types::{
     ConsumerStatus, ShardIteratorType, StartingPosition, SubscribeToShardEventStream,
 };
-use kcl::{FanOutConfig, InitialPosition, Retrieval, Worker, WorkerHandle};
-use kcl_tests::e2e::{BatchLog, KEYS, LEASE, RecordedBatches, Scenario, verify, wait_complete};
+use kcl::{FanOutConfig, Retrieval, SourceStats, Worker};
+use kcl_tests::e2e::{
+    BatchLog, KEYS, RecordedBatches, Running, Scenario, complete_then_shut_down, start,
+};
 use kcl_tests::{
-    TestEnv, create_stream, delete_stream, list_all_shards, put_sequenced_records,
-    split_shard_in_half, unique_name,
+    TestEnv, create_stream, delete_stream, list_all_shards, put_sequenced_records, stream_arn,
+    unique_name,
 };
 
 // ---------------------------------------------------------------------------
@@ -49,15 +52,7 @@ async fn the_emulator_serves_subscribe_to_shard_over_plain_http() -> anyhow::Res
     let stream = unique_name("fo-probe");
     create_stream(kinesis, &stream, 1).await?;
     put_sequenced_records(kinesis, &stream, 2, 5).await?;
-    let arn = kinesis
-        .describe_stream_summary()
-        .stream_name(&stream)
-        .send()
-        .await?
-        .stream_description_summary()
-        .context("summary")?
-        .stream_arn()
-        .to_owned();
+    let arn = stream_arn(kinesis, &stream).await?;
 
     // Registration: CREATING, then ACTIVE; a second one is ResourceInUse.
     let registered = kinesis
@@ -199,49 +194,27 @@ async fn the_emulator_serves_subscribe_to_shard_over_plain_http() -> anyhow::Res
 // Workers in fan-out mode
 // ---------------------------------------------------------------------------
 
-type Running = (
-    WorkerHandle,
-    tokio::task::JoinHandle<Result<(), kcl::Error>>,
-);
-
-fn fan_out_worker(s: &Scenario, id: &str, log: &RecordedBatches, fan_out: FanOutConfig) -> Worker {
-    Worker::builder(&s.app)
-        .stream(&s.stream)
-        .sdk_config(s.env.sdk_config())
-        .worker_id(id)
-        .initial_position(InitialPosition::TrimHorizon)
-        .lease_duration(LEASE)
-        .taker_interval(Duration::from_secs(2))
+/// Starts worker `id` reading in fan-out mode with `fan_out` and logging
+/// into `log`: its source's statistics, and the running worker.
+fn start_fan_out_worker(
+    s: &Scenario,
+    id: &str,
+    log: &RecordedBatches,
+    fan_out: FanOutConfig,
+) -> (Arc<SourceStats>, Vec<Running>) {
+    let worker = s
+        .worker(id)
         .parent_poll_interval(Duration::from_secs(1))
         .retrieval(Retrieval::FanOut(fan_out))
         .processor(log.factory())
         .build()
-        .unwrap()
-}
-
-async fn stop(running: Vec<Running>) {
-    for (h, _) in &running {
-        h.shutdown();
-    }
-    for (_, t) in running {
-        t.await.unwrap().unwrap();
-    }
+        .unwrap();
+    (worker.source_stats(), vec![start(worker)])
 }
 
 /// The application's consumer as the emulator lists it.
 async fn consumer_status(s: &Scenario) -> Option<ConsumerStatus> {
-    let arn = s
-        .env
-        .kinesis()
-        .describe_stream_summary()
-        .stream_name(&s.stream)
-        .send()
-        .await
-        .unwrap()
-        .stream_description_summary()
-        .unwrap()
-        .stream_arn()
-        .to_owned();
+    let arn = stream_arn(s.env.kinesis(), &s.stream).await.unwrap();
     let out = s
         .env
         .kinesis()
@@ -265,17 +238,13 @@ async fn a_fan_out_worker_processes_every_record_of_several_shards() {
         .closed_shard_check_interval(None)
         .build()
         .unwrap();
-    let worker = fan_out_worker(&s, "f-1", &log, fan_out);
-    let stats = worker.source_stats();
-    let running = vec![(worker.handle(), tokio::spawn(worker.run()))];
+    let (stats, running) = start_fan_out_worker(&s, "f-1", &log, fan_out);
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_secs(2)).await;
         s.produce(20).await;
     }
     let per_key = s.produced;
-    let batches = wait_complete(|| log.all(), per_key, Duration::from_secs(90)).await;
-    stop(running).await;
-    let verdict = verify(&batches, KEYS, per_key);
+    let (_, verdict) = complete_then_shut_down(&s, &log, running, Duration::from_secs(90)).await;
     let stats = stats.snapshot();
     println!(
         "fan-out, 4 shards: {} records, duplicates {}, {stats:?}",
@@ -301,18 +270,10 @@ async fn a_forced_resubscribe_mid_stream_loses_and_repeats_nothing() {
         .subscription_lifetime(Duration::from_secs(3))
         .build()
         .unwrap();
-    let worker = fan_out_worker(&s, "r-1", &log, fan_out);
-    let stats = worker.source_stats();
-    let running = vec![(worker.handle(), tokio::spawn(worker.run()))];
+    let (stats, running) = start_fan_out_worker(&s, "r-1", &log, fan_out);
     // Produce for about four lifetimes, so subscriptions end mid-stream.
-    for _ in 0..24 {
-        s.produce(1).await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    let per_key = s.produced;
-    let batches = wait_complete(|| log.all(), per_key, Duration::from_secs(90)).await;
-    stop(running).await;
-    let verdict = verify(&batches, KEYS, per_key);
+    s.produce_paced(24, 1, Duration::from_millis(500)).await;
+    let (_, verdict) = complete_then_shut_down(&s, &log, running, Duration::from_secs(90)).await;
     let stats = stats.snapshot();
     println!(
         "resubscribing every 3 s: duplicates {}, {stats:?}",
@@ -333,28 +294,13 @@ async fn a_split_during_fan_out_is_followed_from_parent_to_children() {
         .closed_shard_check_interval(Some(Duration::from_secs(1)))
         .build()
         .unwrap();
-    let worker = fan_out_worker(&s, "x-1", &log, fan_out);
-    let stats = worker.source_stats();
-    let running = vec![(worker.handle(), tokio::spawn(worker.run()))];
-    for _ in 0..4 {
-        s.produce(5).await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    let parent = list_all_shards(s.env.kinesis(), &s.stream).await.unwrap()[0]
-        .shard_id()
-        .to_owned();
-    let children = split_shard_in_half(s.env.kinesis(), &s.stream, &parent)
-        .await
-        .unwrap();
+    let (stats, running) = start_fan_out_worker(&s, "x-1", &log, fan_out);
+    s.produce_paced(4, 5, Duration::from_millis(500)).await;
+    let (parent, children) = s.split_first_shard().await;
     assert_eq!(children.len(), 2);
-    for _ in 0..4 {
-        s.produce(5).await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    let per_key = s.produced;
-    let batches = wait_complete(|| log.all(), per_key, Duration::from_secs(120)).await;
-    stop(running).await;
-    let verdict = verify(&batches, KEYS, per_key);
+    s.produce_paced(4, 5, Duration::from_millis(500)).await;
+    let (batches, verdict) =
+        complete_then_shut_down(&s, &log, running, Duration::from_secs(120)).await;
     println!(
         "fan-out split: duplicates {}, {:?}",
         verdict.duplicates,

@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use kcl_tests::e2e::{
-    BatchLog, CheckpointMode, KEYS, Producer, Scenario, WorkerProcess, WorkerProcessConfig,
-    out_dir, process_stats, read_logs, stat, verify, wait_complete,
+    BatchLog, CheckpointMode, KEYS, Producer, Scenario, Verdict, WorkerProcess,
+    WorkerProcessConfig, out_dir, process_stats, read_logs, stat, verify, wait_complete,
 };
 use kcl_tests::java_kcl::JavaKcl;
 use kcl_tests::{list_all_shards, split_shard_in_half};
@@ -185,6 +185,61 @@ async fn a_kcl_worker_joining_a_java_worker_takes_its_share_by_completed_handoff
     assert!(verdict.per_worker.get("kcl-1").copied().unwrap_or(0) > 0);
 }
 
+/// Starts `kcl-1` alone and produces 5 records per key; returns once it
+/// holds all four leases.
+async fn kcl_alone(cfg: &WorkerProcessConfig, s: &mut Scenario) -> WorkerProcess {
+    let k = cfg.spawn("kcl-1").unwrap();
+    s.produce(5).await;
+    wait_owned(s, &counts(&[("kcl-1", 4)]), Duration::from_secs(30)).await;
+    k
+}
+
+/// Starts the Java worker `java-1` beside `kcl-1`, holding all four
+/// leases; returns 5 s after they hold two each.
+async fn java_joins(java: &JavaKcl, cfg: &WorkerProcessConfig, s: &Scenario) -> WorkerProcess {
+    let j = java.spawn(cfg, "java-1").unwrap();
+    let joined = Instant::now();
+    // Its first report comes once it made its tables (a minute or so);
+    // kcl reads the reports every 30 s and gives a lease per tick.
+    wait_owned(s, &counts(&[("java-1", 2), ("kcl-1", 2)]), JAVA_START).await;
+    println!(
+        "split 2/2 {:?} after the Java worker started",
+        joined.elapsed()
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    j
+}
+
+/// Stops the Java worker `j` first: its leases expire to kcl (its own
+/// graceful shutdown checkpoints in shutdown_requested but releases
+/// nothing), so nothing repeats. Then 3 more records per key, all
+/// processed, and kcl `k` stops: its lease counters.
+async fn java_stops_first(
+    s: &mut Scenario,
+    out: &Path,
+    j: &mut WorkerProcess,
+    k: &mut WorkerProcess,
+) -> serde_json::Value {
+    stop(j).await;
+    s.produce(3).await;
+    wait_complete(|| batches(out), s.produced, Duration::from_secs(90)).await;
+    stop(k).await;
+    process_stats(out, "kcl-1")
+}
+
+/// The end of the kcl-first tests: nothing lost or repeated, and the Java
+/// worker got its share from kcl by completed handoffs, none forced.
+fn assert_java_got_its_share(verdict: &Verdict, kcl: &serde_json::Value) {
+    verdict.assert_correct();
+    assert_eq!(
+        verdict.duplicates, 0,
+        "a shard moved without its checkpoint"
+    );
+    assert!(stat(kcl, "handed_off") >= 2, "{kcl}");
+    assert_eq!(stat(kcl, "handoffs_forced"), 0, "{kcl}");
+    assert!(verdict.per_worker.get("java-1").copied().unwrap_or(0) > 0);
+}
+
 /// kcl first, Java joins: the Java worker takes no lease itself (its
 /// leader assigns only unassigned or expired leases, and balances only
 /// over workers that report to its `WorkerMetricStats` table, which kcl
@@ -197,47 +252,22 @@ async fn a_java_worker_joining_a_kcl_worker_is_handed_its_share() {
     let mut s = Scenario::new(SHARDS).await;
     let out = out_dir("kcl-kcl-first");
     let cfg = kcl_processes(&s, &out);
-    let mut k = cfg.spawn("kcl-1").unwrap();
-    s.produce(5).await;
-    wait_owned(&s, &counts(&[("kcl-1", 4)]), Duration::from_secs(30)).await;
+    let mut k = kcl_alone(&cfg, &mut s).await;
     wait_complete(|| batches(&out), s.produced, Duration::from_secs(60)).await;
     let producer = Producer::start(&s, 1, Duration::from_millis(500));
 
-    let mut j = java.spawn(&cfg, "java-1").unwrap();
-    let joined = Instant::now();
-    // Its first report comes once it made its tables (a minute or so);
-    // kcl reads the reports every 30 s and gives a lease per tick.
-    wait_owned(&s, &counts(&[("java-1", 2), ("kcl-1", 2)]), JAVA_START).await;
-    println!(
-        "split 2/2 {:?} after the Java worker started",
-        joined.elapsed()
-    );
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    let mut j = java_joins(&java, &cfg, &s).await;
     let per_key = producer.stop(&mut s).await;
     wait_complete(|| batches(&out), per_key, Duration::from_secs(60)).await;
 
-    // Stopping the Java worker first: its leases expire to kcl (its own
-    // graceful shutdown checkpoints in shutdown_requested but releases
-    // nothing), so nothing repeats.
-    stop(&mut j).await;
-    s.produce(3).await;
-    wait_complete(|| batches(&out), s.produced, Duration::from_secs(90)).await;
-    stop(&mut k).await;
-    let kcl = process_stats(&out, "kcl-1");
+    let kcl = java_stops_first(&mut s, &out, &mut j, &mut k).await;
 
     let verdict = verify(&batches(&out), KEYS, s.produced);
     println!(
         "kcl first, Java joins: per worker {:?}, duplicates {}, kcl {kcl}",
         verdict.per_worker, verdict.duplicates
     );
-    verdict.assert_correct();
-    assert_eq!(
-        verdict.duplicates, 0,
-        "a shard moved without its checkpoint"
-    );
-    assert!(stat(&kcl, "handed_off") >= 2, "{kcl}");
-    assert_eq!(stat(&kcl, "handoffs_forced"), 0, "{kcl}");
-    assert!(verdict.per_worker.get("java-1").copied().unwrap_or(0) > 0);
+    assert_java_got_its_share(&verdict, &kcl);
 }
 
 /// The one-restart move, both ways and across a split: kcl consumes
@@ -367,32 +397,17 @@ async fn a_java_worker_reads_the_load_figures_kcl_publishes_and_the_fleet_still_
     let mut cfg = kcl_processes(&s, &out);
     cfg.extra_env
         .push(("KCL_E2E_LOAD_REPORT_MS".into(), "4000".into()));
-    let mut k = cfg.spawn("kcl-1").unwrap();
-    s.produce(5).await;
-    wait_owned(&s, &counts(&[("kcl-1", 4)]), Duration::from_secs(30)).await;
+    let mut k = kcl_alone(&cfg, &mut s).await;
     let producer = Producer::start(&s, 1, Duration::from_millis(500));
     let figures = wait_figures(&s, "kcl-1", Duration::from_secs(60)).await;
     println!("kcl published {figures:?} (KB/s) before the Java worker started");
 
-    let mut j = java.spawn(&cfg, "java-1").unwrap();
-    let joined = Instant::now();
-    wait_owned(&s, &counts(&[("java-1", 2), ("kcl-1", 2)]), JAVA_START).await;
-    println!(
-        "split 2/2 {:?} after the Java worker started",
-        joined.elapsed()
-    );
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    let mut j = java_joins(&java, &cfg, &s).await;
     // kcl keeps publishing on the leases it kept.
     wait_figures(&s, "kcl-1", Duration::from_secs(30)).await;
     let per_key = producer.stop(&mut s).await;
     wait_complete(|| batches(&out), per_key, Duration::from_secs(60)).await;
-    // As in the test above: the Java worker stops first, its leases expire
-    // to kcl, and nothing repeats.
-    stop(&mut j).await;
-    s.produce(3).await;
-    wait_complete(|| batches(&out), s.produced, Duration::from_secs(90)).await;
-    stop(&mut k).await;
-    let kcl = process_stats(&out, "kcl-1");
+    let kcl = java_stops_first(&mut s, &out, &mut j, &mut k).await;
 
     let log = std::fs::read_to_string(out.join("java-1.java.log")).unwrap();
     let assignments = log
@@ -422,12 +437,5 @@ async fn a_java_worker_reads_the_load_figures_kcl_publishes_and_the_fleet_still_
         troubles.is_empty(),
         "the Java worker failed on the lease items: {troubles:?}"
     );
-    verdict.assert_correct();
-    assert_eq!(
-        verdict.duplicates, 0,
-        "a shard moved without its checkpoint"
-    );
-    assert!(stat(&kcl, "handed_off") >= 2, "{kcl}");
-    assert_eq!(stat(&kcl, "handoffs_forced"), 0, "{kcl}");
-    assert!(verdict.per_worker.get("java-1").copied().unwrap_or(0) > 0);
+    assert_java_got_its_share(&verdict, &kcl);
 }

@@ -21,7 +21,7 @@ use kcl_kinesis::faults::{Call, Fault, FaultInjector};
 use kcl_kinesis::kpl::{UserRecord, aggregate};
 use kcl_kinesis::{KinesisShardSource, PollingConfig};
 use kcl_tests::{
-    STATUS_TIMEOUT, TestEnv, TestRecord, create_stream, delete_stream, delete_table,
+    STATUS_TIMEOUT, TestEnv, TestRecord, create_stream, delete_stream, delete_table, put_entries,
     put_sequenced_records, split_shard_in_half, unique_name, wait_for_stream_active,
 };
 
@@ -129,6 +129,24 @@ fn positions(records: &[Record]) -> Vec<(String, u64)> {
 // ---------------------------------------------------------------------------
 // Discovery
 // ---------------------------------------------------------------------------
+
+/// Fails unless each key's counters run 0, 1, 2, ... in `records`.
+fn each_key_counts_up(records: &[Record]) -> anyhow::Result<()> {
+    let mut per_key: BTreeMap<u32, u64> = BTreeMap::new();
+    for r in records {
+        let t = TestRecord::parse(&r.data).context("payload")?;
+        let next = per_key.entry(t.key).or_default();
+        ensure!(
+            t.counter == *next,
+            "pk-{} read {} after {}",
+            t.key,
+            t.counter,
+            *next
+        );
+        *next += 1;
+    }
+    Ok(())
+}
 
 fn by_id(shards: &[ShardInfo]) -> BTreeMap<&str, &ShardInfo> {
     shards.iter().map(|s| (s.shard_id.as_str(), s)).collect()
@@ -354,19 +372,7 @@ async fn polling_reads_every_record_of_a_prefilled_shard_in_order() -> anyhow::R
         })
         .collect();
     ensure!(got == expected, "records out of order or missing");
-    let mut per_key: BTreeMap<u32, u64> = BTreeMap::new();
-    for r in &records {
-        let t = TestRecord::parse(&r.data).context("payload")?;
-        let next = per_key.entry(t.key).or_default();
-        ensure!(
-            t.counter == *next,
-            "pk-{} read {} after {}",
-            t.key,
-            t.counter,
-            *next
-        );
-        *next += 1;
-    }
+    each_key_counts_up(&records)?;
     let stats = source.stats();
     ensure!(
         stats.get_records_calls >= 6,
@@ -471,13 +477,7 @@ async fn resume_in_the_middle_of_a_kpl_aggregate() -> anyhow::Result<()> {
         );
         users += 10;
     }
-    let out = kinesis
-        .put_records()
-        .stream_name(&stream)
-        .set_records(Some(entries))
-        .send()
-        .await
-        .context("PutRecords")?;
+    let out = put_entries(kinesis, &stream, entries).await?;
     ensure!(
         out.failed_record_count().unwrap_or(0) == 0,
         "rejected records"
@@ -578,19 +578,7 @@ async fn expired_iterator_and_throttling_mid_read_lose_and_repeat_nothing() -> a
             .all(|w| (w[0].len(), w[0]) < (w[1].len(), w[1])),
         "out of order"
     );
-    let mut per_key: BTreeMap<u32, u64> = BTreeMap::new();
-    for r in &records {
-        let t = TestRecord::parse(&r.data).context("payload")?;
-        let next = per_key.entry(t.key).or_default();
-        ensure!(
-            t.counter == *next,
-            "pk-{} read {} after {}",
-            t.key,
-            t.counter,
-            *next
-        );
-        *next += 1;
-    }
+    each_key_counts_up(&records)?;
 
     ensure!(faults.pending(Call::GetRecords) == 0 && faults.pending(Call::GetShardIterator) == 0);
     let stats = source.stats();

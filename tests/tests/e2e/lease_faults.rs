@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use kcl::{InitialPosition, Worker, WorkerHandle};
+use kcl::WorkerHandle;
 use kcl_tests::e2e::{
     CheckpointMode, KEYS, LEASE, RecordedBatches, Scenario, WorkerProcess, out_dir, process_stats,
     read_logs, stat, verify, wait_complete,
@@ -45,15 +45,28 @@ fn worker_on(
     dynamodb: aws_sdk_dynamodb::Client,
     log: &RecordedBatches,
 ) -> kcl::WorkerBuilder {
-    Worker::builder(&s.app)
-        .stream(&s.stream)
+    // The scenario's worker, with its lease-table client replaced.
+    s.worker(id)
         .clients(s.env.kinesis().clone(), dynamodb)
-        .worker_id(id)
-        .initial_position(InitialPosition::TrimHorizon)
-        .lease_duration(LEASE)
-        .taker_interval(Duration::from_secs(2))
         .idle_time_between_reads(Duration::from_millis(200))
         .processor(log.factory())
+}
+
+/// Builds `builder` serving its metrics on a free local port and starts
+/// it: its handle, the endpoint's address and its task.
+fn start_serving_metrics(
+    builder: kcl::WorkerBuilder,
+) -> (
+    WorkerHandle,
+    std::net::SocketAddr,
+    tokio::task::JoinHandle<Result<(), kcl::Error>>,
+) {
+    let worker = builder
+        .serve_metrics("127.0.0.1:0".parse().unwrap())
+        .build()
+        .unwrap();
+    let addr = worker.metrics_addr().unwrap();
+    (worker.handle(), addr, tokio::spawn(worker.run()))
 }
 
 /// Every lease's counter in the table, read directly (not through a proxy).
@@ -177,14 +190,10 @@ async fn an_unreadable_lease_item_never_fails_startup_or_sync() {
         .unwrap();
     s.produce(10).await;
     let log = RecordedBatches::default();
-    let worker = worker_on(&s, "bad-1", s.env.dynamodb().clone(), &log)
-        .shard_sync_interval(Duration::from_secs(2))
-        .serve_metrics("127.0.0.1:0".parse().unwrap())
-        .build()
-        .unwrap();
-    let handle = worker.handle();
-    let addr = worker.metrics_addr().unwrap();
-    let task = tokio::spawn(worker.run());
+    let (handle, addr, task) = start_serving_metrics(
+        worker_on(&s, "bad-1", s.env.dynamodb().clone(), &log)
+            .shard_sync_interval(Duration::from_secs(2)),
+    );
     wait_ready(&handle, Duration::from_secs(60)).await;
     // Several periodic syncs pass over the bad item too.
     tokio::time::sleep(Duration::from_secs(6)).await;
@@ -308,13 +317,8 @@ async fn startup_under_injected_throttling_reaches_ready() {
     .await
     .unwrap();
     let log = RecordedBatches::default();
-    let worker = worker_on(&s, "thr-1", client_through(&s.env, &proxy), &log)
-        .serve_metrics("127.0.0.1:0".parse().unwrap())
-        .build()
-        .unwrap();
-    let handle = worker.handle();
-    let addr = worker.metrics_addr().unwrap();
-    let task = tokio::spawn(worker.run());
+    let (handle, addr, task) =
+        start_serving_metrics(worker_on(&s, "thr-1", client_through(&s.env, &proxy), &log));
     let started = Instant::now();
     let reason = loop {
         let (status, body) = http_get(addr, "/readyz").await.unwrap();

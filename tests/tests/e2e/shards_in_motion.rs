@@ -12,13 +12,10 @@ use std::time::Duration;
 use kcl::{InitialPosition, Worker};
 use kcl_tests::e2e::{
     CheckpointMode, KEYS, LEASE, Producer, RecordedBatches, Scenario, TICK_MAX, now_ns, out_dir,
-    process_stats as stats, read_logs, stat, verify, wait_all_owned_by, wait_complete,
-    wait_complete_then_terminate,
+    process_stats as stats, read_logs, shutdown_all, stat, verify, wait_all_owned_by,
+    wait_complete, wait_complete_then_terminate,
 };
-use kcl_tests::{
-    TestRecord, create_stream, list_all_shards, merge_shards, put_records, split_shard_in_half,
-    unique_name,
-};
+use kcl_tests::{TestRecord, create_stream, merge_shards, put_records, unique_name};
 use tokio::time::Instant;
 
 use crate::E2E_WORKER;
@@ -289,12 +286,7 @@ async fn split_and_merge(retrieval: &str) {
     wait_all_owned_by(&s, &["r-1", "r-2"].into(), 1).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
-    let parent = list_all_shards(s.env.kinesis(), &s.stream).await.unwrap()[0]
-        .shard_id()
-        .to_owned();
-    let children = split_shard_in_half(s.env.kinesis(), &s.stream, &parent)
-        .await
-        .unwrap();
+    let (parent, children) = s.split_first_shard().await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     let merged = merge_shards(s.env.kinesis(), &s.stream, &children[0], &children[1])
         .await
@@ -364,14 +356,9 @@ async fn two_streams_on_one_fleet_are_both_consumed_and_balanced() {
     let log = RecordedBatches::default();
     let mut running = Vec::new();
     for id in ["m-1", "m-2"] {
-        let w = Worker::builder(&a.app)
-            .stream(&a.stream)
+        let w = a
+            .worker(id)
             .stream(&b_stream)
-            .sdk_config(a.env.sdk_config())
-            .worker_id(id)
-            .initial_position(InitialPosition::TrimHorizon)
-            .lease_duration(LEASE)
-            .taker_interval(Duration::from_secs(2))
             .idle_time_between_reads(Duration::from_millis(200))
             .processor(log.factory())
             .build()
@@ -394,12 +381,7 @@ async fn two_streams_on_one_fleet_are_both_consumed_and_balanced() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    for (h, _) in &running {
-        h.shutdown();
-    }
-    for (_, t) in running {
-        t.await.unwrap().unwrap();
-    }
+    shutdown_all(running).await;
     for name in [&a.stream, &b_stream] {
         let verdict = verify(&for_stream(name), KEYS, per_key);
         verdict.assert_correct();

@@ -6,13 +6,14 @@
 // Setup helpers live outside #[test] fns; a failed setup should panic with its error.
 #![allow(clippy::unwrap_used)]
 
+use std::path::Path;
 use std::time::Duration;
 
-use kcl::{InitialPosition, Worker, WorkerHandle};
+use kcl::{InitialPosition, Worker};
 use kcl_tests::e2e::{
-    CheckpointMode, KEYS, LEASE, Producer, RecordedBatches, Scenario, out_dir, process_stats,
-    read_logs, stat, verify, wait_all_owned_by, wait_complete, wait_complete_then_terminate,
-    wait_taken_over,
+    CheckpointMode, KEYS, LEASE, Producer, RecordedBatches, Running, Scenario, Verdict,
+    WorkerProcess, complete_then_shut_down, out_dir, process_stats, read_logs, start, stat, verify,
+    wait_all_owned_by, wait_complete, wait_complete_then_terminate, wait_taken_over,
 };
 use kcl_tests::{TestEnv, unique_name};
 
@@ -26,14 +27,7 @@ enum Mode {
 }
 
 fn in_process_worker(s: &Scenario, id: &str, log: &RecordedBatches, mode: Mode) -> Worker {
-    let builder = Worker::builder(&s.app)
-        .stream(&s.stream)
-        .sdk_config(s.env.sdk_config())
-        .worker_id(id)
-        .initial_position(InitialPosition::TrimHorizon)
-        .lease_duration(LEASE)
-        .taker_interval(Duration::from_secs(2))
-        .parent_poll_interval(Duration::from_secs(1));
+    let builder = s.worker(id).parent_poll_interval(Duration::from_secs(1));
     let builder = match mode {
         Mode::Polling => builder.idle_time_between_reads(Duration::from_millis(200)),
         Mode::FanOut => builder.enhanced_fan_out(),
@@ -55,27 +49,16 @@ async fn three_workers_in_one_process(mode: Mode) {
     let mut s = Scenario::new(4).await;
     s.produce(40).await;
     let log = RecordedBatches::default();
-    let mut running: Vec<(
-        WorkerHandle,
-        tokio::task::JoinHandle<Result<(), kcl::Error>>,
-    )> = Vec::new();
+    let mut running: Vec<Running> = Vec::new();
     for id in ["w-1", "w-2", "w-3"] {
         let w = in_process_worker(&s, id, &log, mode);
-        running.push((w.handle(), tokio::spawn(w.run())));
+        running.push(start(w));
     }
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_secs(2)).await;
         s.produce(20).await;
     }
-    let per_key = s.produced;
-    let batches = wait_complete(|| log.all(), per_key, Duration::from_secs(90)).await;
-    for (h, _) in &running {
-        h.shutdown();
-    }
-    for (_, t) in running {
-        t.await.unwrap().unwrap();
-    }
-    let verdict = verify(&batches, KEYS, per_key);
+    let (_, verdict) = complete_then_shut_down(&s, &log, running, Duration::from_secs(90)).await;
     println!(
         "in-process ({mode:?}): per worker {:?}, duplicates {}",
         verdict.per_worker, verdict.duplicates
@@ -113,10 +96,7 @@ async fn three_worker_processes(mode: Mode) {
     s.produce(25).await;
     // Production goes on while the fleet balances and after.
     wait_all_owned_by(&s, &["p-1", "p-2", "p-3"].into(), 1).await;
-    for _ in 0..3 {
-        s.produce(25).await;
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    s.produce_paced(3, 25, Duration::from_secs(1)).await;
     let per_key = s.produced;
     let batches =
         wait_complete_then_terminate(&out, per_key, Duration::from_secs(90), &mut procs).await;
@@ -136,14 +116,42 @@ async fn three_worker_processes(mode: Mode) {
 /// times are figures, printed here and measured in `make bench`.
 const TAKEOVER_LIMIT: Duration = Duration::from_secs(60);
 
+/// Spawns worker processes `ids` and produces 30 records per key; returns
+/// once each process holds a lease.
+async fn spawn_holding(
+    s: &mut Scenario,
+    out: &Path,
+    checkpoint: CheckpointMode,
+    ids: &[&str],
+) -> Vec<WorkerProcess> {
+    let procs = s.processes(E2E_WORKER, out, checkpoint).spawn_all(ids);
+    s.produce(30).await;
+    wait_all_owned_by(s, &ids.iter().copied().collect(), 1).await;
+    procs
+}
+
+/// After the third of `procs` left: 30 more records per key, then waits
+/// until every record was processed and terminates the other two; the
+/// verdict on all the batches.
+async fn survivors_complete(s: &mut Scenario, out: &Path, procs: &mut [WorkerProcess]) -> Verdict {
+    s.produce(30).await;
+    let per_key = s.produced;
+    let batches = wait_complete_then_terminate(
+        out,
+        per_key,
+        Duration::from_secs(90),
+        procs.iter_mut().take(2),
+    )
+    .await;
+    verify(&batches, KEYS, per_key)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigkilled_process_loses_nothing_and_survivors_take_over_its_leases() {
     let mut s = Scenario::new(4).await;
     let out = out_dir("kcl-e2e-kill");
-    let cfg = s.processes(E2E_WORKER, &out, CheckpointMode::EveryBatch);
-    let mut procs = cfg.spawn_all(&["k-1", "k-2", "k-3"]);
-    s.produce(30).await;
-    wait_all_owned_by(&s, &["k-1", "k-2", "k-3"].into(), 1).await;
+    let ids = ["k-1", "k-2", "k-3"];
+    let mut procs = spawn_holding(&mut s, &out, CheckpointMode::EveryBatch, &ids).await;
 
     let killed_leases = s
         .owners()
@@ -154,16 +162,7 @@ async fn a_sigkilled_process_loses_nothing_and_survivors_take_over_its_leases() 
     procs[2].kill().await.unwrap();
     let took = wait_taken_over(&s, "k-3", TAKEOVER_LIMIT).await;
     println!("SIGKILL: survivors took the killed worker's {killed_leases} leases after {took:?}");
-    s.produce(30).await;
-    let per_key = s.produced;
-    let batches = wait_complete_then_terminate(
-        &out,
-        per_key,
-        Duration::from_secs(90),
-        procs.iter_mut().take(2),
-    )
-    .await;
-    let verdict = verify(&batches, KEYS, per_key);
+    let verdict = survivors_complete(&mut s, &out, &mut procs).await;
     println!(
         "SIGKILL: duplicates {} (at-least-once), per worker {:?}",
         verdict.duplicates, verdict.per_worker
@@ -186,24 +185,13 @@ async fn a_sigtermed_process_releases_its_shards_and_nothing_repeats() {
     let out = out_dir("kcl-e2e-term");
     // Checkpoints only in shutdown_requested: no duplicate may appear, so
     // every move (balancing handoffs and the SIGTERM) must be graceful.
-    let cfg = s.processes(E2E_WORKER, &out, CheckpointMode::OnShutdown);
-    let mut procs = cfg.spawn_all(&["t-1", "t-2", "t-3"]);
-    s.produce(30).await;
-    wait_all_owned_by(&s, &["t-1", "t-2", "t-3"].into(), 1).await;
+    let ids = ["t-1", "t-2", "t-3"];
+    let mut procs = spawn_holding(&mut s, &out, CheckpointMode::OnShutdown, &ids).await;
 
     procs[2].terminate(Duration::from_secs(30)).await.unwrap();
     let took = wait_taken_over(&s, "t-3", TAKEOVER_LIMIT).await;
     println!("SIGTERM: shards picked up {took:?} after the process exited");
-    s.produce(30).await;
-    let per_key = s.produced;
-    let batches = wait_complete_then_terminate(
-        &out,
-        per_key,
-        Duration::from_secs(90),
-        procs.iter_mut().take(2),
-    )
-    .await;
-    let verdict = verify(&batches, KEYS, per_key);
+    let verdict = survivors_complete(&mut s, &out, &mut procs).await;
     println!(
         "SIGTERM: duplicates {}, per worker {:?}",
         verdict.duplicates, verdict.per_worker

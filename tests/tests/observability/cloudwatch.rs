@@ -29,17 +29,16 @@ use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use aws_smithy_runtime_api::http::StatusCode;
 use aws_smithy_types::body::SdkBody;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
+use http_body_util::Full;
 use kcl::observability::cloudwatch::CloudWatchMetrics;
 use kcl::{InitialPosition, Worker};
+use kcl_tests::fault_proxy::exchange;
 use kcl_tests::{TestEnv, create_stream, put_sequenced_records, unique_name};
 
 use crate::Counting;
 use crate::fleet::{in_own_process, ran_in_own_process};
 use minicbor::data::Token;
 use serde_json::{Value, json};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// The CloudWatch service id in the RPC v2 path and the JSON target.
@@ -247,12 +246,7 @@ async fn worker_process() {
         0,
         "nothing sent before the stop"
     );
-    handle.shutdown();
-    tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("the worker stops within 60 s")
-        .unwrap()
-        .unwrap();
+    crate::stop_within_60s(&handle, run).await;
     let stats = publisher.stats();
     assert!(stats.requests >= 1 && stats.datums_sent >= 10, "{stats:?}");
     assert_eq!(
@@ -393,17 +387,8 @@ async fn post_json(
         );
     }
     let request = request.body(Full::new(body))?;
-    let io = TcpStream::connect(authority).await?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
-    let exchange = async move {
-        let response = sender.send_request(request).await?;
-        let status = response.status().as_u16();
-        let body = response.into_body().collect().await?.to_bytes();
-        drop(sender);
-        anyhow::Ok((status, body))
-    };
-    let (_, exchanged) = tokio::join!(connection, exchange);
-    exchanged
+    let (parts, body) = exchange(authority, request).await?;
+    Ok((parts.status.as_u16(), body))
 }
 
 /// An HTTP client for the CloudWatch SDK that speaks JSON to moto: the

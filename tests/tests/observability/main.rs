@@ -28,6 +28,20 @@ mod prometheus_alerts;
 mod cloudwatch;
 mod otlp;
 
+/// Shuts the worker down and waits for its run to end without an error,
+/// within 60 s: the exporters' final flush is part of that.
+async fn stop_within_60s(
+    handle: &kcl::WorkerHandle,
+    run: tokio::task::JoinHandle<Result<(), kcl::Error>>,
+) {
+    handle.shutdown();
+    tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the worker stops within 60 s")
+        .unwrap()
+        .unwrap();
+}
+
 /// One sample of the text exposition format.
 #[derive(Debug, Clone)]
 struct Sample {

@@ -190,17 +190,23 @@ fn has(attributes_: &[KeyValue], key: &str, value: &str) -> bool {
     attributes(attributes_).get(key).map(String::as_str) == Some(value)
 }
 
+/// Fails unless `temporality`, `metric`'s aggregation temporality, is
+/// cumulative.
+fn assert_cumulative(metric: &Metric, temporality: i32) {
+    assert_eq!(
+        temporality,
+        i32::from(AggregationTemporality::Cumulative),
+        "{}",
+        metric.name
+    );
+}
+
 /// A counter's points, checked to be a cumulative monotonic sum.
 fn sum_points(metric: &Metric) -> &[NumberDataPoint] {
     match &metric.data {
         Some(metric::Data::Sum(sum)) => {
             assert!(sum.is_monotonic, "{} is not monotonic", metric.name);
-            assert_eq!(
-                sum.aggregation_temporality,
-                i32::from(AggregationTemporality::Cumulative),
-                "{}",
-                metric.name
-            );
+            assert_cumulative(metric, sum.aggregation_temporality);
             &sum.data_points
         }
         other => panic!("{} is not a sum: {other:?}", metric.name),
@@ -217,12 +223,7 @@ fn gauge_points(metric: &Metric) -> &[NumberDataPoint] {
 fn histogram_points(metric: &Metric) -> &[HistogramDataPoint] {
     match &metric.data {
         Some(metric::Data::Histogram(histogram)) => {
-            assert_eq!(
-                histogram.aggregation_temporality,
-                i32::from(AggregationTemporality::Cumulative),
-                "{}",
-                metric.name
-            );
+            assert_cumulative(metric, histogram.aggregation_temporality);
             &histogram.data_points
         }
         other => panic!("{} is not a histogram: {other:?}", metric.name),
@@ -355,12 +356,7 @@ async fn a_worker_pushes_its_metrics_to_an_otlp_collector() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let exports_while_running = collector.accepted().len();
-    handle.shutdown();
-    tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("the worker stops within 60 s")
-        .unwrap()
-        .unwrap();
+    crate::stop_within_60s(&handle, run).await;
 
     let accepted = collector.accepted();
     // The final export, after the worker stopped.

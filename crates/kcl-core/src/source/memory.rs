@@ -104,25 +104,37 @@ impl InMemoryShardSource {
             let id = format!("shardId-{:012}", s.next_shard);
             s.next_shard += 1;
             created.push(id.clone());
-            let info = ShardInfo {
-                shard_id: id,
-                parent_shard_id: None,
-                adjacent_parent_shard_id: None,
-                hash_key_range: range(start, end),
-                starting_sequence_number: self.next_sequence(),
-                ending_sequence_number: None,
-            };
-            s.streams.entry(stream.to_owned()).or_default().push(Shard {
-                info,
-                records: Vec::new(),
-                children: Vec::new(),
-            });
+            let shard = self.open_shard(id, None, None, range(start, end));
+            s.streams.entry(stream.to_owned()).or_default().push(shard);
         }
         created
     }
 
     fn next_sequence(&self) -> String {
         format!("{:030}", self.sequence.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// A new open shard with no records, starting at the next sequence number.
+    fn open_shard(
+        &self,
+        shard_id: String,
+        parent: Option<&str>,
+        adjacent_parent: Option<&str>,
+        hash_key_range: HashKeyRange,
+    ) -> Shard {
+        let info = ShardInfo {
+            shard_id,
+            parent_shard_id: parent.map(str::to_owned),
+            adjacent_parent_shard_id: adjacent_parent.map(str::to_owned),
+            hash_key_range,
+            starting_sequence_number: self.next_sequence(),
+            ending_sequence_number: None,
+        };
+        Shard {
+            info,
+            records: Vec::new(),
+            children: Vec::new(),
+        }
     }
 
     /// Appends a plain record to the open shard whose range holds the
@@ -226,19 +238,7 @@ impl InMemoryShardSource {
             })
             .collect();
         for (id, r) in kids {
-            let info = ShardInfo {
-                shard_id: id,
-                parent_shard_id: Some(shard_id.to_owned()),
-                adjacent_parent_shard_id: None,
-                hash_key_range: r,
-                starting_sequence_number: self.next_sequence(),
-                ending_sequence_number: None,
-            };
-            shards.push(Shard {
-                info,
-                records: Vec::new(),
-                children: Vec::new(),
-            });
+            shards.push(self.open_shard(id, Some(shard_id), None, r));
         }
         drop(s);
         self.appended.notify_waiters();
@@ -251,20 +251,12 @@ impl InMemoryShardSource {
         let child = format!("shardId-{:012}", s.next_shard);
         s.next_shard += 1;
         let shards = s.streams.get_mut(stream)?;
-        let ra = bounds(
-            &shards
-                .iter()
-                .find(|sh| sh.info.shard_id == a)?
-                .info
-                .hash_key_range,
-        );
-        let rb = bounds(
-            &shards
-                .iter()
-                .find(|sh| sh.info.shard_id == b)?
-                .info
-                .hash_key_range,
-        );
+        let bounds_of = |id: &str| {
+            let shard = shards.iter().find(|sh| sh.info.shard_id == id)?;
+            Some(bounds(&shard.info.hash_key_range))
+        };
+        let ra = bounds_of(a)?;
+        let rb = bounds_of(b)?;
         let r = range(ra.0.min(rb.0), ra.1.max(rb.1));
         let kid = ChildShard {
             shard_id: child.clone(),
@@ -278,19 +270,7 @@ impl InMemoryShardSource {
             sh.info.ending_sequence_number = Some(self.next_sequence());
             sh.children = vec![kid.clone()];
         }
-        let info = ShardInfo {
-            shard_id: child.clone(),
-            parent_shard_id: Some(a.to_owned()),
-            adjacent_parent_shard_id: Some(b.to_owned()),
-            hash_key_range: r,
-            starting_sequence_number: self.next_sequence(),
-            ending_sequence_number: None,
-        };
-        shards.push(Shard {
-            info,
-            records: Vec::new(),
-            children: Vec::new(),
-        });
+        shards.push(self.open_shard(child.clone(), Some(a), Some(b), r));
         drop(s);
         self.appended.notify_waiters();
         Some(child)

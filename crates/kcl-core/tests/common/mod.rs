@@ -10,9 +10,10 @@ use std::time::Duration;
 use kcl_core::checkpointer::Checkpointer;
 use kcl_core::store::memory::InMemoryLeaseStore;
 use kcl_core::store::metered::{MeteredStore, StoreStats};
+use kcl_core::worker::{StreamSpec, WorkerConfig, WorkerConfigBuilder};
 use kcl_core::{
-    Checkpoint, Lease, LeaseConfig, LeaseCoordinator, LeaseEvent, LeaseHandle, LeaseStore,
-    ShutdownMode,
+    Checkpoint, Lease, LeaseConfig, LeaseCoordinator, LeaseEvent, LeaseHandle, LeaseLayout,
+    LeaseStore, ShutdownMode,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -22,6 +23,16 @@ use tokio::time::Instant;
 
 pub const LEASE: Duration = Duration::from_secs(10);
 pub const TICK: Duration = Duration::from_secs(10);
+
+/// The config of a worker `w` reading `stream` alone, a lease per shard,
+/// to build with the settings under test.
+pub fn single_stream_config(stream: &str) -> WorkerConfigBuilder {
+    let lease = LeaseConfig::builder("w").build().unwrap();
+    WorkerConfig::builder(lease).stream(StreamSpec {
+        name: stream.into(),
+        layout: LeaseLayout::SingleStream,
+    })
+}
 
 /// The latest a jittered tick can come (jitter 0.25).
 pub fn tick_max() -> Duration {

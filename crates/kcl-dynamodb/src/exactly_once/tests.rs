@@ -73,18 +73,29 @@ fn lease_condition_failed(lease: Value) -> Option<(u16, Value)> {
     ))
 }
 
-/// Commits `tx` through `through`, failing the test if the commit waits
-/// for an hour of paused time: nothing else bounds it without the attempt
-/// timeout and the deadline.
-async fn commit(
-    eo: &ExactlyOnce,
-    cp: &mut Checkpointer,
-    tx: Transaction,
-    through: &Record,
-) -> Result<(), TransactionError> {
-    tokio::time::timeout(Duration::from_secs(3600), eo.commit(cp, tx, through))
-        .await
-        .expect("the commit waited for an answer that never came")
+/// Commits one put through record 100/3, failing the test if the commit
+/// waits for an hour of paused time: nothing else bounds it without the
+/// attempt timeout and the deadline.
+async fn commit(eo: &ExactlyOnce, cp: &mut Checkpointer) -> Result<(), TransactionError> {
+    let through = record("100", 3);
+    tokio::time::timeout(
+        Duration::from_secs(3600),
+        eo.commit(cp, one_put(), &through),
+    )
+    .await
+    .expect("the commit waited for an answer that never came")
+}
+
+/// Asserts that `e` gave the commit up with its retries spent, saying `says`.
+fn assert_gave_up(e: &TransactionError, says: &str) {
+    assert!(
+        matches!(
+            e,
+            TransactionError::Failed { message, retries_exhausted: true }
+                if message.contains(says)
+        ),
+        "{e}"
+    );
 }
 
 fn one_put() -> Transaction {
@@ -104,9 +115,7 @@ async fn a_plain_checkpoint_that_landed_with_its_answer_lost_does_not_count_as_t
     let eo = ExactlyOnce::new(dynamodb.client(), "leases");
     let mut cp = checkpointer().await;
 
-    let e = commit(&eo, &mut cp, one_put(), &record("100", 3))
-        .await
-        .unwrap_err();
+    let e = commit(&eo, &mut cp).await.unwrap_err();
 
     assert!(
         matches!(
@@ -147,9 +156,7 @@ async fn a_retry_that_finds_the_commits_own_token_counts_as_applied() {
     let eo = ExactlyOnce::new(dynamodb.client(), "leases").attempt_timeout(Duration::from_secs(1));
     let mut cp = checkpointer().await;
 
-    commit(&eo, &mut cp, one_put(), &record("100", 3))
-        .await
-        .unwrap();
+    commit(&eo, &mut cp).await.unwrap();
 
     assert_eq!(cp.last_checkpoint(), &Checkpoint::at("100", 3));
     let tokens: Vec<Value> = dynamodb
@@ -173,17 +180,8 @@ async fn a_transaction_that_never_answers_is_cut_by_the_attempt_timeout_and_give
     let mut cp = checkpointer().await;
     let started = Instant::now();
 
-    let e = commit(&eo, &mut cp, one_put(), &record("100", 3))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(
-            &e,
-            TransactionError::Failed { message, retries_exhausted: true }
-                if message.contains("unknown")
-        ),
-        "{e}"
-    );
+    let e = commit(&eo, &mut cp).await.unwrap_err();
+    assert_gave_up(&e, "unknown");
     assert!(started.elapsed() <= deadline, "{:?}", started.elapsed());
     assert_eq!(dynamodb.bodies("TransactWriteItems").len(), 3);
     let ops = dynamodb.operations();
@@ -210,18 +208,9 @@ async fn a_commit_without_a_verdict_is_reported_not_committed_only_once_its_toke
         .attempt_timeout(Duration::from_secs(1));
     let mut cp = checkpointer().await;
 
-    let e = commit(&eo, &mut cp, one_put(), &record("100", 3))
-        .await
-        .unwrap_err();
+    let e = commit(&eo, &mut cp).await.unwrap_err();
 
-    assert!(
-        matches!(
-            &e,
-            TransactionError::Failed { message, retries_exhausted: true }
-                if message.contains("not committed")
-        ),
-        "{e}"
-    );
+    assert_gave_up(&e, "not committed");
     assert_eq!(
         dynamodb.operations(),
         ["TransactWriteItems", "TransactWriteItems", "UpdateItem"]
@@ -278,9 +267,7 @@ async fn a_fence_refused_because_the_commit_landed_counts_as_applied() {
         .attempt_timeout(Duration::from_secs(1));
     let mut cp = checkpointer().await;
 
-    commit(&eo, &mut cp, one_put(), &record("100", 3))
-        .await
-        .unwrap();
+    commit(&eo, &mut cp).await.unwrap();
 
     assert_eq!(cp.last_checkpoint(), &Checkpoint::at("100", 3));
     assert_eq!(dynamodb.operations(), ["TransactWriteItems", "UpdateItem"]);

@@ -56,7 +56,7 @@ fn part_capacity(failed: &FailedRecord, meta: &Map<String, Value>) -> Result<usi
             "the failed record {} leaves no room for its data in a dead-letter record \
              ({overhead} bytes of metadata and partition key, of at most {MAX_RECORD_BYTES}); \
              it is not stored, and the shard does not move past it",
-            record_id(failed)
+            failed.id()
         ))),
     }
 }
@@ -76,18 +76,6 @@ fn document(
         .map_err(|e| format!("encoding a dead-letter document failed: {e}"))
 }
 
-/// `stream/shard/sequence/sub-sequence`: the failed record's place in its
-/// source stream, which its parts share.
-pub(crate) fn record_id(failed: &FailedRecord) -> String {
-    format!(
-        "{}/{}/{}/{}",
-        failed.shard.stream,
-        failed.shard.shard_id,
-        failed.record.sequence_number,
-        failed.record.sub_sequence_number
-    )
-}
-
 fn millis(at: SystemTime) -> u64 {
     at.duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -97,7 +85,7 @@ fn millis(at: SystemTime) -> u64 {
 fn metadata(failed: &FailedRecord) -> Map<String, Value> {
     let r = &failed.record;
     let fields: [(&str, Value); 15] = [
-        ("id", record_id(failed).into()),
+        ("id", failed.id().into()),
         ("stream", failed.shard.stream.as_str().into()),
         ("shard_id", failed.shard.shard_id.as_str().into()),
         ("sequence_number", r.sequence_number.as_str().into()),

@@ -31,7 +31,7 @@ use crate::calls::IteratorStart;
 use crate::calls::Shared;
 use crate::calls::classify::{Class, Classified, classify};
 use crate::records::{Records, Start};
-use crate::task_reader::{Delivery, TaskReader};
+use crate::task_reader::{Delivery, TaskReader, run_task};
 
 mod event;
 mod failure;
@@ -290,16 +290,7 @@ impl std::fmt::Debug for Subscriber {
 impl Subscriber {
     async fn run(mut self, stop: CancellationToken) {
         let tx = self.tx.clone();
-        tokio::select! {
-            biased;
-            () = stop.cancelled() => {}
-            () = async {
-                if let Err(e) = self.subscribe_loop().await {
-                    // If the reader is gone nobody needs the error.
-                    let _ = tx.send(Err(e)).await;
-                }
-            } => {}
-        }
+        run_task(stop, tx, self.subscribe_loop()).await;
     }
 
     fn lease_lost(&self) -> SourceError {

@@ -11,7 +11,7 @@ use crate::calls::{IteratorStart, KinesisApi};
 use crate::fake::FakeKinesis;
 use crate::test_util::fanout::{FakeFanOut, StreamFault, SubscribeFault};
 pub(super) use crate::test_util::readers::{
-    STREAM, after, expected, handle, held, payloads, put_aggregate_between, read_n,
+    STREAM, after, expected, handle, held, payloads, put_aggregate_between, read_n, read_shard_end,
 };
 
 pub(super) fn config() -> FanOutConfigBuilder {
@@ -31,6 +31,25 @@ pub(super) struct Setup {
 
 pub(super) fn setup(config: FanOutConfig) -> Setup {
     setup_shards(config, 1)
+}
+
+/// A setup whose config is the tests' `config()` changed by `configure`.
+pub(super) fn setup_with(
+    configure: impl FnOnce(FanOutConfigBuilder) -> FanOutConfigBuilder,
+) -> Setup {
+    setup(configure(config()).build().expect("config"))
+}
+
+/// Asserts that every subscription after the first continued after the
+/// last event delivered.
+fn assert_renewals_continue(s: &Setup) {
+    let subscriptions = s.fake.subscriptions();
+    assert!(
+        subscriptions[1..]
+            .iter()
+            .all(|(_, start)| matches!(start, IteratorStart::AfterSequence(_))),
+        "{subscriptions:?}"
+    );
 }
 
 pub(super) fn setup_shards(config: FanOutConfig, shards: usize) -> Setup {
@@ -170,12 +189,7 @@ async fn losing_the_registration_race_is_not_an_error() {
 
 #[tokio::test(start_paused = true)]
 async fn a_consumer_that_never_becomes_active_fails_open_with_a_clear_error() {
-    let s = setup(
-        config()
-            .consumer_active_timeout(Duration::from_secs(5))
-            .build()
-            .expect("config"),
-    );
+    let s = setup_with(|c| c.consumer_active_timeout(Duration::from_secs(5)));
     s.fake.creating_for(u32::MAX);
     let started = tokio::time::Instant::now();
     let err = open_at(&s, &s.shard, StartPosition::TrimHorizon, held(&s.shard))
@@ -209,12 +223,7 @@ async fn a_missing_stream_is_stream_not_found() {
 
 #[tokio::test(start_paused = true)]
 async fn the_subscription_is_renewed_after_its_lifetime_without_loss_or_repeat() {
-    let s = setup(
-        config()
-            .subscription_lifetime(Duration::from_secs(2))
-            .build()
-            .expect("config"),
-    );
+    let s = setup_with(|c| c.subscription_lifetime(Duration::from_secs(2)));
     let mut reader = open(&s, StartPosition::TrimHorizon).await;
     let mut records = Vec::new();
     // Produce while reading, across several lifetimes.
@@ -228,14 +237,9 @@ async fn the_subscription_is_renewed_after_its_lifetime_without_loss_or_repeat()
     assert_eq!(payloads(&records), expected(0..80));
     let stats = s.source.stats();
     assert!(stats.resubscribes >= 2, "{stats:?}");
-    let subscriptions = s.fake.subscriptions();
     // Every renewal continues after the last event.
-    assert!(
-        subscriptions[1..]
-            .iter()
-            .all(|(_, start)| matches!(start, IteratorStart::AfterSequence(_))),
-        "{subscriptions:?}"
-    );
+    assert_renewals_continue(&s);
+    let subscriptions = s.fake.subscriptions();
     // At most one subscription per second.
     for pair in subscriptions.windows(2) {
         assert!(
@@ -283,7 +287,7 @@ async fn in_use_and_throttling_are_waited_out_without_errors() {
 
 #[tokio::test(start_paused = true)]
 async fn stream_failures_resume_after_the_last_event_and_are_reported_past_the_limit() {
-    let s = setup(config().max_transient_retries(2).build().expect("config"));
+    let s = setup_with(|c| c.max_transient_retries(2));
     put_plain(&s, 0..10);
     // The first subscription fails after one event (a reset connection),
     // then two calls fail: three failures in a row exceed the limit of
@@ -304,23 +308,12 @@ async fn stream_failures_resume_after_the_last_event_and_are_reported_past_the_l
     assert_eq!(errors, 1, "reported once, after max_transient_retries");
     let stats = s.source.stats();
     assert_eq!((stats.subscribe_calls, stats.subscription_errors), (5, 4));
-    let subscriptions = s.fake.subscriptions();
-    assert!(
-        subscriptions[1..]
-            .iter()
-            .all(|(_, start)| matches!(start, IteratorStart::AfterSequence(_))),
-        "{subscriptions:?}"
-    );
+    assert_renewals_continue(&s);
 }
 
 #[tokio::test(start_paused = true)]
 async fn records_sent_again_are_dropped() {
-    let s = setup(
-        config()
-            .subscription_lifetime(Duration::from_secs(2))
-            .build()
-            .expect("config"),
-    );
+    let s = setup_with(|c| c.subscription_lifetime(Duration::from_secs(2)));
     put_plain(&s, 0..10);
     let mut reader = open(&s, StartPosition::TrimHorizon).await;
     let (mut records, _) = read_n(reader.as_mut(), 10).await;
@@ -428,7 +421,7 @@ async fn opening_with_a_lost_lease_makes_no_call() {
 
 #[tokio::test(start_paused = true)]
 async fn a_stalled_processor_stops_the_event_stream() {
-    let s = setup(config().max_buffered_batches(2).build().expect("config"));
+    let s = setup_with(|c| c.max_buffered_batches(2));
     let mut reader = open(&s, StartPosition::TrimHorizon).await;
     put_one_per_event(&s, 20).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
@@ -442,7 +435,7 @@ async fn a_stalled_processor_stops_the_event_stream() {
 
 #[tokio::test(start_paused = true)]
 async fn a_long_stall_lets_the_subscription_go_and_resumes_after_it() {
-    let s = setup(config().max_buffered_batches(1).build().expect("config"));
+    let s = setup_with(|c| c.max_buffered_batches(1));
     let mut reader = open(&s, StartPosition::TrimHorizon).await;
     put_one_per_event(&s, 10).await;
     // Nobody reads: after the stall limit the subscription is let go, so
@@ -464,7 +457,7 @@ async fn a_long_stall_lets_the_subscription_go_and_resumes_after_it() {
 
 #[tokio::test(start_paused = true)]
 async fn the_byte_budget_bounds_what_is_buffered() {
-    let s = setup(config().max_buffered_bytes(3000).build().expect("config"));
+    let s = setup_with(|c| c.max_buffered_bytes(3000));
     let mut reader = open(&s, StartPosition::TrimHorizon).await;
     for i in 0..5 {
         s.kinesis.put(STREAM, &s.shard, "pk", vec![b'x'; 2000 + i]);
@@ -524,30 +517,14 @@ async fn an_announced_shard_end_names_the_children() {
     put_plain(&s, 0..3);
     let kids = s.kinesis.split(STREAM, &s.shard, true);
     let mut reader = open(&s, StartPosition::TrimHorizon).await;
-    let batch = reader.next_batch().await.expect("last batch");
-    assert_eq!(payloads(&batch.records), expected(0..3));
-    let children = batch.shard_end.expect("shard end");
-    let ids: Vec<&str> = children.iter().map(|c| c.shard_id.as_str()).collect();
-    assert_eq!(ids, kids.iter().map(String::as_str).collect::<Vec<_>>());
-    assert!(
-        children
-            .iter()
-            .all(|c| c.parent_shard_ids == [s.shard.clone()])
-    );
-    let err = reader.next_batch().await.expect_err("after the end");
-    assert!(matches!(err, SourceError::Fatal { .. }));
+    read_shard_end(reader.as_mut(), &s.shard, &kids, 0..3).await;
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(s.fake.active(), 0);
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_unannounced_shard_end_is_found_by_the_closed_shard_check() {
-    let s = setup(
-        config()
-            .closed_shard_check_interval(Some(Duration::from_secs(2)))
-            .build()
-            .expect("config"),
-    );
+    let s = setup_with(|c| c.closed_shard_check_interval(Some(Duration::from_secs(2))));
     s.fake.silent_end();
     put_plain(&s, 0..3);
     let mut reader = open(&s, StartPosition::TrimHorizon).await;
@@ -619,7 +596,7 @@ async fn shutdown_deregisters_only_when_asked() {
         (DeregisterConsumer::Never, 0),
         (DeregisterConsumer::OnShutdown, 1),
     ] {
-        let s = setup(config().deregister(deregister).build().expect("config"));
+        let s = setup_with(|c| c.deregister(deregister));
         let reader = open(&s, StartPosition::TrimHorizon).await;
         drop(reader);
         let done = s.source.shutdown().await.expect("shutdown");

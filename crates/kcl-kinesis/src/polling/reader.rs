@@ -27,7 +27,7 @@ use crate::calls::retry::{Failure, ForReader, Op, retryable, retrying_holding};
 use crate::discovery::{children_in, list_after, reported_children};
 use crate::gone::{Missing, past_trim_horizon, why_missing};
 use crate::records::{Records, Start, Taken, held_bytes};
-use crate::task_reader::{Delivery, TaskReader};
+use crate::task_reader::{Delivery, TaskReader, run_task};
 
 /// Batches the fetch task may have waiting for the reader. The record and
 /// byte budgets are the real bound; this only caps how many small batches
@@ -268,16 +268,7 @@ struct Fetcher {
 impl Fetcher {
     async fn run(mut self, stop: CancellationToken) {
         let tx = self.tx.clone();
-        tokio::select! {
-            biased;
-            () = stop.cancelled() => {}
-            () = async {
-                if let Err(e) = self.fetch().await {
-                    // If the reader is gone nobody needs the error.
-                    let _ = tx.send(Err(e)).await;
-                }
-            } => {}
-        }
+        run_task(stop, tx, self.fetch()).await;
         // No longer read here: drop out of the fleet's max() rather than
         // freeze at the last value (the next reader, here or on another
         // worker, reports its own).

@@ -8,7 +8,7 @@ use crate::calls::KinesisApi;
 use crate::fake::FakeKinesis;
 use crate::faults::{Call, Fault, FaultInjector, Faulty};
 pub(super) use crate::test_util::readers::{
-    STREAM, after, expected, handle, held, payloads, put_aggregate_between, read_n,
+    STREAM, after, expected, handle, held, payloads, put_aggregate_between, read_n, read_shard_end,
 };
 use crate::{KinesisShardSource, PollingConfig};
 
@@ -244,18 +244,7 @@ async fn shard_end_names_the_children() {
         put_plain(&s, 3);
         let kids = s.fake.split(STREAM, &s.shard, report_children);
         let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
-        let batch = reader.next_batch().await.expect("last batch");
-        assert_eq!(payloads(&batch.records), expected(0..3));
-        let children = batch.shard_end.expect("shard end");
-        let ids: Vec<&str> = children.iter().map(|c| c.shard_id.as_str()).collect();
-        assert_eq!(ids, kids.iter().map(String::as_str).collect::<Vec<_>>());
-        assert!(
-            children
-                .iter()
-                .all(|c| c.parent_shard_ids == [s.shard.clone()])
-        );
-        let err = reader.next_batch().await.expect_err("after the end");
-        assert!(matches!(err, SourceError::Fatal { .. }));
+        read_shard_end(reader.as_mut(), &s.shard, &kids, 0..3).await;
         let lookups = s
             .fake
             .list_requests()

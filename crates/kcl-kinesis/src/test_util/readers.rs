@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kcl_core::leases::LeaseHandle;
-use kcl_core::source::{ShardReader, StartPosition};
+use kcl_core::source::{ShardReader, SourceError, StartPosition};
 use kcl_core::{Checkpoint, Lease, Record};
 
 use super::fake::FakeKinesis;
@@ -51,6 +51,25 @@ pub(crate) async fn read_n(reader: &mut dyn ShardReader, n: usize) -> (Vec<Recor
         .await
         .expect("read timed out");
     (records, errors)
+}
+
+/// Reads the last batch of the split shard `parent`: it carries the plain
+/// records `range` and names `kids` as the children, and a read after it
+/// fails for good.
+pub(crate) async fn read_shard_end(
+    reader: &mut dyn ShardReader,
+    parent: &str,
+    kids: &[String],
+    range: std::ops::Range<usize>,
+) {
+    let batch = reader.next_batch().await.expect("last batch");
+    assert_eq!(payloads(&batch.records), expected(range));
+    let children = batch.shard_end.expect("shard end");
+    let ids: Vec<&str> = children.iter().map(|c| c.shard_id.as_str()).collect();
+    assert_eq!(ids, kids.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(children.iter().all(|c| c.parent_shard_ids == [parent]));
+    let err = reader.next_batch().await.expect_err("after the end");
+    assert!(matches!(err, SourceError::Fatal { .. }));
 }
 
 /// The records' payloads, as text.

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_sdk_dynamodb::config::http::{HttpRequest, HttpResponse};
-use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::AttributeValue;
 use aws_smithy_runtime_api::client::http::{
     HttpClient, HttpConnector, HttpConnectorFuture, HttpConnectorSettings, SharedHttpConnector,
 };
@@ -23,80 +23,19 @@ use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use aws_smithy_runtime_api::http::StatusCode;
 use aws_smithy_types::body::SdkBody;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
-use kcl::{Checkpointer, ExactlyOnce, Transaction, TransactionError};
+use http_body_util::Full;
+use kcl::{ExactlyOnce, Transaction, TransactionError};
 use kcl_core::store::{CheckpointUpdate, LeaseStore as _};
 use kcl_core::{Checkpoint, Holder};
-use kcl_dynamodb::DynamoDbLeaseStore;
-use kcl_tests::{TestEnv, counting, unique_name};
-use tokio::net::TcpStream;
+use kcl_tests::counting;
+use kcl_tests::fault_proxy::exchange;
 
-/// A lease table with lease `shard-1` held by `w-1` in tenure `t-1`, a
-/// checkpointer for it handed records up to `100/5`, and a sink table.
-struct Held {
-    env: TestEnv,
-    store: DynamoDbLeaseStore,
-    lease_table: String,
-    checkpointer: Checkpointer,
-    sink: String,
-}
-
-async fn held_lease() -> Held {
-    let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
-    let lease_table = unique_name("kcl-eo-settle");
-    kcl_dynamodb::ensure_table(
-        env.dynamodb(),
-        &lease_table,
-        kcl_dynamodb::Capacity::OnDemand,
-    )
-    .await
-    .unwrap();
-    let store = DynamoDbLeaseStore::new(env.dynamodb().clone(), &lease_table);
-    let lease = store
-        .create_if_absent(&kcl_core::Lease::new("shard-1", Checkpoint::TrimHorizon))
-        .await
-        .unwrap();
-    let lease = store.take(&lease, Holder::new("w-1", "t-1")).await.unwrap();
-    let handle = kcl_core::LeaseHandle::detached(lease, Duration::from_secs(300));
-    let mut checkpointer = Checkpointer::for_test(Arc::new(store.clone()), handle);
-    checkpointer.delivered_for_test("100", 5);
-    let sink = unique_name("kcl-eo-settle-sink");
-    counting::create_table(env.dynamodb(), &sink).await.unwrap();
-    Held {
-        env,
-        store,
-        lease_table,
-        checkpointer,
-        sink,
-    }
-}
-
-fn record(seq: &str, sub: u64) -> kcl::Record {
-    kcl::Record {
-        data: bytes::Bytes::from_static(b"x"),
-        partition_key: "pk-0".into(),
-        explicit_hash_key: None,
-        sequence_number: seq.into(),
-        sub_sequence_number: sub,
-        approximate_arrival: None,
-        aggregated: sub > 0,
-    }
-}
+use super::{Held, held_lease, put_add, record};
 
 /// A transaction adding 1 to `key`'s counter: applied twice, it shows.
 fn add_one(table: &str, key: &str) -> Transaction {
-    let update = Update::builder()
-        .table_name(table)
-        .key(counting::KEY, AttributeValue::S(key.into()))
-        .update_expression("ADD #n :one")
-        .expression_attribute_names("#n", counting::COUNT)
-        .expression_attribute_values(":one", AttributeValue::N("1".into()))
-        .build()
-        .unwrap();
     let mut tx = Transaction::new();
-    tx.push(TransactWriteItem::builder().update(update).build())
-        .unwrap();
+    tx.push(put_add(table, key)).unwrap();
     tx
 }
 
@@ -293,17 +232,7 @@ async fn send(endpoint: &str, request: HttpRequest) -> anyhow::Result<HttpRespon
     }
     let body = Bytes::copy_from_slice(request.body().bytes().unwrap_or_default());
     let outgoing = outgoing.body(Full::new(body))?;
-    let io = TcpStream::connect(authority).await?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
-    let exchange = async move {
-        let response = sender.send_request(outgoing).await?;
-        let (parts, body) = response.into_parts();
-        let body = body.collect().await?.to_bytes();
-        drop(sender);
-        anyhow::Ok((parts, body))
-    };
-    let (_, exchanged) = tokio::join!(connection, exchange);
-    let (parts, body) = exchanged?;
+    let (parts, body) = exchange(authority, outgoing).await?;
     let mut response = HttpResponse::new(
         StatusCode::try_from(parts.status.as_u16())?,
         SdkBody::from(body),

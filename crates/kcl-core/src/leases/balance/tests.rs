@@ -14,8 +14,48 @@ struct Fleet {
     foreign: usize,
 }
 
-fn name(w: usize) -> String {
+pub(super) fn name(w: usize) -> String {
     format!("worker-{w}")
+}
+
+pub(super) fn key(i: usize) -> String {
+    format!("shard-{i:03}")
+}
+
+/// How many leases each of `workers` workers holds, where worker
+/// `owners[i]` holds lease i.
+pub(super) fn counts(workers: usize, owners: &[Option<usize>]) -> Vec<usize> {
+    let mut c = vec![0; workers];
+    for o in owners.iter().flatten() {
+        c[*o] += 1;
+    }
+    c
+}
+
+/// The table as worker `w` reads it, every owner alive: lease i is
+/// `keys[i]`, held by `names[owners[i]]`, with the figure `load(i)`.
+pub(super) fn lease_views<'a>(
+    owners: &[Option<usize>],
+    w: usize,
+    keys: &'a [String],
+    names: &'a [String],
+    load: impl Fn(usize) -> Option<f64>,
+) -> Vec<LeaseView<'a>> {
+    owners
+        .iter()
+        .enumerate()
+        .map(|(i, o)| LeaseView {
+            key: &keys[i],
+            owner: o.map(|o| names[o].as_str()),
+            expired: false,
+            unrenewed_for: Duration::ZERO,
+            held_here: *o == Some(w),
+            other_process: false,
+            in_handoff: false,
+            seen_alive: true,
+            load: load(i),
+        })
+        .collect()
 }
 
 impl Fleet {
@@ -38,11 +78,7 @@ impl Fleet {
     }
 
     fn counts(&self) -> Vec<usize> {
-        let mut c = vec![0; self.workers];
-        for o in self.owners.iter().flatten() {
-            c[*o] += 1;
-        }
-        c
+        counts(self.workers, &self.owners)
     }
 
     fn spread(&self) -> usize {
@@ -57,27 +93,10 @@ impl Fleet {
     /// One worker's decision on the current table (every owner alive).
     fn decide_for(&self, w: usize, max_steal: usize) -> Decision {
         let names: Vec<String> = (0..self.workers).map(name).collect();
-        let keys: Vec<String> = (0..self.owners.len())
-            .map(|i| format!("shard-{i:03}"))
-            .collect();
+        let keys: Vec<String> = (0..self.owners.len()).map(key).collect();
         let me = name(w);
-        let leases = self
-            .owners
-            .iter()
-            .enumerate()
-            .map(|(i, o)| LeaseView {
-                key: &keys[i],
-                owner: o.map(|o| names[o].as_str()),
-                expired: false,
-                unrenewed_for: Duration::ZERO,
-                held_here: *o == Some(w),
-                other_process: false,
-                in_handoff: false,
-                seen_alive: true,
-                // No figures: the count rule, the fallback of balance by load.
-                load: None,
-            })
-            .collect();
+        // No figures: the count rule, the fallback of balance by load.
+        let leases = lease_views(&self.owners, w, &keys, &names, |_| None);
         let foreign: Vec<&str> = (0..self.workers)
             .filter(|w| self.is_foreign(*w))
             .map(|w| names[w].as_str())

@@ -53,6 +53,14 @@ fn metrics_of(request: &ExportMetricsServiceRequest) -> &[Metric] {
     &request.resource_metrics[0].scope_metrics[0].metrics
 }
 
+/// The names of the metrics `request` exports, in its order.
+fn names_of(request: &ExportMetricsServiceRequest) -> Vec<&str> {
+    metrics_of(request)
+        .iter()
+        .map(|m| m.name.as_str())
+        .collect()
+}
+
 fn find<'a>(request: &'a ExportMetricsServiceRequest, name: &str) -> &'a Metric {
     metrics_of(request)
         .iter()
@@ -273,10 +281,7 @@ fn series_beyond_max_series_are_dropped_and_counted() {
         metrics::counter!("app_kept_total", "n" => "1").increment(1);
     });
     let request = encoded(&recorder);
-    let names: Vec<&str> = metrics_of(&request)
-        .iter()
-        .map(|m| m.name.as_str())
-        .collect();
+    let names = names_of(&request);
     assert_eq!(
         names,
         ["app_kept", "app_kept_total", OTLP_MEASUREMENTS_DROPPED]
@@ -309,10 +314,7 @@ fn every_kcl_metric_is_exported_as_its_kind_with_its_unit_and_description() {
         }
     });
     let request = encoded(&recorder);
-    let names: Vec<&str> = metrics_of(&request)
-        .iter()
-        .map(|m| m.name.as_str())
-        .collect();
+    let names = names_of(&request);
     let mut expected: Vec<&str> = metric_names::ALL.iter().map(|s| s.name).collect();
     expected.sort_unstable();
     assert_eq!(names, expected, "one metric per name, sorted");
@@ -359,13 +361,15 @@ fn an_applications_description_and_unit_are_exported() {
 
 #[test]
 fn the_resource_names_the_service_and_the_instance() {
-    let validated = OtlpMetrics::new(NOWHERE)
-        .resource_attribute("deployment.environment", "prod")
-        .with_worker_defaults("orders", "worker-1")
-        .validate()
-        .expect("valid");
+    let resource = |settings: OtlpMetrics| {
+        settings
+            .with_worker_defaults("orders", "worker-1")
+            .validate()
+            .expect("valid")
+            .resource
+    };
     assert_eq!(
-        validated.resource,
+        resource(OtlpMetrics::new(NOWHERE).resource_attribute("deployment.environment", "prod")),
         owned(&[
             ("service.name", "orders"),
             ("service.instance.id", "worker-1"),
@@ -374,28 +378,21 @@ fn the_resource_names_the_service_and_the_instance() {
     );
     // Explicit settings win over the worker's defaults and over a
     // resource attribute of the same key.
-    let validated = OtlpMetrics::new(NOWHERE)
-        .resource_attribute("service.name", "ignored")
-        .service_name("billing")
-        .service_instance_id("pod-7")
-        .with_worker_defaults("orders", "worker-1")
-        .validate()
-        .expect("valid");
     assert_eq!(
-        validated.resource,
+        resource(
+            OtlpMetrics::new(NOWHERE)
+                .resource_attribute("service.name", "ignored")
+                .service_name("billing")
+                .service_instance_id("pod-7")
+        ),
         owned(&[
             ("service.name", "billing"),
             ("service.instance.id", "pod-7")
         ])
     );
     // A resource attribute stands in for a default it names.
-    let validated = OtlpMetrics::new(NOWHERE)
-        .resource_attribute("service.name", "from-attribute")
-        .with_worker_defaults("orders", "worker-1")
-        .validate()
-        .expect("valid");
     assert_eq!(
-        validated.resource,
+        resource(OtlpMetrics::new(NOWHERE).resource_attribute("service.name", "from-attribute")),
         owned(&[
             ("service.instance.id", "worker-1"),
             ("service.name", "from-attribute"),
@@ -412,22 +409,20 @@ fn the_resource_names_the_service_and_the_instance() {
 #[test]
 fn the_metrics_url_is_the_endpoint_with_v1_metrics() {
     let url = |e: &str| metrics_url(e).map(|u| u.to_string());
-    assert_eq!(
-        url("http://collector:4318").as_deref(),
-        Ok("http://collector:4318/v1/metrics")
-    );
-    assert_eq!(
-        url("http://collector:4318/").as_deref(),
-        Ok("http://collector:4318/v1/metrics")
-    );
-    assert_eq!(
-        url("https://otlp.example.com/otlp/").as_deref(),
-        Ok("https://otlp.example.com/otlp/v1/metrics")
-    );
-    assert_eq!(
-        url("http://collector:4318/v1/metrics").as_deref(),
-        Ok("http://collector:4318/v1/metrics")
-    );
+    for (endpoint, metrics) in [
+        ("http://collector:4318", "http://collector:4318/v1/metrics"),
+        ("http://collector:4318/", "http://collector:4318/v1/metrics"),
+        (
+            "https://otlp.example.com/otlp/",
+            "https://otlp.example.com/otlp/v1/metrics",
+        ),
+        (
+            "http://collector:4318/v1/metrics",
+            "http://collector:4318/v1/metrics",
+        ),
+    ] {
+        assert_eq!(url(endpoint).as_deref(), Ok(metrics), "{endpoint}");
+    }
     for (endpoint, says) in [
         ("collector:4318", "scheme"),
         ("grpc://collector:4317", "gRPC is not supported"),

@@ -3,8 +3,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use super::super::tests::shuffle;
-use super::super::{Balance, BalanceInput, Decision, LeaseView, decide};
+use super::super::tests::{counts, key, lease_views, name, shuffle};
+use super::super::{Balance, BalanceInput, Decision, decide};
 use super::{LEASE_COST, TOLERANCE, count_cap};
 
 /// A fleet in the model: `owners[i]` is the worker holding lease i, and
@@ -15,25 +15,13 @@ struct Fleet {
     owners: Vec<Option<usize>>,
 }
 
-fn name(w: usize) -> String {
-    format!("worker-{w}")
-}
-
-fn key(i: usize) -> String {
-    format!("shard-{i:03}")
-}
-
 fn index(key: &str) -> usize {
     key["shard-".len()..].parse().expect("test key")
 }
 
 impl Fleet {
     fn counts(&self) -> Vec<usize> {
-        let mut c = vec![0; self.workers];
-        for o in self.owners.iter().flatten() {
-            c[*o] += 1;
-        }
-        c
+        counts(self.workers, &self.owners)
     }
 
     /// Each worker's true weight, as the decision weighs (figure plus the
@@ -59,22 +47,7 @@ impl Fleet {
         let names: Vec<String> = (0..self.workers).map(name).collect();
         let keys: Vec<String> = (0..self.owners.len()).map(key).collect();
         let me = name(w);
-        let leases = self
-            .owners
-            .iter()
-            .enumerate()
-            .map(|(i, o)| LeaseView {
-                key: &keys[i],
-                owner: o.map(|o| names[o].as_str()),
-                expired: false,
-                unrenewed_for: Duration::ZERO,
-                held_here: *o == Some(w),
-                other_process: false,
-                in_handoff: false,
-                seen_alive: true,
-                load: Some(figures[i]),
-            })
-            .collect();
+        let leases = lease_views(&self.owners, w, &keys, &names, |i| Some(figures[i]));
         decide(&BalanceInput {
             me: &me,
             leases,
@@ -379,21 +352,11 @@ fn without_figures_the_count_rule_decides() {
 #[test]
 fn with_java_workers_on_the_table_the_count_rule_decides() {
     let keys: Vec<String> = (0..4).map(key).collect();
-    let leases = keys
-        .iter()
-        .enumerate()
-        .map(|(i, k)| LeaseView {
-            key: k,
-            owner: Some(if i < 3 { "kcl" } else { "java" }),
-            expired: false,
-            unrenewed_for: Duration::ZERO,
-            held_here: i < 3,
-            other_process: false,
-            in_handoff: false,
-            seen_alive: true,
-            load: Some(if i == 0 { 100.0 } else { 1.0 }),
-        })
-        .collect();
+    let names = ["kcl".to_owned(), "java".to_owned()];
+    let owners = [0, 0, 0, 1].map(Some);
+    let leases = lease_views(&owners, 0, &keys, &names, |i| {
+        Some(if i == 0 { 100.0 } else { 1.0 })
+    });
     let d = decide(&BalanceInput {
         me: "kcl",
         leases,
@@ -415,21 +378,11 @@ fn with_java_workers_on_the_table_the_count_rule_decides() {
 #[test]
 fn a_holder_without_a_liveness_record_leaves_the_decision_to_the_count_rule() {
     let keys: Vec<String> = (0..4).map(key).collect();
-    let leases: Vec<LeaseView<'_>> = keys
-        .iter()
-        .enumerate()
-        .map(|(i, k)| LeaseView {
-            key: k,
-            owner: Some(if i < 2 { "kcl" } else { "java" }),
-            expired: false,
-            unrenewed_for: Duration::ZERO,
-            held_here: i < 2,
-            other_process: false,
-            in_handoff: false,
-            seen_alive: true,
-            load: Some(if i < 2 { 1.0 } else { 50.0 }),
-        })
-        .collect();
+    let names = ["kcl".to_owned(), "java".to_owned()];
+    let owners = [0, 0, 1, 1].map(Some);
+    let leases = lease_views(&owners, 0, &keys, &names, |i| {
+        Some(if i < 2 { 1.0 } else { 50.0 })
+    });
     let input = |peers: Vec<&'static str>| BalanceInput {
         me: "kcl",
         leases: leases.clone(),
@@ -455,19 +408,9 @@ fn balance_by_count_ignores_figures() {
     };
     let names = [name(0), name(1)];
     let keys: Vec<String> = (0..4).map(key).collect();
-    let leases = (0..4)
-        .map(|i| LeaseView {
-            key: &keys[i],
-            owner: fleet.owners[i].map(|o| names[o].as_str()),
-            expired: false,
-            unrenewed_for: Duration::ZERO,
-            held_here: fleet.owners[i] == Some(1),
-            other_process: false,
-            in_handoff: false,
-            seen_alive: true,
-            load: Some(if i < 2 { 100.0 } else { 1.0 }),
-        })
-        .collect::<Vec<_>>();
+    let leases = lease_views(&fleet.owners, 1, &keys, &names, |i| {
+        Some(if i < 2 { 100.0 } else { 1.0 })
+    });
     let input = |balance| BalanceInput {
         me: "worker-1",
         leases: leases.clone(),
