@@ -31,10 +31,13 @@
 //! the table every 5 s of it). A seed replays exactly, the interleaving of
 //! the engine's tasks too: each worker's config carries a seed, from which
 //! its instance id, tick jitter and retry jitter are drawn; the engine
-//! walks its held leases in key order and polls its loops in a fixed order.
-//! (With random instance ids, thread-random jitter and unbiased selects, a
-//! failing seed failed three replays in four. Seed 1053 still diverges in
-//! about one replay in six, from a source not found yet.)
+//! walks its held leases in key order and polls its loops in a fixed order,
+//! and no two of its tasks wait on one `tokio::sync::watch` (which wakes
+//! its waiters in an order drawn from the runtime's random generator,
+//! seeded per process: seed 1053 diverged in some replays from the order
+//! the taker and the watcher woke at the first beat). (With random
+//! instance ids, thread-random jitter and unbiased selects, a failing seed
+//! failed three replays in four.)
 #![allow(clippy::unwrap_used)]
 
 mod common;

@@ -46,11 +46,10 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     let mut watcher = Watcher::default();
     // The first read waits for this instance's first beat (bounded, as the
     // taker's first tick is): its own record is then among those read.
-    let mut first_beat = shared.first_beat.subscribe();
-    let _ = tokio::time::timeout(shared.config.renew_interval, first_beat.wait_for(|b| *b)).await;
+    let _ = tokio::time::timeout(shared.config.renew_interval, shared.first_beat.wait()).await;
     loop {
         watcher.read(&shared).await;
-        let _ = shared.first_read.send_replace(true);
+        shared.first_read.set();
         let at = watcher.next_read(&shared, Instant::now());
         // In a fixed order (a seeded simulation replays exactly).
         tokio::select! {

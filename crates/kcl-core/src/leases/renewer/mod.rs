@@ -139,7 +139,7 @@ async fn beat_loop(shared: &Shared) {
         *shared.beat_round.lock().unwrap_or_else(|e| e.into_inner()) = Some(next_round);
         next_round += shared.config.renew_interval;
         beat_once(shared, next_round).await;
-        let _ = shared.first_beat.send_replace(true);
+        shared.first_beat.set();
         next_round = next_round.max(Instant::now());
     }
 }

@@ -24,9 +24,11 @@ use crate::observe::{Event, Observer, record_metric};
 use crate::store::timeout::TimeoutStore;
 use crate::store::{Holder, LeaseStore, StoreError};
 
+mod latch;
 mod renewal_mode;
 mod sit_out;
 
+use latch::Latch;
 use sit_out::SitOut;
 
 /// Decides which leases of the table this worker competes for (a
@@ -65,7 +67,7 @@ pub(crate) struct Shared {
     pub(crate) tick_now: Notify,
     /// Set once the first beat was tried (the taker's first tick waits for
     /// it, so peers can see this instance before it takes anything).
-    pub(crate) first_beat: tokio::sync::watch::Sender<bool>,
+    pub(crate) first_beat: Latch,
     /// True while this worker runs the fleet's shard sync and cleanup.
     pub(crate) sync_leader: std::sync::atomic::AtomicBool,
     /// When the last beat that landed was sent (liveness mode).
@@ -77,7 +79,7 @@ pub(crate) struct Shared {
     pub(crate) last_read: Mutex<Option<Instant>>,
     /// Set once the watcher's first read was tried (the taker's first tick
     /// waits for it).
-    pub(crate) first_read: tokio::sync::watch::Sender<bool>,
+    pub(crate) first_read: Latch,
     /// Asks the watcher for a read now (a decision held back for one).
     pub(crate) read_now: Notify,
     /// Asks the renewer for a round now: a tenure started handing off, and
@@ -143,12 +145,12 @@ impl Shared {
             beat_state: Mutex::default(),
             rescan: AtomicBool::new(false),
             tick_now: Notify::new(),
-            first_beat: tokio::sync::watch::Sender::new(false),
+            first_beat: Latch::default(),
             sync_leader: std::sync::atomic::AtomicBool::new(true),
             last_beat: Mutex::new(None),
             beat_round: Mutex::new(None),
             last_read: Mutex::new(None),
-            first_read: tokio::sync::watch::Sender::new(false),
+            first_read: Latch::default(),
             read_now: Notify::new(),
             renew_now: Notify::new(),
             wants_proof: AtomicBool::new(false),

@@ -64,11 +64,9 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     // Peers must be able to see this instance alive before a lease names
     // it: the first tick waits for the first beat (bounded: a store that
     // does not answer fails the beat, and the taker goes on).
-    let mut first_beat = shared.first_beat.subscribe();
-    let _ = tokio::time::timeout(shared.config.renew_interval, first_beat.wait_for(|b| *b)).await;
+    let _ = tokio::time::timeout(shared.config.renew_interval, shared.first_beat.wait()).await;
     // And judges from the watcher's first read of the records.
-    let mut first_read = shared.first_read.subscribe();
-    let _ = tokio::time::timeout(shared.config.renew_interval, first_read.wait_for(|r| *r)).await;
+    let _ = tokio::time::timeout(shared.config.renew_interval, shared.first_read.wait()).await;
     loop {
         let next_wake = taker.tick(&shared).await;
         let interval = shared
