@@ -34,6 +34,8 @@ use std::time::Duration;
 use anyhow::{Context, bail, ensure};
 use aws_config::{BehaviorVersion, SdkConfig};
 use aws_sdk_kinesis::types::StreamStatus;
+use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
+use aws_smithy_runtime_api::client::result::SdkError;
 use kcl::{
     Checkpointer, InitialPosition, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
     Worker, WorkerHandle, WorkerStatus,
@@ -646,34 +648,42 @@ async fn shard_hash_keys(
 }
 
 async fn delete_stream(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> anyhow::Result<()> {
-    match kinesis
+    let answer = kinesis
         .delete_stream()
         .stream_name(stream)
         .enforce_consumer_deletion(true)
         .send()
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(e)
-            if e.as_service_error()
-                .is_some_and(|e| e.is_resource_not_found_exception()) =>
-        {
-            Ok(())
-        }
-        Err(e) => Err(e).with_context(|| format!("DeleteStream {stream}")),
-    }
+        .await;
+    deleted(
+        answer,
+        |e| e.is_resource_not_found_exception(),
+        format!("DeleteStream {stream}"),
+    )
 }
 
 async fn delete_table(dynamodb: &aws_sdk_dynamodb::Client, table: &str) -> anyhow::Result<()> {
-    match dynamodb.delete_table().table_name(table).send().await {
+    let answer = dynamodb.delete_table().table_name(table).send().await;
+    deleted(
+        answer,
+        |e| e.is_resource_not_found_exception(),
+        format!("DeleteTable {table}"),
+    )
+}
+
+/// The answer of the delete `call`, where a resource already gone (the
+/// service error `not_found` picks) counts as deleted.
+fn deleted<T, E>(
+    answer: Result<T, SdkError<E, HttpResponse>>,
+    not_found: impl Fn(&E) -> bool,
+    call: String,
+) -> anyhow::Result<()>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    match answer {
         Ok(_) => Ok(()),
-        Err(e)
-            if e.as_service_error()
-                .is_some_and(|e| e.is_resource_not_found_exception()) =>
-        {
-            Ok(())
-        }
-        Err(e) => Err(e).with_context(|| format!("DeleteTable {table}")),
+        Err(e) if e.as_service_error().is_some_and(not_found) => Ok(()),
+        Err(e) => Err(e).context(call),
     }
 }
 

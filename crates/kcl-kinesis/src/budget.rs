@@ -44,6 +44,7 @@
 
 use std::sync::Arc;
 
+use kcl_core::ConfigError;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
 use crate::stats::SourceStats;
@@ -54,6 +55,18 @@ pub(crate) use estimate::EventEstimate;
 
 /// The default worker-wide budget.
 pub const DEFAULT_PREFETCH_BUDGET: usize = 1024 * 1024 * 1024;
+
+/// Checks a reader's own byte budget (`field`): 1 to `u32::MAX` bytes,
+/// since it is taken as semaphore permits, at most `u32::MAX` at once.
+pub(crate) fn validate_reader_bytes(field: &'static str, bytes: usize) -> Result<(), ConfigError> {
+    if bytes == 0 || bytes > u32::MAX as usize {
+        return Err(ConfigError {
+            field,
+            reason: format!("is {bytes}; it must be 1 to {}", u32::MAX),
+        });
+    }
+    Ok(())
+}
 
 /// The most payload one `GetRecords` response carries (a Kinesis limit).
 const MAX_RESPONSE_PAYLOAD: usize = 10 * 1024 * 1024;
@@ -189,10 +202,10 @@ mod tests {
     use std::time::Duration;
 
     use kcl_core::source::{OpenShard, ShardReader, ShardSource, StartPosition};
-    use kcl_core::{Checkpoint, Lease};
 
     use crate::calls::KinesisApi;
     use crate::fake::FakeKinesis;
+    use crate::test_util::readers::{assert_unconsumed_within, held};
     use crate::{KinesisShardSource, PollingConfig};
 
     const MIB: usize = 1024 * 1024;
@@ -223,16 +236,12 @@ mod tests {
         );
         let mut readers: Vec<Box<dyn ShardReader>> = Vec::new();
         for id in &ids {
-            let lease = kcl_core::leases::LeaseHandle::detached(
-                Lease::new(id, Checkpoint::TrimHorizon),
-                Duration::from_secs(3600),
-            );
             let reader = source
                 .open(OpenShard::new(
                     "s",
                     id.clone(),
                     StartPosition::TrimHorizon,
-                    lease,
+                    held(id),
                 ))
                 .await
                 .map_err(|e| e.to_string());
@@ -242,18 +251,7 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(30)).await;
         let stats = source.stats();
         let total = (SHARDS * PER_SHARD * PAYLOAD) as u64;
-        // What was fetched, counted apart from the budget's own accounting:
-        // with nothing consumed, all of it is still held.
-        assert!(
-            stats.bytes <= budget as u64,
-            "{} payload bytes fetched with nothing consumed, over the budget {budget}",
-            stats.bytes
-        );
-        assert!(
-            stats.peak_buffered_bytes <= budget as u64,
-            "peak {} over the budget {budget}",
-            stats.peak_buffered_bytes
-        );
+        assert_unconsumed_within(&stats, budget);
         // The budget, not the shards, is what stopped the fetching: one
         // more call's reservation would not fit, far below the 100 MB the
         // shards hold.

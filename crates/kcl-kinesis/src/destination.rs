@@ -287,13 +287,7 @@ mod tests {
     #[tokio::test]
     async fn a_record_that_cannot_be_split_to_fit_fails_the_send_for_good() {
         // Nothing listens there: the send must fail before any call.
-        let client = Client::from_conf(
-            aws_sdk_kinesis::Config::builder()
-                .behavior_version(aws_sdk_kinesis::config::BehaviorVersion::latest())
-                .region(aws_sdk_kinesis::config::Region::new("us-east-1"))
-                .endpoint_url("http://127.0.0.1:9")
-                .build(),
-        );
+        let client = crate::test_util::offline_client();
         let mut f = failed(Bytes::from_static(b"x"));
         f.record.partition_key = "k".repeat(MAX_RECORD_BYTES);
         let err = KinesisDestination::new(client, "orders-failed")

@@ -3,6 +3,7 @@
 
 use aws_sdk_kinesis::types::{Shard, ShardFilter, ShardFilterType};
 use kcl_core::HashKeyRange;
+use kcl_core::leases::LeaseHandle;
 use kcl_core::metric_names::KINESIS_LIST_SHARDS_CALLS;
 use kcl_core::source::{ChildShard, ShardInfo, SourceError};
 use tracing::{debug, warn};
@@ -20,8 +21,8 @@ const MAX_LIST_RESTARTS: u32 = 3;
 
 /// The children a closed shard's last response reported, or `None` when
 /// they are missing or incomplete (a range absent): then `ListShards` must
-/// say. Shared by the polling and fan-out readers.
-pub(crate) fn reported_children(
+/// say.
+fn reported_children(
     reported: Option<Vec<aws_sdk_kinesis::types::ChildShard>>,
 ) -> Option<Vec<ChildShard>> {
     reported
@@ -57,7 +58,7 @@ pub(crate) fn children_in(shards: Vec<ShardInfo>, parent: &str) -> Vec<ChildShar
 /// The shards that follow `shard_id` (the only ones that can be its
 /// children: Kinesis numbers shards in creation order), for a reader that
 /// reached the end of a shard without `ChildShards` in the response.
-pub(crate) async fn list_after(
+async fn list_after(
     shared: &Shared,
     stream: &str,
     shard_id: &str,
@@ -73,6 +74,60 @@ pub(crate) async fn list_after(
         })?;
     let shards = list_all(shared, stream, Some(filter)).await?;
     Ok(shards.into_iter().map(|s| shard_info(stream, s)).collect())
+}
+
+/// The children of the closed shard `shard_id`: as its last response or
+/// event `reported` them, or, when those are missing or incomplete, from
+/// `ListShards`, asked again while the lease lasts. Each retryable failure
+/// of the listing goes to `report`, which tells the reader and answers
+/// false if it is gone: then the answer is `None`. Shared by the polling
+/// and fan-out readers.
+pub(crate) async fn closed_shard_children<R, Fut>(
+    shared: &Shared,
+    stream: &str,
+    shard_id: &str,
+    lease: &LeaseHandle,
+    reported: Option<Vec<aws_sdk_kinesis::types::ChildShard>>,
+    mut report: R,
+) -> Result<Option<Vec<ChildShard>>, SourceError>
+where
+    R: FnMut(SourceError) -> Fut,
+    Fut: Future<Output = bool>,
+{
+    if let Some(children) = reported_children(reported) {
+        return Ok(Some(children));
+    }
+    debug!(
+        stream,
+        shard = shard_id,
+        "shard ended without ChildShards; looking its children up"
+    );
+    loop {
+        if !lease.is_valid() {
+            return Err(SourceError::LeaseLost {
+                shard: shard_id.to_owned(),
+            });
+        }
+        match list_after(shared, stream, shard_id).await {
+            Ok(shards) => {
+                let children = children_in(shards, shard_id);
+                if children.is_empty() {
+                    warn!(
+                        stream,
+                        shard = shard_id,
+                        "closed shard has no children in ListShards"
+                    );
+                }
+                return Ok(Some(children));
+            }
+            Err(e) if e.is_retryable() => {
+                if !report(e).await {
+                    return Ok(None);
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Every shard of `stream` (after `filter`), following `NextToken` to the

@@ -55,12 +55,7 @@ pub(crate) async fn why_missing(
     }
     let children = children_in(shards, shard);
     shared.stats.expired_shard();
-    metrics::counter!(
-        KINESIS_EXPIRED_SHARDS,
-        "stream" => stream.to_owned(),
-        "shard" => shard.to_owned()
-    )
-    .increment(1);
+    count(KINESIS_EXPIRED_SHARDS, stream, shard);
     warn!(
         stream,
         shard,
@@ -110,12 +105,7 @@ pub(crate) async fn past_trim_horizon(
         _ => {}
     }
     shared.stats.trimmed_start();
-    metrics::counter!(
-        KINESIS_TRIMMED_CHECKPOINTS,
-        "stream" => stream.to_owned(),
-        "shard" => shard.to_owned()
-    )
-    .increment(1);
+    count(KINESIS_TRIMMED_CHECKPOINTS, stream, shard);
     error!(
         stream,
         shard,
@@ -157,4 +147,10 @@ async fn oldest_record(
         iterator = out.next_shard_iterator.filter(|it| !it.is_empty());
     }
     Ok(None)
+}
+
+/// Adds one to the metric `name`, labelled with the stream and shard.
+fn count(name: &'static str, stream: &str, shard: &str) {
+    metrics::counter!(name, "stream" => stream.to_owned(), "shard" => shard.to_owned())
+        .increment(1);
 }

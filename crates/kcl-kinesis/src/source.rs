@@ -353,12 +353,7 @@ mod tests {
 
     #[test]
     fn builder_rejects_bad_page_sizes() {
-        let client = aws_sdk_kinesis::Client::from_conf(
-            aws_sdk_kinesis::Config::builder()
-                .behavior_version(aws_sdk_kinesis::config::BehaviorVersion::latest())
-                .region(aws_sdk_kinesis::config::Region::new("us-east-1"))
-                .build(),
-        );
+        let client = crate::test_util::offline_client();
         for bad in [0, -1, 10_001] {
             let err = KinesisShardSource::builder(client.clone())
                 .max_results(bad)

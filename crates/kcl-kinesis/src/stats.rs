@@ -61,75 +61,42 @@ kcl_core::counters! {
     }
 }
 
+/// The methods that each add one to a counter (`method => counter`).
+macro_rules! one_more {
+    ($($method:ident => $counter:ident),* $(,)?) => {
+        impl SourceStats {
+            $(
+                pub(crate) fn $method(&self) {
+                    self.$counter.fetch_add(1, Ordering::Relaxed);
+                }
+            )*
+        }
+    };
+}
+
+one_more! {
+    list_shards_call => list_shards_calls,
+    get_shard_iterator_call => get_shard_iterator_calls,
+    get_records_call => get_records_calls,
+    throttle => throttles,
+    retry => retries,
+    expired_iterator => expired_iterators,
+    consumer_call => consumer_calls,
+    subscribe_call => subscribe_calls,
+    resubscribe => resubscribes,
+    event => events,
+    subscription_error => subscription_errors,
+    access_denied => access_denied,
+    call_timeout => call_timeouts,
+    expired_shard => expired_shards,
+    trimmed_start => trimmed_starts,
+    silent_subscription => silent_subscriptions,
+}
+
 impl SourceStats {
-    pub(crate) fn list_shards_call(&self) {
-        self.list_shards_calls.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn get_shard_iterator_call(&self) {
-        self.get_shard_iterator_calls
-            .fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn get_records_call(&self) {
-        self.get_records_calls.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn throttle(&self) {
-        self.throttles.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn retry(&self) {
-        self.retries.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn expired_iterator(&self) {
-        self.expired_iterators.fetch_add(1, Ordering::Relaxed);
-    }
-
     pub(crate) fn fetched(&self, records: u64, bytes: u64) {
         self.records.fetch_add(records, Ordering::Relaxed);
         self.bytes.fetch_add(bytes, Ordering::Relaxed);
-    }
-
-    pub(crate) fn consumer_call(&self) {
-        self.consumer_calls.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn subscribe_call(&self) {
-        self.subscribe_calls.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn resubscribe(&self) {
-        self.resubscribes.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn event(&self) {
-        self.events.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn subscription_error(&self) {
-        self.subscription_errors.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn access_denied(&self) {
-        self.access_denied.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn call_timeout(&self) {
-        self.call_timeouts.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn expired_shard(&self) {
-        self.expired_shards.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn trimmed_start(&self) {
-        self.trimmed_starts.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn silent_subscription(&self) {
-        self.silent_subscriptions.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Records bytes taken from (positive) or given back to the budget.

@@ -210,68 +210,46 @@ mod tests {
         SdkError::service_error(err, HttpResponse::new(status, SdkBody::empty()))
     }
 
+    /// The classification of the service error `$error::$exception`,
+    /// answered with status 400.
+    macro_rules! classified {
+        ($error:ident :: $exception:ident) => {
+            classify(service(
+                $error::$exception($exception::builder().build()),
+                400,
+            ))
+        };
+    }
+
     #[test]
     fn classes() {
         let cases: Vec<(Classified, Class)> = vec![
             (
-                classify(service(
-                    GetRecordsError::ExpiredIteratorException(
-                        ExpiredIteratorException::builder().build(),
-                    ),
-                    400,
-                )),
+                classified!(GetRecordsError::ExpiredIteratorException),
                 Class::ExpiredIterator,
             ),
             (
-                classify(service(
-                    GetRecordsError::ProvisionedThroughputExceededException(
-                        ProvisionedThroughputExceededException::builder().build(),
-                    ),
-                    400,
-                )),
+                classified!(GetRecordsError::ProvisionedThroughputExceededException),
                 Class::Throttled,
             ),
             (
-                classify(service(
-                    GetRecordsError::KmsThrottlingException(
-                        KmsThrottlingException::builder().build(),
-                    ),
-                    400,
-                )),
+                classified!(GetRecordsError::KmsThrottlingException),
                 Class::Throttled,
             ),
             (
-                classify(service(
-                    ListShardsError::LimitExceededException(
-                        LimitExceededException::builder().build(),
-                    ),
-                    400,
-                )),
+                classified!(ListShardsError::LimitExceededException),
                 Class::Throttled,
             ),
             (
-                classify(service(
-                    GetRecordsError::InvalidArgumentException(
-                        InvalidArgumentException::builder().build(),
-                    ),
-                    400,
-                )),
+                classified!(GetRecordsError::InvalidArgumentException),
                 Class::InvalidArgument,
             ),
             (
-                classify(service(
-                    GetRecordsError::KmsDisabledException(KmsDisabledException::builder().build()),
-                    400,
-                )),
+                classified!(GetRecordsError::KmsDisabledException),
                 Class::AccessDenied,
             ),
             (
-                classify(service(
-                    GetRecordsError::AccessDeniedException(
-                        AccessDeniedException::builder().build(),
-                    ),
-                    400,
-                )),
+                classified!(GetRecordsError::AccessDeniedException),
                 Class::AccessDenied,
             ),
             (

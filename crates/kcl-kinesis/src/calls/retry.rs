@@ -318,7 +318,6 @@ impl Call<'_> {
     where
         Fut: Future<Output = Result<T, Classified>>,
     {
-        let (op, stream) = (self.op, self.stream);
         match tokio::time::timeout(self.policy.attempt_timeout, attempt).await {
             Ok(Ok(v)) => {
                 self.answered(true);
@@ -331,19 +330,14 @@ impl Call<'_> {
             Err(_) => {
                 self.answered(false);
                 self.shared.stats.call_timeout();
-                metrics::counter!(
-                    KINESIS_CALL_TIMEOUTS,
-                    "stream" => stream.to_owned(),
-                    "call" => op.as_str()
-                )
-                .increment(1);
+                self.count(KINESIS_CALL_TIMEOUTS);
                 Err(Classified {
                     class: Class::Transient,
                     code: None,
                     answered: false,
                     error: format!(
                         "{} did not answer within {:?}",
-                        op.as_str(),
+                        self.op.as_str(),
                         self.policy.attempt_timeout
                     )
                     .into(),
@@ -360,12 +354,7 @@ impl Call<'_> {
         match error.class {
             Class::Throttled => {
                 self.shared.stats.throttle();
-                metrics::counter!(
-                    KINESIS_THROTTLES,
-                    "stream" => stream.to_owned(),
-                    "call" => op.as_str()
-                )
-                .increment(1);
+                self.count(KINESIS_THROTTLES);
                 Some(self.reader.is_none())
             }
             Class::AccessDenied => {
@@ -391,12 +380,14 @@ impl Call<'_> {
     /// Counts the retry about to be made.
     fn count_retry(&self) {
         self.shared.stats.retry();
-        metrics::counter!(
-            KINESIS_RETRIES,
-            "stream" => self.stream.to_owned(),
-            "call" => self.op.as_str()
-        )
-        .increment(1);
+        self.count(KINESIS_RETRIES);
+    }
+
+    /// Adds one to the metric `name`, labelled with this call's stream and
+    /// operation.
+    fn count(&self, name: &'static str) {
+        metrics::counter!(name, "stream" => self.stream.to_owned(), "call" => self.op.as_str())
+            .increment(1);
     }
 
     /// The pause before the next attempt (logged; a storm of retries shows

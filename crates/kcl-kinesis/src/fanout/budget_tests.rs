@@ -20,6 +20,7 @@ use crate::fake::FakeKinesis;
 use crate::kpl::{UserRecord, aggregate};
 use crate::records::held_bytes;
 use crate::test_util::fanout::FakeFanOut;
+use crate::test_util::readers::assert_unconsumed_within;
 
 const KIB: usize = 1024;
 const MIB: usize = 1024 * KIB;
@@ -129,18 +130,7 @@ async fn twenty_undrained_fan_out_shards_hold_no_more_than_the_worker_budget() {
     // Nobody consumes: every subscriber reads what the budgets allow.
     tokio::time::sleep(Duration::from_secs(60)).await;
     let stats = w.source.stats();
-    // The payload fetched, counted apart from the budget's accounting:
-    // with nothing consumed, all of it is still held.
-    assert!(
-        stats.bytes <= budget as u64,
-        "{} payload bytes read with nothing consumed, over the budget {budget}",
-        stats.bytes
-    );
-    assert!(
-        stats.peak_buffered_bytes <= budget as u64,
-        "peak {} over the budget {budget}",
-        stats.peak_buffered_bytes
-    );
+    assert_unconsumed_within(&stats, budget);
     // The budget, not the shards, stopped the reading: a whole event per
     // reservation, of which several fit.
     let events_read = stats.records as usize / PER_SHARD;

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::budget::validate_reader_bytes;
 use crate::calls::retry::{RetryPolicy, RetrySettings};
 
 use kcl_core::backoff::Pauses;
@@ -289,12 +290,7 @@ impl FanOutConfigBuilder {
         if c.max_buffered_batches == 0 {
             return err("max_buffered_batches", "must be at least 1".into());
         }
-        if c.max_buffered_bytes == 0 || c.max_buffered_bytes > u32::MAX as usize {
-            return err(
-                "max_buffered_bytes",
-                format!("is {}; it must be 1 to {}", c.max_buffered_bytes, u32::MAX),
-            );
-        }
+        validate_reader_bytes("max_buffered_bytes", c.max_buffered_bytes)?;
         c.retry.validate("failed subscriptions")?;
         if c.closed_shard_check_interval.is_some_and(|d| d.is_zero()) {
             return err(
@@ -309,6 +305,7 @@ impl FanOutConfigBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_util::assert_each_names_its_field;
 
     #[test]
     fn defaults_are_valid() {
@@ -368,11 +365,7 @@ mod tests {
                 "closed_shard_check_interval",
             ),
         ];
-        for (builder, field) in cases {
-            let e = builder.build().expect_err(field);
-            assert_eq!(e.field, field);
-            assert!(e.to_string().contains(field), "{e}");
-        }
+        assert_each_names_its_field(cases, FanOutConfigBuilder::build);
     }
 
     #[test]

@@ -608,12 +608,7 @@ async fn shutdown_deregisters_only_when_asked() {
 
 #[test]
 fn a_fan_out_source_needs_a_consumer_name() {
-    let client = aws_sdk_kinesis::Client::from_conf(
-        aws_sdk_kinesis::Config::builder()
-            .behavior_version(aws_sdk_kinesis::config::BehaviorVersion::latest())
-            .region(aws_sdk_kinesis::config::Region::new("us-east-1"))
-            .build(),
-    );
+    let client = crate::test_util::offline_client();
     let err = KinesisShardSource::builder(client.clone())
         .retrieval(crate::Retrieval::FanOut(FanOutConfig::default()))
         .build()

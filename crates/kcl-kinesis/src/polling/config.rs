@@ -4,6 +4,7 @@ use std::time::Duration;
 
 pub use kcl_core::ConfigError;
 
+use crate::budget::validate_reader_bytes;
 use crate::calls::retry::{RetryPolicy, RetrySettings};
 
 /// Most records one `GetRecords` call may return (a Kinesis limit).
@@ -205,12 +206,7 @@ impl PollingConfigBuilder {
         if c.max_prefetch_records == 0 {
             return err("max_prefetch_records", "must be at least 1".into());
         }
-        if c.max_prefetch_bytes == 0 || c.max_prefetch_bytes > u32::MAX as usize {
-            return err(
-                "max_prefetch_bytes",
-                format!("is {}; it must be 1 to {}", c.max_prefetch_bytes, u32::MAX),
-            );
-        }
+        validate_reader_bytes("max_prefetch_bytes", c.max_prefetch_bytes)?;
         if c.max_prefetch_records > u32::MAX as usize {
             return err(
                 "max_prefetch_records",
@@ -235,6 +231,7 @@ impl PollingConfigBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_util::assert_each_names_its_field;
 
     #[test]
     fn defaults_are_valid() {
@@ -277,11 +274,7 @@ mod tests {
                 "retry_max_delay",
             ),
         ];
-        for (builder, field) in cases {
-            let e = builder.build().expect_err(field);
-            assert_eq!(e.field, field);
-            assert!(e.to_string().contains(field), "{e}");
-        }
+        assert_each_names_its_field(cases, PollingConfigBuilder::build);
     }
 
     #[test]

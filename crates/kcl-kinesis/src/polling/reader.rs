@@ -24,7 +24,7 @@ use crate::calls::IteratorStart;
 use crate::calls::Shared;
 use crate::calls::classify::{Class, classify};
 use crate::calls::retry::{Failure, ForReader, Op, retryable, retrying_holding};
-use crate::discovery::{children_in, list_after, reported_children};
+use crate::discovery::closed_shard_children;
 use crate::gone::{Missing, past_trim_horizon, why_missing};
 use crate::records::{Records, Start, Taken, held_bytes};
 use crate::task_reader::{Delivery, TaskReader, run_task};
@@ -578,41 +578,22 @@ impl Fetcher {
         Some((r, b))
     }
 
-    /// The children of the closed shard: from the response's `ChildShards`,
-    /// or, when those are missing or incomplete, from `ListShards`. `None`
-    /// if the reader went away while retrying.
+    /// The children of the closed shard (see [`closed_shard_children`]);
+    /// `None` if the reader went away while retrying.
     async fn children(
         &self,
         from_response: Option<Vec<aws_sdk_kinesis::types::ChildShard>>,
     ) -> Result<Option<Vec<ChildShard>>, SourceError> {
-        if let Some(children) = reported_children(from_response) {
-            return Ok(Some(children));
-        }
-        debug!(stream = %self.ctx.stream, shard = %self.ctx.shard_id,
-            "shard ended without ChildShards; looking its children up");
-        loop {
-            if !self.ctx.lease.is_valid() {
-                return Err(SourceError::LeaseLost {
-                    shard: self.ctx.shard_id.clone(),
-                });
-            }
-            match list_after(&self.ctx.shared, &self.ctx.stream, &self.ctx.shard_id).await {
-                Ok(shards) => {
-                    let children = children_in(shards, &self.ctx.shard_id);
-                    if children.is_empty() {
-                        warn!(stream = %self.ctx.stream, shard = %self.ctx.shard_id,
-                            "closed shard has no children in ListShards");
-                    }
-                    return Ok(Some(children));
-                }
-                Err(e) if e.is_retryable() => {
-                    if !self.report(e).await {
-                        return Ok(None);
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        let ctx = &self.ctx;
+        closed_shard_children(
+            &ctx.shared,
+            &ctx.stream,
+            &ctx.shard_id,
+            &ctx.lease,
+            from_response,
+            |e| self.report(e),
+        )
+        .await
     }
 
     /// Waits until `pause` after the start of the last call. Wakes early if

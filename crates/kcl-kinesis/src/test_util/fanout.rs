@@ -129,6 +129,13 @@ fn service<E>(err: E, code: u16) -> SdkError<E> {
     SdkError::service_error(err, HttpResponse::new(status(code), SdkBody::empty()))
 }
 
+/// The service error `$error::$exception`, answered with status 400.
+macro_rules! rejected {
+    ($error:ident :: $exception:ident) => {
+        service($error::$exception($exception::builder().build()), 400)
+    };
+}
+
 impl FakeFanOut {
     pub(crate) fn new(kinesis: Arc<FakeKinesis>) -> Self {
         FakeFanOut {
@@ -261,11 +268,8 @@ impl FanOutApi for FakeFanOut {
             )
             .await;
         if listed.is_err() {
-            return Err(service(
-                DescribeStreamSummaryError::ResourceNotFoundException(
-                    ResourceNotFoundException::builder().build(),
-                ),
-                400,
+            return Err(rejected!(
+                DescribeStreamSummaryError::ResourceNotFoundException
             ));
         }
         let summary = StreamDescriptionSummary::builder()
@@ -295,11 +299,8 @@ impl FanOutApi for FakeFanOut {
             .consumers
             .get_mut(&(stream_arn.to_owned(), consumer_name.to_owned()))
         else {
-            return Err(service(
-                DescribeStreamConsumerError::ResourceNotFoundException(
-                    ResourceNotFoundException::builder().build(),
-                ),
-                400,
+            return Err(rejected!(
+                DescribeStreamConsumerError::ResourceNotFoundException
             ));
         };
         if c.status == ConsumerStatus::Creating {
@@ -323,11 +324,8 @@ impl FanOutApi for FakeFanOut {
         let key = (stream_arn.to_owned(), consumer_name.to_owned());
         let race = s.register_races > 0;
         if s.consumers.contains_key(&key) && !race {
-            return Err(service(
-                RegisterStreamConsumerError::ResourceInUseException(
-                    ResourceInUseException::builder().build(),
-                ),
-                400,
+            return Err(rejected!(
+                RegisterStreamConsumerError::ResourceInUseException
             ));
         }
         s.next_consumer += 1;
@@ -348,11 +346,8 @@ impl FanOutApi for FakeFanOut {
         if race {
             // Someone else's registration won: theirs exists, ours fails.
             s.register_races -= 1;
-            return Err(service(
-                RegisterStreamConsumerError::ResourceInUseException(
-                    ResourceInUseException::builder().build(),
-                ),
-                400,
+            return Err(rejected!(
+                RegisterStreamConsumerError::ResourceInUseException
             ));
         }
         s.registrations += 1;
@@ -369,11 +364,8 @@ impl FanOutApi for FakeFanOut {
         let before = s.consumers.len();
         s.consumers.retain(|_, c| c.arn != consumer_arn);
         if s.consumers.len() == before {
-            return Err(service(
-                DeregisterStreamConsumerError::ResourceNotFoundException(
-                    ResourceNotFoundException::builder().build(),
-                ),
-                400,
+            return Err(rejected!(
+                DeregisterStreamConsumerError::ResourceNotFoundException
             ));
         }
         s.deregistrations += 1;
@@ -437,20 +429,10 @@ impl FakeFanOut {
         }
         let known = s.consumers.values().any(|c| c.arn == consumer_arn);
         if !known {
-            return Err(service(
-                SubscribeToShardError::ResourceNotFoundException(
-                    ResourceNotFoundException::builder().build(),
-                ),
-                400,
-            ));
+            return Err(rejected!(SubscribeToShardError::ResourceNotFoundException));
         }
         if !s.active.insert(shard_id.to_owned()) {
-            return Err(service(
-                SubscribeToShardError::ResourceInUseException(
-                    ResourceInUseException::builder().build(),
-                ),
-                400,
-            ));
+            return Err(rejected!(SubscribeToShardError::ResourceInUseException));
         }
         let start = if std::mem::take(&mut s.restart_from_trim_horizon) {
             IteratorStart::TrimHorizon
@@ -487,19 +469,9 @@ impl FakeFanOut {
                     Some(GetShardIteratorError::InvalidArgumentException(_))
                 );
                 Err(if invalid {
-                    service(
-                        SubscribeToShardError::InvalidArgumentException(
-                            InvalidArgumentException::builder().build(),
-                        ),
-                        400,
-                    )
+                    rejected!(SubscribeToShardError::InvalidArgumentException)
                 } else {
-                    service(
-                        SubscribeToShardError::ResourceNotFoundException(
-                            ResourceNotFoundException::builder().build(),
-                        ),
-                        400,
-                    )
+                    rejected!(SubscribeToShardError::ResourceNotFoundException)
                 })
             }
         }
@@ -509,34 +481,16 @@ impl FakeFanOut {
 /// The error a scripted `SubscribeToShard` failure answers.
 fn subscribe_error(fault: SubscribeFault) -> SdkError<SubscribeToShardError> {
     match fault {
-        SubscribeFault::InUse => service(
-            SubscribeToShardError::ResourceInUseException(
-                ResourceInUseException::builder().build(),
-            ),
-            400,
-        ),
-        SubscribeFault::LimitExceeded => service(
-            SubscribeToShardError::LimitExceededException(
-                LimitExceededException::builder().build(),
-            ),
-            400,
-        ),
-        SubscribeFault::NotFound => service(
-            SubscribeToShardError::ResourceNotFoundException(
-                ResourceNotFoundException::builder().build(),
-            ),
-            400,
-        ),
+        SubscribeFault::InUse => rejected!(SubscribeToShardError::ResourceInUseException),
+        SubscribeFault::LimitExceeded => rejected!(SubscribeToShardError::LimitExceededException),
+        SubscribeFault::NotFound => rejected!(SubscribeToShardError::ResourceNotFoundException),
         SubscribeFault::InternalFailure => service(
             SubscribeToShardError::generic(
                 ErrorMetadata::builder().code("InternalFailure").build(),
             ),
             500,
         ),
-        SubscribeFault::AccessDenied => service(
-            SubscribeToShardError::AccessDeniedException(AccessDeniedException::builder().build()),
-            400,
-        ),
+        SubscribeFault::AccessDenied => rejected!(SubscribeToShardError::AccessDeniedException),
     }
 }
 

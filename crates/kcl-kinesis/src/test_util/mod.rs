@@ -11,3 +11,31 @@ pub(crate) mod fanout;
 pub mod faults;
 #[cfg(test)]
 pub(crate) mod readers;
+
+/// A Kinesis client pointed at a port nothing listens on, for tests that
+/// build a source or destination but must fail before (or never make)
+/// any call.
+#[cfg(test)]
+pub(crate) fn offline_client() -> aws_sdk_kinesis::Client {
+    aws_sdk_kinesis::Client::from_conf(
+        aws_sdk_kinesis::Config::builder()
+            .behavior_version(aws_sdk_kinesis::config::BehaviorVersion::latest())
+            .region(aws_sdk_kinesis::config::Region::new("us-east-1"))
+            .endpoint_url("http://127.0.0.1:9")
+            .build(),
+    )
+}
+
+/// Checks that building each of `cases` fails, naming the field it pairs
+/// with both in the error and in its message.
+#[cfg(test)]
+pub(crate) fn assert_each_names_its_field<B, T: std::fmt::Debug>(
+    cases: Vec<(B, &str)>,
+    build: impl Fn(B) -> Result<T, kcl_core::ConfigError>,
+) {
+    for (builder, field) in cases {
+        let e = build(builder).expect_err(field);
+        assert_eq!(e.field, field);
+        assert!(e.to_string().contains(field), "{e}");
+    }
+}

@@ -9,6 +9,7 @@ use kcl_core::source::{ShardReader, SourceError, StartPosition};
 use kcl_core::{Checkpoint, Lease, Record};
 
 use super::fake::FakeKinesis;
+use crate::SourceSnapshot;
 use crate::kpl::{UserRecord, aggregate};
 
 /// The stream every reader test reads.
@@ -31,6 +32,23 @@ pub(crate) fn after(seq: &str) -> StartPosition {
         seq: seq.to_owned(),
         sub: 0,
     }
+}
+
+/// Checks that readers which nobody consumed from hold no more than the
+/// worker-wide `budget`: what they fetched, counted apart from the
+/// budget's own accounting (with nothing consumed, all of it is still
+/// held), and the most the budget counted held at once.
+pub(crate) fn assert_unconsumed_within(stats: &SourceSnapshot, budget: usize) {
+    assert!(
+        stats.bytes <= budget as u64,
+        "{} payload bytes fetched with nothing consumed, over the budget {budget}",
+        stats.bytes
+    );
+    assert!(
+        stats.peak_buffered_bytes <= budget as u64,
+        "peak {} over the budget {budget}",
+        stats.peak_buffered_bytes
+    );
 }
 
 /// Reads until `n` records arrived; returns them and the retryable errors

@@ -16,7 +16,7 @@ use super::{Buffered, Flow, Message, Room, Subscriber};
 use crate::budget::HeldBudget;
 use crate::calls::classify::Classified;
 use crate::calls::retry::Failure;
-use crate::discovery::{children_in, list_after, reported_children};
+use crate::discovery::closed_shard_children;
 use crate::records::{Taken, held_bytes};
 
 /// An event's batch on its way to the reader: its slot in the channel,
@@ -267,41 +267,26 @@ impl Subscriber {
         })
     }
 
-    /// The children of the closed shard: as reported, or, when those are
-    /// missing or incomplete, from `ListShards`. `None` if the reader went
-    /// away while retrying.
+    /// The children of the closed shard (see [`closed_shard_children`]);
+    /// `None` if the reader went away while retrying.
     async fn children(
         &self,
         reported: Option<Vec<aws_sdk_kinesis::types::ChildShard>>,
     ) -> Result<Option<Vec<ChildShard>>, SourceError> {
-        if let Some(children) = reported_children(reported) {
-            return Ok(Some(children));
-        }
-        debug!(stream = %self.stream, shard = %self.shard_id,
-            "shard ended without child shards; looking its children up");
-        loop {
-            if !self.lease.is_valid() {
-                return Err(self.lease_lost());
-            }
-            match list_after(&self.shared, &self.stream, &self.shard_id).await {
-                Ok(shards) => {
-                    let children = children_in(shards, &self.shard_id);
-                    if children.is_empty() {
-                        warn!(stream = %self.stream, shard = %self.shard_id,
-                            "closed shard has no children in ListShards");
-                    }
-                    return Ok(Some(children));
-                }
-                Err(e) if e.is_retryable() => {
-                    warn!(stream = %self.stream, shard = %self.shard_id, error = %e,
-                        "listing the children keeps failing; still retrying");
-                    if self.tx.send(Err(e)).await.is_err() {
-                        return Ok(None);
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        let report = |e: SourceError| async move {
+            warn!(stream = %self.stream, shard = %self.shard_id, error = %e,
+                "listing the children keeps failing; still retrying");
+            self.tx.send(Err(e)).await.is_ok()
+        };
+        closed_shard_children(
+            &self.shared,
+            &self.stream,
+            &self.shard_id,
+            &self.lease,
+            reported,
+            report,
+        )
+        .await
     }
 }
 

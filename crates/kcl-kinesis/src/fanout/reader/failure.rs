@@ -96,13 +96,9 @@ impl Subscriber {
         c: Classified,
         backoff: &mut Pauses,
     ) -> Result<bool, SourceError> {
-        let missing = match why_missing(&self.shared, &self.stream, &self.shard_id).await {
-            Ok(missing) => missing,
-            Err(e) if e.is_retryable() => {
-                self.report_and_back_off(e, backoff).await?;
-                return Ok(true);
-            }
-            Err(e) => return Err(e),
+        let missing = why_missing(&self.shared, &self.stream, &self.shard_id).await;
+        let Some(missing) = self.unless_retryable(missing, backoff).await? else {
+            return Ok(true);
         };
         match missing {
             // Past retention: the shard is over.
@@ -136,13 +132,8 @@ impl Subscriber {
             },
         )
         .await;
-        let trimmed = match trimmed {
-            Ok(trimmed) => trimmed,
-            Err(e) if e.is_retryable() => {
-                self.report_and_back_off(e, backoff).await?;
-                return Ok(true);
-            }
-            Err(e) => return Err(e),
+        let Some(trimmed) = self.unless_retryable(trimmed, backoff).await? else {
+            return Ok(true);
         };
         match trimmed {
             Some(horizon) => {
@@ -168,19 +159,33 @@ impl Subscriber {
             .fanout
             .is_registered(&self.shared, &self.stream, &self.consumer_arn)
             .await;
-        match registered {
-            Ok(true) => {
+        match self.unless_retryable(registered, backoff).await? {
+            None => Ok(true),
+            Some(true) => {
                 let e = retryable(&self.stream, &self.shard_id, c.error);
                 self.report_and_back_off(e, backoff).await?;
                 Ok(true)
             }
-            Ok(false) => {
+            Some(false) => {
                 self.fanout.forget(&self.stream, &self.consumer_arn);
                 Err(self.fatal(c, "the stream consumer does not exist"))
             }
+        }
+    }
+
+    /// The answer of a lookup made to handle a failure, or `None` when the
+    /// lookup itself failed retryably: then that was reported and backed
+    /// off, and the subscription is to be made again.
+    async fn unless_retryable<T>(
+        &self,
+        answer: Result<T, SourceError>,
+        backoff: &mut Pauses,
+    ) -> Result<Option<T>, SourceError> {
+        match answer {
+            Ok(answer) => Ok(Some(answer)),
             Err(e) if e.is_retryable() => {
                 self.report_and_back_off(e, backoff).await?;
-                Ok(true)
+                Ok(None)
             }
             Err(e) => Err(e),
         }
