@@ -23,10 +23,10 @@ use kcl_core::processor::{
 use kcl_core::source::memory::InMemoryShardSource;
 use kcl_core::store::memory::InMemoryLeaseStore;
 use kcl_core::test_util::fleet;
-use kcl_core::worker::{Worker, WorkerHandle};
+use kcl_core::worker::WorkerHandle;
 use kcl_core::{Checkpoint, LeaseConfig, LeaseStore};
 use tokio::task::JoinHandle;
-use tokio::time::{Instant, sleep};
+use tokio::time::sleep;
 
 const STREAM: &str = "orders";
 const POISON: &[u8] = b"2";
@@ -155,19 +155,14 @@ fn start(policy: PoisonPolicy) -> Setup {
     let log = Arc::new(Log::default());
     let made = Arc::clone(&log);
     let factory = move |_: &ShardContext| Processor(Arc::clone(&made));
-    let worker = Worker::new(
-        config,
-        Arc::new(store.handle()),
-        Arc::new(source),
-        Arc::new(factory),
-    );
-    let handle = worker.handle();
+    let (worker, task) =
+        fleet::spawn_worker(config, Arc::new(store.handle()), Arc::new(source), factory);
     Setup {
         store,
         seqs,
         log,
-        worker: handle,
-        task: tokio::spawn(worker.run()),
+        worker,
+        task,
     }
 }
 
@@ -190,11 +185,8 @@ impl Setup {
 
 /// Waits (in paused time) until `done` holds, or fails naming `what`.
 async fn until(what: &str, limit: Duration, done: impl Fn() -> bool) {
-    let started = Instant::now();
-    while !done() {
-        assert!(started.elapsed() < limit, "{what} never happened");
-        sleep(Duration::from_millis(100)).await;
-    }
+    let poll = Duration::from_millis(100);
+    fleet::wait_until(limit, poll, done, || format!("{what} never happened")).await;
 }
 
 /// Waits until the shard's records but the poison one (2) are processed,

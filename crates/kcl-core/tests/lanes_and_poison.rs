@@ -291,6 +291,18 @@ impl Fleet {
         fleet::wait_for_records(limit, Duration::from_millis(50), count, || self.log.count()).await;
     }
 
+    /// Waits until worker `i` consumes a shard; fails with `never` after
+    /// two minutes.
+    async fn wait_consuming(&self, i: usize, never: &str) {
+        fleet::wait_until(
+            Duration::from_secs(120),
+            Duration::from_millis(100),
+            || self.consuming(i) >= 1,
+            || never.to_owned(),
+        )
+        .await;
+    }
+
     /// Waits until each of `keys` had its record `per_key - 1` processed.
     async fn wait_for_last(&self, keys: usize, per_key: u64, limit: Duration) {
         fleet::wait_until(
@@ -576,14 +588,7 @@ async fn a_handoff_and_a_shutdown_in_the_middle_of_lane_work_lose_and_repeat_not
     assert!(fleet.log.count() < 12 * 100, "still working when b joins");
     // b steals one shard from a: a hands it over mid-work.
     let b = fleet.start("w-b", 4, lazy.clone(), FailurePolicy::Retry);
-    let started = Instant::now();
-    while fleet.consuming(b) < 1 {
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "b never got a shard"
-        );
-        sleep(Duration::from_millis(100)).await;
-    }
+    fleet.wait_consuming(b, "b never got a shard").await;
     assert!(fleet.log.count() < 12 * 100, "the handoff came mid-work");
     // a shuts down mid-work: b takes the rest.
     fleet.stop(a).await;
@@ -679,8 +684,9 @@ async fn the_checkpoint_passes_a_poison_record_only_after_its_destination_accept
         poison: poison("pk-0", 3),
         ..Behaviour::work(1)
     };
-    let policy = PoisonPolicy::send_to(Arc::clone(&dest)).max_attempts(2);
-    let w = fleet.start("w-a", 1, b, FailurePolicy::Isolate(policy));
+    let isolate =
+        || FailurePolicy::Isolate(PoisonPolicy::send_to(Arc::clone(&dest)).max_attempts(2));
+    let w = fleet.start("w-a", 1, b.clone(), isolate());
     fleet.wait_for(3, Duration::from_secs(60)).await;
     sleep(Duration::from_secs(30)).await;
     // 0..2 done, 3 refused by its destination: nothing after it processed,
@@ -698,12 +704,7 @@ async fn the_checkpoint_passes_a_poison_record_only_after_its_destination_accept
         Checkpoint::at(seqs[2].clone(), 0)
     );
     dest.refuse.store(0, Ordering::SeqCst);
-    let b = Behaviour {
-        poison: poison("pk-0", 3),
-        ..Behaviour::work(1)
-    };
-    let policy = PoisonPolicy::send_to(Arc::clone(&dest)).max_attempts(2);
-    let again = fleet.start("w-b", 1, b, FailurePolicy::Isolate(policy));
+    let again = fleet.start("w-b", 1, b, isolate());
     fleet.wait_for(5, Duration::from_secs(60)).await;
     fleet.stop(again).await;
     let got = dest.got.lock().unwrap().clone();
@@ -827,17 +828,7 @@ async fn a_poison_sub_record_of_an_aggregate_is_set_aside_alone_in_any_lanes() {
     for lanes in [1, 3] {
         let mut fleet = Fleet::new(1);
         let (shard_id, _) = fleet.source.put(STREAM, "pk-0", "pk-0:0").unwrap();
-        let records: Vec<(String, Bytes)> = (0..6)
-            .map(|k| (format!("pk-{k}"), Bytes::from(format!("pk-{k}:1"))))
-            .collect();
-        let refs: Vec<(&str, Bytes)> = records
-            .iter()
-            .map(|(pk, d)| (pk.as_str(), d.clone()))
-            .collect();
-        let seq = fleet
-            .source
-            .put_aggregate(STREAM, &shard_id, &refs)
-            .unwrap();
+        let seq = put_aggregate(&fleet, &shard_id, &[0, 1, 2, 3, 4, 5], 1);
         let dest = Arc::new(Collect::default());
         let b = Behaviour {
             poison: poison("pk-3", 1),
@@ -933,14 +924,7 @@ async fn a_lease_lost_during_a_drain_starts_no_more_queued_batches() {
         Instant::now() + Duration::from_secs(600),
     );
     fleet.workers[a].0.shutdown();
-    let started = Instant::now();
-    while fleet.consuming(b) < 1 {
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "b never took over"
-        );
-        sleep(Duration::from_millis(100)).await;
-    }
+    fleet.wait_consuming(b, "b never took over").await;
     let b_from = Instant::now();
     let (_, task) = &mut fleet.workers[a];
     task.await.unwrap().unwrap();

@@ -20,7 +20,7 @@ use kcl_core::processor::{
 use kcl_core::source::memory::InMemoryShardSource;
 use kcl_core::store::memory::InMemoryLeaseStore;
 use kcl_core::test_util::fleet;
-use kcl_core::worker::{Worker, WorkerError, WorkerHandle};
+use kcl_core::worker::{WorkerError, WorkerHandle};
 use kcl_core::{Checkpoint, LeaseConfig, Record};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
@@ -229,14 +229,12 @@ impl Fleet {
             holds: false,
             last_flush: Instant::now(),
         };
-        let worker = Worker::new(
+        fleet::spawn_worker(
             config,
             Arc::new(self.store.handle()),
             Arc::new(self.source.clone()),
-            Arc::new(factory),
-        );
-        let handle = worker.handle();
-        (handle, tokio::spawn(worker.run()))
+            factory,
+        )
     }
 
     /// Records `from..from + per_key` of keys `pk-0..pk-{keys - 1}`, key by
@@ -351,6 +349,22 @@ async fn children_start_only_after_every_lane_flushed_its_last_chunk() {
     assert_eq!(fleet.log.refused.load(Ordering::SeqCst), 0);
 }
 
+/// Records per batch in the tests of the window's bound: a few batches
+/// fill it.
+const BATCH: usize = 3_000;
+/// Keys those tests' records are spread over.
+const KEYS: usize = 64;
+
+/// A fleet whose shard holds `batches` batches more than the window's
+/// bound, spread evenly over `KEYS` keys; returns it with the records put
+/// per key.
+fn past_the_window(batches: usize) -> (Fleet, u64) {
+    let per_key = ((MAX_LANE_RECORDS_IN_FLIGHT + batches * BATCH) / KEYS) as u64;
+    let fleet = Fleet::new(BATCH);
+    fleet.produce(KEYS, 0, per_key);
+    (fleet, per_key)
+}
+
 /// One lane that never checkpoints (until `shutdown_requested`) holds the
 /// watermark at the shard's first record: the consumer stops fetching
 /// once the window holds `MAX_LANE_RECORDS_IN_FLIGHT` records, so it never
@@ -360,12 +374,8 @@ async fn children_start_only_after_every_lane_flushed_its_last_chunk() {
 /// lost, nothing repeated.
 #[tokio::test(start_paused = true)]
 async fn a_lane_that_never_checkpoints_stops_fetching_at_the_window_bound() {
-    const BATCH: usize = 3_000;
-    const KEYS: usize = 64;
-    let per_key = ((MAX_LANE_RECORDS_IN_FLIGHT + 4 * BATCH) / KEYS) as u64;
+    let (fleet, per_key) = past_the_window(4);
     let total = KEYS as u64 * per_key;
-    let fleet = Fleet::new(BATCH);
-    fleet.produce(KEYS, 0, per_key);
     let a = fleet.start("w-a", 4, Mode::OneLaneHolds);
     let stalled = fleet.wait_until_still(delivered).await;
     let bound = (MAX_LANE_RECORDS_IN_FLIGHT + BATCH - 1) as u64;
@@ -395,12 +405,8 @@ async fn a_lane_that_never_checkpoints_stops_fetching_at_the_window_bound() {
 /// counts no record.
 #[tokio::test(start_paused = true)]
 async fn a_lane_that_flushes_on_a_timer_is_called_while_it_holds_a_full_window() {
-    const BATCH: usize = 3_000;
-    const KEYS: usize = 64;
-    let per_key = ((MAX_LANE_RECORDS_IN_FLIGHT + 2 * BATCH) / KEYS) as u64;
+    let (fleet, per_key) = past_the_window(2);
     let first = KEYS as u64 * per_key;
-    let fleet = Fleet::new(BATCH);
-    fleet.produce(KEYS, 0, per_key);
     let every = Duration::from_secs(10);
     let worker = fleet.start("w-a", 4, Mode::FlushOnTimer { every });
     // Past the window's bound: the fetching went on after the stall.

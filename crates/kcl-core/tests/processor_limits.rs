@@ -296,14 +296,8 @@ fn assert_dropped_then_released(events: &[String], lanes: usize) {
 
 /// Waits (in paused time) until `done` holds, or fails naming `what`.
 async fn until(what: &str, done: impl Fn() -> bool) {
-    let started = Instant::now();
-    while !done() {
-        assert!(
-            started.elapsed() < Duration::from_secs(600),
-            "{what} never happened"
-        );
-        sleep(Duration::from_millis(100)).await;
-    }
+    let (limit, poll) = (Duration::from_secs(600), Duration::from_millis(100));
+    fleet::wait_until(limit, poll, done, || format!("{what} never happened")).await;
 }
 
 async fn until_checkpoint(s: &Setup, want: Checkpoint) {
@@ -320,13 +314,17 @@ async fn until_checkpoint(s: &Setup, want: Checkpoint) {
 const SLOW: &str = "kcl_processor_calls_slow_total";
 const TIMEOUTS: &str = "kcl_processor_timeouts_total";
 
+/// The limits most of these tests set: a call is warned about after 10 s
+/// and cut at 30 s.
+fn warn_then_cut(c: WorkerConfigBuilder) -> WorkerConfigBuilder {
+    c.processor_warn_after(Duration::from_secs(10))
+        .processor_timeout(Duration::from_secs(30))
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_hung_call_is_warned_about_once_then_cancelled_before_its_shard_is_given_back() {
     capture!(counters, lines);
-    let mut s = start(|c| {
-        c.processor_warn_after(Duration::from_secs(10))
-            .processor_timeout(Duration::from_secs(30))
-    });
+    let mut s = start(warn_then_cut);
     s.checkpoint_then_hang().await;
     until("the shard given back", || {
         s.log.lease_lost.load(Ordering::SeqCst) == 1
@@ -385,11 +383,7 @@ async fn without_a_timeout_a_hung_call_is_only_warned_about_and_keeps_its_lease(
 #[tokio::test(start_paused = true)]
 async fn a_hung_lane_call_is_cancelled_and_every_lane_gives_the_shard_back() {
     capture!(counters, lines);
-    let mut s = start(|c| {
-        c.parallelism_per_shard(2)
-            .processor_warn_after(Duration::from_secs(10))
-            .processor_timeout(Duration::from_secs(30))
-    });
+    let mut s = start(|c| warn_then_cut(c.parallelism_per_shard(2)));
     s.checkpoint_then_hang().await;
     until("both lanes given back", || {
         s.log.lease_lost.load(Ordering::SeqCst) == 2
@@ -452,10 +446,7 @@ fn call_limits_that_cannot_work_are_refused_naming_the_field() {
 #[tokio::test(start_paused = true)]
 async fn a_hung_initialize_is_cancelled_and_the_shard_read_in_the_next_tenure() {
     capture!(counters, lines);
-    let s = start(|c| {
-        c.processor_warn_after(Duration::from_secs(10))
-            .processor_timeout(Duration::from_secs(30))
-    });
+    let s = start(warn_then_cut);
     s.log.initialize_hangs.store(1, Ordering::SeqCst);
     until("the shard processed", || s.processed().len() == 2).await;
     assert_dropped_then_released(&s.events(), 1);
@@ -470,10 +461,7 @@ async fn a_hung_initialize_is_cancelled_and_the_shard_read_in_the_next_tenure() 
 async fn a_lane_call_cut_during_a_shutdown_drain_ends_every_lane_with_lease_lost() {
     capture!(counters, lines);
     let mut s = start(|c| {
-        c.parallelism_per_shard(2)
-            .shutdown_timeout(Duration::from_secs(120))
-            .processor_warn_after(Duration::from_secs(10))
-            .processor_timeout(Duration::from_secs(30))
+        warn_then_cut(c.parallelism_per_shard(2)).shutdown_timeout(Duration::from_secs(120))
     });
     s.checkpoint_then_hang().await;
     until("the hung call warned about", || {

@@ -13,10 +13,10 @@ use kcl_core::source::memory::InMemoryShardSource;
 use kcl_core::source::{Batch, OpenShard, ShardInfo, ShardReader, ShardSource, SourceError};
 use kcl_core::store::memory::InMemoryLeaseStore;
 use kcl_core::test_util::fleet;
-use kcl_core::worker::{StreamSpec, Worker, WorkerConfig, WorkerConfigBuilder, WorkerHandle};
+use kcl_core::worker::{StreamSpec, WorkerConfig, WorkerConfigBuilder, WorkerHandle};
 use kcl_core::{LeaseConfig, LeaseLayout};
 use tokio::sync::Notify;
-use tokio::time::{Instant, sleep};
+use tokio::time::sleep;
 
 const STREAM: &str = "orders";
 
@@ -146,23 +146,14 @@ fn start(
         inner: source.clone(),
         reads,
     };
-    let worker = Worker::new(
-        config,
-        Arc::new(table.clone()),
-        Arc::new(reach),
-        Arc::new(factory),
-    );
-    let handle = worker.handle();
-    tokio::spawn(worker.run());
+    let (handle, _) =
+        fleet::spawn_worker(config, Arc::new(table.clone()), Arc::new(reach), factory);
     handle
 }
 
-async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !done() {
-        assert!(started.elapsed() < Duration::from_secs(900), "{what}");
-        sleep(Duration::from_millis(100)).await;
-    }
+async fn wait_until(what: &str, done: impl FnMut() -> bool) {
+    let (limit, poll) = (Duration::from_secs(900), Duration::from_millis(100));
+    fleet::wait_until(limit, poll, done, || what.to_owned()).await;
 }
 
 #[tokio::test(start_paused = true)]

@@ -17,7 +17,7 @@ use kcl_core::source::{Batch, OpenShard, ShardInfo, ShardReader, ShardSource, So
 use kcl_core::store::memory::InMemoryLeaseStore;
 use kcl_core::test_util::fleet::{self, Payloads, Seen};
 use kcl_core::test_util::metrics::Recorded;
-use kcl_core::worker::{Worker, WorkerHandle};
+use kcl_core::worker::WorkerHandle;
 
 /// What one open does, in script order; opens past the script succeed.
 #[derive(Debug, Clone, Copy)]
@@ -167,14 +167,12 @@ impl Run {
             .build()
             .unwrap();
         let seen = Seen::default();
-        let worker = Worker::new(
+        let (handle, _) = fleet::spawn_worker(
             config,
             Arc::new(table),
             Arc::clone(&source) as Arc<dyn ShardSource>,
-            Arc::new(Payloads::factory(&seen)),
+            Payloads::factory(&seen),
         );
-        let handle = worker.handle();
-        tokio::spawn(worker.run());
         Run {
             source,
             shard,
@@ -214,41 +212,38 @@ fn records() -> Vec<String> {
     (0..5).map(|i| format!("r{i}")).collect()
 }
 
+/// Runs `script` on `stream` until the five records were processed, and
+/// checks the opens in each tenure, that the shard was given back
+/// `released` times (as the worker's status and the `open` stage's counter
+/// say), and that every record arrived once, in order.
+async fn assert_run(stream: &str, script: Vec<Open>, opens_per_tenure: &[usize], released: u64) {
+    let run = Run::start(stream, script);
+    run.wait_for_records().await;
+    assert_eq!(run.source.opens_per_tenure(), opens_per_tenure);
+    assert_eq!(run.released(), released);
+    assert_eq!(released_unreadable(stream, &run.shard, "open"), released);
+    assert_eq!(run.seen(), records());
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_rejected_argument_at_open_gives_the_shard_back_after_five_attempts_and_is_counted() {
-    const STREAM: &str = "rejected-at-open";
     // Nine failing opens: five in the first tenure, which gives the shard
     // back; four more in the next, whose fifth open succeeds.
-    let run = Run::start(STREAM, vec![Open::Fails(Kind::Fatal); 9]);
-    run.wait_for_records().await;
-    assert_eq!(run.source.opens_per_tenure(), vec![5, 5]);
-    assert_eq!(run.released(), 1);
-    assert_eq!(released_unreadable(STREAM, &run.shard, "open"), 1);
-    assert_eq!(run.seen(), records());
+    let script = vec![Open::Fails(Kind::Fatal); 9];
+    assert_run("rejected-at-open", script, &[5, 5], 1).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_transient_error_at_open_is_retried_and_the_shard_kept() {
-    const STREAM: &str = "transient-at-open";
-    let run = Run::start(STREAM, vec![Open::Fails(Kind::Transient); 12]);
-    run.wait_for_records().await;
-    assert_eq!(run.source.opens_per_tenure(), vec![13]);
-    assert_eq!(run.released(), 0);
-    assert_eq!(released_unreadable(STREAM, &run.shard, "open"), 0);
-    assert_eq!(run.seen(), records());
+    let script = vec![Open::Fails(Kind::Transient); 12];
+    assert_run("transient-at-open", script, &[13], 0).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn fatal_errors_at_read_and_reopen_count_together_until_a_batch_arrives() {
-    const STREAM: &str = "fatal-read-then-reopens";
     // The first fetch fails, then four reopens: five fatal errors in a
     // row, and no batch in between.
     let mut script = vec![Open::ReadFails(Kind::Fatal)];
     script.extend([Open::Fails(Kind::Fatal); 4]);
-    let run = Run::start(STREAM, script);
-    run.wait_for_records().await;
-    assert_eq!(run.source.opens_per_tenure(), vec![5, 1]);
-    assert_eq!(run.released(), 1);
-    assert_eq!(released_unreadable(STREAM, &run.shard, "open"), 1);
-    assert_eq!(run.seen(), records());
+    assert_run("fatal-read-then-reopens", script, &[5, 1], 1).await;
 }

@@ -84,6 +84,24 @@ struct Recorder {
     b: Behaviour,
 }
 
+impl Behaviour {
+    /// Checkpoints only in `shutdown_requested`.
+    fn lazy() -> Self {
+        Behaviour {
+            checkpoint_each_batch: false,
+            ..Behaviour::default()
+        }
+    }
+
+    /// Fails `failures` times on the first batch holding record 7.
+    fn failing(failures: u32) -> Self {
+        Behaviour {
+            failures,
+            ..Behaviour::default()
+        }
+    }
+}
+
 fn take_one(budget: &AtomicU64) -> bool {
     budget
         .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
@@ -249,6 +267,14 @@ impl Fleet {
         fleet::produce(&self.source, STREAM, keys, from, per_key);
     }
 
+    /// Puts records 0..5 of one key, and 5..10 a second later: record 7,
+    /// where a failing processor fails, comes after a batch that succeeded.
+    async fn produce_ten_in_two_batches(&self) {
+        self.produce(1, 0, 5);
+        sleep(Duration::from_secs(1)).await;
+        self.produce(1, 5, 5);
+    }
+
     async fn wait_for(&self, count: usize, limit: Duration) {
         fleet::wait_for_records(limit, Duration::from_millis(100), count, || {
             self.log.count()
@@ -259,6 +285,16 @@ impl Fleet {
 
 // The table and the workers (`stop`, `kill`, `consuming`).
 kcl_core::deref_fleet!(Fleet, base);
+
+/// One shard with worker `w-a` on it, processors behaving as `b`, and
+/// records 0..20 of four keys processed; the fleet, and the worker's index.
+async fn one_worker_past_its_first_records(b: Behaviour) -> (Fleet, usize) {
+    let mut fleet = Fleet::new(1);
+    let i = fleet.start("w-a", b, FailurePolicy::Retry);
+    fleet.produce(4, 0, 20);
+    fleet.wait_for(4 * 20, Duration::from_secs(60)).await;
+    (fleet, i)
+}
 
 /// Every record of `keys` x `0..per_key` was processed at least once; returns
 /// the number of duplicates. Each key's records arrive in order (a replay
@@ -338,10 +374,7 @@ async fn graceful_shutdown_hands_over_within_a_tick_without_duplicates() {
     let mut fleet = Fleet::new(4);
     // Checkpoints only in shutdown_requested: zero duplicates must come from
     // the graceful handoff, not from frequent checkpoints.
-    let lazy = Behaviour {
-        checkpoint_each_batch: false,
-        ..Behaviour::default()
-    };
+    let lazy = Behaviour::lazy();
     let a = fleet.start("w-a", lazy, FailurePolicy::Retry);
     let b = fleet.start("w-b", lazy, FailurePolicy::Retry);
     fleet.produce(8, 0, 50);
@@ -565,11 +598,7 @@ async fn a_checkpoint_policy_repeats_no_record_on_handoff_or_graceful_shutdown()
 #[tokio::test(start_paused = true)]
 async fn retry_policy_redelivers_the_same_batch_and_skips_nothing() {
     let mut fleet = Fleet::new(1);
-    let flaky = Behaviour {
-        failures: 3,
-        ..Behaviour::default()
-    };
-    fleet.start("w-a", flaky, FailurePolicy::Retry);
+    fleet.start("w-a", Behaviour::failing(3), FailurePolicy::Retry);
     fleet.produce(2, 0, 30);
     fleet.wait_for(60, Duration::from_secs(60)).await;
     fleet.stop(0).await;
@@ -579,14 +608,9 @@ async fn retry_policy_redelivers_the_same_batch_and_skips_nothing() {
 #[tokio::test(start_paused = true)]
 async fn skip_policy_moves_on_and_release_policy_hands_the_shard_back() {
     let mut fleet = Fleet::new(1);
-    let failing = Behaviour {
-        failures: 1,
-        ..Behaviour::default()
-    };
+    let failing = Behaviour::failing(1);
     fleet.start("w-a", failing, FailurePolicy::Skip);
-    fleet.produce(1, 0, 5);
-    sleep(Duration::from_secs(1)).await;
-    fleet.produce(1, 5, 5);
+    fleet.produce_ten_in_two_batches().await;
     sleep(Duration::from_secs(1)).await;
     fleet.stop(0).await;
     let seen = fleet.log.by_key().remove("pk-0").unwrap();
@@ -839,14 +863,8 @@ async fn a_shutdown_during_retries_never_checkpoints_past_the_failing_batch() {
     let mut fleet = Fleet::new(1);
     // Fails on the batch holding record 7 until the budget runs out, and
     // checkpoints in shutdown_requested as the docs recommend.
-    let stubborn = Behaviour {
-        failures: 1_000,
-        ..Behaviour::default()
-    };
-    fleet.start("w-a", stubborn, FailurePolicy::Retry);
-    fleet.produce(1, 0, 5);
-    sleep(Duration::from_secs(1)).await;
-    fleet.produce(1, 5, 5);
+    fleet.start("w-a", Behaviour::failing(1_000), FailurePolicy::Retry);
+    fleet.produce_ten_in_two_batches().await;
     sleep(Duration::from_secs(5)).await;
     fleet.stop(0).await;
     assert!(
@@ -929,14 +947,7 @@ async fn a_merge_child_waits_for_its_other_parents_lease_and_nothing_is_lost() {
 /// than after the handoff timeout.
 #[tokio::test(start_paused = true)]
 async fn a_shutdown_right_after_a_peers_steal_completes_the_handoff() {
-    let mut fleet = Fleet::new(1);
-    let lazy = Behaviour {
-        checkpoint_each_batch: false,
-        ..Behaviour::default()
-    };
-    let a = fleet.start("w-a", lazy, FailurePolicy::Retry);
-    fleet.produce(4, 0, 20);
-    fleet.wait_for(4 * 20, Duration::from_secs(60)).await;
+    let (mut fleet, a) = one_worker_past_its_first_records(Behaviour::lazy()).await;
     let key = "shardId-000000000000";
     let seen = fleet.store.get(key).await.unwrap().unwrap();
     assert_eq!(
@@ -1034,10 +1045,7 @@ async fn startup_under_throttling_retries_until_ready() {
 /// consumer reads on from the last checkpoint.
 #[tokio::test(start_paused = true)]
 async fn a_consumer_stopped_by_a_rejected_checkpoint_resumes_in_a_new_tenure() {
-    let mut fleet = Fleet::new(1);
-    let i = fleet.start("w-a", Behaviour::default(), FailurePolicy::Retry);
-    fleet.produce(4, 0, 20);
-    fleet.wait_for(4 * 20, Duration::from_secs(60)).await;
+    let (mut fleet, i) = one_worker_past_its_first_records(Behaviour::default()).await;
     fleet.stores[i].inject(
         kcl_core::store::StoreOp::Checkpoint,
         kcl_core::store::memory::Fault::Error(kcl_core::StoreErrorKind::ConditionFailed),

@@ -35,7 +35,7 @@ use aws_sdk_dynamodb::types::{
 use kcl_core::store::{Beat, BeatUpdate, StoreError, StoreOp};
 
 use crate::error::{ClassifiedError, classify};
-use crate::store::DynamoDbLeaseStore;
+use crate::store::{DynamoDbLeaseStore, Update};
 
 /// Attribute names of a liveness record (kept in [`crate::schema`]).
 pub use crate::schema::liveness as attr;
@@ -233,18 +233,16 @@ impl DynamoDbLeaseStore {
             names,
             values,
         } = BeatWrite::new(update);
+        let write = Update {
+            expression,
+            condition: "attribute_not_exists(#i) OR #w = :w".to_owned(),
+            names,
+            values,
+        };
         let result = self
-            .client()
-            .update_item()
-            .table_name(table)
-            .set_key(Some(key(update.instance)))
-            .update_expression(expression)
-            .condition_expression("attribute_not_exists(#i) OR #w = :w")
-            .set_expression_attribute_names(Some(names))
-            .set_expression_attribute_values(Some(values))
+            .conditional_update(table, key(update.instance), write)
             .return_values(ReturnValue::AllNew)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::None)
-            .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
             .await;
         match result {
@@ -297,16 +295,14 @@ impl DynamoDbLeaseStore {
                 AttributeValue::Ss(vec![lease.to_owned()]),
             );
         }
+        let poke = Update {
+            expression,
+            condition: "attribute_exists(#i)".to_owned(),
+            names,
+            values,
+        };
         let result = self
-            .client()
-            .update_item()
-            .table_name(table)
-            .set_key(Some(key(instance)))
-            .update_expression(expression)
-            .condition_expression("attribute_exists(#i)")
-            .set_expression_attribute_names(Some(names))
-            .set_expression_attribute_values(Some(values))
-            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .conditional_update(table, key(instance), poke)
             .send()
             .await;
         match result {

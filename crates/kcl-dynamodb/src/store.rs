@@ -6,6 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::types::{
     AttributeValue, ConsumedCapacity, ReturnConsumedCapacity, ReturnValue,
     ReturnValuesOnConditionCheckFailure,
@@ -25,8 +26,9 @@ use crate::schema::{lease as attr, workers_table_for};
 
 mod update;
 
-use update::{Update, checkpoint_update, hands_off, owned_by, owner_condition, tenure_is};
+pub(crate) use update::Update;
 pub(crate) use update::{checkpoint_transact_item, fence_item};
+use update::{checkpoint_update, hands_off, owned_by, owner_condition, tenure_is};
 
 /// A [`LeaseStore`] on a DynamoDB table with the Java KCL's item layout.
 ///
@@ -176,6 +178,28 @@ impl DynamoDbLeaseStore {
         }
     }
 
+    /// A conditional `UpdateItem` of the item at `key` in `table` (the lease
+    /// table, or the liveness records' table) with `update`'s expressions,
+    /// asking for the capacity it consumed; the caller adds what it wants
+    /// returned, and sends it.
+    pub(crate) fn conditional_update(
+        &self,
+        table: &str,
+        key: HashMap<String, AttributeValue>,
+        update: Update,
+    ) -> UpdateItemFluentBuilder {
+        self.client
+            .update_item()
+            .table_name(table)
+            .set_key(Some(key))
+            .update_expression(update.expression)
+            .condition_expression(update.condition)
+            .set_expression_attribute_names(Some(update.names))
+            // DynamoDB refuses an empty map of values.
+            .set_expression_attribute_values(Some(update.values).filter(|v| !v.is_empty()))
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+    }
+
     /// Runs one conditional update and turns its outcome into the store's
     /// terms, reconciling a failed condition against `intent`.
     async fn update(
@@ -186,14 +210,7 @@ impl DynamoDbLeaseStore {
         intent: Option<Intent<'_>>,
     ) -> Result<Lease, StoreError> {
         let result = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(Self::key(key)))
-            .update_expression(update.expression)
-            .condition_expression(update.condition)
-            .set_expression_attribute_names(Some(update.names))
-            .set_expression_attribute_values(Some(update.values).filter(|v| !v.is_empty()))
+            .conditional_update(&self.table, Self::key(key), update)
             .return_values(ReturnValue::AllNew)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .return_consumed_capacity(ReturnConsumedCapacity::Total)

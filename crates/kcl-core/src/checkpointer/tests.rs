@@ -21,27 +21,32 @@ async fn setup() -> (InMemoryLeaseStore, Checkpointer) {
     (store, cp)
 }
 
+/// The checkpoint lease `s` shows in `store`.
+async fn stored(store: &InMemoryLeaseStore) -> Checkpoint {
+    store.get("s").await.unwrap().unwrap().checkpoint
+}
+
+/// Delivers the record at `seq`/`sub` to `cp` and checkpoints it (a
+/// policy may hold the write back).
+async fn deliver_and_checkpoint(cp: &mut Checkpointer, seq: &str, sub: u64) {
+    cp.delivered_for_test(seq, sub);
+    cp.checkpoint().await.unwrap();
+}
+
 #[tokio::test]
 async fn checkpoint_means_the_last_delivered_record() {
     let (store, mut cp) = setup().await;
     cp.checkpoint().await.unwrap();
     assert_eq!(
-        store.get("s").await.unwrap().unwrap().checkpoint,
+        stored(&store).await,
         Checkpoint::TrimHorizon,
         "nothing delivered"
     );
-    cp.delivered_for_test("100", 3);
-    cp.checkpoint().await.unwrap();
-    assert_eq!(
-        store.get("s").await.unwrap().unwrap().checkpoint,
-        Checkpoint::at("100", 3)
-    );
+    deliver_and_checkpoint(&mut cp, "100", 3).await;
+    assert_eq!(stored(&store).await, Checkpoint::at("100", 3));
     cp.set_shard_ended(vec![]);
     cp.checkpoint().await.unwrap();
-    assert_eq!(
-        store.get("s").await.unwrap().unwrap().checkpoint,
-        Checkpoint::ShardEnd
-    );
+    assert_eq!(stored(&store).await, Checkpoint::ShardEnd);
 }
 
 /// Under a policy, a call inside the period is held back and the
@@ -53,24 +58,21 @@ async fn a_policy_holds_positions_back_and_a_failed_flush_keeps_them() {
     use crate::store::memory::Fault;
     let (store, cp) = setup().await;
     let mut cp = cp.with_policy(CheckpointPolicy::every(Duration::from_secs(5)));
-    let at = |store: &InMemoryLeaseStore| {
-        let store = store.clone();
-        async move { store.get("s").await.unwrap().unwrap().checkpoint }
-    };
-    cp.delivered_for_test("100", 0);
-    cp.checkpoint().await.unwrap();
+    deliver_and_checkpoint(&mut cp, "100", 0).await;
     assert_eq!(
-        at(&store).await,
+        stored(&store).await,
         Checkpoint::at("100", 0),
         "the first goes at once"
     );
-    cp.delivered_for_test("200", 0);
-    cp.checkpoint().await.unwrap();
-    cp.delivered_for_test("300", 0);
-    cp.checkpoint().await.unwrap();
-    assert_eq!(at(&store).await, Checkpoint::at("100", 0), "held back");
+    deliver_and_checkpoint(&mut cp, "200", 0).await;
+    deliver_and_checkpoint(&mut cp, "300", 0).await;
+    assert_eq!(stored(&store).await, Checkpoint::at("100", 0), "held back");
     cp.flush_due().await.unwrap();
-    assert_eq!(at(&store).await, Checkpoint::at("100", 0), "not due yet");
+    assert_eq!(
+        stored(&store).await,
+        Checkpoint::at("100", 0),
+        "not due yet"
+    );
     tokio::time::sleep(Duration::from_secs(5)).await;
     for _ in 0..6 {
         store.inject(
@@ -79,20 +81,18 @@ async fn a_policy_holds_positions_back_and_a_failed_flush_keeps_them() {
         );
     }
     assert!(cp.flush_due().await.is_err());
-    assert_eq!(at(&store).await, Checkpoint::at("100", 0));
+    assert_eq!(stored(&store).await, Checkpoint::at("100", 0));
     cp.flush_due().await.unwrap();
     assert_eq!(
-        at(&store).await,
+        stored(&store).await,
         Checkpoint::at("300", 0),
         "kept and written"
     );
-    cp.delivered_for_test("400", 0);
-    cp.checkpoint().await.unwrap();
+    deliver_and_checkpoint(&mut cp, "400", 0).await;
     cp.write_every_call();
-    cp.delivered_for_test("500", 0);
-    cp.checkpoint().await.unwrap();
+    deliver_and_checkpoint(&mut cp, "500", 0).await;
     assert_eq!(
-        at(&store).await,
+        stored(&store).await,
         Checkpoint::at("500", 0),
         "the tenure's end writes"
     );
@@ -133,39 +133,38 @@ async fn checkpoint_at_is_validated() {
 
 #[tokio::test]
 async fn a_moved_lease_is_lease_lost_and_stops_the_consumer() {
-    let (store, mut cp) = setup().await;
-    let current = store.get("s").await.unwrap().unwrap();
-    store
-        .take(&current, crate::store::Holder::new("thief", "t2"))
-        .await
-        .unwrap();
-    cp.delivered_for_test("7", 0);
-    let e = cp.checkpoint().await.unwrap_err();
-    assert!(matches!(e, CheckpointError::LeaseLost { .. }), "{e}");
+    let cp = lease_lost_after(|store, current| async move {
+        store.take(&current, Holder::new("thief", "t2")).await
+    })
+    .await;
     assert!(cp.lost.is_cancelled());
-    assert_eq!(
-        store.get("s").await.unwrap().unwrap().checkpoint,
-        Checkpoint::TrimHorizon
-    );
 }
 
 #[tokio::test]
 async fn a_write_of_an_earlier_tenure_of_this_worker_is_rejected() {
-    let (store, mut cp) = setup().await;
     // The same worker id took the lease again in a new tenure (a
     // restart, or another process under the same id).
+    lease_lost_after(|store, current| async move {
+        store.reclaim(&current, Holder::new("me", "t-later")).await
+    })
+    .await;
+}
+
+/// A checkpoint made after `moved` moved the lease (given the table and
+/// the lease as read) from under the checkpointer: lease lost, and nothing
+/// written. Returns the checkpointer.
+async fn lease_lost_after<F>(moved: impl FnOnce(InMemoryLeaseStore, Lease) -> F) -> Checkpointer
+where
+    F: std::future::Future<Output = Result<Lease, crate::store::StoreError>>,
+{
+    let (store, mut cp) = setup().await;
     let current = store.get("s").await.unwrap().unwrap();
-    store
-        .reclaim(&current, crate::store::Holder::new("me", "t-later"))
-        .await
-        .unwrap();
+    moved(store.clone(), current).await.unwrap();
     cp.delivered_for_test("7", 0);
     let e = cp.checkpoint().await.unwrap_err();
     assert!(matches!(e, CheckpointError::LeaseLost { .. }), "{e}");
-    assert_eq!(
-        store.get("s").await.unwrap().unwrap().checkpoint,
-        Checkpoint::TrimHorizon
-    );
+    assert_eq!(stored(&store).await, Checkpoint::TrimHorizon);
+    cp
 }
 
 #[tokio::test]
@@ -176,16 +175,11 @@ async fn a_late_attempt_of_an_earlier_checkpoint_never_lands_after_a_newer_one()
     // What a given-up first attempt to checkpoint 5 looks like when it
     // lands after the checkpointer moved on to 9.
     let late = CheckpointUpdate::to(Checkpoint::at("5", 0)).replacing(Checkpoint::TrimHorizon);
-    cp.delivered_for_test("5", 0);
-    cp.checkpoint().await.unwrap();
-    cp.delivered_for_test("9", 0);
-    cp.checkpoint().await.unwrap();
+    deliver_and_checkpoint(&mut cp, "5", 0).await;
+    deliver_and_checkpoint(&mut cp, "9", 0).await;
     let e = store.checkpoint("s", holder, &late).await.unwrap_err();
     assert!(e.is_condition_failed(), "{e}");
-    assert_eq!(
-        store.get("s").await.unwrap().unwrap().checkpoint,
-        Checkpoint::at("9", 0)
-    );
+    assert_eq!(stored(&store).await, Checkpoint::at("9", 0));
     // A replay of the latest write reconciles as applied.
     let replay = CheckpointUpdate::to(Checkpoint::at("9", 0)).replacing(Checkpoint::at("5", 0));
     store.checkpoint("s", holder, &replay).await.unwrap();
@@ -233,31 +227,30 @@ async fn a_caller_written_checkpoint_moves_on_only_when_its_write_succeeded() {
     assert!(cp.lost.is_cancelled(), "the consumer stops");
 }
 
-#[tokio::test]
-async fn a_commit_found_moved_by_this_tenure_is_not_applied_and_the_checkpointer_catches_up() {
-    let (_, mut cp) = setup().await;
-    cp.delivered_for_test("9", 5);
-    let moved = |to: Checkpoint| {
-        move |_| async move {
+/// Commits 9/`sub` through a write that finds the lease's checkpoint
+/// moved to `to` by this tenure: the commit is not applied.
+async fn commit_found_moved(cp: &mut Checkpointer, sub: u64, to: Checkpoint) {
+    let failed = cp
+        .commit_with("9", sub, move |_| async move {
             Err::<(), _>(CommitFailure::CheckpointMoved {
                 to,
                 error: "not applied",
             })
-        }
-    };
-    let failed = cp
-        .commit_with("9", 2, moved(Checkpoint::at("9", 2)))
+        })
         .await
         .unwrap();
     assert_eq!(failed, Err("not applied"));
+}
+
+#[tokio::test]
+async fn a_commit_found_moved_by_this_tenure_is_not_applied_and_the_checkpointer_catches_up() {
+    let (_, mut cp) = setup().await;
+    cp.delivered_for_test("9", 5);
+    commit_found_moved(&mut cp, 2, Checkpoint::at("9", 2)).await;
     assert_eq!(cp.last_checkpoint(), &Checkpoint::at("9", 2));
     assert!(!cp.lost.is_cancelled(), "still this tenure's lease");
     // Never backwards, whatever the write reports.
-    let failed = cp
-        .commit_with("9", 4, moved(Checkpoint::at("9", 1)))
-        .await
-        .unwrap();
-    assert_eq!(failed, Err("not applied"));
+    commit_found_moved(&mut cp, 4, Checkpoint::at("9", 1)).await;
     assert_eq!(cp.last_checkpoint(), &Checkpoint::at("9", 2));
     // The next commit replaces the checkpoint the lease shows.
     cp.commit_with("9", 4, |p| async move {
@@ -305,16 +298,12 @@ async fn ended_lanes() -> (InMemoryLeaseStore, Vec<Checkpointer>) {
 #[tokio::test]
 async fn a_lane_is_ended_only_after_its_last_record_is_checkpointed() {
     let (store, mut lanes) = ended_lanes().await;
-    let at = |store: &InMemoryLeaseStore| {
-        let store = store.clone();
-        async move { store.get("s").await.unwrap().unwrap().checkpoint }
-    };
     let mut seen = Vec::new();
     lanes[0].checkpoint().await.unwrap();
-    seen.push(at(&store).await);
+    seen.push(stored(&store).await);
     for n in ["2", "3", "4"] {
         lanes[1].checkpoint_at(n, 0).await.unwrap();
-        seen.push(at(&store).await);
+        seen.push(stored(&store).await);
     }
     assert_eq!(
         seen,

@@ -122,48 +122,54 @@ mod tests {
         }
     }
 
+    /// Retries `call` (given the attempt's index, from 0) under [`POLICY`]
+    /// until `deadline`: the outcome, and how many attempts were made.
+    async fn attempts<F>(
+        deadline: Instant,
+        call: impl Fn(usize) -> F,
+    ) -> (Result<(), StoreError>, usize)
+    where
+        F: Future<Output = Result<(), StoreError>>,
+    {
+        let calls = AtomicUsize::new(0);
+        let r = retry_until(StoreOp::Renew, deadline, POLICY, || {
+            call(calls.fetch_add(1, Ordering::Relaxed))
+        })
+        .await;
+        (r, calls.load(Ordering::Relaxed))
+    }
+
     #[tokio::test(start_paused = true)]
     async fn attempts_are_capped_and_bounded_by_the_deadline() {
-        let calls = AtomicUsize::new(0);
         let deadline = Instant::now() + Duration::from_secs(30);
-        let r: Result<(), _> = retry_until(StoreOp::Renew, deadline, POLICY, || {
-            calls.fetch_add(1, Ordering::Relaxed);
-            async { Err(failing(StoreErrorKind::Retryable)) }
+        let (r, calls) = attempts(deadline, |_| async {
+            Err(failing(StoreErrorKind::Retryable))
         })
         .await;
         assert!(r.is_err());
-        assert_eq!(calls.load(Ordering::Relaxed), 3, "max_attempts");
+        assert_eq!(calls, 3, "max_attempts");
 
         // A hung call costs one attempt timeout; the deadline stops the rest.
-        calls.store(0, Ordering::Relaxed);
         let started = Instant::now();
         let deadline = started + Duration::from_millis(1500);
-        let r: Result<(), _> = retry_until(StoreOp::Renew, deadline, POLICY, || {
-            calls.fetch_add(1, Ordering::Relaxed);
-            std::future::pending()
-        })
-        .await;
+        let (r, calls) = attempts(deadline, |_| std::future::pending()).await;
         assert!(r.unwrap_err().is_retryable());
         assert!(Instant::now() <= deadline, "never past the deadline");
-        assert!(calls.load(Ordering::Relaxed) <= 2);
+        assert!(calls <= 2);
     }
 
     #[tokio::test(start_paused = true)]
     async fn conditions_and_fatal_errors_are_not_retried() {
-        let calls = AtomicUsize::new(0);
         let deadline = Instant::now() + Duration::from_secs(30);
-        let r: Result<(), _> = retry_until(StoreOp::Renew, deadline, POLICY, || {
-            calls.fetch_add(1, Ordering::Relaxed);
-            async {
-                Err(StoreError::ConditionFailed {
-                    key: "s".into(),
-                    current: None,
-                })
-            }
+        let (r, calls) = attempts(deadline, |_| async {
+            Err(StoreError::ConditionFailed {
+                key: "s".into(),
+                current: None,
+            })
         })
         .await;
         assert!(r.unwrap_err().is_condition_failed());
-        assert_eq!(calls.load(Ordering::Relaxed), 1);
+        assert_eq!(calls, 1);
     }
 
     #[tokio::test(start_paused = true)]
@@ -173,11 +179,9 @@ mod tests {
             (StoreErrorKind::Throttled, Duration::from_millis(600)),
         ] {
             let started = Instant::now();
-            let calls = AtomicUsize::new(0);
             let deadline = started + Duration::from_secs(30);
-            let r = retry_until(StoreOp::Renew, deadline, POLICY, || {
-                let n = calls.fetch_add(1, Ordering::Relaxed);
-                async move { if n == 0 { Err(failing(kind)) } else { Ok(()) } }
+            let (r, _) = attempts(deadline, |n| async move {
+                if n == 0 { Err(failing(kind)) } else { Ok(()) }
             })
             .await;
             assert!(r.is_ok());

@@ -32,6 +32,19 @@ use crate::{LeaseConfig, LeaseLayout, LeaseStore};
 /// A running worker: its handle, and the task running it.
 pub type Running = (WorkerHandle, JoinHandle<Result<(), WorkerError>>);
 
+/// Runs a worker of `config` over `store` and `source`, its processors
+/// made by `factory`, in a task of its own.
+pub fn spawn_worker(
+    config: WorkerConfig,
+    store: Arc<dyn LeaseStore>,
+    source: Arc<dyn ShardSource>,
+    factory: impl ProcessorFactory,
+) -> Running {
+    let worker = Worker::new(config, store, source, Arc::new(factory));
+    let handle = worker.handle();
+    (handle, tokio::spawn(worker.run()))
+}
+
 /// Workers sharing one in-memory lease table, each run in a task of its
 /// own, by the index [`Fleet::run_worker`] returned.
 #[derive(Debug, Default)]
@@ -68,9 +81,8 @@ impl Fleet {
         source: Arc<dyn ShardSource>,
         factory: impl ProcessorFactory,
     ) -> usize {
-        let worker = Worker::new(config, store, source, Arc::new(factory));
-        let handle = worker.handle();
-        self.workers.push((handle, tokio::spawn(worker.run())));
+        self.workers
+            .push(spawn_worker(config, store, source, factory));
         self.workers.len() - 1
     }
 

@@ -7,6 +7,10 @@ use proptest::prelude::*;
 
 use super::*;
 
+/// Lease tables the Java KCL wrote, as `aws dynamodb scan` shows them.
+const SINGLE_STREAM: &str = include_str!("../../tests/fixtures/java_kcl_single_stream.json");
+const MULTI_STREAM: &str = include_str!("../../tests/fixtures/java_kcl_multi_stream.json");
+
 /// Reads DynamoDB JSON (the `aws dynamodb scan` format) into items.
 fn fixture(json: &str) -> Vec<HashMap<String, AttributeValue>> {
     let items: Vec<HashMap<String, serde_json::Value>> = serde_json::from_str(json).unwrap();
@@ -46,9 +50,7 @@ fn lease(item: &HashMap<String, AttributeValue>) -> Lease {
 
 #[test]
 fn reads_java_kcl_single_stream_items() {
-    let items = fixture(include_str!(
-        "../../tests/fixtures/java_kcl_single_stream.json"
-    ));
+    let items = fixture(SINGLE_STREAM);
 
     let parent = lease(&items[0]);
     assert_eq!(parent.key, "shardId-000000000000");
@@ -112,9 +114,7 @@ fn reads_java_kcl_single_stream_items() {
 
 #[test]
 fn reads_java_kcl_multi_stream_items() {
-    let items = fixture(include_str!(
-        "../../tests/fixtures/java_kcl_multi_stream.json"
-    ));
+    let items = fixture(MULTI_STREAM);
     let a = lease(&items[0]);
     assert_eq!(a.key, "123456789012:orders:1700000000:shardId-000000000001");
     assert_eq!(a.stream.as_deref(), Some("123456789012:orders:1700000000"));
@@ -130,10 +130,7 @@ fn reads_java_kcl_multi_stream_items() {
 
 #[test]
 fn java_items_survive_a_round_trip_through_our_layout() {
-    for json in [
-        include_str!("../../tests/fixtures/java_kcl_single_stream.json"),
-        include_str!("../../tests/fixtures/java_kcl_multi_stream.json"),
-    ] {
+    for json in [SINGLE_STREAM, MULTI_STREAM] {
         for item in fixture(json) {
             let ReadItem::Lease(l) = from_item(&item).unwrap() else {
                 continue;
@@ -149,72 +146,28 @@ fn java_items_survive_a_round_trip_through_our_layout() {
     }
 }
 
-type Breaker = Box<dyn Fn(&mut HashMap<String, AttributeValue>)>;
-
 #[test]
 fn malformed_items_are_errors_that_name_key_and_attribute() {
-    let base = || {
-        fixture(include_str!(
-            "../../tests/fixtures/java_kcl_single_stream.json"
-        ))
-        .remove(1)
-    };
-    let cases: Vec<(&str, Breaker)> = vec![
-        (
-            "leaseCounter",
-            Box::new(|i| {
-                i.remove("leaseCounter");
-            }),
-        ),
-        (
-            "leaseCounter",
-            Box::new(|i| {
-                i.insert("leaseCounter".into(), AttributeValue::S("7".into()));
-            }),
-        ),
-        (
-            "leaseCounter",
-            Box::new(|i| {
-                i.insert("leaseCounter".into(), AttributeValue::N("-1".into()));
-            }),
-        ),
-        (
-            "checkpoint",
-            Box::new(|i| {
-                i.insert("checkpoint".into(), AttributeValue::S("SHARD_BEGIN".into()));
-            }),
-        ),
-        (
-            "checkpoint",
-            Box::new(|i| {
-                i.remove("checkpoint");
-            }),
-        ),
-        (
-            "leaseOwner",
-            Box::new(|i| {
-                i.insert("leaseOwner".into(), AttributeValue::N("1".into()));
-            }),
-        ),
-        (
-            "parentShardId",
-            Box::new(|i| {
-                i.insert("parentShardId".into(), AttributeValue::N("1".into()));
-            }),
-        ),
-        (
-            "pendingCheckpointState",
-            Box::new(|i| {
-                i.insert(
-                    "pendingCheckpointState".into(),
-                    AttributeValue::S("x".into()),
-                );
-            }),
-        ),
+    let base = || fixture(SINGLE_STREAM).remove(1);
+    let s = |v: &str| Some(AttributeValue::S(v.into()));
+    let n = |v: &str| Some(AttributeValue::N(v.into()));
+    // Each attribute removed (`None`) or given a value it cannot have.
+    let cases = [
+        ("leaseCounter", None),
+        ("leaseCounter", s("7")),
+        ("leaseCounter", n("-1")),
+        ("checkpoint", s("SHARD_BEGIN")),
+        ("checkpoint", None),
+        ("leaseOwner", n("1")),
+        ("parentShardId", n("1")),
+        ("pendingCheckpointState", s("x")),
     ];
-    for (attribute, break_it) in cases {
+    for (attribute, value) in cases {
         let mut item = base();
-        break_it(&mut item);
+        match value {
+            Some(v) => item.insert(attribute.into(), v),
+            None => item.remove(attribute),
+        };
         let err = from_item(&item).unwrap_err();
         assert_eq!(err.key, "shardId-000000000002");
         assert!(err.reason.contains(attribute), "{attribute}: {err}");
@@ -229,9 +182,7 @@ fn malformed_items_are_errors_that_name_key_and_attribute() {
 /// no figure, and never makes the item unreadable.
 #[test]
 fn the_throughput_figure_is_read_and_a_bad_one_is_no_figure() {
-    let items = fixture(include_str!(
-        "../../tests/fixtures/java_kcl_single_stream.json"
-    ));
+    let items = fixture(SINGLE_STREAM);
     assert_eq!(lease(&items[1]).throughput, Throughput::from_kbps(12.5));
     assert_eq!(lease(&items[0]).throughput, None);
     for bad in [

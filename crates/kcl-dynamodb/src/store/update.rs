@@ -14,11 +14,11 @@ use crate::schema::lease as attr;
 /// One UpdateItem's expressions, built with placeholders so attribute names
 /// never clash with DynamoDB's reserved words.
 #[derive(Debug, Default)]
-pub(super) struct Update {
-    pub(super) expression: String,
-    pub(super) condition: String,
-    pub(super) names: HashMap<String, String>,
-    pub(super) values: HashMap<String, AttributeValue>,
+pub(crate) struct Update {
+    pub(crate) expression: String,
+    pub(crate) condition: String,
+    pub(crate) names: HashMap<String, String>,
+    pub(crate) values: HashMap<String, AttributeValue>,
 }
 
 impl Update {
