@@ -195,18 +195,13 @@ pub(crate) async fn idle_fleet_cost() -> anyhow::Result<Section> {
         IDLE_WINDOW.as_secs_f64()
     );
     for r in &runs {
-        let ops: Vec<String> = r
-            .by_op
-            .iter()
-            .map(|(op, n)| format!("{op} {n:.0}"))
-            .collect();
         s.row(
             &format!("{} x {} ({})", r.workers, r.shards, mode_name(r.mode)),
             format!(
                 "{:.0} req/min, {:.0} CU/min ({}); settled {:.0} s after start",
                 r.requests_per_min,
                 r.units_per_min,
-                ops.join(", "),
+                ops_per_min(&r.by_op),
                 r.settled_after.as_secs_f64()
             ),
         );
@@ -311,17 +306,28 @@ fn counts(table: &InMemoryLeaseStore) -> Vec<usize> {
 /// Leases held per worker `w-0` .. `w-{workers - 1}`.
 fn owner_counts(leases: &[Lease], workers: usize) -> Vec<usize> {
     let mut counts = vec![0usize; workers];
-    for l in leases {
-        if let Some(w) = l
-            .owner
-            .as_deref()
-            .and_then(|o| o.strip_prefix("w-"))
-            .and_then(|n| n.parse::<usize>().ok())
-        {
-            counts[w] += 1;
-        }
+    for w in leases.iter().filter_map(worker_index) {
+        counts[w] += 1;
     }
     counts
+}
+
+/// `n` for a lease owned by worker `w-{n}` (the benches' worker ids).
+pub(crate) fn worker_index(lease: &Lease) -> Option<usize> {
+    lease
+        .owner
+        .as_deref()
+        .and_then(|o| o.strip_prefix("w-"))
+        .and_then(|n| n.parse::<usize>().ok())
+}
+
+/// Requests per minute by operation, as a row shows them: "renew 12, beat 4".
+pub(crate) fn ops_per_min(by_op: &[(StoreOp, f64)]) -> String {
+    by_op
+        .iter()
+        .map(|(op, n)| format!("{op} {n:.0}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn ticks(fleet: &[SimWorker]) -> u64 {

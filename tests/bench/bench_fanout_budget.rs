@@ -3,18 +3,16 @@
 //! `SubscribeToShard` would not hold 1000 subscriptions on 2 cores), a
 //! budget smaller than what the shards hold, and nobody consuming.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use kcl_core::Record;
-use kcl_core::source::{OpenShard, ShardReader, ShardSource, StartPosition};
-use kcl_core::{Checkpoint, Lease, LeaseHandle};
-use kcl_kinesis::fake::FakeKinesis;
+use kcl_core::source::ShardReader;
 use kcl_kinesis::{FanOutConfig, KinesisShardSource, Retrieval};
 use tokio::time::Instant;
 
 use crate::Section;
+use crate::bench_retrieval::{full_fake, open_from_start};
 
 /// Shards, records per shard and payload: the polling budget scenario's.
 const SHARDS: usize = 1000;
@@ -43,29 +41,14 @@ fn held(records: &[Record]) -> usize {
 
 /// A fan-out source on a fake with every shard full, and a reader on each.
 async fn open_all() -> anyhow::Result<(KinesisShardSource, Vec<Box<dyn ShardReader>>, usize)> {
-    let fake = Arc::new(FakeKinesis::default());
-    let ids = fake.create_stream("s", SHARDS);
-    let payload = vec![b'x'; PAYLOAD];
-    for id in &ids {
-        for i in 0..PER_SHARD {
-            fake.put("s", id, &format!("pk-{i}"), payload.clone());
-        }
-    }
+    let (fake, ids) = full_fake(SHARDS, PER_SHARD, PAYLOAD);
     let config = FanOutConfig::builder().consumer_name("bench").build()?;
     let per_reader = config.max_buffered_bytes();
     let source = KinesisShardSource::on_fake_fan_out(fake)
         .prefetch_budget(BUDGET_MIB * 1024 * 1024)
         .retrieval(Retrieval::FanOut(config))
         .build()?;
-    let mut readers = Vec::new();
-    for id in &ids {
-        let lease = LeaseHandle::detached(
-            Lease::new(id, Checkpoint::TrimHorizon),
-            Duration::from_secs(3600),
-        );
-        let request = OpenShard::new("s", id.clone(), StartPosition::TrimHorizon, lease);
-        readers.push(source.open(request).await?);
-    }
+    let readers = open_from_start(&source, &ids).await?;
     Ok((source, readers, per_reader))
 }
 

@@ -1448,7 +1448,7 @@ pub(crate) async fn cold_start_at_defaults(exe: &Path) -> anyhow::Result<Section
 }
 
 /// Seconds per run, as a row's value: "1.23 s, 4.56 s".
-fn per_run(times: &[f64]) -> String {
+pub(crate) fn per_run(times: &[f64]) -> String {
     times
         .iter()
         .map(|t| format!("{t:.2} s"))

@@ -8,25 +8,17 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
-use kcl_tests::e2e::{BatchLog, now_ns, verify};
+use kcl_tests::e2e::{BatchLog, now_ns, shard_span_ns, verify};
 use kcl_tests::{list_all_shards, split_shard_in_half};
 use tokio::time::Instant;
 
 use crate::Section;
 use crate::bench_fleet::{
-    DEFAULTS, Fleet, LOAD_EVERY, PAIR_SHARDS, Producer, settle, wait_complete,
+    DEFAULTS, Fleet, LOAD_EVERY, PAIR_SHARDS, Producer, per_run, settle, wait_complete,
 };
 
 fn secs(ns: u128) -> f64 {
     ns as f64 / 1e9
-}
-
-fn list(times: &[f64]) -> String {
-    times
-        .iter()
-        .map(|t| format!("{t:.2} s"))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 // ---------------------------------------------------------------------------
@@ -143,11 +135,11 @@ pub(crate) async fn late_joiner(exe: &Path) -> anyhow::Result<Section> {
         JOIN_AFTER.as_secs()
     );
     s.row("load (measured)", format!("{rate:.0} records/s"));
-    s.row("joiner's first record, per run", list(&firsts));
+    s.row("joiner's first record, per run", per_run(&firsts));
     s.row("slowest", format!("{worst:.2} s"));
     s.row(
         "balanced 4 + 4 after the joiner's spawn, per run",
-        list(&runs.iter().map(|r| r.balanced).collect::<Vec<_>>()),
+        per_run(&runs.iter().map(|r| r.balanced).collect::<Vec<_>>()),
     );
     s.row(
         "records produced / lost / duplicates (all runs)",
@@ -174,7 +166,7 @@ pub(crate) async fn late_joiner(exe: &Path) -> anyhow::Result<Section> {
         "a worker joining 20 s after the first delivers its first record {worst:.2} s after its \
          start (max of {JOIN_RUNS}: {}; bound {JOIN_BOUND_S} s), {lost} lost, {duplicates} \
          duplicates",
-        list(&firsts)
+        per_run(&firsts)
     );
     s.settings = "Production defaults: worker-liveness renewal, lease 10 s, taker tick 10 s \
                   +/-25 %, idle polls 1 s; processors checkpoint after every batch. The bound \
@@ -330,12 +322,7 @@ pub(crate) async fn reshard_at_defaults(exe: &Path) -> anyhow::Result<Section> {
     let figure = secs(last_child.saturating_sub(ended_at));
     // Invariant 5 seen from outside: no child batch before the parent's
     // last one ended (the per-key order check covers the records).
-    let parent_last_end = batches
-        .iter()
-        .filter(|b| b.shard == parent)
-        .map(|b| b.end_ns)
-        .max()
-        .unwrap_or_default();
+    let parent_last_end = shard_span_ns(&batches, &parent).map_or(0, |(_, end)| end);
     let child_set: BTreeSet<&str> = children.iter().map(String::as_str).collect();
     let early_children = batches
         .iter()

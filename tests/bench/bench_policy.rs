@@ -31,6 +31,7 @@ use kcl_tests::{
 use tokio::time::Instant;
 
 use crate::Section;
+use crate::bench_cost::{ops_per_min, worker_index};
 
 const WORKERS: usize = 2;
 const SHARDS: usize = 8;
@@ -131,14 +132,8 @@ struct Busy {
 /// handoff running.
 fn balanced(leases: &[Lease]) -> bool {
     let mut counts = [0usize; WORKERS];
-    for l in leases {
-        if let Some(w) = l
-            .owner
-            .as_deref()
-            .and_then(|o| o.strip_prefix("w-"))
-            .and_then(|n| n.parse::<usize>().ok())
-            .filter(|&w| w < WORKERS)
-        {
+    for w in leases.iter().filter_map(worker_index) {
+        if w < WORKERS {
             counts[w] += 1;
         }
     }
@@ -284,18 +279,13 @@ pub(crate) async fn checkpoint_policy_cost() -> anyhow::Result<Section> {
         (format!("policy every {} s", POLICY_LONG.as_secs()), &long),
         ("no policy (every call writes)".to_owned(), &without),
     ] {
-        let ops: Vec<String> = r
-            .by_op
-            .iter()
-            .map(|(op, n)| format!("{op} {n:.0}"))
-            .collect();
         s.row(
             &name,
             format!(
                 "{:.0} req/min ({}); {:.0} checkpoint writes/min for {:.1} batches/s, \
                  {:.1} records/s; balanced {:.0} s after start",
                 r.requests_per_min,
-                ops.join(", "),
+                ops_per_min(&r.by_op),
                 r.checkpoints_per_min,
                 r.batches_per_s,
                 r.records_per_s,

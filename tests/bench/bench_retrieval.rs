@@ -180,6 +180,43 @@ const BUDGET_PER_SHARD: usize = 20;
 const BUDGET_PAYLOAD: usize = 10 * 1024;
 const BUDGET_MIB: usize = 128;
 
+/// A fake stream `s` of `shards` shards, each holding `per_shard` records
+/// of `payload` bytes: more than a budget lets a worker hold. Returns the
+/// fake and the shard ids.
+pub(crate) fn full_fake(
+    shards: usize,
+    per_shard: usize,
+    payload: usize,
+) -> (Arc<FakeKinesis>, Vec<String>) {
+    let fake = Arc::new(FakeKinesis::default());
+    let ids = fake.create_stream("s", shards);
+    let payload = vec![b'x'; payload];
+    for id in &ids {
+        for i in 0..per_shard {
+            fake.put("s", id, &format!("pk-{i}"), payload.clone());
+        }
+    }
+    (fake, ids)
+}
+
+/// A reader on each of `ids` (shards of stream `s`) from TRIM_HORIZON, under
+/// a lease that outlasts the run.
+pub(crate) async fn open_from_start(
+    source: &KinesisShardSource,
+    ids: &[String],
+) -> anyhow::Result<Vec<Box<dyn ShardReader>>> {
+    let mut readers = Vec::new();
+    for id in ids {
+        let lease = LeaseHandle::detached(
+            Lease::new(id, Checkpoint::TrimHorizon),
+            Duration::from_secs(3600),
+        );
+        let request = OpenShard::new("s", id.clone(), StartPosition::TrimHorizon, lease);
+        readers.push(source.open(request).await?);
+    }
+    Ok(readers)
+}
+
 /// What the budget worker prints (one line, `key=value` pairs).
 fn parse_report(line: &str) -> std::collections::BTreeMap<String, String> {
     line.split_whitespace()
@@ -198,30 +235,12 @@ pub(crate) fn budget_worker_main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let fake = Arc::new(FakeKinesis::default());
-        let ids = fake.create_stream("s", BUDGET_SHARDS);
-        let payload = vec![b'x'; BUDGET_PAYLOAD];
-        for id in &ids {
-            for i in 0..BUDGET_PER_SHARD {
-                fake.put("s", id, &format!("pk-{i}"), payload.clone());
-            }
-        }
+        let (fake, ids) = full_fake(BUDGET_SHARDS, BUDGET_PER_SHARD, BUDGET_PAYLOAD);
         let baseline = vm("VmRSS");
         let source = KinesisShardSource::on_fake(Arc::clone(&fake))
             .prefetch_budget(BUDGET_MIB * 1024 * 1024)
             .build()?;
-        let mut readers: Vec<Box<dyn ShardReader>> = Vec::new();
-        for id in &ids {
-            let lease = LeaseHandle::detached(
-                Lease::new(id, Checkpoint::TrimHorizon),
-                Duration::from_secs(3600),
-            );
-            readers.push(
-                source
-                    .open(OpenShard::new("s", id.clone(), StartPosition::TrimHorizon, lease))
-                    .await?,
-            );
-        }
+        let mut readers = open_from_start(&source, &ids).await?;
         // Until the fetching stops: the budget is full.
         let mut last = 0;
         loop {

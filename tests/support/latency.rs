@@ -3,18 +3,13 @@
 //! records (`warm...`) apart.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use kcl::{Checkpointer, ProcessorError, RecordBatch, RecordProcessor};
 
-/// Wall-clock nanoseconds since the epoch: put and process run on one
-/// host, so they share the clock.
-pub fn now_ns() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
-}
+/// Wall-clock nanoseconds since the epoch (the batch logs' clock): put and
+/// process run on one host, so they share the clock.
+pub use crate::e2e::now_ns;
 
 /// What the processors saw.
 #[derive(Debug, Default)]

@@ -122,33 +122,42 @@ impl TestEnv {
 
     async fn ping(&self) -> anyhow::Result<()> {
         let kinesis = self.kinesis.list_streams().limit(1).send();
-        match tokio::time::timeout(CONNECT_TIMEOUT, kinesis).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => bail!(
-                "Kinesis at {} does not answer ListStreams ({}); {HOW_TO_START}",
-                endpoint_for("KINESIS"),
-                aws_sdk_kinesis::error::DisplayErrorContext(&e)
-            ),
-            Err(_) => bail!(
-                "Kinesis at {} did not answer ListStreams within {CONNECT_TIMEOUT:?}; {HOW_TO_START}",
-                endpoint_for("KINESIS")
-            ),
-        }
+        answers("Kinesis", "KINESIS", "ListStreams", kinesis).await?;
         let dynamodb = self.dynamodb.list_tables().limit(1).send();
-        match tokio::time::timeout(CONNECT_TIMEOUT, dynamodb).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => bail!(
-                "DynamoDB at {} does not answer ListTables ({}); {HOW_TO_START}",
-                endpoint_for("DYNAMODB"),
-                aws_sdk_dynamodb::error::DisplayErrorContext(&e)
-            ),
-            Err(_) => bail!(
-                "DynamoDB at {} did not answer ListTables within {CONNECT_TIMEOUT:?}; {HOW_TO_START}",
-                endpoint_for("DYNAMODB")
-            ),
-        }
-        Ok(())
+        answers("DynamoDB", "DYNAMODB", "ListTables", dynamodb).await
     }
+}
+
+/// Fails, saying how to start the emulators, unless `call` (`service`'s
+/// `operation`, its endpoint in `AWS_ENDPOINT_URL_{var}`) succeeds within
+/// [`CONNECT_TIMEOUT`].
+async fn answers<T, E: std::error::Error>(
+    service: &str,
+    var: &str,
+    operation: &str,
+    call: impl Future<Output = Result<T, E>>,
+) -> anyhow::Result<()> {
+    match tokio::time::timeout(CONNECT_TIMEOUT, call).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => bail!(
+            "{service} at {} does not answer {operation} ({}); {HOW_TO_START}",
+            endpoint_for(var),
+            // Every SDK crate re-exports aws-smithy-types' one type.
+            aws_sdk_kinesis::error::DisplayErrorContext(&e)
+        ),
+        Err(_) => bail!(
+            "{service} at {} did not answer {operation} within {CONNECT_TIMEOUT:?}; {HOW_TO_START}",
+            endpoint_for(var)
+        ),
+    }
+}
+
+/// The DynamoDB emulator's endpoint, for a client or a proxy of the test's
+/// own; panics when it is not set.
+pub fn dynamodb_endpoint() -> String {
+    std::env::var("AWS_ENDPOINT_URL_DYNAMODB")
+        .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
+        .expect("AWS_ENDPOINT_URL_DYNAMODB (start the emulators: localstack/up)")
 }
 
 fn env_var(name: &str) -> Option<String> {
@@ -212,18 +221,31 @@ pub async fn wait_for_stream_active(
     stream: &str,
     timeout: Duration,
 ) -> anyhow::Result<()> {
+    until_active(&format!("stream {stream}"), timeout, move || async move {
+        let out = kinesis
+            .describe_stream_summary()
+            .stream_name(stream)
+            .send()
+            .await
+            .with_context(|| format!("DescribeStreamSummary {stream}"))?;
+        let status = out
+            .stream_description_summary()
+            .map(|s| s.stream_status().clone());
+        Ok(status == Some(StreamStatus::Active))
+    })
+    .await
+}
+
+/// Asks `active` every 100 ms until it answers true, failing after
+/// `timeout` with "`what` not ACTIVE".
+async fn until_active<F, Fut>(what: &str, timeout: Duration, mut active: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<bool>>,
+{
     let poll = async {
         loop {
-            let out = kinesis
-                .describe_stream_summary()
-                .stream_name(stream)
-                .send()
-                .await
-                .with_context(|| format!("DescribeStreamSummary {stream}"))?;
-            let status = out
-                .stream_description_summary()
-                .map(|s| s.stream_status().clone());
-            if status == Some(StreamStatus::Active) {
+            if active().await? {
                 return anyhow::Ok(());
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -231,7 +253,7 @@ pub async fn wait_for_stream_active(
     };
     tokio::time::timeout(timeout, poll)
         .await
-        .with_context(|| format!("stream {stream} not ACTIVE after {timeout:?}"))?
+        .with_context(|| format!("{what} not ACTIVE after {timeout:?}"))?
 }
 
 /// Deletes a stream (and its consumers). Succeeds if the stream is already
@@ -570,23 +592,20 @@ pub async fn create_lease_table(
         .send()
         .await
         .with_context(|| format!("CreateTable {table}"))?;
-    let poll = async {
-        loop {
+    until_active(
+        &format!("table {table}"),
+        STATUS_TIMEOUT,
+        move || async move {
             let out = dynamodb
                 .describe_table()
                 .table_name(table)
                 .send()
                 .await
                 .with_context(|| format!("DescribeTable {table}"))?;
-            if out.table().and_then(|t| t.table_status()) == Some(&TableStatus::Active) {
-                return anyhow::Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    };
-    tokio::time::timeout(STATUS_TIMEOUT, poll)
-        .await
-        .with_context(|| format!("table {table} not ACTIVE after {STATUS_TIMEOUT:?}"))?
+            Ok(out.table().and_then(|t| t.table_status()) == Some(&TableStatus::Active))
+        },
+    )
+    .await
 }
 
 /// Deletes a table. Succeeds if it is already gone.

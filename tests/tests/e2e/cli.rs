@@ -18,7 +18,8 @@ use kcl::{
 };
 use kcl_dynamodb::DynamoDbLeaseStore;
 use kcl_tests::{
-    SentRecord, TestEnv, TestRecord, create_lease_table, create_stream, put_records, unique_name,
+    SentRecord, TestEnv, TestRecord, create_lease_table, create_stream, dynamodb_endpoint,
+    put_records, unique_name,
 };
 use serde_json::Value;
 use tokio::process::{Child, Command};
@@ -831,9 +832,7 @@ async fn sustained_throttling_shows_at_warn_once_per_interval() {
     use kcl_tests::fault_proxy::{FaultProxy, Faults};
     let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
     let (stream, app, dir) = stream_app_dir(&env, "kcl-cli-throttled", 1).await;
-    let upstream = std::env::var("AWS_ENDPOINT_URL_DYNAMODB")
-        .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
-        .expect("AWS_ENDPOINT_URL_DYNAMODB (start the emulators: localstack/up)");
+    let upstream = dynamodb_endpoint();
     let proxy = FaultProxy::start(
         &upstream,
         Faults {

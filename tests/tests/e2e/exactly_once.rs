@@ -19,19 +19,13 @@ use kcl::{Checkpointer, ExactlyOnce, InitialPosition, Worker};
 use kcl_tests::counting::{self, Counter, Mode};
 use kcl_tests::e2e::{CheckpointMode, KEYS, LEASE, Producer, Scenario, WorkerProcess, out_dir};
 use kcl_tests::fault_proxy::{FaultProxy, Faults};
-use kcl_tests::unique_name;
+use kcl_tests::{dynamodb_endpoint, unique_name};
 use tokio::time::Instant;
 
 use crate::E2E_WORKER;
 
 // Commits whose answer is lost, settled by their own token.
 mod settling;
-
-fn dynamodb_endpoint() -> String {
-    std::env::var("AWS_ENDPOINT_URL_DYNAMODB")
-        .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
-        .expect("AWS_ENDPOINT_URL_DYNAMODB (start the emulators: localstack/up)")
-}
 
 /// Waits until every key's count reaches `per_key` and holds still for a
 /// few seconds (late or repeated commits would show), then returns them.

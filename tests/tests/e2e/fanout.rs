@@ -15,7 +15,8 @@ use aws_sdk_kinesis::types::{
 };
 use kcl::{FanOutConfig, Retrieval, SourceStats, Worker};
 use kcl_tests::e2e::{
-    BatchLog, KEYS, RecordedBatches, Running, Scenario, complete_then_shut_down, start,
+    BatchLog, KEYS, RecordedBatches, Running, Scenario, complete_then_shut_down, shard_span_ns,
+    start,
 };
 use kcl_tests::{
     TestEnv, create_stream, delete_stream, list_all_shards, put_sequenced_records, stream_arn,
@@ -310,12 +311,7 @@ async fn a_split_during_fan_out_is_followed_from_parent_to_children() {
     assert_eq!(verdict.duplicates, 0);
 
     // Parent first: no child batch starts before the parent's last one.
-    let parent_last = batches
-        .iter()
-        .filter(|b| b.shard == parent)
-        .map(|b| b.end_ns)
-        .max()
-        .unwrap();
+    let (_, parent_last) = shard_span_ns(&batches, &parent).unwrap();
     let child_batches: Vec<&BatchLog> = batches
         .iter()
         .filter(|b| children.contains(&b.shard) && !b.records.is_empty())

@@ -17,17 +17,10 @@ use kcl_tests::e2e::{
     read_logs, stat, verify, wait_complete,
 };
 use kcl_tests::fault_proxy::{FaultProxy, Faults};
-use kcl_tests::{TestEnv, http_get};
+use kcl_tests::{TestEnv, dynamodb_endpoint, http_get};
 use tokio::time::Instant;
 
 use crate::E2E_WORKER;
-
-/// The DynamoDB endpoint the emulators' environment names.
-fn dynamodb_endpoint() -> String {
-    std::env::var("AWS_ENDPOINT_URL_DYNAMODB")
-        .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
-        .expect("AWS_ENDPOINT_URL_DYNAMODB (start the emulators: localstack/up)")
-}
 
 /// A DynamoDB client through `proxy`, with no SDK timeouts of its own: only
 /// kcl's bounds stand between a hung request and the worker.

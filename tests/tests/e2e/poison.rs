@@ -15,11 +15,11 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::time::Duration;
 
-use aws_sdk_kinesis::types::ShardIteratorType;
+use aws_sdk_kinesis::types::Record;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use kcl_tests::e2e::{CheckpointMode, KEYS, Scenario, out_dir, read_logs, verify_skipping};
-use kcl_tests::{TestRecord, create_stream, read_shard, unique_name};
+use kcl_tests::{TestRecord, create_stream, list_all_shards, read_shard, unique_name};
 use tokio::time::Instant;
 
 use crate::E2E_WORKER;
@@ -33,43 +33,22 @@ fn compare(a: &str, b: &str) -> Ordering {
     a.len().cmp(&b.len()).then_with(|| a.cmp(b))
 }
 
-/// Every record in `stream` (one shard), from its start.
-async fn read_stream(s: &Scenario, stream: &str) -> Vec<serde_json::Value> {
+/// Every record of `stream`'s one shard, from its start.
+async fn one_shard_records(s: &Scenario, stream: &str) -> Vec<Record> {
     let kinesis = s.env.kinesis();
-    let shards = kinesis
-        .list_shards()
-        .stream_name(stream)
-        .send()
-        .await
-        .unwrap();
-    let shard = shards.shards()[0].shard_id().to_owned();
-    let mut iterator = kinesis
-        .get_shard_iterator()
-        .stream_name(stream)
-        .shard_id(shard)
-        .shard_iterator_type(ShardIteratorType::TrimHorizon)
-        .send()
+    let shards = list_all_shards(kinesis, stream).await.unwrap();
+    read_shard(kinesis, stream, shards[0].shard_id())
         .await
         .unwrap()
-        .shard_iterator
-        .unwrap();
-    let mut docs = Vec::new();
-    for _ in 0..5 {
-        let out = kinesis
-            .get_records()
-            .shard_iterator(&iterator)
-            .send()
-            .await
-            .unwrap();
-        for r in out.records() {
-            docs.push(serde_json::from_slice(r.data().as_ref()).unwrap());
-        }
-        match out.next_shard_iterator {
-            Some(next) if !out.records().is_empty() => iterator = next,
-            _ => break,
-        }
-    }
-    docs
+}
+
+/// Every record in `stream` (one shard), from its start, as JSON.
+async fn read_stream(s: &Scenario, stream: &str) -> Vec<serde_json::Value> {
+    one_shard_records(s, stream)
+        .await
+        .iter()
+        .map(|r| serde_json::from_slice(r.data().as_ref()).unwrap())
+        .collect()
 }
 
 fn lines(path: &Path) -> Vec<String> {
@@ -96,16 +75,7 @@ fn at_or_past(checkpoint: &str, seq: &str) -> bool {
 /// The sequence numbers of `record` and of the record before it in the
 /// stream's one shard.
 async fn sequence_and_previous(s: &Scenario, record: (u32, u64)) -> (String, String) {
-    let shards = s
-        .env
-        .kinesis()
-        .list_shards()
-        .stream_name(&s.stream)
-        .send()
-        .await
-        .unwrap();
-    let shard = shards.shards()[0].shard_id();
-    let records = read_shard(s.env.kinesis(), &s.stream, shard).await.unwrap();
+    let records = one_shard_records(s, &s.stream).await;
     let at = records
         .iter()
         .position(|r| {

@@ -12,8 +12,8 @@ use std::time::Duration;
 use kcl::{InitialPosition, Worker};
 use kcl_tests::e2e::{
     CheckpointMode, KEYS, LEASE, Producer, RecordedBatches, Scenario, TICK_MAX, now_ns, out_dir,
-    process_stats as stats, read_logs, shutdown_all, stat, verify, wait_all_owned_by,
-    wait_complete, wait_complete_then_terminate,
+    process_stats as stats, read_logs, shard_span_ns, shutdown_all, stat, verify,
+    wait_all_owned_by, wait_complete, wait_complete_then_terminate,
 };
 use kcl_tests::{TestRecord, create_stream, merge_shards, put_records, unique_name};
 use tokio::time::Instant;
@@ -303,20 +303,8 @@ async fn split_and_merge(retrieval: &str) {
     verdict.assert_correct();
 
     // No child record before every parent record.
-    let first = |shard: &str| {
-        batches
-            .iter()
-            .filter(|b| b.shard == shard)
-            .map(|b| b.start_ns)
-            .min()
-    };
-    let last = |shard: &str| {
-        batches
-            .iter()
-            .filter(|b| b.shard == shard)
-            .map(|b| b.end_ns)
-            .max()
-    };
+    let first = |shard: &str| shard_span_ns(&batches, shard).map(|(start, _)| start);
+    let last = |shard: &str| shard_span_ns(&batches, shard).map(|(_, end)| end);
     for (child, parents) in [
         (&children[0], vec![&parent]),
         (&children[1], vec![&parent]),

@@ -27,8 +27,8 @@ use http_body_util::Full;
 use kcl::{ExactlyOnce, Transaction, TransactionError};
 use kcl_core::store::{CheckpointUpdate, LeaseStore as _};
 use kcl_core::{Checkpoint, Holder};
-use kcl_tests::counting;
 use kcl_tests::fault_proxy::exchange;
+use kcl_tests::{counting, dynamodb_endpoint};
 
 use super::{Held, held_lease, put_add, record};
 
@@ -155,12 +155,6 @@ async fn an_attempt_still_in_flight_cannot_land_once_the_commit_is_reported_not_
     let item = item.item().unwrap();
     assert!(!item.contains_key("kclFencedCommits"), "{item:?}");
     assert!(item.contains_key("kclCommitToken"), "{item:?}");
-}
-
-fn dynamodb_endpoint() -> String {
-    std::env::var("AWS_ENDPOINT_URL_DYNAMODB")
-        .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
-        .expect("AWS_ENDPOINT_URL_DYNAMODB (start the emulators: localstack/up)")
 }
 
 /// An HTTP client that holds every `TransactWriteItems` (sent, never
