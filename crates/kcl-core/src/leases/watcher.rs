@@ -185,14 +185,19 @@ impl Watcher {
             .map(|c| c.next_read(now))
             .min()
             .map(|at| at.max(floor));
-        // Read exactly at a live holder's deadline: a read asked for then
-        // that still shows its last beat proves it dead.
+        // Read exactly at a live peer's deadline: a read asked for then
+        // that still shows its last beat proves it dead. Every peer's, not
+        // only those whose record says they hold leases: a worker killed
+        // after its first takes but before its next beat holds leases its
+        // record does not count yet, and they waited for the next tick
+        // (up to a tick past the bound). A peer that beats moves its
+        // deadline on, so this costs a read only when one stopped.
         let by_deadline = {
             let liveness = shared.liveness();
             liveness
                 .alive(config.lease_duration, last)
                 .into_iter()
-                .filter(|b| b.instance != shared.instance() && b.held > 0)
+                .filter(|b| b.instance != shared.instance())
                 .filter_map(|b| liveness.expires_at(&b.instance, config.lease_duration))
                 .filter(|at| *at > last)
                 .min()
@@ -307,10 +312,11 @@ fn observe_beats(shared: &Shared, beats: Vec<Beat>, asked: Instant, answered: In
                 .is_some_and(|c| *c != b.changes)
     });
     drop(before);
+    // Any peer, whatever its record says it holds (see `next_read`).
     let holders_alive: HashSet<String> = liveness
         .alive(own, asked)
         .into_iter()
-        .filter(|b| b.held > 0 && b.instance != shared.instance())
+        .filter(|b| b.instance != shared.instance())
         .map(|b| b.instance.clone())
         .collect();
     let moved_before = liveness.moved_instances();
