@@ -372,7 +372,7 @@ async fn failover_at_every_kill_phase(mode: LeaseRenewal, latency: Duration) {
     let mut sorted = took.clone();
     sorted.sort();
     println!(
-        "failover ({mode:?}, calls up to {latency:?}) over {PHASES} kill phases: min {:?}, median {:?}, max {:?} (bound {bound:?})",
+        "failover ({mode:?}) over {PHASES} kill phases, calls up to {latency:?}: min {:?}, median {:?}, max {:?} (bound {bound:?})",
         sorted[0],
         sorted[sorted.len() / 2],
         sorted[sorted.len() - 1]
