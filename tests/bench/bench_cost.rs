@@ -130,9 +130,13 @@ async fn idle_cost(
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let settled_after = started.elapsed();
-    // Past the last acquisition: the fleet's records and the taker's view
-    // settle within a tick or two.
-    tokio::time::sleep(Duration::from_secs(25)).await;
+    // Past the last acquisition, and past the liveness watchers' learning
+    // of their peers' cadences: a worker's reads narrow each peer's beat
+    // window by halves over its first six beats or so (30 s at the
+    // defaults), a read or two more than the steady state's one a beat.
+    // Measured from 25 s after settling, 2 x 8 cost 50 and 51 requests a
+    // minute in six runs (25 and 26 reads); from 50 s, 49 (24 reads).
+    tokio::time::sleep(Duration::from_secs(45)).await;
     let before: Vec<_> = fleet.iter().map(|(_, _, s)| s.snapshot()).collect();
     let window = Instant::now();
     tokio::time::sleep(IDLE_WINDOW).await;
