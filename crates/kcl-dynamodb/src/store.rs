@@ -213,7 +213,6 @@ impl DynamoDbLeaseStore {
             .conditional_update(&self.table, Self::key(key), update)
             .return_values(ReturnValue::AllNew)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
             .await;
         match result {

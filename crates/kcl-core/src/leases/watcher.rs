@@ -1,5 +1,5 @@
 //! The liveness watcher: one task per worker that reads the liveness
-//! records just after peers' beats land, and at the moment a holder's
+//! records just after peers' beats land, and at the moment a peer's
 //! lease duration since its last beat runs out.
 //!
 //! Failover is bounded by when this worker first sees a holder's last
@@ -12,7 +12,7 @@
 //! sees each beat within about a tenth of a second. Reads come at most
 //! twice per beat interval however many peers there are (their beats then
 //! fall between reads, seen at most half an interval late), plus one read
-//! at each holder's deadline, which confirms its death and wakes the taker
+//! at each peer's deadline, which confirms its death and wakes the taker
 //! to take its leases at once instead of at its next tick.
 //!
 //! The taker judges from what the watcher read last; it reads the records
@@ -111,12 +111,12 @@ impl Watcher {
         act_now |= seen.changed;
         self.last_read = Some(asked);
         *shared.last_read.lock().unwrap_or_else(|e| e.into_inner()) = Some(asked);
-        // A holder just judged dead: its leases are free now, not at the
+        // A peer just judged dead: its leases are free now, not at the
         // next tick. A peer just proven to run, while the taker held a
         // steal back for want of that proof: steal now.
         let wants_proof = seen.proven && shared.wants_proof.swap(false, Ordering::Relaxed);
         if seen.died {
-            debug!("a holder stopped beating; its leases are taken now");
+            debug!("a peer stopped beating; its leases are taken now");
         }
         if seen.died || act_now || wants_proof {
             shared.want_rescan();
@@ -155,7 +155,7 @@ impl Watcher {
     }
 
     /// When to read next, as of `now`: just after the next peer beat the
-    /// cadences expect, or at the next holder's deadline, whichever comes
+    /// cadences expect, or at the next peer's deadline, whichever comes
     /// first; beats no faster than the budget allows (deadlines aside),
     /// and no later than a taker interval after the last read.
     fn next_read(&self, shared: &Shared, now: Instant) -> Instant {
@@ -285,7 +285,8 @@ fn woken_by_peer(shared: &Shared, beats: &[Beat]) -> bool {
 
 /// What applying one read to the liveness tracker showed.
 struct Seen {
-    /// A holder of leases alive before the read is not any more.
+    /// A peer alive before the read is not any more (whatever its record
+    /// said it held: it may have died between its takes and its next beat).
     died: bool,
     /// The read proved more instances running than before.
     proven: bool,
@@ -312,8 +313,7 @@ fn observe_beats(shared: &Shared, beats: Vec<Beat>, asked: Instant, answered: In
                 .is_some_and(|c| *c != b.changes)
     });
     drop(before);
-    // Any peer, whatever its record says it holds (see `next_read`).
-    let holders_alive: HashSet<String> = liveness
+    let peers_alive: HashSet<String> = liveness
         .alive(own, asked)
         .into_iter()
         .filter(|b| b.instance != shared.instance())
@@ -326,7 +326,7 @@ fn observe_beats(shared: &Shared, beats: Vec<Beat>, asked: Instant, answered: In
         .into_iter()
         .map(|b| b.instance.as_str())
         .collect();
-    let died = holders_alive.iter().any(|i| !still.contains(i.as_str()));
+    let died = peers_alive.iter().any(|i| !still.contains(i.as_str()));
     let proven = liveness.moved_instances() > moved_before;
     Seen {
         died,
