@@ -27,6 +27,18 @@ pub struct CheckpointUpdate {
     pub children: BTreeSet<String>,
 }
 
+/// One lease's checkpoint among several written together
+/// ([`LeaseStore::checkpoint_many`](super::LeaseStore::checkpoint_many)).
+#[derive(Debug, Clone, Copy)]
+pub struct CheckpointWrite<'a> {
+    /// The lease key.
+    pub key: &'a str,
+    /// Who writes, under the same condition as a single checkpoint.
+    pub by: Holder<'a>,
+    /// What is written.
+    pub update: &'a CheckpointUpdate,
+}
+
 impl CheckpointUpdate {
     /// A plain checkpoint that clears any pending one.
     pub fn to(checkpoint: Checkpoint) -> Self {

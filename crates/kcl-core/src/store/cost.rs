@@ -40,6 +40,14 @@ impl Bill {
         self.write_units
             .fetch_add(bytes.div_ceil(1024).max(1) as u64, Ordering::Relaxed);
     }
+
+    /// One request writing `items` lease items (a checkpoint's is under
+    /// 1 KB): billed per item, as single writes are.
+    fn write_items(&self, items: usize) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.write_units
+            .fetch_add(items.max(1) as u64, Ordering::Relaxed);
+    }
 }
 
 /// The size DynamoDB counts for a number attribute's value.
@@ -121,6 +129,11 @@ pub fn beat_bytes(b: &Beat) -> usize {
 pub trait Billed {
     /// The bytes to bill, as far as the answer shows them.
     fn bytes(&self) -> usize;
+
+    /// The items written, for an answer of several writes.
+    fn items(&self) -> Option<usize> {
+        None
+    }
 }
 
 impl Billed for Lease {
@@ -136,6 +149,15 @@ impl Billed for Option<Lease> {
 impl Billed for () {
     fn bytes(&self) -> usize {
         0
+    }
+}
+/// The answers of [`super::LeaseStore::checkpoint_many`]: one item each.
+impl Billed for Vec<Result<(), StoreError>> {
+    fn bytes(&self) -> usize {
+        0
+    }
+    fn items(&self) -> Option<usize> {
+        Some(self.len())
     }
 }
 impl Billed for Beat {
@@ -178,8 +200,9 @@ impl<S> CostedStore<S> {
             Ok(v) => v.bytes(),
             Err(e) => e.current().map_or(0, lease_bytes),
         };
-        match op {
-            StoreOp::Get | StoreOp::ReadBeats | StoreOp::ScanPage => self.bill.read(bytes),
+        match (op, result.as_ref().ok().and_then(Billed::items)) {
+            (StoreOp::Get | StoreOp::ReadBeats | StoreOp::ScanPage, _) => self.bill.read(bytes),
+            (_, Some(items)) => self.bill.write_items(items),
             _ => self.bill.write(bytes),
         }
         result

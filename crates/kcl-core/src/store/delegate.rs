@@ -6,7 +6,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 
-use super::{Beat, BeatUpdate, CheckpointUpdate, Holder, JavaWorker, LeaseStore, Page, StoreError};
+use super::{
+    Beat, BeatUpdate, CheckpointUpdate, CheckpointWrite, Holder, JavaWorker, LeaseStore, Page,
+    StoreError,
+};
 use crate::lease::{Lease, Throughput};
 
 /// Shared stores are stores: workers and decorators hold `Arc<dyn LeaseStore>`.
@@ -61,6 +64,12 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
     ) -> Result<Lease, StoreError> {
         (**self).checkpoint(key, by, update).await
     }
+    async fn checkpoint_many(
+        &self,
+        writes: &[CheckpointWrite<'_>],
+    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+        (**self).checkpoint_many(writes).await
+    }
     async fn start_handoff(&self, seen: &Lease, to: Holder<'_>) -> Result<Lease, StoreError> {
         (**self).start_handoff(seen, to).await
     }
@@ -106,6 +115,8 @@ macro_rules! decorate {
             release(key: &str, by: Holder<'_>) -> Lease = Release;
             hand_back(seen: &Lease, drain: bool) -> Lease = Release;
             checkpoint(key: &str, by: Holder<'_>, update: &CheckpointUpdate) -> Lease = Checkpoint;
+            checkpoint_many(writes: &[CheckpointWrite<'_>])
+                -> Vec<Result<(), StoreError>> = CheckpointMany;
             start_handoff(seen: &Lease, to: Holder<'_>) -> Lease = StartHandoff;
             complete_handoff(key: &str, from: Holder<'_>) -> Lease = CompleteHandoff;
             delete(key: &str, counter: u64) -> () = Delete;
@@ -124,8 +135,8 @@ macro_rules! decorate {
         const _: () = {
             use $crate::lease::{Lease, Throughput};
             use $crate::store::{
-                Beat, BeatUpdate, CheckpointUpdate, Holder, JavaWorker, LeaseStore, Page,
-                StoreError, StoreOp,
+                Beat, BeatUpdate, CheckpointUpdate, CheckpointWrite, Holder, JavaWorker,
+                LeaseStore, Page, StoreError, StoreOp,
             };
 
             #[async_trait::async_trait]

@@ -129,6 +129,9 @@ pub enum StoreOp {
     Renew,
     Release,
     Checkpoint,
+    /// Several leases' checkpoints in one request
+    /// ([`LeaseStore::checkpoint_many`](super::LeaseStore::checkpoint_many)).
+    CheckpointMany,
     StartHandoff,
     CompleteHandoff,
     Delete,
@@ -142,7 +145,7 @@ pub enum StoreOp {
 
 impl StoreOp {
     /// Every operation, in a stable order.
-    pub const ALL: [StoreOp; 17] = [
+    pub const ALL: [StoreOp; 18] = [
         StoreOp::Create,
         StoreOp::ScanPage,
         StoreOp::Get,
@@ -151,6 +154,7 @@ impl StoreOp {
         StoreOp::Renew,
         StoreOp::Release,
         StoreOp::Checkpoint,
+        StoreOp::CheckpointMany,
         StoreOp::StartHandoff,
         StoreOp::CompleteHandoff,
         StoreOp::Delete,
@@ -173,6 +177,7 @@ impl StoreOp {
             StoreOp::Renew => "renew",
             StoreOp::Release => "release",
             StoreOp::Checkpoint => "checkpoint",
+            StoreOp::CheckpointMany => "checkpoint_many",
             StoreOp::StartHandoff => "start_handoff",
             StoreOp::CompleteHandoff => "complete_handoff",
             StoreOp::Delete => "delete",

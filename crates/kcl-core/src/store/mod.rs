@@ -37,7 +37,8 @@ pub(crate) mod retry;
 pub mod timeout;
 
 pub use condition::{
-    CheckpointUpdate, Holder, Intent, evicted_tenure, handed_back_by, is_evicted_tenure,
+    CheckpointUpdate, CheckpointWrite, Holder, Intent, evicted_tenure, handed_back_by,
+    is_evicted_tenure,
 };
 pub(crate) use delegate::decorate;
 pub use error::{StoreError, StoreErrorKind, StoreOp};
@@ -148,6 +149,26 @@ pub trait LeaseStore: Send + Sync + fmt::Debug {
         by: Holder<'_>,
         update: &CheckpointUpdate,
     ) -> Result<Lease, StoreError>;
+
+    /// Writes several leases' checkpoints, each under the condition
+    /// [`LeaseStore::checkpoint`] puts on it, in as few requests as the
+    /// store can send them (DynamoDB: 25 to a `BatchExecuteStatement`,
+    /// billed per item as single writes are). The answers are in the order
+    /// of `writes`. Unlike `checkpoint`, a failed condition need not be
+    /// reconciled (told apart from a replay of a write that landed): the
+    /// caller writes each failure again through `checkpoint`, which does.
+    /// `Err` when the request as a whole failed: any of the writes may
+    /// have landed. The default writes them side by side, one request
+    /// each (so that one slow write holds no other's answer back).
+    async fn checkpoint_many(
+        &self,
+        writes: &[CheckpointWrite<'_>],
+    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+        let each = writes
+            .iter()
+            .map(|w| async move { self.checkpoint(w.key, w.by, w.update).await.map(drop) });
+        Ok(futures::future::join_all(each).await)
+    }
 
     /// Starts a graceful handoff of `seen` from its owner to `to`: `to`
     /// becomes the owner in a new tenure, the previous owner the checkpoint

@@ -3,7 +3,7 @@
 
 use super::{assert_condition_failed, cp, h, owned_by};
 use crate::lease::Checkpoint;
-use crate::store::{CheckpointUpdate, LeaseStore};
+use crate::store::{CheckpointUpdate, CheckpointWrite, LeaseStore, StoreError};
 
 /// The owner checkpoints (without bumping the counter); others cannot.
 pub async fn checkpoint_is_guarded_by_ownership<S: LeaseStore + ?Sized>(store: &S) {
@@ -132,4 +132,140 @@ pub async fn a_shard_end_checkpoint_records_the_children<S: LeaseStore + ?Sized>
         .expect("checkpoint without children");
     assert_eq!(again.child_shard_ids, children.into());
     assert_eq!(l.counter, again.counter, "checkpoints never race renewals");
+}
+
+/// Checkpoints written together keep each one's condition: the holder's
+/// land, a stale predecessor, another's lease and a missing lease fail on
+/// their own without stopping the rest, a pending checkpoint with state
+/// lands whole, and more writes than one request takes (27) all land. A
+/// write the batch answers with a failure is written again alone, as the
+/// checkpointer does; a success of the batch must have landed.
+pub async fn checkpoints_written_together_keep_each_ones_condition<S: LeaseStore + ?Sized>(
+    store: &S,
+) {
+    let keys: Vec<String> = (0..27).map(|i| format!("s{i:02}")).collect();
+    let mut counters = Vec::new();
+    for key in &keys {
+        counters.push(owned_by(store, key, "a").await.counter);
+    }
+    owned_by(store, "other", "b").await;
+    let updates: Vec<CheckpointUpdate> = (0..keys.len())
+        .map(|i| {
+            CheckpointUpdate::to(Checkpoint::at(format!("{}", 100 + i), 0))
+                .replacing(Checkpoint::TrimHorizon)
+        })
+        .collect();
+    let prepared = CheckpointUpdate {
+        pending: Some(Checkpoint::at("300", 1)),
+        pending_state: Some(b"state".to_vec()),
+        ..CheckpointUpdate::to(Checkpoint::at("200", 0)).replacing(Checkpoint::TrimHorizon)
+    };
+    let stale = CheckpointUpdate::to(Checkpoint::at("7", 0)).replacing(Checkpoint::at("5", 0));
+    let mut writes: Vec<CheckpointWrite<'_>> = keys
+        .iter()
+        .zip(&updates)
+        .map(|(key, update)| CheckpointWrite {
+            key,
+            by: h("a"),
+            update,
+        })
+        .collect();
+    // The first lease's write is the prepared one; three that must fail.
+    writes[0].update = &prepared;
+    writes.insert(
+        1,
+        CheckpointWrite {
+            key: "other",
+            by: h("a"),
+            update: &updates[1],
+        },
+    );
+    writes.insert(
+        2,
+        CheckpointWrite {
+            key: "s01",
+            by: h("a"),
+            update: &stale,
+        },
+    );
+    writes.insert(
+        3,
+        CheckpointWrite {
+            key: "missing",
+            by: h("a"),
+            update: &updates[2],
+        },
+    );
+    let answers = written_together(store, &writes).await;
+    for (i, (w, answer)) in writes.iter().zip(&answers).enumerate() {
+        match i {
+            1..=3 => assert!(
+                answer.as_ref().is_err_and(StoreError::is_condition_failed),
+                "write {i} on {:?} must fail its condition: {answer:?}",
+                w.key
+            ),
+            _ => assert!(answer.is_ok(), "write {i} on {:?}: {answer:?}", w.key),
+        }
+    }
+    assert_written_together(store, &keys, &counters).await;
+}
+
+/// What [`checkpoints_written_together_keep_each_ones_condition`] leaves:
+/// the prepared checkpoint whole, each other holder's write in place with
+/// the counter unmoved, the failed ones' leases as they were.
+async fn assert_written_together<S: LeaseStore + ?Sized>(
+    store: &S,
+    keys: &[String],
+    counters: &[u64],
+) {
+    let first = store.get("s00").await.expect("get").expect("exists");
+    assert_eq!(first.checkpoint, Checkpoint::at("200", 0));
+    assert_eq!(first.pending_checkpoint, Some(Checkpoint::at("300", 1)));
+    assert_eq!(
+        first.pending_checkpoint_state.as_deref(),
+        Some(&b"state"[..])
+    );
+    for (i, key) in keys.iter().enumerate().skip(1) {
+        let l = store.get(key).await.expect("get").expect("exists");
+        assert_eq!(
+            l.checkpoint,
+            Checkpoint::at(format!("{}", 100 + i), 0),
+            "{key}"
+        );
+        assert_eq!(l.counter, counters[i], "checkpoints never race renewals");
+        assert_eq!(l.owner.as_deref(), Some("a"));
+    }
+    let other = store.get("other").await.expect("get").expect("exists");
+    assert_eq!(
+        other.checkpoint,
+        Checkpoint::TrimHorizon,
+        "another's lease is untouched"
+    );
+    assert!(store.get("missing").await.expect("get").is_none());
+}
+
+/// `writes` through [`LeaseStore::checkpoint_many`], and each write it did
+/// not land again alone (the caller's part of the contract): the verdict
+/// of each.
+async fn written_together<S: LeaseStore + ?Sized>(
+    store: &S,
+    writes: &[CheckpointWrite<'_>],
+) -> Vec<Result<(), StoreError>> {
+    let answers = store
+        .checkpoint_many(writes)
+        .await
+        .expect("the request is answered");
+    assert_eq!(
+        answers.len(),
+        writes.len(),
+        "one answer per write, in order"
+    );
+    let mut verdicts = Vec::new();
+    for (w, answer) in writes.iter().zip(answers) {
+        verdicts.push(match answer {
+            Ok(()) => Ok(()),
+            Err(_) => store.checkpoint(w.key, w.by, w.update).await.map(drop),
+        });
+    }
+    verdicts
 }

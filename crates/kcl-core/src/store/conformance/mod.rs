@@ -44,6 +44,7 @@ macro_rules! lease_store_conformance {
             a_java_take_leaves_a_stale_tenure_that_guards_nothing,
             a_checkpoint_naming_its_predecessor_is_conditional_on_it,
             a_shard_end_checkpoint_records_the_children,
+            checkpoints_written_together_keep_each_ones_condition,
             a_forced_take_never_reconciles_against_a_renewal,
             beats_bump_the_counter_and_are_conditional_on_the_worker,
             pokes_ask_and_beats_answer,
@@ -83,7 +84,7 @@ pub use basics::{
 pub use checkpoints::{
     a_checkpoint_naming_its_predecessor_is_conditional_on_it,
     a_shard_end_checkpoint_records_the_children, checkpoint_after_the_lease_moved_is_rejected,
-    checkpoint_is_guarded_by_ownership,
+    checkpoint_is_guarded_by_ownership, checkpoints_written_together_keep_each_ones_condition,
 };
 pub use hand_backs::{
     a_hand_back_applies_only_to_the_lease_as_seen,
