@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
@@ -15,7 +16,8 @@ use futures::stream::{self, BoxStream, StreamExt};
 use kcl_core::metric_names::LEASE_ITEMS_MALFORMED;
 use kcl_core::store::metered::StoreStats;
 use kcl_core::store::{
-    Beat, BeatUpdate, CheckpointUpdate, Holder, Intent, LeaseStore, Page, StoreError, StoreOp,
+    Beat, BeatUpdate, CheckpointUpdate, CheckpointWrite, Holder, Intent, LeaseStore, Page,
+    StoreError, StoreOp,
 };
 use kcl_core::{Lease, Throughput};
 use tracing::warn;
@@ -24,6 +26,7 @@ use crate::error::{ClassifiedError, classify, unconditional_error};
 use crate::item::{ReadItem, from_item, throughput_value, to_item};
 use crate::schema::{lease as attr, workers_table_for};
 
+mod partiql;
 mod update;
 
 pub(crate) use update::Update;
@@ -53,6 +56,9 @@ pub struct DynamoDbLeaseStore {
     workers_table: String,
     page_size: Option<i32>,
     stats: Option<Arc<StoreStats>>,
+    /// Set once the table refused a `BatchExecuteStatement` (no
+    /// `dynamodb:PartiQLUpdate`): checkpoints then go one by one.
+    partiql_refused: Arc<AtomicBool>,
 }
 
 impl DynamoDbLeaseStore {
@@ -65,6 +71,7 @@ impl DynamoDbLeaseStore {
             table,
             page_size: None,
             stats: None,
+            partiql_refused: Arc::default(),
         }
     }
 
@@ -519,6 +526,13 @@ impl LeaseStore for DynamoDbLeaseStore {
         let intent = Intent::Checkpointed { by, update };
         self.update(StoreOp::Checkpoint, key, full, Some(intent))
             .await
+    }
+
+    async fn checkpoint_many(
+        &self,
+        writes: &[CheckpointWrite<'_>],
+    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+        partiql::checkpoint_many(self, writes).await
     }
 
     async fn start_handoff(&self, seen: &Lease, to: Holder<'_>) -> Result<Lease, StoreError> {

@@ -9,13 +9,14 @@ use std::sync::Arc;
 use aws_sdk_dynamodb::types::AttributeValue;
 use futures::TryStreamExt;
 use kcl_core::store::metered::MeteredStore;
-use kcl_core::store::{CheckpointUpdate, Holder, LeaseStore, StoreOp};
+use kcl_core::store::{CheckpointUpdate, CheckpointWrite, Holder, LeaseStore, StoreOp};
 use kcl_core::{Checkpoint, Lease};
 use kcl_dynamodb::{
     Capacity, DynamoDbLeaseStore, TableCreation, TableOptions, claim_stream, ensure_table,
     ensure_workers_table,
 };
-use kcl_tests::{TestEnv, unique_name};
+use kcl_tests::fault_proxy::{FaultProxy, Faults};
+use kcl_tests::{TestEnv, dynamodb_endpoint, unique_name};
 
 async fn env() -> TestEnv {
     match TestEnv::connect().await {
@@ -564,4 +565,49 @@ async fn a_single_stream_table_serves_one_stream_and_names_both_when_asked_for_a
     );
     // The claim is no worker's liveness record.
     assert!(store.beats().await.expect("beats").is_empty());
+}
+
+/// Checkpoints written together go as one `BatchExecuteStatement` per 25
+/// leases, not one `UpdateItem` each: 30 leases' checkpoints are two
+/// requests, and every one of them lands.
+#[tokio::test]
+async fn thirty_checkpoints_written_together_are_two_requests() {
+    let env = env().await;
+    let store = new_store().await;
+    let a = Holder::new("a", "t-a");
+    let keys: Vec<String> = (0..30).map(|i| format!("s{i:02}")).collect();
+    for key in &keys {
+        let l = store
+            .create_if_absent(&Lease::new(key, Checkpoint::TrimHorizon))
+            .await
+            .unwrap();
+        store.take(&l, a).await.unwrap();
+    }
+    let proxy = FaultProxy::start(&dynamodb_endpoint(), Faults::NONE, 3)
+        .await
+        .unwrap();
+    let client = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(env.sdk_config())
+            .endpoint_url(proxy.url())
+            .build(),
+    );
+    let through = DynamoDbLeaseStore::new(client, store.table());
+    let updates: Vec<CheckpointUpdate> = (0..keys.len())
+        .map(|i| {
+            CheckpointUpdate::to(Checkpoint::at(format!("{}", 100 + i), 0))
+                .replacing(Checkpoint::TrimHorizon)
+        })
+        .collect();
+    let writes: Vec<CheckpointWrite<'_>> = keys
+        .iter()
+        .zip(&updates)
+        .map(|(key, update)| CheckpointWrite { key, by: a, update })
+        .collect();
+    let answers = through.checkpoint_many(&writes).await.unwrap();
+    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    assert_eq!(proxy.counts().requests, 2, "25 statements to a request");
+    for (i, key) in keys.iter().enumerate() {
+        let l = store.get(key).await.unwrap().unwrap();
+        assert_eq!(l.checkpoint, Checkpoint::at(format!("{}", 100 + i), 0));
+    }
 }
