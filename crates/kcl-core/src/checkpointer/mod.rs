@@ -20,11 +20,14 @@ use crate::progress::ShardTracker;
 use crate::record::Record;
 use crate::store::{CheckpointUpdate, LeaseStore, StoreError};
 
+mod batch;
 mod commit;
 pub mod policy;
 pub mod sequence;
 mod window;
 
+use batch::InFlight;
+pub(crate) use batch::{Batcher, CheckpointPacer};
 pub use commit::{CommitFailure, PreparedCheckpoint};
 pub use policy::CheckpointPolicy;
 use policy::Pacing;
@@ -100,6 +103,11 @@ pub struct Checkpointer {
     /// Where a checkpoint written is reported (a lane's writes go through
     /// the shard's checkpointer, which reports them).
     progress: Option<ShardTracker>,
+    /// Where positions the policy held back go when due, to be written
+    /// with the worker's other shards' (see [`Batcher`]).
+    batcher: Option<Batcher>,
+    /// A held-back position handed to the batcher, not answered yet.
+    in_flight: Option<InFlight>,
 }
 
 /// A lane's tie to its shard: the window of records handed to the lanes,
@@ -151,6 +159,8 @@ impl Checkpointer {
             lane: None,
             pacing: Pacing::default(),
             progress: None,
+            batcher: None,
+            in_flight: None,
         }
     }
 
@@ -163,6 +173,16 @@ impl Checkpointer {
     /// Writes at most as often as `policy` says (see [`CheckpointPolicy`]).
     pub(crate) fn with_policy(mut self, policy: CheckpointPolicy) -> Self {
         self.pacing = Pacing::new(policy);
+        self
+    }
+
+    /// Writes positions the policy held back through `batcher`, together
+    /// with the worker's other shards', due on its period's boundaries.
+    pub(crate) fn with_batcher(mut self, batcher: Option<Batcher>) -> Self {
+        if let Some(b) = &batcher {
+            self.pacing.align_to(b.epoch());
+        }
+        self.batcher = batcher;
         self
     }
 
@@ -190,6 +210,8 @@ impl Checkpointer {
             }),
             pacing: Pacing::default(),
             progress: None,
+            batcher: None,
+            in_flight: None,
         }
     }
 
@@ -237,8 +259,14 @@ impl Checkpointer {
     }
 
     /// Writes the latest position the processor asked for, if the policy
-    /// held it back and its period (or record count) is up now.
+    /// held it back and its period (or record count) is up now. With a
+    /// batcher, the position is handed to it and this returns at once; its
+    /// answer is taken in at a later call.
     pub(crate) async fn flush_due(&mut self) -> Result<(), CheckpointError> {
+        if self.batcher.is_some() {
+            self.settle(false).await?;
+            return self.submit_if_due();
+        }
         if self.pacing.deferred().is_none() || self.pacing.defers(Instant::now()) {
             return Ok(());
         }
@@ -248,24 +276,34 @@ impl Checkpointer {
     /// Writes the latest position the processor asked for, if the policy
     /// held it back.
     pub(crate) async fn flush(&mut self) -> Result<(), CheckpointError> {
-        let Some(checkpoint) = self.pacing.take_deferred() else {
+        self.settle_before_writing().await?;
+        let Some(checkpoint) = self.pacing.deferred().cloned() else {
             return Ok(());
         };
-        let result = self
-            .write_now(CheckpointUpdate::to(checkpoint.clone()))
-            .await;
-        // A write that failed (not a lost lease) leaves the position held
-        // back, for the next flush or the end of the tenure.
-        if matches!(result, Err(CheckpointError::Store(_))) && self.pacing.deferred().is_none() {
-            self.pacing.defer(checkpoint);
+        self.write_held(CheckpointUpdate::to(checkpoint)).await
+    }
+
+    /// Writes plain `update`, held back as the latest position asked for
+    /// until it lands: a write that fails (not a lost lease), or whose
+    /// caller is cut off while it waits (a processor's call past its
+    /// timeout), leaves it for the next flush or the end of the tenure.
+    async fn write_held(&mut self, update: CheckpointUpdate) -> Result<(), CheckpointError> {
+        let checkpoint = update.checkpoint.clone();
+        self.pacing.defer(checkpoint.clone());
+        let result = self.write_now(update).await;
+        if result.is_ok() && self.pacing.deferred() == Some(&checkpoint) {
+            self.pacing.take_deferred();
         }
         result
     }
 
     /// The checkpoint as the processor asked for it: the last one written,
-    /// or one its policy holds back.
+    /// or one its policy holds back or the batcher is writing.
     fn asked(&self) -> &Checkpoint {
-        self.pacing.deferred().unwrap_or(&self.last_checkpoint)
+        self.pacing
+            .deferred()
+            .or(self.in_flight.as_ref().map(|f| &f.checkpoint))
+            .unwrap_or(&self.last_checkpoint)
     }
 
     /// The last record handed to the processor, if any.
@@ -495,6 +533,11 @@ impl Checkpointer {
             && update.pending_state.is_none()
             && update.children.is_empty()
             && update.checkpoint != Checkpoint::ShardEnd;
+        // Under a batcher every plain position goes through it, unless the
+        // tenure is ending.
+        if plain && self.batcher.is_some() && !self.pacing.writes_every_call() {
+            return self.hold_for_batch(update.checkpoint).await;
+        }
         if plain && self.pacing.defers(Instant::now()) {
             if !self.lease.may_checkpoint() {
                 self.lost.cancel();
@@ -505,9 +548,13 @@ impl Checkpointer {
             self.pacing.defer(update.checkpoint);
             return Ok(());
         }
+        self.settle_before_writing().await?;
         // This write is the latest position, or SHARD_END: it supersedes
         // what was held back.
-        if plain || update.checkpoint == Checkpoint::ShardEnd {
+        if plain {
+            return self.write_held(update).await;
+        }
+        if update.checkpoint == Checkpoint::ShardEnd {
             self.pacing.take_deferred();
         }
         self.write_now(update).await
@@ -520,44 +567,37 @@ impl Checkpointer {
     }
 
     async fn write_now(&mut self, update: CheckpointUpdate) -> Result<(), CheckpointError> {
-        let key = self.lease.key().to_owned();
         // Conditional on the checkpoint it follows: an attempt of ours
         // given up on (timed out) may still land later, after a newer one,
         // and must then fail rather than move the checkpoint back.
         let update = update.replacing(self.last_checkpoint.clone());
         if !self.lease.may_checkpoint() {
             self.lost.cancel();
-            return Err(CheckpointError::LeaseLost { key });
+            return Err(CheckpointError::LeaseLost {
+                key: self.lease.key().to_owned(),
+            });
         }
-        let (store, lease) = (&self.store, &self.lease);
-        let result = (|| async {
-            // No attempt once this worker stopped believing in the lease:
-            // the tenure condition keeps a late write out of a later
-            // tenure, and this keeps one out of a handoff's thief as well.
-            if !lease.may_checkpoint() {
-                return Err(StoreError::ConditionFailed {
-                    key: key.clone(),
-                    current: None,
-                });
-            }
-            store.checkpoint(&key, lease.holder(), &update).await
-        })
-        // Jittered by the tenure: one per take, under an instance id drawn
-        // per process (or from a simulation's seed, which then replays).
-        .retry(
-            CHECKPOINT_BACKOFF
-                .seeded(mix_seed(0, lease.tenure()))
-                .pauses(),
-        )
-        .sleep(tokio::time::sleep)
-        .when(StoreError::is_retryable)
-        .await;
+        let at = self.pacing.written_at(Instant::now());
+        let result = write_retrying(self.store.as_ref(), &self.lease, &update).await;
+        self.landed(&update, result.map(drop), at)
+    }
+
+    /// Takes in the outcome of writing `update`.
+    /// `at` is the instant the write counts as made at (see
+    /// [`Pacing::written_at`]).
+    fn landed(
+        &mut self,
+        update: &CheckpointUpdate,
+        result: Result<(), StoreError>,
+        at: Instant,
+    ) -> Result<(), CheckpointError> {
+        let key = self.lease.key().to_owned();
         match result {
-            Ok(_) => {
+            Ok(()) => {
                 metrics::counter!(CHECKPOINTS, &self.labels).increment(1);
-                self.pacing.wrote(Instant::now());
+                self.pacing.wrote(at);
                 if update.pending.is_none() {
-                    self.last_checkpoint = update.checkpoint;
+                    self.last_checkpoint = update.checkpoint.clone();
                     self.report_progress();
                 }
                 Ok(())
@@ -571,6 +611,38 @@ impl Checkpointer {
             Err(e) => Err(CheckpointError::Store(e)),
         }
     }
+}
+
+/// Writes `update` of `lease`, retrying what is worth retrying: the one way
+/// every checkpoint reaches the store alone.
+pub(crate) async fn write_retrying(
+    store: &dyn LeaseStore,
+    lease: &LeaseHandle,
+    update: &CheckpointUpdate,
+) -> Result<crate::lease::Lease, StoreError> {
+    let key = lease.key();
+    (|| async {
+        // No attempt once this worker stopped believing in the lease: the
+        // tenure condition keeps a late write out of a later tenure, and
+        // this keeps one out of a handoff's thief as well.
+        if !lease.may_checkpoint() {
+            return Err(StoreError::ConditionFailed {
+                key: key.to_owned(),
+                current: None,
+            });
+        }
+        store.checkpoint(key, lease.holder(), update).await
+    })
+    // Jittered by the tenure: one per take, under an instance id drawn per
+    // process (or from a simulation's seed, which then replays).
+    .retry(
+        CHECKPOINT_BACKOFF
+            .seeded(mix_seed(0, lease.tenure()))
+            .pauses(),
+    )
+    .sleep(tokio::time::sleep)
+    .when(StoreError::is_retryable)
+    .await
 }
 
 #[cfg(test)]

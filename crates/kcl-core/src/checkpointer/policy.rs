@@ -9,8 +9,10 @@
 //! written once it is up, at the first fetch after that, and always at the
 //! end of the shard's tenure that the processor is told of (a graceful
 //! shutdown, a handoff: `shutdown_requested`) and at SHARD_END. So a policy
-//! only changes how many records a *crash* repeats (at most those of one
-//! period), never what a graceful stop or a handoff repeats (none).
+//! only changes how many records a *crash* repeats (those of about one
+//! period: up to two right after a take, see [`Pacing::align_to`], plus
+//! the short wait while a worker's due positions are gathered into one
+//! request), never what a graceful stop or a handoff repeats (none).
 
 use std::time::Duration;
 
@@ -102,6 +104,12 @@ impl CheckpointPolicy {
     }
 }
 
+/// `epoch + k * period`, or `None` past what an instant holds.
+fn boundary(epoch: Instant, period: Duration, k: u128) -> Option<Instant> {
+    let nanos = u64::try_from(k.checked_mul(period.as_nanos())?).ok()?;
+    epoch.checked_add(Duration::from_nanos(nanos))
+}
+
 /// Where one shard's checkpoint writes stand under its policy.
 #[derive(Debug, Default)]
 pub(crate) struct Pacing {
@@ -114,6 +122,8 @@ pub(crate) struct Pacing {
     deferred: Option<Checkpoint>,
     /// Every call writes from now on (the tenure is ending).
     immediate: bool,
+    /// With a batcher: the instant the period's boundaries count from.
+    epoch: Option<Instant>,
 }
 
 impl Pacing {
@@ -132,9 +142,53 @@ impl Pacing {
         let Some(last) = self.last_write else {
             return false;
         };
-        let period_up = self.policy.period.is_some_and(|p| now >= last + p);
+        let period_up = self
+            .policy
+            .period
+            .and_then(|p| self.due(last, p))
+            .is_some_and(|due| now >= due);
         let records_up = self.policy.records.is_some_and(|n| self.delivered >= n);
         !(period_up || records_up)
+    }
+
+    /// Counts the period in boundaries from `epoch` (`epoch + k *
+    /// period`), the same for every shard of the worker, so that their
+    /// writes fall due together and go in one request: a write is due at
+    /// the first boundary a whole period after the last one, which counts
+    /// as written at the boundary it was due at (see [`Pacing::written_at`]).
+    /// So writes stay at least a period apart, one per period once they
+    /// follow the boundaries; the first after a take (which goes at once)
+    /// waits for the first boundary a period after it, less than two
+    /// periods.
+    pub(crate) fn align_to(&mut self, epoch: Instant) {
+        self.epoch = Some(epoch);
+    }
+
+    /// When the next write is due after one at `last`; `None` past what
+    /// an instant holds (never, by the period).
+    fn due(&self, last: Instant, period: Duration) -> Option<Instant> {
+        let earliest = last.checked_add(period)?;
+        let Some(epoch) = self.epoch else {
+            return Some(earliest);
+        };
+        let since = earliest.saturating_duration_since(epoch).as_nanos();
+        Some(boundary(epoch, period, since.div_ceil(period.as_nanos())).unwrap_or(earliest))
+    }
+
+    /// The instant a write sent at `now` counts as written at: with
+    /// boundaries, and the period up, the last boundary (the write is that
+    /// boundary's, however late its shard's consumer got to it); else `now`.
+    pub(crate) fn written_at(&self, now: Instant) -> Instant {
+        let (Some(epoch), Some(period), Some(last)) =
+            (self.epoch, self.policy.period, self.last_write)
+        else {
+            return now;
+        };
+        if self.due(last, period).is_none_or(|due| now < due) {
+            return now;
+        }
+        let since = now.saturating_duration_since(epoch).as_nanos();
+        boundary(epoch, period, since / period.as_nanos()).unwrap_or(now)
     }
 
     /// Remembers `checkpoint` as the latest position asked for.
@@ -158,9 +212,20 @@ impl Pacing {
         self.delivered = 0;
     }
 
+    /// Records delivered since the last write.
+    pub(crate) fn delivered(&self) -> u64 {
+        self.delivered
+    }
+
     /// `n` more records were delivered.
     pub(crate) fn count(&mut self, n: u64) {
         self.delivered = self.delivered.saturating_add(n);
+    }
+
+    /// True if every call writes: the policy says so, or the tenure is
+    /// ending.
+    pub(crate) fn writes_every_call(&self) -> bool {
+        self.policy.is_every_call() || self.immediate
     }
 
     /// From now on every call writes: the tenure is ending (a shutdown, a
@@ -186,6 +251,43 @@ mod tests {
         assert!(!p.defers(t0 + s(5)));
         p.write_every_call();
         assert!(!p.defers(t0 + s(1)), "a tenure ending writes every call");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn aligned_writes_are_due_on_the_boundaries_at_least_a_period_apart() {
+        let epoch = Instant::now();
+        let ms = Duration::from_millis;
+        let mut p = Pacing::new(CheckpointPolicy::every(Duration::from_secs(5)));
+        p.align_to(epoch);
+        assert_eq!(
+            p.written_at(epoch + ms(1_100)),
+            epoch + ms(1_100),
+            "the first"
+        );
+        p.wrote(epoch + ms(1_100));
+        assert!(
+            p.defers(epoch + ms(6_100)),
+            "a period later, but before a boundary"
+        );
+        assert!(p.defers(epoch + ms(9_999)));
+        assert!(
+            !p.defers(epoch + ms(10_000)),
+            "the first boundary a period on"
+        );
+        assert_eq!(p.written_at(epoch + ms(10_300)), epoch + ms(10_000));
+        p.wrote(epoch + ms(10_000));
+        assert!(p.defers(epoch + ms(14_999)));
+        assert!(!p.defers(epoch + ms(15_000)), "then every boundary");
+        assert_eq!(
+            p.written_at(epoch + ms(23_000)),
+            epoch + ms(20_000),
+            "a late write counts as the last boundary's"
+        );
+        assert_eq!(
+            p.written_at(epoch + ms(12_000)),
+            epoch + ms(12_000),
+            "not due: now"
+        );
     }
 
     #[tokio::test(start_paused = true)]

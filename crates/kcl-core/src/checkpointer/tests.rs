@@ -339,3 +339,216 @@ async fn pending_checkpoints_are_stored_without_moving_the_checkpoint() {
         (Checkpoint::at("9", 0), None)
     );
 }
+
+/// `n` leases `s0..` held by `me`, and a checkpointer for each writing to
+/// `store` under a 5 s policy through one batcher.
+async fn batched(
+    store: &InMemoryLeaseStore,
+    through: Arc<dyn LeaseStore>,
+    n: usize,
+) -> Vec<Checkpointer> {
+    let batcher = Batcher::new(Arc::clone(&through), Duration::from_secs(5));
+    let mut cps = Vec::new();
+    for i in 0..n {
+        let lease = store
+            .create_if_absent(&Lease::new(format!("s{i}"), Checkpoint::TrimHorizon))
+            .await
+            .unwrap();
+        let lease = store.take(&lease, Holder::new("me", "t1")).await.unwrap();
+        let handle = LeaseHandle::detached(lease, Duration::from_secs(60));
+        cps.push(
+            Checkpointer::for_test(Arc::clone(&through), handle)
+                .with_policy(CheckpointPolicy::every(Duration::from_secs(5)))
+                .with_batcher(Some(batcher.clone())),
+        );
+    }
+    cps
+}
+
+/// Under a batcher, every shard's policy writes go in one request per
+/// boundary, whether the processor's own `checkpoint()` or the consumer's
+/// flush finds the position due; neither waits for the write, and a
+/// position asked for meanwhile is held for the next boundary.
+#[tokio::test(start_paused = true)]
+async fn held_back_positions_of_several_shards_go_in_one_request() {
+    use crate::store::StoreOp;
+    use crate::store::metered::MeteredStore;
+    let store = InMemoryLeaseStore::new();
+    let metered = MeteredStore::new(store.clone());
+    let stats = Arc::clone(metered.stats());
+    let mut cps = batched(&store, Arc::new(metered), 4).await;
+    let requests = || {
+        let snap = stats.snapshot();
+        (
+            snap.op(StoreOp::CheckpointMany).calls,
+            snap.op(StoreOp::Checkpoint).calls,
+        )
+    };
+    // The first writes go at once, together.
+    for cp in &mut cps {
+        deliver_and_checkpoint(cp, "100", 0).await;
+        assert!(cp.in_flight.is_some(), "handed over without waiting");
+    }
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    for (i, cp) in cps.iter_mut().enumerate() {
+        cp.flush_due().await.unwrap();
+        assert_eq!(cp.last_checkpoint(), &Checkpoint::at("100", 0));
+        // Held back until the boundary 5 s after the batcher started.
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        deliver_and_checkpoint(cp, &format!("2{i}0"), 0).await;
+        assert!(cp.in_flight.is_none());
+    }
+    assert_eq!(requests(), (1, 0));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // At the boundary the processors' own calls hand their positions over.
+    for cp in &mut cps {
+        deliver_and_checkpoint(cp, "300", 0).await;
+        assert!(cp.in_flight.is_some(), "handed over without waiting");
+        deliver_and_checkpoint(cp, "400", 0).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    for cp in &mut cps {
+        cp.flush_due().await.unwrap();
+        assert_eq!(cp.last_checkpoint(), &Checkpoint::at("300", 0));
+        assert_eq!(cp.asked(), &Checkpoint::at("400", 0), "held back");
+    }
+    assert_eq!(
+        requests(),
+        (2, 0),
+        "one request per boundary, no single write"
+    );
+    // The next boundary, found by the consumers' flushes.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for cp in &mut cps {
+        cp.flush_due().await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    for (i, cp) in cps.iter_mut().enumerate() {
+        cp.flush_due().await.unwrap();
+        assert_eq!(
+            stored_at(&store, &format!("s{i}")).await,
+            Checkpoint::at("400", 0)
+        );
+    }
+    assert_eq!(requests(), (3, 0));
+}
+
+/// A held-back position the batch finds taken by another worker stops the
+/// shard, as a single write's would; one whose batch failed is written
+/// again alone, and lands.
+#[tokio::test(start_paused = true)]
+async fn a_batched_write_on_a_lost_lease_stops_the_shard_and_a_failed_one_is_retried() {
+    use crate::store::StoreOp;
+    use crate::store::memory::Fault;
+    let store = InMemoryLeaseStore::new();
+    let mut cps = batched(&store, Arc::new(store.clone()), 2).await;
+    for cp in &mut cps {
+        deliver_and_checkpoint(cp, "100", 0).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    for cp in &mut cps {
+        cp.flush_due().await.unwrap();
+        deliver_and_checkpoint(cp, "200", 0).await;
+    }
+    let seen = store.get("s0").await.unwrap().unwrap();
+    store.take(&seen, Holder::new("other", "t9")).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for cp in &mut cps {
+        cp.flush_due().await.unwrap();
+        assert!(cp.in_flight.is_some());
+    }
+    // The memory store writes a batch one by one: both writes fail in the
+    // batch, and are written again alone.
+    for _ in 0..2 {
+        store.inject(
+            StoreOp::Checkpoint,
+            Fault::Error(crate::store::StoreErrorKind::Retryable),
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(matches!(
+        cps[0].flush_due().await,
+        Err(CheckpointError::LeaseLost { .. })
+    ));
+    assert!(cps[0].lost.is_cancelled(), "the consumer stops");
+    cps[1].flush_due().await.unwrap();
+    assert_eq!(cps[1].last_checkpoint(), &Checkpoint::at("200", 0));
+    assert_eq!(stored_at(&store, "s1").await, Checkpoint::at("200", 0));
+    assert_eq!(stored_at(&store, "s0").await, Checkpoint::at("100", 0));
+}
+
+/// A write of the shard's own (the tenure ending) takes a position back
+/// from a batch that has not gone and writes the latest at once; a wait
+/// for a batch's answer that is cut off leaves the position in flight.
+#[tokio::test(start_paused = true)]
+async fn a_tenure_ending_write_takes_back_a_queued_position_and_a_cut_wait_keeps_it() {
+    let store = InMemoryLeaseStore::new();
+    let mut cps = batched(&store, Arc::new(store.clone()), 1).await;
+    let cp = &mut cps[0];
+    deliver_and_checkpoint(cp, "100", 0).await;
+    assert!(cp.in_flight.is_some());
+    let cut = tokio::time::timeout(Duration::from_millis(10), cp.settle(true)).await;
+    assert!(cut.is_err(), "cut off while the batch waits");
+    assert!(cp.in_flight.is_some(), "still in flight");
+    cp.write_every_call();
+    deliver_and_checkpoint(cp, "200", 0).await;
+    assert!(cp.in_flight.is_none(), "taken back");
+    assert_eq!(stored_at(&store, "s0").await, Checkpoint::at("200", 0));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        stored_at(&store, "s0").await,
+        Checkpoint::at("200", 0),
+        "the withdrawn position never lands"
+    );
+}
+
+/// A tenure-ending write cut off while it waits (a processor's call past
+/// its timeout) leaves its position, not the older one in flight, for
+/// the last flush: a graceful end still writes the latest position.
+#[tokio::test(start_paused = true)]
+async fn a_cut_tenure_ending_write_leaves_the_latest_position_for_the_last_flush() {
+    use crate::store::StoreOp;
+    use crate::store::memory::Fault;
+    let store = InMemoryLeaseStore::new();
+    let mut cps = batched(&store, Arc::new(store.clone()), 1).await;
+    let cp = &mut cps[0];
+    deliver_and_checkpoint(cp, "100", 0).await;
+    assert!(cp.in_flight.is_some(), "queued");
+    cp.write_every_call();
+    store.inject(StoreOp::Checkpoint, Fault::Delay(Duration::from_secs(30)));
+    cp.delivered_for_test("200", 0);
+    let cut = tokio::time::timeout(Duration::from_secs(1), cp.checkpoint()).await;
+    assert!(cut.is_err(), "cut off while its write waits");
+    cp.flush().await.unwrap();
+    assert_eq!(stored_at(&store, "s0").await, Checkpoint::at("200", 0));
+}
+
+/// Records delivered while a position is in flight count towards the
+/// next write's record count.
+#[tokio::test(start_paused = true)]
+async fn records_delivered_while_a_position_is_in_flight_count_towards_the_next() {
+    let store = InMemoryLeaseStore::new();
+    let batcher = Batcher::new(Arc::new(store.clone()), Duration::from_secs(60));
+    let mut cps = batched(&store, Arc::new(store.clone()), 1).await;
+    let mut cp = cps
+        .remove(0)
+        .with_policy(CheckpointPolicy::every(Duration::from_secs(60)).or_every_records(10))
+        .with_batcher(Some(batcher));
+    deliver_and_checkpoint(&mut cp, "100", 0).await;
+    for i in 0..10 {
+        cp.count_dispatched(1);
+        deliver_and_checkpoint(&mut cp, &format!("2{i:02}"), 0).await;
+    }
+    assert!(cp.in_flight.is_some(), "the first write is in flight");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cp.flush_due().await.unwrap();
+    assert_eq!(cp.last_checkpoint(), &Checkpoint::at("100", 0));
+    assert!(
+        cp.in_flight.is_some(),
+        "10 records since: the next goes at once"
+    );
+}
+
+async fn stored_at(store: &InMemoryLeaseStore, key: &str) -> Checkpoint {
+    store.get(key).await.unwrap().unwrap().checkpoint
+}

@@ -238,7 +238,7 @@ pub(super) async fn run(c: &Consumer, current: &Lease, count: usize) -> Consumer
         c.lost.clone(),
     )
     .for_shard(&c.ctx.stream, &c.ctx.shard_id)
-    .with_policy(c.setup.checkpoint_policy)
+    .paced_by(&c.setup.checkpoints)
     .with_progress(c.progress.clone());
     let window = Arc::new(Mutex::new(Window::new(count)));
     let shard = Arc::new(tokio::sync::Mutex::new(shard));

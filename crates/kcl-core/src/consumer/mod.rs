@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::backoff::Backoff;
-use crate::checkpointer::{CheckpointError, CheckpointPolicy, Checkpointer};
+use crate::checkpointer::{CheckpointError, CheckpointPacer, Checkpointer};
 use crate::lease::{Checkpoint, Lease, LeaseLayout};
 use crate::leases::LeaseHandle;
 use crate::metric_names::{BATCH_PROCESSING_SECONDS, MILLIS_BEHIND_LATEST, PROCESSOR_ERRORS};
@@ -54,8 +54,8 @@ pub(crate) struct ConsumerSetup {
     pub(crate) policy: FailurePolicy,
     /// Lanes per shard; 1 processes a shard in one task, batch by batch.
     pub(crate) parallelism: usize,
-    /// How often the shard's checkpoint is written.
-    pub(crate) checkpoint_policy: CheckpointPolicy,
+    /// How often the shard's checkpoint is written, and how.
+    pub(crate) checkpoints: CheckpointPacer,
     pub(crate) parent_poll_interval: Duration,
     /// How long a shard may go without a successful read before it is
     /// given back (see [`read_errors::ReadFailures`]).
@@ -311,7 +311,7 @@ async fn run_processor(c: &Consumer, current: &Lease) -> ConsumerExit {
         c.lost.clone(),
     )
     .for_shard(&c.ctx.stream, &c.ctx.shard_id)
-    .with_policy(c.setup.checkpoint_policy)
+    .paced_by(&c.setup.checkpoints)
     .with_progress(c.progress.clone());
     let input = InitializeInput {
         shard: c.ctx.clone(),

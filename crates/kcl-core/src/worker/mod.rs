@@ -16,6 +16,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::backoff::Backoff;
+use crate::checkpointer::CheckpointPacer;
 use crate::consumer::{self, ConsumerExit, ConsumerSetup};
 use crate::lease::{Lease, LeaseLayout};
 use crate::leases::{
@@ -508,7 +509,7 @@ impl Worker {
             initial: config.initial_position,
             policy: config.failure_policy.clone(),
             parallelism: config.parallelism_per_shard,
-            checkpoint_policy: config.checkpoint_policy,
+            checkpoints: CheckpointPacer::new(config.checkpoint_policy, store),
             parent_poll_interval: config.parent_poll_interval,
             max_read_failure_time: config.max_read_failure_time,
             progress: self.handle.progress.clone(),
