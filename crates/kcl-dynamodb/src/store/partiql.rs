@@ -350,73 +350,18 @@ mod tests {
         );
     }
 
-    /// A table whose policy refuses PartiQL writes: the refused batch's
-    /// checkpoints are answered unsent (the caller writes them alone), and
-    /// so is every later one, without asking again.
-    #[tokio::test]
-    async fn a_refused_batch_turns_batches_off_for_good() {
-        use serde_json::json;
-
+    /// Two writes through a store on a fake endpoint answering every
+    /// `BatchExecuteStatement` with `status` and `body`, twice: each time
+    /// both are answered unsent (for the caller to write alone), and the
+    /// endpoint is asked once, then not again.
+    async fn refused_twice(status: u16, body: serde_json::Value) {
         use crate::fake::FakeDynamoDb;
-        let dynamodb = FakeDynamoDb::new(|op, _| match op {
-            "BatchExecuteStatement" => Some((
-                400,
-                json!({"__type": "com.amazonaws.dynamodb.v20120810#AccessDeniedException",
-                       "message": "not authorized to perform: dynamodb:PartiQLUpdate"}),
-            )),
-            _ => None,
+        let dynamodb = FakeDynamoDb::new(move |op, _| {
+            (op == "BatchExecuteStatement").then(|| (status, body.clone()))
         });
         let store = DynamoDbLeaseStore::new(dynamodb.client(), "app");
         let update = CheckpointUpdate::to(Checkpoint::parse("200", 0).unwrap())
             .replacing(Checkpoint::parse("100", 0).unwrap());
-        let by = Holder::new("w-1", "t-1");
-        let writes = [
-            CheckpointWrite {
-                key: "shard-1",
-                by,
-                update: &update,
-            },
-            CheckpointWrite {
-                key: "shard-2",
-                by,
-                update: &update,
-            },
-        ];
-        for _ in 0..2 {
-            let answers = store.checkpoint_many(&writes).await.unwrap();
-            assert!(
-                answers
-                    .iter()
-                    .all(|a| a.as_ref().is_err_and(StoreError::is_retryable)),
-                "answered unsent, for the caller to write alone: {answers:?}"
-            );
-        }
-        assert_eq!(
-            dynamodb.operations(),
-            ["BatchExecuteStatement"],
-            "asked once, then not again"
-        );
-    }
-
-    /// The same when the request is answered but every statement in it is
-    /// refused (DynamoDB may report a missing permission per statement).
-    #[tokio::test]
-    async fn statements_all_refused_turn_batches_off_for_good() {
-        use serde_json::json;
-
-        use crate::fake::FakeDynamoDb;
-        let dynamodb = FakeDynamoDb::new(|op, _| match op {
-            "BatchExecuteStatement" => Some((
-                200,
-                json!({"Responses": [
-                    {"Error": {"Code": "AccessDenied", "Message": "no PartiQLUpdate"}},
-                    {"Error": {"Code": "AccessDenied", "Message": "no PartiQLUpdate"}}
-                ]}),
-            )),
-            _ => None,
-        });
-        let store = DynamoDbLeaseStore::new(dynamodb.client(), "app");
-        let update = CheckpointUpdate::to(Checkpoint::parse("200", 0).unwrap());
         let by = Holder::new("w-1", "t-1");
         let writes = ["shard-1", "shard-2"].map(|key| CheckpointWrite {
             key,
@@ -428,10 +373,31 @@ mod tests {
             assert!(
                 answers
                     .iter()
-                    .all(|a| a.as_ref().is_err_and(StoreError::is_retryable))
+                    .all(|a| a.as_ref().is_err_and(StoreError::is_retryable)),
+                "answered unsent: {answers:?}"
             );
         }
         assert_eq!(dynamodb.operations(), ["BatchExecuteStatement"]);
+    }
+
+    /// A table whose policy refuses PartiQL writes turns batches off for
+    /// good.
+    #[tokio::test]
+    async fn a_refused_batch_turns_batches_off_for_good() {
+        let denied = serde_json::json!({
+            "__type": "com.amazonaws.dynamodb.v20120810#AccessDeniedException",
+            "message": "not authorized to perform: dynamodb:PartiQLUpdate"
+        });
+        refused_twice(400, denied).await;
+    }
+
+    /// The same when the request is answered but every statement in it is
+    /// refused (DynamoDB may report a missing permission per statement).
+    #[tokio::test]
+    async fn statements_all_refused_turn_batches_off_for_good() {
+        let denied = serde_json::json!({"Error": {"Code": "AccessDenied", "Message": "no"}});
+        let body = serde_json::json!({"Responses": [denied.clone(), denied]});
+        refused_twice(200, body).await;
     }
 
     #[test]
