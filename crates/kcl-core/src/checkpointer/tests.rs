@@ -549,6 +549,29 @@ async fn records_delivered_while_a_position_is_in_flight_count_towards_the_next(
     );
 }
 
+/// One lease whose writes hang holds back no other shard's answer: the
+/// batch is cut at the store's call timeout, and each write goes again
+/// alone, side by side, answered as it lands.
+#[tokio::test(start_paused = true)]
+async fn a_lease_whose_writes_hang_holds_back_no_other_shards_answer() {
+    use crate::store::timeout::TimeoutStore;
+    let store = InMemoryLeaseStore::new();
+    let through = TimeoutStore::new(store.clone(), Duration::from_secs(2));
+    let mut cps = batched(&store, Arc::new(through), 3).await;
+    store.blackhole(&["s0"]);
+    for cp in &mut cps {
+        deliver_and_checkpoint(cp, "100", 0).await;
+    }
+    // The window (1 s), the batch cut (2 s), then the writes alone.
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    for cp in &mut cps[1..] {
+        cp.flush_due().await.unwrap();
+        assert_eq!(cp.last_checkpoint(), &Checkpoint::at("100", 0));
+    }
+    cps[0].flush_due().await.unwrap();
+    assert!(cps[0].in_flight.is_some(), "still tried alone");
+}
+
 async fn stored_at(store: &InMemoryLeaseStore, key: &str) -> Checkpoint {
     store.get(key).await.unwrap().unwrap().checkpoint
 }
