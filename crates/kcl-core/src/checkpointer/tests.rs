@@ -477,16 +477,23 @@ async fn a_batched_write_on_a_lost_lease_stops_the_shard_and_a_failed_one_is_ret
     assert_eq!(stored_at(&store, "s0").await, Checkpoint::at("100", 0));
 }
 
+/// One shard's checkpointer under a batcher, its first position (100)
+/// handed over and its batch not gone yet.
+async fn first_write_in_flight() -> (InMemoryLeaseStore, Checkpointer) {
+    let store = InMemoryLeaseStore::new();
+    let mut cp = batched(&store, Arc::new(store.clone()), 1).await.remove(0);
+    deliver_and_checkpoint(&mut cp, "100", 0).await;
+    assert!(cp.in_flight.is_some(), "queued");
+    (store, cp)
+}
+
 /// A write of the shard's own (the tenure ending) takes a position back
 /// from a batch that has not gone and writes the latest at once; a wait
 /// for a batch's answer that is cut off leaves the position in flight.
 #[tokio::test(start_paused = true)]
 async fn a_tenure_ending_write_takes_back_a_queued_position_and_a_cut_wait_keeps_it() {
-    let store = InMemoryLeaseStore::new();
-    let mut cps = batched(&store, Arc::new(store.clone()), 1).await;
-    let cp = &mut cps[0];
-    deliver_and_checkpoint(cp, "100", 0).await;
-    assert!(cp.in_flight.is_some());
+    let (store, mut cp) = first_write_in_flight().await;
+    let cp = &mut cp;
     let cut = tokio::time::timeout(Duration::from_millis(10), cp.settle(true)).await;
     assert!(cut.is_err(), "cut off while the batch waits");
     assert!(cp.in_flight.is_some(), "still in flight");
@@ -509,11 +516,8 @@ async fn a_tenure_ending_write_takes_back_a_queued_position_and_a_cut_wait_keeps
 async fn a_cut_tenure_ending_write_leaves_the_latest_position_for_the_last_flush() {
     use crate::store::StoreOp;
     use crate::store::memory::Fault;
-    let store = InMemoryLeaseStore::new();
-    let mut cps = batched(&store, Arc::new(store.clone()), 1).await;
-    let cp = &mut cps[0];
-    deliver_and_checkpoint(cp, "100", 0).await;
-    assert!(cp.in_flight.is_some(), "queued");
+    let (store, mut cp) = first_write_in_flight().await;
+    let cp = &mut cp;
     cp.write_every_call();
     store.inject(StoreOp::Checkpoint, Fault::Delay(Duration::from_secs(30)));
     cp.delivered_for_test("200", 0);
