@@ -235,12 +235,7 @@ impl Checkpointer {
         if let Err(e @ CheckpointError::LeaseLost { .. }) = self.settle(false).await {
             return Err(e);
         }
-        if !self.lease.may_checkpoint() {
-            self.lost.cancel();
-            return Err(CheckpointError::LeaseLost {
-                key: self.lease.key().to_owned(),
-            });
-        }
+        self.ensure_may_checkpoint()?;
         self.pacing.defer(checkpoint);
         self.submit_if_due()
     }
@@ -257,12 +252,7 @@ impl Checkpointer {
         let Some(checkpoint) = self.pacing.take_deferred() else {
             return Ok(());
         };
-        if !self.lease.may_checkpoint() {
-            self.lost.cancel();
-            return Err(CheckpointError::LeaseLost {
-                key: self.lease.key().to_owned(),
-            });
-        }
+        self.ensure_may_checkpoint()?;
         let update =
             CheckpointUpdate::to(checkpoint.clone()).replacing(self.last_checkpoint.clone());
         let at = self.pacing.written_at(Instant::now());

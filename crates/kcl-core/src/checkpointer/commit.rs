@@ -108,11 +108,8 @@ impl Checkpointer {
         if target == self.last_checkpoint {
             return Err(self.out_of_range(seq, sub));
         }
+        self.ensure_may_checkpoint()?;
         let key = self.lease.key().to_owned();
-        if !self.lease.may_checkpoint() {
-            self.lost.cancel();
-            return Err(CheckpointError::LeaseLost { key });
-        }
         let holder = self.lease.holder();
         let prepared = PreparedCheckpoint {
             key: key.clone(),

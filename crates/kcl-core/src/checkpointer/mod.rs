@@ -539,12 +539,7 @@ impl Checkpointer {
             return self.hold_for_batch(update.checkpoint).await;
         }
         if plain && self.pacing.defers(Instant::now()) {
-            if !self.lease.may_checkpoint() {
-                self.lost.cancel();
-                return Err(CheckpointError::LeaseLost {
-                    key: self.lease.key().to_owned(),
-                });
-            }
+            self.ensure_may_checkpoint()?;
             self.pacing.defer(update.checkpoint);
             return Ok(());
         }
@@ -571,15 +566,22 @@ impl Checkpointer {
         // given up on (timed out) may still land later, after a newer one,
         // and must then fail rather than move the checkpoint back.
         let update = update.replacing(self.last_checkpoint.clone());
-        if !self.lease.may_checkpoint() {
-            self.lost.cancel();
-            return Err(CheckpointError::LeaseLost {
-                key: self.lease.key().to_owned(),
-            });
-        }
+        self.ensure_may_checkpoint()?;
         let at = self.pacing.written_at(Instant::now());
         let result = write_retrying(self.store.as_ref(), &self.lease, &update).await;
         self.landed(&update, result.map(drop), at)
+    }
+
+    /// `Ok` while this worker may still checkpoint the lease; else the
+    /// consumer is told to stop (another worker owns the shard).
+    fn ensure_may_checkpoint(&self) -> Result<(), CheckpointError> {
+        if self.lease.may_checkpoint() {
+            return Ok(());
+        }
+        self.lost.cancel();
+        Err(CheckpointError::LeaseLost {
+            key: self.lease.key().to_owned(),
+        })
     }
 
     /// Takes in the outcome of writing `update`.
