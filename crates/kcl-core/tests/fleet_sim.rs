@@ -321,13 +321,9 @@ async fn failover_at_every_kill_phase(mode: LeaseRenewal, latency: Duration) {
     let mut took = Vec::new();
     for phase in 0..PHASES {
         let table = table_with(SHARDS).await;
-        let mut workers: Vec<SimWorker> = ["a", "b"]
-            .iter()
-            .enumerate()
-            .map(|(i, id)| {
-                SimWorker::start(&table, in_mode(mode, id, 70 + i as u64).build().unwrap())
-            })
-            .collect();
+        let mut workers = start_all(&table, &["a", "b"], |id, i| {
+            in_mode(mode, id, 70 + i).build().unwrap()
+        });
         if !latency.is_zero() {
             for (i, w) in workers.iter().enumerate() {
                 w.store.set_random_faults(Some(RandomFaults {
@@ -396,16 +392,9 @@ async fn a_worker_killed_before_it_beat_about_its_leases_loses_them_within_the_b
     let bound = LEASE + LIVENESS_SLACK;
     for seed in 0..6_u64 {
         let table = table_with(SHARDS).await;
-        let mut workers: Vec<SimWorker> = ["a", "b"]
-            .iter()
-            .enumerate()
-            .map(|(i, id)| {
-                SimWorker::start(
-                    &table,
-                    in_mode(mode, id, 90 + 2 * seed + i as u64).build().unwrap(),
-                )
-            })
-            .collect();
+        let mut workers = start_all(&table, &["a", "b"], |id, i| {
+            in_mode(mode, id, 90 + 2 * seed + i).build().unwrap()
+        });
         let mut log = OverlapLog::default();
         // The first moment both hold leases: each just took its first.
         let step = Duration::from_millis(10);
