@@ -68,6 +68,8 @@ pub mod observability;
 mod settings;
 mod signal;
 mod streams;
+#[cfg(test)]
+mod test_support;
 mod worker;
 
 pub use async_trait::async_trait;

@@ -6,22 +6,14 @@
 
 use std::time::Duration;
 
-use kcl::{Checkpointer, ProcessorError, RecordBatch, RecordProcessor, ShardContext, Worker};
+use kcl::{ShardContext, Worker};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-struct Noop;
+#[path = "../src/test_support.rs"]
+mod test_support;
 
-#[kcl::async_trait]
-impl RecordProcessor for Noop {
-    async fn process_records(
-        &mut self,
-        _: &RecordBatch,
-        _: &mut Checkpointer,
-    ) -> Result<(), ProcessorError> {
-        Ok(())
-    }
-}
+use test_support::{NoOp, offline_sdk};
 
 /// One GET over HTTP/1.1: the status code and the body.
 async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
@@ -49,15 +41,11 @@ async fn the_probes_answer_beside_a_recorder_the_application_installed() {
             open.push(conn);
         }
     });
-    let sdk = aws_config::SdkConfig::builder()
-        .region(aws_config::Region::new("us-east-1"))
-        .endpoint_url(endpoint)
-        .behavior_version(aws_config::BehaviorVersion::latest())
-        .build();
+    let sdk = offline_sdk().to_builder().endpoint_url(endpoint).build();
     let worker = Worker::builder("health-app")
         .stream("orders")
         .sdk_config(&sdk)
-        .processor(|_: &ShardContext| Noop)
+        .processor(|_: &ShardContext| NoOp)
         .serve_health("127.0.0.1:0".parse().unwrap())
         .liveness_stall_bound(Duration::from_secs(60))
         .build()

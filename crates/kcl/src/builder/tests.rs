@@ -1,30 +1,14 @@
 use super::*;
 use crate::error::ErrorKind;
+use crate::test_support::{NoOp, offline_sdk};
 use kcl_core::LeaseLayout;
 use kcl_core::worker::StreamSpec;
 
 fn offline_builder() -> WorkerBuilder {
-    let sdk = SdkConfig::builder()
-        .region(aws_config::Region::new("us-east-1"))
-        .behavior_version(aws_config::BehaviorVersion::latest())
-        .build();
     Worker::builder("facade-app")
         .stream("orders")
-        .sdk_config(&sdk)
+        .sdk_config(&offline_sdk())
         .processor(|_: &kcl_core::processor::ShardContext| NoOp)
-}
-
-struct NoOp;
-
-#[async_trait::async_trait]
-impl kcl_core::processor::RecordProcessor for NoOp {
-    async fn process_records(
-        &mut self,
-        _: &kcl_core::processor::RecordBatch,
-        _: &mut kcl_core::checkpointer::Checkpointer,
-    ) -> Result<(), kcl_core::processor::ProcessorError> {
-        Ok(())
-    }
 }
 
 #[test]

@@ -2,6 +2,7 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use super::{FIELDS, Settings, variable};
+use crate::test_support::{NoOp, offline_sdk};
 use crate::{
     CheckpointPolicy, FailurePolicy, InitialPosition, LeaseRenewal, RemovedStreamPolicy, Worker,
     WorkerBuilder,
@@ -118,13 +119,6 @@ fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
     move |var| map.get(var).cloned()
 }
 
-fn sdk() -> aws_config::SdkConfig {
-    aws_config::SdkConfig::builder()
-        .region(aws_config::Region::new("us-east-1"))
-        .behavior_version(aws_config::BehaviorVersion::latest())
-        .build()
-}
-
 #[test]
 fn every_field_is_named_in_the_round_trip() {
     let covered: Vec<&str> = every_field().iter().map(|(f, _)| *f).collect();
@@ -146,8 +140,8 @@ fn every_setting_read_from_its_variable_reaches_the_builder_as_written_in_code()
     );
     // And `build()` accepts them together.
     from_env
-        .sdk_config(&sdk())
-        .processor(|_: &crate::ShardContext| Noop)
+        .sdk_config(&offline_sdk())
+        .processor(|_: &crate::ShardContext| NoOp)
         .build()
         .expect("every setting valid");
 }
@@ -223,8 +217,8 @@ fn a_setting_build_refuses_is_blamed_on_its_variable() {
     let error = settings
         .apply(Worker::builder("orders").stream("orders"))
         .expect("applies")
-        .sdk_config(&sdk())
-        .processor(|_: &crate::ShardContext| Noop)
+        .sdk_config(&offline_sdk())
+        .processor(|_: &crate::ShardContext| NoOp)
         .build()
         .expect_err("a one-letter table name");
     let blamed = settings.blame(&error).expect("a setting");
@@ -307,19 +301,6 @@ fn serving_metrics_without_the_prometheus_feature_is_refused() {
         error.problems().next().map(|(o, _)| o),
         Some("KCL_SERVE_METRICS")
     );
-}
-
-struct Noop;
-
-#[async_trait::async_trait]
-impl crate::RecordProcessor for Noop {
-    async fn process_records(
-        &mut self,
-        _batch: &crate::RecordBatch,
-        _checkpointer: &mut crate::Checkpointer,
-    ) -> Result<(), crate::ProcessorError> {
-        Ok(())
-    }
 }
 
 #[test]

@@ -590,10 +590,7 @@ async fn running_beside_a_worker_flushes_after_it_returns_and_passes_its_output_
 
 #[test]
 fn the_builder_names_the_conflict_when_another_recorder_is_installed() {
-    let sdk = aws_config::SdkConfig::builder()
-        .region(aws_config::Region::new("us-east-1"))
-        .behavior_version(aws_config::BehaviorVersion::latest())
-        .build();
+    let sdk = crate::test_support::offline_sdk();
     let error = CloudWatchMetrics::new()
         .install_with("orders-app", Some(&sdk), false, |_| {
             Err(
