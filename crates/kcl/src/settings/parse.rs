@@ -34,11 +34,35 @@ pub(super) fn list(value: &str) -> Parsed<Vec<String>> {
 }
 
 pub(super) fn boolean(value: &str) -> Parsed<bool> {
-    match value.trim().to_ascii_lowercase().as_str() {
-        "true" | "1" | "yes" | "on" => Ok(true),
-        "false" | "0" | "no" | "off" => Ok(false),
-        _ => Err(format!("is {value:?}; expected true or false")),
+    one_of(
+        value,
+        &[
+            (&["true", "1", "yes", "on"], true),
+            (&["false", "0", "no", "off"], false),
+        ],
+    )
+}
+
+/// The value of the choice that names `value`, in any case and with `-`
+/// for `_`. A choice's first name is the one the error suggests; the
+/// others are accepted aliases.
+fn one_of<T: Clone>(value: &str, choices: &[(&[&str], T)]) -> Parsed<T> {
+    let name = value.trim().to_ascii_lowercase().replace('-', "_");
+    if let Some((_, chosen)) = choices
+        .iter()
+        .find(|(names, _)| names.contains(&name.as_str()))
+    {
+        return Ok(chosen.clone());
     }
+    let suggested: Vec<&str> = choices
+        .iter()
+        .filter_map(|(names, _)| names.first().copied())
+        .collect();
+    let expected = match suggested.as_slice() {
+        [first @ .., last] if !first.is_empty() => format!("{} or {last}", first.join(", ")),
+        _ => suggested.concat(),
+    };
+    Err(format!("is {value:?}; expected {expected}"))
 }
 
 pub(super) fn count(value: &str) -> Parsed<usize> {
@@ -149,21 +173,28 @@ fn timestamp(value: &str) -> Option<SystemTime> {
 /// `liveness` (one record per worker, the default) or `per_lease` (every
 /// lease renewed, as a table shared with Java KCL workers needs).
 pub(super) fn renewal(value: &str) -> Parsed<LeaseRenewal> {
-    match value.trim().to_ascii_lowercase().replace('-', "_").as_str() {
-        "liveness" | "worker_liveness" => Ok(LeaseRenewal::WorkerLiveness),
-        "per_lease" => Ok(LeaseRenewal::PerLease),
-        _ => Err(format!("is {value:?}; expected liveness or per_lease")),
-    }
+    one_of(
+        value,
+        &[
+            (
+                &["liveness", "worker_liveness"],
+                LeaseRenewal::WorkerLiveness,
+            ),
+            (&["per_lease"], LeaseRenewal::PerLease),
+        ],
+    )
 }
 
 /// `by_load` (the default: leases weighed by what they carry) or
 /// `by_count`.
 pub(super) fn balance(value: &str) -> Parsed<Balance> {
-    match value.trim().to_ascii_lowercase().replace('-', "_").as_str() {
-        "by_load" | "load" => Ok(Balance::ByLoad),
-        "by_count" | "count" => Ok(Balance::ByCount),
-        _ => Err(format!("is {value:?}; expected by_load or by_count")),
-    }
+    one_of(
+        value,
+        &[
+            (&["by_load", "load"], Balance::ByLoad),
+            (&["by_count", "count"], Balance::ByCount),
+        ],
+    )
 }
 
 /// `on_demand`, or `provisioned:<read units>:<write units>`.
@@ -244,24 +275,29 @@ pub(super) fn removed_stream_policy(value: &str) -> Parsed<RemovedStreamPolicy> 
 /// dropped and counted; a destination for them is set in code with
 /// [`PoisonPolicy::send_to`]).
 pub(super) fn failure_policy(value: &str) -> Parsed<FailurePolicy> {
-    match value.trim().to_ascii_lowercase().replace('-', "_").as_str() {
-        "retry" => Ok(FailurePolicy::Retry),
-        "skip" => Ok(FailurePolicy::Skip),
-        "release_shard" => Ok(FailurePolicy::ReleaseShard),
-        "isolate" => Ok(FailurePolicy::Isolate(PoisonPolicy::drop_failed())),
-        _ => Err(format!(
-            "is {value:?}; expected retry, skip, release_shard or isolate"
-        )),
-    }
+    one_of(
+        value,
+        &[
+            (&["retry"], FailurePolicy::Retry),
+            (&["skip"], FailurePolicy::Skip),
+            (&["release_shard"], FailurePolicy::ReleaseShard),
+            (
+                &["isolate"],
+                FailurePolicy::Isolate(PoisonPolicy::drop_failed()),
+            ),
+        ],
+    )
 }
 
 /// `if_missing` or `never`.
 pub(super) fn table_creation(value: &str) -> Parsed<TableCreation> {
-    match value.trim().to_ascii_lowercase().replace('-', "_").as_str() {
-        "if_missing" => Ok(TableCreation::IfMissing),
-        "never" => Ok(TableCreation::Never),
-        _ => Err(format!("is {value:?}; expected if_missing or never")),
-    }
+    one_of(
+        value,
+        &[
+            (&["if_missing"], TableCreation::IfMissing),
+            (&["never"], TableCreation::Never),
+        ],
+    )
 }
 
 /// `key=value` pairs, comma-separated: `team=payments,env=prod`.

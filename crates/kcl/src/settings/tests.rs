@@ -350,6 +350,37 @@ fn initial_positions_by_name_or_timestamp() {
 }
 
 #[test]
+fn names_match_in_any_case_with_dashes_and_aliases() {
+    use super::parse::{balance, boolean, failure_policy, renewal, table_creation};
+    assert_eq!(renewal("Per-Lease"), Ok(LeaseRenewal::PerLease));
+    assert_eq!(renewal("worker_liveness"), Ok(LeaseRenewal::WorkerLiveness));
+    assert_eq!(balance(" COUNT "), Ok(crate::Balance::ByCount));
+    assert_eq!(
+        table_creation("if-missing"),
+        Ok(crate::TableCreation::IfMissing)
+    );
+    assert_eq!(boolean("Yes"), Ok(true));
+    assert_eq!(boolean("off"), Ok(false));
+    assert!(matches!(
+        failure_policy("ISOLATE"),
+        Ok(FailurePolicy::Isolate(_))
+    ));
+    // The error suggests each choice's first name, not its aliases.
+    assert_eq!(
+        failure_policy("stop").expect_err("no such policy"),
+        "is \"stop\"; expected retry, skip, release_shard or isolate"
+    );
+    assert_eq!(
+        renewal("sometimes").expect_err("no such renewal"),
+        "is \"sometimes\"; expected liveness or per_lease"
+    );
+    assert_eq!(
+        boolean("maybe").expect_err("not a boolean"),
+        "is \"maybe\"; expected true or false"
+    );
+}
+
+#[test]
 fn checkpoint_policies_and_sizes_in_text() {
     let policy = super::parse::checkpoint_policy;
     assert_eq!(policy("every_call"), Ok(CheckpointPolicy::every_call()));
