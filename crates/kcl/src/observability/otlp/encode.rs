@@ -32,13 +32,7 @@ pub(super) fn request(
         registry,
         snapshot.counters,
         |attributes, point| counter_point(attributes, point, now),
-        |data_points| {
-            metric::Data::Sum(Sum {
-                data_points,
-                aggregation_temporality: AggregationTemporality::Cumulative.into(),
-                is_monotonic: true,
-            })
-        },
+        cumulative_sum,
     ));
     metrics.extend(named(
         registry,
@@ -107,23 +101,29 @@ fn named<P, D>(
 /// The exporter's own count of dropped measurements, always present so
 /// that an alert on it needs no absent() guard.
 fn dropped(registry: &Registry, dropped: u64, started: u64, now: u64) -> Metric {
-    let dropped = Sum {
-        data_points: vec![counter_point(
-            Vec::new(),
-            CounterPoint {
-                value: dropped,
-                start: started,
-            },
-            now,
-        )],
-        aggregation_temporality: AggregationTemporality::Cumulative.into(),
-        is_monotonic: true,
-    };
+    let point = counter_point(
+        Vec::new(),
+        CounterPoint {
+            value: dropped,
+            start: started,
+        },
+        now,
+    );
     metric(
         registry,
         OTLP_MEASUREMENTS_DROPPED.to_owned(),
-        metric::Data::Sum(dropped),
+        cumulative_sum(vec![point]),
     )
+}
+
+/// A counter's data: a monotonic sum, each point the total since its
+/// series started.
+fn cumulative_sum(data_points: Vec<NumberDataPoint>) -> metric::Data {
+    metric::Data::Sum(Sum {
+        data_points,
+        aggregation_temporality: AggregationTemporality::Cumulative.into(),
+        is_monotonic: true,
+    })
 }
 
 /// The data points of one metric: each series' attributes and value.
