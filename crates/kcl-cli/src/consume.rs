@@ -84,40 +84,26 @@ pub(crate) async fn run(a: ConsumeArgs) -> anyhow::Result<()> {
     let sdk = aws::sdk_config(false).await;
     let out = Arc::new(Output::new());
     let meta = a.meta;
-    let mut builder = Worker::builder(&a.app)
+    // Every option is a field of the library's settings, applied to the
+    // builder as a deployment's environment would be.
+    let mut settings = kcl::Settings::default();
+    settings.streams = Some(a.streams);
+    settings.initial_position = Some(a.position);
+    settings.table_name = a.table;
+    settings.worker_id = a.worker_id;
+    settings.lease_duration = a.lease_duration;
+    settings.taker_interval = a.taker_interval;
+    settings.renew_interval = a.renew_interval;
+    settings.idle_time_between_reads = a.idle_time_between_reads;
+    settings.shutdown_timeout = a.shutdown_timeout;
+    settings.serve_metrics = a.metrics_addr;
+    let builder = settings
+        .apply(Worker::builder(&a.app))?
         .sdk_config(&sdk)
-        .initial_position(a.position)
         .processor({
             let out = Arc::clone(&out);
             move |shard: &ShardContext| JsonLines::new(shard, Arc::clone(&out), meta)
         });
-    for stream in &a.streams {
-        builder = builder.stream(stream);
-    }
-    if let Some(t) = &a.table {
-        builder = builder.table_name(t);
-    }
-    if let Some(id) = &a.worker_id {
-        builder = builder.worker_id(id);
-    }
-    if let Some(d) = a.lease_duration {
-        builder = builder.lease_duration(d);
-    }
-    if let Some(d) = a.taker_interval {
-        builder = builder.taker_interval(d);
-    }
-    if let Some(d) = a.renew_interval {
-        builder = builder.renew_interval(d);
-    }
-    if let Some(d) = a.idle_time_between_reads {
-        builder = builder.idle_time_between_reads(d);
-    }
-    if let Some(d) = a.shutdown_timeout {
-        builder = builder.shutdown_timeout(d);
-    }
-    if let Some(addr) = a.metrics_addr {
-        builder = builder.serve_metrics(addr);
-    }
     let worker = builder.build()?;
     info!(
         application = %a.app,
