@@ -304,41 +304,31 @@ mod tests {
     #[test]
     fn expiry_is_judged_by_counter_movement_on_our_clock() {
         let t0 = Instant::now();
-        let s = Duration::from_secs;
-        let mut w = Watcher::new(s(10));
-        // First sight: the counter's age is unknown, so it starts now.
-        let l = seen(
-            &mut w,
-            &[lease("a", Some("w1"), 5), lease("b", Some("w2"), 9)],
-            t0,
-            "00:00:00",
-        );
-        assert_eq!(states(&l), [State::Active, State::Active]);
-        // a renews, b does not.
-        let l = seen(
-            &mut w,
-            &[lease("a", Some("w1"), 6), lease("b", Some("w2"), 9)],
-            t0 + s(6),
-            "00:00:06",
-        );
-        assert_eq!(states(&l), [State::Active, State::Active]);
-        let l = seen(
-            &mut w,
-            &[lease("a", Some("w1"), 7), lease("b", Some("w2"), 9)],
-            t0 + s(10),
-            "00:00:10",
-        );
-        assert_eq!(states(&l), [State::Active, State::Expired]);
-        assert_eq!(l.leases[1].counter_unchanged_secs, Some(10));
-        assert_eq!(l.workers[1].expired, 1);
-        // w1 takes b over: a move, and b is active again.
-        let l = seen(
-            &mut w,
-            &[lease("a", Some("w1"), 8), lease("b", Some("w1"), 10)],
-            t0 + s(12),
-            "00:00:12",
-        );
-        assert_eq!(states(&l), [State::Active, State::Active]);
+        let mut w = Watcher::new(Duration::from_secs(10));
+        // Each scan: when, the holder and counter of leases a and b, and
+        // the states judged.
+        let scans = [
+            // First sight: the counter's age is unknown, so it starts now.
+            (0, ("w1", 5), ("w2", 9), [State::Active, State::Active]),
+            // a renews, b does not.
+            (6, ("w1", 6), ("w2", 9), [State::Active, State::Active]),
+            (10, ("w1", 7), ("w2", 9), [State::Active, State::Expired]),
+            // w1 takes b over: a move, and b is active again.
+            (12, ("w1", 8), ("w1", 10), [State::Active, State::Active]),
+        ];
+        let listings: Vec<Listing> = scans
+            .into_iter()
+            .map(|(secs, a, b, expected)| {
+                let leases = [lease("a", Some(a.0), a.1), lease("b", Some(b.0), b.1)];
+                let at = t0 + Duration::from_secs(secs);
+                let l = seen(&mut w, &leases, at, &format!("00:00:{secs:02}"));
+                assert_eq!(states(&l), expected, "at {secs}s");
+                l
+            })
+            .collect();
+        let expired = &listings[2];
+        assert_eq!(expired.leases[1].counter_unchanged_secs, Some(10));
+        assert_eq!(expired.workers[1].expired, 1);
         let moves: Vec<&String> = w.moves().collect();
         assert_eq!(moves, ["00:00:12  b: w2 -> w1"]);
     }
