@@ -36,10 +36,12 @@ use aws_config::{BehaviorVersion, SdkConfig};
 use aws_sdk_kinesis::types::StreamStatus;
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use aws_smithy_runtime_api::client::result::SdkError;
+use kcl::core::source::ShardSource as _;
 use kcl::{
     Checkpointer, InitialPosition, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
     Worker, WorkerHandle, WorkerStatus,
 };
+use kcl_kinesis::KinesisShardSource;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -614,37 +616,22 @@ async fn create_stream(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> anyho
     }
 }
 
-/// The starting hash key of every shard, in shard order.
+/// The starting hash key of every shard, in shard order, as kcl's own
+/// shard listing (paged, throttling retried) reads them.
 async fn shard_hash_keys(
     kinesis: &aws_sdk_kinesis::Client,
     stream: &str,
 ) -> anyhow::Result<Vec<String>> {
-    let mut shards = Vec::new();
-    let mut next_token: Option<String> = None;
-    loop {
-        // With a NextToken the request must not name the stream.
-        let request = match &next_token {
-            Some(token) => kinesis.list_shards().next_token(token),
-            None => kinesis.list_shards().stream_name(stream),
-        };
-        let out = request
-            .send()
-            .await
-            .with_context(|| format!("ListShards {stream}"))?;
-        shards.extend(out.shards().iter().filter_map(|s| {
-            Some((
-                s.shard_id().to_owned(),
-                s.hash_key_range()?.starting_hash_key().to_owned(),
-            ))
-        }));
-        match out.next_token() {
-            Some(token) if !token.is_empty() => next_token = Some(token.to_owned()),
-            _ => break,
-        }
-    }
+    let mut shards = KinesisShardSource::new(kinesis.clone())
+        .list_shards(stream)
+        .await
+        .with_context(|| format!("ListShards {stream}"))?;
     ensure!(!shards.is_empty(), "stream {stream} has no shards");
-    shards.sort();
-    Ok(shards.into_iter().map(|(_, key)| key).collect())
+    shards.sort_by(|a, b| a.shard_id.cmp(&b.shard_id));
+    Ok(shards
+        .into_iter()
+        .map(|shard| shard.hash_key_range.starting)
+        .collect())
 }
 
 async fn delete_stream(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> anyhow::Result<()> {
