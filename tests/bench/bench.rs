@@ -85,72 +85,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 
-/// One scenario's part of the report.
-#[derive(Debug, Default)]
-pub(crate) struct Section {
-    /// Heading.
-    pub(crate) title: String,
-    /// What is measured, and how.
-    pub(crate) what: String,
-    /// `(figure, value)` rows.
-    pub(crate) rows: Vec<(String, String)>,
-    /// The settings of the run, next to the production defaults.
-    pub(crate) settings: String,
-    /// The Java KCL's defaults, where a comparison means something.
-    pub(crate) java: String,
-    /// What limits the figure here.
-    pub(crate) limits: String,
-    /// A check that failed (records lost, ...): the bench exits non-zero.
-    pub(crate) failed: Option<String>,
-    /// Text printed as is after the table (another program's table).
-    pub(crate) extra: String,
-    /// One line for the summary at the top.
-    pub(crate) headline: String,
-    /// Figures for `docs/benchmarks.json`: name (stable from run to run),
-    /// value, unit.
-    pub(crate) figures: Vec<(&'static str, f64, &'static str)>,
-}
-
-impl Section {
-    pub(crate) fn new(title: &str) -> Section {
-        Section {
-            title: title.to_owned(),
-            ..Section::default()
-        }
-    }
-
-    /// Records a figure for `docs/benchmarks.json`, rounded to 3 significant decimals.
-    pub(crate) fn figure(&mut self, name: &'static str, value: f64, unit: &'static str) {
-        let rounded = (value * 1000.0).round() / 1000.0;
-        self.figures.push((name, rounded, unit));
-    }
-
-    pub(crate) fn row(&mut self, figure: &str, value: impl Into<String>) {
-        self.rows.push((figure.to_owned(), value.into()));
-    }
-
-    /// The section as `docs/benchmarks.json` keeps it.
-    fn recorded(&self, seconds: f64, date: &str) -> figures::Recorded {
-        figures::Recorded {
-            title: self.title.clone(),
-            what: self.what.clone(),
-            rows: self.rows.clone(),
-            extra: self.extra.clone(),
-            settings: self.settings.clone(),
-            java: self.java.clone(),
-            limits: self.limits.clone(),
-            headline: self.headline.clone(),
-            failed: self.failed.clone(),
-            seconds,
-            date: date.to_owned(),
-            figures: self
-                .figures
-                .iter()
-                .map(|(name, value, _)| ((*name).to_owned(), *value))
-                .collect(),
-        }
-    }
-}
+pub(crate) use figures::Section;
 
 /// The scenarios, in the order they run.
 const SCENARIOS: &[&str] = &[
@@ -294,14 +229,18 @@ fn merge(
         if !full && s.failed.is_some() && s.figures.is_empty() {
             continue;
         }
-        doc.report
-            .sections
-            .insert((*name).to_owned(), s.recorded(*secs, date));
-        for (name, value, unit) in &s.figures {
+        let recorded = Section {
+            seconds: *secs,
+            date: date.to_owned(),
+            ..s.clone()
+        };
+        doc.report.sections.insert((*name).to_owned(), recorded);
+        for (name, value) in &s.figures {
+            let unit = s.units.get(name).copied().unwrap_or_default();
             doc.figures.insert(
-                (*name).to_owned(),
+                name.clone(),
                 figures::Figure {
-                    unit: (*unit).to_owned(),
+                    unit: unit.to_owned(),
                     value: *value,
                 },
             );

@@ -208,26 +208,24 @@ pub(crate) async fn load_balance(exe: &Path) -> anyhow::Result<Section> {
         by_load.moves_last as f64,
         "moves",
     );
-    let mut failed = Vec::new();
-    if by_load.lost + by_count.lost + by_load.overlaps + by_count.overlaps > 0 {
-        failed.push("records lost or a shard processed twice at once".to_owned());
-    }
-    if by_load.duplicates + by_count.duplicates > 0 {
-        failed.push("records repeated: a lease moved other than by graceful handoff".to_owned());
-    }
-    if load_ratio > 1.25 {
-        failed.push(format!(
-            "by load the most loaded worker is {load_ratio:.2} x the mean (bound 1.25)"
-        ));
-    }
-    if by_load.moves_last > 0 {
-        failed.push(format!(
+    s.fail_if(
+        by_load.lost + by_count.lost + by_load.overlaps + by_count.overlaps > 0,
+        "records lost or a shard processed twice at once",
+    );
+    s.fail_if(
+        by_load.duplicates + by_count.duplicates > 0,
+        "records repeated: a lease moved other than by graceful handoff",
+    );
+    s.fail_if(
+        load_ratio > 1.25,
+        format!("by load the most loaded worker is {load_ratio:.2} x the mean (bound 1.25)"),
+    );
+    s.fail_if(
+        by_load.moves_last > 0,
+        format!(
             "{} lease moves in the last 2 min by load",
             by_load.moves_last
-        ));
-    }
-    if !failed.is_empty() {
-        s.failed = Some(failed.join("; "));
-    }
+        ),
+    );
     Ok(s)
 }

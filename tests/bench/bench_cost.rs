@@ -545,33 +545,25 @@ pub(crate) fn fleet_simulation() -> anyhow::Result<Section> {
         large.cold_cpu_per_tick.as_secs_f64() * 1e3,
         "ms per worker tick",
     );
-    let mut failed = Vec::new();
-    if ratio > 1.2 {
-        failed.push(format!(
-            "requests grow {ratio:.2}x from 1,000 to 10,000 shards"
-        ));
-    }
-    if large.idle_requests_per_min > 5_000.0 {
-        failed.push(format!(
-            "{:.0} requests/min idle",
-            large.idle_requests_per_min
-        ));
-    }
-    if large.idle_read_units_per_min > 20_000.0 {
-        failed.push(format!(
-            "{:.0} read units/min idle",
-            large.idle_read_units_per_min
-        ));
-    }
-    if large.leased_after_ticks > 2 || large.balanced_after_ticks > 5 {
-        failed.push(format!(
+    s.fail_if(
+        ratio > 1.2,
+        format!("requests grow {ratio:.2}x from 1,000 to 10,000 shards"),
+    );
+    s.fail_if(
+        large.idle_requests_per_min > 5_000.0,
+        format!("{:.0} requests/min idle", large.idle_requests_per_min),
+    );
+    s.fail_if(
+        large.idle_read_units_per_min > 20_000.0,
+        format!("{:.0} read units/min idle", large.idle_read_units_per_min),
+    );
+    s.fail_if(
+        large.leased_after_ticks > 2 || large.balanced_after_ticks > 5,
+        format!(
             "cold start: leased after {} ticks, balanced after {}",
             large.leased_after_ticks, large.balanced_after_ticks
-        ));
-    }
-    if !failed.is_empty() {
-        s.failed = Some(failed.join("; "));
-    }
+        ),
+    );
     s.headline = format!(
         "100 x 10,000 idle: {:.0} requests/min, {:.0} read units/min ({ratio:.2}x the requests of 100 x 1,000); cold start leased in {} tick(s), balanced in {}",
         large.idle_requests_per_min,

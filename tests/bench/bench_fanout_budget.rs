@@ -170,18 +170,13 @@ pub(crate) async fn fanout_budget() -> anyhow::Result<Section> {
                 reservation here: the bound's overshoot term is the worst case of quiet \
                 shards bursting at once, not reached."
         .into();
-    let mut failed = Vec::new();
-    if peak > bound {
-        failed.push(format!("{peak} bytes held, over the bound {bound}"));
-    }
-    if delivered != SHARDS * PER_SHARD {
-        failed.push(format!(
-            "{delivered} of {} records delivered",
-            SHARDS * PER_SHARD
-        ));
-    }
-    if !failed.is_empty() {
-        s.failed = Some(failed.join("; "));
-    }
+    s.fail_if(
+        peak > bound,
+        format!("{peak} bytes held, over the bound {bound}"),
+    );
+    s.fail_if(
+        delivered != SHARDS * PER_SHARD,
+        format!("{delivered} of {} records delivered", SHARDS * PER_SHARD),
+    );
     Ok(s)
 }

@@ -324,13 +324,13 @@ pub(crate) async fn checkpoint_policy_cost() -> anyhow::Result<Section> {
         without.requests_per_min.round(),
         "requests/min",
     );
-    let mut failed = Vec::new();
-    if with.requests_per_min > LIMIT {
-        failed.push(format!(
+    s.fail_if(
+        with.requests_per_min > LIMIT,
+        format!(
             "{:.0} requests/min under the policy, above {LIMIT}",
             with.requests_per_min
-        ));
-    }
+        ),
+    );
     // A fleet that fell behind reads bigger batches: its figures would not
     // be those of 40 records/s.
     for (name, r) in [
@@ -338,21 +338,20 @@ pub(crate) async fn checkpoint_policy_cost() -> anyhow::Result<Section> {
         ("with the longer policy", &long),
         ("without", &without),
     ] {
-        if r.shards_checkpointed < SHARDS {
-            failed.push(format!(
+        s.fail_if(
+            r.shards_checkpointed < SHARDS,
+            format!(
                 "{name}: {} of {SHARDS} shards checkpointed during the window",
                 r.shards_checkpointed
-            ));
-        }
-        if r.records_per_s < RATE as f64 * 0.9 {
-            failed.push(format!(
+            ),
+        );
+        s.fail_if(
+            r.records_per_s < RATE as f64 * 0.9,
+            format!(
                 "{name}: the fleet processed {:.1} records/s of {RATE}",
                 r.records_per_s
-            ));
-        }
-    }
-    if !failed.is_empty() {
-        s.failed = Some(failed.join("; "));
+            ),
+        );
     }
     s.headline = format!(
         "2 x 8 at {RATE} records/s, a checkpoint() per batch: {:.0} DynamoDB requests/min \

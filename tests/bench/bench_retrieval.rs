@@ -156,21 +156,18 @@ pub(crate) async fn polling_pacing() -> anyhow::Result<Section> {
     s.limits = "Latency is the wait for the next call (up to 500 ms, 250 ms on average) plus \
                 kinesis-mock's answer on a shared 2-core machine."
         .into();
-    let mut failed = Vec::new();
-    if ms(p50) > 300.0 {
-        failed.push(format!("p50 {:.0} ms is above 300 ms", ms(p50)));
-    }
-    if trickle_rate > 2.0 {
-        failed.push(format!(
-            "{trickle_rate:.2} calls/s at 5 records/s is above 2"
-        ));
-    }
-    if idle_rate > 1.1 {
-        failed.push(format!("{idle_rate:.2} idle calls/s is above 1.1"));
-    }
-    if !failed.is_empty() {
-        s.failed = Some(failed.join("; "));
-    }
+    s.fail_if(
+        ms(p50) > 300.0,
+        format!("p50 {:.0} ms is above 300 ms", ms(p50)),
+    );
+    s.fail_if(
+        trickle_rate > 2.0,
+        format!("{trickle_rate:.2} calls/s at 5 records/s is above 2"),
+    );
+    s.fail_if(
+        idle_rate > 1.1,
+        format!("{idle_rate:.2} idle calls/s is above 1.1"),
+    );
     Ok(s)
 }
 

@@ -87,29 +87,75 @@ pub(crate) struct Report {
     /// How long the latest full run took, in seconds.
     pub(crate) total_s: f64,
     /// Scenario name (as `--only` takes it) -> its section as last run.
-    pub(crate) sections: BTreeMap<String, Recorded>,
+    pub(crate) sections: BTreeMap<String, Section>,
 }
 
-/// One scenario's section as a run wrote it (see `Section` in bench.rs).
+/// One scenario's part of the report: what a scenario returns, and what
+/// `docs/benchmarks.json` keeps of it.
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
-pub(crate) struct Recorded {
+pub(crate) struct Section {
+    /// Heading.
     pub(crate) title: String,
+    /// What is measured, and how.
     pub(crate) what: String,
+    /// `(figure, value)` rows.
     pub(crate) rows: Vec<(String, String)>,
+    /// Text printed as is after the table (another program's table).
     pub(crate) extra: String,
+    /// The settings of the run, next to the production defaults.
     pub(crate) settings: String,
+    /// The Java KCL's defaults, where a comparison means something.
     pub(crate) java: String,
+    /// What limits the figure here.
     pub(crate) limits: String,
+    /// One line for the summary at the top.
     pub(crate) headline: String,
+    /// A check that failed (records lost, ...): the bench exits non-zero.
     pub(crate) failed: Option<String>,
     /// How long the scenario took.
     pub(crate) seconds: f64,
     /// When it ran (`YYYY-MM-DD HH:MM UTC`).
     pub(crate) date: String,
-    /// The figures it recorded, by name: a later run of another section
-    /// cannot change them, and a value that differs from the top-level
-    /// figure is shown as re-measured.
+    /// The figures it recorded, by name (stable from run to run): a later
+    /// run of another section cannot change them, and a value that differs
+    /// from the top-level figure is shown as re-measured.
     pub(crate) figures: BTreeMap<String, f64>,
+    /// Each of `figures`' units, by name: the json keeps the unit with the
+    /// top-level figure only.
+    #[serde(skip)]
+    pub(crate) units: BTreeMap<String, &'static str>,
+}
+
+impl Section {
+    pub(crate) fn new(title: &str) -> Section {
+        Section {
+            title: title.to_owned(),
+            ..Section::default()
+        }
+    }
+
+    /// Records a figure for `docs/benchmarks.json`, rounded to 3 significant decimals.
+    pub(crate) fn figure(&mut self, name: &'static str, value: f64, unit: &'static str) {
+        let rounded = (value * 1000.0).round() / 1000.0;
+        self.figures.insert(name.to_owned(), rounded);
+        self.units.insert(name.to_owned(), unit);
+    }
+
+    pub(crate) fn row(&mut self, figure: &str, value: impl Into<String>) {
+        self.rows.push((figure.to_owned(), value.into()));
+    }
+
+    /// Marks the section failed with `why` when `bad`, after any check
+    /// that failed before it: the bench exits non-zero.
+    pub(crate) fn fail_if(&mut self, bad: bool, why: impl Into<String>) {
+        if bad {
+            let why = why.into();
+            self.failed = Some(match self.failed.take() {
+                Some(before) => format!("{before}; {why}"),
+                None => why,
+            });
+        }
+    }
 }
 
 /// The repository's root.
@@ -317,7 +363,7 @@ pub(crate) fn benchmarks_md(doc: &Figures, order: &[&str], partial: bool) -> Str
 }
 
 /// The report's sections in `order`, then any others by name.
-fn ordered<'a>(report: &'a Report, order: &[&str]) -> Vec<&'a Recorded> {
+fn ordered<'a>(report: &'a Report, order: &[&str]) -> Vec<&'a Section> {
     let known = order.iter().filter_map(|k| report.sections.get(*k));
     let others = report
         .sections
@@ -333,7 +379,7 @@ fn ordered<'a>(report: &'a Report, order: &[&str]) -> Vec<&'a Recorded> {
 /// section never contradicts the json's figures unannounced.
 fn section_md(
     out: &mut String,
-    s: &Recorded,
+    s: &Section,
     figures: &BTreeMap<String, Figure>,
     machine_date: Option<&str>,
 ) {
@@ -380,7 +426,7 @@ fn section_md(
 
 /// The section's figures that a later run measured again, each with its
 /// new value and the section's.
-fn remeasured(s: &Recorded, figures: &BTreeMap<String, Figure>) -> Vec<String> {
+fn remeasured(s: &Section, figures: &BTreeMap<String, Figure>) -> Vec<String> {
     s.figures
         .iter()
         .filter_map(|(name, old)| {
