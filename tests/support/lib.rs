@@ -39,6 +39,8 @@ use aws_config::{BehaviorVersion, SdkConfig};
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType, TableStatus,
 };
+use aws_sdk_kinesis::config::http::HttpResponse;
+use aws_sdk_kinesis::error::SdkError;
 use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::{
     PutRecordsRequestEntry, Record, Shard, ShardIteratorType, StreamStatus,
@@ -259,21 +261,33 @@ where
 /// Deletes a stream (and its consumers). Succeeds if the stream is already
 /// gone.
 pub async fn delete_stream(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> anyhow::Result<()> {
-    match kinesis
+    let answer = kinesis
         .delete_stream()
         .stream_name(stream)
         .enforce_consumer_deletion(true)
         .send()
-        .await
-    {
+        .await;
+    deleted(
+        answer,
+        |e| e.is_resource_not_found_exception(),
+        || format!("DeleteStream {stream}"),
+    )
+}
+
+/// The answer of a delete call, where a resource already gone (the service
+/// error `not_found` picks) counts as deleted; `call` names it in an error.
+fn deleted<T, E>(
+    answer: Result<T, SdkError<E, HttpResponse>>,
+    not_found: impl FnOnce(&E) -> bool,
+    call: impl FnOnce() -> String,
+) -> anyhow::Result<()>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    match answer {
         Ok(_) => Ok(()),
-        Err(e)
-            if e.as_service_error()
-                .is_some_and(|se| se.is_resource_not_found_exception()) =>
-        {
-            Ok(())
-        }
-        Err(e) => Err(e).with_context(|| format!("DeleteStream {stream}")),
+        Err(e) if e.as_service_error().is_some_and(not_found) => Ok(()),
+        Err(e) => Err(e).with_context(call),
     }
 }
 
@@ -610,16 +624,12 @@ pub async fn create_lease_table(
 
 /// Deletes a table. Succeeds if it is already gone.
 pub async fn delete_table(dynamodb: &aws_sdk_dynamodb::Client, table: &str) -> anyhow::Result<()> {
-    match dynamodb.delete_table().table_name(table).send().await {
-        Ok(_) => Ok(()),
-        Err(e)
-            if e.as_service_error()
-                .is_some_and(|se| se.is_resource_not_found_exception()) =>
-        {
-            Ok(())
-        }
-        Err(e) => Err(e).with_context(|| format!("DeleteTable {table}")),
-    }
+    let answer = dynamodb.delete_table().table_name(table).send().await;
+    deleted(
+        answer,
+        |e| e.is_resource_not_found_exception(),
+        || format!("DeleteTable {table}"),
+    )
 }
 
 /// Splits an open shard at the middle of its hash-key range and waits until
