@@ -9,10 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
-    ScalarAttributeType, TransactWriteItem, Update,
-};
+use aws_sdk_dynamodb::types::{AttributeValue, ScalarAttributeType, TransactWriteItem, Update};
 use kcl::{
     Checkpointer, ExactlyOnce, ProcessorError, Record, RecordBatch, RecordProcessor, Transaction,
 };
@@ -52,26 +49,7 @@ impl Mode {
 
 /// Creates the counter table (on demand) and waits for it.
 pub async fn create_table(dynamodb: &aws_sdk_dynamodb::Client, table: &str) -> anyhow::Result<()> {
-    dynamodb
-        .create_table()
-        .table_name(table)
-        .billing_mode(BillingMode::PayPerRequest)
-        .attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name(KEY)
-                .attribute_type(ScalarAttributeType::S)
-                .build()?,
-        )
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name(KEY)
-                .key_type(KeyType::Hash)
-                .build()?,
-        )
-        .send()
-        .await
-        .with_context(|| format!("creating {table}"))?;
-    Ok(())
+    crate::create_keyed_table(dynamodb, table, KEY, ScalarAttributeType::S).await
 }
 
 /// Every key's count.

@@ -585,19 +585,30 @@ pub async fn create_lease_table(
     dynamodb: &aws_sdk_dynamodb::Client,
     table: &str,
 ) -> anyhow::Result<()> {
+    create_keyed_table(dynamodb, table, "leaseKey", ScalarAttributeType::S).await
+}
+
+/// Creates an on-demand table whose partition key is the attribute `key`
+/// of type `key_type`, and waits until it is ACTIVE.
+pub async fn create_keyed_table(
+    dynamodb: &aws_sdk_dynamodb::Client,
+    table: &str,
+    key: &str,
+    key_type: ScalarAttributeType,
+) -> anyhow::Result<()> {
     dynamodb
         .create_table()
         .table_name(table)
         .attribute_definitions(
             AttributeDefinition::builder()
-                .attribute_name("leaseKey")
-                .attribute_type(ScalarAttributeType::S)
+                .attribute_name(key)
+                .attribute_type(key_type)
                 .build()
                 .context("building AttributeDefinition")?,
         )
         .key_schema(
             KeySchemaElement::builder()
-                .attribute_name("leaseKey")
+                .attribute_name(key)
                 .key_type(KeyType::Hash)
                 .build()
                 .context("building KeySchemaElement")?,

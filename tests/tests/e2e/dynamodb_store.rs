@@ -53,28 +53,8 @@ async fn ensure_table_is_idempotent_and_rejects_a_foreign_schema() {
         .expect("exists: no-op");
 
     let foreign = unique_name("kcl-foreign");
-    use aws_sdk_dynamodb::types::{
-        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
-    };
-    env.dynamodb()
-        .create_table()
-        .table_name(&foreign)
-        .attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name("id")
-                .attribute_type(ScalarAttributeType::N)
-                .build()
-                .unwrap(),
-        )
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name("id")
-                .key_type(KeyType::Hash)
-                .build()
-                .unwrap(),
-        )
-        .billing_mode(BillingMode::PayPerRequest)
-        .send()
+    let number = aws_sdk_dynamodb::types::ScalarAttributeType::N;
+    kcl_tests::create_keyed_table(env.dynamodb(), &foreign, "id", number)
         .await
         .unwrap();
     let err = ensure_table(env.dynamodb(), &foreign, Capacity::OnDemand)
