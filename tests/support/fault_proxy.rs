@@ -603,23 +603,15 @@ mod tests {
                 delayed += 1;
             }
         }
-        let share = |k: usize| kinds[k] as f64 / n as f64;
-        assert!(
-            (share(Fate::Forward as usize) - 0.4).abs() < 0.02,
-            "{kinds:?}"
-        );
-        assert!(
-            (share(Fate::InternalError as usize) - 0.1).abs() < 0.02,
-            "{kinds:?}"
-        );
-        assert!(
-            (share(Fate::Throttle as usize) - 0.2).abs() < 0.02,
-            "{kinds:?}"
-        );
-        assert!(
-            (share(Fate::DropResponse as usize) - 0.3).abs() < 0.02,
-            "{kinds:?}"
-        );
+        for (fate, expected) in [
+            (Fate::Forward, 0.4),
+            (Fate::InternalError, 0.1),
+            (Fate::Throttle, 0.2),
+            (Fate::DropResponse, 0.3),
+        ] {
+            let share = kinds[fate as usize] as f64 / n as f64;
+            assert!((share - expected).abs() < 0.02, "{fate:?}: {kinds:?}");
+        }
         assert!((delayed as f64 / n as f64 - 0.5).abs() < 0.02, "{delayed}");
     }
 
