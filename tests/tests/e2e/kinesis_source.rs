@@ -21,8 +21,8 @@ use kcl_kinesis::faults::{Call, Fault, FaultInjector};
 use kcl_kinesis::kpl::{UserRecord, aggregate};
 use kcl_kinesis::{KinesisShardSource, PollingConfig};
 use kcl_tests::{
-    STATUS_TIMEOUT, TestEnv, TestRecord, create_stream, delete_stream, delete_table, put_entries,
-    put_sequenced_records, split_shard_in_half, unique_name, wait_for_stream_active,
+    TestEnv, TestRecord, create_stream, delete_stream, delete_table, merge_shards, put_entries,
+    put_sequenced_records, split_shard_in_half, unique_name,
 };
 
 /// How long a test waits for the records it expects.
@@ -187,17 +187,7 @@ async fn discovery_paginates_and_follows_splits_and_merges() -> anyhow::Result<(
     let mut open: Vec<&ShardInfo> = shards.iter().collect();
     open.sort_by_key(|s| bounds(s).map(|b| b.0).unwrap_or(0));
     let parent = open[0].clone();
-    let (lo, hi) = bounds(&parent)?;
-    let middle = lo + (hi - lo) / 2;
-    kinesis
-        .split_shard()
-        .stream_name(&stream)
-        .shard_to_split(&parent.shard_id)
-        .new_starting_hash_key(middle.to_string())
-        .send()
-        .await
-        .context("SplitShard")?;
-    wait_for_stream_active(kinesis, &stream, STATUS_TIMEOUT).await?;
+    split_shard_in_half(kinesis, &stream, &parent.shard_id).await?;
 
     let after_split = source.list_shards(&stream).await?;
     let map = by_id(&after_split);
@@ -219,15 +209,7 @@ async fn discovery_paginates_and_follows_splits_and_merges() -> anyhow::Result<(
     let mut open: Vec<&ShardInfo> = after_split.iter().filter(|s| !s.is_closed()).collect();
     open.sort_by_key(|s| bounds(s).map(|b| b.0).unwrap_or(0));
     let (a, b) = (open[open.len() - 2].clone(), open[open.len() - 1].clone());
-    kinesis
-        .merge_shards()
-        .stream_name(&stream)
-        .shard_to_merge(&a.shard_id)
-        .adjacent_shard_to_merge(&b.shard_id)
-        .send()
-        .await
-        .context("MergeShards")?;
-    wait_for_stream_active(kinesis, &stream, STATUS_TIMEOUT).await?;
+    merge_shards(kinesis, &stream, &a.shard_id, &b.shard_id).await?;
 
     let after_merge = source.list_shards(&stream).await?;
     let map = by_id(&after_merge);
