@@ -180,14 +180,38 @@ fn addr(name: &str) -> anyhow::Result<Option<std::net::SocketAddr>> {
 /// The processor limits, probes and balancing knobs the observability
 /// tests set (see the module doc); each left at kcl's default when unset.
 fn observability(mut builder: WorkerBuilder) -> anyhow::Result<WorkerBuilder> {
-    if let Some(d) = millis("KCL_E2E_PROCESSOR_WARN_MS")? {
-        builder = builder.processor_warn_after(d);
+    type Setter<T> = fn(WorkerBuilder, T) -> WorkerBuilder;
+    let durations: [(&str, Setter<Duration>); 4] = [
+        (
+            "KCL_E2E_PROCESSOR_WARN_MS",
+            WorkerBuilder::processor_warn_after,
+        ),
+        (
+            "KCL_E2E_PROCESSOR_TIMEOUT_MS",
+            WorkerBuilder::processor_timeout,
+        ),
+        (
+            "KCL_E2E_LIVENESS_STALL_MS",
+            WorkerBuilder::liveness_stall_bound,
+        ),
+        (
+            "KCL_E2E_LOAD_REPORT_MS",
+            WorkerBuilder::load_report_interval,
+        ),
+    ];
+    for (name, set) in durations {
+        if let Some(d) = millis(name)? {
+            builder = set(builder, d);
+        }
     }
-    if let Some(d) = millis("KCL_E2E_PROCESSOR_TIMEOUT_MS")? {
-        builder = builder.processor_timeout(d);
-    }
-    if let Some(d) = millis("KCL_E2E_LIVENESS_STALL_MS")? {
-        builder = builder.liveness_stall_bound(d);
+    let addrs: [(&str, Setter<std::net::SocketAddr>); 2] = [
+        ("KCL_E2E_METRICS_ADDR", WorkerBuilder::serve_metrics),
+        ("KCL_E2E_HEALTH_ADDR", WorkerBuilder::serve_health),
+    ];
+    for (name, set) in addrs {
+        if let Some(a) = addr(name)? {
+            builder = set(builder, a);
+        }
     }
     if let Ok(n) = std::env::var("KCL_E2E_MAX_STEAL") {
         builder = builder.max_leases_to_steal(
@@ -200,15 +224,6 @@ fn observability(mut builder: WorkerBuilder) -> anyhow::Result<WorkerBuilder> {
         Ok("by-load") => builder = builder.balance(kcl::Balance::ByLoad),
         Ok("by-count") => builder = builder.balance(kcl::Balance::ByCount),
         Ok(other) => anyhow::bail!("KCL_E2E_BALANCE={other}: expected by-load or by-count"),
-    }
-    if let Some(d) = millis("KCL_E2E_LOAD_REPORT_MS")? {
-        builder = builder.load_report_interval(d);
-    }
-    if let Some(a) = addr("KCL_E2E_METRICS_ADDR")? {
-        builder = builder.serve_metrics(a);
-    }
-    if let Some(a) = addr("KCL_E2E_HEALTH_ADDR")? {
-        builder = builder.serve_health(a);
     }
     Ok(builder)
 }
