@@ -13,7 +13,8 @@
 //!   [`delete_stream`], [`list_all_shards`], [`put_records`] /
 //!   [`put_sequenced_records`] with [`TestRecord`] payloads such as `"pk-3:17"`,
 //!   and [`read_shard`].
-//! - DynamoDB helpers: [`create_lease_table`], [`delete_table`].
+//! - DynamoDB helpers: [`create_lease_table`], [`delete_table`],
+//!   [`table_exists`].
 //!
 //! Every helper paginates where the API does and bounds every wait with a
 //! timeout, so a misbehaving emulator fails a test instead of hanging it.
@@ -267,26 +268,28 @@ pub async fn delete_stream(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> a
         .enforce_consumer_deletion(true)
         .send()
         .await;
-    deleted(
+    found(
         answer,
         |e| e.is_resource_not_found_exception(),
         || format!("DeleteStream {stream}"),
-    )
+    )?;
+    Ok(())
 }
 
-/// The answer of a delete call, where a resource already gone (the service
-/// error `not_found` picks) counts as deleted; `call` names it in an error.
-fn deleted<T, E>(
+/// The answer of a call on one resource, `None` where the resource is not
+/// there (the service error `not_found` picks); `call` names it in an
+/// error.
+fn found<T, E>(
     answer: Result<T, SdkError<E, HttpResponse>>,
     not_found: impl FnOnce(&E) -> bool,
     call: impl FnOnce() -> String,
-) -> anyhow::Result<()>
+) -> anyhow::Result<Option<T>>
 where
     E: std::error::Error + Send + Sync + 'static,
 {
     match answer {
-        Ok(_) => Ok(()),
-        Err(e) if e.as_service_error().is_some_and(not_found) => Ok(()),
+        Ok(out) => Ok(Some(out)),
+        Err(e) if e.as_service_error().is_some_and(not_found) => Ok(None),
         Err(e) => Err(e).with_context(call),
     }
 }
@@ -636,11 +639,26 @@ pub async fn create_keyed_table(
 /// Deletes a table. Succeeds if it is already gone.
 pub async fn delete_table(dynamodb: &aws_sdk_dynamodb::Client, table: &str) -> anyhow::Result<()> {
     let answer = dynamodb.delete_table().table_name(table).send().await;
-    deleted(
+    found(
         answer,
         |e| e.is_resource_not_found_exception(),
         || format!("DeleteTable {table}"),
-    )
+    )?;
+    Ok(())
+}
+
+/// Whether a table exists, in any status.
+pub async fn table_exists(
+    dynamodb: &aws_sdk_dynamodb::Client,
+    table: &str,
+) -> anyhow::Result<bool> {
+    let answer = dynamodb.describe_table().table_name(table).send().await;
+    let described = found(
+        answer,
+        |e| e.is_resource_not_found_exception(),
+        || format!("DescribeTable {table}"),
+    )?;
+    Ok(described.is_some())
 }
 
 /// Splits an open shard at the middle of its hash-key range and waits until

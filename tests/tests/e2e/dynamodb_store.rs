@@ -133,16 +133,10 @@ async fn a_worker_that_never_creates_tables_names_the_missing_one() {
         .expect_err("no table");
     assert!(!error.is_retryable(), "{error}");
     assert!(error.to_string().contains(&table), "{error}");
-    let described = env
-        .dynamodb()
-        .describe_table()
-        .table_name(&table)
-        .send()
-        .await;
     assert!(
-        described.is_err_and(|e| e
-            .as_service_error()
-            .is_some_and(|s| s.is_resource_not_found_exception())),
+        !kcl_tests::table_exists(env.dynamodb(), &table)
+            .await
+            .unwrap(),
         "the table was created"
     );
     // An existing table is used as it is.
@@ -260,9 +254,8 @@ async fn fenced_commits_are_cleared_once_the_checkpoint_moves_or_the_tenure_chan
 #[tokio::test]
 async fn reads_items_written_by_the_java_kcl_and_skips_malformed_ones() {
     let store = new_store().await;
-    // As the Java KCL 2.x writes a lease mid-stream, and a 3.x handoff.
-    put_raw(
-        &store,
+    for item in [
+        // As the Java KCL 2.x writes a lease mid-stream, and a 3.x handoff.
         HashMap::from([
             ("leaseKey".into(), s("shardId-000000000002")),
             ("leaseOwner".into(), s("java-worker-1")),
@@ -278,10 +271,6 @@ async fn reads_items_written_by_the_java_kcl_and_skips_malformed_ones() {
                 AttributeValue::Ss(vec!["shardId-000000000000".into()]),
             ),
         ]),
-    )
-    .await;
-    put_raw(
-        &store,
         HashMap::from([
             (
                 "leaseKey".into(),
@@ -295,34 +284,23 @@ async fn reads_items_written_by_the_java_kcl_and_skips_malformed_ones() {
             ("checkpoint".into(), s("LATEST")),
             ("checkpointSubSequenceNumber".into(), n(0)),
         ]),
-    )
-    .await;
-    // Malformed: no counter; an unknown sentinel; a worker-metrics entity.
-    put_raw(
-        &store,
+        // Malformed: no counter; an unknown sentinel; a worker-metrics entity.
         HashMap::from([
             ("leaseKey".into(), s("bad-1")),
             ("checkpoint".into(), s("LATEST")),
         ]),
-    )
-    .await;
-    put_raw(
-        &store,
         HashMap::from([
             ("leaseKey".into(), s("bad-2")),
             ("leaseCounter".into(), n(1)),
             ("checkpoint".into(), s("SHARD_BEGIN")),
         ]),
-    )
-    .await;
-    put_raw(
-        &store,
         HashMap::from([
             ("leaseKey".into(), s("worker-x")),
             ("entityType".into(), s("WORKER_METRIC_STATS")),
         ]),
-    )
-    .await;
+    ] {
+        put_raw(&store, item).await;
+    }
 
     let mut leases: Vec<Lease> = store
         .scan()
