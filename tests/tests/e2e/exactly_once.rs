@@ -288,9 +288,6 @@ async fn counters_are_exact_under_kills_and_pauses_where_at_least_once_counts_tw
     );
 }
 
-/// A lease table on DynamoDB Local with one lease held by `w-1` in tenure
-/// `t-1`, a checkpointer for it that has been handed records up to
-/// `100/5`, and a sink table.
 /// A lease table with lease `shard-1` held by `w-1` in tenure `t-1`, a
 /// checkpointer for it handed records up to `100/5`, and a sink table.
 struct Held {
@@ -383,9 +380,9 @@ fn put(table: &str, key: &str) -> aws_sdk_dynamodb::types::TransactWriteItem {
 async fn a_commit_moves_the_checkpoint_with_its_writes_at_a_sub_sequence_position() {
     use kcl_core::store::LeaseStore as _;
     let (env, store, mut cp, eo, sink) = held_lease_with_eo().await;
-    let mut tx = kcl::Transaction::new();
-    tx.push(put(&sink, "a")).unwrap();
-    eo.commit(&mut cp, tx, &record("100", 3)).await.unwrap();
+    eo.commit(&mut cp, one_write(put(&sink, "a")), &record("100", 3))
+        .await
+        .unwrap();
     let lease = store.get("shard-1").await.unwrap().unwrap();
     assert_eq!(lease.checkpoint, kcl_core::Checkpoint::at("100", 3));
     assert_eq!(
@@ -443,9 +440,10 @@ async fn a_stale_tenure_writes_nothing_and_learns_its_lease_is_lost() {
         .reclaim(&current, kcl_core::Holder::new("w-1", "t-2"))
         .await
         .unwrap();
-    let mut tx = kcl::Transaction::new();
-    tx.push(put(&sink, "a")).unwrap();
-    let e = eo.commit(&mut cp, tx, &record("100", 0)).await.unwrap_err();
+    let e = eo
+        .commit(&mut cp, one_write(put(&sink, "a")), &record("100", 0))
+        .await
+        .unwrap_err();
     assert!(matches!(e, kcl::TransactionError::LeaseLost { .. }), "{e}");
     assert!(
         counting::counts(env.dynamodb(), &sink)
@@ -468,9 +466,9 @@ async fn the_previous_owner_commits_while_it_hands_the_lease_off() {
         .start_handoff(&current, kcl_core::Holder::new("w-2", "t-9"))
         .await
         .unwrap();
-    let mut tx = kcl::Transaction::new();
-    tx.push(put(&sink, "a")).unwrap();
-    eo.commit(&mut cp, tx, &record("100", 5)).await.unwrap();
+    eo.commit(&mut cp, one_write(put(&sink, "a")), &record("100", 5))
+        .await
+        .unwrap();
     assert_eq!(
         store.get("shard-1").await.unwrap().unwrap().checkpoint,
         kcl_core::Checkpoint::at("100", 5)
@@ -484,13 +482,11 @@ async fn the_previous_owner_commits_while_it_hands_the_lease_off() {
 #[tokio::test]
 async fn a_second_commit_at_the_same_position_is_refused_so_it_cannot_apply_twice() {
     let (env, _store, mut cp, eo, sink) = held_lease_with_eo().await;
-    let mut tx = kcl::Transaction::new();
-    tx.push(put_add(&sink, "a")).unwrap();
-    eo.commit(&mut cp, tx, &record("100", 2)).await.unwrap();
-    let mut again = kcl::Transaction::new();
-    again.push(put_add(&sink, "a")).unwrap();
+    eo.commit(&mut cp, one_write(put_add(&sink, "a")), &record("100", 2))
+        .await
+        .unwrap();
     let e = eo
-        .commit(&mut cp, again, &record("100", 2))
+        .commit(&mut cp, one_write(put_add(&sink, "a")), &record("100", 2))
         .await
         .unwrap_err();
     assert!(
@@ -504,6 +500,13 @@ async fn a_second_commit_at_the_same_position_is_refused_so_it_cannot_apply_twic
         counting::counts(env.dynamodb(), &sink).await.unwrap()["a"],
         1
     );
+}
+
+/// A transaction of the one write `item`.
+fn one_write(item: aws_sdk_dynamodb::types::TransactWriteItem) -> kcl::Transaction {
+    let mut tx = kcl::Transaction::new();
+    tx.push(item).unwrap();
+    tx
 }
 
 /// `ADD n 1` to `key`: applied twice, it shows.

@@ -30,13 +30,11 @@ use kcl_core::{Checkpoint, Holder};
 use kcl_tests::fault_proxy::exchange;
 use kcl_tests::{counting, dynamodb_endpoint};
 
-use super::{Held, held_lease, put_add, record};
+use super::{Held, held_lease, one_write, put_add, record};
 
 /// A transaction adding 1 to `key`'s counter: applied twice, it shows.
 fn add_one(table: &str, key: &str) -> Transaction {
-    let mut tx = Transaction::new();
-    tx.push(put_add(table, key)).unwrap();
-    tx
+    one_write(put_add(table, key))
 }
 
 #[tokio::test]
