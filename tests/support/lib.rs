@@ -30,6 +30,7 @@ pub mod e2e;
 pub mod fault_proxy;
 pub mod java_kcl;
 pub mod latency;
+pub mod sdk_http;
 pub mod skew;
 
 use std::sync::atomic::{AtomicU64, Ordering};

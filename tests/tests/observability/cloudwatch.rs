@@ -9,7 +9,7 @@
 //!
 //! moto speaks CloudWatch's JSON and query protocols, while the current
 //! AWS SDK speaks its RPC v2 CBOR protocol: the worker's CloudWatch client
-//! gets an HTTP client ([`CborToJson`]) that rewrites each request to JSON
+//! gets an HTTP connector ([`CborToJson`]) that rewrites each request to JSON
 //! and each answer back to CBOR, field for field.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -21,11 +21,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use aws_sdk_cloudwatch::config::http::{HttpRequest, HttpResponse};
-use aws_smithy_runtime_api::client::http::{
-    HttpClient, HttpConnector, HttpConnectorFuture, HttpConnectorSettings, SharedHttpConnector,
-};
+use aws_smithy_runtime_api::client::http::{HttpConnector, HttpConnectorFuture};
 use aws_smithy_runtime_api::client::result::ConnectorError;
-use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use aws_smithy_runtime_api::http::StatusCode;
 use aws_smithy_types::body::SdkBody;
 use bytes::Bytes;
@@ -33,6 +30,7 @@ use http_body_util::Full;
 use kcl::observability::cloudwatch::CloudWatchMetrics;
 use kcl::{InitialPosition, Worker};
 use kcl_tests::fault_proxy::exchange;
+use kcl_tests::sdk_http::ConnectorClient;
 use kcl_tests::{TestEnv, create_stream, put_sequenced_records, unique_name};
 
 use crate::Counting;
@@ -186,7 +184,7 @@ async fn worker_process() {
     let cloudwatch = aws_sdk_cloudwatch::Client::from_conf(
         aws_sdk_cloudwatch::config::Builder::from(env.sdk_config())
             .endpoint_url(&endpoint)
-            .http_client(CborToJson)
+            .http_client(ConnectorClient(CborToJson))
             // The rewriting client reads plain CBOR bodies.
             .disable_request_compression(true)
             .build(),
@@ -391,23 +389,13 @@ async fn post_json(
     Ok((parts.status.as_u16(), body))
 }
 
-/// An HTTP client for the CloudWatch SDK that speaks JSON to moto: the
+/// An HTTP connector for the CloudWatch SDK that speaks JSON to moto: the
 /// RPC v2 CBOR request (`POST /service/<service>/operation/<op>`) becomes
 /// the JSON request `X-Amz-Target: <service>.<op>` with the same fields
 /// (CBOR timestamps, tag 1 over epoch seconds, become JSON's epoch
 /// seconds), and the JSON answer becomes a CBOR one.
 #[derive(Debug, Clone)]
 struct CborToJson;
-
-impl HttpClient for CborToJson {
-    fn http_connector(
-        &self,
-        _: &HttpConnectorSettings,
-        _: &RuntimeComponents,
-    ) -> SharedHttpConnector {
-        SharedHttpConnector::new(self.clone())
-    }
-}
 
 impl HttpConnector for CborToJson {
     fn call(&self, request: HttpRequest) -> HttpConnectorFuture {

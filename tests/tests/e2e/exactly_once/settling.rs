@@ -15,11 +15,8 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::config::http::{HttpRequest, HttpResponse};
 use aws_sdk_dynamodb::types::AttributeValue;
-use aws_smithy_runtime_api::client::http::{
-    HttpClient, HttpConnector, HttpConnectorFuture, HttpConnectorSettings, SharedHttpConnector,
-};
+use aws_smithy_runtime_api::client::http::{HttpConnector, HttpConnectorFuture};
 use aws_smithy_runtime_api::client::result::ConnectorError;
-use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use aws_smithy_runtime_api::http::StatusCode;
 use aws_smithy_types::body::SdkBody;
 use bytes::Bytes;
@@ -28,6 +25,7 @@ use kcl::{ExactlyOnce, Transaction, TransactionError};
 use kcl_core::store::{CheckpointUpdate, LeaseStore as _};
 use kcl_core::{Checkpoint, Holder};
 use kcl_tests::fault_proxy::exchange;
+use kcl_tests::sdk_http::ConnectorClient;
 use kcl_tests::{counting, dynamodb_endpoint};
 
 use super::{Held, held_lease, one_write, put_add, record};
@@ -99,7 +97,7 @@ async fn an_attempt_still_in_flight_cannot_land_once_the_commit_is_reported_not_
     let holding = Holding::new(&endpoint);
     let client = aws_sdk_dynamodb::Client::from_conf(
         aws_sdk_dynamodb::config::Builder::from(env.sdk_config())
-            .http_client(holding.clone())
+            .http_client(ConnectorClient(holding.clone()))
             .build(),
     );
     let eo = ExactlyOnce::new(client, &lease_table)
@@ -155,7 +153,7 @@ async fn an_attempt_still_in_flight_cannot_land_once_the_commit_is_reported_not_
     assert!(item.contains_key("kclCommitToken"), "{item:?}");
 }
 
-/// An HTTP client that holds every `TransactWriteItems` (sent, never
+/// An HTTP connector that holds every `TransactWriteItems` (sent, never
 /// answered: an attempt still on its way) and sends the rest to DynamoDB
 /// Local; the held requests are delivered when the test says.
 #[derive(Debug, Clone)]
@@ -182,16 +180,6 @@ impl Holding {
             answers.push((response.status().as_u16(), body));
         }
         answers
-    }
-}
-
-impl HttpClient for Holding {
-    fn http_connector(
-        &self,
-        _: &HttpConnectorSettings,
-        _: &RuntimeComponents,
-    ) -> SharedHttpConnector {
-        SharedHttpConnector::new(self.clone())
     }
 }
 
