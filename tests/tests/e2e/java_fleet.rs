@@ -16,7 +16,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
@@ -47,6 +47,17 @@ fn kcl_processes(s: &Scenario, out: &Path) -> WorkerProcessConfig {
     cfg.extra_env
         .push(("KCL_E2E_RENEWAL".into(), "per-lease".into()));
     cfg
+}
+
+/// What each test here starts from: the Java KCL worker ready to run, a
+/// stream of `shards` shards, and kcl's worker processes logging their
+/// batches into `out_dir(name)`.
+async fn mixed_fleet(shards: i32, name: &str) -> (JavaKcl, Scenario, PathBuf, WorkerProcessConfig) {
+    let java = JavaKcl::prepare().unwrap_or_else(|e| panic!("{e:#}"));
+    let s = Scenario::new(shards).await;
+    let out = out_dir(name);
+    let cfg = kcl_processes(&s, &out);
+    (java, s, out, cfg)
 }
 
 fn owner_counts(owners: &[Option<String>]) -> BTreeMap<String, usize> {
@@ -138,10 +149,7 @@ fn batches(out: &Path) -> Vec<BatchLog> {
 /// their checkpoints, and the Java leader assigns them back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kcl_worker_joining_a_java_worker_takes_its_share_by_completed_handoffs() {
-    let java = JavaKcl::prepare().unwrap_or_else(|e| panic!("{e:#}"));
-    let mut s = Scenario::new(SHARDS).await;
-    let out = out_dir("kcl-java-first");
-    let cfg = kcl_processes(&s, &out);
+    let (java, mut s, out, cfg) = mixed_fleet(SHARDS, "kcl-java-first").await;
     let mut j = java.spawn(&cfg, "java-1").unwrap();
     s.produce(5).await;
     let took = wait_owned(&s, &counts(&[("java-1", 4)]), JAVA_START).await;
@@ -248,10 +256,7 @@ fn assert_java_got_its_share(verdict: &Verdict, kcl: &serde_json::Value) {
 /// worker, completed once kcl's processor checkpointed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_java_worker_joining_a_kcl_worker_is_handed_its_share() {
-    let java = JavaKcl::prepare().unwrap_or_else(|e| panic!("{e:#}"));
-    let mut s = Scenario::new(SHARDS).await;
-    let out = out_dir("kcl-kcl-first");
-    let cfg = kcl_processes(&s, &out);
+    let (java, mut s, out, cfg) = mixed_fleet(SHARDS, "kcl-kcl-first").await;
     let mut k = kcl_alone(&cfg, &mut s).await;
     wait_complete(|| batches(&out), s.produced, Duration::from_secs(60)).await;
     let producer = Producer::start(&s, 1, Duration::from_millis(500));
@@ -277,10 +282,7 @@ async fn a_java_worker_joining_a_kcl_worker_is_handed_its_share() {
 /// kcl. No record is missing or repeated.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_one_restart_move_either_way_resumes_exactly_after_the_other_librarys_checkpoints() {
-    let java = JavaKcl::prepare().unwrap_or_else(|e| panic!("{e:#}"));
-    let mut s = Scenario::new(2).await;
-    let out = out_dir("kcl-java-restart");
-    let cfg = kcl_processes(&s, &out);
+    let (java, mut s, out, cfg) = mixed_fleet(2, "kcl-java-restart").await;
 
     // kcl alone, a split halfway.
     let mut k = cfg.spawn("kcl-1").unwrap();
@@ -391,10 +393,7 @@ async fn wait_figures(s: &Scenario, owner: &str, limit: Duration) -> BTreeMap<St
 /// kcl against them), with nothing repeated and no handoff forced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_java_worker_reads_the_load_figures_kcl_publishes_and_the_fleet_still_converges() {
-    let java = JavaKcl::prepare().unwrap_or_else(|e| panic!("{e:#}"));
-    let mut s = Scenario::new(SHARDS).await;
-    let out = out_dir("kcl-java-load");
-    let mut cfg = kcl_processes(&s, &out);
+    let (java, mut s, out, mut cfg) = mixed_fleet(SHARDS, "kcl-java-load").await;
     cfg.extra_env
         .push(("KCL_E2E_LOAD_REPORT_MS".into(), "4000".into()));
     let mut k = kcl_alone(&cfg, &mut s).await;
