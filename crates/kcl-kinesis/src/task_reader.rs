@@ -12,9 +12,9 @@ use tokio_util::sync::CancellationToken;
 
 /// Runs a fetching task's `work` until it ends or `stop` is cancelled; the
 /// error it ends with goes to the reader.
-pub(crate) async fn run_task<D>(
+pub(crate) async fn run_task<P>(
     stop: CancellationToken,
-    tx: mpsc::Sender<Result<D, SourceError>>,
+    tx: mpsc::Sender<Message<P>>,
     work: impl Future<Output = Result<(), SourceError>>,
 ) {
     tokio::select! {
@@ -29,11 +29,22 @@ pub(crate) async fn run_task<D>(
     }
 }
 
-/// What a fetching task hands over: a batch plus whatever budget permits
+/// What a fetching task hands over: a batch plus the budget permits `P`
 /// it holds (dropped, so the budget frees, when the batch is handed out).
-pub(crate) trait Delivery: Send + 'static {
-    fn into_batch(self) -> Batch;
+#[derive(Debug)]
+pub(crate) struct Delivery<P> {
+    batch: Batch,
+    _held: P,
 }
+
+impl<P> Delivery<P> {
+    pub(crate) fn new(batch: Batch, held: P) -> Self {
+        Delivery { batch, _held: held }
+    }
+}
+
+/// What a fetching task sends its reader.
+pub(crate) type Message<P> = Result<Delivery<P>, SourceError>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -44,13 +55,14 @@ enum State {
     Stopped,
 }
 
-/// A [`ShardReader`] fed by a background task through a bounded channel.
+/// A [`ShardReader`] fed by a background task through a bounded channel of
+/// batches holding permits `P`.
 #[derive(Debug)]
-pub(crate) struct TaskReader<D> {
+pub(crate) struct TaskReader<P> {
     stream: String,
     shard_id: String,
     lease: LeaseHandle,
-    rx: mpsc::Receiver<Result<D, SourceError>>,
+    rx: mpsc::Receiver<Message<P>>,
     stop: CancellationToken,
     task: JoinHandle<()>,
     state: State,
@@ -58,17 +70,23 @@ pub(crate) struct TaskReader<D> {
     task_name: &'static str,
 }
 
-impl<D: Delivery> TaskReader<D> {
-    /// Wraps a started task; `stop` must stop it.
-    pub(crate) fn new(
+impl<P: Send + 'static> TaskReader<P> {
+    /// Starts the fetching task `start` makes of the sending half of a
+    /// channel of `capacity` batches and of the token that stops it.
+    pub(crate) fn spawn<F>(
         stream: String,
         shard_id: String,
         lease: LeaseHandle,
-        rx: mpsc::Receiver<Result<D, SourceError>>,
-        stop: CancellationToken,
-        task: JoinHandle<()>,
+        capacity: usize,
         task_name: &'static str,
-    ) -> Self {
+        start: impl FnOnce(mpsc::Sender<Message<P>>, CancellationToken) -> F,
+    ) -> Self
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let (tx, rx) = mpsc::channel(capacity);
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(start(tx, stop.clone()));
         TaskReader {
             stream,
             shard_id,
@@ -98,7 +116,7 @@ impl<D: Delivery> TaskReader<D> {
     }
 }
 
-impl<D> Drop for TaskReader<D> {
+impl<P> Drop for TaskReader<P> {
     fn drop(&mut self) {
         // Cancel lets the task see it at its next await; abort makes sure
         // it is gone even if it is not polled again (for fan-out, dropping
@@ -109,7 +127,7 @@ impl<D> Drop for TaskReader<D> {
 }
 
 #[async_trait]
-impl<D: Delivery + std::fmt::Debug> ShardReader for TaskReader<D> {
+impl<P: Send + std::fmt::Debug + 'static> ShardReader for TaskReader<P> {
     async fn next_batch(&mut self) -> Result<Batch, SourceError> {
         match self.state {
             State::Reading => {}
@@ -126,8 +144,7 @@ impl<D: Delivery + std::fmt::Debug> ShardReader for TaskReader<D> {
             message = self.rx.recv() => message,
         };
         match message {
-            Some(Ok(delivery)) => {
-                let batch = delivery.into_batch();
+            Some(Ok(Delivery { batch, .. })) => {
                 if batch.shard_end.is_some() {
                     self.state = State::Ended;
                 }

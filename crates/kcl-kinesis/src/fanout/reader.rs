@@ -16,7 +16,7 @@ use kcl_core::metric_names::{
     KINESIS_FANOUT_SILENT_SUBSCRIPTIONS, KINESIS_FANOUT_SUBSCRIPTIONS,
     KINESIS_MILLIS_BEHIND_LATEST, KINESIS_RECORDS_FETCHED,
 };
-use kcl_core::source::{AnswerClock, Batch, OpenShard, SourceError};
+use kcl_core::source::{AnswerClock, OpenShard, SourceError};
 use metrics::{Counter, Gauge};
 use tokio::sync::mpsc::{self, OwnedPermit};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -31,7 +31,7 @@ use crate::calls::IteratorStart;
 use crate::calls::Shared;
 use crate::calls::classify::{Class, Classified, classify};
 use crate::records::{Records, Start};
-use crate::task_reader::{Delivery, TaskReader, run_task};
+use crate::task_reader::{self, TaskReader, run_task};
 
 mod event;
 mod failure;
@@ -62,7 +62,7 @@ const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_STALL: Duration = Duration::from_secs(10);
 
 /// What the subscription task hands the reader.
-type Message = Result<Buffered, SourceError>;
+type Message = task_reader::Message<Held>;
 
 /// What a subscriber waits for before it reads an event: a slot for the
 /// batch and the worker-wide budget reserved for it.
@@ -71,23 +71,13 @@ struct Room {
     worker: Reservation,
 }
 
-/// A received batch and the byte budget it holds until handed out.
-#[derive(Debug)]
-pub(crate) struct Buffered {
-    batch: Batch,
-    _bytes: OwnedSemaphorePermit,
-    _worker: HeldBudget,
-}
+/// The byte budget a received batch holds until handed out: this
+/// reader's and the worker's.
+type Held = (OwnedSemaphorePermit, HeldBudget);
 
 /// A [`ShardReader`](kcl_core::source::ShardReader) on one shard, fed by
 /// `SubscribeToShard` events.
-pub(crate) type FanOutReader = TaskReader<Buffered>;
-
-impl Delivery for Buffered {
-    fn into_batch(self) -> Batch {
-        self.batch
-    }
-}
+pub(crate) type FanOutReader = TaskReader<Held>;
 
 impl FanOutReader {
     /// Makes sure the stream consumer exists and is ACTIVE (registering it
@@ -113,45 +103,45 @@ impl FanOutReader {
         let floor = start.resume.as_ref().map(|c| c.as_str().to_owned());
         let pipeline = Records::new(&stream, &shard_id, &lease, &start);
         let config = &fanout.config;
-        let (tx, rx) = mpsc::channel(config.max_buffered_batches);
-        let stop = CancellationToken::new();
-        let subscriber = Subscriber {
-            meters: Meters::new(&stream, &shard_id),
-            bytes: Arc::new(Semaphore::new(config.max_buffered_bytes)),
-            estimate: EventEstimate::new(config.max_buffered_bytes),
-            carried: None,
-            transient_failures: 0,
-            received_event: false,
-            tx,
-            start: start.iterator,
-            floor,
-            continuation: None,
-            last_subscribe: None,
-            // The first check waits an interval too: a reader that just
-            // caught up on an open shard (the usual case) need not ask.
-            last_closed_check: Instant::now(),
-            subscriptions: 0,
-            restart_at: None,
-            pipeline,
-            consumer_arn,
-            stream: stream.clone(),
-            shard_id: shard_id.clone(),
-            lease: lease.clone(),
-            answers,
-            shared,
-            fanout,
-        };
-        let task = tokio::spawn(subscriber.run(stop.clone()));
-        debug!(%stream, shard = %shard_id, "fan-out reader started");
-        Ok(TaskReader::new(
-            stream,
-            shard_id,
-            lease,
-            rx,
-            stop,
-            task,
+        let bytes = config.max_buffered_bytes;
+        let reader = TaskReader::spawn(
+            stream.clone(),
+            shard_id.clone(),
+            lease.clone(),
+            config.max_buffered_batches,
             "subscription task",
-        ))
+            |tx, stop| {
+                let subscriber = Subscriber {
+                    meters: Meters::new(&stream, &shard_id),
+                    bytes: Arc::new(Semaphore::new(bytes)),
+                    estimate: EventEstimate::new(bytes),
+                    carried: None,
+                    transient_failures: 0,
+                    received_event: false,
+                    tx,
+                    start: start.iterator,
+                    floor,
+                    continuation: None,
+                    last_subscribe: None,
+                    // The first check waits an interval too: a reader that just
+                    // caught up on an open shard (the usual case) need not ask.
+                    last_closed_check: Instant::now(),
+                    subscriptions: 0,
+                    restart_at: None,
+                    pipeline,
+                    consumer_arn,
+                    stream: stream.clone(),
+                    shard_id: shard_id.clone(),
+                    lease,
+                    answers,
+                    shared,
+                    fanout,
+                };
+                subscriber.run(stop)
+            },
+        );
+        debug!(%stream, shard = %shard_id, "fan-out reader started");
+        Ok(reader)
     }
 }
 

@@ -27,33 +27,23 @@ use crate::calls::retry::{Failure, ForReader, Op, retryable, retrying_holding};
 use crate::discovery::closed_shard_children;
 use crate::gone::{Missing, past_trim_horizon, why_missing};
 use crate::records::{Records, Start, Taken, held_bytes};
-use crate::task_reader::{Delivery, TaskReader, run_task};
+use crate::task_reader::{self, Delivery, TaskReader, run_task};
 
 /// Batches the fetch task may have waiting for the reader. The record and
 /// byte budgets are the real bound; this only caps how many small batches
 /// queue up.
 pub(crate) const PREFETCH_BATCHES: usize = 4;
 
+/// The prefetch budget a fetched batch holds until handed out: this
+/// reader's records and bytes, and the worker's bytes.
+type Held = (OwnedSemaphorePermit, OwnedSemaphorePermit, HeldBudget);
+
 /// What the fetch task hands the reader.
-type Message = Result<Prefetched, SourceError>;
+type Message = task_reader::Message<Held>;
 
-/// A fetched batch and the prefetch budget it holds until handed out.
-#[derive(Debug)]
-pub(crate) struct Prefetched {
-    batch: Batch,
-    _records: OwnedSemaphorePermit,
-    _bytes: OwnedSemaphorePermit,
-    _worker: HeldBudget,
-}
-
-/// A [`ShardReader`] on one shard, fed by a background `GetRecords` loop.
-pub(crate) type PollingReader = TaskReader<Prefetched>;
-
-impl Delivery for Prefetched {
-    fn into_batch(self) -> Batch {
-        self.batch
-    }
-}
+/// A [`ShardReader`](kcl_core::source::ShardReader) on one shard, fed by a
+/// background `GetRecords` loop.
+pub(crate) type PollingReader = TaskReader<Held>;
 
 impl PollingReader {
     /// Gets the first shard iterator (so a missing shard or stream fails
@@ -85,31 +75,30 @@ impl PollingReader {
         let mut from = start.iterator.clone();
         let next = ctx.first_iterator(&mut from).await?;
 
-        let (tx, rx) = mpsc::channel(PREFETCH_BATCHES);
-        let stop = CancellationToken::new();
-        let polling = &ctx.polling;
-        let fetcher = Fetcher {
-            records: Arc::new(Semaphore::new(polling.max_prefetch_records)),
-            bytes: Arc::new(Semaphore::new(polling.max_prefetch_bytes)),
-            tx,
-            start: from,
-            pipeline: records,
-            next,
-            last_call: None,
-            ctx: ctx.clone(),
-        };
-        // The fetch task logs under the consumer's span (worker, stream, shard).
-        let task = tokio::spawn(fetcher.run(stop.clone()).in_current_span());
-        debug!(stream = %ctx.stream, shard = %ctx.shard_id, "polling reader started");
-        Ok(TaskReader::new(
-            ctx.stream,
-            ctx.shard_id,
-            ctx.lease,
-            rx,
-            stop,
-            task,
+        let reader = TaskReader::spawn(
+            ctx.stream.clone(),
+            ctx.shard_id.clone(),
+            ctx.lease.clone(),
+            PREFETCH_BATCHES,
             "fetch task",
-        ))
+            |tx, stop| {
+                let fetcher = Fetcher {
+                    records: Arc::new(Semaphore::new(ctx.polling.max_prefetch_records)),
+                    bytes: Arc::new(Semaphore::new(ctx.polling.max_prefetch_bytes)),
+                    tx,
+                    start: from,
+                    pipeline: records,
+                    next,
+                    last_call: None,
+                    ctx: ctx.clone(),
+                };
+                // The fetch task logs under the consumer's span (worker,
+                // stream, shard).
+                fetcher.run(stop).in_current_span()
+            },
+        );
+        debug!(stream = %ctx.stream, shard = %ctx.shard_id, "polling reader started");
+        Ok(reader)
     }
 }
 
@@ -395,13 +384,8 @@ impl Fetcher {
         let Some((records, bytes)) = self.reserve(batch.records.len(), bytes).await else {
             return false;
         };
-        let prefetched = Prefetched {
-            batch,
-            _records: records,
-            _bytes: bytes,
-            _worker: worker,
-        };
-        self.tx.send(Ok(prefetched)).await.is_ok()
+        let held = (records, bytes, worker);
+        self.tx.send(Ok(Delivery::new(batch, held))).await.is_ok()
     }
 
     /// Waits until some prefetch budget is free; returns how many records

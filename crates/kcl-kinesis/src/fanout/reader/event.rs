@@ -12,12 +12,13 @@ use tokio::sync::mpsc::OwnedPermit;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::{Buffered, Flow, Message, Room, Subscriber};
+use super::{Flow, Message, Room, Subscriber};
 use crate::budget::HeldBudget;
 use crate::calls::classify::Classified;
 use crate::calls::retry::Failure;
 use crate::discovery::closed_shard_children;
 use crate::records::{Taken, held_bytes};
+use crate::task_reader::Delivery;
 
 /// An event's batch on its way to the reader: its slot in the channel,
 /// its records and what they hold of the worker-wide budget.
@@ -199,15 +200,12 @@ impl Subscriber {
         let Ok(budget) = Arc::clone(&self.bytes).acquire_many_owned(wanted).await else {
             return Ok(Flow::ReaderGone);
         };
-        slot.send(Ok(Buffered {
-            batch: Batch {
-                records: user,
-                millis_behind_latest: behind,
-                shard_end,
-            },
-            _bytes: budget,
-            _worker: worker,
-        }));
+        let batch = Batch {
+            records: user,
+            millis_behind_latest: behind,
+            shard_end,
+        };
+        slot.send(Ok(Delivery::new(batch, (budget, worker))));
         Ok(if end { Flow::ShardEnd } else { Flow::Continue })
     }
 

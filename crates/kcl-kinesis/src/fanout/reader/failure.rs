@@ -9,11 +9,12 @@ use kcl_core::metric_names::{KINESIS_ACCESS_ERRORS, KINESIS_THROTTLES};
 use kcl_core::source::{Batch, ChildShard, SourceError};
 use tracing::{debug, warn};
 
-use super::{Buffered, Subscriber};
+use super::Subscriber;
 use crate::calls::classify::{Class, Classified};
 use crate::calls::retry::{ForReader, retryable};
 use crate::fanout::api::IN_USE;
 use crate::gone::{Missing, past_trim_horizon, why_missing};
+use crate::task_reader::Delivery;
 
 impl Subscriber {
     /// Handles a failed subscription: waits before the next one, reports
@@ -218,11 +219,7 @@ impl Subscriber {
             shard_end: Some(children),
         };
         self.tx
-            .send(Ok(Buffered {
-                batch,
-                _bytes: budget,
-                _worker: worker,
-            }))
+            .send(Ok(Delivery::new(batch, (budget, worker))))
             .await
             .is_ok()
     }
