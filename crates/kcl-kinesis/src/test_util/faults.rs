@@ -229,140 +229,65 @@ fn service_error<E>(fault: Fault, err: E) -> SdkError<E> {
     }
 }
 
-/// The service error `$error::$exception` an injected fault stands for:
-/// its exception, built with `$message` and the fault's metadata.
-macro_rules! injected {
-    ($error:ident :: $exception:ident, $meta:expr, $message:literal) => {
-        $error::$exception($exception::builder().message($message).meta($meta).build())
-    };
+/// Defines each `$name`, the error a call fails with on an injected fault:
+/// a timeout, or the `$exception` each listed fault stands for, built with
+/// `$message` and the fault's metadata; the faults that match `$other`
+/// (listed first) are an unmodeled error with their code.
+macro_rules! injected_errors {
+    ($(
+        fn $name:ident -> $error:ident {
+            generic: $other:pat,
+            $($fault:ident => $exception:ident: $message:literal,)*
+        }
+    )*) => {$(
+        fn $name(fault: Fault) -> SdkError<$error> {
+            let meta = fault.meta();
+            let err = match fault {
+                Fault::Timeout => return SdkError::timeout_error("injected timeout"),
+                $(Fault::$fault => $error::$exception(
+                    $exception::builder().message($message).meta(meta).build(),
+                ),)*
+                $other => $error::generic(meta),
+            };
+            service_error(fault, err)
+        }
+    )*};
 }
 
-fn get_records_error(fault: Fault) -> SdkError<GetRecordsError> {
-    let meta = fault.meta();
-    let err = match fault {
-        Fault::Timeout => return SdkError::timeout_error("injected timeout"),
-        Fault::ExpiredIterator => injected!(
-            GetRecordsError::ExpiredIteratorException,
-            meta,
-            "injected: iterator expired"
-        ),
-        Fault::ProvisionedThroughputExceeded => {
-            injected!(
-                GetRecordsError::ProvisionedThroughputExceededException,
-                meta,
-                "injected: rate exceeded"
-            )
-        }
-        Fault::KmsThrottling => injected!(
-            GetRecordsError::KmsThrottlingException,
-            meta,
-            "injected: KMS throttled"
-        ),
-        Fault::InternalFailure => injected!(
-            GetRecordsError::InternalFailureException,
-            meta,
-            "injected: internal failure"
-        ),
-        Fault::ResourceNotFound => injected!(
-            GetRecordsError::ResourceNotFoundException,
-            meta,
-            "injected: shard not found"
-        ),
-        Fault::InvalidArgument => injected!(
-            GetRecordsError::InvalidArgumentException,
-            meta,
-            "injected: invalid argument"
-        ),
-        Fault::AccessDenied => injected!(
-            GetRecordsError::AccessDeniedException,
-            meta,
-            "injected: access denied"
-        ),
-        Fault::KmsAccessDenied => injected!(
-            GetRecordsError::KmsAccessDeniedException,
-            meta,
-            "injected: KMS access denied"
-        ),
-        Fault::KmsDisabled => injected!(
-            GetRecordsError::KmsDisabledException,
-            meta,
-            "injected: KMS key disabled"
-        ),
-        Fault::KmsInvalidState => injected!(
-            GetRecordsError::KmsInvalidStateException,
-            meta,
-            "injected: KMS key in an invalid state"
-        ),
-        Fault::KmsNotFound => injected!(
-            GetRecordsError::KmsNotFoundException,
-            meta,
-            "injected: KMS key not found"
-        ),
-        Fault::KmsOptInRequired => injected!(
-            GetRecordsError::KmsOptInRequired,
-            meta,
-            "injected: KMS opt-in required"
-        ),
-        Fault::LimitExceeded | Fault::ExpiredNextToken | Fault::Hang => {
-            GetRecordsError::generic(meta)
-        }
-    };
-    service_error(fault, err)
-}
+injected_errors! {
+    fn get_records_error -> GetRecordsError {
+        generic: Fault::LimitExceeded | Fault::ExpiredNextToken | Fault::Hang,
+        ExpiredIterator => ExpiredIteratorException: "injected: iterator expired",
+        ProvisionedThroughputExceeded => ProvisionedThroughputExceededException:
+            "injected: rate exceeded",
+        KmsThrottling => KmsThrottlingException: "injected: KMS throttled",
+        InternalFailure => InternalFailureException: "injected: internal failure",
+        ResourceNotFound => ResourceNotFoundException: "injected: shard not found",
+        InvalidArgument => InvalidArgumentException: "injected: invalid argument",
+        AccessDenied => AccessDeniedException: "injected: access denied",
+        KmsAccessDenied => KmsAccessDeniedException: "injected: KMS access denied",
+        KmsDisabled => KmsDisabledException: "injected: KMS key disabled",
+        KmsInvalidState => KmsInvalidStateException: "injected: KMS key in an invalid state",
+        KmsNotFound => KmsNotFoundException: "injected: KMS key not found",
+        KmsOptInRequired => KmsOptInRequired: "injected: KMS opt-in required",
+    }
 
-fn get_shard_iterator_error(fault: Fault) -> SdkError<GetShardIteratorError> {
-    let meta = fault.meta();
-    let err = match fault {
-        Fault::Timeout => return SdkError::timeout_error("injected timeout"),
-        Fault::ProvisionedThroughputExceeded => {
-            injected!(
-                GetShardIteratorError::ProvisionedThroughputExceededException,
-                meta,
-                "injected: rate exceeded"
-            )
-        }
-        Fault::InternalFailure => injected!(
-            GetShardIteratorError::InternalFailureException,
-            meta,
-            "injected: internal failure"
-        ),
-        Fault::ResourceNotFound => injected!(
-            GetShardIteratorError::ResourceNotFoundException,
-            meta,
-            "injected: shard not found"
-        ),
-        Fault::InvalidArgument => injected!(
-            GetShardIteratorError::InvalidArgumentException,
-            meta,
-            "injected: starting sequence number behind the trim horizon"
-        ),
-        Fault::AccessDenied => injected!(
-            GetShardIteratorError::AccessDeniedException,
-            meta,
-            "injected: access denied"
-        ),
-        _ => GetShardIteratorError::generic(meta),
-    };
-    service_error(fault, err)
-}
+    fn get_shard_iterator_error -> GetShardIteratorError {
+        generic: _,
+        ProvisionedThroughputExceeded => ProvisionedThroughputExceededException:
+            "injected: rate exceeded",
+        InternalFailure => InternalFailureException: "injected: internal failure",
+        ResourceNotFound => ResourceNotFoundException: "injected: shard not found",
+        InvalidArgument => InvalidArgumentException:
+            "injected: starting sequence number behind the trim horizon",
+        AccessDenied => AccessDeniedException: "injected: access denied",
+    }
 
-fn list_shards_error(fault: Fault) -> SdkError<ListShardsError> {
-    let meta = fault.meta();
-    let err = match fault {
-        Fault::Timeout => return SdkError::timeout_error("injected timeout"),
-        Fault::LimitExceeded => injected!(
-            ListShardsError::LimitExceededException,
-            meta,
-            "injected: limit exceeded"
-        ),
-        Fault::ExpiredNextToken => injected!(
-            ListShardsError::ExpiredNextTokenException,
-            meta,
-            "injected: next token expired"
-        ),
-        _ => ListShardsError::generic(meta),
-    };
-    service_error(fault, err)
+    fn list_shards_error -> ListShardsError {
+        generic: _,
+        LimitExceeded => LimitExceededException: "injected: limit exceeded",
+        ExpiredNextToken => ExpiredNextTokenException: "injected: next token expired",
+    }
 }
 
 /// A [`KinesisApi`] that fails the calls its injector says, and passes the
@@ -373,43 +298,37 @@ pub(crate) struct Faulty {
     pub(crate) faults: FaultInjector,
 }
 
-#[async_trait]
-impl KinesisApi for Faulty {
-    async fn list_shards(
-        &self,
-        page: ListShardsPage<'_>,
-        max_results: Option<i32>,
-    ) -> Result<ListShardsOutput, SdkError<ListShardsError>> {
-        match self.faults.next(Call::ListShards) {
-            Some(Fault::Hang) => std::future::pending().await,
-            Some(fault) => Err(list_shards_error(fault)),
-            None => self.inner.list_shards(page, max_results).await,
-        }
-    }
+/// Implements each call of [`KinesisApi`] for [`Faulty`]: it takes the
+/// call's fault, if one is queued, and otherwise passes it on to `inner`.
+/// A hanging call never answers; any other fault is `$to_error`'s error.
+macro_rules! faulty_calls {
+    ($(
+        fn $method:ident($($arg:ident: $ty:ty),*) -> $out:ty, $error:ty;
+        fault $call:ident => $to_error:ident;
+    )*) => {
+        #[async_trait]
+        impl KinesisApi for Faulty {$(
+            async fn $method(&self, $($arg: $ty),*) -> Result<$out, SdkError<$error>> {
+                match self.faults.next(Call::$call) {
+                    Some(Fault::Hang) => std::future::pending().await,
+                    Some(fault) => Err($to_error(fault)),
+                    None => self.inner.$method($($arg),*).await,
+                }
+            }
+        )*}
+    };
+}
 
-    async fn get_shard_iterator(
-        &self,
-        stream: &str,
-        shard_id: &str,
-        start: &IteratorStart,
-    ) -> Result<GetShardIteratorOutput, SdkError<GetShardIteratorError>> {
-        match self.faults.next(Call::GetShardIterator) {
-            Some(Fault::Hang) => std::future::pending().await,
-            Some(fault) => Err(get_shard_iterator_error(fault)),
-            None => self.inner.get_shard_iterator(stream, shard_id, start).await,
-        }
-    }
+faulty_calls! {
+    fn list_shards(page: ListShardsPage<'_>, max_results: Option<i32>)
+        -> ListShardsOutput, ListShardsError;
+    fault ListShards => list_shards_error;
 
-    async fn get_records(
-        &self,
-        stream: &str,
-        iterator: &str,
-        limit: i32,
-    ) -> Result<GetRecordsOutput, SdkError<GetRecordsError>> {
-        match self.faults.next(Call::GetRecords) {
-            Some(Fault::Hang) => std::future::pending().await,
-            Some(fault) => Err(get_records_error(fault)),
-            None => self.inner.get_records(stream, iterator, limit).await,
-        }
-    }
+    fn get_shard_iterator(stream: &str, shard_id: &str, start: &IteratorStart)
+        -> GetShardIteratorOutput, GetShardIteratorError;
+    fault GetShardIterator => get_shard_iterator_error;
+
+    fn get_records(stream: &str, iterator: &str, limit: i32)
+        -> GetRecordsOutput, GetRecordsError;
+    fault GetRecords => get_records_error;
 }
