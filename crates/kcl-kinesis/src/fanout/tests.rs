@@ -11,7 +11,8 @@ use crate::calls::{IteratorStart, KinesisApi};
 use crate::fake::FakeKinesis;
 use crate::test_util::fanout::{FakeFanOut, StreamFault, SubscribeFault};
 pub(super) use crate::test_util::readers::{
-    STREAM, after, expected, handle, held, payloads, put_aggregate_between, read_n, read_shard_end,
+    STREAM, after, assert_resumes_inside_the_aggregate, expected, handle, held,
+    inside_the_aggregate, payloads, put_aggregate_between, read_n, read_shard_end,
 };
 
 pub(super) fn config() -> FanOutConfigBuilder {
@@ -476,23 +477,8 @@ async fn the_byte_budget_bounds_what_is_buffered() {
 async fn resume_inside_an_aggregate_skips_the_done_sub_records() {
     let s = setup(config().build().expect("config"));
     let seq = put_aggregate_between(&s.kinesis, &s.shard);
-    let mut reader = open(
-        &s,
-        StartPosition::AfterCheckpoint {
-            seq: seq.clone(),
-            sub: 2,
-        },
-    )
-    .await;
-    let (records, _) = read_n(reader.as_mut(), 3).await;
-    assert_eq!(payloads(&records), ["sub 3", "sub 4", "after"]);
-    assert_eq!(
-        (
-            records[0].sequence_number.as_str(),
-            records[0].sub_sequence_number
-        ),
-        (seq.as_str(), 3)
-    );
+    let mut reader = open(&s, inside_the_aggregate(&seq)).await;
+    assert_resumes_inside_the_aggregate(reader.as_mut(), &seq).await;
     assert_eq!(
         s.fake.subscriptions()[0].1,
         IteratorStart::AtSequence(seq.clone())

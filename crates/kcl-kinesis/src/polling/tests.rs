@@ -8,7 +8,8 @@ use crate::calls::KinesisApi;
 use crate::fake::FakeKinesis;
 use crate::faults::{Call, Fault, FaultInjector, Faulty};
 pub(super) use crate::test_util::readers::{
-    STREAM, after, expected, handle, held, payloads, put_aggregate_between, read_n, read_shard_end,
+    STREAM, after, assert_resumes_inside_the_aggregate, expected, handle, held,
+    inside_the_aggregate, payloads, put_aggregate_between, read_n, read_shard_end,
 };
 use crate::{KinesisShardSource, PollingConfig};
 
@@ -215,26 +216,8 @@ async fn lease_expiry_stops_the_fetcher_by_itself() {
 async fn resume_inside_an_aggregate_skips_the_done_sub_records() {
     let s = setup(polling().build().expect("config"));
     let seq = put_aggregate_between(&s.fake, &s.shard);
-    let mut reader = open(
-        &s,
-        StartPosition::AfterCheckpoint {
-            seq: seq.clone(),
-            sub: 2,
-        },
-        held(&s.shard),
-    )
-    .await;
-    let (records, _) = read_n(reader.as_mut(), 3).await;
-    assert_eq!(payloads(&records), ["sub 3", "sub 4", "after"]);
-    assert_eq!(
-        records
-            .iter()
-            .map(|r| (r.sequence_number.as_str(), r.sub_sequence_number))
-            .take(2)
-            .collect::<Vec<_>>(),
-        [(seq.as_str(), 3), (seq.as_str(), 4)]
-    );
-    assert!(records[0].aggregated);
+    let mut reader = open(&s, inside_the_aggregate(&seq), held(&s.shard)).await;
+    assert_resumes_inside_the_aggregate(reader.as_mut(), &seq).await;
 }
 
 #[tokio::test(start_paused = true)]

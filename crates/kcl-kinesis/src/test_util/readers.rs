@@ -114,6 +114,31 @@ pub(crate) fn sub_records(n: usize) -> Vec<UserRecord> {
         .collect()
 }
 
+/// Where a reader resumes inside the aggregate `seq` of
+/// [`put_aggregate_between`]: after its sub-record 2.
+pub(crate) fn inside_the_aggregate(seq: &str) -> StartPosition {
+    StartPosition::AfterCheckpoint {
+        seq: seq.to_owned(),
+        sub: 2,
+    }
+}
+
+/// Reads what a reader resumed [`inside_the_aggregate`] `seq` delivers:
+/// the aggregate's last two sub-records, then the record after it.
+pub(crate) async fn assert_resumes_inside_the_aggregate(reader: &mut dyn ShardReader, seq: &str) {
+    let (records, _) = read_n(reader, 3).await;
+    assert_eq!(payloads(&records), ["sub 3", "sub 4", "after"]);
+    assert_eq!(
+        records
+            .iter()
+            .map(|r| (r.sequence_number.as_str(), r.sub_sequence_number))
+            .take(2)
+            .collect::<Vec<_>>(),
+        [(seq, 3), (seq, 4)]
+    );
+    assert!(records[0].aggregated);
+}
+
 /// Puts a plain record `before`, an aggregate of five
 /// [`sub_records`] and a plain record `after` on `shard` of [`STREAM`];
 /// returns the aggregate's sequence number, for a resume inside it.
