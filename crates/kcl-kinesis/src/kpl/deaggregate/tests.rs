@@ -278,36 +278,39 @@ fn missing_required_fields_pass_through() {
         explicit_hash_key_table: Vec::new(),
         records: vec![proto_record(Some(0), None, Some(b"fine"))],
     };
-    let mut no_pk = base.clone();
-    no_pk.records.push(proto_record(None, None, Some(b"x")));
-    assert_eq!(
-        malformed(framed_message(&no_pk)),
-        MalformedReason::MissingField {
-            sub: 1,
-            field: "Record.partition_key_index"
-        }
-    );
-    let mut no_data = base.clone();
-    no_data.records.push(proto_record(Some(0), None, None));
-    assert_eq!(
-        malformed(framed_message(&no_data)),
-        MalformedReason::MissingField {
-            sub: 1,
-            field: "Record.data"
-        }
-    );
-    let mut no_tag_key = base.clone();
-    no_tag_key.records[0].tags.push(proto::Tag {
-        key: None,
-        value: Some("v".to_owned()),
-    });
-    assert_eq!(
-        malformed(framed_message(&no_tag_key)),
-        MalformedReason::MissingField {
-            sub: 0,
-            field: "Tag.key"
-        }
-    );
+    // Each case strips one required field: (how, sub-record, field).
+    type Strip = fn(&mut proto::AggregatedRecord);
+    let cases: [(Strip, u64, &str); 3] = [
+        (
+            |m| m.records.push(proto_record(None, None, Some(b"x"))),
+            1,
+            "Record.partition_key_index",
+        ),
+        (
+            |m| m.records.push(proto_record(Some(0), None, None)),
+            1,
+            "Record.data",
+        ),
+        (
+            |m| {
+                m.records[0].tags.push(proto::Tag {
+                    key: None,
+                    value: Some("v".to_owned()),
+                })
+            },
+            0,
+            "Tag.key",
+        ),
+    ];
+    for (strip, sub, field) in cases {
+        let mut msg = base.clone();
+        strip(&mut msg);
+        assert_eq!(
+            malformed(framed_message(&msg)),
+            MalformedReason::MissingField { sub, field },
+            "{field}"
+        );
+    }
     // Present but empty is fine: proto2 presence, not emptiness.
     let mut empty_data = base;
     empty_data
