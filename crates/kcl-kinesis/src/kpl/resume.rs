@@ -73,6 +73,14 @@ mod tests {
         out
     }
 
+    /// What is left of [`batch`] after a resume from a checkpoint at
+    /// `seq` and `sub`, and how many records it skipped.
+    fn resumed_at(seq: &str, sub: u64) -> (Vec<Record>, usize) {
+        let mut records = batch();
+        let skipped = skip_checkpointed(&mut records, &Checkpoint::at(seq, sub));
+        (records, skipped)
+    }
+
     fn positions(records: &[Record]) -> Vec<(&str, u64)> {
         records
             .iter()
@@ -87,8 +95,7 @@ mod tests {
 
     #[test]
     fn resume_inside_an_aggregate_skips_the_done_sub_records() {
-        let mut records = batch();
-        let skipped = skip_checkpointed(&mut records, &Checkpoint::at(SEQ, 2));
+        let (records, skipped) = resumed_at(SEQ, 2);
         assert_eq!(skipped, 4, "the record before, and subs 0, 1, 2");
         assert_eq!(
             positions(&records),
@@ -100,30 +107,21 @@ mod tests {
 
     #[test]
     fn checkpoint_at_the_last_sub_record_skips_the_whole_aggregate() {
-        let mut records = batch();
-        skip_checkpointed(&mut records, &Checkpoint::at(SEQ, 4));
+        let (records, _) = resumed_at(SEQ, 4);
         assert_eq!(positions(&records), vec![("899", 0)]);
     }
 
     #[test]
     fn checkpoint_at_an_earlier_sequence_skips_nothing_of_later_records() {
-        let mut records = batch();
         let earlier = "49590338271490256608559692538361571095921575989136588000";
-        assert_eq!(
-            skip_checkpointed(&mut records, &Checkpoint::at(earlier, 9)),
-            0
-        );
-        assert_eq!(records, batch());
+        assert_eq!(resumed_at(earlier, 9), (batch(), 0));
     }
 
     #[test]
     fn checkpoint_at_a_plain_record_skips_it_and_nothing_after() {
-        let mut records = batch();
         let before = "49590338271490256608559692538361571095921575989136588897";
-        assert_eq!(
-            skip_checkpointed(&mut records, &Checkpoint::at(before, 0)),
-            1
-        );
+        let (records, skipped) = resumed_at(before, 0);
+        assert_eq!(skipped, 1);
         assert_eq!(records.len(), 6);
         assert_eq!(records[0].sub_sequence_number, 0);
         assert_eq!(records[0].sequence_number, SEQ);
