@@ -8,7 +8,8 @@ use kcl_core::source::{OpenShard, ShardSource, SourceError, StartPosition};
 use tokio::time::Instant;
 
 use super::tests::{
-    STREAM, Setup, after, expected, held, open, payloads, polling, put_plain, read_n, setup,
+    STREAM, Setup, after, expected, held, open, payloads, polling, put_plain, read_n, read_plain,
+    setup,
 };
 use crate::MIN_TIME_BETWEEN_READS;
 use crate::faults::{Call, Fault};
@@ -132,8 +133,7 @@ async fn a_stale_not_found_while_reading_is_reported_and_reading_goes_on() {
     let s = setup(polling().build().expect("config"));
     put_plain(&s, 3);
     let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
-    let (first, _) = read_n(reader.as_mut(), 3).await;
-    assert_eq!(payloads(&first), expected(0..3));
+    read_plain(reader.as_mut(), 0..3).await;
     s.faults.inject(Call::GetRecords, Fault::ResourceNotFound);
     put_plain(&s, 2);
     let (rest, errors) = read_n(reader.as_mut(), 2).await;
@@ -175,8 +175,7 @@ async fn a_checkpoint_behind_the_trim_horizon_resumes_there_and_is_counted() {
     let seqs = put_plain(&s, 10);
     s.fake.trim(STREAM, &s.shard, 6);
     let mut reader = open(&s, after(&seqs[2]), held(&s.shard)).await;
-    let (records, errors) = read_n(reader.as_mut(), 4).await;
-    assert_eq!((payloads(&records), errors), (expected(6..10), 0));
+    assert_eq!(read_plain(reader.as_mut(), 6..10).await, 0);
     assert_eq!(s.source.stats().trimmed_starts, 1);
 }
 
@@ -209,8 +208,7 @@ async fn calls_cut_short_by_the_prefetch_budget_keep_the_200_ms_floor() {
     put_plain(&s, 100);
     let started = Instant::now();
     let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
-    let (records, _) = read_n(reader.as_mut(), 100).await;
-    assert_eq!(payloads(&records), expected(0..100));
+    read_plain(reader.as_mut(), 0..100).await;
     let calls = s.fake.get_records_calls();
     assert!(calls >= 20, "{calls} calls");
     assert!(
@@ -228,8 +226,7 @@ async fn a_hung_get_records_is_abandoned_after_the_call_timeout() {
     s.faults.inject(Call::GetRecords, Fault::Hang);
     let started = Instant::now();
     let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
-    let (records, errors) = read_n(reader.as_mut(), 3).await;
-    assert_eq!((payloads(&records), errors), (expected(0..3), 0));
+    assert_eq!(read_plain(reader.as_mut(), 0..3).await, 0);
     let stats = s.source.stats();
     assert_eq!((stats.call_timeouts, stats.get_records_calls), (1, 2));
     // The bound: the timeout plus one retry pause (at most 2 x 10 ms).
@@ -251,8 +248,7 @@ async fn a_hung_get_shard_iterator_is_abandoned_too() {
     put_plain(&s, 2);
     s.faults.inject(Call::GetShardIterator, Fault::Hang);
     let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
-    let (records, _) = read_n(reader.as_mut(), 2).await;
-    assert_eq!(payloads(&records), expected(0..2));
+    read_plain(reader.as_mut(), 0..2).await;
     assert_eq!(s.source.stats().call_timeouts, 1);
 }
 
@@ -267,8 +263,7 @@ async fn kms_and_access_errors_are_retried_without_giving_the_shard_up() {
         s.faults.inject(Call::GetRecords, fault);
     }
     let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
-    let (records, errors) = read_n(reader.as_mut(), 4).await;
-    assert_eq!(payloads(&records), expected(0..4));
+    let errors = read_plain(reader.as_mut(), 0..4).await;
     assert_eq!(errors, 0, "nothing reported: the reader keeps the shard");
     let stats = s.source.stats();
     assert_eq!(stats.access_denied, 12);
@@ -292,8 +287,7 @@ async fn catching_up_through_partial_pages_is_not_held_back_by_the_idle_pause() 
     s.fake.cap_pages(STREAM, &s.shard, Some(10));
     let started = Instant::now();
     let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
-    let (records, _) = read_n(reader.as_mut(), 100).await;
-    assert_eq!(payloads(&records), expected(0..100));
+    read_plain(reader.as_mut(), 0..100).await;
     assert_eq!(s.fake.get_records_calls(), 10);
     // Nine pauses of 200 ms (the per-shard floor), none of a minute.
     assert!(

@@ -71,6 +71,17 @@ pub(crate) async fn read_n(reader: &mut dyn ShardReader, n: usize) -> (Vec<Recor
     (records, errors)
 }
 
+/// Reads the tests' plain records `range`, checking they come in order;
+/// returns the retryable errors seen on the way.
+pub(crate) async fn read_plain(
+    reader: &mut dyn ShardReader,
+    range: std::ops::Range<usize>,
+) -> usize {
+    let (records, errors) = read_n(reader, range.len()).await;
+    assert_eq!(payloads(&records), expected(range));
+    errors
+}
+
 /// Reads the last batch of the split shard `parent`: it carries the plain
 /// records `range` and names `kids` as the children, and a read after it
 /// fails for good.
