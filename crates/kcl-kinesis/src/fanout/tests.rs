@@ -10,6 +10,7 @@ use crate::KinesisShardSource;
 use crate::calls::{IteratorStart, KinesisApi};
 use crate::fake::FakeKinesis;
 use crate::test_util::fanout::{FakeFanOut, StreamFault, SubscribeFault};
+use crate::test_util::readers;
 pub(super) use crate::test_util::readers::{
     STREAM, after, assert_resumes_inside_the_aggregate, expected, handle, held,
     inside_the_aggregate, payloads, put_aggregate_between, read_n, read_plain, read_shard_end,
@@ -71,12 +72,7 @@ pub(super) fn setup_shards(config: FanOutConfig, shards: usize) -> Setup {
 }
 
 pub(super) fn put_plain(s: &Setup, range: std::ops::Range<usize>) -> Vec<String> {
-    range
-        .map(|i| {
-            s.kinesis
-                .put(STREAM, &s.shard, &format!("pk-{i}"), format!("r{i}"))
-        })
-        .collect()
+    readers::put_plain(&s.kinesis, &s.shard, range)
 }
 
 /// Puts records `r0` to `r{n-1}` one per event: each while the

@@ -29,7 +29,7 @@ async fn try_open(s: &Setup, position: StartPosition) -> Result<(), SourceError>
 #[tokio::test(start_paused = true)]
 async fn an_expired_split_parent_ends_with_its_children_so_they_start() {
     let s = setup(polling().build().expect("config"));
-    put_plain(&s, 3);
+    put_plain(&s, 0..3);
     let kids = s.fake.split(STREAM, &s.shard, true);
     s.fake.expire(STREAM, &s.shard);
     let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
@@ -67,7 +67,7 @@ async fn read_all(s: &Setup, shard: &str) -> Vec<String> {
 #[tokio::test(start_paused = true)]
 async fn a_shard_that_expires_while_read_ends_where_it_was() {
     let s = setup(polling().build().expect("config"));
-    put_plain(&s, 5);
+    put_plain(&s, 0..5);
     let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     let (records, _) = read_n(reader.as_mut(), 5).await;
     assert_eq!(payloads(&records), expected(0..5));
@@ -131,11 +131,11 @@ async fn a_shard_too_new_for_the_listing_is_not_taken_for_expired() {
 #[tokio::test(start_paused = true)]
 async fn a_stale_not_found_while_reading_is_reported_and_reading_goes_on() {
     let s = setup(polling().build().expect("config"));
-    put_plain(&s, 3);
+    put_plain(&s, 0..3);
     let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     read_plain(reader.as_mut(), 0..3).await;
     s.faults.inject(Call::GetRecords, Fault::ResourceNotFound);
-    put_plain(&s, 2);
+    put_plain(&s, 3..5);
     let (rest, errors) = read_n(reader.as_mut(), 2).await;
     assert_eq!(rest.len(), 2);
     assert_eq!(errors, 1, "reported once, and the fetch task went on");
@@ -145,7 +145,7 @@ async fn a_stale_not_found_while_reading_is_reported_and_reading_goes_on() {
 #[tokio::test(start_paused = true)]
 async fn a_deleted_stream_is_stream_not_found_not_an_expired_shard() {
     let s = setup(polling().build().expect("config"));
-    put_plain(&s, 2);
+    put_plain(&s, 0..2);
     s.fake.delete_stream(STREAM);
     let err = try_open(&s, StartPosition::TrimHorizon)
         .await
@@ -172,7 +172,7 @@ async fn not_found_for_a_shard_still_listed_is_retryable() {
 #[tokio::test(start_paused = true)]
 async fn a_checkpoint_behind_the_trim_horizon_resumes_there_and_is_counted() {
     let s = setup(polling().build().expect("config"));
-    let seqs = put_plain(&s, 10);
+    let seqs = put_plain(&s, 0..10);
     s.fake.trim(STREAM, &s.shard, 6);
     let mut reader = open(&s, after(&seqs[2]), held(&s.shard)).await;
     assert_eq!(read_plain(reader.as_mut(), 6..10).await, 0);
@@ -186,7 +186,7 @@ async fn an_invalid_checkpoint_that_is_not_trimmed_is_an_error_not_a_replay() {
     // was trimmed, and re-reading the shard from TRIM_HORIZON would be a
     // guess.
     let s = setup(polling().build().expect("config"));
-    let seqs = put_plain(&s, 5);
+    let seqs = put_plain(&s, 0..5);
     s.faults
         .inject(Call::GetShardIterator, Fault::InvalidArgument);
     let err = try_open(&s, after(&seqs[3])).await.expect_err("rejected");
@@ -205,7 +205,7 @@ async fn calls_cut_short_by_the_prefetch_budget_keep_the_200_ms_floor() {
             .build()
             .expect("config"),
     );
-    put_plain(&s, 100);
+    put_plain(&s, 0..100);
     let started = Instant::now();
     let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     read_plain(reader.as_mut(), 0..100).await;
@@ -222,7 +222,7 @@ async fn calls_cut_short_by_the_prefetch_budget_keep_the_200_ms_floor() {
 async fn a_hung_get_records_is_abandoned_after_the_call_timeout() {
     let timeout = Duration::from_secs(2);
     let s = setup(polling().call_timeout(timeout).build().expect("config"));
-    put_plain(&s, 3);
+    put_plain(&s, 0..3);
     s.faults.inject(Call::GetRecords, Fault::Hang);
     let started = Instant::now();
     let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
@@ -245,7 +245,7 @@ async fn a_hung_get_shard_iterator_is_abandoned_too() {
             .build()
             .expect("config"),
     );
-    put_plain(&s, 2);
+    put_plain(&s, 0..2);
     s.faults.inject(Call::GetShardIterator, Fault::Hang);
     let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     read_plain(reader.as_mut(), 0..2).await;
@@ -257,7 +257,7 @@ async fn kms_and_access_errors_are_retried_without_giving_the_shard_up() {
     // Far more failures than max_transient_retries: access errors do not
     // count toward it while the lease lasts.
     let s = setup(polling().max_transient_retries(2).build().expect("config"));
-    put_plain(&s, 4);
+    put_plain(&s, 0..4);
     for fault in Fault::ACCESS {
         s.faults.inject(Call::GetShardIterator, Fault::AccessDenied);
         s.faults.inject(Call::GetRecords, fault);
@@ -283,7 +283,7 @@ async fn catching_up_through_partial_pages_is_not_held_back_by_the_idle_pause() 
             .build()
             .expect("config"),
     );
-    put_plain(&s, 100);
+    put_plain(&s, 0..100);
     s.fake.cap_pages(STREAM, &s.shard, Some(10));
     let started = Instant::now();
     let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
@@ -305,7 +305,7 @@ async fn empty_pages_while_behind_are_followed_at_the_floor_not_the_idle_time() 
             .build()
             .expect("config"),
     );
-    put_plain(&s, 5);
+    put_plain(&s, 0..5);
     s.fake.cap_pages(STREAM, &s.shard, Some(0));
     let _reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     tokio::time::sleep(Duration::from_millis(1990)).await;

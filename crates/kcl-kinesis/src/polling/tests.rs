@@ -7,6 +7,7 @@ use kcl_core::source::{OpenShard, ShardReader, ShardSource, SourceError, StartPo
 use crate::calls::KinesisApi;
 use crate::fake::FakeKinesis;
 use crate::faults::{Call, Fault, FaultInjector, Faulty};
+use crate::test_util::readers;
 pub(super) use crate::test_util::readers::{
     STREAM, after, assert_resumes_inside_the_aggregate, expected, handle, held,
     inside_the_aggregate, payloads, put_aggregate_between, read_n, read_plain, read_shard_end,
@@ -45,13 +46,8 @@ pub(super) fn setup(config: PollingConfig) -> Setup {
     }
 }
 
-pub(super) fn put_plain(s: &Setup, n: usize) -> Vec<String> {
-    (0..n)
-        .map(|i| {
-            s.fake
-                .put(STREAM, &s.shard, &format!("pk-{i}"), format!("r{i}"))
-        })
-        .collect()
+pub(super) fn put_plain(s: &Setup, range: std::ops::Range<usize>) -> Vec<String> {
+    readers::put_plain(&s.fake, &s.shard, range)
 }
 
 pub(super) async fn open(
@@ -68,7 +64,7 @@ pub(super) async fn open(
 #[tokio::test(start_paused = true)]
 async fn reads_every_record_in_order_across_batches() {
     let s = setup(polling().build().expect("config"));
-    let seqs = put_plain(&s, 25);
+    let seqs = put_plain(&s, 0..25);
     let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     let (records, errors) = read_n(reader.as_mut(), 25).await;
     assert_eq!(errors, 0);
@@ -85,7 +81,7 @@ async fn reads_every_record_in_order_across_batches() {
 #[tokio::test(start_paused = true)]
 async fn latest_reads_only_new_records() {
     let s = setup(polling().build().expect("config"));
-    put_plain(&s, 5);
+    put_plain(&s, 0..5);
     let mut reader = open(&s, StartPosition::Latest, held(&s.shard)).await;
     s.fake.put(STREAM, &s.shard, "pk", "new");
     let (records, _) = read_n(reader.as_mut(), 1).await;
@@ -97,7 +93,7 @@ async fn expired_iterator_mid_read_loses_and_repeats_nothing() {
     // A prefetch budget of one batch keeps the fetcher from running ahead,
     // so the fault lands in the middle of the shard.
     let s = setup(polling().max_prefetch_records(10).build().expect("config"));
-    put_plain(&s, 45);
+    put_plain(&s, 0..45);
     let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     let (mut records, _) = read_n(reader.as_mut(), 10).await;
     s.faults.inject(Call::GetRecords, Fault::ExpiredIterator);
@@ -115,7 +111,7 @@ async fn expired_iterator_mid_read_loses_and_repeats_nothing() {
 #[tokio::test(start_paused = true)]
 async fn expired_iterator_before_any_record_restarts_at_the_checkpoint() {
     let s = setup(polling().build().expect("config"));
-    let seqs = put_plain(&s, 6);
+    let seqs = put_plain(&s, 0..6);
     s.faults.inject(Call::GetRecords, Fault::ExpiredIterator);
     let mut reader = open(&s, after(&seqs[2]), held(&s.shard)).await;
     read_plain(reader.as_mut(), 3..6).await;
@@ -124,7 +120,7 @@ async fn expired_iterator_before_any_record_restarts_at_the_checkpoint() {
 #[tokio::test(start_paused = true)]
 async fn throttling_backs_off_retries_and_is_counted() {
     let s = setup(polling().max_prefetch_records(10).build().expect("config"));
-    put_plain(&s, 30);
+    put_plain(&s, 0..30);
     let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     let (mut records, _) = read_n(reader.as_mut(), 10).await;
     for fault in [
@@ -156,7 +152,7 @@ async fn transient_failures_are_reported_after_the_limit_and_reading_goes_on() {
             .build()
             .expect("config"),
     );
-    put_plain(&s, 20);
+    put_plain(&s, 0..20);
     let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     let (mut records, _) = read_n(reader.as_mut(), 10).await;
     for fault in [
@@ -176,7 +172,7 @@ async fn transient_failures_are_reported_after_the_limit_and_reading_goes_on() {
 #[tokio::test(start_paused = true)]
 async fn lease_lost_stops_without_another_get_records() {
     let s = setup(polling().build().expect("config"));
-    put_plain(&s, 5);
+    put_plain(&s, 0..5);
     let lease = held(&s.shard);
     let mut reader = open(&s, StartPosition::TrimHorizon, lease.clone()).await;
     read_n(reader.as_mut(), 5).await;
@@ -197,7 +193,7 @@ async fn lease_lost_stops_without_another_get_records() {
 #[tokio::test(start_paused = true)]
 async fn lease_expiry_stops_the_fetcher_by_itself() {
     let s = setup(polling().build().expect("config"));
-    put_plain(&s, 3);
+    put_plain(&s, 0..3);
     let lease = handle(&s.shard, Duration::from_secs(2));
     let mut reader = open(&s, StartPosition::TrimHorizon, lease).await;
     read_n(reader.as_mut(), 3).await;
@@ -223,7 +219,7 @@ async fn resume_inside_an_aggregate_skips_the_done_sub_records() {
 async fn shard_end_names_the_children() {
     for report_children in [true, false] {
         let s = setup(polling().build().expect("config"));
-        put_plain(&s, 3);
+        put_plain(&s, 0..3);
         let kids = s.fake.split(STREAM, &s.shard, report_children);
         let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
         read_shard_end(reader.as_mut(), &s.shard, &kids, 0..3).await;
@@ -244,7 +240,7 @@ async fn shard_end_names_the_children() {
 #[tokio::test(start_paused = true)]
 async fn prefetch_is_bounded_in_records() {
     let s = setup(polling().max_prefetch_records(20).build().expect("config"));
-    put_plain(&s, 100);
+    put_plain(&s, 0..100);
     let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     // Two 10-record responses fill the budget; the fetcher then waits for
@@ -271,7 +267,7 @@ async fn prefetch_is_bounded_in_bytes() {
 #[tokio::test(start_paused = true)]
 async fn dropping_the_reader_stops_its_task() {
     let s = setup(polling().build().expect("config"));
-    put_plain(&s, 3);
+    put_plain(&s, 0..3);
     let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     read_n(reader.as_mut(), 3).await;
     drop(reader);
@@ -303,7 +299,7 @@ async fn opening_with_a_lost_lease_makes_no_call() {
 #[tokio::test(start_paused = true)]
 async fn iterators_that_keep_expiring_are_replaced_with_backoff() {
     let s = setup(polling().build().expect("config"));
-    put_plain(&s, 5);
+    put_plain(&s, 0..5);
     for _ in 0..3 {
         s.faults.inject(Call::GetRecords, Fault::ExpiredIterator);
     }

@@ -109,6 +109,18 @@ pub(crate) fn payloads(records: &[Record]) -> Vec<String> {
         .collect()
 }
 
+/// Puts the tests' plain records `range` on `shard` of [`STREAM`] (keys
+/// `pk-{i}`, payloads `r{i}`); returns their sequence numbers.
+pub(crate) fn put_plain(
+    fake: &FakeKinesis,
+    shard: &str,
+    range: std::ops::Range<usize>,
+) -> Vec<String> {
+    range
+        .map(|i| fake.put(STREAM, shard, &format!("pk-{i}"), format!("r{i}")))
+        .collect()
+}
+
 /// The payloads the tests' plain records `range` carry.
 pub(crate) fn expected(range: std::ops::Range<usize>) -> Vec<String> {
     range.map(|i| format!("r{i}")).collect()
