@@ -289,9 +289,7 @@ async fn the_children_of_an_expired_split_parent_are_processed() {
     fleet.put(&parent, "lost");
     let kids = fleet.fake.split(STREAM, &parent, true);
     fleet.fake.expire(STREAM, &parent);
-    for kid in &kids {
-        fleet.put(kid, &format!("child-{kid}"));
-    }
+    fleet.put_each(&kids, "child");
     // The parent's lease exists (from before the outage), at TRIM_HORIZON.
     fleet
         .store
@@ -354,9 +352,7 @@ async fn a_childs_stale_not_found_after_a_split_is_retried_and_the_shard_kept() 
             .inject(Call::GetShardIterator, Fault::ResourceNotFound);
     }
     let kids = fleet.fake.split(STREAM, &parent, true);
-    for kid in &kids {
-        fleet.put(kid, &format!("child-{kid}"));
-    }
+    fleet.put_each(&kids, "child");
     fleet
         .wait_seen("both children read", Duration::from_secs(600), 3)
         .await;
