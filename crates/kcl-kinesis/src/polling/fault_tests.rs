@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::tests::{
     STREAM, Setup, after, expected, held, open, payloads, polling, put_plain, read_n, read_plain,
-    setup,
+    setup, setup_with,
 };
 use crate::MIN_TIME_BETWEEN_READS;
 use crate::faults::{Call, Fault};
@@ -197,13 +197,7 @@ async fn an_invalid_checkpoint_that_is_not_trimmed_is_an_error_not_a_replay() {
 async fn calls_cut_short_by_the_prefetch_budget_keep_the_200_ms_floor() {
     // Room for 5 records ahead of the processor: every call asks for (and
     // gets) at most 5 of the 100 waiting, never a full max_records batch.
-    let s = setup(
-        polling()
-            .max_records(1000)
-            .max_prefetch_records(5)
-            .build()
-            .expect("config"),
-    );
+    let s = setup_with(|c| c.max_records(1000).max_prefetch_records(5));
     put_plain(&s, 0..100);
     let started = Instant::now();
     let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
@@ -220,7 +214,7 @@ async fn calls_cut_short_by_the_prefetch_budget_keep_the_200_ms_floor() {
 #[tokio::test(start_paused = true)]
 async fn a_hung_get_records_is_abandoned_after_the_call_timeout() {
     let timeout = Duration::from_secs(2);
-    let s = setup(polling().call_timeout(timeout).build().expect("config"));
+    let s = setup_with(|c| c.call_timeout(timeout));
     put_plain(&s, 0..3);
     s.faults.inject(Call::GetRecords, Fault::Hang);
     let started = Instant::now();
@@ -238,12 +232,7 @@ async fn a_hung_get_records_is_abandoned_after_the_call_timeout() {
 
 #[tokio::test(start_paused = true)]
 async fn a_hung_get_shard_iterator_is_abandoned_too() {
-    let s = setup(
-        polling()
-            .call_timeout(Duration::from_secs(1))
-            .build()
-            .expect("config"),
-    );
+    let s = setup_with(|c| c.call_timeout(Duration::from_secs(1)));
     put_plain(&s, 0..2);
     s.faults.inject(Call::GetShardIterator, Fault::Hang);
     let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
@@ -255,7 +244,7 @@ async fn a_hung_get_shard_iterator_is_abandoned_too() {
 async fn kms_and_access_errors_are_retried_without_giving_the_shard_up() {
     // Far more failures than max_transient_retries: access errors do not
     // count toward it while the lease lasts.
-    let s = setup(polling().max_transient_retries(2).build().expect("config"));
+    let s = setup_with(|c| c.max_transient_retries(2));
     put_plain(&s, 0..4);
     for fault in Fault::ACCESS {
         s.faults.inject(Call::GetShardIterator, Fault::AccessDenied);
@@ -274,14 +263,11 @@ async fn catching_up_through_partial_pages_is_not_held_back_by_the_idle_pause() 
     // Pauses of a minute when caught up; pages of 10 records from a
     // shard 100 behind (a response cut short by its size limit).
     let minute = Duration::from_secs(60);
-    let s = setup(
-        polling()
-            .max_records(1000)
+    let s = setup_with(|c| {
+        c.max_records(1000)
             .idle_time_between_reads(minute)
             .time_between_reads(minute)
-            .build()
-            .expect("config"),
-    );
+    });
     put_plain(&s, 0..100);
     s.fake.cap_pages(STREAM, &s.shard, Some(10));
     let started = Instant::now();
@@ -298,12 +284,7 @@ async fn catching_up_through_partial_pages_is_not_held_back_by_the_idle_pause() 
 
 #[tokio::test(start_paused = true)]
 async fn empty_pages_while_behind_are_followed_at_the_floor_not_the_idle_time() {
-    let s = setup(
-        polling()
-            .idle_time_between_reads(Duration::from_secs(60))
-            .build()
-            .expect("config"),
-    );
+    let s = setup_with(|c| c.idle_time_between_reads(Duration::from_secs(60)));
     put_plain(&s, 0..5);
     s.fake.cap_pages(STREAM, &s.shard, Some(0));
     let _reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;

@@ -46,6 +46,13 @@ pub(super) fn setup(config: PollingConfig) -> Setup {
     }
 }
 
+/// A setup whose config is the tests' `polling()` changed by `configure`.
+pub(super) fn setup_with(
+    configure: impl FnOnce(crate::PollingConfigBuilder) -> crate::PollingConfigBuilder,
+) -> Setup {
+    setup(configure(polling()).build().expect("config"))
+}
+
 pub(super) fn put_plain(s: &Setup, range: std::ops::Range<usize>) -> Vec<String> {
     readers::put_plain(&s.fake, &s.shard, range)
 }
@@ -92,7 +99,7 @@ async fn latest_reads_only_new_records() {
 async fn expired_iterator_mid_read_loses_and_repeats_nothing() {
     // A prefetch budget of one batch keeps the fetcher from running ahead,
     // so the fault lands in the middle of the shard.
-    let s = setup(polling().max_prefetch_records(10).build().expect("config"));
+    let s = setup_with(|c| c.max_prefetch_records(10));
     put_plain(&s, 0..45);
     let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     read_plain(reader.as_mut(), 0..10).await;
@@ -116,7 +123,7 @@ async fn expired_iterator_before_any_record_restarts_at_the_checkpoint() {
 
 #[tokio::test(start_paused = true)]
 async fn throttling_backs_off_retries_and_is_counted() {
-    let s = setup(polling().max_prefetch_records(10).build().expect("config"));
+    let s = setup_with(|c| c.max_prefetch_records(10));
     put_plain(&s, 0..30);
     let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     read_plain(reader.as_mut(), 0..10).await;
@@ -140,13 +147,7 @@ async fn throttling_backs_off_retries_and_is_counted() {
 
 #[tokio::test(start_paused = true)]
 async fn transient_failures_are_reported_after_the_limit_and_reading_goes_on() {
-    let s = setup(
-        polling()
-            .max_transient_retries(2)
-            .max_prefetch_records(10)
-            .build()
-            .expect("config"),
-    );
+    let s = setup_with(|c| c.max_transient_retries(2).max_prefetch_records(10));
     put_plain(&s, 0..20);
     let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     read_plain(reader.as_mut(), 0..10).await;
@@ -232,7 +233,7 @@ async fn shard_end_names_the_children() {
 
 #[tokio::test(start_paused = true)]
 async fn prefetch_is_bounded_in_records() {
-    let s = setup(polling().max_prefetch_records(20).build().expect("config"));
+    let s = setup_with(|c| c.max_prefetch_records(20));
     put_plain(&s, 0..100);
     let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
@@ -244,7 +245,7 @@ async fn prefetch_is_bounded_in_records() {
 
 #[tokio::test(start_paused = true)]
 async fn prefetch_is_bounded_in_bytes() {
-    let s = setup(polling().max_prefetch_bytes(3000).build().expect("config"));
+    let s = setup_with(|c| c.max_prefetch_bytes(3000));
     for i in 0..50 {
         s.fake.put(STREAM, &s.shard, "pk", vec![b'x'; 1000 + i]);
     }
