@@ -12,7 +12,7 @@ use crate::fake::FakeKinesis;
 use crate::test_util::fanout::{FakeFanOut, StreamFault, SubscribeFault};
 use crate::test_util::readers;
 pub(super) use crate::test_util::readers::{
-    STREAM, after, assert_resumes_inside_the_aggregate, expected, handle, held,
+    STREAM, after, assert_elapsed, assert_resumes_inside_the_aggregate, expected, handle, held,
     inside_the_aggregate, payloads, put_aggregate_between, read_n, read_plain, read_shard_end,
 };
 
@@ -196,8 +196,7 @@ async fn a_consumer_that_never_becomes_active_fails_open_with_a_clear_error() {
         text.contains("not ACTIVE") && text.contains("CREATING"),
         "{text}"
     );
-    assert!(started.elapsed() >= Duration::from_secs(5));
-    assert!(started.elapsed() < Duration::from_secs(8));
+    assert_elapsed(started, Duration::from_secs(5)..Duration::from_secs(8));
 }
 
 #[tokio::test(start_paused = true)]

@@ -8,8 +8,8 @@ use kcl_core::source::{OpenShard, ShardSource, SourceError, StartPosition};
 use tokio::time::Instant;
 
 use super::tests::{
-    STREAM, Setup, after, expected, held, open, payloads, polling, put_plain, read_n, read_plain,
-    setup, setup_with,
+    STREAM, Setup, after, assert_elapsed, expected, held, open, payloads, polling, put_plain,
+    read_n, read_plain, setup, setup_with,
 };
 use crate::MIN_TIME_BETWEEN_READS;
 use crate::faults::{Call, Fault};
@@ -223,11 +223,7 @@ async fn a_hung_get_records_is_abandoned_after_the_call_timeout() {
     let stats = s.source.stats();
     assert_eq!((stats.call_timeouts, stats.get_records_calls), (1, 2));
     // The bound: the timeout plus one retry pause (at most 2 x 10 ms).
-    assert!(
-        started.elapsed() <= timeout + Duration::from_millis(20),
-        "{:?}",
-        started.elapsed()
-    );
+    assert_elapsed(started, ..=timeout + Duration::from_millis(20));
 }
 
 #[tokio::test(start_paused = true)]
@@ -275,11 +271,7 @@ async fn catching_up_through_partial_pages_is_not_held_back_by_the_idle_pause() 
     read_plain(reader.as_mut(), 0..100).await;
     assert_eq!(s.fake.get_records_calls(), 10);
     // Nine pauses of 200 ms (the per-shard floor), none of a minute.
-    assert!(
-        started.elapsed() <= Duration::from_millis(9 * 200 + 50),
-        "{:?}",
-        started.elapsed()
-    );
+    assert_elapsed(started, ..=Duration::from_millis(9 * 200 + 50));
 }
 
 #[tokio::test(start_paused = true)]

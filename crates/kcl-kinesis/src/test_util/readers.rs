@@ -51,6 +51,16 @@ pub(crate) fn assert_unconsumed_within(stats: &SourceSnapshot, budget: usize) {
     );
 }
 
+/// Checks that the (paused) clock moved by an amount in `bounds` since
+/// `since`.
+pub(crate) fn assert_elapsed(
+    since: tokio::time::Instant,
+    bounds: impl std::ops::RangeBounds<Duration> + std::fmt::Debug,
+) {
+    let elapsed = since.elapsed();
+    assert!(bounds.contains(&elapsed), "{elapsed:?}, not in {bounds:?}");
+}
+
 /// Reads until `n` records arrived; returns them and the retryable errors
 /// seen on the way.
 pub(crate) async fn read_n(reader: &mut dyn ShardReader, n: usize) -> (Vec<Record>, usize) {
