@@ -96,38 +96,47 @@ async fn race<F: Future>(c: &Consumer, call: Call, started: Instant, fut: F) -> 
     }
 }
 
+/// Logs a processor call at `$level` with its shard, lane and elapsed
+/// time, and counts it in `$metric`: what a slow call and a cancelled one
+/// both report.
+macro_rules! report {
+    ($level:ident, $metric:expr, $c:expr, $call:expr, $elapsed:expr, $message:literal) => {{
+        $level!(
+            stream = %$c.ctx.stream,
+            shard = %$c.ctx.shard_id,
+            lane = ?$call.lane,
+            call = $call.stage,
+            elapsed = ?$elapsed,
+            $message
+        );
+        metrics::counter!(
+            $metric,
+            "stream" => $c.ctx.stream.clone(),
+            "shard" => $c.ctx.shard_id.clone(),
+            "stage" => $call.stage
+        )
+        .increment(1);
+    }};
+}
+
 fn slow(c: &Consumer, call: Call, elapsed: Duration) {
-    warn!(
-        stream = %c.ctx.stream,
-        shard = %c.ctx.shard_id,
-        lane = ?call.lane,
-        call = call.stage,
-        ?elapsed,
+    report!(
+        warn,
+        PROCESSOR_CALLS_SLOW,
+        c,
+        call,
+        elapsed,
         "a processor call is running long; the shard makes no progress until it returns"
     );
-    metrics::counter!(
-        PROCESSOR_CALLS_SLOW,
-        "stream" => c.ctx.stream.clone(),
-        "shard" => c.ctx.shard_id.clone(),
-        "stage" => call.stage
-    )
-    .increment(1);
 }
 
 fn timed_out(c: &Consumer, call: Call, elapsed: Duration) {
-    error!(
-        stream = %c.ctx.stream,
-        shard = %c.ctx.shard_id,
-        lane = ?call.lane,
-        call = call.stage,
-        ?elapsed,
+    report!(
+        error,
+        PROCESSOR_TIMEOUTS,
+        c,
+        call,
+        elapsed,
         "a processor call ran past processor_timeout and was cancelled; the shard is given back"
     );
-    metrics::counter!(
-        PROCESSOR_TIMEOUTS,
-        "stream" => c.ctx.stream.clone(),
-        "shard" => c.ctx.shard_id.clone(),
-        "stage" => call.stage
-    )
-    .increment(1);
 }
