@@ -2,7 +2,7 @@
 //! (in the tenure the handoff recorded) until it completes; a take ends
 //! one, a release keeps it.
 
-use super::{a_in, assert_condition_failed, cp, h, owned_by, taken_by_a};
+use super::{Write, a_in, assert_condition_failed, assert_refused, cp, h, owned_by, taken_by_a};
 use crate::lease::{Checkpoint, Lease};
 use crate::store::{CheckpointUpdate, LeaseStore};
 
@@ -142,14 +142,14 @@ pub async fn handoff_steps_are_conditional_on_the_previous_owners_tenure<S: Leas
     let l = taken_by_a(store, "s", "t1").await;
     let started = store.start_handoff(&l, h("b")).await.expect("start");
     assert_eq!(started.checkpoint_owner_tenure.as_deref(), Some("t1"));
-    assert_condition_failed(
-        store.checkpoint("s", a_in("t0"), &cp("7")).await,
-        "earlier tenure checkpoints",
-    );
-    assert_condition_failed(
-        store.complete_handoff("s", a_in("t0")).await,
-        "earlier tenure completes",
-    );
+    assert_refused(
+        store,
+        "s",
+        a_in("t0"),
+        &[Write::Checkpoint, Write::CompleteHandoff],
+        "an earlier tenure",
+    )
+    .await;
     store
         .checkpoint("s", a_in("t1"), &cp("7"))
         .await

@@ -163,6 +163,50 @@ fn assert_condition_failed<T: std::fmt::Debug>(
     }
 }
 
+/// A write a holder may be shut out of, for [`assert_refused`].
+#[derive(Debug, Clone, Copy)]
+enum Write {
+    /// A renewal from the lease's counter as it stands: the holder is all
+    /// that can fail its condition.
+    Renew,
+    Checkpoint,
+    Release,
+    CompleteHandoff,
+}
+
+/// The writes of a lease's holder.
+const HOLDING: &[Write] = &[Write::Renew, Write::Checkpoint, Write::Release];
+
+/// The writes of a previous owner draining a handoff: what a hand-back
+/// leaves its holder, and an eviction does not.
+const DRAINING: &[Write] = &[Write::Renew, Write::Checkpoint, Write::CompleteHandoff];
+
+/// Asserts that each of `writes` by `by` to lease `key` fails its
+/// condition; `who` names `by` in a failure. A refused write writes
+/// nothing, so their order does not matter.
+async fn assert_refused<S: LeaseStore + ?Sized>(
+    store: &S,
+    key: &str,
+    by: Holder<'_>,
+    writes: &[Write],
+    who: &str,
+) {
+    let counter = store.get(key).await.expect("get").expect("exists").counter;
+    for &write in writes {
+        let what = format!("{write:?} by {who}");
+        match write {
+            Write::Renew => assert_condition_failed(store.renew(key, by, counter).await, &what),
+            Write::Checkpoint => {
+                assert_condition_failed(store.checkpoint(key, by, &cp("99")).await, &what)
+            }
+            Write::Release => assert_condition_failed(store.release(key, by).await, &what),
+            Write::CompleteHandoff => {
+                assert_condition_failed(store.complete_handoff(key, by).await, &what)
+            }
+        };
+    }
+}
+
 /// `a` in tenure `tenure`.
 fn a_in(tenure: &str) -> Holder<'_> {
     Holder {

@@ -2,7 +2,10 @@
 //! wrote, reclaims start a new one, and a Java KCL worker's writes (which
 //! carry none) are judged by their owner.
 
-use super::{a_in, assert_condition_failed, cp, created, h, lease, owned_by, taken_by_a};
+use super::{
+    HOLDING, a_in, assert_condition_failed, assert_refused, cp, created, h, lease, owned_by,
+    taken_by_a,
+};
 use crate::lease::Checkpoint;
 use crate::store::{Holder, LeaseStore};
 
@@ -12,16 +15,7 @@ use crate::store::{Holder, LeaseStore};
 pub async fn every_write_of_a_tenure_is_conditional_on_it<S: LeaseStore + ?Sized>(store: &S) {
     let l = taken_by_a(store, "s", "t1").await;
     assert_eq!(l.tenure.as_deref(), Some("t1"));
-    let twin = a_in("t2");
-    assert_condition_failed(
-        store.renew("s", twin, l.counter).await,
-        "renew, other tenure",
-    );
-    assert_condition_failed(
-        store.checkpoint("s", twin, &cp("5")).await,
-        "checkpoint, other tenure",
-    );
-    assert_condition_failed(store.release("s", twin).await, "release, other tenure");
+    assert_refused(store, "s", a_in("t2"), HOLDING, "another tenure").await;
     let untenured = Holder {
         owner: "a",
         tenure: None,
@@ -148,18 +142,7 @@ pub async fn a_java_take_leaves_a_stale_tenure_that_guards_nothing<S: LeaseStore
     java.counter = 12;
     java.tenure = Some("t1".into());
     store.create_if_absent(&java).await.expect("create");
-    assert_condition_failed(
-        store.renew("s", a_in("t1"), 12).await,
-        "renew by the old kcl owner",
-    );
-    assert_condition_failed(
-        store.checkpoint("s", a_in("t1"), &cp("1")).await,
-        "checkpoint by the old kcl owner",
-    );
-    assert_condition_failed(
-        store.release("s", a_in("t1")).await,
-        "release by the old kcl owner",
-    );
+    assert_refused(store, "s", a_in("t1"), HOLDING, "the old kcl owner").await;
     // Pinned to what was observed: an operator's eviction of the Java owner.
     let evicted = store
         .release("s", Holder::owner_of(&java).expect("owned"))
