@@ -268,6 +268,23 @@ fn keys(store: &InMemoryLeaseStore) -> Vec<(String, Checkpoint)> {
     v
 }
 
+/// A stream `STREAM` of `shards` shards (their ids) and an empty lease
+/// table.
+fn fresh(shards: usize) -> (InMemoryShardSource, Vec<String>, InMemoryLeaseStore) {
+    let source = InMemoryShardSource::new();
+    let ids = source.create_stream(STREAM, shards);
+    (source, ids, InMemoryLeaseStore::new())
+}
+
+/// [`sync_shards`] of `STREAM`, single-stream.
+async fn sync(
+    source: &dyn ShardSource,
+    store: &dyn LeaseStore,
+    initial: InitialPosition,
+) -> Result<SyncReport, SyncError> {
+    sync_shards(source, store, STREAM, &LeaseLayout::SingleStream, initial).await
+}
+
 #[tokio::test]
 async fn sync_fresh_stream_at_each_initial_position() {
     for (initial, cp) in [
@@ -275,12 +292,8 @@ async fn sync_fresh_stream_at_each_initial_position() {
         (LATEST, Checkpoint::Latest),
         (at_ts(), Checkpoint::AtTimestamp),
     ] {
-        let source = InMemoryShardSource::new();
-        let ids = source.create_stream(STREAM, 3);
-        let store = InMemoryLeaseStore::new();
-        let report = sync_shards(&source, &store, STREAM, &LeaseLayout::SingleStream, initial)
-            .await
-            .expect("sync");
+        let (source, ids, store) = fresh(3);
+        let report = sync(&source, &store, initial).await.expect("sync");
         assert_eq!(report.created, 3);
         assert_eq!(report.already_existed, 0);
         assert!(report.holes.is_empty());
@@ -291,16 +304,11 @@ async fn sync_fresh_stream_at_each_initial_position() {
 
 #[tokio::test]
 async fn sync_after_split_and_merge() {
-    let source = InMemoryShardSource::new();
-    let ids = source.create_stream(STREAM, 2);
-    let store = InMemoryLeaseStore::new();
-    let layout = LeaseLayout::SingleStream;
-    sync_shards(&source, &store, STREAM, &layout, LATEST)
-        .await
-        .expect("first sync");
+    let (source, ids, store) = fresh(2);
+    sync(&source, &store, LATEST).await.expect("first sync");
 
     let [a, b] = source.split(STREAM, &ids[0]).expect("split");
-    let report = sync_shards(&source, &store, STREAM, &layout, LATEST)
+    let report = sync(&source, &store, LATEST)
         .await
         .expect("sync after split");
     assert_eq!(report.created, 2);
@@ -319,7 +327,7 @@ async fn sync_after_split_and_merge() {
     }
 
     let c = source.merge(STREAM, &b, &ids[1]).expect("merge");
-    let report = sync_shards(&source, &store, STREAM, &layout, LATEST)
+    let report = sync(&source, &store, LATEST)
         .await
         .expect("sync after merge");
     assert_eq!(report.created, 1);
@@ -337,14 +345,9 @@ async fn sync_after_split_and_merge() {
 
 #[tokio::test]
 async fn finished_parent_is_not_recreated() {
-    let source = InMemoryShardSource::new();
-    let ids = source.create_stream(STREAM, 1);
-    let store = InMemoryLeaseStore::new();
-    let layout = LeaseLayout::SingleStream;
+    let (source, ids, store) = fresh(1);
     source.split(STREAM, &ids[0]).expect("split");
-    sync_shards(&source, &store, STREAM, &layout, TH)
-        .await
-        .expect("sync");
+    sync(&source, &store, TH).await.expect("sync");
     assert_eq!(store.snapshot().len(), 3);
     // The parent is processed to SHARD_END and its lease cleaned up.
     let parent = store.get(&ids[0]).await.expect("get").expect("parent");
@@ -353,9 +356,7 @@ async fn finished_parent_is_not_recreated() {
         .await
         .expect("delete");
 
-    let report = sync_shards(&source, &store, STREAM, &layout, TH)
-        .await
-        .expect("sync again");
+    let report = sync(&source, &store, TH).await.expect("sync again");
     assert_eq!(
         (report.created, report.already_existed, report.holes.len()),
         (0, 0, 0)
@@ -365,19 +366,12 @@ async fn finished_parent_is_not_recreated() {
 
 #[tokio::test]
 async fn sync_twice_creates_nothing_new() {
-    let source = InMemoryShardSource::new();
-    let ids = source.create_stream(STREAM, 2);
+    let (source, ids, store) = fresh(2);
     source.split(STREAM, &ids[1]).expect("split");
-    let store = InMemoryLeaseStore::new();
-    let layout = LeaseLayout::SingleStream;
-    let first = sync_shards(&source, &store, STREAM, &layout, TH)
-        .await
-        .expect("first");
+    let first = sync(&source, &store, TH).await.expect("first");
     assert_eq!(first.created, 4);
     let before = store.snapshot();
-    let second = sync_shards(&source, &store, STREAM, &layout, TH)
-        .await
-        .expect("second");
+    let second = sync(&source, &store, TH).await.expect("second");
     assert_eq!(
         (second.created, second.already_existed, second.holes.len()),
         (0, 0, 0)
@@ -389,11 +383,9 @@ async fn sync_twice_creates_nothing_new() {
 async fn concurrent_syncs_create_each_lease_once() {
     let mut races = 0;
     for seed in 0..20 {
-        let source = InMemoryShardSource::new();
-        let ids = source.create_stream(STREAM, 4);
+        let (source, ids, table) = fresh(4);
         source.split(STREAM, &ids[0]).expect("split");
         source.merge(STREAM, &ids[2], &ids[3]).expect("merge");
-        let table = InMemoryLeaseStore::new();
         let (one, two) = (table.handle(), table.handle());
         // Random latency interleaves the two workers' creates.
         for (i, store) in [&one, &two].into_iter().enumerate() {
@@ -404,11 +396,7 @@ async fn concurrent_syncs_create_each_lease_once() {
                 max_latency: Duration::from_millis(5),
             }));
         }
-        let layout = LeaseLayout::SingleStream;
-        let (r1, r2) = tokio::join!(
-            sync_shards(&source, &one, STREAM, &layout, TH),
-            sync_shards(&source, &two, STREAM, &layout, TH),
-        );
+        let (r1, r2) = tokio::join!(sync(&source, &one, TH), sync(&source, &two, TH));
         let (r1, r2) = (r1.expect("worker one"), r2.expect("worker two"));
         let shards = source.list_shards(STREAM).await.expect("list").len();
         assert_eq!(r1.created + r2.created, shards, "seed {seed}");
@@ -424,21 +412,15 @@ async fn concurrent_syncs_create_each_lease_once() {
 
 #[tokio::test]
 async fn a_failed_create_stops_before_the_children() {
-    let source = InMemoryShardSource::new();
-    let ids = source.create_stream(STREAM, 1);
+    let (source, ids, store) = fresh(1);
     source.split(STREAM, &ids[0]).expect("split");
-    let store = InMemoryLeaseStore::new();
     store.inject(StoreOp::Create, Fault::Error(StoreErrorKind::Retryable));
-    let err = sync_shards(&source, &store, STREAM, &LeaseLayout::SingleStream, TH)
-        .await
-        .expect_err("create fails");
+    let err = sync(&source, &store, TH).await.expect_err("create fails");
     assert!(err.is_retryable(), "{err}");
     assert!(matches!(&err, SyncError::Store(_)), "{err:?}");
     assert!(store.snapshot().is_empty(), "no child without its parent");
     // The next sync finishes the job.
-    let report = sync_shards(&source, &store, STREAM, &LeaseLayout::SingleStream, TH)
-        .await
-        .expect("retry");
+    let report = sync(&source, &store, TH).await.expect("retry");
     assert_eq!(report.created, 3);
 }
 
@@ -482,9 +464,7 @@ async fn sync_reports_holes_and_still_creates() {
         shard("b", &[], (200, u128::MAX), false),
     ]);
     let store = InMemoryLeaseStore::new();
-    let report = sync_shards(&source, &store, STREAM, &LeaseLayout::SingleStream, TH)
-        .await
-        .expect("sync");
+    let report = sync(&source, &store, TH).await.expect("sync");
     assert_eq!(report.created, 2);
     assert_eq!(
         report.holes,
