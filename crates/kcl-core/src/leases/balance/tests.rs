@@ -177,6 +177,30 @@ pub(super) fn shuffle(order: &mut [usize], s: &mut u64) {
     }
 }
 
+/// Eight orders of `workers` workers, shuffled from `seed`: one a round,
+/// taken in turn.
+pub(super) fn orders(workers: usize, seed: u64) -> Vec<Vec<usize>> {
+    let mut s = seed | 1;
+    (0..8)
+        .map(|_| {
+            let mut order: Vec<usize> = (0..workers).collect();
+            shuffle(&mut order, &mut s);
+            order
+        })
+        .collect()
+}
+
+/// A lease's owner for each seed: one of `workers` workers, or nobody.
+fn owners_from(seeds: &[u8], workers: usize) -> Vec<Option<usize>> {
+    seeds
+        .iter()
+        .map(|s| {
+            let v = *s as usize % (workers + 1);
+            (v < workers).then_some(v)
+        })
+        .collect()
+}
+
 /// Runs rounds until balanced; returns the rounds it took. Fails if a state
 /// repeats before balance (an oscillation) or if balance is not stable.
 fn rounds_to_balance(mut fleet: Fleet, max_steal: usize, orders: &[Vec<usize>]) -> usize {
@@ -223,26 +247,11 @@ proptest! {
         leases in 0usize..=64,
         max_steal in 1usize..=8,
         seed_owners in prop::collection::vec(any::<u8>(), 64),
-        orders in prop::collection::vec(Just(()).prop_perturb(|_, mut rng| rng.random::<u64>()), 8),
+        seed in any::<u64>(),
     ) {
-        let owners = (0..leases)
-            .map(|i| {
-                let v = seed_owners[i] as usize % (workers + 1);
-                (v < workers).then_some(v)
-            })
-            .collect();
+        let owners = owners_from(&seed_owners[..leases], workers);
         let fleet = Fleet { workers, owners, foreign: 0 };
-        // Shuffled worker order per round, derived from the drawn seeds.
-        let orders: Vec<Vec<usize>> = orders
-            .iter()
-            .map(|seed| {
-                let mut order: Vec<usize> = (0..workers).collect();
-                let mut s = *seed | 1;
-                shuffle(&mut order, &mut s);
-                order
-            })
-            .collect();
-        let rounds = rounds_to_balance(fleet, max_steal, &orders);
+        let rounds = rounds_to_balance(fleet, max_steal, &orders(workers, seed));
         prop_assert!(
             rounds <= round_bound(leases, max_steal),
             "took {rounds} rounds, bound {}", round_bound(leases, max_steal)
@@ -267,22 +276,10 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let workers = kcl + java;
-        let owners = (0..leases)
-            .map(|i| {
-                let v = seed_owners[i] as usize % (workers + 1);
-                (v < workers).then_some(v)
-            })
-            .collect();
+        let owners = owners_from(&seed_owners[..leases], workers);
         let fleet = Fleet { workers, owners, foreign: java };
-        let mut s = seed | 1;
-        let orders: Vec<Vec<usize>> = (0..8)
-            .map(|_| {
-                let mut order: Vec<usize> = (0..kcl).collect();
-                shuffle(&mut order, &mut s);
-                order
-            })
-            .collect();
-        let rounds = rounds_to_balance(fleet, max_steal, &orders);
+        // Only the kcl workers decide.
+        let rounds = rounds_to_balance(fleet, max_steal, &orders(kcl, seed));
         prop_assert!(rounds <= leases + 3, "took {rounds} rounds for {leases} leases");
     }
 }

@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use super::super::tests::{counts, key, lease_views, name, shuffle};
+use super::super::tests::{counts, key, lease_views, name, orders, shuffle};
 use super::super::{Balance, BalanceInput, Decision, decide};
 use super::{LEASE_COST, TOLERANCE, count_cap};
 
@@ -108,18 +108,38 @@ fn dealt(workers: usize, leases: usize, seed: u64) -> Fleet {
     Fleet { workers, owners }
 }
 
-fn orders(workers: usize, seed: u64) -> Vec<Vec<usize>> {
-    let mut s = seed | 1;
-    (0..8)
-        .map(|_| {
-            let mut order: Vec<usize> = (0..workers).collect();
-            shuffle(&mut order, &mut s);
-            order
-        })
-        .collect()
+const EPS: f64 = 1e-9;
+
+/// A fleet of 2 to 6 workers and 1 to 40 leases with skewed loads, dealt
+/// at random, the cap on steals, and the orders the workers decide in.
+#[derive(Debug)]
+struct Case {
+    workers: usize,
+    leases: usize,
+    max_steal: usize,
+    loads: Vec<f64>,
+    fleet: Fleet,
+    orders: Vec<Vec<usize>>,
 }
 
-const EPS: f64 = 1e-9;
+prop_compose! {
+    fn case()(
+        workers in 2usize..=6,
+        leases in 1usize..=40,
+        max_steal in 1usize..=4,
+        seeds in prop::collection::vec(any::<u16>(), 40),
+        seed in any::<u64>(),
+    ) -> Case {
+        Case {
+            workers,
+            leases,
+            max_steal,
+            loads: loads_from(&seeds, leases),
+            fleet: dealt(workers, leases, seed),
+            orders: orders(workers, seed),
+        }
+    }
+}
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(1000))]
@@ -132,16 +152,8 @@ proptest! {
     /// heavy workers, the one thieves look at, the smallest id). Counts
     /// never exceed the cap.
     #[test]
-    fn load_balance_narrows_the_spread_every_round_until_within_the_margin(
-        workers in 2usize..=6,
-        leases in 1usize..=40,
-        max_steal in 1usize..=4,
-        seeds in prop::collection::vec(any::<u16>(), 40),
-        seed in any::<u64>(),
-    ) {
-        let loads = loads_from(&seeds, leases);
-        let mut fleet = dealt(workers, leases, seed);
-        let orders = orders(workers, seed);
+    fn load_balance_narrows_the_spread_every_round_until_within_the_margin(case in case()) {
+        let Case { workers, leases, max_steal, loads, mut fleet, orders } = case;
         let cap = count_cap(leases, workers, usize::MAX);
         let mut rounds = 0;
         loop {
@@ -201,16 +213,10 @@ proptest! {
     /// and only a few rounds in 300 change anything.
     #[test]
     fn no_state_repeats_under_twenty_percent_noise_on_every_figure(
-        workers in 2usize..=6,
-        leases in 1usize..=40,
-        max_steal in 1usize..=4,
-        seeds in prop::collection::vec(any::<u16>(), 40),
-        seed in any::<u64>(),
+        case in case(),
         noise in prop::collection::vec(-1.0f64..=1.0, 40 * 61),
     ) {
-        let loads = loads_from(&seeds, leases);
-        let mut fleet = dealt(workers, leases, seed);
-        let orders = orders(workers, seed);
+        let Case { leases, max_steal, loads, mut fleet, orders, .. } = case;
         let mut seen = HashSet::from([fleet.clone()]);
         let mut last_move = 0;
         for round in 0..300 {
