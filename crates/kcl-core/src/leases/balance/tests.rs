@@ -102,14 +102,9 @@ impl Fleet {
             .map(|w| names[w].as_str())
             .collect();
         decide(&BalanceInput {
-            me: &me,
-            leases,
-            max_leases_per_worker: usize::MAX,
-            max_leases_to_steal: max_steal,
             peers: foreign.clone(),
-            stale_after: Duration::from_secs(10),
             foreign,
-            balance: Balance::ByLoad,
+            ..input_by(&me, leases, max_steal)
         })
     }
 
@@ -403,19 +398,29 @@ fn view<'a>(key: &'a str, owner: Option<&'a str>, expired: bool, secs: u64) -> L
     }
 }
 
-/// The input of a decision by "me" over `leases`: no peer known, no cap,
-/// one steal at a time; each test sets what it is about.
-fn input(leases: Vec<LeaseView<'_>>) -> BalanceInput<'_> {
+/// The input of a decision by `me` over `leases`, stealing up to
+/// `max_steal` leases a tick: no peer known, no cap, balance by load; each
+/// test sets what it is about.
+pub(super) fn input_by<'a>(
+    me: &'a str,
+    leases: Vec<LeaseView<'a>>,
+    max_steal: usize,
+) -> BalanceInput<'a> {
     BalanceInput {
-        me: "me",
+        me,
         leases,
         max_leases_per_worker: usize::MAX,
-        max_leases_to_steal: 1,
+        max_leases_to_steal: max_steal,
         peers: Vec::new(),
         stale_after: Duration::from_secs(10),
         foreign: vec![],
         balance: Balance::ByLoad,
     }
+}
+
+/// [`input_by`] "me", one steal at a time.
+fn input(leases: Vec<LeaseView<'_>>) -> BalanceInput<'_> {
+    input_by("me", leases, 1)
 }
 
 #[test]
@@ -546,15 +551,10 @@ fn peers_known_from_liveness_split_a_cold_start_without_collisions() {
     let workers: Vec<String> = (0..10).map(|w| format!("worker-{w}")).collect();
     let mut chosen: Vec<String> = Vec::new();
     for me in &workers {
+        let leases = keys.iter().map(|k| view(k, None, false, 0)).collect();
         let d = decide(&BalanceInput {
-            me,
-            leases: keys.iter().map(|k| view(k, None, false, 0)).collect(),
-            max_leases_per_worker: usize::MAX,
-            max_leases_to_steal: 4,
             peers: workers.iter().map(String::as_str).collect(),
-            stale_after: Duration::from_secs(10),
-            foreign: vec![],
-            balance: Balance::ByLoad,
+            ..input_by(me, leases, 4)
         });
         assert_eq!(d.target, 100);
         assert_eq!(d.live_workers, 10);

@@ -1,9 +1,8 @@
 use std::collections::HashSet;
-use std::time::Duration;
 
 use proptest::prelude::*;
 
-use super::super::tests::{counts, key, lease_views, name, orders, shuffle};
+use super::super::tests::{counts, input_by, key, lease_views, name, orders, shuffle};
 use super::super::{Balance, BalanceInput, Decision, decide};
 use super::{LEASE_COST, TOLERANCE, count_cap};
 
@@ -49,14 +48,8 @@ impl Fleet {
         let me = name(w);
         let leases = lease_views(&self.owners, w, &keys, &names, |i| Some(figures[i]));
         decide(&BalanceInput {
-            me: &me,
-            leases,
-            max_leases_per_worker: usize::MAX,
-            max_leases_to_steal: max_steal,
             peers: names.iter().map(String::as_str).collect(),
-            stale_after: Duration::from_secs(10),
-            foreign: vec![],
-            balance: Balance::ByLoad,
+            ..input_by(&me, leases, max_steal)
         })
     }
 
@@ -364,14 +357,9 @@ fn with_java_workers_on_the_table_the_count_rule_decides() {
         Some(if i == 0 { 100.0 } else { 1.0 })
     });
     let d = decide(&BalanceInput {
-        me: "kcl",
-        leases,
-        max_leases_per_worker: usize::MAX,
-        max_leases_to_steal: 4,
         peers: vec!["java"],
-        stale_after: Duration::from_secs(10),
         foreign: vec!["java"],
-        balance: Balance::ByLoad,
+        ..input_by("kcl", leases, 4)
     });
     // 3 against 1: the count rule gives one to the Java worker.
     assert_eq!((d.give.len(), d.give_to.as_deref()), (1, Some("java")));
@@ -390,14 +378,8 @@ fn a_holder_without_a_liveness_record_leaves_the_decision_to_the_count_rule() {
         Some(if i < 2 { 1.0 } else { 50.0 })
     });
     let input = |peers: Vec<&'static str>| BalanceInput {
-        me: "kcl",
-        leases: leases.clone(),
-        max_leases_per_worker: usize::MAX,
-        max_leases_to_steal: 4,
         peers,
-        stale_after: Duration::from_secs(10),
-        foreign: vec![],
-        balance: Balance::ByLoad,
+        ..input_by("kcl", leases.clone(), 4)
     };
     // 2 against 2: the count rule moves nothing.
     assert!(decide(&input(vec!["kcl"])).steal.is_empty());
@@ -418,14 +400,9 @@ fn balance_by_count_ignores_figures() {
         Some(if i < 2 { 100.0 } else { 1.0 })
     });
     let input = |balance| BalanceInput {
-        me: "worker-1",
-        leases: leases.clone(),
-        max_leases_per_worker: usize::MAX,
-        max_leases_to_steal: 4,
         peers: names.iter().map(String::as_str).collect(),
-        stale_after: Duration::from_secs(10),
-        foreign: vec![],
         balance,
+        ..input_by("worker-1", leases.clone(), 4)
     };
     assert!(decide(&input(Balance::ByCount)).steal.is_empty());
     assert_eq!(decide(&input(Balance::ByLoad)).steal.len(), 1);
