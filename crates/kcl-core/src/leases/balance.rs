@@ -288,19 +288,11 @@ fn steal_by_count(
     if count == 0 {
         return;
     }
-    let mut candidates: Vec<&LeaseView<'_>> = input
-        .leases
-        .iter()
-        .filter(|l| l.owner == Some(victim) && !l.expired && !l.in_handoff && l.seen_alive)
-        .collect();
     // Thieves stealing from the same victim at the same time pick different
-    // leases (per-thief order), so their conditional writes rarely collide.
-    candidates.sort_by_key(|l| spread(me, l.key));
-    decision.steal = candidates
-        .iter()
-        .take(count)
-        .map(|l| l.key.to_owned())
-        .collect();
+    // leases, so their conditional writes rarely collide.
+    decision.steal = pick(input, count, |l| {
+        l.owner == Some(victim) && !l.expired && !l.in_handoff && l.seen_alive
+    });
     decision.victim = Some(victim.to_owned());
 }
 
@@ -333,16 +325,28 @@ fn give(
     let count = ((mine - theirs) / 2)
         .min(target - theirs)
         .min(input.max_leases_to_steal);
-    let mut ours: Vec<&LeaseView<'_>> = input
-        .leases
-        .iter()
-        .filter(|l| l.owner == Some(me) && l.held_here && !l.other_process && !l.in_handoff)
-        .collect();
-    ours.sort_by_key(|l| spread(me, l.key));
-    decision.give = ours.iter().take(count).map(|l| l.key.to_owned()).collect();
+    decision.give = pick(input, count, |l| {
+        l.owner == Some(me) && l.held_here && !l.other_process && !l.in_handoff
+    });
     if !decision.give.is_empty() {
         decision.give_to = Some(to.to_owned());
     }
+}
+
+/// The keys of up to `count` leases `keep` accepts, in this worker's own
+/// order of them: workers choosing at the same time choose differently.
+fn pick(
+    input: &BalanceInput<'_>,
+    count: usize,
+    keep: impl Fn(&LeaseView<'_>) -> bool,
+) -> Vec<String> {
+    let mut chosen: Vec<&LeaseView<'_>> = input.leases.iter().filter(|l| keep(l)).collect();
+    chosen.sort_by_key(|l| spread(input.me, l.key));
+    chosen
+        .iter()
+        .take(count)
+        .map(|l| l.key.to_owned())
+        .collect()
 }
 
 /// The worker holding the most leases of those `counts` lists that `keep`
