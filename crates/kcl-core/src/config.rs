@@ -334,7 +334,7 @@ impl LeaseConfigBuilder {
     /// A worker id, and a lease duration a renewal can keep up with.
     fn check_identity(&self) -> Result<(), ConfigError> {
         if self.worker_id.trim().is_empty() {
-            return invalid("worker_id", "must not be empty".into());
+            return invalid("worker_id", "must not be empty");
         }
         if self.lease_duration < Duration::from_millis(100) {
             return invalid(
@@ -392,7 +392,7 @@ impl LeaseConfigBuilder {
     /// The taker's tick and its jitter.
     fn check_taker(&self) -> Result<(), ConfigError> {
         if self.taker_interval.is_zero() {
-            return invalid("taker_interval", "must be above zero".into());
+            return invalid("taker_interval", "must be above zero");
         }
         if !(0.0..1.0).contains(&self.jitter) {
             return invalid(
@@ -439,10 +439,10 @@ impl LeaseConfigBuilder {
     /// The counts that must be at least 1.
     fn check_limits(&self) -> Result<(), ConfigError> {
         if self.max_leases_per_worker == 0 {
-            return invalid("max_leases_per_worker", "must be at least 1".into());
+            return invalid("max_leases_per_worker", "must be at least 1");
         }
         if self.renew_concurrency == 0 {
-            return invalid("renew_concurrency", "must be at least 1".into());
+            return invalid("renew_concurrency", "must be at least 1");
         }
         Ok(())
     }
@@ -476,8 +476,11 @@ struct Renewal {
 }
 
 /// The error for an impossible `field`.
-fn invalid<T>(field: &'static str, reason: String) -> Result<T, ConfigError> {
-    Err(ConfigError { field, reason })
+pub(crate) fn invalid<T>(field: &'static str, reason: impl Into<String>) -> Result<T, ConfigError> {
+    Err(ConfigError {
+        field,
+        reason: reason.into(),
+    })
 }
 
 #[cfg(test)]

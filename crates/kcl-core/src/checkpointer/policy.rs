@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::config::ConfigError;
+use crate::config::{ConfigError, invalid};
 use crate::lease::Checkpoint;
 
 /// How often a shard's checkpoint is written. See the module docs.
@@ -86,19 +86,16 @@ impl CheckpointPolicy {
 
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if self.period.is_some_and(|p| p.is_zero()) {
-            return Err(ConfigError {
-                field: "checkpoint_policy",
-                reason: "has a zero period; use CheckpointPolicy::every_call() to write every call"
-                    .into(),
-            });
+            return invalid(
+                "checkpoint_policy",
+                "has a zero period; use CheckpointPolicy::every_call() to write every call",
+            );
         }
         if self.records == Some(0) {
-            return Err(ConfigError {
-                field: "checkpoint_policy",
-                reason: "has a record count of 0; use CheckpointPolicy::every_call() to write \
-                         every call"
-                    .into(),
-            });
+            return invalid(
+                "checkpoint_policy",
+                "has a record count of 0; use CheckpointPolicy::every_call() to write every call",
+            );
         }
         Ok(())
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::{RemovedStreamPolicy, StreamSpec};
 use crate::checkpointer::CheckpointPolicy;
-use crate::config::{ConfigError, LeaseConfig};
+use crate::config::{ConfigError, LeaseConfig, invalid};
 use crate::lease::LeaseLayout;
 use crate::processor::FailurePolicy;
 use crate::source::InitialPosition;
@@ -237,65 +237,54 @@ impl WorkerConfigBuilder {
     /// and resolves their lease layouts later (that needs the stream
     /// service), then calls [`Self::build`].
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let err = |field, reason: &str| {
-            Err(ConfigError {
-                field,
-                reason: reason.to_owned(),
-            })
-        };
         if self.shard_sync_interval.is_zero() {
-            return err("shard_sync_interval", "must be above zero");
+            return invalid("shard_sync_interval", "must be above zero");
         }
         if self.parent_poll_interval.is_zero() {
-            return err("parent_poll_interval", "must be above zero");
+            return invalid("parent_poll_interval", "must be above zero");
         }
         if self.max_backoff < Duration::from_millis(100) {
-            return err("max_backoff", "must be at least 100ms");
+            return invalid("max_backoff", "must be at least 100ms");
         }
         if !(1..=MAX_PARALLELISM_PER_SHARD).contains(&self.parallelism_per_shard) {
-            return Err(ConfigError {
-                field: "parallelism_per_shard",
-                reason: format!(
+            return invalid(
+                "parallelism_per_shard",
+                format!(
                     "must be between 1 and {MAX_PARALLELISM_PER_SHARD}, not {}",
                     self.parallelism_per_shard
                 ),
-            });
+            );
         }
         self.checkpoint_policy.validate()?;
         if self.max_read_failure_time < Duration::from_secs(1) {
             let limit = self.max_read_failure_time;
-            return Err(ConfigError {
-                field: "max_read_failure_time",
-                reason: format!(
-                    "must be at least 1s, not {limit:?}: a healthy read can take that long"
-                ),
-            });
+            return invalid(
+                "max_read_failure_time",
+                format!("must be at least 1s, not {limit:?}: a healthy read can take that long"),
+            );
         }
         self.validate_processor_limits()?;
         if let FailurePolicy::Isolate(p) = &self.failure_policy
             && let Some(problem) = p.problem()
         {
-            return err("failure_policy", problem);
+            return invalid("failure_policy", problem);
         }
         Ok(())
     }
 
     fn validate_processor_limits(&self) -> Result<(), ConfigError> {
         if self.processor_warn_after.is_zero() {
-            return Err(ConfigError {
-                field: "processor_warn_after",
-                reason: "must be above zero".into(),
-            });
+            return invalid("processor_warn_after", "must be above zero");
         }
         match self.processor_timeout {
-            Some(timeout) if timeout <= self.processor_warn_after => Err(ConfigError {
-                field: "processor_timeout",
-                reason: format!(
+            Some(timeout) if timeout <= self.processor_warn_after => invalid(
+                "processor_timeout",
+                format!(
                     "must exceed processor_warn_after ({:?}), not {timeout:?}: a call is warned \
                      about before it is cancelled",
                     self.processor_warn_after
                 ),
-            }),
+            ),
             _ => Ok(()),
         }
     }
@@ -304,10 +293,7 @@ impl WorkerConfigBuilder {
     pub fn build(self) -> Result<WorkerConfig, ConfigError> {
         self.validate()?;
         let Some(lease) = self.lease else {
-            return Err(ConfigError {
-                field: "lease",
-                reason: "no lease settings; call .lease(LeaseConfig)".into(),
-            });
+            return invalid("lease", "no lease settings; call .lease(LeaseConfig)");
         };
         check_stream_names(self.streams.iter().map(|s| s.name.as_str()))?;
         if self.streams.len() > 1
@@ -316,10 +302,7 @@ impl WorkerConfigBuilder {
                 .iter()
                 .any(|s| s.layout == LeaseLayout::SingleStream)
         {
-            return Err(ConfigError {
-                field: "streams",
-                reason: "several streams need multi-stream lease keys".into(),
-            });
+            return invalid("streams", "several streams need multi-stream lease keys");
         }
         Ok(WorkerConfig {
             lease,
@@ -343,24 +326,18 @@ impl WorkerConfigBuilder {
 
 /// Checks a worker's stream names: at least one, none blank, none twice.
 pub fn check_stream_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<(), ConfigError> {
-    let err = |reason: String| {
-        Err(ConfigError {
-            field: "streams",
-            reason,
-        })
-    };
     let mut seen: Vec<&str> = Vec::new();
     for name in names {
         if name.trim().is_empty() {
-            return err("contains an empty stream name".into());
+            return invalid("streams", "contains an empty stream name");
         }
         if seen.contains(&name) {
-            return err(format!("names {name:?} twice"));
+            return invalid("streams", format!("names {name:?} twice"));
         }
         seen.push(name);
     }
     if seen.is_empty() {
-        return err("must name at least one stream".into());
+        return invalid("streams", "must name at least one stream");
     }
     Ok(())
 }
