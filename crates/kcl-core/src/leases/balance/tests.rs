@@ -32,30 +32,55 @@ pub(super) fn counts(workers: usize, owners: &[Option<usize>]) -> Vec<usize> {
     c
 }
 
-/// The table as worker `w` reads it, every owner alive: lease i is
-/// `keys[i]`, held by `names[owners[i]]`, with the figure `load(i)`.
-pub(super) fn lease_views<'a>(
-    owners: &[Option<usize>],
-    w: usize,
-    keys: &'a [String],
-    names: &'a [String],
-    load: impl Fn(usize) -> Option<f64>,
-) -> Vec<LeaseView<'a>> {
-    owners
-        .iter()
-        .enumerate()
-        .map(|(i, o)| LeaseView {
-            key: &keys[i],
-            owner: o.map(|o| names[o].as_str()),
-            expired: false,
-            unrenewed_for: Duration::ZERO,
-            held_here: *o == Some(w),
-            other_process: false,
-            in_handoff: false,
-            seen_alive: true,
-            load: load(i),
-        })
-        .collect()
+/// A model table's names: worker w is `workers[w]`, lease i is `keys[i]`.
+pub(super) struct Names {
+    pub(super) workers: Vec<String>,
+    keys: Vec<String>,
+}
+
+impl Names {
+    /// `workers`, and `leases` leases named by [`key`].
+    pub(super) fn new(workers: Vec<String>, leases: usize) -> Self {
+        Names {
+            workers,
+            keys: (0..leases).map(key).collect(),
+        }
+    }
+
+    /// `workers` workers named by [`name`], and `leases` leases.
+    pub(super) fn numbered(workers: usize, leases: usize) -> Self {
+        Self::new((0..workers).map(name).collect(), leases)
+    }
+
+    /// Every worker, as a decision's peers.
+    pub(super) fn peers(&self) -> Vec<&str> {
+        self.workers.iter().map(String::as_str).collect()
+    }
+
+    /// The table as worker `w` reads it, every owner alive: lease i held
+    /// by worker `owners[i]`, with the figure `load(i)`.
+    pub(super) fn views(
+        &self,
+        owners: &[Option<usize>],
+        w: usize,
+        load: impl Fn(usize) -> Option<f64>,
+    ) -> Vec<LeaseView<'_>> {
+        owners
+            .iter()
+            .enumerate()
+            .map(|(i, o)| LeaseView {
+                key: &self.keys[i],
+                owner: o.map(|o| self.workers[o].as_str()),
+                expired: false,
+                unrenewed_for: Duration::ZERO,
+                held_here: *o == Some(w),
+                other_process: false,
+                in_handoff: false,
+                seen_alive: true,
+                load: load(i),
+            })
+            .collect()
+    }
 }
 
 impl Fleet {
@@ -92,14 +117,13 @@ impl Fleet {
 
     /// One worker's decision on the current table (every owner alive).
     fn decide_for(&self, w: usize, max_steal: usize) -> Decision {
-        let names: Vec<String> = (0..self.workers).map(name).collect();
-        let keys: Vec<String> = (0..self.owners.len()).map(key).collect();
+        let names = Names::numbered(self.workers, self.owners.len());
         let me = name(w);
         // No figures: the count rule, the fallback of balance by load.
-        let leases = lease_views(&self.owners, w, &keys, &names, |_| None);
+        let leases = names.views(&self.owners, w, |_| None);
         let foreign: Vec<&str> = (0..self.workers)
             .filter(|w| self.is_foreign(*w))
-            .map(|w| names[w].as_str())
+            .map(|w| names.workers[w].as_str())
             .collect();
         decide(&BalanceInput {
             peers: foreign.clone(),

@@ -2,7 +2,7 @@ use std::collections::HashSet;
 
 use proptest::prelude::*;
 
-use super::super::tests::{counts, input_by, key, lease_views, name, orders, shuffle};
+use super::super::tests::{Names, counts, input_by, name, orders, shuffle};
 use super::super::{Balance, BalanceInput, Decision, decide};
 use super::{LEASE_COST, TOLERANCE, count_cap};
 
@@ -43,12 +43,11 @@ impl Fleet {
 
     /// One worker's decision on the table, whose figures are `figures`.
     fn decide_for(&self, w: usize, max_steal: usize, figures: &[f64]) -> Decision {
-        let names: Vec<String> = (0..self.workers).map(name).collect();
-        let keys: Vec<String> = (0..self.owners.len()).map(key).collect();
+        let names = Names::numbered(self.workers, self.owners.len());
         let me = name(w);
-        let leases = lease_views(&self.owners, w, &keys, &names, |i| Some(figures[i]));
+        let leases = names.views(&self.owners, w, |i| Some(figures[i]));
         decide(&BalanceInput {
-            peers: names.iter().map(String::as_str).collect(),
+            peers: names.peers(),
             ..input_by(&me, leases, max_steal)
         })
     }
@@ -350,10 +349,8 @@ fn without_figures_the_count_rule_decides() {
 /// leader balances its own workers): figures change nothing.
 #[test]
 fn with_java_workers_on_the_table_the_count_rule_decides() {
-    let keys: Vec<String> = (0..4).map(key).collect();
-    let names = ["kcl".to_owned(), "java".to_owned()];
-    let owners = [0, 0, 0, 1].map(Some);
-    let leases = lease_views(&owners, 0, &keys, &names, |i| {
+    let names = Names::new(vec!["kcl".into(), "java".into()], 4);
+    let leases = names.views(&[0, 0, 0, 1].map(Some), 0, |i| {
         Some(if i == 0 { 100.0 } else { 1.0 })
     });
     let d = decide(&BalanceInput {
@@ -371,10 +368,8 @@ fn with_java_workers_on_the_table_the_count_rule_decides() {
 /// leader balances it.
 #[test]
 fn a_holder_without_a_liveness_record_leaves_the_decision_to_the_count_rule() {
-    let keys: Vec<String> = (0..4).map(key).collect();
-    let names = ["kcl".to_owned(), "java".to_owned()];
-    let owners = [0, 0, 1, 1].map(Some);
-    let leases = lease_views(&owners, 0, &keys, &names, |i| {
+    let names = Names::new(vec!["kcl".into(), "java".into()], 4);
+    let leases = names.views(&[0, 0, 1, 1].map(Some), 0, |i| {
         Some(if i < 2 { 1.0 } else { 50.0 })
     });
     let input = |peers: Vec<&'static str>| BalanceInput {
@@ -394,13 +389,10 @@ fn balance_by_count_ignores_figures() {
         workers: 2,
         owners: [0, 0, 1, 1].map(Some).to_vec(),
     };
-    let names = [name(0), name(1)];
-    let keys: Vec<String> = (0..4).map(key).collect();
-    let leases = lease_views(&fleet.owners, 1, &keys, &names, |i| {
-        Some(if i < 2 { 100.0 } else { 1.0 })
-    });
+    let names = Names::numbered(2, 4);
+    let leases = names.views(&fleet.owners, 1, |i| Some(if i < 2 { 100.0 } else { 1.0 }));
     let input = |balance| BalanceInput {
-        peers: names.iter().map(String::as_str).collect(),
+        peers: names.peers(),
         balance,
         ..input_by("worker-1", leases.clone(), 4)
     };
