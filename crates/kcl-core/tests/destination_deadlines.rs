@@ -14,9 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use common::processing::{Collect, STREAM};
 use common::single_stream_config;
 use kcl_core::checkpointer::Checkpointer;
-use kcl_core::poison::{CannotStore, FailedRecord, FailureDestination, PoisonPolicy};
+use kcl_core::poison::PoisonPolicy;
 use kcl_core::processor::{
     FailurePolicy, InitializeInput, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
 };
@@ -28,7 +29,6 @@ use kcl_core::{Checkpoint, LeaseConfig, LeaseStore};
 use tokio::task::JoinHandle;
 use tokio::time::sleep;
 
-const STREAM: &str = "orders";
 const POISON: &[u8] = b"2";
 
 /// What the processors of the shard did.
@@ -77,52 +77,6 @@ impl RecordProcessor for Processor {
 
     async fn lease_lost(&mut self) {
         self.0.lease_lost.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-/// A destination whose first `hang` sends never answer, as over a
-/// connection that died without a reset; the others store the records.
-#[derive(Default)]
-struct Silent {
-    hang: AtomicU32,
-    calls: AtomicU32,
-    got: Mutex<Vec<FailedRecord>>,
-}
-
-#[async_trait]
-impl FailureDestination for Silent {
-    async fn send(&self, failed: &[FailedRecord]) -> Result<(), ProcessorError> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        let hangs = self
-            .hang
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if hangs {
-            std::future::pending::<()>().await;
-        }
-        self.got.lock().unwrap().extend_from_slice(failed);
-        Ok(())
-    }
-}
-
-/// A destination that refuses every record for good while `refuse` is set
-/// (a record too big for it), and stores them once it is changed.
-#[derive(Default)]
-struct Refusing {
-    refuse: AtomicBool,
-    calls: AtomicU32,
-    got: Mutex<Vec<FailedRecord>>,
-}
-
-#[async_trait]
-impl FailureDestination for Refusing {
-    async fn send(&self, failed: &[FailedRecord]) -> Result<(), ProcessorError> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        if self.refuse.load(Ordering::SeqCst) {
-            return Err(Box::new(CannotStore::new("the record is too big for me")));
-        }
-        self.got.lock().unwrap().extend_from_slice(failed);
-        Ok(())
     }
 }
 
@@ -203,9 +157,9 @@ async fn until_the_rest_processed(s: &Setup) {
 
 #[tokio::test(start_paused = true)]
 async fn a_send_that_never_answers_is_cut_and_the_shard_given_back_after_the_deadline() {
-    let dest = Arc::new(Silent {
+    let dest = Arc::new(Collect {
         hang: AtomicU32::new(u32::MAX),
-        ..Silent::default()
+        ..Collect::default()
     });
     let policy = PoisonPolicy::send_to(Arc::clone(&dest))
         .max_attempts(1)
@@ -249,9 +203,9 @@ async fn a_send_that_never_answers_is_cut_and_the_shard_given_back_after_the_dea
 
 #[tokio::test(start_paused = true)]
 async fn a_hung_send_is_cut_and_retried_without_giving_the_shard_back() {
-    let dest = Arc::new(Silent {
+    let dest = Arc::new(Collect {
         hang: AtomicU32::new(1),
-        ..Silent::default()
+        ..Collect::default()
     });
     let policy = PoisonPolicy::send_to(Arc::clone(&dest))
         .max_attempts(1)
@@ -271,9 +225,9 @@ async fn a_hung_send_is_cut_and_retried_without_giving_the_shard_back() {
 
 #[tokio::test(start_paused = true)]
 async fn a_record_the_destination_can_never_store_keeps_the_shard_and_is_retried() {
-    let dest = Arc::new(Refusing {
-        refuse: AtomicBool::new(true),
-        ..Refusing::default()
+    let dest = Arc::new(Collect {
+        cannot_store: AtomicBool::new(true),
+        ..Collect::default()
     });
     let deadline = Duration::from_secs(60);
     let policy = PoisonPolicy::send_to(Arc::clone(&dest))
@@ -309,7 +263,7 @@ async fn a_record_the_destination_can_never_store_keeps_the_shard_and_is_retried
         "the checkpoint stays before the record not stored"
     );
     // The destination is changed to take it: the shard goes on.
-    dest.refuse.store(false, Ordering::SeqCst);
+    dest.cannot_store.store(false, Ordering::SeqCst);
     until_the_rest_processed(&s).await;
     let got = dest.got.lock().unwrap().clone();
     assert_eq!(got.len(), 1);

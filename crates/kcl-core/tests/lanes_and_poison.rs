@@ -6,6 +6,8 @@
 //! out to a destination before the checkpoint passes them.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,8 +15,9 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use common::processing::{Collect, Processed, STREAM, take_one};
 use kcl_core::checkpointer::Checkpointer;
-use kcl_core::poison::{FailedRecord, FailureDestination, FailureReason, PoisonPolicy};
+use kcl_core::poison::{FailureReason, PoisonPolicy};
 use kcl_core::processor::{
     FailurePolicy, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
 };
@@ -25,13 +28,10 @@ use kcl_core::{Checkpoint, LeaseConfig, LeaseLayout, LeaseStore};
 use proptest::prelude::*;
 use tokio::time::{Instant, sleep};
 
-const STREAM: &str = "orders";
-
 /// What the processors saw.
 #[derive(Default)]
 struct Log {
-    /// (partition key, record number), in the order processed.
-    processed: Mutex<Vec<(String, u64)>>,
+    processed: Processed,
     running: AtomicUsize,
     most_running: AtomicUsize,
     /// Failed calls of process_records (poison present).
@@ -53,16 +53,6 @@ struct Log {
     first_record_at: Mutex<BTreeMap<String, u64>>,
     /// Orders the events above.
     order: AtomicU64,
-}
-
-impl Log {
-    fn by_key(&self) -> BTreeMap<String, Vec<u64>> {
-        let processed = self.processed.lock().unwrap();
-        fleet::by_key(processed.iter().map(|(pk, n)| (pk.as_str(), *n)))
-    }
-    fn count(&self) -> usize {
-        self.processed.lock().unwrap().len()
-    }
 }
 
 /// How long the processor works on record `(pk, n)`.
@@ -101,12 +91,6 @@ struct Recorder {
     ctx: ShardContext,
     initialized: bool,
     buffer: Vec<(String, u64)>,
-}
-
-fn take_one(budget: &AtomicU32) -> bool {
-    budget
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-        .is_ok()
 }
 
 static PANICS_LEFT: AtomicU32 = AtomicU32::new(1);
@@ -173,7 +157,7 @@ impl RecordProcessor for Recorder {
         self.log.most_running.fetch_max(now, Ordering::SeqCst);
         for (pk, n) in parsed {
             sleep((self.b.delay)(&pk, n)).await;
-            self.log.processed.lock().unwrap().push((pk, n));
+            self.log.processed.push(pk, n);
         }
         self.log.running.fetch_sub(1, Ordering::SeqCst);
         if self.b.checkpoint_each_batch {
@@ -185,7 +169,7 @@ impl RecordProcessor for Recorder {
     async fn shutdown_requested(&mut self, cp: &mut Checkpointer) -> Result<(), ProcessorError> {
         self.ending();
         let flushed = std::mem::take(&mut self.buffer);
-        self.log.processed.lock().unwrap().extend(flushed);
+        self.log.processed.extend(flushed);
         cp.checkpoint().await?;
         Ok(())
     }
@@ -211,28 +195,6 @@ impl RecordProcessor for Recorder {
     async fn lease_lost(&mut self) {
         self.ending();
         self.log.lease_lost_calls.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-/// A destination that keeps what it accepts and refuses the first sends.
-#[derive(Default)]
-struct Collect {
-    got: Mutex<Vec<FailedRecord>>,
-    refuse: AtomicU32,
-}
-
-#[async_trait]
-impl FailureDestination for Collect {
-    async fn send(&self, failed: &[FailedRecord]) -> Result<(), ProcessorError> {
-        if self
-            .refuse
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
-            return Err("destination unavailable".into());
-        }
-        self.got.lock().unwrap().extend_from_slice(failed);
-        Ok(())
     }
 }
 
@@ -288,7 +250,10 @@ impl Fleet {
     }
 
     async fn wait_for(&self, count: usize, limit: Duration) {
-        fleet::wait_for_records(limit, Duration::from_millis(50), count, || self.log.count()).await;
+        fleet::wait_for_records(limit, Duration::from_millis(50), count, || {
+            self.log.processed.count()
+        })
+        .await;
     }
 
     /// Waits until worker `i` consumes a shard; fails with `never` after
@@ -320,7 +285,7 @@ impl Fleet {
     /// How many of `keys` have not had their record `per_key - 1`
     /// processed yet.
     fn missing_last(&self, keys: usize, per_key: u64) -> usize {
-        let by_key = self.log.by_key();
+        let by_key = self.log.processed.by_key();
         (0..keys)
             .filter(|k| {
                 !by_key
@@ -349,7 +314,7 @@ kcl_core::deref_fleet!(Fleet, base);
 /// key's in order (a replay after a crash restarts from a checkpoint, so
 /// order holds within each delivery); returns the number of repeats.
 fn check_complete(log: &Log, keys: usize, per_key: u64, skip: &HashSet<(String, u64)>) -> usize {
-    let by_key = log.by_key();
+    let by_key = log.processed.by_key();
     let mut repeats = 0;
     for k in 0..keys {
         let pk = format!("pk-{k}");
@@ -447,7 +412,7 @@ proptest! {
             let a = fleet.start("w-a", lanes, b.clone(), FailurePolicy::Retry);
             sleep(Duration::from_millis(kill_after_ms)).await;
             fleet.kill(a).await;
-            let done_before = fleet.log.count();
+            let done_before = fleet.log.processed.count();
             let rest = fleet.start("w-b", lanes, b, FailurePolicy::Retry);
             fleet.wait_for_last(keys, per_key, Duration::from_secs(600)).await;
             fleet.stop(rest).await;
@@ -511,7 +476,7 @@ async fn records_of_an_aggregate_spread_over_lanes_resume_at_their_sub_sequence(
     }
     fleet.kill(w).await;
     assert_eq!(
-        fleet.log.processed.lock().unwrap().clone(),
+        fleet.log.processed.all(),
         lane_zero,
         "lane 0 alone made records durable"
     );
@@ -521,7 +486,7 @@ async fn records_of_an_aggregate_spread_over_lanes_resume_at_their_sub_sequence(
         "the watermark stops after A's second sub-record"
     );
 
-    let before = fleet.log.count();
+    let before = fleet.log.processed.count();
     let w = fleet.start("w-b", 4, Behaviour::work(10), FailurePolicy::Retry);
     // After A/1: A/2..7 (keys 0, 1, 2, 4, 5, 6 at 1), all of B, all at 3.
     let mut expected: Vec<(String, u64)> = [0, 1, 2, 4, 5, 6]
@@ -533,7 +498,7 @@ async fn records_of_an_aggregate_spread_over_lanes_resume_at_their_sub_sequence(
         .wait_for(before + expected.len(), Duration::from_secs(60))
         .await;
     fleet.stop(w).await;
-    let mut resumed = fleet.log.processed.lock().unwrap()[before..].to_vec();
+    let mut resumed = fleet.log.processed.all().split_off(before);
     // Per key, the resumed worker goes on in shard order.
     let mut firsts: BTreeMap<String, u64> = BTreeMap::new();
     for (pk, n) in &resumed {
@@ -585,14 +550,23 @@ async fn a_handoff_and_a_shutdown_in_the_middle_of_lane_work_lose_and_repeat_not
     let a = fleet.start("w-a", 4, lazy.clone(), FailurePolicy::Retry);
     sleep(Duration::from_secs(2)).await;
     assert_eq!(fleet.consuming(a), 2);
-    assert!(fleet.log.count() < 12 * 100, "still working when b joins");
+    assert!(
+        fleet.log.processed.count() < 12 * 100,
+        "still working when b joins"
+    );
     // b steals one shard from a: a hands it over mid-work.
     let b = fleet.start("w-b", 4, lazy.clone(), FailurePolicy::Retry);
     fleet.wait_consuming(b, "b never got a shard").await;
-    assert!(fleet.log.count() < 12 * 100, "the handoff came mid-work");
+    assert!(
+        fleet.log.processed.count() < 12 * 100,
+        "the handoff came mid-work"
+    );
     // a shuts down mid-work: b takes the rest.
     fleet.stop(a).await;
-    assert!(fleet.log.count() < 12 * 100, "the shutdown came mid-work");
+    assert!(
+        fleet.log.processed.count() < 12 * 100,
+        "the shutdown came mid-work"
+    );
     fleet.produce(12, 100, 10);
     fleet.wait_for_last(12, 110, Duration::from_secs(600)).await;
     fleet.stop(b).await;
@@ -616,7 +590,7 @@ async fn a_poison_record_is_bisected_out_to_the_destination_and_the_shard_goes_o
     // the checkpoint past it.
     let bad = poison("pk-3", 9);
     let dest = Arc::new(Collect {
-        refuse: AtomicU32::new(3),
+        unavailable: AtomicU32::new(3),
         ..Collect::default()
     });
     let isolate =
@@ -677,7 +651,7 @@ async fn the_checkpoint_passes_a_poison_record_only_after_its_destination_accept
         })
         .collect();
     let dest = Arc::new(Collect {
-        refuse: AtomicU32::new(u32::MAX),
+        unavailable: AtomicU32::new(u32::MAX),
         ..Collect::default()
     });
     let b = Behaviour {
@@ -691,7 +665,7 @@ async fn the_checkpoint_passes_a_poison_record_only_after_its_destination_accept
     sleep(Duration::from_secs(30)).await;
     // 0..2 done, 3 refused by its destination: nothing after it processed,
     // the checkpoint at record 2, before the poison record.
-    assert_eq!(fleet.log.count(), 3);
+    assert_eq!(fleet.log.processed.count(), 3);
     assert_eq!(
         fleet.checkpoint_of_only_shard().await,
         Checkpoint::at(seqs[2].clone(), 0)
@@ -703,7 +677,7 @@ async fn the_checkpoint_passes_a_poison_record_only_after_its_destination_accept
         fleet.checkpoint_of_only_shard().await,
         Checkpoint::at(seqs[2].clone(), 0)
     );
-    dest.refuse.store(0, Ordering::SeqCst);
+    dest.unavailable.store(0, Ordering::SeqCst);
     let again = fleet.start("w-b", 1, b, isolate());
     fleet.wait_for(5, Duration::from_secs(60)).await;
     fleet.stop(again).await;
@@ -816,11 +790,11 @@ async fn poison_records_in_lanes_are_set_aside_and_the_other_lanes_complete() {
     assert_eq!(sent, vec![("pk-1".to_owned(), 4), ("pk-6".to_owned(), 7)]);
     assert_eq!(check_complete(&fleet.log, 8, 10, &bad), 0);
     // Everything, the poison records included, is behind the checkpoint.
-    let before = fleet.log.count();
+    let before = fleet.log.processed.count();
     let again = fleet.start("w-b", 4, Behaviour::work(1), FailurePolicy::Retry);
     sleep(Duration::from_secs(20)).await;
     fleet.stop(again).await;
-    assert_eq!(fleet.log.count(), before);
+    assert_eq!(fleet.log.processed.count(), before);
 }
 
 #[tokio::test(start_paused = true)]

@@ -7,12 +7,14 @@
 //! while it holds a full window, so the shard is never frozen.
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeMap;
+mod common;
+
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use common::processing::{Processed, STREAM};
 use kcl_core::checkpointer::{Checkpointer, MAX_LANE_RECORDS_IN_FLIGHT};
 use kcl_core::processor::{
     FailurePolicy, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
@@ -25,26 +27,16 @@ use kcl_core::{Checkpoint, LeaseConfig, Record};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 
-const STREAM: &str = "orders";
-
 /// What the processors did.
 #[derive(Default)]
 struct Log {
-    /// (partition key, record number), in the order made durable.
-    processed: Mutex<Vec<(String, u64)>>,
+    processed: Processed,
     /// Records handed to any processor.
     delivered: AtomicU64,
     /// Checkpoints a processor was refused.
     refused: AtomicU64,
     /// Empty batches handed to any processor.
     empty_batches: AtomicU64,
-}
-
-impl Log {
-    fn by_key(&self) -> BTreeMap<String, Vec<u64>> {
-        let processed = self.processed.lock().unwrap();
-        fleet::by_key(processed.iter().map(|(pk, n)| (pk.as_str(), *n)))
-    }
 }
 
 /// How a worker's processors treat their records.
@@ -88,11 +80,7 @@ fn first_record() -> (String, u64) {
 
 impl Lane {
     fn write(&self, records: &[Record]) {
-        self.log
-            .processed
-            .lock()
-            .unwrap()
-            .extend(records.iter().map(parse));
+        self.log.processed.extend(records.iter().map(parse));
     }
 
     async fn checkpoint_record(
@@ -309,7 +297,7 @@ fn delivered(log: &Log) -> u64 {
 }
 
 fn written(log: &Log) -> u64 {
-    log.processed.lock().unwrap().len() as u64
+    log.processed.count() as u64
 }
 
 async fn stop(worker: (WorkerHandle, JoinHandle<Result<(), WorkerError>>)) {
@@ -319,7 +307,7 @@ async fn stop(worker: (WorkerHandle, JoinHandle<Result<(), WorkerError>>)) {
 
 /// Each key's records were written exactly once, in order, `0..per_key`.
 fn assert_each_key_in_order(log: &Log, keys: usize, per_key: u64) {
-    let by_key = log.by_key();
+    let by_key = log.processed.by_key();
     let expected: Vec<u64> = (0..per_key).collect();
     for k in 0..keys {
         let pk = format!("pk-{k}");

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use common::processing::{STREAM, take_one};
 use common::{Lines, capture_warnings, single_stream_config};
 use kcl_core::checkpointer::Checkpointer;
 use kcl_core::observe::{Event, Observer};
@@ -32,7 +33,6 @@ use kcl_core::{Checkpoint, EndReason, LeaseConfig, LeaseStore};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 
-const STREAM: &str = "orders";
 /// The record whose batch hangs.
 const HANGS_ON: &str = "2";
 
@@ -93,10 +93,7 @@ impl Processor {
             .records
             .iter()
             .any(|r| r.data.as_ref() == HANGS_ON.as_bytes())
-            && self
-                .hangs
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok()
+            && take_one(&self.hangs)
     }
 }
 
@@ -104,10 +101,7 @@ impl Processor {
 impl RecordProcessor for Processor {
     async fn initialize(&mut self, _: &InitializeInput) -> Result<(), ProcessorError> {
         self.log.initialized.fetch_add(1, Ordering::SeqCst);
-        let hangs = (self.log.initialize_hangs)
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if hangs {
+        if take_one(&self.log.initialize_hangs) {
             self.hang().await;
         }
         Ok(())

@@ -3,10 +3,13 @@
 //! in-memory store and source under a paused clock.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use common::processing::STREAM;
 use kcl_core::checkpointer::Checkpointer;
 use kcl_core::processor::{ProcessorError, RecordBatch, RecordProcessor, ShardContext};
 use kcl_core::source::memory::InMemoryShardSource;
@@ -17,8 +20,6 @@ use kcl_core::worker::{StreamSpec, WorkerConfig, WorkerConfigBuilder, WorkerHand
 use kcl_core::{LeaseConfig, LeaseLayout};
 use tokio::sync::Notify;
 use tokio::time::sleep;
-
-const STREAM: &str = "orders";
 
 /// Records `(worker, data)` of every batch, and hangs in
 /// `process_records` on the shard named in `hang_on` until `go` is set.

@@ -5,12 +5,15 @@
 //! children, failure policies.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use common::processing::{STREAM, take_one};
 use kcl_core::checkpointer::CheckpointPolicy;
 use kcl_core::checkpointer::Checkpointer;
 use kcl_core::processor::{
@@ -26,7 +29,6 @@ use kcl_core::worker::{StreamSpec, Worker, WorkerConfig, WorkerError};
 use kcl_core::{Checkpoint, LeaseConfig, LeaseLayout, LeaseStore};
 use tokio::time::{Instant, sleep};
 
-const STREAM: &str = "orders";
 const TICK: Duration = Duration::from_secs(10);
 
 /// Everything every processor saw, shared by the whole fleet.
@@ -39,8 +41,8 @@ struct Log {
     first_record_at: Mutex<HashMap<String, Instant>>,
     /// Injected failures and panics left, fleet-wide: a fresh processor
     /// after a release must not fail again, or nothing would ever progress.
-    failures_left: AtomicU64,
-    panics_left: AtomicU64,
+    failures_left: AtomicU32,
+    panics_left: AtomicU32,
 }
 
 impl Log {
@@ -100,12 +102,6 @@ impl Behaviour {
             ..Behaviour::default()
         }
     }
-}
-
-fn take_one(budget: &AtomicU64) -> bool {
-    budget
-        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-        .is_ok()
 }
 
 #[async_trait]
@@ -243,10 +239,10 @@ impl Fleet {
     fn start(&mut self, id: &str, b: Behaviour, policy: FailurePolicy) -> usize {
         self.log
             .failures_left
-            .fetch_add(u64::from(b.failures), Ordering::Relaxed);
+            .fetch_add(b.failures, Ordering::Relaxed);
         self.log
             .panics_left
-            .fetch_add(u64::from(b.panic_on.is_some()), Ordering::Relaxed);
+            .fetch_add(u32::from(b.panic_on.is_some()), Ordering::Relaxed);
         let log = Arc::clone(&self.log);
         let factory = move |ctx: &ShardContext| Recorder {
             ctx: ctx.clone(),

@@ -1,5 +1,6 @@
 //! A fleet of lease coordinators sharing one in-memory table, for tests
-//! under a paused tokio clock.
+//! under a paused tokio clock, and what the whole-worker tests share
+//! around their processors.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, HashMap};
@@ -20,6 +21,8 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+
+pub mod processing;
 
 pub const LEASE: Duration = Duration::from_secs(10);
 pub const TICK: Duration = Duration::from_secs(10);
