@@ -197,20 +197,16 @@ async fn cold_start_claims_everything_in_one_tick_then_balances(mode: LeaseRenew
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let started = Instant::now();
     let mut log = OverlapLog::default();
-    while !balanced(&table, &refs) {
-        run_for(
-            &workers,
-            &mut log,
-            Duration::from_millis(100),
-            Duration::from_millis(10),
-        )
-        .await;
-        assert!(
-            started.elapsed() < tick_max() * 12,
-            "not balanced: {:?}",
-            table_counts(&table)
-        );
-    }
+    run_until(
+        &workers,
+        &mut log,
+        Duration::from_millis(100),
+        Duration::from_millis(10),
+        || balanced(&table, &refs),
+        || started.elapsed() < tick_max() * 12,
+        || format!("not balanced: {:?}", table_counts(&table)),
+    )
+    .await;
     let took = started.elapsed();
     println!(
         "cold start {SHARDS} shards / 4 workers: balanced after {took:?} ({:.1} ticks), counts {:?}, max steal overlap {:?}",
@@ -344,25 +340,12 @@ async fn failover_at_every_kill_phase(mode: LeaseRenewal, latency: Duration) {
         let victim = (0..2)
             .max_by_key(|&i| workers[i].processing_keys().len())
             .unwrap();
-        let keys = workers[victim].coordinator().held_keys();
-        let killed_at = Instant::now();
-        workers[victim].kill().await;
-        let survivor = &workers[1 - victim];
-        while !keys.iter().all(|k| survivor.processing_keys().contains(k)) {
-            run_for(
-                &workers,
-                &mut log,
-                Duration::from_millis(10),
-                Duration::from_millis(10),
-            )
-            .await;
-            assert!(
-                killed_at.elapsed() <= bound + TICK,
-                "phase {phase}: leases still unread {:?} after the kill",
-                killed_at.elapsed()
-            );
-        }
-        took.push(killed_at.elapsed());
+        let case = format!("phase {phase}");
+        let fine = Duration::from_millis(10);
+        let (_, after) =
+            kill_and_wait_for_takeover(&mut workers, &mut log, victim, fine, bound + TICK, &case)
+                .await;
+        took.push(after);
         assert_eq!(log.max(), Duration::ZERO, "phase {phase}: overlap");
     }
     let mut sorted = took.clone();
@@ -415,26 +398,51 @@ async fn a_worker_killed_before_it_beat_about_its_leases_loses_them_within_the_b
             step,
         )
         .await;
-        let keys = workers[victim].coordinator().held_keys();
-        let killed_at = Instant::now();
-        workers[victim].kill().await;
-        let survivor = &workers[1 - victim];
-        while !keys.iter().all(|k| survivor.processing_keys().contains(k)) {
-            run_for(&workers, &mut log, step, step).await;
-            assert!(
-                killed_at.elapsed() <= bound + TICK,
-                "seed {seed}: leases still unread {:?} after the kill",
-                killed_at.elapsed()
-            );
-        }
+        let case = format!("seed {seed}");
+        let (keys, after) =
+            kill_and_wait_for_takeover(&mut workers, &mut log, victim, step, bound + TICK, &case)
+                .await;
         assert!(
-            killed_at.elapsed() <= bound,
-            "seed {seed}: {} leases taken {:?} after the kill, past the bound {bound:?}",
+            after <= bound,
+            "seed {seed}: {} leases taken {after:?} after the kill, past the bound {bound:?}",
             keys.len(),
-            killed_at.elapsed()
         );
         assert_eq!(log.max(), Duration::ZERO, "seed {seed}: overlap");
     }
+}
+
+/// Kills `victim`, one of two workers, and runs the fleet `step` at a
+/// time until the other processes every lease it held, failing (naming
+/// `case`) once `limit` has passed since the kill. Returns those leases
+/// and how long after the kill the last was taken over.
+async fn kill_and_wait_for_takeover(
+    workers: &mut [SimWorker],
+    log: &mut OverlapLog,
+    victim: usize,
+    step: Duration,
+    limit: Duration,
+    case: &str,
+) -> (Vec<String>, Duration) {
+    let keys = workers[victim].coordinator().held_keys();
+    let killed_at = Instant::now();
+    workers[victim].kill().await;
+    let survivor = &workers[1 - victim];
+    run_until(
+        workers,
+        log,
+        step,
+        step,
+        || keys.iter().all(|k| survivor.processing_keys().contains(k)),
+        || killed_at.elapsed() <= limit,
+        || {
+            format!(
+                "{case}: leases still unread {:?} after the kill",
+                killed_at.elapsed()
+            )
+        },
+    )
+    .await;
+    (keys, killed_at.elapsed())
 }
 
 /// How long past a holder's lease duration its leases may stand unread
@@ -867,17 +875,24 @@ async fn a_handoff_whose_thief_died_and_whose_completion_failed_still_moves_the_
     assert_eq!(workers[1].coordinator().stats().handoffs_forced, 0);
     workers[1].kill().await;
     let killed_at = Instant::now();
-    while workers[0].valid_keys().len() < 4 {
-        run_for(&workers, &mut log, Duration::from_millis(500), step).await;
-        assert!(
-            killed_at.elapsed() <= LEASE + tick_max() * 3,
-            "after {:?}: {:?} held, table {:?}, {:?}",
-            killed_at.elapsed(),
-            workers[0].valid_keys(),
-            table.snapshot(),
-            workers[0].coordinator().stats()
-        );
-    }
+    run_until(
+        &workers,
+        &mut log,
+        Duration::from_millis(500),
+        step,
+        || workers[0].valid_keys().len() >= 4,
+        || killed_at.elapsed() <= LEASE + tick_max() * 3,
+        || {
+            format!(
+                "after {:?}: {:?} held, table {:?}, {:?}",
+                killed_at.elapsed(),
+                workers[0].valid_keys(),
+                table.snapshot(),
+                workers[0].coordinator().stats()
+            )
+        },
+    )
+    .await;
     assert_eq!(log.max(), Duration::ZERO);
 }
 
@@ -976,14 +991,21 @@ async fn a_stuck_previous_owner_lets_go_only_after_the_handoff_timeout(mode: Lea
         in_mode(mode, "b", 2).build().unwrap(),
     ));
     let joined = Instant::now();
-    while workers[1].valid_keys().is_empty() {
-        run_for(&workers, &mut log, Duration::from_millis(100), step).await;
-        assert!(
-            joined.elapsed() < timeout + LEASE * 3 + TICK * 2,
-            "the thief never started: {:?}",
-            workers[1].coordinator().stats()
-        );
-    }
+    run_until(
+        &workers,
+        &mut log,
+        Duration::from_millis(100),
+        step,
+        || !workers[1].valid_keys().is_empty(),
+        || joined.elapsed() < timeout + LEASE * 3 + TICK * 2,
+        || {
+            format!(
+                "the thief never started: {:?}",
+                workers[1].coordinator().stats()
+            )
+        },
+    )
+    .await;
     assert!(
         joined.elapsed() >= timeout,
         "the thief started after {:?}, before the previous owner's renewals stopped",

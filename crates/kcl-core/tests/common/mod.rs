@@ -484,6 +484,24 @@ pub async fn run_for(workers: &[SimWorker], log: &mut OverlapLog, total: Duratio
     }
 }
 
+/// Runs `workers` a `slice` at a time (overlaps sampled every `step`)
+/// until `done` holds, failing with `stuck` when a slice ends and
+/// `in_time` does not hold.
+pub async fn run_until(
+    workers: &[SimWorker],
+    log: &mut OverlapLog,
+    slice: Duration,
+    step: Duration,
+    done: impl Fn() -> bool,
+    in_time: impl Fn() -> bool,
+    stuck: impl Fn() -> String,
+) {
+    while !done() {
+        run_for(workers, log, slice, step).await;
+        assert!(in_time(), "{}", stuck());
+    }
+}
+
 /// As [`run_for`], sampling checkpoints too.
 pub async fn run_checking(
     workers: &[SimWorker],
