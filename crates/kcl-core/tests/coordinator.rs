@@ -11,13 +11,14 @@ use std::time::Duration;
 use common::*;
 use kcl_core::store::memory::{Fault, InMemoryLeaseStore};
 use kcl_core::store::{StoreErrorKind, StoreOp};
-use kcl_core::{EndReason, LeaseCoordinator, LeaseEvent, LeaseStore};
+use kcl_core::{EndReason, LeaseCoordinator, LeaseEvent, LeaseHandle, LeaseStore};
 use tokio::time::{Instant, sleep, timeout};
 
 const RENEW: Duration = Duration::from_millis(3333);
 
-#[tokio::test(start_paused = true)]
-async fn failed_renewal_stops_the_consumer_at_once() {
+/// A table of one lease, and worker `a` (renewing per lease) with the
+/// handle it took on its first tick.
+async fn one_lease_taken() -> (InMemoryLeaseStore, SimWorker, LeaseHandle) {
     let table = table_with(1).await;
     let a = SimWorker::start(&table, per_lease("a", 1).build().unwrap());
     sleep(Duration::from_millis(10)).await;
@@ -25,6 +26,12 @@ async fn failed_renewal_stops_the_consumer_at_once() {
         .coordinator()
         .handle("shardId-000000000000")
         .expect("taken on the first tick");
+    (table, a, handle)
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_renewal_stops_the_consumer_at_once() {
+    let (table, a, handle) = one_lease_taken().await;
     assert!(handle.is_valid());
 
     // Another worker takes the lease behind a's back.
@@ -48,10 +55,7 @@ async fn failed_renewal_stops_the_consumer_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn renewal_whose_response_was_lost_heals_within_one_interval() {
-    let table = table_with(1).await;
-    let a = SimWorker::start(&table, per_lease("a", 1).build().unwrap());
-    sleep(Duration::from_millis(10)).await;
-    let handle = a.coordinator().handle("shardId-000000000000").unwrap();
+    let (table, a, handle) = one_lease_taken().await;
     let before = handle.lease().counter;
     let valid_before = handle.valid_until();
 
@@ -173,13 +177,8 @@ async fn a_stuck_worker_fences_itself_before_a_peer_takes_over() {
         .pause_until(paused_at + Duration::from_millis(61_500));
     let workers = [a, b];
     let mut log = OverlapLog::default();
-    run_for(
-        &workers,
-        &mut log,
-        Duration::from_secs(40),
-        Duration::from_millis(10),
-    )
-    .await;
+    let step = Duration::from_millis(10);
+    run_for(&workers, &mut log, Duration::from_secs(40), step).await;
 
     assert_eq!(
         log.max(),
@@ -199,13 +198,7 @@ async fn a_stuck_worker_fences_itself_before_a_peer_takes_over() {
 
     // When a comes back, its stale renewals fail: it never thinks it owns
     // them again.
-    run_for(
-        &workers,
-        &mut log,
-        Duration::from_secs(45),
-        Duration::from_millis(10),
-    )
-    .await;
+    run_for(&workers, &mut log, Duration::from_secs(45), step).await;
     let (sa, sb) = (
         workers[0].coordinator().stats(),
         workers[1].coordinator().stats(),
@@ -374,10 +367,7 @@ async fn renewals_under_throttling_retry_at_most_twice_per_round() {
 /// new consumer.
 #[tokio::test(start_paused = true)]
 async fn a_tenure_whose_consumer_stopped_is_not_renewed_on() {
-    let table = table_with(1).await;
-    let a = SimWorker::start(&table, per_lease("a", 1).build().unwrap());
-    sleep(Duration::from_millis(10)).await;
-    let first = a.coordinator().handle("shardId-000000000000").unwrap();
+    let (table, a, first) = one_lease_taken().await;
     a.coordinator().consumer_stopped(&first).await;
     assert_eq!(first.end_reason(), Some(EndReason::Lost));
     let counter = table.snapshot()[0].counter;
@@ -464,10 +454,7 @@ async fn a_beat_that_lands_during_a_slow_scan_keeps_its_holder_alive() {
     let table = InMemoryLeaseStore::new().with_page_size(1);
     let victim = "00000000000000aa";
     let held = "shardId-000000000000";
-    let mut lease = kcl_core::Lease::new(held, kcl_core::Checkpoint::TrimHorizon);
-    lease.owner = Some("a".into());
-    lease.tenure = Some(format!("{victim}.1"));
-    table.put_raw(lease);
+    put_held(&table, held, victim, "a");
     table.put_raw(kcl_core::Lease::new(
         "shardId-000000000001",
         kcl_core::Checkpoint::ShardEnd,
@@ -521,10 +508,7 @@ async fn a_tenure_written_after_the_liveness_read_is_not_judged_by_it() {
     let table = InMemoryLeaseStore::new();
     let victim = "00000000000000aa";
     let key = "shardId-000000000000";
-    let mut lease = kcl_core::Lease::new(key, kcl_core::Checkpoint::TrimHorizon);
-    lease.owner = Some("x".into());
-    lease.tenure = Some(format!("{victim}.1"));
-    table.put_raw(lease);
+    put_held(&table, key, victim, "x");
     let beat_as_x = || beat_as(&table, victim, "x");
     beat_as_x().await;
     let b = SimWorker::start(&table, config("b", 1).build().unwrap());
@@ -557,6 +541,15 @@ async fn a_tenure_written_after_the_liveness_read_is_not_judged_by_it() {
         b.coordinator().stats()
     );
     assert_eq!(b.coordinator().stats().taken, 0);
+}
+
+/// Puts lease `key` into `table`, held by `worker` in the first tenure of
+/// `instance`, an instance driven by hand.
+fn put_held(table: &InMemoryLeaseStore, key: &str, instance: &str, worker: &str) {
+    let mut lease = kcl_core::Lease::new(key, kcl_core::Checkpoint::TrimHorizon);
+    lease.owner = Some(worker.into());
+    lease.tenure = Some(format!("{instance}.1"));
+    table.put_raw(lease);
 }
 
 /// One beat of a liveness record driven by hand (an instance holding one
@@ -628,39 +621,30 @@ async fn an_observer_is_told_every_lease_event_the_counters_count() {
     let table = table_with(4).await;
     let recorder = std::sync::Arc::new(Recorder::default());
     let observer = || Some(recorder.clone() as std::sync::Arc<dyn kcl_core::observe::Observer>);
-    let a = SimWorker::start_observed(
-        &table,
-        per_lease("a", 1).build().unwrap(),
-        StandIn::Idle,
-        observer(),
-    );
+    let start = |id: &str, seed| {
+        let config = per_lease(id, seed).build().unwrap();
+        SimWorker::start_observed(&table, config, StandIn::Idle, observer())
+    };
+    let a = start("a", 1);
     sleep(Duration::from_millis(10)).await;
-    let b = SimWorker::start_observed(
-        &table,
-        per_lease("b", 2).build().unwrap(),
-        StandIn::Idle,
-        observer(),
-    );
+    let b = start("b", 2);
     // b steals its share from a, which hands it over; both renew.
     sleep(Duration::from_secs(60)).await;
     let (sa, sb) = (a.coordinator().stats(), b.coordinator().stats());
     assert_eq!((sa.taken, sb.stolen), (4, 2), "{sa:?} {sb:?}");
     assert_eq!((sa.handed_off, sb.handoffs_completed), (2, 2));
     for (worker, s) in [("a", sa), ("b", sb)] {
-        assert_eq!(recorder.count(worker, "tick"), s.ticks, "{worker}");
-        assert_eq!(recorder.count(worker, "taken"), s.taken, "{worker}");
-        assert_eq!(recorder.count(worker, "stolen"), s.stolen, "{worker}");
-        assert_eq!(
-            recorder.count(worker, "handoff_completed"),
-            s.handoffs_completed,
-            "{worker}"
-        );
-        assert_eq!(
-            recorder.count(worker, "handed_off"),
-            s.handed_off,
-            "{worker}"
-        );
-        assert_eq!(recorder.count(worker, "renewed"), s.renewals, "{worker}");
+        let counted = [
+            ("tick", s.ticks),
+            ("taken", s.taken),
+            ("stolen", s.stolen),
+            ("handoff_completed", s.handoffs_completed),
+            ("handed_off", s.handed_off),
+            ("renewed", s.renewals),
+        ];
+        for (kind, n) in counted {
+            assert_eq!(recorder.count(worker, kind), n, "{worker}: {kind}");
+        }
         assert!(s.ticks > 0 && s.renewals > 0, "{worker}: {s:?}");
     }
 }
