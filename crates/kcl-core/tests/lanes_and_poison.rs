@@ -219,6 +219,13 @@ impl Fleet {
         }
     }
 
+    /// One shard holding records `0..per_key` of `keys` keys.
+    fn with_records(keys: usize, per_key: u64) -> Self {
+        let fleet = Fleet::new(1);
+        fleet.produce(keys, 0, per_key);
+        fleet
+    }
+
     fn start(&mut self, id: &str, lanes: usize, b: Behaviour, policy: FailurePolicy) -> usize {
         let lease = LeaseConfig::builder(id)
             .taker_interval(Duration::from_secs(5))
@@ -350,6 +357,11 @@ fn check_complete(log: &Log, keys: usize, per_key: u64, skip: &HashSet<(String, 
     repeats
 }
 
+/// [`check_complete`] with no record skipped.
+fn check_every_record(log: &Log, keys: usize, per_key: u64) -> usize {
+    check_complete(log, keys, per_key, &HashSet::new())
+}
+
 fn paused_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -383,14 +395,13 @@ proptest! {
         max_delay_ms in 1u64..40,
     ) {
         paused_runtime().block_on(async {
-            let mut fleet = Fleet::new(1);
-            fleet.produce(keys, 0, per_key);
+            let mut fleet = Fleet::with_records(keys, per_key);
             let b = Behaviour { delay: random_delays(seed, max_delay_ms), ..Behaviour::work(0) };
             let w = fleet.start("w-a", lanes, b, FailurePolicy::Retry);
             let total = keys * per_key as usize;
             fleet.wait_for(total, Duration::from_secs(600)).await;
             fleet.stop(w).await;
-            assert_eq!(check_complete(&fleet.log, keys, per_key, &HashSet::new()), 0);
+            assert_eq!(check_every_record(&fleet.log, keys, per_key), 0);
         });
     }
 
@@ -406,8 +417,7 @@ proptest! {
     ) {
         paused_runtime().block_on(async {
             let per_key = 10;
-            let mut fleet = Fleet::new(1);
-            fleet.produce(keys, 0, per_key);
+            let mut fleet = Fleet::with_records(keys, per_key);
             let b = Behaviour { delay: random_delays(seed, 60), ..Behaviour::work(0) };
             let a = fleet.start("w-a", lanes, b.clone(), FailurePolicy::Retry);
             sleep(Duration::from_millis(kill_after_ms)).await;
@@ -416,7 +426,7 @@ proptest! {
             let rest = fleet.start("w-b", lanes, b, FailurePolicy::Retry);
             fleet.wait_for_last(keys, per_key, Duration::from_secs(600)).await;
             fleet.stop(rest).await;
-            let repeats = check_complete(&fleet.log, keys, per_key, &HashSet::new());
+            let repeats = check_every_record(&fleet.log, keys, per_key);
             assert!(repeats <= done_before, "{repeats} repeats of {done_before} done before the kill");
         });
     }
@@ -522,14 +532,13 @@ async fn records_of_an_aggregate_spread_over_lanes_resume_at_their_sub_sequence(
 
 #[tokio::test(start_paused = true)]
 async fn lanes_process_different_keys_at_the_same_time() {
-    let mut fleet = Fleet::new(1);
-    fleet.produce(16, 0, 20);
+    let mut fleet = Fleet::with_records(16, 20);
     let w = fleet.start("w-a", 8, Behaviour::work(10), FailurePolicy::Retry);
     let started = Instant::now();
     fleet.wait_for(16 * 20, Duration::from_secs(60)).await;
     let took = started.elapsed();
     fleet.stop(w).await;
-    assert_eq!(check_complete(&fleet.log, 16, 20, &HashSet::new()), 0);
+    assert_eq!(check_every_record(&fleet.log, 16, 20), 0);
     let most = fleet.log.most_running.load(Ordering::SeqCst);
     assert!(most >= 4, "at most {most} lanes ran at once");
     // One lane would take 320 x 10 ms = 3.2 s of (paused) time.
@@ -571,7 +580,7 @@ async fn a_handoff_and_a_shutdown_in_the_middle_of_lane_work_lose_and_repeat_not
     fleet.wait_for_last(12, 110, Duration::from_secs(600)).await;
     fleet.stop(b).await;
     assert_eq!(
-        check_complete(&fleet.log, 12, 110, &HashSet::new()),
+        check_every_record(&fleet.log, 12, 110),
         0,
         "handoff and shutdown must not repeat records"
     );
@@ -584,8 +593,7 @@ fn poison(pk: &str, n: u64) -> Arc<HashSet<(String, u64)>> {
 
 #[tokio::test(start_paused = true)]
 async fn a_poison_record_is_bisected_out_to_the_destination_and_the_shard_goes_on() {
-    let mut fleet = Fleet::new(1);
-    fleet.produce(4, 0, 10);
+    let mut fleet = Fleet::with_records(4, 10);
     // The last of one 40-record batch: only its being set aside can carry
     // the checkpoint past it.
     let bad = poison("pk-3", 9);
@@ -693,8 +701,7 @@ async fn the_checkpoint_passes_a_poison_record_only_after_its_destination_accept
 
 #[tokio::test(start_paused = true)]
 async fn without_bisection_the_whole_failing_batch_goes_to_the_destination() {
-    let mut fleet = Fleet::new(1);
-    fleet.produce(1, 0, 5);
+    let mut fleet = Fleet::with_records(1, 5);
     let dest = Arc::new(Collect::default());
     let policy = PoisonPolicy::send_to(Arc::clone(&dest))
         .max_attempts(2)
@@ -760,8 +767,7 @@ async fn a_failing_record_older_than_the_age_limit_is_set_aside_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn poison_records_in_lanes_are_set_aside_and_the_other_lanes_complete() {
-    let mut fleet = Fleet::new(1);
-    fleet.produce(8, 0, 10);
+    let mut fleet = Fleet::with_records(8, 10);
     let bad = Arc::new(HashSet::from([
         ("pk-1".to_owned(), 4),
         ("pk-6".to_owned(), 7),
@@ -837,8 +843,7 @@ async fn a_poison_sub_record_of_an_aggregate_is_set_aside_alone_in_any_lanes() {
 
 #[tokio::test(start_paused = true)]
 async fn a_dropping_policy_moves_past_the_poison_record() {
-    let mut fleet = Fleet::new(1);
-    fleet.produce(2, 0, 5);
+    let mut fleet = Fleet::with_records(2, 5);
     let b = Behaviour {
         poison: poison("pk-1", 2),
         ..Behaviour::work(1)
@@ -881,10 +886,9 @@ async fn lanes_and_the_poison_policy_are_validated() {
 
 #[tokio::test(start_paused = true)]
 async fn a_lease_lost_during_a_drain_starts_no_more_queued_batches() {
-    let mut fleet = Fleet::new(1);
     // 40-record batches over 4 lanes, 1 s a record: a drain of three
     // batches a lane would take about half a minute.
-    fleet.produce(16, 0, 20);
+    let mut fleet = Fleet::with_records(16, 20);
     let a = fleet.start("w-a", 4, Behaviour::work(1000), FailurePolicy::Retry);
     // w-a takes the shard before w-b starts.
     sleep(Duration::from_millis(100)).await;
@@ -919,13 +923,12 @@ async fn a_lease_lost_during_a_drain_starts_no_more_queued_batches() {
     assert!(fleet.log.lease_lost_calls.load(Ordering::SeqCst) >= 4);
     fleet.wait_for_last(16, 20, Duration::from_secs(600)).await;
     fleet.stop(b).await;
-    check_complete(&fleet.log, 16, 20, &HashSet::new());
+    check_every_record(&fleet.log, 16, 20);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_panic_in_one_lane_lets_the_others_finish_and_end_before_the_shard_is_given_back() {
-    let mut fleet = Fleet::new(1);
-    fleet.produce(8, 0, 10);
+    let mut fleet = Fleet::with_records(8, 10);
     let b = Behaviour {
         panic_on: Some(("pk-5", 4)),
         ..Behaviour::work(20)
@@ -937,14 +940,13 @@ async fn a_panic_in_one_lane_lets_the_others_finish_and_end_before_the_shard_is_
     // panicking lane's processor unwound with its task.
     assert_eq!(fleet.log.lease_lost_calls.load(Ordering::SeqCst), 3);
     assert!(fleet.workers[w].0.status().leases.released >= 1);
-    check_complete(&fleet.log, 8, 10, &HashSet::new());
+    check_every_record(&fleet.log, 8, 10);
 }
 
 #[tokio::test(start_paused = true)]
 async fn shard_end_is_written_only_once_every_lane_checkpointed_it() {
-    let mut fleet = Fleet::new(1);
+    let mut fleet = Fleet::with_records(8, 5);
     fleet.parent_poll = Duration::from_millis(100);
-    fleet.produce(8, 0, 5);
     fleet
         .log
         .shard_ended_failures_left
@@ -969,13 +971,12 @@ async fn shard_end_is_written_only_once_every_lane_checkpointed_it() {
         fleet.log.shard_ended_failures_left.load(Ordering::SeqCst),
         0
     );
-    check_complete(&fleet.log, 8, 10, &HashSet::new());
+    check_every_record(&fleet.log, 8, 10);
 }
 
 #[tokio::test(start_paused = true)]
 async fn lanes_after_one_whose_initialize_failed_are_never_made_or_ended() {
-    let mut fleet = Fleet::new(1);
-    fleet.produce(8, 0, 5);
+    let mut fleet = Fleet::with_records(8, 5);
     fleet
         .log
         .initialize_failures_left
@@ -990,13 +991,12 @@ async fn lanes_after_one_whose_initialize_failed_are_never_made_or_ended() {
     );
     // Lanes 0-2 of the first consumer ended with lease_lost.
     assert_eq!(fleet.log.lease_lost_calls.load(Ordering::SeqCst), 3);
-    check_complete(&fleet.log, 8, 5, &HashSet::new());
+    check_every_record(&fleet.log, 8, 5);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_lanes_records_count_as_done_only_once_that_lane_checkpoints() {
-    let mut fleet = Fleet::new(1);
-    fleet.produce(12, 0, 10);
+    let mut fleet = Fleet::with_records(12, 10);
     let buffering = Behaviour {
         buffering_lanes: true,
         ..Behaviour::work(5)
@@ -1010,5 +1010,5 @@ async fn a_lanes_records_count_as_done_only_once_that_lane_checkpoints() {
     let b = fleet.start("w-b", 3, Behaviour::work(5), FailurePolicy::Retry);
     fleet.wait_for_last(12, 10, Duration::from_secs(120)).await;
     fleet.stop(b).await;
-    check_complete(&fleet.log, 12, 10, &HashSet::new());
+    check_every_record(&fleet.log, 12, 10);
 }
