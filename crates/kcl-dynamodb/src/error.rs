@@ -3,6 +3,9 @@
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::AttributeValue;
 use aws_smithy_runtime_api::http::Response;
 use kcl_core::store::{StoreError, StoreOp};
@@ -23,20 +26,41 @@ const TRANSIENT: &[&str] = &[
     "LimitExceededException",
 ];
 
-/// Classifies an SDK error. `conditional` extracts the item returned with a
-/// ConditionalCheckFailedException (ReturnValuesOnConditionCheckFailure).
-pub(crate) fn classify<E>(
+/// The error of a conditional write, which may say its condition failed.
+pub(crate) trait ConditionalError:
+    ProvideErrorMetadata + std::error::Error + Send + Sync + 'static
+{
+    /// `Some` when the condition failed, holding the item as DynamoDB saw
+    /// it when the write asked for it (ReturnValuesOnConditionCheckFailure).
+    fn failed_condition(&self) -> Option<Option<HashMap<String, AttributeValue>>>;
+}
+
+/// The conditional writes' errors: each has its own
+/// ConditionalCheckFailedException variant, all read alike.
+macro_rules! conditional_errors {
+    ($($error:ty),+) => {$(
+        impl ConditionalError for $error {
+            fn failed_condition(&self) -> Option<Option<HashMap<String, AttributeValue>>> {
+                match self {
+                    Self::ConditionalCheckFailedException(c) => Some(c.item().cloned()),
+                    _ => None,
+                }
+            }
+        }
+    )+};
+}
+
+conditional_errors!(DeleteItemError, PutItemError, UpdateItemError);
+
+/// Classifies the SDK error of a conditional write.
+pub(crate) fn classify<E: ConditionalError>(
     op: StoreOp,
     table: &str,
     key: &str,
     err: SdkError<E, Response>,
-    conditional: impl FnOnce(&E) -> Option<Option<HashMap<String, AttributeValue>>>,
-) -> ClassifiedError
-where
-    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-{
+) -> ClassifiedError {
     if let SdkError::ServiceError(service) = &err
-        && let Some(item) = conditional(service.err())
+        && let Some(item) = service.err().failed_condition()
     {
         return ClassifiedError::ConditionFailed(item);
     }

@@ -257,9 +257,7 @@ impl DynamoDbLeaseStore {
                     })
             }
             Err(e) => Err(store_error(
-                classify(StoreOp::Beat, table, update.instance, e, |e| {
-                    e.is_conditional_check_failed_exception().then_some(None)
-                }),
+                classify(StoreOp::Beat, table, update.instance, e),
                 update.instance,
             )),
         }
@@ -322,9 +320,7 @@ impl DynamoDbLeaseStore {
                 })
             }
             Err(e) => Err(store_error(
-                classify(StoreOp::Poke, table, instance, e, |e| {
-                    e.is_conditional_check_failed_exception().then_some(None)
-                }),
+                classify(StoreOp::Poke, table, instance, e),
                 instance,
             )),
         }
@@ -354,9 +350,7 @@ impl DynamoDbLeaseStore {
                 Ok(())
             }
             Err(e) => Err(store_error(
-                classify(StoreOp::Forget, table, instance, e, |e| {
-                    e.is_conditional_check_failed_exception().then_some(None)
-                }),
+                classify(StoreOp::Forget, table, instance, e),
                 instance,
             )),
         }

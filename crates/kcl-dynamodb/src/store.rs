@@ -6,7 +6,6 @@ use std::sync::atomic::AtomicBool;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::types::{
     AttributeValue, ConsumedCapacity, ReturnConsumedCapacity, ReturnValue,
@@ -232,13 +231,7 @@ impl DynamoDbLeaseStore {
                 })?;
                 self.parse(item)
             }
-            Err(e) => {
-                let classified = classify(op, &self.table, key, e, |e: &UpdateItemError| match e {
-                    UpdateItemError::ConditionalCheckFailedException(c) => Some(c.item().cloned()),
-                    _ => None,
-                });
-                self.condition_failed(key, classified, intent)
-            }
+            Err(e) => self.condition_failed(key, classify(op, &self.table, key, e), intent),
         }
     }
 
@@ -286,17 +279,7 @@ impl LeaseStore for DynamoDbLeaseStore {
                 Ok(lease.clone())
             }
             Err(e) => {
-                use aws_sdk_dynamodb::operation::put_item::PutItemError;
-                let c = classify(
-                    StoreOp::Create,
-                    &self.table,
-                    &lease.key,
-                    e,
-                    |e: &PutItemError| match e {
-                        PutItemError::ConditionalCheckFailedException(c) => Some(c.item().cloned()),
-                        _ => None,
-                    },
-                );
+                let c = classify(StoreOp::Create, &self.table, &lease.key, e);
                 self.condition_failed(&lease.key, c, None)
             }
         }
@@ -604,19 +587,7 @@ impl LeaseStore for DynamoDbLeaseStore {
                 Ok(())
             }
             Err(e) => {
-                use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
-                let c = classify(
-                    StoreOp::Delete,
-                    &self.table,
-                    key,
-                    e,
-                    |e: &DeleteItemError| match e {
-                        DeleteItemError::ConditionalCheckFailedException(c) => {
-                            Some(c.item().cloned())
-                        }
-                        _ => None,
-                    },
-                );
+                let c = classify(StoreOp::Delete, &self.table, key, e);
                 self.condition_failed(key, c, None).map(|_| ())
             }
         }

@@ -11,7 +11,7 @@ use aws_sdk_dynamodb::types::{
 use kcl_core::store::{StoreError, StoreOp};
 use tracing::info;
 
-use crate::error::unconditional_error;
+use crate::error::{ConditionalError, unconditional_error};
 pub use crate::schema::{STREAM_CLAIM_KEY, workers_table_for};
 use crate::schema::{lease as attr, liveness};
 
@@ -385,15 +385,9 @@ pub async fn claim_stream(
     };
     let claimed = e
         .as_service_error()
-        .and_then(|s| match s {
-            aws_sdk_dynamodb::operation::put_item::PutItemError::ConditionalCheckFailedException(c) => {
-                c.item()
-            }
-            _ => None,
-        })
-        .and_then(|item| item.get(serves))
-        .and_then(|v| v.as_s().ok())
-        .cloned();
+        .and_then(ConditionalError::failed_condition)
+        .flatten()
+        .and_then(|item| item.get(serves)?.as_s().ok().cloned());
     match claimed {
         Some(other) => Err(fatal(
             format!(

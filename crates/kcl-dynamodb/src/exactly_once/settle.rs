@@ -13,7 +13,6 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::error::DisplayErrorContext;
-use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure, Update};
 use kcl_core::Checkpoint;
 use kcl_core::checkpointer::PreparedCheckpoint;
@@ -165,16 +164,7 @@ impl ExactlyOnce {
             Err(e) => e,
         };
         let message = DisplayErrorContext(&err).to_string();
-        match classify(
-            StoreOp::Checkpoint,
-            &self.lease_table,
-            key,
-            err,
-            |e: &UpdateItemError| match e {
-                UpdateItemError::ConditionalCheckFailedException(c) => Some(c.item().cloned()),
-                _ => None,
-            },
-        ) {
+        match classify(StoreOp::Checkpoint, &self.lease_table, key, err) {
             ClassifiedError::ConditionFailed(item) => Fence::Refused(item),
             ClassifiedError::Store(e) => Fence::Failed {
                 message,
