@@ -301,10 +301,12 @@ impl ExactlyOnce {
             .items(tx, &checkpoint, &token)
             .map_err(CommitFailure::Other)?;
         let (send_until, settle_until) = self.deadlines(Instant::now());
-        let outcome = match self
-            .send_attempts(&items, &token, &checkpoint, send_until)
-            .await
-        {
+        let commit = Commit {
+            items: &items,
+            token: &token,
+            checkpoint: &checkpoint,
+        };
+        let outcome = match self.send_attempts(&commit, send_until).await {
             Outcome::Retry(why) => self.settle(&checkpoint, &token, settle_until, why).await,
             outcome => outcome,
         };
@@ -372,6 +374,15 @@ fn item_bytes(item: &TransactWriteItem) -> usize {
     } else {
         0
     }
+}
+
+/// One commit's transaction as each attempt sends it.
+struct Commit<'a> {
+    /// The application's items, then the lease's.
+    items: &'a [TransactWriteItem],
+    /// The client request token every attempt shares.
+    token: &'a str,
+    checkpoint: &'a PreparedCheckpoint,
 }
 
 /// What became of a commit, or of one attempt of it.

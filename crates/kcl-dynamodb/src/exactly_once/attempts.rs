@@ -4,27 +4,20 @@
 
 use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::{CancellationReason, TransactWriteItem};
-use kcl_core::checkpointer::PreparedCheckpoint;
+use aws_sdk_dynamodb::types::CancellationReason;
 use tokio::time::Instant;
 use tracing::warn;
 
 use super::settle::{Verdict, verdict};
-use super::{ExactlyOnce, Outcome, TransactionError};
+use super::{Commit, ExactlyOnce, Outcome, TransactionError};
 
 impl ExactlyOnce {
     /// Sends `items` until an attempt has a verdict, the retries are spent,
     /// or no retry could start before `until`.
-    pub(super) async fn send_attempts(
-        &self,
-        items: &[TransactWriteItem],
-        token: &str,
-        checkpoint: &PreparedCheckpoint,
-        until: Instant,
-    ) -> Outcome {
+    pub(super) async fn send_attempts(&self, commit: &Commit<'_>, until: Instant) -> Outcome {
         let mut pauses = self.backoff.pauses();
         loop {
-            let outcome = self.attempt(items, token, checkpoint, until).await;
+            let outcome = self.attempt(commit, until).await;
             let Outcome::Retry(why) = outcome else {
                 return outcome;
             };
@@ -39,38 +32,30 @@ impl ExactlyOnce {
     }
 
     /// One `TransactWriteItems`, cut at the attempt timeout or at `until`.
-    async fn attempt(
-        &self,
-        items: &[TransactWriteItem],
-        token: &str,
-        checkpoint: &PreparedCheckpoint,
-        until: Instant,
-    ) -> Outcome {
+    async fn attempt(&self, commit: &Commit<'_>, until: Instant) -> Outcome {
         let limit = until
             .saturating_duration_since(Instant::now())
             .min(self.attempt_timeout);
         let call = self
             .client
             .transact_write_items()
-            .set_transact_items(Some(items.to_vec()))
-            .client_request_token(token)
+            .set_transact_items(Some(commit.items.to_vec()))
+            .client_request_token(commit.token)
             .send();
         match tokio::time::timeout(limit, call).await {
             Ok(Ok(_)) => Outcome::Applied,
-            Ok(Err(e)) => self.judge(e, items.len() - 1, checkpoint, token),
+            Ok(Err(e)) => self.judge(e, commit),
             // Like a lost answer: it may still land. A retry (same token)
             // or the settling finds out.
             Err(_) => Outcome::Retry(format!("no answer within {limit:?}")),
         }
     }
 
-    /// What a failed attempt means. The lease item is the last one.
+    /// What a failed attempt means.
     fn judge(
         &self,
         err: SdkError<TransactWriteItemsError, aws_smithy_runtime_api::http::Response>,
-        user_items: usize,
-        checkpoint: &PreparedCheckpoint,
-        token: &str,
+        commit: &Commit<'_>,
     ) -> Outcome {
         let service = match &err {
             SdkError::ServiceError(s) => s.err(),
@@ -89,7 +74,7 @@ impl ExactlyOnce {
             }
         };
         if let TransactWriteItemsError::TransactionCanceledException(c) = service {
-            return self.judge_cancelled(c, user_items, checkpoint, token);
+            return self.judge_cancelled(c, commit);
         }
         let code = service.code().unwrap_or_default();
         let status = match &err {
@@ -122,16 +107,21 @@ impl ExactlyOnce {
     fn judge_cancelled(
         &self,
         c: &aws_sdk_dynamodb::types::error::TransactionCanceledException,
-        user_items: usize,
-        checkpoint: &PreparedCheckpoint,
-        token: &str,
+        commit: &Commit<'_>,
     ) -> Outcome {
+        // The lease item is the last one.
+        let user_items = commit.items.len() - 1;
         let reasons = c.cancellation_reasons();
         let code = |r: &CancellationReason| r.code().unwrap_or("None").to_owned();
         if let Some(lease) = reasons.get(user_items)
             && code(lease) == "ConditionalCheckFailed"
         {
-            return match verdict(&self.lease_table, lease.item(), checkpoint, token) {
+            return match verdict(
+                &self.lease_table,
+                lease.item(),
+                commit.checkpoint,
+                commit.token,
+            ) {
                 Verdict::Applied => Outcome::Applied,
                 Verdict::LeaseLost => Outcome::LeaseLost,
                 Verdict::Moved(to) => Outcome::Moved(to),
