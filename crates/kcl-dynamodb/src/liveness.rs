@@ -30,7 +30,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_dynamodb::types::{
-    AttributeValue, ReturnConsumedCapacity, ReturnValue, ReturnValuesOnConditionCheckFailure,
+    AttributeValue, ReturnConsumedCapacity, ReturnValuesOnConditionCheckFailure,
 };
 use kcl_core::store::{Beat, BeatUpdate, StoreError, StoreOp};
 
@@ -239,27 +239,22 @@ impl DynamoDbLeaseStore {
             names,
             values,
         };
-        let result = self
-            .conditional_update(table, key(update.instance), write)
-            .return_values(ReturnValue::AllNew)
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::None)
-            .send()
-            .await;
-        match result {
-            Ok(out) => {
-                self.record_capacity(StoreOp::Beat, out.consumed_capacity());
-                out.attributes()
-                    .and_then(from_item)
-                    .ok_or_else(|| StoreError::Fatal {
-                        op: StoreOp::Beat,
-                        message: format!("a beat in table {table:?} returned no record"),
-                        source: None,
-                    })
-            }
-            Err(e) => Err(store_error(
-                classify(StoreOp::Beat, table, update.instance, e),
-                update.instance,
-            )),
+        let (instance, item_key) = (update.instance, key(update.instance));
+        // A failed condition is reported without the record (`store_error`).
+        let on_failure = ReturnValuesOnConditionCheckFailure::None;
+        match self
+            .updated_item(StoreOp::Beat, table, instance, item_key, write, on_failure)
+            .await
+        {
+            Ok(record) => record
+                .as_ref()
+                .and_then(from_item)
+                .ok_or_else(|| StoreError::Fatal {
+                    op: StoreOp::Beat,
+                    message: format!("a beat in table {table:?} returned no record"),
+                    source: None,
+                }),
+            Err(c) => Err(store_error(c, instance)),
         }
     }
 

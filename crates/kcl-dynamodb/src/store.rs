@@ -206,6 +206,34 @@ impl DynamoDbLeaseStore {
             .return_consumed_capacity(ReturnConsumedCapacity::Total)
     }
 
+    /// Sends a [`Self::conditional_update`] of the item `item_key` (named
+    /// `key` in errors) billed to `op`, and returns the item as written; a
+    /// failure comes classified, with the item as it was when `on_failure`
+    /// asks for it.
+    pub(crate) async fn updated_item(
+        &self,
+        op: StoreOp,
+        table: &str,
+        key: &str,
+        item_key: HashMap<String, AttributeValue>,
+        update: Update,
+        on_failure: ReturnValuesOnConditionCheckFailure,
+    ) -> Result<Option<HashMap<String, AttributeValue>>, ClassifiedError> {
+        let result = self
+            .conditional_update(table, item_key, update)
+            .return_values(ReturnValue::AllNew)
+            .return_values_on_condition_check_failure(on_failure)
+            .send()
+            .await;
+        match result {
+            Ok(out) => {
+                self.record_capacity(op, out.consumed_capacity());
+                Ok(out.attributes)
+            }
+            Err(e) => Err(classify(op, table, key, e)),
+        }
+    }
+
     /// Runs one conditional update and turns its outcome into the store's
     /// terms, reconciling a failed condition against `intent`.
     async fn update(
@@ -215,23 +243,21 @@ impl DynamoDbLeaseStore {
         update: Update,
         intent: Option<Intent<'_>>,
     ) -> Result<Lease, StoreError> {
-        let result = self
-            .conditional_update(&self.table, Self::key(key), update)
-            .return_values(ReturnValue::AllNew)
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
-        match result {
-            Ok(out) => {
-                self.record_capacity(op, out.consumed_capacity());
-                let item = out.attributes().ok_or_else(|| StoreError::Fatal {
+        let on_failure = ReturnValuesOnConditionCheckFailure::AllOld;
+        let item_key = Self::key(key);
+        match self
+            .updated_item(op, &self.table, key, item_key, update, on_failure)
+            .await
+        {
+            Ok(item) => {
+                let item = item.ok_or_else(|| StoreError::Fatal {
                     op,
                     message: format!("{op} on {key:?} returned no attributes"),
                     source: None,
                 })?;
-                self.parse(item)
+                self.parse(&item)
             }
-            Err(e) => self.condition_failed(key, classify(op, &self.table, key, e), intent),
+            Err(c) => self.condition_failed(key, c, intent),
         }
     }
 
