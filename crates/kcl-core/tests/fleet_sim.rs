@@ -608,7 +608,10 @@ async fn two_processes_with_one_worker_id_never_share_a_lease(mode: LeaseRenewal
         SimWorker::start_with(&table, build("b", 2), StandIn::Checkpointing),
     ];
     let (mut overlap, mut checkpoints) = (OverlapLog::default(), CheckpointLog::default());
-    run_checking(&workers, &table, &mut overlap, &mut checkpoints, TICK * 4).await;
+    let mut run = async |workers: &[SimWorker], total| {
+        run_checking(workers, &table, &mut overlap, &mut checkpoints, total).await;
+    };
+    run(&workers, TICK * 4).await;
     assert!(balanced(&table, &["a", "b"]), "{:?}", table_counts(&table));
     let a_held = workers[0].coordinator().held_keys().len();
 
@@ -619,7 +622,7 @@ async fn two_processes_with_one_worker_id_never_share_a_lease(mode: LeaseRenewal
         build("a", 3),
         StandIn::Checkpointing,
     ));
-    run_checking(&workers, &table, &mut overlap, &mut checkpoints, TICK * 3).await;
+    run(&workers, TICK * 3).await;
     let second = workers[2].coordinator().stats();
     assert_eq!(
         (second.taken, second.reclaimed, second.stolen),
@@ -635,14 +638,7 @@ async fn two_processes_with_one_worker_id_never_share_a_lease(mode: LeaseRenewal
     workers[0]
         .store
         .pause_until(Instant::now() + LEASE + tick_max() * 2);
-    run_checking(
-        &workers,
-        &table,
-        &mut overlap,
-        &mut checkpoints,
-        LEASE + tick_max() * 3,
-    )
-    .await;
+    run(&workers, LEASE + tick_max() * 3).await;
     let (first, second) = (
         workers[0].coordinator().stats(),
         workers[2].coordinator().stats(),
@@ -661,7 +657,7 @@ async fn two_processes_with_one_worker_id_never_share_a_lease(mode: LeaseRenewal
         s.taken + s.reclaimed + s.stolen
     };
     let before: Vec<u64> = workers.iter().map(moves).collect();
-    run_checking(&workers, &table, &mut overlap, &mut checkpoints, TICK * 6).await;
+    run(&workers, TICK * 6).await;
     let after: Vec<u64> = workers.iter().map(moves).collect();
     assert_eq!(
         before, after,
@@ -671,14 +667,7 @@ async fn two_processes_with_one_worker_id_never_share_a_lease(mode: LeaseRenewal
 
     // The second process dies: the first takes its leases once they expire.
     workers[2].kill().await;
-    run_checking(
-        &workers,
-        &table,
-        &mut overlap,
-        &mut checkpoints,
-        LEASE + tick_max() * 2,
-    )
-    .await;
+    run(&workers, LEASE + tick_max() * 2).await;
     assert_eq!(
         workers[0].valid_keys().len(),
         a_held,
@@ -1365,6 +1354,30 @@ async fn reset_as_the_cli_does(
     }
 }
 
+/// Resets `lease` (as just read) as the CLI does and runs the fleet until
+/// the shard is processed again, from the reset checkpoint: it stands, no
+/// handoff left on the lease.
+async fn reset_until_processed_again(
+    workers: &[SimWorker],
+    table: &kcl_core::store::memory::InMemoryLeaseStore,
+    log: &mut OverlapLog,
+    lease: &kcl_core::Lease,
+) {
+    let to = kcl_core::Checkpoint::at("777", 0);
+    reset_as_the_cli_does(table, lease, to.clone()).await;
+    until_processed_again(workers, table, log, &lease.key).await;
+    let now = table
+        .snapshot()
+        .into_iter()
+        .find(|l| l.key == lease.key)
+        .unwrap();
+    assert_eq!(
+        (&now.checkpoint, &now.checkpoint_owner),
+        (&to, &None),
+        "{now:?}"
+    );
+}
+
 /// Defect 4, for `kcl leases reset --force`: the holder is evicted by a
 /// handoff to nobody in a tenure it never wrote, so it stops without
 /// writing (its checkpoint would undo the reset), no peer takes the shard
@@ -1372,7 +1385,6 @@ async fn reset_as_the_cli_does(
 /// stopped; the shard then starts from the reset checkpoint.
 #[tokio::test(start_paused = true)]
 async fn an_operators_reset_evicts_a_liveness_holder_before_any_peer_processes_the_shard() {
-    use kcl_core::Checkpoint;
     let table = table_with(3).await;
     let mut log = OverlapLog::default();
     let (workers, key) = fleet_for_an_operator(&table, &mut log, LEASE / 2).await;
@@ -1381,8 +1393,7 @@ async fn an_operators_reset_evicts_a_liveness_holder_before_any_peer_processes_t
         (a.lost, a.handed_off)
     };
     let lease = table.snapshot().into_iter().find(|l| l.key == key).unwrap();
-    reset_as_the_cli_does(&table, &lease, Checkpoint::at("777", 0)).await;
-    until_processed_again(&workers, &table, &mut log, &key).await;
+    reset_until_processed_again(&workers, &table, &mut log, &lease).await;
     assert_eq!(
         log.max(),
         Duration::ZERO,
@@ -1393,12 +1404,6 @@ async fn an_operators_reset_evicts_a_liveness_holder_before_any_peer_processes_t
         (a.lost, a.handed_off),
         (lost + 1, handed_off),
         "the holder stopped without a handoff checkpoint: {a:?}"
-    );
-    let now = table.snapshot().into_iter().find(|l| l.key == key).unwrap();
-    assert_eq!(
-        (&now.checkpoint, &now.checkpoint_owner),
-        (&Checkpoint::at("777", 0), &None),
-        "{now:?}"
     );
 }
 
@@ -1575,7 +1580,6 @@ async fn a_liveness_worker_that_finds_java_reports_renews_per_lease_from_its_fir
 /// before it let go.
 #[tokio::test(start_paused = true)]
 async fn an_operators_reset_during_a_steal_evicts_the_draining_previous_owner_first() {
-    use kcl_core::Checkpoint;
     let (table, mut log, mut workers) = first_holder(
         4,
         config("a", 1).build().unwrap(),
@@ -1603,18 +1607,10 @@ async fn an_operators_reset_during_a_steal_evicts_the_draining_previous_owner_fi
         }
         assert!(Instant::now() < end, "no steal: {:?}", table.snapshot());
     };
-    let key = lease.key.clone();
-    reset_as_the_cli_does(&table, &lease, Checkpoint::at("777", 0)).await;
-    until_processed_again(&workers, &table, &mut log, &key).await;
+    reset_until_processed_again(&workers, &table, &mut log, &lease).await;
     assert_eq!(
-        log.longest.get(&key).copied().unwrap_or_default(),
+        log.longest.get(&lease.key).copied().unwrap_or_default(),
         Duration::ZERO,
         "two workers may process the reset shard"
-    );
-    let now = table.snapshot().into_iter().find(|l| l.key == key).unwrap();
-    assert_eq!(
-        (&now.checkpoint, &now.checkpoint_owner),
-        (&Checkpoint::at("777", 0), &None),
-        "{now:?}"
     );
 }
