@@ -10,33 +10,30 @@
 //! only that test selected): the builder installs the process's `metrics`
 //! recorder, and the other tests of this binary install Prometheus's.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::net::SocketAddr;
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
-use kcl::metric_names::{self, MetricKind, MetricUnit};
+use kcl::metric_names;
 use kcl::observability::OtlpMetrics;
 use kcl::{InitialPosition, Worker};
 use kcl_tests::{TestEnv, create_stream, http_get, put_sequenced_records, unique_name};
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use opentelemetry_proto::tonic::common::v1::KeyValue;
+use tokio::time::Instant;
 
 use crate::Counting;
 use crate::fleet::ran_in_own_process;
-use opentelemetry_proto::tonic::collector::metrics::v1::{
-    ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+
+/// The collector and the export readers of kcl's own OTLP tests.
+#[path = "../../../crates/kcl/src/observability/otlp/tests/collector.rs"]
+mod collector;
+
+use collector::{
+    Collector, Received, check_declared, double, exported, find, gauge_points, histogram_points,
+    int, metrics_of, pairs, sum_points, unavailable,
 };
-use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
-use opentelemetry_proto::tonic::metrics::v1::{
-    AggregationTemporality, HistogramDataPoint, Metric, NumberDataPoint, metric, number_data_point,
-};
-use prost::Message;
-use tokio::time::Instant;
 
 const KEYS: u32 = 4;
 const PER_KEY: u64 = 5;
@@ -50,198 +47,23 @@ const BATCH_BUCKETS: &[f64] = &[
     1.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0,
 ];
 
-/// One export the collector received.
-#[derive(Debug)]
-struct Export {
-    path: String,
-    content_type: Option<String>,
-    tenant: Option<String>,
-    body: ExportMetricsServiceRequest,
-}
-
-/// An OTLP/HTTP collector on a local port: answers the first requests
-/// with 503 as scripted, then accepts everything, keeping what it
-/// accepted (and counting what it refused).
-struct Collector {
-    addr: SocketAddr,
-    accepted: Arc<Mutex<Vec<Export>>>,
-    refused: Arc<AtomicU64>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Collector {
-    async fn start(refuse_first: u64) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind a local port");
-        let addr = listener.local_addr().expect("the bound address");
-        let accepted = Arc::new(Mutex::new(Vec::new()));
-        let refused = Arc::new(AtomicU64::new(0));
-        let to_refuse = Arc::new(Mutex::new(VecDeque::from(vec![(); refuse_first as usize])));
-        let task = tokio::spawn({
-            let (accepted, refused) = (Arc::clone(&accepted), Arc::clone(&refused));
-            async move {
-                while let Ok((stream, _)) = listener.accept().await {
-                    let state = (
-                        Arc::clone(&accepted),
-                        Arc::clone(&refused),
-                        Arc::clone(&to_refuse),
-                    );
-                    tokio::spawn(async move {
-                        let service = hyper::service::service_fn(move |request| {
-                            let state = state.clone();
-                            async move { receive(request, &state.0, &state.1, &state.2).await }
-                        });
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(TokioIo::new(stream), service)
-                            .await;
-                    });
-                }
-            }
-        });
-        Collector {
-            addr,
-            accepted,
-            refused,
-            task,
-        }
-    }
-
-    fn accepted(&self) -> std::sync::MutexGuard<'_, Vec<Export>> {
-        self.accepted.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-impl Drop for Collector {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn receive(
-    request: Request<Incoming>,
-    accepted: &Mutex<Vec<Export>>,
-    refused: &AtomicU64,
-    to_refuse: &Mutex<VecDeque<()>>,
-) -> Result<Response<Full<Bytes>>, hyper::Error> {
-    let header = |name: &str| {
-        request
-            .headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    };
-    let (content_type, tenant) = (header("content-type"), header("x-tenant"));
-    let path = request.uri().path().to_owned();
-    let body = request.into_body().collect().await?.to_bytes();
-    let refuse = to_refuse
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .pop_front()
-        .is_some();
-    if refuse {
-        refused.fetch_add(1, Ordering::Relaxed);
-        let mut response = Response::new(Full::new(Bytes::from_static(b"busy")));
-        *response.status_mut() = hyper::StatusCode::SERVICE_UNAVAILABLE;
-        return Ok(response);
-    }
-    let body = ExportMetricsServiceRequest::decode(body).expect("an OTLP metrics request");
-    accepted
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push(Export {
-            path,
-            content_type,
-            tenant,
-            body,
-        });
-    let mut response = Response::new(Full::new(Bytes::from(
-        ExportMetricsServiceResponse::default().encode_to_vec(),
-    )));
-    response.headers_mut().insert(
-        "content-type",
-        hyper::header::HeaderValue::from_static("application/x-protobuf"),
-    );
-    Ok(response)
-}
-
-fn metrics_of(request: &ExportMetricsServiceRequest) -> &[Metric] {
-    &request.resource_metrics[0].scope_metrics[0].metrics
-}
-
-fn find<'a>(request: &'a ExportMetricsServiceRequest, name: &str) -> Option<&'a Metric> {
-    metrics_of(request).iter().find(|m| m.name == name)
-}
-
-fn attributes(attributes: &[KeyValue]) -> BTreeMap<String, String> {
-    attributes
+/// The exports the collector accepted.
+fn accepted(collector: &Collector) -> Vec<Received> {
+    let received = collector.received();
+    received
         .iter()
-        .map(|kv| {
-            let value = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
-                Some(any_value::Value::StringValue(s)) => s.clone(),
-                other => panic!("attribute {} is not a string: {other:?}", kv.key),
-            };
-            (kv.key.clone(), value)
-        })
+        .filter(|r| r.status == 200)
+        .cloned()
         .collect()
+}
+
+/// Attributes by key.
+fn attributes(attributes: &[KeyValue]) -> BTreeMap<String, String> {
+    pairs(attributes).into_iter().collect()
 }
 
 fn has(attributes_: &[KeyValue], key: &str, value: &str) -> bool {
     attributes(attributes_).get(key).map(String::as_str) == Some(value)
-}
-
-/// Fails unless `temporality`, `metric`'s aggregation temporality, is
-/// cumulative.
-fn assert_cumulative(metric: &Metric, temporality: i32) {
-    assert_eq!(
-        temporality,
-        i32::from(AggregationTemporality::Cumulative),
-        "{}",
-        metric.name
-    );
-}
-
-/// A counter's points, checked to be a cumulative monotonic sum.
-fn sum_points(metric: &Metric) -> &[NumberDataPoint] {
-    match &metric.data {
-        Some(metric::Data::Sum(sum)) => {
-            assert!(sum.is_monotonic, "{} is not monotonic", metric.name);
-            assert_cumulative(metric, sum.aggregation_temporality);
-            &sum.data_points
-        }
-        other => panic!("{} is not a sum: {other:?}", metric.name),
-    }
-}
-
-fn gauge_points(metric: &Metric) -> &[NumberDataPoint] {
-    match &metric.data {
-        Some(metric::Data::Gauge(gauge)) => &gauge.data_points,
-        other => panic!("{} is not a gauge: {other:?}", metric.name),
-    }
-}
-
-fn histogram_points(metric: &Metric) -> &[HistogramDataPoint] {
-    match &metric.data {
-        Some(metric::Data::Histogram(histogram)) => {
-            assert_cumulative(metric, histogram.aggregation_temporality);
-            &histogram.data_points
-        }
-        other => panic!("{} is not a histogram: {other:?}", metric.name),
-    }
-}
-
-fn int(point: &NumberDataPoint) -> i64 {
-    match point.value {
-        Some(number_data_point::Value::AsInt(v)) => v,
-        other => panic!("a counter's value is an integer, not {other:?}"),
-    }
-}
-
-fn double(point: &NumberDataPoint) -> f64 {
-    match point.value {
-        Some(number_data_point::Value::AsDouble(v)) => v,
-        other => panic!("a gauge's value is a double, not {other:?}"),
-    }
 }
 
 /// The records-processed counter of `stream` in an export, summed over
@@ -269,12 +91,12 @@ async fn a_worker_pushes_its_metrics_to_an_otlp_collector() {
     }
     let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
     // The first export is refused: the exporter retries it.
-    let collector = Collector::start(1).await;
+    let collector = Collector::start(vec![unavailable()]).await;
     let stream = unique_name("kcl-otlp");
     let app = unique_name("kcl-otlp-app");
     let worker_id = unique_name("otlp-worker");
     create_stream(env.kinesis(), &stream, 2).await.unwrap();
-    let otlp = OtlpMetrics::new(format!("http://{}", collector.addr))
+    let otlp = OtlpMetrics::new(collector.endpoint())
         .interval(Duration::from_millis(500))
         .header("x-tenant", "team-a")
         .resource_attribute("deployment.environment", "test");
@@ -341,8 +163,7 @@ async fn a_worker_pushes_its_metrics_to_an_otlp_collector() {
     // A periodic export (not only the final one) carries every record.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let exported = collector
-            .accepted()
+        let exported = accepted(&collector)
             .last()
             .map_or(0, |e| records_processed(&e.body, &stream));
         if exported == RECORDS {
@@ -355,16 +176,17 @@ async fn a_worker_pushes_its_metrics_to_an_otlp_collector() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let exports_while_running = collector.accepted().len();
+    let exports_while_running = accepted(&collector).len();
     crate::stop_within_60s(&handle, run).await;
 
-    let accepted = collector.accepted();
+    let accepted = accepted(&collector);
     // The final export, after the worker stopped.
     assert!(
         accepted.len() > exports_while_running,
         "no export at shutdown"
     );
-    assert_eq!(collector.refused.load(Ordering::Relaxed), 1);
+    let refused = collector.received().len() - accepted.len();
+    assert_eq!(refused, 1);
     let stats = exporter.stats();
     assert_eq!(stats.failed_exports, 1, "{stats:?}");
     // An export in flight when the worker stopped is abandoned (the final
@@ -412,27 +234,12 @@ async fn a_worker_pushes_its_metrics_to_an_otlp_collector() {
             continue;
         };
         checked += 1;
-        assert_eq!(metric.description, spec.help, "{}", spec.name);
-        let unit = match spec.unit {
-            None => "",
-            Some(MetricUnit::Bytes) => "By",
-            Some(MetricUnit::Seconds) => "s",
-            Some(MetricUnit::Milliseconds) => "ms",
-        };
-        assert_eq!(metric.unit, unit, "{}", spec.name);
-        match spec.kind {
-            MetricKind::Counter => assert!(!sum_points(metric).is_empty(), "{}", spec.name),
-            MetricKind::Gauge => assert!(!gauge_points(metric).is_empty(), "{}", spec.name),
-            MetricKind::Histogram => {
-                assert!(!histogram_points(metric).is_empty(), "{}", spec.name)
-            }
-        }
+        assert!(check_declared(metric, spec) > 0, "{}", spec.name);
     }
     assert!(checked >= 10, "only {checked} kcl metrics exported");
 
     // The records-processed counter: per shard, summing to what was put.
-    let processed_points =
-        sum_points(find(last, metric_names::RECORDS_PROCESSED).expect("exported"));
+    let processed_points = sum_points(exported(last, metric_names::RECORDS_PROCESSED));
     let ours: Vec<_> = processed_points
         .iter()
         .filter(|p| has(&p.attributes, "stream", &stream))
@@ -449,7 +256,7 @@ async fn a_worker_pushes_its_metrics_to_an_otlp_collector() {
     }
     assert_eq!(ours.iter().map(|p| int(p)).sum::<i64>(), RECORDS);
     assert_eq!(records_processed(last, &stream), RECORDS);
-    let bytes = find(last, metric_names::BYTES_PROCESSED).expect("bytes processed");
+    let bytes = exported(last, metric_names::BYTES_PROCESSED);
     assert_eq!(bytes.unit, "By");
 
     // Cumulative across exports: a series never goes down and keeps its
@@ -474,7 +281,7 @@ async fn a_worker_pushes_its_metrics_to_an_otlp_collector() {
 
     // Gauges: the leases held, with the worker label; 2 while it ran,
     // 0 once it released them.
-    let held = |export: &Export| -> Option<f64> {
+    let held = |export: &Received| -> Option<f64> {
         let metric = find(&export.body, metric_names::LEASES_HELD)?;
         gauge_points(metric)
             .iter()
@@ -486,16 +293,13 @@ async fn a_worker_pushes_its_metrics_to_an_otlp_collector() {
         "no export saw both leases held"
     );
     assert_eq!(held(accepted.last().expect("exports")), Some(0.0));
-    let lag = find(last, metric_names::MILLIS_BEHIND_LATEST).expect("the lag");
+    let lag = exported(last, metric_names::MILLIS_BEHIND_LATEST);
     assert_eq!(lag.unit, "ms");
 
     // Histograms with kcl's buckets; the records per batch sum to the
     // records put.
-    let batch_seconds = histogram_points(
-        find(last, metric_names::BATCH_PROCESSING_SECONDS).expect("batch processing time"),
-    );
-    let per_batch =
-        histogram_points(find(last, metric_names::RECORDS_PER_BATCH).expect("records per batch"));
+    let batch_seconds = histogram_points(exported(last, metric_names::BATCH_PROCESSING_SECONDS));
+    let per_batch = histogram_points(exported(last, metric_names::RECORDS_PER_BATCH));
     for (points, bounds) in [(batch_seconds, SECONDS_BUCKETS), (per_batch, BATCH_BUCKETS)] {
         for point in points
             .iter()
@@ -520,7 +324,7 @@ async fn a_worker_pushes_its_metrics_to_an_otlp_collector() {
     assert_eq!(records_in_batches, RECORDS as f64);
 
     // The exporter's own counter, present and zero.
-    let dropped = sum_points(find(last, metric_names::OTLP_MEASUREMENTS_DROPPED).expect("dropped"));
+    let dropped = sum_points(exported(last, metric_names::OTLP_MEASUREMENTS_DROPPED));
     assert_eq!(dropped.iter().map(int).collect::<Vec<_>>(), [0]);
 }
 

@@ -3,27 +3,14 @@
 //! on a local port. Recording goes through `metrics::with_local_recorder`:
 //! nothing here installs a global recorder.
 
-use std::collections::VecDeque;
-use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
 use kcl_core::metric_names::{
     self, BATCH_PROCESSING_SECONDS, MetricKind, OTLP_MEASUREMENTS_DROPPED, RECORDS_PER_BATCH,
 };
-use opentelemetry_proto::tonic::collector::metrics::v1::{
-    ExportMetricsServiceRequest, ExportMetricsServiceResponse,
-};
-use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
-use opentelemetry_proto::tonic::metrics::v1::{
-    AggregationTemporality, HistogramDataPoint, Metric, NumberDataPoint, metric, number_data_point,
-};
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use prost::Message;
 use tokio::time::Instant;
 
@@ -31,6 +18,13 @@ use super::registry::unix_nanos;
 use super::settings::metrics_url;
 use super::{OtlpExportError, OtlpExporter, OtlpMetrics, OtlpRecorder, encode};
 use crate::observability::{BATCH_BUCKETS, SECONDS_BUCKETS};
+
+mod collector;
+
+use collector::{
+    Collector, check_declared, double, exported, gauge_points, histogram_points, int, metrics_of,
+    pairs, sum_points, unavailable,
+};
 
 /// An endpoint nothing listens on (the exporter is not used).
 const NOWHERE: &str = "http://127.0.0.1:9";
@@ -49,85 +43,11 @@ fn encoded(recorder: &OtlpRecorder) -> ExportMetricsServiceRequest {
         .expect("the request decodes")
 }
 
-fn metrics_of(request: &ExportMetricsServiceRequest) -> &[Metric] {
-    &request.resource_metrics[0].scope_metrics[0].metrics
-}
-
 /// The names of the metrics `request` exports, in its order.
 fn names_of(request: &ExportMetricsServiceRequest) -> Vec<&str> {
     metrics_of(request)
         .iter()
         .map(|m| m.name.as_str())
-        .collect()
-}
-
-fn find<'a>(request: &'a ExportMetricsServiceRequest, name: &str) -> &'a Metric {
-    metrics_of(request)
-        .iter()
-        .find(|m| m.name == name)
-        .unwrap_or_else(|| panic!("no metric {name}"))
-}
-
-/// A sum's points, checked to be cumulative and monotonic.
-fn sum_points(metric: &Metric) -> &[NumberDataPoint] {
-    match &metric.data {
-        Some(metric::Data::Sum(sum)) => {
-            assert!(sum.is_monotonic, "{} is monotonic", metric.name);
-            assert_eq!(
-                sum.aggregation_temporality,
-                i32::from(AggregationTemporality::Cumulative)
-            );
-            &sum.data_points
-        }
-        other => panic!("{} is not a sum: {other:?}", metric.name),
-    }
-}
-
-fn gauge_points(metric: &Metric) -> &[NumberDataPoint] {
-    match &metric.data {
-        Some(metric::Data::Gauge(gauge)) => &gauge.data_points,
-        other => panic!("{} is not a gauge: {other:?}", metric.name),
-    }
-}
-
-fn histogram_points(metric: &Metric) -> &[HistogramDataPoint] {
-    match &metric.data {
-        Some(metric::Data::Histogram(histogram)) => {
-            assert_eq!(
-                histogram.aggregation_temporality,
-                i32::from(AggregationTemporality::Cumulative)
-            );
-            &histogram.data_points
-        }
-        other => panic!("{} is not a histogram: {other:?}", metric.name),
-    }
-}
-
-fn int(point: &NumberDataPoint) -> i64 {
-    match point.value {
-        Some(number_data_point::Value::AsInt(v)) => v,
-        other => panic!("not an integer: {other:?}"),
-    }
-}
-
-fn double(point: &NumberDataPoint) -> f64 {
-    match point.value {
-        Some(number_data_point::Value::AsDouble(v)) => v,
-        other => panic!("not a double: {other:?}"),
-    }
-}
-
-/// Attributes as (key, string value) pairs.
-fn pairs(attributes: &[KeyValue]) -> Vec<(String, String)> {
-    attributes
-        .iter()
-        .map(|kv| {
-            let value = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
-                Some(any_value::Value::StringValue(s)) => s.clone(),
-                other => panic!("{} is not a string: {other:?}", kv.key),
-            };
-            (kv.key.clone(), value)
-        })
         .collect()
 }
 
@@ -156,7 +76,7 @@ fn counters_are_cumulative_monotonic_sums_across_exports() {
     // Each point's attributes, value and start.
     type Points = Vec<(Vec<(String, String)>, i64, u64)>;
     let values = |request: &ExportMetricsServiceRequest| -> Points {
-        sum_points(find(request, "app_events_total"))
+        sum_points(exported(request, "app_events_total"))
             .iter()
             .map(|p| (pairs(&p.attributes), int(p), p.start_time_unix_nano))
             .collect()
@@ -183,7 +103,7 @@ fn gauges_export_their_last_value() {
         gauge.decrement(0.5);
     });
     let request = encoded(&recorder);
-    let points = gauge_points(find(&request, "app_queue_depth"));
+    let points = gauge_points(exported(&request, "app_queue_depth"));
     assert_eq!(points.len(), 1);
     assert_eq!(double(&points[0]), 12.0);
     assert!(points[0].attributes.is_empty());
@@ -202,7 +122,7 @@ fn histogram_values_fall_into_otlp_explicit_buckets() {
         h.record_many(0.3, 2);
     });
     let request = encoded(&recorder);
-    let metric = find(&request, BATCH_PROCESSING_SECONDS);
+    let metric = exported(&request, BATCH_PROCESSING_SECONDS);
     assert_eq!(metric.unit, "s");
     let points = histogram_points(metric);
     assert_eq!(points.len(), 1);
@@ -242,7 +162,7 @@ fn histograms_get_kcls_buckets_the_configured_ones_or_the_otel_defaults() {
     });
     let request = encoded(&recorder);
     let bounds = |name: &str| {
-        histogram_points(find(&request, name))[0]
+        histogram_points(exported(&request, name))[0]
             .explicit_bounds
             .clone()
     };
@@ -259,7 +179,7 @@ fn histograms_get_kcls_buckets_the_configured_ones_or_the_otel_defaults() {
     );
     // The configured bounds are used for the counts too.
     assert_eq!(
-        histogram_points(find(&request, "app_payload_size"))[0].bucket_counts,
+        histogram_points(exported(&request, "app_payload_size"))[0].bucket_counts,
         [1, 0, 0]
     );
 }
@@ -286,10 +206,10 @@ fn series_beyond_max_series_are_dropped_and_counted() {
         names,
         ["app_kept", "app_kept_total", OTLP_MEASUREMENTS_DROPPED]
     );
-    let kept = sum_points(find(&request, "app_kept_total"));
+    let kept = sum_points(exported(&request, "app_kept_total"));
     assert_eq!(kept.len(), 1);
     assert_eq!(int(&kept[0]), 2);
-    let dropped = sum_points(find(&request, OTLP_MEASUREMENTS_DROPPED));
+    let dropped = sum_points(exported(&request, OTLP_MEASUREMENTS_DROPPED));
     assert_eq!(dropped.len(), 1);
     assert_eq!(int(&dropped[0]), 6);
     let stats = exporter.stats();
@@ -319,20 +239,7 @@ fn every_kcl_metric_is_exported_as_its_kind_with_its_unit_and_description() {
     expected.sort_unstable();
     assert_eq!(names, expected, "one metric per name, sorted");
     for spec in metric_names::ALL {
-        let metric = find(&request, spec.name);
-        assert_eq!(metric.description, spec.help, "{}", spec.name);
-        let unit = match spec.unit {
-            None => "",
-            Some(metric_names::MetricUnit::Bytes) => "By",
-            Some(metric_names::MetricUnit::Seconds) => "s",
-            Some(metric_names::MetricUnit::Milliseconds) => "ms",
-        };
-        assert_eq!(metric.unit, unit, "{}", spec.name);
-        let points = match spec.kind {
-            MetricKind::Counter => sum_points(metric).len(),
-            MetricKind::Gauge => gauge_points(metric).len(),
-            MetricKind::Histogram => histogram_points(metric).len(),
-        };
+        let points = check_declared(exported(&request, spec.name), spec);
         assert_eq!(points, 1, "{}", spec.name);
     }
 }
@@ -347,12 +254,12 @@ fn an_applications_description_and_unit_are_exported() {
         metrics::counter!("app_things_total").increment(1);
     });
     let request = encoded(&recorder);
-    let payload = find(&request, "app_payload");
+    let payload = exported(&request, "app_payload");
     assert_eq!(
         (payload.unit.as_str(), payload.description.as_str()),
         ("By", "Payload sizes")
     );
-    let things = find(&request, "app_things_total");
+    let things = exported(&request, "app_things_total");
     assert_eq!(
         (things.unit.as_str(), things.description.as_str()),
         ("", "Things")
@@ -476,119 +383,9 @@ fn header_values_stay_out_of_debug_output() {
     assert!(!debug.contains("s3cr3t"), "{debug}");
 }
 
-/// One request the collector received.
-#[derive(Debug)]
-struct Received {
-    path: String,
-    content_type: Option<String>,
-    tenant: Option<String>,
-    body: ExportMetricsServiceRequest,
-}
-
-/// A collector on a local port that answers from a script (then 200 with
-/// an empty `ExportMetricsServiceResponse`) and keeps what it received.
-struct Collector {
-    addr: SocketAddr,
-    received: Arc<Mutex<Vec<Received>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-/// A scripted answer: status, content type, body.
-type Answer = (u16, &'static str, Vec<u8>);
-
-impl Collector {
-    async fn start(script: Vec<Answer>) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind a local port");
-        let addr = listener.local_addr().expect("the bound address");
-        let received = Arc::new(Mutex::new(Vec::new()));
-        let script = Arc::new(Mutex::new(VecDeque::from(script)));
-        let task = tokio::spawn({
-            let received = Arc::clone(&received);
-            async move {
-                while let Ok((stream, _)) = listener.accept().await {
-                    let (received, script) = (Arc::clone(&received), Arc::clone(&script));
-                    tokio::spawn(async move {
-                        let service = hyper::service::service_fn(move |request| {
-                            let (received, script) = (Arc::clone(&received), Arc::clone(&script));
-                            async move { answer(request, &received, &script).await }
-                        });
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(TokioIo::new(stream), service)
-                            .await;
-                    });
-                }
-            }
-        });
-        Collector {
-            addr,
-            received,
-            task,
-        }
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    fn received(&self) -> std::sync::MutexGuard<'_, Vec<Received>> {
-        self.received.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-impl Drop for Collector {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn answer(
-    request: Request<Incoming>,
-    received: &Mutex<Vec<Received>>,
-    script: &Mutex<VecDeque<Answer>>,
-) -> Result<Response<Full<Bytes>>, hyper::Error> {
-    let header = |name: &str| {
-        request
-            .headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    };
-    let (content_type, tenant) = (header("content-type"), header("x-tenant"));
-    let path = request.uri().path().to_owned();
-    let body = request.into_body().collect().await?.to_bytes();
-    let body = ExportMetricsServiceRequest::decode(body).expect("an OTLP metrics request");
-    received
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push(Received {
-            path,
-            content_type,
-            tenant,
-            body,
-        });
-    let next = script.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
-    let (status, content_type, body) = next.unwrap_or_else(|| {
-        let ok = ExportMetricsServiceResponse::default().encode_to_vec();
-        (200, "application/x-protobuf", ok)
-    });
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = hyper::StatusCode::from_u16(status).expect("a status");
-    response.headers_mut().insert(
-        "content-type",
-        hyper::header::HeaderValue::from_static(content_type),
-    );
-    Ok(response)
-}
-
-fn unavailable() -> Answer {
-    (503, "text/plain", b"overloaded".to_vec())
-}
-
 /// The value of counter `name` in an export.
 fn counter_value(request: &ExportMetricsServiceRequest, name: &str) -> i64 {
-    sum_points(find(request, name)).iter().map(int).sum()
+    sum_points(exported(request, name)).iter().map(int).sum()
 }
 
 #[tokio::test]
@@ -642,7 +439,8 @@ async fn retryable_failures_are_retried_until_the_collector_accepts() {
         .export_with_retries(Instant::now() + Duration::from_secs(600))
         .await
         .expect("accepted at the third attempt");
-    assert_eq!(collector.received().len(), 3);
+    let statuses: Vec<u16> = collector.received().iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [503, 503, 200]);
     let stats = exporter.stats();
     assert_eq!((stats.exports, stats.failed_exports), (1, 2));
 }
