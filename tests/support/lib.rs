@@ -33,6 +33,12 @@ pub mod latency;
 pub mod sdk_http;
 pub mod skew;
 
+// Streams and tables are created and deleted as the demo does its own.
+pub use kcl_cli::demo::resources::{
+    STATUS_TIMEOUT, create_stream, delete_stream, delete_table, wait_for_stream_active,
+};
+use kcl_cli::demo::resources::{found, until_active};
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -41,18 +47,11 @@ use aws_config::{BehaviorVersion, SdkConfig};
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType, TableStatus,
 };
-use aws_sdk_kinesis::config::http::HttpResponse;
-use aws_sdk_kinesis::error::SdkError;
 use aws_sdk_kinesis::primitives::Blob;
-use aws_sdk_kinesis::types::{
-    PutRecordsRequestEntry, Record, Shard, ShardIteratorType, StreamStatus,
-};
+use aws_sdk_kinesis::types::{PutRecordsRequestEntry, Record, Shard, ShardIteratorType};
 
 /// How long [`TestEnv::connect`] waits for each emulator to answer.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Default bound for waits on stream or table status changes.
-pub const STATUS_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Most records one `PutRecords` call accepts.
 pub const PUT_RECORDS_MAX_BATCH: usize = 500;
@@ -196,104 +195,6 @@ fn check_endpoint_vars() -> anyhow::Result<()> {
 // ---------------------------------------------------------------------------
 // Kinesis
 // ---------------------------------------------------------------------------
-
-/// Creates a provisioned stream with `shards` shards and waits until it is
-/// ACTIVE.
-pub async fn create_stream(
-    kinesis: &aws_sdk_kinesis::Client,
-    stream: &str,
-    shards: i32,
-) -> anyhow::Result<()> {
-    kinesis
-        .create_stream()
-        .stream_name(stream)
-        .shard_count(shards)
-        .send()
-        .await
-        .with_context(|| format!("CreateStream {stream} with {shards} shards"))?;
-    wait_for_stream_active(kinesis, stream, STATUS_TIMEOUT).await
-}
-
-/// Polls `DescribeStreamSummary` until the stream is ACTIVE, failing after
-/// `timeout`. Use it after any change that makes a stream UPDATING (split,
-/// merge, resharding).
-///
-/// Polls every 100 ms: the SDK's own waiter starts at 10 s between polls,
-/// which is right for AWS and far too slow for the emulator.
-pub async fn wait_for_stream_active(
-    kinesis: &aws_sdk_kinesis::Client,
-    stream: &str,
-    timeout: Duration,
-) -> anyhow::Result<()> {
-    until_active(&format!("stream {stream}"), timeout, move || async move {
-        let out = kinesis
-            .describe_stream_summary()
-            .stream_name(stream)
-            .send()
-            .await
-            .with_context(|| format!("DescribeStreamSummary {stream}"))?;
-        let status = out
-            .stream_description_summary()
-            .map(|s| s.stream_status().clone());
-        Ok(status == Some(StreamStatus::Active))
-    })
-    .await
-}
-
-/// Asks `active` every 100 ms until it answers true, failing after
-/// `timeout` with "`what` not ACTIVE".
-async fn until_active<F, Fut>(what: &str, timeout: Duration, mut active: F) -> anyhow::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = anyhow::Result<bool>>,
-{
-    let poll = async {
-        loop {
-            if active().await? {
-                return anyhow::Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    };
-    tokio::time::timeout(timeout, poll)
-        .await
-        .with_context(|| format!("{what} not ACTIVE after {timeout:?}"))?
-}
-
-/// Deletes a stream (and its consumers). Succeeds if the stream is already
-/// gone.
-pub async fn delete_stream(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> anyhow::Result<()> {
-    let answer = kinesis
-        .delete_stream()
-        .stream_name(stream)
-        .enforce_consumer_deletion(true)
-        .send()
-        .await;
-    found(
-        answer,
-        |e| e.is_resource_not_found_exception(),
-        || format!("DeleteStream {stream}"),
-    )?;
-    Ok(())
-}
-
-/// The answer of a call on one resource, `None` where the resource is not
-/// there (the service error `not_found` picks); `call` names it in an
-/// error.
-fn found<T, E>(
-    answer: Result<T, SdkError<E, HttpResponse>>,
-    not_found: impl FnOnce(&E) -> bool,
-    call: impl FnOnce() -> String,
-) -> anyhow::Result<Option<T>>
-where
-    E: std::error::Error + Send + Sync + 'static,
-{
-    match answer {
-        Ok(out) => Ok(Some(out)),
-        Err(e) if e.as_service_error().is_some_and(not_found) => Ok(None),
-        Err(e) => Err(e).with_context(call),
-    }
-}
 
 /// Lists every shard of a stream, open and closed, following `NextToken`.
 pub async fn list_all_shards(
@@ -635,17 +536,6 @@ pub async fn create_keyed_table(
         },
     )
     .await
-}
-
-/// Deletes a table. Succeeds if it is already gone.
-pub async fn delete_table(dynamodb: &aws_sdk_dynamodb::Client, table: &str) -> anyhow::Result<()> {
-    let answer = dynamodb.delete_table().table_name(table).send().await;
-    found(
-        answer,
-        |e| e.is_resource_not_found_exception(),
-        || format!("DeleteTable {table}"),
-    )?;
-    Ok(())
 }
 
 /// Whether a table exists, in any status.

@@ -33,9 +33,6 @@ use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
 use aws_config::{BehaviorVersion, SdkConfig};
-use aws_sdk_kinesis::types::StreamStatus;
-use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
-use aws_smithy_runtime_api::client::result::SdkError;
 use kcl::core::source::ShardSource as _;
 use kcl::{
     Checkpointer, InitialPosition, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
@@ -62,8 +59,10 @@ const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 const JOIN_TIMEOUT: Duration = Duration::from_secs(20);
 
 mod producer;
+pub mod resources;
 
 use producer::{parse_payload, payload, produce};
+use resources::{create_stream, delete_stream, delete_table};
 
 /// Runs the demo and returns its exit status: success when every produced
 /// record was processed. The per-second lines go to stdout; logs (if the
@@ -104,7 +103,7 @@ async fn setup_run_and_clean_up() -> anyhow::Result<Verdict> {
     // lease table), so runs never see each other's data or leases.
     let name = format!("kcl-demo-{:08x}", rand::random::<u32>());
     println!("creating stream {name} ({SHARDS} shards); lease table {name}");
-    create_stream(&kinesis, &name).await?;
+    create_stream(&kinesis, &name, SHARDS).await?;
 
     let result = produce_and_consume(&sdk, &kinesis, &name).await;
 
@@ -584,38 +583,6 @@ fn short(lease_key: &str) -> String {
 // Stream and table
 // ---------------------------------------------------------------------------
 
-async fn create_stream(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> anyhow::Result<()> {
-    kinesis
-        .create_stream()
-        .stream_name(stream)
-        .shard_count(SHARDS)
-        .send()
-        .await
-        .with_context(|| format!("CreateStream {stream}"))?;
-    // Polls often: the SDK's waiter starts at 10 s, right for AWS and far
-    // too slow for the emulator.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let out = kinesis
-            .describe_stream_summary()
-            .stream_name(stream)
-            .send()
-            .await
-            .with_context(|| format!("DescribeStreamSummary {stream}"))?;
-        if out
-            .stream_description_summary()
-            .is_some_and(|s| s.stream_status() == &StreamStatus::Active)
-        {
-            return Ok(());
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "stream {stream} is not ACTIVE after 60 s"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// The starting hash key of every shard, in shard order, as kcl's own
 /// shard listing (paged, throttling retried) reads them.
 async fn shard_hash_keys(
@@ -632,46 +599,6 @@ async fn shard_hash_keys(
         .into_iter()
         .map(|shard| shard.hash_key_range.starting)
         .collect())
-}
-
-async fn delete_stream(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> anyhow::Result<()> {
-    let answer = kinesis
-        .delete_stream()
-        .stream_name(stream)
-        .enforce_consumer_deletion(true)
-        .send()
-        .await;
-    deleted(
-        answer,
-        |e| e.is_resource_not_found_exception(),
-        format!("DeleteStream {stream}"),
-    )
-}
-
-async fn delete_table(dynamodb: &aws_sdk_dynamodb::Client, table: &str) -> anyhow::Result<()> {
-    let answer = dynamodb.delete_table().table_name(table).send().await;
-    deleted(
-        answer,
-        |e| e.is_resource_not_found_exception(),
-        format!("DeleteTable {table}"),
-    )
-}
-
-/// The answer of the delete `call`, where a resource already gone (the
-/// service error `not_found` picks) counts as deleted.
-fn deleted<T, E>(
-    answer: Result<T, SdkError<E, HttpResponse>>,
-    not_found: impl Fn(&E) -> bool,
-    call: String,
-) -> anyhow::Result<()>
-where
-    E: std::error::Error + Send + Sync + 'static,
-{
-    match answer {
-        Ok(_) => Ok(()),
-        Err(e) if e.as_service_error().is_some_and(not_found) => Ok(()),
-        Err(e) => Err(e).context(call),
-    }
 }
 
 #[cfg(test)]

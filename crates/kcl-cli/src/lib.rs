@@ -3,7 +3,8 @@
 //!
 //! The binary (`src/main.rs`) only calls [`main`]; everything is here so
 //! that `examples/demo` can run the same demo as `kcl demo` and the
-//! end-to-end tests can build the same binary.
+//! end-to-end tests can build the same binary (and create and delete their
+//! streams and tables as the demo does, with [`demo::resources`]).
 //!
 //! # Layout
 //!
