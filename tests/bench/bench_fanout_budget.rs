@@ -6,9 +6,8 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use kcl_core::Record;
 use kcl_core::source::ShardReader;
-use kcl_kinesis::{FanOutConfig, KinesisShardSource, Retrieval};
+use kcl_kinesis::{FanOutConfig, KinesisShardSource, Retrieval, held_bytes};
 use tokio::time::Instant;
 
 use crate::Section;
@@ -23,21 +22,6 @@ const MIB: f64 = 1024.0 * 1024.0;
 /// The least a fan-out subscriber reserves for an event, what a quiet
 /// shard reserves (kcl-kinesis's `budget::estimate`).
 const FLOOR_RESERVATION: usize = 64 * 1024;
-
-/// What a batch holds as the budget counts it (the record, its payload and
-/// the strings it owns).
-fn held(records: &[Record]) -> usize {
-    records
-        .iter()
-        .map(|r| {
-            std::mem::size_of::<Record>()
-                + r.data.len()
-                + r.partition_key.len()
-                + r.sequence_number.len()
-                + r.explicit_hash_key.as_ref().map_or(0, String::len)
-        })
-        .sum()
-}
 
 /// A fan-out source on a fake with every shard full, and a reader on each.
 async fn open_all() -> anyhow::Result<(KinesisShardSource, Vec<Box<dyn ShardReader>>, usize)> {
@@ -76,7 +60,7 @@ async fn drain(readers: &mut [Box<dyn ShardReader>]) -> anyhow::Result<(usize, u
         let (mut got, mut largest) = (0, 0);
         while got < PER_SHARD {
             let batch = reader.next_batch().await?;
-            largest = largest.max(held(&batch.records));
+            largest = largest.max(held_bytes(&batch.records));
             got += batch.records.len();
         }
         anyhow::Ok((got, largest))

@@ -20,7 +20,8 @@ use kcl_core::source::{OpenShard, ShardSource, StartPosition};
 use kcl_core::store::memory::InMemoryLeaseStore;
 use kcl_core::worker::{StreamSpec, WorkerConfig};
 use kcl_core::{Checkpoint, Lease, LeaseConfig, LeaseHandle, LeaseLayout};
-use kcl_kinesis::kpl::{self, Deaggregator, RawRecord, ShardHashRange, UserRecord};
+use kcl_kinesis::batches;
+use kcl_kinesis::kpl::{Deaggregator, ShardHashRange};
 use kcl_tests::{
     TestEnv, create_stream, delete_stream, delete_table, list_all_shards, put_entries, unique_name,
 };
@@ -247,69 +248,20 @@ pub(crate) fn cpu_per_record() -> anyhow::Result<Section> {
 }
 
 // ---------------------------------------------------------------------------
-// De-aggregation (the same cases as crates/kcl-kinesis/benches/deaggregate.rs)
+// De-aggregation (the cases and loop of crates/kcl-kinesis/benches/deaggregate.rs)
 // ---------------------------------------------------------------------------
 
+const DEAGG_WARM_UP: Duration = Duration::from_millis(300);
 const DEAGG_BUDGET: Duration = Duration::from_millis(2_000);
-
-fn fetched(i: usize, data: Bytes) -> RawRecord {
-    RawRecord {
-        data,
-        partition_key: format!("partition-{i}"),
-        explicit_hash_key: None,
-        sequence_number: format!("4959033827149025660855969253836157109592157598913658{i:04}"),
-        approximate_arrival: None,
-    }
-}
-
-fn aggregated_batch(aggregates: usize, per: usize, size: usize) -> (Vec<RawRecord>, usize, usize) {
-    let raws: Vec<RawRecord> = (0..aggregates)
-        .map(|a| {
-            let users: Vec<UserRecord> = (0..per)
-                .map(|u| UserRecord {
-                    partition_key: format!("user-{a}-{u}"),
-                    explicit_hash_key: None,
-                    data: Bytes::from(vec![(a + u) as u8; size]),
-                })
-                .collect();
-            fetched(a, kpl::aggregate(&users))
-        })
-        .collect();
-    let bytes = raws.iter().map(|r| r.data.len()).sum();
-    (raws, bytes, aggregates * per)
-}
-
-/// `(user records/s, MB/s of input, ns/record)`.
-fn deaggregate_rate(
-    d: &Deaggregator,
-    raws: &[RawRecord],
-    bytes: usize,
-    users: usize,
-) -> (f64, f64, f64) {
-    let once = || black_box(d.deaggregate_batch(raws.iter().cloned())).len();
-    let warm = Instant::now();
-    while warm.elapsed() < Duration::from_millis(300) {
-        once();
-    }
-    let mut batches = 0u64;
-    let start = Instant::now();
-    while start.elapsed() < DEAGG_BUDGET {
-        assert_eq!(once(), users, "lost records");
-        batches += 1;
-    }
-    let secs = start.elapsed().as_secs_f64();
-    let rate = users as f64 * batches as f64 / secs;
-    (rate, bytes as f64 * batches as f64 / secs / 1e6, 1e9 / rate)
-}
 
 pub(crate) fn deaggregation() -> Section {
     let mut s = Section::new("KPL de-aggregation");
-    s.what =
-        "The cases of `cargo bench -p kcl-kinesis` (crates/kcl-kinesis/benches/deaggregate.rs), \
+    s.what = "The cases of `cargo bench -p kcl-kinesis --features test-util` \
+         (crates/kcl-kinesis/benches/deaggregate.rs), \
               run by the same code: a `GetRecords` batch cloned (as the retrieval path does) and \
               de-aggregated, for a fixed time budget."
-            .into();
-    let (agg, agg_bytes, agg_users) = aggregated_batch(100, 100, 100);
+        .into();
+    let agg = batches::aggregated(100, 100, 100);
     for (name, d) in [
         (
             "aggregated, 100 aggregates x 100 user records x 100 B",
@@ -320,7 +272,8 @@ pub(crate) fn deaggregation() -> Section {
             Deaggregator::for_shard(ShardHashRange::FULL),
         ),
     ] {
-        let (rate, mb, ns) = deaggregate_rate(&d, &agg, agg_bytes, agg_users);
+        let r = batches::measure(&d, &agg, DEAGG_WARM_UP, DEAGG_BUDGET);
+        let (rate, mb, ns) = (r.records_per_s, r.mb_per_s, r.ns_per_record);
         s.figure(
             if s.figures.is_empty() {
                 "deaggregation_ns_per_user_record"
@@ -338,15 +291,14 @@ pub(crate) fn deaggregation() -> Section {
             ),
         );
     }
-    let plain: Vec<RawRecord> = (0..1000)
-        .map(|i| fetched(i, Bytes::from(vec![i as u8; 1024])))
-        .collect();
     s.headline = s
         .rows
         .first()
         .map(|(_, v)| format!("aggregated records: {v}"))
         .unwrap_or_default();
-    let (rate, mb, ns) = deaggregate_rate(&Deaggregator::new(), &plain, 1000 * 1024, 1000);
+    let plain = batches::plain(1000, 1024);
+    let r = batches::measure(&Deaggregator::new(), &plain, DEAGG_WARM_UP, DEAGG_BUDGET);
+    let (rate, mb, ns) = (r.records_per_s, r.mb_per_s, r.ns_per_record);
     s.figure("deaggregation_ns_per_plain_record", ns.round(), "ns/record");
     s.row(
         "plain records, 1000 x 1 KiB (pass-through)",

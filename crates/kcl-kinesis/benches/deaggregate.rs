@@ -1,4 +1,6 @@
-//! De-aggregation throughput. Run with `cargo bench -p kcl-kinesis`.
+//! De-aggregation throughput. Run with
+//! `cargo bench -p kcl-kinesis --features test-util` (the batches and the
+//! timing loop are `kcl_kinesis::batches`, which `make bench` runs too).
 //!
 //! A plain `harness = false` main: each case runs for a fixed wall-clock
 //! budget after a short warm-up and prints records/s and MB/s of input.
@@ -9,91 +11,18 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use kcl_kinesis::kpl::{self, Deaggregator, RawRecord, ShardHashRange, UserRecord};
+use kcl_kinesis::batches::{Batch, aggregated, measure, plain};
+use kcl_kinesis::kpl::{Deaggregator, ShardHashRange};
 
 const WARM_UP: Duration = Duration::from_millis(300);
 const BUDGET: Duration = Duration::from_millis(2_500);
 
-/// A batch as one `GetRecords` call would return it.
-struct Batch {
-    raws: Vec<RawRecord>,
-    input_bytes: usize,
-    user_records: usize,
-}
-
-fn fetched(i: usize, data: Bytes) -> RawRecord {
-    RawRecord {
-        data,
-        partition_key: format!("partition-{i}"),
-        explicit_hash_key: None,
-        sequence_number: format!("4959033827149025660855969253836157109592157598913658{i:04}"),
-        approximate_arrival: None,
-    }
-}
-
-/// `aggregates` aggregates of `per` user records of `size` bytes each, with
-/// distinct partition keys (as the KPL sees from a keyed producer).
-fn aggregated(aggregates: usize, per: usize, size: usize) -> Batch {
-    let raws: Vec<RawRecord> = (0..aggregates)
-        .map(|a| {
-            let users: Vec<UserRecord> = (0..per)
-                .map(|u| UserRecord {
-                    partition_key: format!("user-{a}-{u}"),
-                    explicit_hash_key: None,
-                    data: Bytes::from(vec![(a + u) as u8; size]),
-                })
-                .collect();
-            fetched(a, kpl::aggregate(&users))
-        })
-        .collect();
-    Batch {
-        input_bytes: raws.iter().map(|r| r.data.len()).sum(),
-        user_records: aggregates * per,
-        raws,
-    }
-}
-
-fn plain(records: usize, size: usize) -> Batch {
-    let raws: Vec<RawRecord> = (0..records)
-        .map(|i| fetched(i, Bytes::from(vec![i as u8; size])))
-        .collect();
-    Batch {
-        input_bytes: records * size,
-        user_records: records,
-        raws,
-    }
-}
-
-/// Runs `batch` through `d` until the budget is spent; prints one row.
+/// Runs `batch` through `d` for the budget; prints one row.
 fn run(name: &str, d: &Deaggregator, batch: &Batch) {
-    let once = || {
-        let out = d.deaggregate_batch(batch.raws.iter().cloned());
-        black_box(out).len()
-    };
-    let warm = Instant::now();
-    while warm.elapsed() < WARM_UP {
-        once();
-    }
-    let mut batches = 0u64;
-    let mut produced = 0usize;
-    let start = Instant::now();
-    while start.elapsed() < BUDGET {
-        produced += once();
-        batches += 1;
-    }
-    let secs = start.elapsed().as_secs_f64();
-    assert_eq!(
-        produced,
-        batch.user_records * batches as usize,
-        "lost records"
-    );
-    let records_per_s = (batch.user_records as f64 * batches as f64) / secs;
-    let mb_per_s = (batch.input_bytes as f64 * batches as f64) / secs / 1e6;
-    let ns_per_record = 1e9 / records_per_s;
+    let r = measure(d, batch, WARM_UP, BUDGET);
     println!(
         "{name:<44} {:>14.0} {:>10.1} {:>9.1} {:>9}",
-        records_per_s, mb_per_s, ns_per_record, batches
+        r.records_per_s, r.mb_per_s, r.ns_per_record, r.batches
     );
 }
 

@@ -1,16 +1,26 @@
 //! What tests and benchmarks run the source on instead of Kinesis
 //! (feature `test-util`): the in-memory Kinesis ([`fake`]), its fan-out
-//! calls (`fanout`), and the fault injector ([`faults`]) that wraps a real
-//! or fake client with the service's errors the emulator never produces.
+//! calls (`fanout`), the fault injector ([`faults`]) that wraps a real
+//! or fake client with the service's errors the emulator never produces,
+//! and the de-aggregation benchmarks' batches ([`batches`]).
 //!
-//! The public parts are re-exported at the crate root as `kcl_kinesis::fake`
-//! and `kcl_kinesis::faults`, the paths tests and benchmarks name.
+//! The public parts are re-exported at the crate root as `kcl_kinesis::fake`,
+//! `kcl_kinesis::faults` and `kcl_kinesis::batches`, the paths tests and
+//! benchmarks name.
 
+pub mod batches;
 pub mod fake;
 pub(crate) mod fanout;
 pub mod faults;
 #[cfg(test)]
 pub(crate) mod readers;
+
+/// What a batch of records holds as the prefetch budgets count it (each
+/// record, its payload and the strings it owns), for benchmarks that check
+/// the budgets' bound.
+pub fn held_bytes(records: &[kcl_core::Record]) -> usize {
+    crate::records::held_bytes(records)
+}
 
 /// A Kinesis client pointed at a port nothing listens on, for tests that
 /// build a source or destination but must fail before (or never make)
