@@ -9,9 +9,9 @@
 //! from the SDK's type, so that cost is included.
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use kcl_kinesis::batches::{Batch, aggregated, measure, plain};
+use kcl_kinesis::batches::{Batch, Rate, aggregated, measure, plain, rate_of};
 use kcl_kinesis::kpl::{Deaggregator, ShardHashRange};
 
 const WARM_UP: Duration = Duration::from_millis(300);
@@ -19,7 +19,10 @@ const BUDGET: Duration = Duration::from_millis(2_500);
 
 /// Runs `batch` through `d` for the budget; prints one row.
 fn run(name: &str, d: &Deaggregator, batch: &Batch) {
-    let r = measure(d, batch, WARM_UP, BUDGET);
+    print_row(name, measure(d, batch, WARM_UP, BUDGET));
+}
+
+fn print_row(name: &str, r: Rate) {
     println!(
         "{name:<44} {:>14.0} {:>10.1} {:>9.1} {:>9}",
         r.records_per_s, r.mb_per_s, r.ns_per_record, r.batches
@@ -30,31 +33,12 @@ fn run(name: &str, d: &Deaggregator, batch: &Batch) {
 /// no decoder can skip (the digest must be checked before trusting the body).
 fn md5_floor(batch: &Batch) {
     use md5::Digest as _;
-    let once = || {
+    let r = rate_of(batch, WARM_UP, BUDGET, || {
         for r in &batch.raws {
             black_box(md5::Md5::digest(&r.data[..]));
         }
-    };
-    let warm = Instant::now();
-    while warm.elapsed() < WARM_UP {
-        once();
-    }
-    let mut batches = 0u64;
-    let start = Instant::now();
-    while start.elapsed() < BUDGET {
-        once();
-        batches += 1;
-    }
-    let secs = start.elapsed().as_secs_f64();
-    let records_per_s = (batch.user_records as f64 * batches as f64) / secs;
-    println!(
-        "{:<44} {:>14.0} {:>10.1} {:>9.1} {:>9}",
-        "  reference: MD5 of the same aggregates only",
-        records_per_s,
-        (batch.input_bytes as f64 * batches as f64) / secs / 1e6,
-        1e9 / records_per_s,
-        batches
-    );
+    });
+    print_row("  reference: MD5 of the same aggregates only", r);
 }
 
 fn main() {

@@ -86,10 +86,16 @@ pub struct Rate {
 /// # Panics
 /// If a run yields other than the batch's user records.
 pub fn measure(d: &Deaggregator, batch: &Batch, warm_up: Duration, budget: Duration) -> Rate {
-    let once = || {
+    rate_of(batch, warm_up, budget, || {
         let n = black_box(d.deaggregate_batch(batch.raws.iter().cloned())).len();
         assert_eq!(n, batch.user_records, "lost records");
-    };
+    })
+}
+
+/// Runs `once`, one pass over `batch`, for `warm_up`, then for `budget`
+/// timed, and counts the rate in `batch`'s records and bytes: for a
+/// reference row that does part of the work (such as only the digests).
+pub fn rate_of(batch: &Batch, warm_up: Duration, budget: Duration, mut once: impl FnMut()) -> Rate {
     let warm = Instant::now();
     while warm.elapsed() < warm_up {
         once();
