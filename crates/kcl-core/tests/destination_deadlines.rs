@@ -9,12 +9,12 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use common::processing::{Collect, STREAM};
+use common::processing::{Collect, STREAM, Texts, until};
 use common::single_stream_config;
 use kcl_core::checkpointer::Checkpointer;
 use kcl_core::poison::PoisonPolicy;
@@ -34,7 +34,7 @@ const POISON: &[u8] = b"2";
 /// What the processors of the shard did.
 #[derive(Default)]
 struct Log {
-    processed: Mutex<Vec<String>>,
+    processed: Texts,
     initialized: AtomicU32,
     lease_lost: AtomicU32,
 }
@@ -57,21 +57,12 @@ impl RecordProcessor for Processor {
         if batch.records.iter().any(|r| r.data.as_ref() == POISON) {
             return Err("poison record".into());
         }
-        let data = batch
-            .records
-            .iter()
-            .map(|r| String::from_utf8(r.data.to_vec()).unwrap());
-        self.0.processed.lock().unwrap().extend(data);
+        self.0.processed.extend(batch);
         cp.checkpoint().await?;
         Ok(())
     }
 
     async fn shutdown_requested(&mut self, _: &mut Checkpointer) -> Result<(), ProcessorError> {
-        Ok(())
-    }
-
-    async fn shard_ended(&mut self, cp: &mut Checkpointer) -> Result<(), ProcessorError> {
-        cp.checkpoint().await?;
         Ok(())
     }
 
@@ -128,7 +119,7 @@ impl Setup {
     }
 
     fn processed(&self) -> Vec<String> {
-        self.log.processed.lock().unwrap().clone()
+        self.log.processed.all()
     }
 
     async fn stop(self) {
@@ -137,20 +128,12 @@ impl Setup {
     }
 }
 
-/// Waits (in paused time) until `done` holds, or fails naming `what`.
-async fn until(what: &str, limit: Duration, done: impl Fn() -> bool) {
-    let poll = Duration::from_millis(100);
-    fleet::wait_until(limit, poll, done, || format!("{what} never happened")).await;
-}
-
 /// Waits until the shard's records but the poison one (2) are processed,
 /// and checks that each was processed once, in order.
 async fn until_the_rest_processed(s: &Setup) {
-    until(
-        "the rest of the shard processed",
-        Duration::from_secs(600),
-        || s.processed().len() == 4,
-    )
+    until("the rest of the shard processed", || {
+        s.processed().len() == 4
+    })
     .await;
     assert_eq!(s.processed(), ["0", "1", "3", "4"]);
 }
@@ -166,7 +149,7 @@ async fn a_send_that_never_answers_is_cut_and_the_shard_given_back_after_the_dea
         .send_attempt_timeout(Duration::from_secs(10))
         .send_deadline(Duration::from_secs(60));
     let s = start(policy);
-    until("the shard given back", Duration::from_secs(600), || {
+    until("the shard given back", || {
         s.log.lease_lost.load(Ordering::SeqCst) >= 1
     })
     .await;
@@ -187,11 +170,9 @@ async fn a_send_that_never_answers_is_cut_and_the_shard_given_back_after_the_dea
     // The destination answers again: the worker takes the shard back,
     // reads the records again and sets the poison record aside.
     dest.hang.store(0, Ordering::SeqCst);
-    until(
-        "the rest of the shard processed",
-        Duration::from_secs(600),
-        || s.processed().ends_with(&["3".to_owned(), "4".to_owned()]),
-    )
+    until("the rest of the shard processed", || {
+        s.processed().ends_with(&["3".to_owned(), "4".to_owned()])
+    })
     .await;
     let got = dest.got.lock().unwrap().clone();
     assert_eq!(got.len(), 1);
@@ -234,10 +215,7 @@ async fn a_record_the_destination_can_never_store_keeps_the_shard_and_is_retried
         .max_attempts(1)
         .send_deadline(deadline);
     let s = start(policy);
-    until("a first refusal", Duration::from_secs(600), || {
-        dest.calls.load(Ordering::SeqCst) >= 1
-    })
-    .await;
+    until("a first refusal", || dest.calls.load(Ordering::SeqCst) >= 1).await;
     // Ten deadlines go by: the sends go on in each, about one a second
     // (the worker's max_backoff), and the shard is never given back.
     let mut per_deadline = Vec::new();

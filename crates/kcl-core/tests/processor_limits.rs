@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use common::processing::{STREAM, take_one};
+use common::processing::{STREAM, Texts, take_one, until};
 use common::{Lines, capture_warnings, single_stream_config};
 use kcl_core::checkpointer::Checkpointer;
 use kcl_core::observe::{Event, Observer};
@@ -40,7 +40,7 @@ const HANGS_ON: &str = "2";
 #[derive(Default)]
 struct Log {
     /// Records processed (their batch returned), in order.
-    processed: Mutex<Vec<String>>,
+    processed: Texts,
     initialized: AtomicU32,
     /// How many `initialize` calls still hang (none unless a test sets it).
     initialize_hangs: AtomicU32,
@@ -115,11 +115,7 @@ impl RecordProcessor for Processor {
         if self.hangs_now(batch) {
             self.hang().await;
         }
-        let data = batch
-            .records
-            .iter()
-            .map(|r| String::from_utf8(r.data.to_vec()).unwrap());
-        self.log.processed.lock().unwrap().extend(data);
+        self.log.processed.extend(batch);
         cp.checkpoint().await?;
         Ok(())
     }
@@ -251,7 +247,7 @@ impl Setup {
     }
 
     fn processed(&self) -> Vec<String> {
-        self.log.processed.lock().unwrap().clone()
+        self.log.processed.all()
     }
 
     fn events(&self) -> Vec<String> {
@@ -286,12 +282,6 @@ fn assert_dropped_then_released(events: &[String], lanes: usize) {
         expected,
         "the call is cancelled while the lease is held, and the lease released after"
     );
-}
-
-/// Waits (in paused time) until `done` holds, or fails naming `what`.
-async fn until(what: &str, done: impl Fn() -> bool) {
-    let (limit, poll) = (Duration::from_secs(600), Duration::from_millis(100));
-    fleet::wait_until(limit, poll, done, || format!("{what} never happened")).await;
 }
 
 async fn until_checkpoint(s: &Setup, want: Checkpoint) {

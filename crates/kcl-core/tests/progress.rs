@@ -57,11 +57,6 @@ impl RecordProcessor for Recorder {
         cp.checkpoint().await?;
         Ok(())
     }
-
-    async fn shard_ended(&mut self, cp: &mut Checkpointer) -> Result<(), ProcessorError> {
-        cp.checkpoint().await?;
-        Ok(())
-    }
 }
 
 /// How a worker's reads of every shard go.

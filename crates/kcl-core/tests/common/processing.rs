@@ -1,14 +1,16 @@
 //! What the whole-worker tests share around their processors: the stream
 //! they read, what the processors made durable, the failure budgets they
-//! spend and a failure destination that misbehaves as told.
+//! spend, a failure destination that misbehaves as told, and the wait for
+//! what a test expects.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use kcl_core::poison::{CannotStore, FailedRecord, FailureDestination};
-use kcl_core::processor::ProcessorError;
+use kcl_core::processor::{ProcessorError, RecordBatch};
 use kcl_core::test_util::fleet;
 
 /// The stream the whole-worker tests produce to and read.
@@ -50,6 +52,34 @@ impl Processed {
         let processed = self.0.lock().unwrap();
         fleet::by_key(processed.iter().map(|(pk, n)| (pk.as_str(), *n)))
     }
+}
+
+/// The data of the records processors made durable, as text, in the
+/// order they did.
+#[derive(Default)]
+pub struct Texts(Mutex<Vec<String>>);
+
+impl Texts {
+    /// Notes every record of `batch`.
+    pub fn extend(&self, batch: &RecordBatch) {
+        let data = batch
+            .records
+            .iter()
+            .map(|r| String::from_utf8(r.data.to_vec()).unwrap());
+        self.0.lock().unwrap().extend(data);
+    }
+
+    /// Every record so far, in order.
+    pub fn all(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// Waits (in paused time) up to ten minutes until `done` holds, or fails
+/// naming `what`.
+pub async fn until(what: &str, done: impl Fn() -> bool) {
+    let (limit, poll) = (Duration::from_secs(600), Duration::from_millis(100));
+    fleet::wait_until(limit, poll, done, || format!("{what} never happened")).await;
 }
 
 /// A failure destination that keeps what it accepts, counts the sends, and
