@@ -34,7 +34,7 @@ use aws_sdk_dynamodb::types::{
 };
 use kcl_core::store::{Beat, BeatUpdate, StoreError, StoreOp};
 
-use crate::error::{ClassifiedError, classify};
+use crate::error::ClassifiedError;
 use crate::store::{DynamoDbLeaseStore, Update};
 
 /// Attribute names of a liveness record (kept in [`crate::schema`]).
@@ -298,27 +298,22 @@ impl DynamoDbLeaseStore {
             .conditional_update(table, key(instance), poke)
             .send()
             .await;
-        match result {
-            Ok(out) => {
-                self.record_capacity(StoreOp::Poke, out.consumed_capacity());
-                Ok(())
-            }
-            // No table of records: nobody here renews by liveness record, so
-            // the instance has none (a fleet renewing per lease).
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|s| s.is_resource_not_found_exception()) =>
-            {
-                Err(StoreError::ConditionFailed {
-                    key: format!("liveness record {instance}"),
-                    current: None,
-                })
-            }
-            Err(e) => Err(store_error(
-                classify(StoreOp::Poke, table, instance, e),
-                instance,
-            )),
+        // No table of records: nobody here renews by liveness record, so
+        // the instance has none (a fleet renewing per lease).
+        if let Err(e) = &result
+            && e.as_service_error()
+                .is_some_and(|s| s.is_resource_not_found_exception())
+        {
+            return Err(StoreError::ConditionFailed {
+                key: format!("liveness record {instance}"),
+                current: None,
+            });
         }
+        self.billed(StoreOp::Poke, table, instance, result, |out| {
+            out.consumed_capacity()
+        })
+        .map(|_| ())
+        .map_err(|c| store_error(c, instance))
     }
 
     pub(crate) async fn forget_beat(
@@ -339,15 +334,11 @@ impl DynamoDbLeaseStore {
                 .expression_attribute_names("#b", attr::BEAT)
                 .expression_attribute_values(":b", AttributeValue::N(counter.to_string()));
         }
-        match request.send().await {
-            Ok(out) => {
-                self.record_capacity(StoreOp::Forget, out.consumed_capacity());
-                Ok(())
-            }
-            Err(e) => Err(store_error(
-                classify(StoreOp::Forget, table, instance, e),
-                instance,
-            )),
-        }
+        let result = request.send().await;
+        self.billed(StoreOp::Forget, table, instance, result, |out| {
+            out.consumed_capacity()
+        })
+        .map(|_| ())
+        .map_err(|c| store_error(c, instance))
     }
 }

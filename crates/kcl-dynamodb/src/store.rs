@@ -6,11 +6,13 @@ use std::sync::atomic::AtomicBool;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::types::{
     AttributeValue, ConsumedCapacity, ReturnConsumedCapacity, ReturnValue,
     ReturnValuesOnConditionCheckFailure,
 };
+use aws_smithy_runtime_api::http::Response;
 use futures::stream::{self, BoxStream, StreamExt};
 use kcl_core::metric_names::LEASE_ITEMS_MALFORMED;
 use kcl_core::store::metered::StoreStats;
@@ -21,7 +23,7 @@ use kcl_core::store::{
 use kcl_core::{Lease, Throughput};
 use tracing::warn;
 
-use crate::error::{ClassifiedError, classify, unconditional_error};
+use crate::error::{ClassifiedError, ConditionalError, classify, unconditional_error};
 use crate::item::{ReadItem, from_item, throughput_value, to_item};
 use crate::schema::{lease as attr, workers_table_for};
 
@@ -206,6 +208,26 @@ impl DynamoDbLeaseStore {
             .return_consumed_capacity(ReturnConsumedCapacity::Total)
     }
 
+    /// The outcome of a write (conditional or not) to `table` billed to
+    /// `op`: a success with the capacity it consumed (`capacity` reads it)
+    /// recorded, or a failure classified, naming `key`.
+    pub(crate) fn billed<O, E: ConditionalError>(
+        &self,
+        op: StoreOp,
+        table: &str,
+        key: &str,
+        result: Result<O, SdkError<E, Response>>,
+        capacity: impl FnOnce(&O) -> Option<&ConsumedCapacity>,
+    ) -> Result<O, ClassifiedError> {
+        match result {
+            Ok(out) => {
+                self.record_capacity(op, capacity(&out));
+                Ok(out)
+            }
+            Err(e) => Err(classify(op, table, key, e)),
+        }
+    }
+
     /// Sends a [`Self::conditional_update`] of the item `item_key` (named
     /// `key` in errors) billed to `op`, and returns the item as written; a
     /// failure comes classified, with the item as it was when `on_failure`
@@ -225,13 +247,8 @@ impl DynamoDbLeaseStore {
             .return_values_on_condition_check_failure(on_failure)
             .send()
             .await;
-        match result {
-            Ok(out) => {
-                self.record_capacity(op, out.consumed_capacity());
-                Ok(out.attributes)
-            }
-            Err(e) => Err(classify(op, table, key, e)),
-        }
+        let out = self.billed(op, table, key, result, |out| out.consumed_capacity())?;
+        Ok(out.attributes)
     }
 
     /// Runs one conditional update and turns its outcome into the store's
@@ -299,15 +316,11 @@ impl LeaseStore for DynamoDbLeaseStore {
             .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
             .await;
-        match result {
-            Ok(out) => {
-                self.record_capacity(StoreOp::Create, out.consumed_capacity());
-                Ok(lease.clone())
-            }
-            Err(e) => {
-                let c = classify(StoreOp::Create, &self.table, &lease.key, e);
-                self.condition_failed(&lease.key, c, None)
-            }
+        match self.billed(StoreOp::Create, &self.table, &lease.key, result, |out| {
+            out.consumed_capacity()
+        }) {
+            Ok(_) => Ok(lease.clone()),
+            Err(c) => self.condition_failed(&lease.key, c, None),
         }
     }
 
@@ -607,15 +620,11 @@ impl LeaseStore for DynamoDbLeaseStore {
             .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
             .await;
-        match result {
-            Ok(out) => {
-                self.record_capacity(StoreOp::Delete, out.consumed_capacity());
-                Ok(())
-            }
-            Err(e) => {
-                let c = classify(StoreOp::Delete, &self.table, key, e);
-                self.condition_failed(key, c, None).map(|_| ())
-            }
+        match self.billed(StoreOp::Delete, &self.table, key, result, |out| {
+            out.consumed_capacity()
+        }) {
+            Ok(_) => Ok(()),
+            Err(c) => self.condition_failed(key, c, None).map(|_| ()),
         }
     }
 
