@@ -62,10 +62,6 @@ impl RecordProcessor for Processor {
         Ok(())
     }
 
-    async fn shutdown_requested(&mut self, _: &mut Checkpointer) -> Result<(), ProcessorError> {
-        Ok(())
-    }
-
     async fn lease_lost(&mut self) {
         self.0.lease_lost.fetch_add(1, Ordering::SeqCst);
     }
