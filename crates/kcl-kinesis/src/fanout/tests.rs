@@ -1,8 +1,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kcl_core::leases::{EndReason, LeaseHandle};
-use kcl_core::source::{OpenShard, ShardReader, ShardSource, SourceError, StartPosition};
+use kcl_core::leases::EndReason;
+use kcl_core::source::{OpenShard, ShardSource, SourceError, StartPosition};
 
 use super::api::FanOutApi;
 use super::{DeregisterConsumer, FanOutConfig, FanOutConfigBuilder};
@@ -13,7 +13,8 @@ use crate::test_util::fanout::{FakeFanOut, StreamFault, SubscribeFault};
 use crate::test_util::readers;
 pub(super) use crate::test_util::readers::{
     STREAM, after, assert_elapsed, assert_resumes_inside_the_aggregate, expected, handle, held,
-    inside_the_aggregate, payloads, put_aggregate_between, read_n, read_plain, read_shard_end,
+    inside_the_aggregate, open, open_at, payloads, put_aggregate_between, put_plain, read_n,
+    read_plain, read_shard_end,
 };
 
 pub(super) fn config() -> FanOutConfigBuilder {
@@ -24,12 +25,8 @@ pub(super) fn config() -> FanOutConfigBuilder {
         .closed_shard_check_interval(None)
 }
 
-pub(super) struct Setup {
-    pub(super) kinesis: Arc<FakeKinesis>,
-    pub(super) fake: FakeFanOut,
-    pub(super) source: KinesisShardSource,
-    pub(super) shard: String,
-}
+/// A source that subscribes through a fake fan-out API.
+pub(super) type Setup = readers::Setup<FakeFanOut>;
 
 pub(super) fn setup(config: FanOutConfig) -> Setup {
     setup_shards(config, 1)
@@ -71,10 +68,6 @@ pub(super) fn setup_shards(config: FanOutConfig, shards: usize) -> Setup {
     }
 }
 
-pub(super) fn put_plain(s: &Setup, range: std::ops::Range<usize>) -> Vec<String> {
-    readers::put_plain(&s.kinesis, &s.shard, range)
-}
-
 /// Puts records `r0` to `r{n-1}` one per event: each while the
 /// subscription polls, 200 ms apart.
 pub(super) async fn put_one_per_event(s: &Setup, n: usize) {
@@ -82,23 +75,6 @@ pub(super) async fn put_one_per_event(s: &Setup, n: usize) {
         s.kinesis.put(STREAM, &s.shard, "pk", format!("r{i}"));
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-pub(super) async fn open_at(
-    s: &Setup,
-    shard: &str,
-    position: StartPosition,
-    lease: LeaseHandle,
-) -> Result<Box<dyn ShardReader>, SourceError> {
-    s.source
-        .open(OpenShard::new(STREAM, shard, position, lease))
-        .await
-}
-
-pub(super) async fn open(s: &Setup, position: StartPosition) -> Box<dyn ShardReader> {
-    open_at(s, &s.shard, position, held(&s.shard))
-        .await
-        .expect("open")
 }
 
 #[tokio::test(start_paused = true)]
@@ -461,7 +437,7 @@ async fn the_byte_budget_bounds_what_is_buffered() {
 #[tokio::test(start_paused = true)]
 async fn resume_inside_an_aggregate_skips_the_done_sub_records() {
     let s = setup(config().build().expect("config"));
-    let seq = put_aggregate_between(&s.kinesis, &s.shard);
+    let seq = put_aggregate_between(&s);
     let mut reader = open(&s, inside_the_aggregate(&seq)).await;
     assert_resumes_inside_the_aggregate(reader.as_mut(), &seq).await;
     assert_eq!(

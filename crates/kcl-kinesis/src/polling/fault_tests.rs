@@ -4,24 +4,18 @@
 
 use std::time::Duration;
 
-use kcl_core::source::{OpenShard, ShardSource, SourceError, StartPosition};
+use kcl_core::source::{SourceError, StartPosition};
 use tokio::time::Instant;
 
 use super::tests::{
-    STREAM, Setup, after, assert_elapsed, expected, held, open, payloads, polling, put_plain,
-    read_n, read_plain, setup, setup_with,
+    STREAM, Setup, after, assert_elapsed, expected, held, open, open_at, payloads, polling,
+    put_plain, read_n, read_plain, setup, setup_with,
 };
 use crate::MIN_TIME_BETWEEN_READS;
 use crate::faults::{Call, Fault};
 
 async fn try_open(s: &Setup, position: StartPosition) -> Result<(), SourceError> {
-    s.source
-        .open(OpenShard::new(
-            STREAM,
-            s.shard.clone(),
-            position,
-            held(&s.shard),
-        ))
+    open_at(s, &s.shard, position, held(&s.shard))
         .await
         .map(drop)
 }
@@ -30,9 +24,9 @@ async fn try_open(s: &Setup, position: StartPosition) -> Result<(), SourceError>
 async fn an_expired_split_parent_ends_with_its_children_so_they_start() {
     let s = setup(polling().build().expect("config"));
     put_plain(&s, 0..3);
-    let kids = s.fake.split(STREAM, &s.shard, true);
-    s.fake.expire(STREAM, &s.shard);
-    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
+    let kids = s.kinesis.split(STREAM, &s.shard, true);
+    s.kinesis.expire(STREAM, &s.shard);
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
     let batch = reader.next_batch().await.expect("the end");
     assert!(batch.records.is_empty(), "its records are gone");
     let children = batch.shard_end.expect("SHARD_END, not an error");
@@ -44,14 +38,7 @@ async fn an_expired_split_parent_ends_with_its_children_so_they_start() {
 /// Every record `shard` holds from its start, read until a batch comes
 /// back empty (caught up).
 async fn read_all(s: &Setup, shard: &str) -> Vec<String> {
-    let mut reader = s
-        .source
-        .open(OpenShard::new(
-            STREAM,
-            shard,
-            StartPosition::TrimHorizon,
-            held(shard),
-        ))
+    let mut reader = open_at(s, shard, StartPosition::TrimHorizon, held(shard))
         .await
         .expect("open");
     let mut records = Vec::new();
@@ -68,17 +55,17 @@ async fn read_all(s: &Setup, shard: &str) -> Vec<String> {
 async fn a_shard_that_expires_while_read_ends_where_it_was() {
     let s = setup(polling().build().expect("config"));
     put_plain(&s, 0..5);
-    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
     let (records, _) = read_n(reader.as_mut(), 5).await;
     assert_eq!(payloads(&records), expected(0..5));
     // Split while read: the next records go to the children; then the
     // parent ages out.
-    let kids = s.fake.split(STREAM, &s.shard, true);
+    let kids = s.kinesis.split(STREAM, &s.shard, true);
     for (i, kid) in kids.iter().enumerate() {
-        s.fake
+        s.kinesis
             .put(STREAM, kid, &format!("pk-{}", 5 + i), format!("r{}", 5 + i));
     }
-    s.fake.expire(STREAM, &s.shard);
+    s.kinesis.expire(STREAM, &s.shard);
     let mut after = Vec::new();
     let end = loop {
         let batch = reader.next_batch().await.expect("batch");
@@ -113,16 +100,9 @@ async fn a_shard_too_new_for_the_listing_is_not_taken_for_expired() {
     // stale answer, not an aged-out shard (which a reshard closed, so
     // newer shards exist).
     let s = setup(polling().build().expect("config"));
-    let err = s
-        .source
-        .open(OpenShard::new(
-            STREAM,
-            "shardId-000000000099",
-            StartPosition::TrimHorizon,
-            held("shardId-000000000099"),
-        ))
+    let shard = "shardId-000000000099";
+    let err = open_at(&s, shard, StartPosition::TrimHorizon, held(shard))
         .await
-        .map(drop)
         .expect_err("not readable yet");
     assert!(err.is_retryable(), "{err:?}");
     assert_eq!(s.source.stats().expired_shards, 0);
@@ -132,9 +112,9 @@ async fn a_shard_too_new_for_the_listing_is_not_taken_for_expired() {
 async fn a_stale_not_found_while_reading_is_reported_and_reading_goes_on() {
     let s = setup(polling().build().expect("config"));
     put_plain(&s, 0..3);
-    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
     read_plain(reader.as_mut(), 0..3).await;
-    s.faults.inject(Call::GetRecords, Fault::ResourceNotFound);
+    s.fake.inject(Call::GetRecords, Fault::ResourceNotFound);
     put_plain(&s, 3..5);
     let errors = read_plain(reader.as_mut(), 3..5).await;
     assert_eq!(errors, 1, "reported once, and the fetch task went on");
@@ -145,7 +125,7 @@ async fn a_stale_not_found_while_reading_is_reported_and_reading_goes_on() {
 async fn a_deleted_stream_is_stream_not_found_not_an_expired_shard() {
     let s = setup(polling().build().expect("config"));
     put_plain(&s, 0..2);
-    s.fake.delete_stream(STREAM);
+    s.kinesis.delete_stream(STREAM);
     let err = try_open(&s, StartPosition::TrimHorizon)
         .await
         .expect_err("no stream");
@@ -156,7 +136,7 @@ async fn a_deleted_stream_is_stream_not_found_not_an_expired_shard() {
 #[tokio::test(start_paused = true)]
 async fn not_found_for_a_shard_still_listed_is_retryable() {
     let s = setup(polling().build().expect("config"));
-    s.faults
+    s.fake
         .inject(Call::GetShardIterator, Fault::ResourceNotFound);
     let err = try_open(&s, StartPosition::TrimHorizon)
         .await
@@ -172,8 +152,8 @@ async fn not_found_for_a_shard_still_listed_is_retryable() {
 async fn a_checkpoint_behind_the_trim_horizon_resumes_there_and_is_counted() {
     let s = setup(polling().build().expect("config"));
     let seqs = put_plain(&s, 0..10);
-    s.fake.trim(STREAM, &s.shard, 6);
-    let mut reader = open(&s, after(&seqs[2]), held(&s.shard)).await;
+    s.kinesis.trim(STREAM, &s.shard, 6);
+    let mut reader = open(&s, after(&seqs[2])).await;
     assert_eq!(read_plain(reader.as_mut(), 6..10).await, 0);
     assert_eq!(s.source.stats().trimmed_starts, 1);
 }
@@ -186,7 +166,7 @@ async fn an_invalid_checkpoint_that_is_not_trimmed_is_an_error_not_a_replay() {
     // guess.
     let s = setup(polling().build().expect("config"));
     let seqs = put_plain(&s, 0..5);
-    s.faults
+    s.fake
         .inject(Call::GetShardIterator, Fault::InvalidArgument);
     let err = try_open(&s, after(&seqs[3])).await.expect_err("rejected");
     assert!(matches!(err, SourceError::Fatal { .. }), "{err:?}");
@@ -200,9 +180,9 @@ async fn calls_cut_short_by_the_prefetch_budget_keep_the_200_ms_floor() {
     let s = setup_with(|c| c.max_records(1000).max_prefetch_records(5));
     put_plain(&s, 0..100);
     let started = Instant::now();
-    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
     read_plain(reader.as_mut(), 0..100).await;
-    let calls = s.fake.get_records_calls();
+    let calls = s.kinesis.get_records_calls();
     assert!(calls >= 20, "{calls} calls");
     assert!(
         started.elapsed() >= MIN_TIME_BETWEEN_READS * u32::try_from(calls - 1).unwrap_or(0),
@@ -216,9 +196,9 @@ async fn a_hung_get_records_is_abandoned_after_the_call_timeout() {
     let timeout = Duration::from_secs(2);
     let s = setup_with(|c| c.call_timeout(timeout));
     put_plain(&s, 0..3);
-    s.faults.inject(Call::GetRecords, Fault::Hang);
+    s.fake.inject(Call::GetRecords, Fault::Hang);
     let started = Instant::now();
-    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
     assert_eq!(read_plain(reader.as_mut(), 0..3).await, 0);
     let stats = s.source.stats();
     assert_eq!((stats.call_timeouts, stats.get_records_calls), (1, 2));
@@ -230,8 +210,8 @@ async fn a_hung_get_records_is_abandoned_after_the_call_timeout() {
 async fn a_hung_get_shard_iterator_is_abandoned_too() {
     let s = setup_with(|c| c.call_timeout(Duration::from_secs(1)));
     put_plain(&s, 0..2);
-    s.faults.inject(Call::GetShardIterator, Fault::Hang);
-    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
+    s.fake.inject(Call::GetShardIterator, Fault::Hang);
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
     read_plain(reader.as_mut(), 0..2).await;
     assert_eq!(s.source.stats().call_timeouts, 1);
 }
@@ -243,15 +223,15 @@ async fn kms_and_access_errors_are_retried_without_giving_the_shard_up() {
     let s = setup_with(|c| c.max_transient_retries(2));
     put_plain(&s, 0..4);
     for fault in Fault::ACCESS {
-        s.faults.inject(Call::GetShardIterator, Fault::AccessDenied);
-        s.faults.inject(Call::GetRecords, fault);
+        s.fake.inject(Call::GetShardIterator, Fault::AccessDenied);
+        s.fake.inject(Call::GetRecords, fault);
     }
-    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
     let errors = read_plain(reader.as_mut(), 0..4).await;
     assert_eq!(errors, 0, "nothing reported: the reader keeps the shard");
     let stats = s.source.stats();
     assert_eq!(stats.access_denied, 12);
-    assert_eq!(s.faults.pending(Call::GetRecords), 0);
+    assert_eq!(s.fake.pending(Call::GetRecords), 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -265,11 +245,11 @@ async fn catching_up_through_partial_pages_is_not_held_back_by_the_idle_pause() 
             .time_between_reads(minute)
     });
     put_plain(&s, 0..100);
-    s.fake.cap_pages(STREAM, &s.shard, Some(10));
+    s.kinesis.cap_pages(STREAM, &s.shard, Some(10));
     let started = Instant::now();
-    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
     read_plain(reader.as_mut(), 0..100).await;
-    assert_eq!(s.fake.get_records_calls(), 10);
+    assert_eq!(s.kinesis.get_records_calls(), 10);
     // Nine pauses of 200 ms (the per-shard floor), none of a minute.
     assert_elapsed(started, ..=Duration::from_millis(9 * 200 + 50));
 }
@@ -278,11 +258,11 @@ async fn catching_up_through_partial_pages_is_not_held_back_by_the_idle_pause() 
 async fn empty_pages_while_behind_are_followed_at_the_floor_not_the_idle_time() {
     let s = setup_with(|c| c.idle_time_between_reads(Duration::from_secs(60)));
     put_plain(&s, 0..5);
-    s.fake.cap_pages(STREAM, &s.shard, Some(0));
-    let _reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
+    s.kinesis.cap_pages(STREAM, &s.shard, Some(0));
+    let _reader = open(&s, StartPosition::TrimHorizon).await;
     tokio::time::sleep(Duration::from_millis(1990)).await;
     // One call every 200 ms: 10 in the first two seconds.
-    assert_eq!(s.fake.get_records_calls(), 10);
+    assert_eq!(s.kinesis.get_records_calls(), 10);
 }
 
 #[tokio::test(start_paused = true)]
@@ -294,7 +274,7 @@ async fn a_trickling_shard_costs_time_between_reads_and_an_idle_one_the_idle_tim
             .build()
             .expect("the defaults are valid"),
     );
-    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
     // Idle: one call a second.
     let mut batches = 0;
     let until = Instant::now() + Duration::from_millis(9_990);
@@ -304,12 +284,12 @@ async fn a_trickling_shard_costs_time_between_reads_and_an_idle_one_the_idle_tim
             () = tokio::time::sleep_until(until) => {}
         }
     }
-    assert_eq!(s.fake.get_records_calls(), 10, "{batches} batches");
+    assert_eq!(s.kinesis.get_records_calls(), 10, "{batches} batches");
     // Trickling (a record every 100 ms): two calls a second.
-    let calls = s.fake.get_records_calls();
+    let calls = s.kinesis.get_records_calls();
     let mut got = 0;
     for i in 0..100 {
-        s.fake.put(STREAM, &s.shard, "pk", format!("t{i}"));
+        s.kinesis.put(STREAM, &s.shard, "pk", format!("t{i}"));
         let tick = Instant::now() + Duration::from_millis(100);
         while Instant::now() < tick {
             tokio::select! {
@@ -318,7 +298,7 @@ async fn a_trickling_shard_costs_time_between_reads_and_an_idle_one_the_idle_tim
             }
         }
     }
-    let trickle_calls = s.fake.get_records_calls() - calls;
+    let trickle_calls = s.kinesis.get_records_calls() - calls;
     assert!(
         (19..=21).contains(&trickle_calls),
         "{trickle_calls} calls in 10 s"

@@ -1,8 +1,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kcl_core::leases::{EndReason, LeaseHandle};
-use kcl_core::source::{OpenShard, ShardReader, ShardSource, SourceError, StartPosition};
+use kcl_core::leases::EndReason;
+use kcl_core::source::{SourceError, StartPosition};
 
 use crate::calls::KinesisApi;
 use crate::fake::FakeKinesis;
@@ -10,7 +10,8 @@ use crate::faults::{Call, Fault, FaultInjector, Faulty};
 use crate::test_util::readers;
 pub(super) use crate::test_util::readers::{
     STREAM, after, assert_elapsed, assert_resumes_inside_the_aggregate, expected, handle, held,
-    inside_the_aggregate, payloads, put_aggregate_between, read_n, read_plain, read_shard_end,
+    inside_the_aggregate, open, open_at, payloads, put_aggregate_between, put_plain, read_n,
+    read_plain, read_shard_end,
 };
 use crate::{KinesisShardSource, PollingConfig};
 
@@ -23,26 +24,22 @@ pub(super) fn polling() -> crate::PollingConfigBuilder {
         .retry_max_delay(Duration::from_millis(100))
 }
 
-pub(super) struct Setup {
-    pub(super) fake: Arc<FakeKinesis>,
-    pub(super) faults: FaultInjector,
-    pub(super) source: KinesisShardSource,
-    pub(super) shard: String,
-}
+/// A source that polls through a fault injector.
+pub(super) type Setup = readers::Setup<FaultInjector>;
 
 pub(super) fn setup(config: PollingConfig) -> Setup {
-    let fake = Arc::new(FakeKinesis::default());
-    let shard = fake.create_stream(STREAM, 1).remove(0);
+    let kinesis = Arc::new(FakeKinesis::default());
+    let shard = kinesis.create_stream(STREAM, 1).remove(0);
     let faults = FaultInjector::new();
     let api: Arc<dyn KinesisApi> = Arc::new(Faulty {
-        inner: Arc::clone(&fake) as Arc<dyn KinesisApi>,
+        inner: Arc::clone(&kinesis) as Arc<dyn KinesisApi>,
         faults: faults.clone(),
     });
     Setup {
         source: KinesisShardSource::with_api(api, config),
-        fake,
-        faults,
+        kinesis,
         shard,
+        fake: faults,
     }
 }
 
@@ -53,26 +50,11 @@ pub(super) fn setup_with(
     setup(configure(polling()).build().expect("config"))
 }
 
-pub(super) fn put_plain(s: &Setup, range: std::ops::Range<usize>) -> Vec<String> {
-    readers::put_plain(&s.fake, &s.shard, range)
-}
-
-pub(super) async fn open(
-    s: &Setup,
-    position: StartPosition,
-    lease: LeaseHandle,
-) -> Box<dyn ShardReader> {
-    s.source
-        .open(OpenShard::new(STREAM, s.shard.clone(), position, lease))
-        .await
-        .expect("open")
-}
-
 #[tokio::test(start_paused = true)]
 async fn reads_every_record_in_order_across_batches() {
     let s = setup(polling().build().expect("config"));
     let seqs = put_plain(&s, 0..25);
-    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
     let (records, errors) = read_n(reader.as_mut(), 25).await;
     assert_eq!(errors, 0);
     assert_eq!(payloads(&records), expected(0..25));
@@ -89,8 +71,8 @@ async fn reads_every_record_in_order_across_batches() {
 async fn latest_reads_only_new_records() {
     let s = setup(polling().build().expect("config"));
     put_plain(&s, 0..5);
-    let mut reader = open(&s, StartPosition::Latest, held(&s.shard)).await;
-    s.fake.put(STREAM, &s.shard, "pk", "new");
+    let mut reader = open(&s, StartPosition::Latest).await;
+    s.kinesis.put(STREAM, &s.shard, "pk", "new");
     let (records, _) = read_n(reader.as_mut(), 1).await;
     assert_eq!(payloads(&records), ["new"]);
 }
@@ -101,11 +83,11 @@ async fn expired_iterator_mid_read_loses_and_repeats_nothing() {
     // so the fault lands in the middle of the shard.
     let s = setup_with(|c| c.max_prefetch_records(10));
     put_plain(&s, 0..45);
-    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
     read_plain(reader.as_mut(), 0..10).await;
-    s.faults.inject(Call::GetRecords, Fault::ExpiredIterator);
+    s.fake.inject(Call::GetRecords, Fault::ExpiredIterator);
     assert_eq!(read_plain(reader.as_mut(), 10..45).await, 0);
-    assert_eq!(s.faults.injected(Call::GetRecords), 1);
+    assert_eq!(s.fake.injected(Call::GetRecords), 1);
     let stats = s.source.stats();
     assert_eq!(stats.expired_iterators, 1);
     // One iterator to open, one to replace the expired one.
@@ -116,8 +98,8 @@ async fn expired_iterator_mid_read_loses_and_repeats_nothing() {
 async fn expired_iterator_before_any_record_restarts_at_the_checkpoint() {
     let s = setup(polling().build().expect("config"));
     let seqs = put_plain(&s, 0..6);
-    s.faults.inject(Call::GetRecords, Fault::ExpiredIterator);
-    let mut reader = open(&s, after(&seqs[2]), held(&s.shard)).await;
+    s.fake.inject(Call::GetRecords, Fault::ExpiredIterator);
+    let mut reader = open(&s, after(&seqs[2])).await;
     read_plain(reader.as_mut(), 3..6).await;
 }
 
@@ -125,7 +107,7 @@ async fn expired_iterator_before_any_record_restarts_at_the_checkpoint() {
 async fn throttling_backs_off_retries_and_is_counted() {
     let s = setup_with(|c| c.max_prefetch_records(10));
     put_plain(&s, 0..30);
-    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
     read_plain(reader.as_mut(), 0..10).await;
     for fault in [
         Fault::ProvisionedThroughputExceeded,
@@ -133,7 +115,7 @@ async fn throttling_backs_off_retries_and_is_counted() {
         Fault::KmsThrottling,
         Fault::ProvisionedThroughputExceeded,
     ] {
-        s.faults.inject(Call::GetRecords, fault);
+        s.fake.inject(Call::GetRecords, fault);
     }
     let started = tokio::time::Instant::now();
     let errors = read_plain(reader.as_mut(), 10..30).await;
@@ -149,14 +131,14 @@ async fn throttling_backs_off_retries_and_is_counted() {
 async fn transient_failures_are_reported_after_the_limit_and_reading_goes_on() {
     let s = setup_with(|c| c.max_transient_retries(2).max_prefetch_records(10));
     put_plain(&s, 0..20);
-    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
     read_plain(reader.as_mut(), 0..10).await;
     for fault in [
         Fault::InternalFailure,
         Fault::Timeout,
         Fault::InternalFailure,
     ] {
-        s.faults.inject(Call::GetRecords, fault);
+        s.fake.inject(Call::GetRecords, fault);
     }
     let errors = read_plain(reader.as_mut(), 10..20).await;
     assert_eq!(errors, 1, "reported once, after max_transient_retries");
@@ -168,15 +150,17 @@ async fn lease_lost_stops_without_another_get_records() {
     let s = setup(polling().build().expect("config"));
     put_plain(&s, 0..5);
     let lease = held(&s.shard);
-    let mut reader = open(&s, StartPosition::TrimHorizon, lease.clone()).await;
+    let mut reader = open_at(&s, &s.shard, StartPosition::TrimHorizon, lease.clone())
+        .await
+        .expect("open");
     read_n(reader.as_mut(), 5).await;
     lease.end_for_test(EndReason::Lost);
-    let calls = s.fake.get_records_calls();
+    let calls = s.kinesis.get_records_calls();
     let err = reader.next_batch().await.expect_err("lease lost");
     assert!(matches!(err, SourceError::LeaseLost { .. }), "{err:?}");
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(
-        s.fake.get_records_calls(),
+        s.kinesis.get_records_calls(),
         calls,
         "no GetRecords after the lease ended"
     );
@@ -189,14 +173,16 @@ async fn lease_expiry_stops_the_fetcher_by_itself() {
     let s = setup(polling().build().expect("config"));
     put_plain(&s, 0..3);
     let lease = handle(&s.shard, Duration::from_secs(2));
-    let mut reader = open(&s, StartPosition::TrimHorizon, lease).await;
+    let mut reader = open_at(&s, &s.shard, StartPosition::TrimHorizon, lease)
+        .await
+        .expect("open");
     read_n(reader.as_mut(), 3).await;
     // The fetcher polls every 200 ms while the lease lasts, then stops.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let calls = s.fake.get_records_calls();
+    let calls = s.kinesis.get_records_calls();
     assert!((8..=12).contains(&calls), "{calls} calls in 2 s");
     tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(s.fake.get_records_calls(), calls);
+    assert_eq!(s.kinesis.get_records_calls(), calls);
     let err = reader.next_batch().await.expect_err("lease expired");
     assert!(matches!(err, SourceError::LeaseLost { .. }), "{err:?}");
 }
@@ -204,8 +190,8 @@ async fn lease_expiry_stops_the_fetcher_by_itself() {
 #[tokio::test(start_paused = true)]
 async fn resume_inside_an_aggregate_skips_the_done_sub_records() {
     let s = setup(polling().build().expect("config"));
-    let seq = put_aggregate_between(&s.fake, &s.shard);
-    let mut reader = open(&s, inside_the_aggregate(&seq), held(&s.shard)).await;
+    let seq = put_aggregate_between(&s);
+    let mut reader = open(&s, inside_the_aggregate(&seq)).await;
     assert_resumes_inside_the_aggregate(reader.as_mut(), &seq).await;
 }
 
@@ -214,11 +200,11 @@ async fn shard_end_names_the_children() {
     for report_children in [true, false] {
         let s = setup(polling().build().expect("config"));
         put_plain(&s, 0..3);
-        let kids = s.fake.split(STREAM, &s.shard, report_children);
-        let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
+        let kids = s.kinesis.split(STREAM, &s.shard, report_children);
+        let mut reader = open(&s, StartPosition::TrimHorizon).await;
         read_shard_end(reader.as_mut(), &s.shard, &kids, 0..3).await;
         let lookups = s
-            .fake
+            .kinesis
             .list_requests()
             .into_iter()
             .filter(|r| r.after_shard.as_deref() == Some(s.shard.as_str()))
@@ -235,11 +221,11 @@ async fn shard_end_names_the_children() {
 async fn prefetch_is_bounded_in_records() {
     let s = setup_with(|c| c.max_prefetch_records(20));
     put_plain(&s, 0..100);
-    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     // Two 10-record responses fill the budget; the fetcher then waits for
     // free budget before calling again, however long the consumer stalls.
-    assert_eq!(s.fake.get_records_calls(), 2);
+    assert_eq!(s.kinesis.get_records_calls(), 2);
     read_plain(reader.as_mut(), 0..100).await;
 }
 
@@ -247,13 +233,13 @@ async fn prefetch_is_bounded_in_records() {
 async fn prefetch_is_bounded_in_bytes() {
     let s = setup_with(|c| c.max_prefetch_bytes(3000));
     for i in 0..50 {
-        s.fake.put(STREAM, &s.shard, "pk", vec![b'x'; 1000 + i]);
+        s.kinesis.put(STREAM, &s.shard, "pk", vec![b'x'; 1000 + i]);
     }
-    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     // A 10-record response (>10 kB) takes the whole 3 kB budget; the next
     // call waits for it to be handed out.
-    assert_eq!(s.fake.get_records_calls(), 1);
+    assert_eq!(s.kinesis.get_records_calls(), 1);
     let (records, _) = read_n(reader.as_mut(), 50).await;
     assert_eq!(records.len(), 50);
 }
@@ -262,13 +248,13 @@ async fn prefetch_is_bounded_in_bytes() {
 async fn dropping_the_reader_stops_its_task() {
     let s = setup(polling().build().expect("config"));
     put_plain(&s, 0..3);
-    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
     read_n(reader.as_mut(), 3).await;
     drop(reader);
     tokio::time::sleep(Duration::from_millis(10)).await;
-    let calls = s.fake.get_records_calls();
+    let calls = s.kinesis.get_records_calls();
     tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(s.fake.get_records_calls(), calls);
+    assert_eq!(s.kinesis.get_records_calls(), calls);
 }
 
 #[tokio::test(start_paused = true)]
@@ -276,14 +262,7 @@ async fn opening_with_a_lost_lease_makes_no_call() {
     let s = setup(polling().build().expect("config"));
     let lease = handle(&s.shard, Duration::from_secs(60));
     lease.end_for_test(EndReason::Lost);
-    let err = s
-        .source
-        .open(OpenShard::new(
-            STREAM,
-            s.shard.clone(),
-            StartPosition::TrimHorizon,
-            lease,
-        ))
+    let err = open_at(&s, &s.shard, StartPosition::TrimHorizon, lease)
         .await
         .expect_err("lease lost");
     assert!(matches!(err, SourceError::LeaseLost { .. }), "{err:?}");
@@ -295,10 +274,10 @@ async fn iterators_that_keep_expiring_are_replaced_with_backoff() {
     let s = setup(polling().build().expect("config"));
     put_plain(&s, 0..5);
     for _ in 0..3 {
-        s.faults.inject(Call::GetRecords, Fault::ExpiredIterator);
+        s.fake.inject(Call::GetRecords, Fault::ExpiredIterator);
     }
     let started = tokio::time::Instant::now();
-    let mut reader = open(&s, StartPosition::TrimHorizon, held(&s.shard)).await;
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
     assert_eq!(read_plain(reader.as_mut(), 0..5).await, 0);
     assert_eq!(s.source.stats().expired_iterators, 3);
     // No wait before the first replacement, then 20 ms and 40 ms.

@@ -1,19 +1,52 @@
 //! What the polling and the fan-out reader tests share: the stream they
-//! read, leases, and reading a reader until enough records arrived.
+//! read, the fake Kinesis and source under test, leases, opening a
+//! reader, and reading it until enough records arrived.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use kcl_core::leases::LeaseHandle;
-use kcl_core::source::{ShardReader, SourceError, StartPosition};
+use kcl_core::source::{OpenShard, ShardReader, ShardSource, SourceError, StartPosition};
 use kcl_core::{Checkpoint, Lease, Record};
 
 use super::fake::FakeKinesis;
-use crate::SourceSnapshot;
 use crate::kpl::{UserRecord, aggregate};
+use crate::{KinesisShardSource, SourceSnapshot};
 
 /// The stream every reader test reads.
 pub(crate) const STREAM: &str = "orders";
+
+/// What a reader test reads, whichever retrieval it tests: the fake
+/// Kinesis holding [`STREAM`], the source under test, the shard the test
+/// reads, and the fake `T` the test drives the retrieval's own calls with.
+pub(crate) struct Setup<T> {
+    pub(crate) kinesis: Arc<FakeKinesis>,
+    pub(crate) source: KinesisShardSource,
+    pub(crate) shard: String,
+    /// Polling's fault injector, or the fake fan-out API.
+    pub(crate) fake: T,
+}
+
+/// Opens `shard` of [`STREAM`] at `position` under `lease`.
+pub(crate) async fn open_at<T>(
+    s: &Setup<T>,
+    shard: &str,
+    position: StartPosition,
+    lease: LeaseHandle,
+) -> Result<Box<dyn ShardReader>, SourceError> {
+    s.source
+        .open(OpenShard::new(STREAM, shard, position, lease))
+        .await
+}
+
+/// Opens the test's shard at `position` under a lease that outlasts the
+/// test.
+pub(crate) async fn open<T>(s: &Setup<T>, position: StartPosition) -> Box<dyn ShardReader> {
+    open_at(s, &s.shard, position, held(&s.shard))
+        .await
+        .expect("open")
+}
 
 /// A lease on `shard`, valid for `valid_for`.
 pub(crate) fn handle(shard: &str, valid_for: Duration) -> LeaseHandle {
@@ -119,15 +152,14 @@ pub(crate) fn payloads(records: &[Record]) -> Vec<String> {
         .collect()
 }
 
-/// Puts the tests' plain records `range` on `shard` of [`STREAM`] (keys
+/// Puts the tests' plain records `range` on the test's shard (keys
 /// `pk-{i}`, payloads `r{i}`); returns their sequence numbers.
-pub(crate) fn put_plain(
-    fake: &FakeKinesis,
-    shard: &str,
-    range: std::ops::Range<usize>,
-) -> Vec<String> {
+pub(crate) fn put_plain<T>(s: &Setup<T>, range: std::ops::Range<usize>) -> Vec<String> {
     range
-        .map(|i| fake.put(STREAM, shard, &format!("pk-{i}"), format!("r{i}")))
+        .map(|i| {
+            s.kinesis
+                .put(STREAM, &s.shard, &format!("pk-{i}"), format!("r{i}"))
+        })
         .collect()
 }
 
@@ -173,9 +205,10 @@ pub(crate) async fn assert_resumes_inside_the_aggregate(reader: &mut dyn ShardRe
 }
 
 /// Puts a plain record `before`, an aggregate of five
-/// [`sub_records`] and a plain record `after` on `shard` of [`STREAM`];
+/// [`sub_records`] and a plain record `after` on the test's shard;
 /// returns the aggregate's sequence number, for a resume inside it.
-pub(crate) fn put_aggregate_between(fake: &FakeKinesis, shard: &str) -> String {
+pub(crate) fn put_aggregate_between<T>(s: &Setup<T>) -> String {
+    let (fake, shard) = (&s.kinesis, s.shard.as_str());
     fake.put(STREAM, shard, "pk", "before");
     let subs = sub_records(5);
     let seq = fake.put(STREAM, shard, "pk-0", aggregate(&subs));
