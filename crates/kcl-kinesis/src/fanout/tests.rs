@@ -1,7 +1,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kcl_core::leases::EndReason;
 use kcl_core::source::{OpenShard, ShardSource, SourceError, StartPosition};
 
 use super::api::FanOutApi;
@@ -12,7 +11,9 @@ use crate::fake::FakeKinesis;
 use crate::test_util::fanout::{FakeFanOut, StreamFault, SubscribeFault};
 use crate::test_util::readers;
 pub(super) use crate::test_util::readers::{
-    STREAM, after, assert_elapsed, assert_resumes_inside_the_aggregate, expected, handle, held,
+    STREAM, after, assert_elapsed, assert_lease_expiry_stops_the_reader,
+    assert_lease_loss_stops_the_reader, assert_opening_with_a_lost_lease_makes_no_call,
+    assert_reads_in_order, assert_resumes_inside_the_aggregate, expected, held,
     inside_the_aggregate, open, open_at, payloads, put_aggregate_between, put_plain, read_n,
     read_plain, read_shard_end,
 };
@@ -80,13 +81,7 @@ pub(super) async fn put_one_per_event(s: &Setup, n: usize) {
 #[tokio::test(start_paused = true)]
 async fn reads_every_record_in_order_through_one_subscription() {
     let s = setup(config().build().expect("config"));
-    let seqs = put_plain(&s, 0..25);
-    let mut reader = open(&s, StartPosition::TrimHorizon).await;
-    let (records, errors) = read_n(reader.as_mut(), 25).await;
-    assert_eq!(errors, 0);
-    assert_eq!(payloads(&records), expected(0..25));
-    let got: Vec<&str> = records.iter().map(|r| r.sequence_number.as_str()).collect();
-    assert_eq!(got, seqs.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut reader = assert_reads_in_order(&s, 0..25).await;
     // Records pushed later arrive on the same subscription.
     put_plain(&s, 25..30);
     read_plain(reader.as_mut(), 25..30).await;
@@ -332,55 +327,30 @@ async fn a_deleted_consumer_is_fatal_and_looked_up_again_on_the_next_open() {
 #[tokio::test(start_paused = true)]
 async fn lease_loss_stops_the_subscription() {
     let s = setup(config().build().expect("config"));
-    put_plain(&s, 0..5);
-    let lease = held(&s.shard);
-    let mut reader = open_at(&s, &s.shard, StartPosition::TrimHorizon, lease.clone())
-        .await
-        .expect("open");
-    read_n(reader.as_mut(), 5).await;
-    assert_eq!(s.fake.active(), 1);
-    lease.end_for_test(EndReason::Lost);
-    let err = reader.next_batch().await.expect_err("lease lost");
-    assert!(matches!(err, SourceError::LeaseLost { .. }), "{err:?}");
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    assert_eq!(s.fake.active(), 0, "the subscription ended with the lease");
-    let calls = s.source.stats().subscribe_calls;
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(s.source.stats().subscribe_calls, calls);
-    assert!(
-        reader.next_batch().await.is_err(),
-        "the reader stays stopped"
-    );
+    assert_lease_loss_stops_the_reader(
+        &s,
+        || assert_eq!(s.fake.active(), 1),
+        || assert_eq!(s.fake.active(), 0, "the subscription ended with the lease"),
+    )
+    .await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn lease_expiry_stops_the_task_by_itself() {
     let s = setup(config().build().expect("config"));
-    put_plain(&s, 0..3);
-    let lease = handle(&s.shard, Duration::from_secs(2));
-    let mut reader = open_at(&s, &s.shard, StartPosition::TrimHorizon, lease)
-        .await
-        .expect("open");
-    read_n(reader.as_mut(), 3).await;
-    // Empty events arrive every second; the first one after the lease ran
-    // out stops the task.
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    assert_eq!(s.fake.active(), 0);
-    let err = reader.next_batch().await.expect_err("lease expired");
-    assert!(matches!(err, SourceError::LeaseLost { .. }), "{err:?}");
+    assert_lease_expiry_stops_the_reader(&s, async || {
+        // Empty events arrive every second; the first one after the lease
+        // ran out stops the task.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert_eq!(s.fake.active(), 0);
+    })
+    .await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn opening_with_a_lost_lease_makes_no_call() {
     let s = setup(config().build().expect("config"));
-    let lease = held(&s.shard);
-    lease.end_for_test(EndReason::Lost);
-    let err = open_at(&s, &s.shard, StartPosition::TrimHorizon, lease)
-        .await
-        .expect_err("lease lost");
-    assert!(matches!(err, SourceError::LeaseLost { .. }), "{err:?}");
-    let stats = s.source.stats();
-    assert_eq!((stats.consumer_calls, stats.subscribe_calls), (0, 0));
+    assert_opening_with_a_lost_lease_makes_no_call(&s).await;
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,15 +1,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kcl_core::leases::EndReason;
-use kcl_core::source::{SourceError, StartPosition};
+use kcl_core::source::StartPosition;
 
 use crate::calls::KinesisApi;
 use crate::fake::FakeKinesis;
 use crate::faults::{Call, Fault, FaultInjector, Faulty};
 use crate::test_util::readers;
 pub(super) use crate::test_util::readers::{
-    STREAM, after, assert_elapsed, assert_resumes_inside_the_aggregate, expected, handle, held,
+    STREAM, after, assert_elapsed, assert_lease_expiry_stops_the_reader,
+    assert_lease_loss_stops_the_reader, assert_opening_with_a_lost_lease_makes_no_call,
+    assert_reads_in_order, assert_resumes_inside_the_aggregate, expected, held,
     inside_the_aggregate, open, open_at, payloads, put_aggregate_between, put_plain, read_n,
     read_plain, read_shard_end,
 };
@@ -53,13 +54,7 @@ pub(super) fn setup_with(
 #[tokio::test(start_paused = true)]
 async fn reads_every_record_in_order_across_batches() {
     let s = setup(polling().build().expect("config"));
-    let seqs = put_plain(&s, 0..25);
-    let mut reader = open(&s, StartPosition::TrimHorizon).await;
-    let (records, errors) = read_n(reader.as_mut(), 25).await;
-    assert_eq!(errors, 0);
-    assert_eq!(payloads(&records), expected(0..25));
-    let got: Vec<&str> = records.iter().map(|r| r.sequence_number.as_str()).collect();
-    assert_eq!(got, seqs.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut reader = assert_reads_in_order(&s, 0..25).await;
     // Caught up: an empty batch that says so.
     let batch = reader.next_batch().await.expect("empty batch");
     assert!(batch.records.is_empty());
@@ -148,43 +143,21 @@ async fn transient_failures_are_reported_after_the_limit_and_reading_goes_on() {
 #[tokio::test(start_paused = true)]
 async fn lease_lost_stops_without_another_get_records() {
     let s = setup(polling().build().expect("config"));
-    put_plain(&s, 0..5);
-    let lease = held(&s.shard);
-    let mut reader = open_at(&s, &s.shard, StartPosition::TrimHorizon, lease.clone())
-        .await
-        .expect("open");
-    read_n(reader.as_mut(), 5).await;
-    lease.end_for_test(EndReason::Lost);
-    let calls = s.kinesis.get_records_calls();
-    let err = reader.next_batch().await.expect_err("lease lost");
-    assert!(matches!(err, SourceError::LeaseLost { .. }), "{err:?}");
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(
-        s.kinesis.get_records_calls(),
-        calls,
-        "no GetRecords after the lease ended"
-    );
-    // The reader stays stopped.
-    assert!(reader.next_batch().await.is_err());
+    assert_lease_loss_stops_the_reader(&s, || {}, || {}).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn lease_expiry_stops_the_fetcher_by_itself() {
     let s = setup(polling().build().expect("config"));
-    put_plain(&s, 0..3);
-    let lease = handle(&s.shard, Duration::from_secs(2));
-    let mut reader = open_at(&s, &s.shard, StartPosition::TrimHorizon, lease)
-        .await
-        .expect("open");
-    read_n(reader.as_mut(), 3).await;
-    // The fetcher polls every 200 ms while the lease lasts, then stops.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let calls = s.kinesis.get_records_calls();
-    assert!((8..=12).contains(&calls), "{calls} calls in 2 s");
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(s.kinesis.get_records_calls(), calls);
-    let err = reader.next_batch().await.expect_err("lease expired");
-    assert!(matches!(err, SourceError::LeaseLost { .. }), "{err:?}");
+    assert_lease_expiry_stops_the_reader(&s, async || {
+        // The fetcher polls every 200 ms while the lease lasts, then stops.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let calls = s.kinesis.get_records_calls();
+        assert!((8..=12).contains(&calls), "{calls} calls in 2 s");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(s.kinesis.get_records_calls(), calls);
+    })
+    .await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -260,13 +233,7 @@ async fn dropping_the_reader_stops_its_task() {
 #[tokio::test(start_paused = true)]
 async fn opening_with_a_lost_lease_makes_no_call() {
     let s = setup(polling().build().expect("config"));
-    let lease = handle(&s.shard, Duration::from_secs(60));
-    lease.end_for_test(EndReason::Lost);
-    let err = open_at(&s, &s.shard, StartPosition::TrimHorizon, lease)
-        .await
-        .expect_err("lease lost");
-    assert!(matches!(err, SourceError::LeaseLost { .. }), "{err:?}");
-    assert_eq!(s.source.stats().get_shard_iterator_calls, 0);
+    assert_opening_with_a_lost_lease_makes_no_call(&s).await;
 }
 
 #[tokio::test(start_paused = true)]

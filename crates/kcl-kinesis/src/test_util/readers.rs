@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use kcl_core::leases::LeaseHandle;
+use kcl_core::leases::{EndReason, LeaseHandle};
 use kcl_core::source::{OpenShard, ShardReader, ShardSource, SourceError, StartPosition};
 use kcl_core::{Checkpoint, Lease, Record};
 
@@ -46,6 +46,96 @@ pub(crate) async fn open<T>(s: &Setup<T>, position: StartPosition) -> Box<dyn Sh
     open_at(s, &s.shard, position, held(&s.shard))
         .await
         .expect("open")
+}
+
+/// The calls to Kinesis a reader makes, whatever its retrieval: shard
+/// iterators, records, consumer look-ups and subscriptions.
+fn reader_calls(stats: &SourceSnapshot) -> u64 {
+    stats.get_shard_iterator_calls
+        + stats.get_records_calls
+        + stats.consumer_calls
+        + stats.subscribe_calls
+}
+
+/// Puts the plain records `range` on the test's shard, opens it at
+/// TRIM_HORIZON and checks they are read in order, with their sequence
+/// numbers and no error; returns the reader.
+pub(crate) async fn assert_reads_in_order<T>(
+    s: &Setup<T>,
+    range: std::ops::Range<usize>,
+) -> Box<dyn ShardReader> {
+    let seqs = put_plain(s, range.clone());
+    let mut reader = open(s, StartPosition::TrimHorizon).await;
+    let (records, errors) = read_n(reader.as_mut(), range.len()).await;
+    assert_eq!(errors, 0);
+    assert_eq!(payloads(&records), expected(range));
+    let got: Vec<&str> = records.iter().map(|r| r.sequence_number.as_str()).collect();
+    assert_eq!(got, seqs.iter().map(String::as_str).collect::<Vec<_>>());
+    reader
+}
+
+/// Reads records under a lease, then ends it: the next read fails with
+/// `LeaseLost`, no call to Kinesis follows, and the reader stays stopped.
+/// `while_held` checks the retrieval before the lease ends, `once_lost`
+/// right after the reader reported the loss.
+pub(crate) async fn assert_lease_loss_stops_the_reader<T>(
+    s: &Setup<T>,
+    while_held: impl FnOnce(),
+    once_lost: impl FnOnce(),
+) {
+    put_plain(s, 0..5);
+    let lease = held(&s.shard);
+    let mut reader = open_at(s, &s.shard, StartPosition::TrimHorizon, lease.clone())
+        .await
+        .expect("open");
+    read_n(reader.as_mut(), 5).await;
+    while_held();
+    lease.end_for_test(EndReason::Lost);
+    let calls = reader_calls(&s.source.stats());
+    let err = reader.next_batch().await.expect_err("lease lost");
+    assert!(matches!(err, SourceError::LeaseLost { .. }), "{err:?}");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    once_lost();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        reader_calls(&s.source.stats()),
+        calls,
+        "no call after the lease ended"
+    );
+    assert!(
+        reader.next_batch().await.is_err(),
+        "the reader stays stopped"
+    );
+}
+
+/// Reads records under a lease that runs out 2 s later and is never
+/// renewed: `stopped` checks, given time past the expiry, that the
+/// retrieval stopped by itself; the next read then fails with `LeaseLost`.
+pub(crate) async fn assert_lease_expiry_stops_the_reader<T>(
+    s: &Setup<T>,
+    stopped: impl AsyncFnOnce(),
+) {
+    put_plain(s, 0..3);
+    let lease = handle(&s.shard, Duration::from_secs(2));
+    let mut reader = open_at(s, &s.shard, StartPosition::TrimHorizon, lease)
+        .await
+        .expect("open");
+    read_n(reader.as_mut(), 3).await;
+    stopped().await;
+    let err = reader.next_batch().await.expect_err("lease expired");
+    assert!(matches!(err, SourceError::LeaseLost { .. }), "{err:?}");
+}
+
+/// Opening the test's shard under a lease that already ended fails with
+/// `LeaseLost` before any call to Kinesis.
+pub(crate) async fn assert_opening_with_a_lost_lease_makes_no_call<T>(s: &Setup<T>) {
+    let lease = held(&s.shard);
+    lease.end_for_test(EndReason::Lost);
+    let err = open_at(s, &s.shard, StartPosition::TrimHorizon, lease)
+        .await
+        .expect_err("lease lost");
+    assert!(matches!(err, SourceError::LeaseLost { .. }), "{err:?}");
+    assert_eq!(reader_calls(&s.source.stats()), 0);
 }
 
 /// A lease on `shard`, valid for `valid_for`.
