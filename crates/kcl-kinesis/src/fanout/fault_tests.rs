@@ -9,16 +9,17 @@ use tokio::time::Instant;
 
 use super::reader::SUBSCRIBE_INTERVAL;
 use super::tests::{
-    STREAM, after, assert_elapsed, config, held, open, open_at, payloads, put_plain, read_n,
-    read_plain, setup,
+    STREAM, assert_elapsed, held, open, open_at, payloads, put_plain, read_n, read_plain, setup,
+    setup_with,
 };
 use crate::calls::IteratorStart;
 use crate::test_util::fanout::{StreamFault, SubscribeFault};
+use crate::test_util::readers::assert_a_trimmed_checkpoint_resumes_at_the_horizon;
 
 #[tokio::test(start_paused = true)]
 async fn a_silent_subscription_is_replaced_within_the_event_timeout() {
     let timeout = Duration::from_secs(5);
-    let s = setup(config().event_timeout(timeout).build().expect("config"));
+    let s = setup_with(|c| c.event_timeout(timeout));
     put_plain(&s, 0..5);
     // One event, then nothing: no records, no heartbeat, no error.
     s.fake.fail_stream_after(1, StreamFault::Silent);
@@ -42,7 +43,7 @@ async fn a_silent_subscription_is_replaced_within_the_event_timeout() {
 #[tokio::test(start_paused = true)]
 async fn kms_and_access_errors_keep_the_shard_and_resubscribe() {
     // Fewer transient retries than failures: these do not count.
-    let s = setup(config().max_transient_retries(1).build().expect("config"));
+    let s = setup_with(|c| c.max_transient_retries(1));
     put_plain(&s, 0..3);
     s.fake.fail_subscribe(SubscribeFault::AccessDenied);
     s.fake.fail_subscribe(SubscribeFault::AccessDenied);
@@ -55,37 +56,16 @@ async fn kms_and_access_errors_keep_the_shard_and_resubscribe() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_expired_parent_ends_with_its_children() {
-    let s = setup(config().build().expect("config"));
-    put_plain(&s, 0..2);
-    let kids = s.kinesis.split(STREAM, &s.shard, true);
-    s.kinesis.expire(STREAM, &s.shard);
-    let mut reader = open(&s, StartPosition::TrimHorizon).await;
-    let batch = reader.next_batch().await.expect("the end");
-    assert!(batch.records.is_empty());
-    let children = batch.shard_end.expect("SHARD_END");
-    let ids: Vec<&str> = children.iter().map(|c| c.shard_id.as_str()).collect();
-    assert_eq!(ids, kids.iter().map(String::as_str).collect::<Vec<_>>());
-    assert_eq!(s.source.stats().expired_shards, 1);
-}
-
-#[tokio::test(start_paused = true)]
 async fn a_trimmed_checkpoint_resubscribes_at_trim_horizon_and_is_counted() {
-    let s = setup(config().build().expect("config"));
-    let seqs = put_plain(&s, 0..8);
-    s.kinesis.trim(STREAM, &s.shard, 5);
-    let mut reader = open_at(&s, &s.shard, after(&seqs[1]), held(&s.shard))
-        .await
-        .expect("open");
-    assert_eq!(read_plain(reader.as_mut(), 5..8).await, 0);
-    assert_eq!(s.source.stats().trimmed_starts, 1);
+    let s = setup();
+    assert_a_trimmed_checkpoint_resumes_at_the_horizon(&s).await;
     let subs = s.fake.subscriptions();
     assert_eq!(subs.last().map(|s| &s.1), Some(&IteratorStart::TrimHorizon));
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_childs_stale_not_found_after_a_split_is_retried_and_the_consumer_kept() {
-    let s = setup(config().build().expect("config"));
+    let s = setup();
     put_plain(&s, 0..2);
     let kids = s.kinesis.split(STREAM, &s.shard, true);
     let child = kids[0].as_str();
@@ -122,7 +102,7 @@ async fn a_childs_stale_not_found_after_a_split_is_retried_and_the_consumer_kept
 
 #[tokio::test(start_paused = true)]
 async fn a_shard_too_new_for_the_listing_is_retried_not_taken_for_a_missing_consumer() {
-    let s = setup(config().build().expect("config"));
+    let s = setup();
     let shard = "shardId-000000000099";
     let mut reader = open_at(&s, shard, StartPosition::TrimHorizon, held(shard))
         .await

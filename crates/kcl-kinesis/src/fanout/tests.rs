@@ -12,10 +12,9 @@ use crate::test_util::fanout::{FakeFanOut, StreamFault, SubscribeFault};
 use crate::test_util::readers;
 pub(super) use crate::test_util::readers::{
     STREAM, after, assert_elapsed, assert_lease_expiry_stops_the_reader,
-    assert_lease_loss_stops_the_reader, assert_opening_with_a_lost_lease_makes_no_call,
-    assert_reads_in_order, assert_resumes_inside_the_aggregate, expected, held,
-    inside_the_aggregate, open, open_at, payloads, put_aggregate_between, put_plain, read_n,
-    read_plain, read_shard_end,
+    assert_lease_loss_stops_the_reader, assert_reads_in_order, assert_resumes_inside_the_aggregate,
+    expected, held, inside_the_aggregate, open, open_at, payloads, put_aggregate_between,
+    put_plain, read_n, read_plain, read_shard_end,
 };
 
 pub(super) fn config() -> FanOutConfigBuilder {
@@ -29,15 +28,16 @@ pub(super) fn config() -> FanOutConfigBuilder {
 /// A source that subscribes through a fake fan-out API.
 pub(super) type Setup = readers::Setup<FakeFanOut>;
 
-pub(super) fn setup(config: FanOutConfig) -> Setup {
-    setup_shards(config, 1)
+/// A setup with the tests' `config()`.
+pub(super) fn setup() -> Setup {
+    setup_with(|c| c)
 }
 
 /// A setup whose config is the tests' `config()` changed by `configure`.
 pub(super) fn setup_with(
     configure: impl FnOnce(FanOutConfigBuilder) -> FanOutConfigBuilder,
 ) -> Setup {
-    setup(configure(config()).build().expect("config"))
+    setup_shards(configure(config()).build().expect("config"), 1)
 }
 
 /// Asserts that every subscription after the first continued after the
@@ -78,9 +78,11 @@ pub(super) async fn put_one_per_event(s: &Setup, n: usize) {
     }
 }
 
+readers::tests_every_reader_passes!();
+
 #[tokio::test(start_paused = true)]
 async fn reads_every_record_in_order_through_one_subscription() {
-    let s = setup(config().build().expect("config"));
+    let s = setup();
     let mut reader = assert_reads_in_order(&s, 0..25).await;
     // Records pushed later arrive on the same subscription.
     put_plain(&s, 25..30);
@@ -94,7 +96,7 @@ async fn reads_every_record_in_order_through_one_subscription() {
 
 #[tokio::test(start_paused = true)]
 async fn latest_reads_only_new_records() {
-    let s = setup(config().build().expect("config"));
+    let s = setup();
     put_plain(&s, 0..5);
     let mut reader = open(&s, StartPosition::Latest).await;
     // Let the subscription start before the new record is written.
@@ -144,7 +146,7 @@ async fn concurrent_opens_register_the_consumer_once_and_later_sources_reuse_it(
 
 #[tokio::test(start_paused = true)]
 async fn losing_the_registration_race_is_not_an_error() {
-    let s = setup(config().build().expect("config"));
+    let s = setup();
     s.fake.register_races(1);
     put_plain(&s, 0..3);
     let mut reader = open(&s, StartPosition::TrimHorizon).await;
@@ -172,7 +174,7 @@ async fn a_consumer_that_never_becomes_active_fails_open_with_a_clear_error() {
 
 #[tokio::test(start_paused = true)]
 async fn a_missing_stream_is_stream_not_found() {
-    let s = setup(config().build().expect("config"));
+    let s = setup();
     let err = s
         .source
         .open(OpenShard::new(
@@ -216,7 +218,7 @@ async fn the_subscription_is_renewed_after_its_lifetime_without_loss_or_repeat()
 
 #[tokio::test(start_paused = true)]
 async fn a_subscription_the_service_ends_is_renewed() {
-    let s = setup(config().build().expect("config"));
+    let s = setup();
     s.fake.end_after_events(1);
     let mut reader = open(&s, StartPosition::TrimHorizon).await;
     let mut records = Vec::new();
@@ -231,7 +233,7 @@ async fn a_subscription_the_service_ends_is_renewed() {
 
 #[tokio::test(start_paused = true)]
 async fn in_use_and_throttling_are_waited_out_without_errors() {
-    let s = setup(config().build().expect("config"));
+    let s = setup();
     for fault in [
         SubscribeFault::InUse,
         SubscribeFault::InUse,
@@ -288,7 +290,7 @@ async fn records_sent_again_are_dropped() {
 
 #[tokio::test(start_paused = true)]
 async fn a_deleted_consumer_is_fatal_and_looked_up_again_on_the_next_open() {
-    let s = setup(config().build().expect("config"));
+    let s = setup();
     put_plain(&s, 0..3);
     let mut reader = open(&s, StartPosition::TrimHorizon).await;
     read_n(reader.as_mut(), 3).await;
@@ -326,7 +328,7 @@ async fn a_deleted_consumer_is_fatal_and_looked_up_again_on_the_next_open() {
 
 #[tokio::test(start_paused = true)]
 async fn lease_loss_stops_the_subscription() {
-    let s = setup(config().build().expect("config"));
+    let s = setup();
     assert_lease_loss_stops_the_reader(
         &s,
         || assert_eq!(s.fake.active(), 1),
@@ -337,7 +339,7 @@ async fn lease_loss_stops_the_subscription() {
 
 #[tokio::test(start_paused = true)]
 async fn lease_expiry_stops_the_task_by_itself() {
-    let s = setup(config().build().expect("config"));
+    let s = setup();
     assert_lease_expiry_stops_the_reader(&s, async || {
         // Empty events arrive every second; the first one after the lease
         // ran out stops the task.
@@ -345,12 +347,6 @@ async fn lease_expiry_stops_the_task_by_itself() {
         assert_eq!(s.fake.active(), 0);
     })
     .await;
-}
-
-#[tokio::test(start_paused = true)]
-async fn opening_with_a_lost_lease_makes_no_call() {
-    let s = setup(config().build().expect("config"));
-    assert_opening_with_a_lost_lease_makes_no_call(&s).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -406,7 +402,7 @@ async fn the_byte_budget_bounds_what_is_buffered() {
 
 #[tokio::test(start_paused = true)]
 async fn resume_inside_an_aggregate_skips_the_done_sub_records() {
-    let s = setup(config().build().expect("config"));
+    let s = setup();
     let seq = put_aggregate_between(&s);
     let mut reader = open(&s, inside_the_aggregate(&seq)).await;
     assert_resumes_inside_the_aggregate(reader.as_mut(), &seq).await;
@@ -418,7 +414,7 @@ async fn resume_inside_an_aggregate_skips_the_done_sub_records() {
 
 #[tokio::test(start_paused = true)]
 async fn records_before_the_resume_checkpoint_are_never_delivered() {
-    let s = setup(config().build().expect("config"));
+    let s = setup();
     let seqs = put_plain(&s, 0..6);
     // An endpoint that starts over at TRIM_HORIZON for the first
     // subscription still delivers nothing before the checkpoint.
@@ -429,7 +425,7 @@ async fn records_before_the_resume_checkpoint_are_never_delivered() {
 
 #[tokio::test(start_paused = true)]
 async fn an_announced_shard_end_names_the_children() {
-    let s = setup(config().build().expect("config"));
+    let s = setup();
     put_plain(&s, 0..3);
     let kids = s.kinesis.split(STREAM, &s.shard, true);
     let mut reader = open(&s, StartPosition::TrimHorizon).await;
@@ -472,7 +468,7 @@ async fn an_unannounced_shard_end_is_found_by_the_closed_shard_check() {
 
 #[tokio::test(start_paused = true)]
 async fn without_the_check_an_unannounced_end_is_never_reported() {
-    let s = setup(config().build().expect("config"));
+    let s = setup();
     s.fake.silent_end();
     put_plain(&s, 0..3);
     s.kinesis.split(STREAM, &s.shard, true);
@@ -493,7 +489,7 @@ async fn without_the_check_an_unannounced_end_is_never_reported() {
 
 #[tokio::test(start_paused = true)]
 async fn dropping_the_reader_ends_the_subscription() {
-    let s = setup(config().build().expect("config"));
+    let s = setup();
     put_plain(&s, 0..3);
     let mut reader = open(&s, StartPosition::TrimHorizon).await;
     read_n(reader.as_mut(), 3).await;

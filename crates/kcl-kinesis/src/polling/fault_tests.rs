@@ -8,31 +8,17 @@ use kcl_core::source::{SourceError, StartPosition};
 use tokio::time::Instant;
 
 use super::tests::{
-    STREAM, Setup, after, assert_elapsed, expected, held, open, open_at, payloads, polling,
-    put_plain, read_n, read_plain, setup, setup_with,
+    STREAM, Setup, after, assert_elapsed, expected, held, open, open_at, payloads, put_plain,
+    read_n, read_plain, setup, setup_config, setup_with,
 };
 use crate::MIN_TIME_BETWEEN_READS;
 use crate::faults::{Call, Fault};
+use crate::test_util::readers::assert_a_trimmed_checkpoint_resumes_at_the_horizon;
 
 async fn try_open(s: &Setup, position: StartPosition) -> Result<(), SourceError> {
     open_at(s, &s.shard, position, held(&s.shard))
         .await
         .map(drop)
-}
-
-#[tokio::test(start_paused = true)]
-async fn an_expired_split_parent_ends_with_its_children_so_they_start() {
-    let s = setup(polling().build().expect("config"));
-    put_plain(&s, 0..3);
-    let kids = s.kinesis.split(STREAM, &s.shard, true);
-    s.kinesis.expire(STREAM, &s.shard);
-    let mut reader = open(&s, StartPosition::TrimHorizon).await;
-    let batch = reader.next_batch().await.expect("the end");
-    assert!(batch.records.is_empty(), "its records are gone");
-    let children = batch.shard_end.expect("SHARD_END, not an error");
-    let ids: Vec<&str> = children.iter().map(|c| c.shard_id.as_str()).collect();
-    assert_eq!(ids, kids.iter().map(String::as_str).collect::<Vec<_>>());
-    assert_eq!(s.source.stats().expired_shards, 1);
 }
 
 /// Every record `shard` holds from its start, read until a batch comes
@@ -53,7 +39,7 @@ async fn read_all(s: &Setup, shard: &str) -> Vec<String> {
 
 #[tokio::test(start_paused = true)]
 async fn a_shard_that_expires_while_read_ends_where_it_was() {
-    let s = setup(polling().build().expect("config"));
+    let s = setup();
     put_plain(&s, 0..5);
     let mut reader = open(&s, StartPosition::TrimHorizon).await;
     let (records, _) = read_n(reader.as_mut(), 5).await;
@@ -99,7 +85,7 @@ async fn a_shard_too_new_for_the_listing_is_not_taken_for_expired() {
     // ListShards does not list it yet: nothing newer is listed, so it is a
     // stale answer, not an aged-out shard (which a reshard closed, so
     // newer shards exist).
-    let s = setup(polling().build().expect("config"));
+    let s = setup();
     let shard = "shardId-000000000099";
     let err = open_at(&s, shard, StartPosition::TrimHorizon, held(shard))
         .await
@@ -110,7 +96,7 @@ async fn a_shard_too_new_for_the_listing_is_not_taken_for_expired() {
 
 #[tokio::test(start_paused = true)]
 async fn a_stale_not_found_while_reading_is_reported_and_reading_goes_on() {
-    let s = setup(polling().build().expect("config"));
+    let s = setup();
     put_plain(&s, 0..3);
     let mut reader = open(&s, StartPosition::TrimHorizon).await;
     read_plain(reader.as_mut(), 0..3).await;
@@ -123,7 +109,7 @@ async fn a_stale_not_found_while_reading_is_reported_and_reading_goes_on() {
 
 #[tokio::test(start_paused = true)]
 async fn a_deleted_stream_is_stream_not_found_not_an_expired_shard() {
-    let s = setup(polling().build().expect("config"));
+    let s = setup();
     put_plain(&s, 0..2);
     s.kinesis.delete_stream(STREAM);
     let err = try_open(&s, StartPosition::TrimHorizon)
@@ -135,7 +121,7 @@ async fn a_deleted_stream_is_stream_not_found_not_an_expired_shard() {
 
 #[tokio::test(start_paused = true)]
 async fn not_found_for_a_shard_still_listed_is_retryable() {
-    let s = setup(polling().build().expect("config"));
+    let s = setup();
     s.fake
         .inject(Call::GetShardIterator, Fault::ResourceNotFound);
     let err = try_open(&s, StartPosition::TrimHorizon)
@@ -150,12 +136,8 @@ async fn not_found_for_a_shard_still_listed_is_retryable() {
 
 #[tokio::test(start_paused = true)]
 async fn a_checkpoint_behind_the_trim_horizon_resumes_there_and_is_counted() {
-    let s = setup(polling().build().expect("config"));
-    let seqs = put_plain(&s, 0..10);
-    s.kinesis.trim(STREAM, &s.shard, 6);
-    let mut reader = open(&s, after(&seqs[2])).await;
-    assert_eq!(read_plain(reader.as_mut(), 6..10).await, 0);
-    assert_eq!(s.source.stats().trimmed_starts, 1);
+    let s = setup();
+    assert_a_trimmed_checkpoint_resumes_at_the_horizon(&s).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -164,7 +146,7 @@ async fn an_invalid_checkpoint_that_is_not_trimmed_is_an_error_not_a_replay() {
     // shard too: the oldest record is before the checkpoint, so nothing
     // was trimmed, and re-reading the shard from TRIM_HORIZON would be a
     // guess.
-    let s = setup(polling().build().expect("config"));
+    let s = setup();
     let seqs = put_plain(&s, 0..5);
     s.fake
         .inject(Call::GetShardIterator, Fault::InvalidArgument);
@@ -268,7 +250,7 @@ async fn empty_pages_while_behind_are_followed_at_the_floor_not_the_idle_time() 
 #[tokio::test(start_paused = true)]
 async fn a_trickling_shard_costs_time_between_reads_and_an_idle_one_the_idle_time() {
     // The default pacing (only retries made quick).
-    let s = setup(
+    let s = setup_config(
         crate::PollingConfig::builder()
             .retry_min_delay(Duration::from_millis(10))
             .build()

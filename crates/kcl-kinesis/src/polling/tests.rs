@@ -9,10 +9,9 @@ use crate::faults::{Call, Fault, FaultInjector, Faulty};
 use crate::test_util::readers;
 pub(super) use crate::test_util::readers::{
     STREAM, after, assert_elapsed, assert_lease_expiry_stops_the_reader,
-    assert_lease_loss_stops_the_reader, assert_opening_with_a_lost_lease_makes_no_call,
-    assert_reads_in_order, assert_resumes_inside_the_aggregate, expected, held,
-    inside_the_aggregate, open, open_at, payloads, put_aggregate_between, put_plain, read_n,
-    read_plain, read_shard_end,
+    assert_lease_loss_stops_the_reader, assert_reads_in_order, assert_resumes_inside_the_aggregate,
+    expected, held, inside_the_aggregate, open, open_at, payloads, put_aggregate_between,
+    put_plain, read_n, read_plain, read_shard_end,
 };
 use crate::{KinesisShardSource, PollingConfig};
 
@@ -28,7 +27,8 @@ pub(super) fn polling() -> crate::PollingConfigBuilder {
 /// A source that polls through a fault injector.
 pub(super) type Setup = readers::Setup<FaultInjector>;
 
-pub(super) fn setup(config: PollingConfig) -> Setup {
+/// A setup whose source polls with `config`.
+pub(super) fn setup_config(config: PollingConfig) -> Setup {
     let kinesis = Arc::new(FakeKinesis::default());
     let shard = kinesis.create_stream(STREAM, 1).remove(0);
     let faults = FaultInjector::new();
@@ -44,16 +44,23 @@ pub(super) fn setup(config: PollingConfig) -> Setup {
     }
 }
 
+/// A setup with the tests' `polling()` config.
+pub(super) fn setup() -> Setup {
+    setup_with(|c| c)
+}
+
 /// A setup whose config is the tests' `polling()` changed by `configure`.
 pub(super) fn setup_with(
     configure: impl FnOnce(crate::PollingConfigBuilder) -> crate::PollingConfigBuilder,
 ) -> Setup {
-    setup(configure(polling()).build().expect("config"))
+    setup_config(configure(polling()).build().expect("config"))
 }
+
+readers::tests_every_reader_passes!();
 
 #[tokio::test(start_paused = true)]
 async fn reads_every_record_in_order_across_batches() {
-    let s = setup(polling().build().expect("config"));
+    let s = setup();
     let mut reader = assert_reads_in_order(&s, 0..25).await;
     // Caught up: an empty batch that says so.
     let batch = reader.next_batch().await.expect("empty batch");
@@ -64,7 +71,7 @@ async fn reads_every_record_in_order_across_batches() {
 
 #[tokio::test(start_paused = true)]
 async fn latest_reads_only_new_records() {
-    let s = setup(polling().build().expect("config"));
+    let s = setup();
     put_plain(&s, 0..5);
     let mut reader = open(&s, StartPosition::Latest).await;
     s.kinesis.put(STREAM, &s.shard, "pk", "new");
@@ -91,7 +98,7 @@ async fn expired_iterator_mid_read_loses_and_repeats_nothing() {
 
 #[tokio::test(start_paused = true)]
 async fn expired_iterator_before_any_record_restarts_at_the_checkpoint() {
-    let s = setup(polling().build().expect("config"));
+    let s = setup();
     let seqs = put_plain(&s, 0..6);
     s.fake.inject(Call::GetRecords, Fault::ExpiredIterator);
     let mut reader = open(&s, after(&seqs[2])).await;
@@ -142,13 +149,13 @@ async fn transient_failures_are_reported_after_the_limit_and_reading_goes_on() {
 
 #[tokio::test(start_paused = true)]
 async fn lease_lost_stops_without_another_get_records() {
-    let s = setup(polling().build().expect("config"));
+    let s = setup();
     assert_lease_loss_stops_the_reader(&s, || {}, || {}).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn lease_expiry_stops_the_fetcher_by_itself() {
-    let s = setup(polling().build().expect("config"));
+    let s = setup();
     assert_lease_expiry_stops_the_reader(&s, async || {
         // The fetcher polls every 200 ms while the lease lasts, then stops.
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -162,7 +169,7 @@ async fn lease_expiry_stops_the_fetcher_by_itself() {
 
 #[tokio::test(start_paused = true)]
 async fn resume_inside_an_aggregate_skips_the_done_sub_records() {
-    let s = setup(polling().build().expect("config"));
+    let s = setup();
     let seq = put_aggregate_between(&s);
     let mut reader = open(&s, inside_the_aggregate(&seq)).await;
     assert_resumes_inside_the_aggregate(reader.as_mut(), &seq).await;
@@ -171,7 +178,7 @@ async fn resume_inside_an_aggregate_skips_the_done_sub_records() {
 #[tokio::test(start_paused = true)]
 async fn shard_end_names_the_children() {
     for report_children in [true, false] {
-        let s = setup(polling().build().expect("config"));
+        let s = setup();
         put_plain(&s, 0..3);
         let kids = s.kinesis.split(STREAM, &s.shard, report_children);
         let mut reader = open(&s, StartPosition::TrimHorizon).await;
@@ -219,7 +226,7 @@ async fn prefetch_is_bounded_in_bytes() {
 
 #[tokio::test(start_paused = true)]
 async fn dropping_the_reader_stops_its_task() {
-    let s = setup(polling().build().expect("config"));
+    let s = setup();
     put_plain(&s, 0..3);
     let mut reader = open(&s, StartPosition::TrimHorizon).await;
     read_n(reader.as_mut(), 3).await;
@@ -231,14 +238,8 @@ async fn dropping_the_reader_stops_its_task() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn opening_with_a_lost_lease_makes_no_call() {
-    let s = setup(polling().build().expect("config"));
-    assert_opening_with_a_lost_lease_makes_no_call(&s).await;
-}
-
-#[tokio::test(start_paused = true)]
 async fn iterators_that_keep_expiring_are_replaced_with_backoff() {
-    let s = setup(polling().build().expect("config"));
+    let s = setup();
     put_plain(&s, 0..5);
     for _ in 0..3 {
         s.fake.inject(Call::GetRecords, Fault::ExpiredIterator);
