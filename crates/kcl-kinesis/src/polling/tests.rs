@@ -8,10 +8,10 @@ use crate::fake::FakeKinesis;
 use crate::faults::{Call, Fault, FaultInjector, Faulty};
 use crate::test_util::readers;
 pub(super) use crate::test_util::readers::{
-    STREAM, after, assert_elapsed, assert_lease_expiry_stops_the_reader,
-    assert_lease_loss_stops_the_reader, assert_reads_in_order, assert_resumes_inside_the_aggregate,
-    expected, held, inside_the_aggregate, open, open_at, payloads, put_aggregate_between,
-    put_plain, read_n, read_plain, read_shard_end,
+    STREAM, after, assert_dropping_the_reader_stops_it, assert_elapsed,
+    assert_lease_expiry_stops_the_reader, assert_lease_loss_stops_the_reader,
+    assert_reads_in_order, assert_resumes_inside_an_aggregate, expected, held, open, open_at,
+    payloads, put_plain, read_n, read_plain, read_shard_end,
 };
 use crate::{KinesisShardSource, PollingConfig};
 
@@ -170,9 +170,7 @@ async fn lease_expiry_stops_the_fetcher_by_itself() {
 #[tokio::test(start_paused = true)]
 async fn resume_inside_an_aggregate_skips_the_done_sub_records() {
     let s = setup();
-    let seq = put_aggregate_between(&s);
-    let mut reader = open(&s, inside_the_aggregate(&seq)).await;
-    assert_resumes_inside_the_aggregate(reader.as_mut(), &seq).await;
+    assert_resumes_inside_an_aggregate(&s).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -227,14 +225,7 @@ async fn prefetch_is_bounded_in_bytes() {
 #[tokio::test(start_paused = true)]
 async fn dropping_the_reader_stops_its_task() {
     let s = setup();
-    put_plain(&s, 0..3);
-    let mut reader = open(&s, StartPosition::TrimHorizon).await;
-    read_n(reader.as_mut(), 3).await;
-    drop(reader);
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    let calls = s.kinesis.get_records_calls();
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(s.kinesis.get_records_calls(), calls);
+    assert_dropping_the_reader_stops_it(&s, || {}, || {}).await;
 }
 
 #[tokio::test(start_paused = true)]

@@ -108,6 +108,30 @@ pub(crate) async fn assert_lease_loss_stops_the_reader<T>(
     );
 }
 
+/// Reads records, then drops the reader: its task stops and makes no
+/// call to Kinesis from then on. `while_open` checks the retrieval before
+/// the drop, `once_dropped` right after it.
+pub(crate) async fn assert_dropping_the_reader_stops_it<T>(
+    s: &Setup<T>,
+    while_open: impl FnOnce(),
+    once_dropped: impl FnOnce(),
+) {
+    put_plain(s, 0..3);
+    let mut reader = open(s, StartPosition::TrimHorizon).await;
+    read_n(reader.as_mut(), 3).await;
+    while_open();
+    drop(reader);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    once_dropped();
+    let calls = reader_calls(&s.source.stats());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        reader_calls(&s.source.stats()),
+        calls,
+        "no call after the drop"
+    );
+}
+
 /// Reads records under a lease that runs out 2 s later and is never
 /// renewed: `stopped` checks, given time past the expiry, that the
 /// retrieval stopped by itself; the next read then fails with `LeaseLost`.
@@ -312,19 +336,23 @@ pub(crate) fn sub_records(n: usize) -> Vec<UserRecord> {
         .collect()
 }
 
-/// Where a reader resumes inside the aggregate `seq` of
-/// [`put_aggregate_between`]: after its sub-record 2.
-pub(crate) fn inside_the_aggregate(seq: &str) -> StartPosition {
-    StartPosition::AfterCheckpoint {
-        seq: seq.to_owned(),
+/// Puts a plain record `before`, an aggregate of five [`sub_records`]
+/// and a plain record `after` on the test's shard, and opens it after a
+/// checkpoint inside the aggregate (after its sub-record 2): the reader
+/// delivers the aggregate's last two sub-records, then the record after
+/// it. Returns the aggregate's sequence number.
+pub(crate) async fn assert_resumes_inside_an_aggregate<T>(s: &Setup<T>) -> String {
+    let (fake, shard) = (&s.kinesis, s.shard.as_str());
+    fake.put(STREAM, shard, "pk", "before");
+    let subs = sub_records(5);
+    let seq = fake.put(STREAM, shard, "pk-0", aggregate(&subs));
+    fake.put(STREAM, shard, "pk", "after");
+    let inside = StartPosition::AfterCheckpoint {
+        seq: seq.clone(),
         sub: 2,
-    }
-}
-
-/// Reads what a reader resumed [`inside_the_aggregate`] `seq` delivers:
-/// the aggregate's last two sub-records, then the record after it.
-pub(crate) async fn assert_resumes_inside_the_aggregate(reader: &mut dyn ShardReader, seq: &str) {
-    let (records, _) = read_n(reader, 3).await;
+    };
+    let mut reader = open(s, inside).await;
+    let (records, _) = read_n(reader.as_mut(), 3).await;
     assert_eq!(payloads(&records), ["sub 3", "sub 4", "after"]);
     assert_eq!(
         records
@@ -332,19 +360,8 @@ pub(crate) async fn assert_resumes_inside_the_aggregate(reader: &mut dyn ShardRe
             .map(|r| (r.sequence_number.as_str(), r.sub_sequence_number))
             .take(2)
             .collect::<Vec<_>>(),
-        [(seq, 3), (seq, 4)]
+        [(seq.as_str(), 3), (seq.as_str(), 4)]
     );
     assert!(records[0].aggregated);
-}
-
-/// Puts a plain record `before`, an aggregate of five
-/// [`sub_records`] and a plain record `after` on the test's shard;
-/// returns the aggregate's sequence number, for a resume inside it.
-pub(crate) fn put_aggregate_between<T>(s: &Setup<T>) -> String {
-    let (fake, shard) = (&s.kinesis, s.shard.as_str());
-    fake.put(STREAM, shard, "pk", "before");
-    let subs = sub_records(5);
-    let seq = fake.put(STREAM, shard, "pk-0", aggregate(&subs));
-    fake.put(STREAM, shard, "pk", "after");
     seq
 }
