@@ -350,6 +350,22 @@ async fn held_lease_with_eo() -> (
     (held.env, held.store, held.checkpointer, eo, held.sink)
 }
 
+/// Asserts that no commit landed: `sink` holds no count, and the stored
+/// checkpoint of [`held_lease`]'s lease is still TRIM_HORIZON.
+async fn assert_nothing_committed(
+    env: &kcl_tests::TestEnv,
+    store: &kcl_dynamodb::DynamoDbLeaseStore,
+    sink: &str,
+) {
+    use kcl_core::store::LeaseStore as _;
+    let counts = counting::counts(env.dynamodb(), sink).await.unwrap();
+    assert!(counts.is_empty(), "no commit landed: {counts:?}");
+    assert_eq!(
+        store.get("shard-1").await.unwrap().unwrap().checkpoint,
+        kcl_core::Checkpoint::TrimHorizon
+    );
+}
+
 fn record(seq: &str, sub: u64) -> kcl::Record {
     kcl::Record {
         data: bytes::Bytes::from_static(b"x"),
@@ -396,7 +412,6 @@ async fn a_commit_moves_the_checkpoint_with_its_writes_at_a_sub_sequence_positio
 #[tokio::test]
 async fn a_failed_condition_of_the_applications_own_writes_writes_nothing() {
     use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem};
-    use kcl_core::store::LeaseStore as _;
     let (env, store, mut cp, eo, sink) = held_lease_with_eo().await;
     let mut tx = kcl::Transaction::new();
     tx.push(put(&sink, "a")).unwrap();
@@ -419,14 +434,7 @@ async fn a_failed_condition_of_the_applications_own_writes_writes_nothing() {
         matches!(e, kcl::TransactionError::ConditionFailed { index: 1, .. }),
         "{e}"
     );
-    let lease = store.get("shard-1").await.unwrap().unwrap();
-    assert_eq!(lease.checkpoint, kcl_core::Checkpoint::TrimHorizon);
-    assert!(
-        counting::counts(env.dynamodb(), &sink)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert_nothing_committed(&env, &store, &sink).await;
 }
 
 #[tokio::test]
@@ -445,16 +453,7 @@ async fn a_stale_tenure_writes_nothing_and_learns_its_lease_is_lost() {
         .await
         .unwrap_err();
     assert!(matches!(e, kcl::TransactionError::LeaseLost { .. }), "{e}");
-    assert!(
-        counting::counts(env.dynamodb(), &sink)
-            .await
-            .unwrap()
-            .is_empty()
-    );
-    assert_eq!(
-        store.get("shard-1").await.unwrap().unwrap().checkpoint,
-        kcl_core::Checkpoint::TrimHorizon
-    );
+    assert_nothing_committed(&env, &store, &sink).await;
 }
 
 #[tokio::test]

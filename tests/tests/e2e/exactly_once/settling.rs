@@ -28,7 +28,7 @@ use kcl_tests::fault_proxy::exchange;
 use kcl_tests::sdk_http::ConnectorClient;
 use kcl_tests::{counting, dynamodb_endpoint};
 
-use super::{Held, held_lease, one_write, put_add, record};
+use super::{Held, assert_nothing_committed, held_lease, one_write, put_add, record};
 
 /// A transaction adding 1 to `key`'s counter: applied twice, it shows.
 fn add_one(table: &str, key: &str) -> Transaction {
@@ -120,15 +120,8 @@ async fn an_attempt_still_in_flight_cannot_land_once_the_commit_is_reported_not_
         assert_eq!(*status, 400, "{body}");
         assert!(body.contains("TransactionCanceledException"), "{body}");
     }
-    let counts = counting::counts(env.dynamodb(), &sink).await.unwrap();
-    assert!(
-        counts.is_empty(),
-        "reported not committed, and none landed: {counts:?}"
-    );
-    assert_eq!(
-        store.get("shard-1").await.unwrap().unwrap().checkpoint,
-        Checkpoint::TrimHorizon
-    );
+    // Reported not committed, and none landed.
+    assert_nothing_committed(&env, &store, &sink).await;
     assert_eq!(checkpointer.last_checkpoint(), &Checkpoint::TrimHorizon);
 
     // The batch comes again: its new commit lands, once, and clears the
