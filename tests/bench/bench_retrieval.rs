@@ -8,12 +8,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
-use aws_sdk_kinesis::primitives::Blob;
 use kcl_core::source::{OpenShard, ShardReader, ShardSource, StartPosition};
 use kcl_core::{Checkpoint, Lease, LeaseHandle};
 use kcl_kinesis::fake::FakeKinesis;
 use kcl_kinesis::{KinesisShardSource, PollingConfig};
-use kcl_tests::latency::{Seen, latency_worker, now_ns, percentile, wait_latencies};
+use kcl_tests::latency::{
+    Seen, latency_worker, percentile, put_one, take_sorted, timed_payload, wait_latencies,
+};
 use kcl_tests::{TestEnv, create_stream, delete_stream, unique_name};
 use tokio::process::Command;
 use tokio::time::Instant;
@@ -42,24 +43,10 @@ pub(crate) async fn polling_pacing() -> anyhow::Result<Section> {
     let stats = worker.source_stats();
     let handle = worker.handle();
     let running = tokio::spawn(worker.run());
-    let put = |payload: String| {
-        let kinesis = kinesis.clone();
-        let stream = stream.clone();
-        async move {
-            kinesis
-                .put_record()
-                .stream_name(stream)
-                .partition_key("pk")
-                .data(Blob::new(payload))
-                .send()
-                .await
-                .context("PutRecord")
-        }
-    };
 
     let deadline = Instant::now() + Duration::from_secs(120);
     while seen.lock().unwrap_or_else(|e| e.into_inner()).warm == 0 {
-        put("warm".into()).await?;
+        put_one(&kinesis, &stream, "pk", "warm".into()).await?;
         ensure!(
             Instant::now() < deadline,
             "the worker read nothing within 120 s"
@@ -74,7 +61,7 @@ pub(crate) async fn polling_pacing() -> anyhow::Result<Section> {
     let started = Instant::now();
     for i in 0..records {
         tokio::time::sleep_until(started + every * u32::try_from(i)?).await;
-        put(format!("lat:{}", now_ns())).await?;
+        put_one(&kinesis, &stream, "pk", timed_payload()).await?;
     }
     let trickle_secs = started.elapsed().as_secs_f64();
     let trickle_calls = stats.snapshot().get_records_calls - before.get_records_calls;
@@ -93,9 +80,7 @@ pub(crate) async fn polling_pacing() -> anyhow::Result<Section> {
     running.await??;
     delete_stream(&kinesis, &stream).await?;
 
-    let mut latencies =
-        std::mem::take(&mut seen.lock().unwrap_or_else(|e| e.into_inner()).latencies);
-    latencies.sort();
+    let latencies = take_sorted(&seen);
     let (p50, p99) = (percentile(&latencies, 50.0), percentile(&latencies, 99.0));
     let trickle_rate = trickle_calls as f64 / trickle_secs;
     let idle_rate = idle_calls as f64 / idle_secs;

@@ -18,9 +18,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use aws_sdk_kinesis::primitives::Blob;
 use kcl::{FanOutConfig, PollingConfig, Retrieval};
-use kcl_tests::latency::{Seen, latency_worker, now_ns, percentile, wait_latencies};
+use kcl_tests::latency::{
+    Seen, latency_worker, now_ns, percentile, put_one, take_sorted, timed_payload, wait_latencies,
+};
 use kcl_tests::{TestEnv, create_stream, delete_stream, unique_name};
 use tokio::time::Instant;
 
@@ -34,23 +35,6 @@ struct Report {
     p90: Duration,
     p99: Duration,
     max: Duration,
-}
-
-async fn put(
-    kinesis: &aws_sdk_kinesis::Client,
-    stream: &str,
-    key: &str,
-    payload: String,
-) -> anyhow::Result<()> {
-    kinesis
-        .put_record()
-        .stream_name(stream)
-        .partition_key(key)
-        .data(Blob::new(payload))
-        .send()
-        .await
-        .with_context(|| format!("PutRecord {stream}"))?;
-    Ok(())
 }
 
 async fn measure(
@@ -77,7 +61,7 @@ async fn measure(
     let warm_deadline = Instant::now() + Duration::from_secs(120);
     loop {
         for key in &keys {
-            put(kinesis, &stream, key, format!("warm:{}", now_ns())).await?;
+            put_one(kinesis, &stream, key, format!("warm:{}", now_ns())).await?;
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
         let warm = seen.lock().unwrap_or_else(|e| e.into_inner()).warm;
@@ -91,7 +75,7 @@ async fn measure(
 
     for i in 0..records {
         let key = &keys[i % keys.len()];
-        put(kinesis, &stream, key, format!("lat:{}", now_ns())).await?;
+        put_one(kinesis, &stream, key, timed_payload()).await?;
         tokio::time::sleep(interval).await;
     }
     if let Err(n) = wait_latencies(&seen, records, Duration::from_secs(60)).await {
@@ -101,9 +85,7 @@ async fn measure(
     running.await??;
     delete_stream(kinesis, &stream).await?;
 
-    let mut latencies =
-        std::mem::take(&mut seen.lock().unwrap_or_else(|e| e.into_inner()).latencies);
-    latencies.sort();
+    let latencies = take_sorted(&seen);
     Ok(Report {
         mode,
         samples: latencies.len(),

@@ -5,6 +5,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use anyhow::Context;
+use aws_sdk_kinesis::primitives::Blob;
 use kcl::{Checkpointer, ProcessorError, RecordBatch, RecordProcessor};
 
 /// Wall-clock nanoseconds since the epoch (the batch logs' clock): put and
@@ -18,6 +20,38 @@ pub struct Seen {
     pub latencies: Vec<Duration>,
     /// Warm-up records seen.
     pub warm: usize,
+}
+
+/// The latencies `seen` recorded so far, sorted, taken out of it.
+pub fn take_sorted(seen: &Mutex<Seen>) -> Vec<Duration> {
+    let mut latencies =
+        std::mem::take(&mut seen.lock().unwrap_or_else(|e| e.into_inner()).latencies);
+    latencies.sort();
+    latencies
+}
+
+/// A measured record's payload: `lat:` and the put time, now.
+pub fn timed_payload() -> String {
+    format!("lat:{}", now_ns())
+}
+
+/// Puts `payload` under `key` alone, with `PutRecord`: a record batched
+/// with others would wait for them, and its latency with it.
+pub async fn put_one(
+    kinesis: &aws_sdk_kinesis::Client,
+    stream: &str,
+    key: &str,
+    payload: String,
+) -> anyhow::Result<()> {
+    kinesis
+        .put_record()
+        .stream_name(stream)
+        .partition_key(key)
+        .data(Blob::new(payload))
+        .send()
+        .await
+        .with_context(|| format!("PutRecord {stream}"))?;
+    Ok(())
 }
 
 /// Records latencies into a shared [`Seen`]; checkpoints every batch.
