@@ -129,11 +129,7 @@ impl RecordProcessor for Logger {
             // Each shard's processor hangs once; the rest of the process
             // (renewals, other shards) stays healthy.
             let marker = serde_json::json!({ "worker": self.ctx.worker_id, "shard": self.ctx.shard_id, "start_ns": start.to_string() });
-            let mut f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&self.hang_marker)?;
-            f.write_all(format!("{marker}\n").as_bytes())?;
+            append(&self.hang_marker, &marker.to_string())?;
             std::future::pending::<()>().await;
         }
         // A little work, so that two workers on one shard would overlap.
