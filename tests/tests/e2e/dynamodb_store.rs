@@ -16,7 +16,7 @@ use kcl_dynamodb::{
     ensure_workers_table,
 };
 use kcl_tests::fault_proxy::{FaultProxy, Faults};
-use kcl_tests::{TestEnv, dynamodb_endpoint, unique_name};
+use kcl_tests::{TestEnv, delete_table, dynamodb_endpoint, unique_name};
 
 async fn env() -> TestEnv {
     match TestEnv::connect().await {
@@ -115,12 +115,7 @@ async fn a_table_created_with_deletion_protection_refuses_deletion() {
         .send()
         .await
         .expect("unprotect");
-    env.dynamodb()
-        .delete_table()
-        .table_name(&table)
-        .send()
-        .await
-        .expect("delete");
+    delete_table(env.dynamodb(), &table).await.expect("delete");
 }
 
 #[tokio::test]
