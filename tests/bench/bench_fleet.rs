@@ -19,7 +19,7 @@ use aws_sdk_kinesis::types::PutRecordsRequestEntry;
 use kcl::{
     Checkpointer, InitialPosition, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
 };
-use kcl_tests::e2e::{BatchLog, Verdict, now_ns, open_log, read_logs, verify};
+use kcl_tests::e2e::{BatchLog, Verdict, now_ns, open_log, read_logs, verify, write_lease_stats};
 use kcl_tests::{
     TestEnv, TestRecord, create_stream, delete_stream, delete_table, put_entries, shard_hash_keys,
     unique_name,
@@ -162,13 +162,7 @@ pub(crate) fn worker_main() -> anyhow::Result<()> {
             .build()?;
         let handle = worker.handle();
         let result = worker.run_until(kcl::shutdown_signal()).await;
-        let s = handle.status().leases;
-        let stats = serde_json::json!({
-            "taken": s.taken, "stolen": s.stolen, "reclaimed": s.reclaimed,
-            "handoffs_completed": s.handoffs_completed, "handoffs_forced": s.handoffs_forced,
-            "handed_off": s.handed_off, "lost": s.lost, "fenced": s.fenced, "released": s.released,
-        });
-        std::fs::write(format!("{out_path}.stats"), stats.to_string())?;
+        write_lease_stats(&handle, &format!("{out_path}.stats"))?;
         result?;
         anyhow::Ok(())
     })

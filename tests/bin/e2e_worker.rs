@@ -54,7 +54,7 @@ use kcl::{
     InitialPosition, KinesisDestination, PoisonPolicy, ProcessorError, RecordBatch,
     RecordProcessor, ShardContext, Worker, WorkerBuilder,
 };
-use kcl_tests::e2e::{BatchLog, now_ns, open_log};
+use kcl_tests::e2e::{BatchLog, now_ns, open_log, write_lease_stats};
 
 struct Logger {
     ctx: ShardContext,
@@ -367,14 +367,7 @@ async fn main() -> anyhow::Result<()> {
     publish_endpoint(&worker, &endpoint_out)?;
     let handle = worker.handle();
     let result = worker.run_until(kcl::shutdown_signal()).await;
-    let s = handle.status().leases;
-    let stats = serde_json::json!({
-        "taken": s.taken, "stolen": s.stolen, "handoffs_completed": s.handoffs_completed,
-        "handoffs_forced": s.handoffs_forced, "handed_off": s.handed_off, "lost": s.lost,
-        "fenced": s.fenced, "released": s.released, "reclaimed": s.reclaimed,
-        "same_id_conflicts": s.same_id_conflicts,
-    });
-    std::fs::write(&stats_path, stats.to_string())?;
+    write_lease_stats(&handle, &stats_path)?;
     result?;
     Ok(())
 }

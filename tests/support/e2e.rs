@@ -573,6 +573,20 @@ impl Producer {
     }
 }
 
+/// Writes the lease counters of `handle`'s worker to `path` as the JSON
+/// object that [`process_stats`] reads: what the worker processes of the
+/// tests and the benchmarks leave at their graceful exit.
+pub fn write_lease_stats(handle: &kcl::WorkerHandle, path: &str) -> std::io::Result<()> {
+    let s = handle.status().leases;
+    let stats = serde_json::json!({
+        "taken": s.taken, "stolen": s.stolen, "handoffs_completed": s.handoffs_completed,
+        "handoffs_forced": s.handoffs_forced, "handed_off": s.handed_off, "lost": s.lost,
+        "fenced": s.fenced, "released": s.released, "reclaimed": s.reclaimed,
+        "same_id_conflicts": s.same_id_conflicts,
+    });
+    std::fs::write(path, stats.to_string())
+}
+
 /// The lease counters an `e2e-worker` process wrote at its graceful exit
 /// (`{id}.jsonl.stats` in `out`); `Null` if it never exited gracefully.
 pub fn process_stats(out: &Path, id: &str) -> serde_json::Value {
