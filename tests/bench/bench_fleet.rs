@@ -19,7 +19,10 @@ use aws_sdk_kinesis::types::PutRecordsRequestEntry;
 use kcl::{
     Checkpointer, InitialPosition, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
 };
-use kcl_tests::e2e::{BatchLog, Verdict, now_ns, open_log, read_logs, verify, write_lease_stats};
+use kcl_tests::e2e::{
+    BatchLog, Verdict, env_millis, now_ns, open_log, read_logs, required_var, verify,
+    write_lease_stats,
+};
 use kcl_tests::{
     TestEnv, TestRecord, create_stream, delete_stream, delete_table, put_entries, shard_hash_keys,
     unique_name,
@@ -115,10 +118,7 @@ pub(crate) const DEFAULTS: WorkerSettings = WorkerSettings {
 };
 
 fn env_ms(name: &str) -> anyhow::Result<Duration> {
-    let v = std::env::var(name).with_context(|| format!("{name} is not set"))?;
-    Ok(Duration::from_millis(
-        v.parse().with_context(|| format!("{name}={v}"))?,
-    ))
+    env_millis(name)?.with_context(|| format!("{name} is not set"))
 }
 
 /// `kcl-bench worker`: one worker, configured by `KCL_BENCH_*`; stops
@@ -128,24 +128,23 @@ pub(crate) fn worker_main() -> anyhow::Result<()> {
         .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "error".into()))
         .with_writer(std::io::stderr)
         .init();
-    let var = |n: &str| std::env::var(n).with_context(|| format!("{n} is not set"));
-    let out_path = var("KCL_BENCH_OUT")?;
-    let checkpoint = var("KCL_BENCH_CHECKPOINT")? == "batch";
+    let out_path = required_var("KCL_BENCH_OUT")?;
+    let checkpoint = required_var("KCL_BENCH_CHECKPOINT")? == "batch";
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     rt.block_on(async {
         let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
         let path = out_path.clone();
-        let worker = kcl::Worker::builder(var("KCL_BENCH_APP")?)
-            .stream(var("KCL_BENCH_STREAM")?)
+        let worker = kcl::Worker::builder(required_var("KCL_BENCH_APP")?)
+            .stream(required_var("KCL_BENCH_STREAM")?)
             .sdk_config(&sdk)
-            .worker_id(var("KCL_BENCH_WORKER_ID")?)
+            .worker_id(required_var("KCL_BENCH_WORKER_ID")?)
             .initial_position(InitialPosition::TrimHorizon)
             .lease_duration(env_ms("KCL_BENCH_LEASE_MS")?)
             .taker_interval(env_ms("KCL_BENCH_TAKER_MS")?)
             .idle_time_between_reads(env_ms("KCL_BENCH_IDLE_MS")?)
-            .renewal(match var("KCL_BENCH_RENEWAL")?.as_str() {
+            .renewal(match required_var("KCL_BENCH_RENEWAL")?.as_str() {
                 "per-lease" => kcl::LeaseRenewal::PerLease,
                 _ => kcl::LeaseRenewal::WorkerLiveness,
             })

@@ -54,7 +54,9 @@ use kcl::{
     InitialPosition, KinesisDestination, PoisonPolicy, ProcessorError, RecordBatch,
     RecordProcessor, ShardContext, Worker, WorkerBuilder,
 };
-use kcl_tests::e2e::{BatchLog, now_ns, open_log, write_lease_stats};
+use kcl_tests::e2e::{
+    BatchLog, env_millis, env_parsed, now_ns, open_log, required_var, write_lease_stats,
+};
 
 struct Logger {
     ctx: ShardContext,
@@ -149,30 +151,6 @@ impl RecordProcessor for Logger {
     }
 }
 
-fn var(name: &str) -> anyhow::Result<String> {
-    std::env::var(name).with_context(|| format!("{name} is not set"))
-}
-
-/// A duration given in milliseconds by `name`, if set.
-fn millis(name: &str) -> anyhow::Result<Option<Duration>> {
-    std::env::var(name)
-        .ok()
-        .map(|v| {
-            v.parse()
-                .map(Duration::from_millis)
-                .with_context(|| format!("{name}={v}"))
-        })
-        .transpose()
-}
-
-/// A socket address given by `name`, if set.
-fn addr(name: &str) -> anyhow::Result<Option<std::net::SocketAddr>> {
-    std::env::var(name)
-        .ok()
-        .map(|v| v.parse().with_context(|| format!("{name}={v}")))
-        .transpose()
-}
-
 /// The processor limits, probes and balancing knobs the observability
 /// tests set (see the module doc); each left at kcl's default when unset.
 fn observability(mut builder: WorkerBuilder) -> anyhow::Result<WorkerBuilder> {
@@ -196,7 +174,7 @@ fn observability(mut builder: WorkerBuilder) -> anyhow::Result<WorkerBuilder> {
         ),
     ];
     for (name, set) in durations {
-        if let Some(d) = millis(name)? {
+        if let Some(d) = env_millis(name)? {
             builder = set(builder, d);
         }
     }
@@ -205,15 +183,12 @@ fn observability(mut builder: WorkerBuilder) -> anyhow::Result<WorkerBuilder> {
         ("KCL_E2E_HEALTH_ADDR", WorkerBuilder::serve_health),
     ];
     for (name, set) in addrs {
-        if let Some(a) = addr(name)? {
+        if let Some(a) = env_parsed(name)? {
             builder = set(builder, a);
         }
     }
-    if let Ok(n) = std::env::var("KCL_E2E_MAX_STEAL") {
-        builder = builder.max_leases_to_steal(
-            n.parse()
-                .with_context(|| format!("KCL_E2E_MAX_STEAL={n}"))?,
-        );
+    if let Some(n) = env_parsed("KCL_E2E_MAX_STEAL")? {
+        builder = builder.max_leases_to_steal(n);
     }
     match std::env::var("KCL_E2E_BALANCE").as_deref() {
         Err(_) => {}
@@ -241,11 +216,11 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,kcl_core=info".into()))
         .with_writer(std::io::stderr)
         .init();
-    let worker_id = var("KCL_E2E_WORKER_ID")?;
-    let out_path = var("KCL_E2E_OUT")?;
+    let worker_id = required_var("KCL_E2E_WORKER_ID")?;
+    let out_path = required_var("KCL_E2E_OUT")?;
     // The processor factory below takes `out_path` itself.
     let endpoint_out = out_path.clone();
-    let every_batch = var("KCL_E2E_CHECKPOINT")? == "batch";
+    let every_batch = required_var("KCL_E2E_CHECKPOINT")? == "batch";
     let checkpoint_at_shutdown = match std::env::var("KCL_E2E_SHUTDOWN_CHECKPOINT").as_deref() {
         Err(_) | Ok("checkpoint") => true,
         Ok("none") => false,
@@ -253,17 +228,9 @@ async fn main() -> anyhow::Result<()> {
             anyhow::bail!("KCL_E2E_SHUTDOWN_CHECKPOINT={other}: expected checkpoint or none")
         }
     };
-    let checkpoint_policy = match std::env::var("KCL_E2E_CHECKPOINT_EVERY_MS") {
-        Err(_) => CheckpointPolicy::every_call(),
-        Ok(ms) => CheckpointPolicy::every(Duration::from_millis(
-            ms.parse()
-                .with_context(|| format!("KCL_E2E_CHECKPOINT_EVERY_MS={ms}"))?,
-        )),
-    };
-    let hang_at: Option<u64> = std::env::var("KCL_E2E_HANG_AT")
-        .ok()
-        .map(|v| v.parse())
-        .transpose()?;
+    let checkpoint_policy = env_millis("KCL_E2E_CHECKPOINT_EVERY_MS")?
+        .map_or_else(CheckpointPolicy::every_call, CheckpointPolicy::every);
+    let hang_at: Option<u64> = env_parsed("KCL_E2E_HANG_AT")?;
     let hang_shard_file = std::env::var_os("KCL_E2E_HANG_SHARD_FILE").map(PathBuf::from);
     let hang_marker = format!("{out_path}.hang");
     let stats_path = format!("{out_path}.stats");
@@ -289,13 +256,12 @@ async fn main() -> anyhow::Result<()> {
             })
             .collect::<anyhow::Result<_>>()?,
     };
-    let lanes: usize = std::env::var("KCL_E2E_LANES").map_or(Ok(1), |v| v.parse())?;
+    let lanes: usize = env_parsed("KCL_E2E_LANES")?.unwrap_or(1);
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let policy = match std::env::var("KCL_E2E_DLQ_STREAM") {
         Err(_) => FailurePolicy::Retry,
         Ok(stream) => {
-            let attempts: u32 =
-                std::env::var("KCL_E2E_MAX_ATTEMPTS").map_or(Ok(3), |v| v.parse())?;
+            let attempts: u32 = env_parsed("KCL_E2E_MAX_ATTEMPTS")?.unwrap_or(3);
             let destination = LoggedDestination {
                 inner: KinesisDestination::new(aws_sdk_kinesis::Client::new(&sdk), stream),
                 hold: std::env::var_os("KCL_E2E_DLQ_HOLD").map(PathBuf::from),
@@ -305,8 +271,8 @@ async fn main() -> anyhow::Result<()> {
         }
     };
     let failures = format!("{out_path}.failures");
-    let builder = Worker::builder(var("KCL_E2E_APP")?)
-        .stream(var("KCL_E2E_STREAM")?)
+    let builder = Worker::builder(required_var("KCL_E2E_APP")?)
+        .stream(required_var("KCL_E2E_STREAM")?)
         .sdk_config(&sdk)
         .worker_id(&worker_id)
         .initial_position(InitialPosition::TrimHorizon)
@@ -334,7 +300,7 @@ async fn main() -> anyhow::Result<()> {
             &std::env::var("KCL_E2E_COUNT_MODE").unwrap_or_else(|_| "exactly-once".into()),
         )?;
         let dynamodb = aws_sdk_dynamodb::Client::new(&sdk);
-        let exactly_once = kcl::ExactlyOnce::new(dynamodb.clone(), var("KCL_E2E_APP")?);
+        let exactly_once = kcl::ExactlyOnce::new(dynamodb.clone(), required_var("KCL_E2E_APP")?);
         let worker = builder
             .processor(move |_: &ShardContext| kcl_tests::counting::Counter {
                 mode,

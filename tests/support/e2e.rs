@@ -573,6 +573,31 @@ impl Producer {
     }
 }
 
+/// The environment variable `name`, which a worker process cannot do
+/// without.
+pub fn required_var(name: &str) -> anyhow::Result<String> {
+    std::env::var(name).with_context(|| format!("{name} is not set"))
+}
+
+/// The environment variable `name` parsed as a `T`, if set; an error
+/// naming the variable and its value when it does not parse.
+pub fn env_parsed<T>(name: &str) -> anyhow::Result<Option<T>>
+where
+    T: std::str::FromStr,
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    std::env::var(name)
+        .ok()
+        .map(|v| v.parse().with_context(|| format!("{name}={v}")))
+        .transpose()
+}
+
+/// A duration given in milliseconds by the environment variable `name`,
+/// if set.
+pub fn env_millis(name: &str) -> anyhow::Result<Option<Duration>> {
+    Ok(env_parsed(name)?.map(Duration::from_millis))
+}
+
 /// Writes the lease counters of `handle`'s worker to `path` as the JSON
 /// object that [`process_stats`] reads: what the worker processes of the
 /// tests and the benchmarks leave at their graceful exit.
