@@ -33,11 +33,13 @@ pub mod latency;
 pub mod sdk_http;
 pub mod skew;
 
-// Streams and tables are created and deleted as the demo does its own.
+// Streams and tables are created and deleted as the demo does its own,
+// and waited for as it waits.
+use kcl_cli::demo::resources::found;
 pub use kcl_cli::demo::resources::{
-    STATUS_TIMEOUT, create_stream, delete_stream, delete_table, wait_for_stream_active,
+    STATUS_TIMEOUT, create_stream, delete_stream, delete_table, until_active,
+    wait_for_stream_active,
 };
-use kcl_cli::demo::resources::{found, until_active};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

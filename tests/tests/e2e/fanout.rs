@@ -20,7 +20,7 @@ use kcl_tests::e2e::{
 };
 use kcl_tests::{
     TestEnv, create_stream, delete_stream, list_all_shards, put_sequenced_records, stream_arn,
-    unique_name,
+    unique_name, until_active,
 };
 
 // ---------------------------------------------------------------------------
@@ -67,23 +67,22 @@ async fn the_emulator_serves_subscribe_to_shard_over_plain_http() -> anyhow::Res
         .context("consumer")?
         .consumer_arn()
         .to_owned();
-    let active = async {
-        loop {
+    let stream_arn = arn.as_str();
+    until_active(
+        "consumer probe",
+        Duration::from_secs(10),
+        move || async move {
             let d = kinesis
                 .describe_stream_consumer()
-                .stream_arn(&arn)
+                .stream_arn(stream_arn)
                 .consumer_name("probe")
                 .send()
                 .await?;
-            if d.consumer_description().map(|c| c.consumer_status())
-                == Some(&ConsumerStatus::Active)
-            {
-                return anyhow::Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), active).await??;
+            Ok(d.consumer_description().map(|c| c.consumer_status())
+                == Some(&ConsumerStatus::Active))
+        },
+    )
+    .await?;
     let again = kinesis
         .register_stream_consumer()
         .stream_arn(&arn)
