@@ -20,7 +20,7 @@ use kcl::{
     Checkpointer, InitialPosition, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
 };
 use kcl_tests::e2e::{
-    BatchLog, Verdict, env_millis, now_ns, open_log, read_logs, required_var, verify,
+    BatchLog, Verdict, env_millis, now_ns, open_log, read_logs, required_var, signal, verify,
     write_lease_stats,
 };
 use kcl_tests::{
@@ -259,12 +259,8 @@ impl Fleet {
     }
 
     fn sigterm(&self, id: &str) -> anyhow::Result<()> {
-        let pid = self.pid(id).context("no such worker")?;
-        let status = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()?;
-        ensure!(status.success(), "kill -TERM {pid} failed");
-        Ok(())
+        let p = self.procs.iter().find(|p| p.id == id);
+        signal(&p.context("no such worker")?.child, "-TERM")
     }
 
     /// SIGTERM to every process, and a bounded wait for each to exit.

@@ -361,16 +361,22 @@ impl WorkerProcessConfig {
     }
 }
 
+/// Sends `child` the signal `sig` (`kill`'s flag: `-TERM`, `-STOP`, ...).
+pub fn signal(child: &Child, sig: &str) -> anyhow::Result<()> {
+    let pid = child.id().context("process already reaped")?;
+    let status = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()?;
+    if !status.success() {
+        bail!("kill {sig} {pid} failed");
+    }
+    Ok(())
+}
+
 impl WorkerProcess {
     /// Sends SIGTERM and waits for a clean exit (bounded).
     pub async fn terminate(&mut self, within: Duration) -> anyhow::Result<()> {
-        let pid = self.child.id().context("process already reaped")?;
-        let status = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()?;
-        if !status.success() {
-            bail!("kill -TERM {pid} failed");
-        }
+        signal(&self.child, "-TERM")?;
         let exit = tokio::time::timeout(within, self.child.wait())
             .await
             .with_context(|| format!("{} did not exit within {within:?} of SIGTERM", self.id))??;

@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use kcl_tests::e2e::{
-    BatchLog, CheckpointMode, Scenario, WorkerProcess, WorkerProcessConfig, now_ns, out_dir,
+    self, BatchLog, CheckpointMode, Scenario, WorkerProcess, WorkerProcessConfig, now_ns, out_dir,
     read_logs, verify,
 };
 use kcl_tests::fault_proxy::{FaultCounts, FaultProxy, Faults};
@@ -365,12 +365,10 @@ struct DriverCounts {
     blackholes: u64,
 }
 
+/// Sends `process` the signal `sig`; one that already exited on its own
+/// (counted apart) has nothing left to signal.
 fn signal(process: &WorkerProcess, sig: &str) {
-    if let Some(pid) = process.child.id() {
-        let _ = std::process::Command::new("kill")
-            .args([sig, &pid.to_string()])
-            .status();
-    }
+    let _ = e2e::signal(&process.child, sig);
 }
 
 /// Starts, stops and restarts the worker processes.

@@ -17,6 +17,7 @@ use kcl::{
     Worker,
 };
 use kcl_dynamodb::DynamoDbLeaseStore;
+use kcl_tests::e2e::signal;
 use kcl_tests::{
     SentRecord, TestEnv, TestRecord, create_lease_table, create_stream, dynamodb_endpoint,
     put_records, unique_name,
@@ -552,12 +553,7 @@ impl Consumer {
 
     /// SIGTERM, then a clean exit within `within`.
     async fn terminate(mut self, within: Duration) -> Vec<Value> {
-        let pid = self.child.id().unwrap().to_string();
-        let killed = std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap();
-        assert!(killed.success());
+        signal(&self.child, "-TERM").unwrap();
         let status = tokio::time::timeout(within, self.child.wait())
             .await
             .unwrap_or_else(|_| panic!("not stopped within {within:?} of SIGTERM"))

@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use kcl::{Checkpointer, ExactlyOnce, InitialPosition, Worker};
 use kcl_tests::counting::{self, Counter, Mode};
-use kcl_tests::e2e::{CheckpointMode, KEYS, LEASE, Producer, Scenario, WorkerProcess, out_dir};
+use kcl_tests::e2e::{
+    CheckpointMode, KEYS, LEASE, Producer, Scenario, WorkerProcess, out_dir, signal,
+};
 use kcl_tests::fault_proxy::{FaultProxy, Faults};
 use kcl_tests::{dynamodb_endpoint, unique_name};
 use tokio::time::Instant;
@@ -162,15 +164,6 @@ impl Run {
     }
 }
 
-fn signal(p: &WorkerProcess, sig: &str) {
-    let pid = p.child.id().expect("running").to_string();
-    let status = std::process::Command::new("kill")
-        .args([sig, &pid])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill {sig} {pid}");
-}
-
 /// Waits for the process that stalled at `Counter::stall_once` to say so:
 /// its pid and the records of the batch it counted.
 async fn stalled_at(path: &std::path::Path) -> (u32, u64) {
@@ -232,10 +225,10 @@ async fn chaos_run(mode: Mode) -> Run {
             workers[i] = config.spawn(ids[i]).unwrap();
             tokio::time::sleep(Duration::from_secs(2)).await;
         } else {
-            signal(&workers[i], "-STOP");
+            signal(&workers[i].child, "-STOP").unwrap();
             pauses += 1;
             tokio::time::sleep(LEASE + Duration::from_secs(3)).await;
-            signal(&workers[i], "-CONT");
+            signal(&workers[i].child, "-CONT").unwrap();
         }
     }
     let produced = producer.stop(&mut s).await;
