@@ -662,13 +662,15 @@ pub async fn wait_complete(
 
 /// Waits until the batch logs in `out` hold every produced record (at
 /// most `limit`), then stops `procs` with SIGTERM (each within 30 s), and
-/// returns the logged batches: the end of most process scenarios.
+/// checks the batches: the end of most process scenarios, as
+/// [`complete_then_shut_down`] is of the in-process ones. The batches and
+/// the verdict.
 pub async fn wait_complete_then_terminate<'a>(
     out: &Path,
     per_key: u64,
     limit: Duration,
     procs: impl IntoIterator<Item = &'a mut WorkerProcess>,
-) -> Vec<BatchLog> {
+) -> (Vec<BatchLog>, Verdict) {
     let batches = wait_complete(
         || read_logs(out).expect("the batch logs are readable"),
         per_key,
@@ -680,7 +682,8 @@ pub async fn wait_complete_then_terminate<'a>(
             .await
             .expect("the worker process stops on SIGTERM");
     }
-    batches
+    let verdict = verify(&batches, KEYS, per_key);
+    (batches, verdict)
 }
 
 /// Waits until no lease is owned by `gone` and every lease has an owner.

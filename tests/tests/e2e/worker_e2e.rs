@@ -98,9 +98,8 @@ async fn three_worker_processes(mode: Mode) {
     wait_all_owned_by(&s, &["p-1", "p-2", "p-3"].into(), 1).await;
     s.produce_paced(3, 25, Duration::from_secs(1)).await;
     let per_key = s.produced;
-    let batches =
+    let (_, verdict) =
         wait_complete_then_terminate(&out, per_key, Duration::from_secs(90), &mut procs).await;
-    let verdict = verify(&batches, KEYS, per_key);
     println!(
         "3 processes: per worker {:?}, duplicates {}",
         verdict.per_worker, verdict.duplicates
@@ -136,14 +135,14 @@ async fn spawn_holding(
 async fn survivors_complete(s: &mut Scenario, out: &Path, procs: &mut [WorkerProcess]) -> Verdict {
     s.produce(30).await;
     let per_key = s.produced;
-    let batches = wait_complete_then_terminate(
+    let (_, verdict) = wait_complete_then_terminate(
         out,
         per_key,
         Duration::from_secs(90),
         procs.iter_mut().take(2),
     )
     .await;
-    verify(&batches, KEYS, per_key)
+    verdict
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
