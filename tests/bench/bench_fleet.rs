@@ -20,14 +20,14 @@ use kcl::{
     Checkpointer, InitialPosition, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
 };
 use kcl_tests::e2e::{
-    BatchLog, Verdict, env_millis, now_ns, open_log, read_logs, required_var, signal, verify,
-    write_lease_stats,
+    BatchLog, Verdict, WorkerProcess, env_millis, now_ns, open_log, read_logs, required_var,
+    signal, verify, write_lease_stats,
 };
 use kcl_tests::{
     TestEnv, TestRecord, create_stream, delete_stream, delete_table, put_entries, shard_hash_keys,
     unique_name,
 };
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -171,11 +171,6 @@ pub(crate) fn worker_main() -> anyhow::Result<()> {
 // Fleets, streams, production
 // ---------------------------------------------------------------------------
 
-struct Process {
-    id: String,
-    child: Child,
-}
-
 /// A stream, an application and its worker processes.
 pub(crate) struct Fleet {
     pub(crate) env: TestEnv,
@@ -186,7 +181,7 @@ pub(crate) struct Fleet {
     pub(crate) shards: Vec<(String, String)>,
     pub(crate) out: PathBuf,
     settings: WorkerSettings,
-    procs: Vec<Process>,
+    procs: Vec<WorkerProcess>,
     /// More environment for the worker processes (`KCL_BENCH_BALANCE`).
     pub(crate) extra_env: Vec<(String, String)>,
 }
@@ -235,7 +230,7 @@ impl Fleet {
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("starting {} worker", self.exe.display()))?;
-        self.procs.push(Process {
+        self.procs.push(WorkerProcess {
             id: id.to_owned(),
             child,
         });
@@ -253,9 +248,7 @@ impl Fleet {
 
     async fn kill(&mut self, id: &str) -> anyhow::Result<()> {
         let i = self.index(id).context("no such worker")?;
-        let mut p = self.procs.remove(i);
-        p.child.kill().await?;
-        Ok(())
+        self.procs.remove(i).kill().await
     }
 
     fn sigterm(&self, id: &str) -> anyhow::Result<()> {
@@ -266,13 +259,10 @@ impl Fleet {
     /// SIGTERM to every process, and a bounded wait for each to exit.
     pub(crate) async fn stop_all(&mut self) -> anyhow::Result<()> {
         for p in &self.procs {
-            self.sigterm(&p.id)?;
+            signal(&p.child, "-TERM")?;
         }
         for mut p in self.procs.drain(..) {
-            let status = tokio::time::timeout(Duration::from_secs(40), p.child.wait())
-                .await
-                .with_context(|| format!("{} did not exit within 40 s of SIGTERM", p.id))??;
-            ensure!(status.success(), "{} exited with {status}", p.id);
+            p.exited_cleanly(Duration::from_secs(40)).await?;
         }
         Ok(())
     }
@@ -1252,11 +1242,7 @@ pub(crate) async fn graceful_pickup_at_defaults(exe: &Path) -> anyhow::Result<Se
         times.push(took as f64 / 1e9);
         let i = fleet.index(&victim).context("victim")?;
         let mut p = fleet.procs.remove(i);
-        let status = tokio::time::timeout(Duration::from_secs(40), p.child.wait()).await??;
-        ensure!(
-            status.success(),
-            "{victim} exited with {status} after SIGTERM"
-        );
+        p.exited_cleanly(Duration::from_secs(40)).await?;
         exits.push(((now_ns() - t0) as f64) / 1e9);
     }
     let (_, verdict) = fleet

@@ -377,6 +377,12 @@ impl WorkerProcess {
     /// Sends SIGTERM and waits for a clean exit (bounded).
     pub async fn terminate(&mut self, within: Duration) -> anyhow::Result<()> {
         signal(&self.child, "-TERM")?;
+        self.exited_cleanly(within).await
+    }
+
+    /// Waits, up to `within`, for the process told to stop (a SIGTERM) to
+    /// exit, and checks that it exited cleanly.
+    pub async fn exited_cleanly(&mut self, within: Duration) -> anyhow::Result<()> {
         let exit = tokio::time::timeout(within, self.child.wait())
             .await
             .with_context(|| format!("{} did not exit within {within:?} of SIGTERM", self.id))??;
