@@ -41,14 +41,22 @@ impl Bill {
             .fetch_add(bytes.div_ceil(1024).max(1) as u64, Ordering::Relaxed);
     }
 
-    /// One request writing `items` lease items (a checkpoint's is under
-    /// 1 KB): billed per item, as single writes are.
+    /// Writes of `items` lease items together (a checkpoint's is under
+    /// 1 KB): one request per [`BATCH_STATEMENTS`], billed per item, as
+    /// single writes are.
     fn write_items(&self, items: usize) {
-        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.requests.fetch_add(
+            items.div_ceil(BATCH_STATEMENTS).max(1) as u64,
+            Ordering::Relaxed,
+        );
         self.write_units
             .fetch_add(items.max(1) as u64, Ordering::Relaxed);
     }
 }
+
+/// The most statements DynamoDB takes in one `BatchExecuteStatement`
+/// request, what a store writing checkpoints together sends at once.
+const BATCH_STATEMENTS: usize = 25;
 
 /// The size DynamoDB counts for a number attribute's value.
 fn number_bytes(n: u64) -> usize {
@@ -220,5 +228,34 @@ super::decorate! {
                 page
             })
             .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::memory::InMemoryLeaseStore;
+    use crate::store::{CheckpointUpdate, CheckpointWrite, Holder, LeaseStore};
+
+    /// DynamoDB takes 25 statements a request: 30 checkpoints written
+    /// together are two requests, billed one write unit each.
+    #[tokio::test]
+    async fn checkpoints_written_together_bill_a_request_per_25() {
+        let bill = Arc::new(Bill::default());
+        let store = CostedStore::new(InMemoryLeaseStore::new(), Arc::clone(&bill));
+        let keys: Vec<String> = (0..30).map(|i| format!("s{i}")).collect();
+        let update = CheckpointUpdate::to(Checkpoint::at("1", 0));
+        let writes: Vec<CheckpointWrite<'_>> = keys
+            .iter()
+            .map(|key| CheckpointWrite {
+                key,
+                by: Holder::new("a", "t"),
+                update: &update,
+            })
+            .collect();
+        let answers = store.checkpoint_many(&writes).await.expect("answered");
+        assert_eq!(answers.len(), 30);
+        let billed = bill.snapshot();
+        assert_eq!((billed.requests, billed.write_units), (2, 30));
     }
 }
