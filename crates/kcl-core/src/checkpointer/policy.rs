@@ -13,6 +13,11 @@
 //! period: up to two right after a take, see [`Pacing::align_to`], plus
 //! the short wait while a worker's due positions are gathered into one
 //! request), never what a graceful stop or a handoff repeats (none).
+//!
+//! Under every policy, writing every call included, a write that fails
+//! (other than for a lost lease) keeps its position as the latest asked
+//! for: the processor sees the error, and the next fetch's flush, or the
+//! end of the tenure, writes that position again.
 
 use std::time::Duration;
 
@@ -133,7 +138,7 @@ impl Pacing {
 
     /// True if a write asked for at `now` is to wait.
     pub(crate) fn defers(&self, now: Instant) -> bool {
-        if self.policy.is_every_call() || self.immediate {
+        if self.writes_every_call() {
             return false;
         }
         let Some(last) = self.last_write else {
