@@ -113,10 +113,27 @@ pub async fn a_hand_back_is_a_handoff_to_nobody_the_holder_drains<S: LeaseStore 
         ),
         (None, Some("a"))
     );
+    // And still none after each of the holder's own writes.
+    assert_refused(
+        store,
+        "s",
+        a_in("i1.2"),
+        &[Write::Checkpoint],
+        "another tenure",
+    )
+    .await;
     store
         .checkpoint("s", a_in("i1.1"), &cp("9"))
         .await
         .expect("the holder checkpoints while it drains");
+    assert_refused(
+        store,
+        "s",
+        a_in("i1.2"),
+        &[Write::CompleteHandoff],
+        "another tenure",
+    )
+    .await;
     let done = store
         .complete_handoff("s", a_in("i1.1"))
         .await
