@@ -12,7 +12,7 @@ use super::settle::{Verdict, verdict};
 use super::{Commit, ExactlyOnce, Outcome, TransactionError};
 
 impl ExactlyOnce {
-    /// Sends `items` until an attempt has a verdict, the retries are spent,
+    /// Sends `commit` until an attempt has a verdict, the retries are spent,
     /// or no retry could start before `until`.
     pub(super) async fn send_attempts(&self, commit: &Commit<'_>, until: Instant) -> Outcome {
         let mut pauses = self.backoff.pauses();

@@ -215,11 +215,7 @@ fn request(table: &str, w: &CheckpointWrite<'_>) -> Option<BatchStatementRequest
 /// the key, with `attribute_not_exists(#a)` as `"a" IS MISSING`. `None`
 /// for anything else (a function such as `contains`, an assignment that is
 /// not a plain value).
-pub(super) fn statement(
-    table: &str,
-    key: &str,
-    u: &Update,
-) -> Option<(String, Vec<AttributeValue>)> {
+fn statement(table: &str, key: &str, u: &Update) -> Option<(String, Vec<AttributeValue>)> {
     let quoted = |placeholder: &str| Some(format!("\"{}\"", u.names.get(placeholder)?));
     let mut parameters = Vec::new();
     let mut statement = format!("UPDATE \"{table}\"");
