@@ -347,7 +347,24 @@ async fn batched(
     through: Arc<dyn LeaseStore>,
     n: usize,
 ) -> Vec<Checkpointer> {
-    let batcher = Batcher::new(Arc::clone(&through), Duration::from_secs(5));
+    batched_under(
+        store,
+        through,
+        n,
+        CheckpointPolicy::every(Duration::from_secs(5)),
+    )
+    .await
+}
+
+/// [`batched`] under `policy`, its batcher on the policy's period.
+async fn batched_under(
+    store: &InMemoryLeaseStore,
+    through: Arc<dyn LeaseStore>,
+    n: usize,
+    policy: CheckpointPolicy,
+) -> Vec<Checkpointer> {
+    let period = policy.period().expect("a policy with a period");
+    let batcher = Batcher::new(Arc::clone(&through), period);
     let mut cps = Vec::new();
     for i in 0..n {
         let lease = store
@@ -358,7 +375,7 @@ async fn batched(
         let handle = LeaseHandle::detached(lease, Duration::from_secs(60));
         cps.push(
             Checkpointer::for_test(Arc::clone(&through), handle)
-                .with_policy(CheckpointPolicy::every(Duration::from_secs(5)))
+                .with_policy(policy)
                 .with_batcher(Some(batcher.clone())),
         );
     }
@@ -457,8 +474,8 @@ async fn a_batched_write_on_a_lost_lease_stops_the_shard_and_a_failed_one_is_ret
         cp.flush_due().await.unwrap();
         assert!(cp.in_flight.is_some());
     }
-    // The memory store writes a batch one by one: both writes fail in the
-    // batch, and are written again alone.
+    // The memory store writes a batch as single writes side by side: both
+    // fail in the batch, and are written again alone.
     for _ in 0..2 {
         store.inject(
             StoreOp::Checkpoint,
@@ -532,12 +549,10 @@ async fn a_cut_tenure_ending_write_leaves_the_latest_position_for_the_last_flush
 #[tokio::test(start_paused = true)]
 async fn records_delivered_while_a_position_is_in_flight_count_towards_the_next() {
     let store = InMemoryLeaseStore::new();
-    let batcher = Batcher::new(Arc::new(store.clone()), Duration::from_secs(60));
-    let mut cps = batched(&store, Arc::new(store.clone()), 1).await;
-    let mut cp = cps
-        .remove(0)
-        .with_policy(CheckpointPolicy::every(Duration::from_secs(60)).or_every_records(10))
-        .with_batcher(Some(batcher));
+    let policy = CheckpointPolicy::every(Duration::from_secs(60)).or_every_records(10);
+    let mut cp = batched_under(&store, Arc::new(store.clone()), 1, policy)
+        .await
+        .remove(0);
     deliver_and_checkpoint(&mut cp, "100", 0).await;
     for i in 0..10 {
         cp.count_dispatched(1);
