@@ -74,8 +74,8 @@ impl PollingReader {
         };
         let mut from = start.iterator.clone();
         let next = ctx.first_iterator(&mut from).await?;
-
-        let reader = TaskReader::spawn(
+        debug!(stream = %ctx.stream, shard = %ctx.shard_id, "polling reader started");
+        Ok(TaskReader::spawn(
             ctx.stream.clone(),
             ctx.shard_id.clone(),
             ctx.lease.clone(),
@@ -90,15 +90,13 @@ impl PollingReader {
                     pipeline: records,
                     next,
                     last_call: None,
-                    ctx: ctx.clone(),
+                    ctx,
                 };
                 // The fetch task logs under the consumer's span (worker,
                 // stream, shard).
                 fetcher.run(stop).in_current_span()
             },
-        );
-        debug!(stream = %ctx.stream, shard = %ctx.shard_id, "polling reader started");
-        Ok(reader)
+        ))
     }
 }
 
