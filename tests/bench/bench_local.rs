@@ -256,11 +256,11 @@ const DEAGG_BUDGET: Duration = Duration::from_millis(2_000);
 
 pub(crate) fn deaggregation() -> Section {
     let mut s = Section::new("KPL de-aggregation");
-    s.what = "The cases of `cargo bench -p kcl-kinesis --features test-util` \
-         (crates/kcl-kinesis/benches/deaggregate.rs), \
+    s.what =
+        "The cases of `cargo bench -p kcl-kinesis` (crates/kcl-kinesis/benches/deaggregate.rs), \
               run by the same code: a `GetRecords` batch cloned (as the retrieval path does) and \
               de-aggregated, for a fixed time budget."
-        .into();
+            .into();
     let agg = batches::aggregated(100, 100, 100);
     for (name, d) in [
         (

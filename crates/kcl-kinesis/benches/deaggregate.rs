@@ -1,6 +1,6 @@
-//! De-aggregation throughput. Run with
-//! `cargo bench -p kcl-kinesis --features test-util` (the batches and the
-//! timing loop are `kcl_kinesis::batches`, which `make bench` runs too).
+//! De-aggregation throughput. Run with `cargo bench -p kcl-kinesis` (the
+//! batches and the timing loop are `kcl_kinesis::batches`, which `make
+//! bench` runs too).
 //!
 //! A plain `harness = false` main: each case runs for a fixed wall-clock
 //! budget after a short warm-up and prints records/s and MB/s of input.

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use crate::kpl::{self, Deaggregator, RawRecord, UserRecord};
 
 /// A batch as one `GetRecords` call would return it.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Batch {
     /// The records as fetched, aggregates or plain.
     pub raws: Vec<RawRecord>,
@@ -22,7 +22,7 @@ pub struct Batch {
 }
 
 /// The `i`-th fetched record of a batch, carrying `data`.
-pub fn fetched(i: usize, data: Bytes) -> RawRecord {
+fn fetched(i: usize, data: Bytes) -> RawRecord {
     RawRecord {
         data,
         partition_key: format!("partition-{i}"),

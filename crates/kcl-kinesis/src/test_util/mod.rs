@@ -5,8 +5,8 @@
 //! and the de-aggregation benchmarks' batches ([`batches`]).
 //!
 //! The public parts are re-exported at the crate root as `kcl_kinesis::fake`,
-//! `kcl_kinesis::faults` and `kcl_kinesis::batches`, the paths tests and
-//! benchmarks name.
+//! `kcl_kinesis::faults`, `kcl_kinesis::batches` and
+//! `kcl_kinesis::held_bytes`, the paths tests and benchmarks name.
 
 pub mod batches;
 pub mod fake;
