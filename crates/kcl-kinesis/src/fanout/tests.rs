@@ -78,7 +78,15 @@ pub(super) async fn put_one_per_event(s: &Setup, n: usize) {
     }
 }
 
-readers::tests_every_reader_passes!();
+#[tokio::test(start_paused = true)]
+async fn opening_with_a_lost_lease_makes_no_call() {
+    readers::assert_opening_with_a_lost_lease_makes_no_call(&setup()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_parent_ends_with_its_children() {
+    readers::assert_an_expired_parent_ends_with_its_children(&setup()).await;
+}
 
 #[tokio::test(start_paused = true)]
 async fn reads_every_record_in_order_through_one_subscription() {

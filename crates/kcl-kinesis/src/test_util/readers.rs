@@ -161,49 +161,32 @@ pub(crate) async fn assert_a_trimmed_checkpoint_resumes_at_the_horizon<T>(s: &Se
     assert_eq!(s.source.stats().trimmed_starts, 1);
 }
 
-/// The reader tests every retrieval passes alike, written once: each
-/// suite instantiates them over its own `setup()`.
-macro_rules! tests_every_reader_passes {
-    () => {
-        /// Opening the test's shard under a lease that already ended fails
-        /// with `LeaseLost` before any call to Kinesis.
-        #[tokio::test(start_paused = true)]
-        async fn opening_with_a_lost_lease_makes_no_call() {
-            use $crate::test_util::readers::*;
-            let s = setup();
-            let lease = held(&s.shard);
-            lease.end_for_test(kcl_core::leases::EndReason::Lost);
-            let err = open_at(&s, &s.shard, StartPosition::TrimHorizon, lease)
-                .await
-                .expect_err("lease lost");
-            assert!(
-                matches!(err, kcl_core::source::SourceError::LeaseLost { .. }),
-                "{err:?}"
-            );
-            assert_eq!(reader_calls(&s.source.stats()), 0);
-        }
-
-        /// A split parent that aged out of retention: the first batch is
-        /// its end, with no record, naming its children, and the expired
-        /// shard is counted.
-        #[tokio::test(start_paused = true)]
-        async fn an_expired_parent_ends_with_its_children() {
-            use $crate::test_util::readers::*;
-            let s = setup();
-            put_plain(&s, 0..3);
-            let kids = s.kinesis.split(STREAM, &s.shard, true);
-            s.kinesis.expire(STREAM, &s.shard);
-            let mut reader = open(&s, StartPosition::TrimHorizon).await;
-            let batch = reader.next_batch().await.expect("the end");
-            assert!(batch.records.is_empty(), "its records are gone");
-            let children = batch.shard_end.expect("SHARD_END, not an error");
-            let ids: Vec<&str> = children.iter().map(|c| c.shard_id.as_str()).collect();
-            assert_eq!(ids, kids.iter().map(String::as_str).collect::<Vec<_>>());
-            assert_eq!(s.source.stats().expired_shards, 1);
-        }
-    };
+/// Opening the test's shard under a lease that already ended fails with
+/// `LeaseLost` before any call to Kinesis.
+pub(crate) async fn assert_opening_with_a_lost_lease_makes_no_call<T>(s: &Setup<T>) {
+    let lease = held(&s.shard);
+    lease.end_for_test(EndReason::Lost);
+    let err = open_at(s, &s.shard, StartPosition::TrimHorizon, lease)
+        .await
+        .expect_err("lease lost");
+    assert!(matches!(err, SourceError::LeaseLost { .. }), "{err:?}");
+    assert_eq!(reader_calls(&s.source.stats()), 0);
 }
-pub(crate) use tests_every_reader_passes;
+
+/// A split parent that aged out of retention: the first batch is its end,
+/// with no record, naming its children, and the expired shard is counted.
+pub(crate) async fn assert_an_expired_parent_ends_with_its_children<T>(s: &Setup<T>) {
+    put_plain(s, 0..3);
+    let kids = s.kinesis.split(STREAM, &s.shard, true);
+    s.kinesis.expire(STREAM, &s.shard);
+    let mut reader = open(s, StartPosition::TrimHorizon).await;
+    let batch = reader.next_batch().await.expect("the end");
+    assert!(batch.records.is_empty(), "its records are gone");
+    let children = batch.shard_end.expect("SHARD_END, not an error");
+    let ids: Vec<&str> = children.iter().map(|c| c.shard_id.as_str()).collect();
+    assert_eq!(ids, kids.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(s.source.stats().expired_shards, 1);
+}
 
 /// A lease on `shard`, valid for `valid_for`.
 pub(crate) fn handle(shard: &str, valid_for: Duration) -> LeaseHandle {
