@@ -6,7 +6,11 @@
 //! out to a destination before the checkpoint passes them.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+// Only the processors' shared pieces, not the coordinator simulation of
+// `common`, which this binary does not use.
+#[allow(dead_code, unreachable_pub)]
+#[path = "common/processing.rs"]
+mod processing;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -15,7 +19,6 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use common::processing::{Collect, Processed, STREAM, take_one};
 use kcl_core::checkpointer::Checkpointer;
 use kcl_core::poison::{FailureReason, PoisonPolicy};
 use kcl_core::processor::{
@@ -25,6 +28,7 @@ use kcl_core::source::memory::InMemoryShardSource;
 use kcl_core::test_util::fleet::{self, parse};
 use kcl_core::worker::{StreamSpec, WorkerConfig};
 use kcl_core::{Checkpoint, LeaseConfig, LeaseLayout, LeaseStore};
+use processing::{Collect, Processed, STREAM, take_one};
 use proptest::prelude::*;
 use tokio::time::{Instant, sleep};
 

@@ -7,14 +7,17 @@
 //! while it holds a full window, so the shard is never frozen.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+// Only the processors' shared pieces, not the coordinator simulation of
+// `common`, which this binary does not use.
+#[allow(dead_code, unreachable_pub)]
+#[path = "common/processing.rs"]
+mod processing;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use common::processing::{Processed, STREAM};
 use kcl_core::checkpointer::{Checkpointer, MAX_LANE_RECORDS_IN_FLIGHT};
 use kcl_core::processor::{
     FailurePolicy, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
@@ -24,6 +27,7 @@ use kcl_core::store::memory::InMemoryLeaseStore;
 use kcl_core::test_util::fleet;
 use kcl_core::worker::{WorkerError, WorkerHandle};
 use kcl_core::{Checkpoint, LeaseConfig, Record};
+use processing::{Processed, STREAM};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 

@@ -3,13 +3,16 @@
 //! in-memory store and source under a paused clock.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+// Only the processors' shared pieces, not the coordinator simulation of
+// `common`, which this binary does not use.
+#[allow(dead_code, unreachable_pub)]
+#[path = "common/processing.rs"]
+mod processing;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use common::processing::STREAM;
 use kcl_core::checkpointer::Checkpointer;
 use kcl_core::processor::{ProcessorError, RecordBatch, RecordProcessor, ShardContext};
 use kcl_core::source::memory::InMemoryShardSource;
@@ -18,6 +21,7 @@ use kcl_core::store::memory::InMemoryLeaseStore;
 use kcl_core::test_util::fleet;
 use kcl_core::worker::{StreamSpec, WorkerConfig, WorkerConfigBuilder, WorkerHandle};
 use kcl_core::{LeaseConfig, LeaseLayout};
+use processing::STREAM;
 use tokio::sync::Notify;
 use tokio::time::sleep;
 

@@ -5,7 +5,11 @@
 //! children, failure policies.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+// Only the processors' shared pieces, not the coordinator simulation of
+// `common`, which this binary does not use.
+#[allow(dead_code, unreachable_pub)]
+#[path = "common/processing.rs"]
+mod processing;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -13,7 +17,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use common::processing::{STREAM, take_one};
 use kcl_core::checkpointer::CheckpointPolicy;
 use kcl_core::checkpointer::Checkpointer;
 use kcl_core::processor::{
@@ -27,6 +30,7 @@ use kcl_core::store::metered::{MeteredStore, StoreStats};
 use kcl_core::test_util::fleet;
 use kcl_core::worker::{StreamSpec, Worker, WorkerConfig, WorkerError};
 use kcl_core::{Checkpoint, LeaseConfig, LeaseLayout, LeaseStore};
+use processing::{STREAM, take_one};
 use tokio::time::{Instant, sleep};
 
 const TICK: Duration = Duration::from_secs(10);
