@@ -236,7 +236,11 @@ fn merge(
         };
         doc.report.sections.insert((*name).to_owned(), recorded);
         for (name, value) in &s.figures {
-            let unit = s.units.get(name).copied().unwrap_or_default();
+            let unit = s
+                .units
+                .get(name)
+                .copied()
+                .expect("Section::figure records a unit");
             doc.figures.insert(
                 name.clone(),
                 figures::Figure {

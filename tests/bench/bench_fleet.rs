@@ -238,7 +238,7 @@ impl Fleet {
     }
 
     fn pid(&self, id: &str) -> Option<u32> {
-        self.procs.iter().find(|p| p.id == id)?.child.id()
+        self.procs[self.index(id)?].child.id()
     }
 
     /// Where the process of worker `id` is in `procs`.
@@ -252,8 +252,8 @@ impl Fleet {
     }
 
     fn sigterm(&self, id: &str) -> anyhow::Result<()> {
-        let p = self.procs.iter().find(|p| p.id == id);
-        signal(&p.context("no such worker")?.child, "-TERM")
+        let i = self.index(id).context("no such worker")?;
+        signal(&self.procs[i].child, "-TERM")
     }
 
     /// SIGTERM to every process, and a bounded wait for each to exit.
