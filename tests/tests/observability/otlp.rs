@@ -163,8 +163,10 @@ async fn a_worker_pushes_its_metrics_to_an_otlp_collector() {
     // A periodic export (not only the final one) carries every record.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let exported = accepted(&collector)
-            .last()
+        let exported = collector
+            .received()
+            .iter()
+            .rfind(|r| r.status == 200)
             .map_or(0, |e| records_processed(&e.body, &stream));
         if exported == RECORDS {
             break;
