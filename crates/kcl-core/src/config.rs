@@ -187,117 +187,74 @@ impl LeaseConfigBuilder {
         self.worker_id = id.into();
         self
     }
-    /// How held leases are kept alive (default
-    /// [`LeaseRenewal::WorkerLiveness`]; [`LeaseRenewal::PerLease`] for a
-    /// table shared with Java KCL workers).
-    pub fn renewal(mut self, mode: LeaseRenewal) -> Self {
-        self.renewal = mode;
-        self
-    }
-    /// How long a lease's counter must stand still, as seen by a peer,
-    /// before the peer may take it (default 10 s, the Java KCL's
-    /// `failoverTimeMillis`).
-    pub fn lease_duration(mut self, d: Duration) -> Self {
-        self.lease_duration = d;
-        self
-    }
-    /// How often held leases are renewed (default a third of the lease
-    /// duration per lease, half of it for the liveness record, which is
-    /// retried until its validity runs out). Must leave time for at least
-    /// one retry before fencing.
-    pub fn renew_interval(mut self, d: Duration) -> Self {
-        self.renew_interval = Some(d);
-        self
-    }
-    /// How long before peers could judge a lease expired this worker stops
-    /// using it when renewals fail (default a tenth of the lease duration).
-    pub fn fence_margin(mut self, d: Duration) -> Self {
-        self.fence_margin = Some(d);
-        self
-    }
-    /// Mean time between lease-taker ticks (default 10 s).
-    pub fn taker_interval(mut self, d: Duration) -> Self {
-        self.taker_interval = d;
-        self
-    }
-    /// Relative jitter of the taker interval, in `0.0..1.0` (default 0.25:
-    /// each tick waits interval x [0.75, 1.25]).
-    pub fn jitter(mut self, j: f64) -> Self {
-        self.jitter = j;
-        self
-    }
-    /// Upper bound on leases held by this worker (default unbounded).
-    pub fn max_leases_per_worker(mut self, n: usize) -> Self {
-        self.max_leases_per_worker = n;
-        self
-    }
-    /// Upper bound on leases stolen per tick (default 4; 0 disables
-    /// stealing). The Java KCL steals one per tick, so a worker joining a
-    /// fleet of 64 shards needs 16 ticks to get its share; the balancing
-    /// rule never lets a thief end above its victim, so a larger cap
-    /// cannot make steals flip-flop.
-    pub fn max_leases_to_steal(mut self, n: usize) -> Self {
-        self.max_leases_to_steal = n;
-        self
-    }
-    /// Renewals in flight at once (default 32).
-    pub fn renew_concurrency(mut self, n: usize) -> Self {
-        self.renew_concurrency = n;
-        self
-    }
-    /// How long a thief waits for the previous owner to finish its batch,
-    /// checkpoint and hand a stolen lease over before forcing the handoff
-    /// (default: the lease duration, which is also the minimum: by then
-    /// the previous owner's own validity has run out, so a forced handoff
-    /// never overlaps a worker that still believes in the lease).
-    pub fn handoff_timeout(mut self, d: Duration) -> Self {
-        self.handoff_timeout = Some(d);
-        self
-    }
-    /// The longest one lease-table call may take (default: half the renew
-    /// interval, at most 5 s, so a renewal stuck on a dead connection is
-    /// retried within the same round). It must be below the renew
-    /// interval.
-    pub fn store_timeout(mut self, d: Duration) -> Self {
-        self.store_timeout = Some(d);
-        self
-    }
-    /// Whether a coordinator dropped without
-    /// [`crate::LeaseCoordinator::shutdown`] (a panic unwinding the
-    /// application, a runtime shut down under the worker) releases its
-    /// leases, best effort and within two seconds, instead of leaving them
-    /// to expire (default true). Turn it off only to simulate a crash.
-    pub fn release_on_drop(mut self, on: bool) -> Self {
-        self.release_on_drop = on;
-        self
-    }
-    /// How the taker balances the fleet (default [`Balance::ByLoad`]).
-    /// Every worker of a fleet should balance the same way: a worker
-    /// balancing counts steals back what load balance left uneven in
-    /// count.
-    pub fn balance(mut self, balance: Balance) -> Self {
-        self.balance = balance;
-        self
-    }
-    /// How often, at most, each lease's load figure is written to its item
-    /// on its own, and the window it is measured over (default 60 s, or the
-    /// renew interval if that is longer). With
-    /// liveness records a figure is written only when it moved by more than
-    /// a fifth since the last one written, so an idle fleet writes none;
-    /// renewing per lease, every renewal carries it at no extra request.
-    /// At least the renew interval.
-    pub fn load_report_interval(mut self, d: Duration) -> Self {
-        self.load_report_interval = Some(d);
-        self
-    }
-    /// Seeds the tick jitter, the renewals' retry jitter and the instance
-    /// id, for reproducible simulations. Two processes of one worker id
-    /// need different seeds: with one instance id, each would take the
-    /// other's tenures for its own.
-    pub fn seed(mut self, seed: u64) -> Self {
-        self.seed = Some(seed);
-        self
-    }
+    crate::setters!(self {
+        /// How held leases are kept alive (default
+        /// [`LeaseRenewal::WorkerLiveness`]; [`LeaseRenewal::PerLease`] for a
+        /// table shared with Java KCL workers).
+        renewal(mode: LeaseRenewal),
+        /// How long a lease's counter must stand still, as seen by a peer,
+        /// before the peer may take it (default 10 s, the Java KCL's
+        /// `failoverTimeMillis`).
+        lease_duration(d: Duration),
+        /// How often held leases are renewed (default a third of the lease
+        /// duration per lease, half of it for the liveness record, which is
+        /// retried until its validity runs out). Must leave time for at least
+        /// one retry before fencing.
+        renew_interval(d: Duration) = Some(d),
+        /// How long before peers could judge a lease expired this worker stops
+        /// using it when renewals fail (default a tenth of the lease duration).
+        fence_margin(d: Duration) = Some(d),
+        /// Mean time between lease-taker ticks (default 10 s).
+        taker_interval(d: Duration),
+        /// Relative jitter of the taker interval, in `0.0..1.0` (default 0.25:
+        /// each tick waits interval x [0.75, 1.25]).
+        jitter(j: f64),
+        /// Upper bound on leases held by this worker (default unbounded).
+        max_leases_per_worker(n: usize),
+        /// Upper bound on leases stolen per tick (default 4; 0 disables
+        /// stealing). The Java KCL steals one per tick, so a worker joining a
+        /// fleet of 64 shards needs 16 ticks to get its share; the balancing
+        /// rule never lets a thief end above its victim, so a larger cap
+        /// cannot make steals flip-flop.
+        max_leases_to_steal(n: usize),
+        /// Renewals in flight at once (default 32).
+        renew_concurrency(n: usize),
+        /// How long a thief waits for the previous owner to finish its batch,
+        /// checkpoint and hand a stolen lease over before forcing the handoff
+        /// (default: the lease duration, which is also the minimum: by then
+        /// the previous owner's own validity has run out, so a forced handoff
+        /// never overlaps a worker that still believes in the lease).
+        handoff_timeout(d: Duration) = Some(d),
+        /// The longest one lease-table call may take (default: half the renew
+        /// interval, at most 5 s, so a renewal stuck on a dead connection is
+        /// retried within the same round). It must be below the renew
+        /// interval.
+        store_timeout(d: Duration) = Some(d),
+        /// Whether a coordinator dropped without
+        /// [`crate::LeaseCoordinator::shutdown`] (a panic unwinding the
+        /// application, a runtime shut down under the worker) releases its
+        /// leases, best effort and within two seconds, instead of leaving them
+        /// to expire (default true). Turn it off only to simulate a crash.
+        release_on_drop(on: bool),
+        /// How the taker balances the fleet (default [`Balance::ByLoad`]).
+        /// Every worker of a fleet should balance the same way: a worker
+        /// balancing counts steals back what load balance left uneven in
+        /// count.
+        balance(balance: Balance),
+        /// How often, at most, each lease's load figure is written to its item
+        /// on its own, and the window it is measured over (default 60 s, or the
+        /// renew interval if that is longer). With
+        /// liveness records a figure is written only when it moved by more than
+        /// a fifth since the last one written, so an idle fleet writes none;
+        /// renewing per lease, every renewal carries it at no extra request.
+        /// At least the renew interval.
+        load_report_interval(d: Duration) = Some(d),
+        /// Seeds the tick jitter, the renewals' retry jitter and the instance
+        /// id, for reproducible simulations. Two processes of one worker id
+        /// need different seeds: with one instance id, each would take the
+        /// other's tenures for its own.
+        seed(seed: u64) = Some(seed),
+    });
 
     /// Validates the settings.
     pub fn build(self) -> Result<LeaseConfig, ConfigError> {

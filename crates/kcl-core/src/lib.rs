@@ -91,6 +91,7 @@ pub mod poison;
 pub mod processor;
 mod progress;
 pub mod record;
+mod setters;
 pub mod source;
 pub mod store;
 #[cfg(feature = "test-util")]

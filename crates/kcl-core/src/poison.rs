@@ -286,59 +286,46 @@ impl PoisonPolicy {
         }
     }
 
-    /// How many times the processor may fail on a record before it is
-    /// given up on; at least 1. With bisection, a record's attempts are
-    /// counted once it stands alone (the splits before do not count).
-    pub fn max_attempts(mut self, n: u32) -> Self {
-        self.max_attempts = n;
-        self
-    }
+    crate::setters!(self {
+        /// How many times the processor may fail on a record before it is
+        /// given up on; at least 1. With bisection, a record's attempts are
+        /// counted once it stands alone (the splits before do not count).
+        max_attempts(n: u32),
 
-    /// A record that fails while older than `age` (by its approximate
-    /// arrival time) is given up on at once, whatever its attempts.
-    pub fn max_record_age(mut self, age: Duration) -> Self {
-        self.max_record_age = Some(age);
-        self
-    }
+        /// A record that fails while older than `age` (by its approximate
+        /// arrival time) is given up on at once, whatever its attempts.
+        max_record_age(age: Duration) = Some(age),
 
-    /// Whether a failing batch is split in halves to find the failing
-    /// records (default on; halves are tried at once, a lone record with
-    /// backoff). Off, a batch that fails `max_attempts` times is given up
-    /// on whole, every record of it.
-    ///
-    /// Attempts are spent on any failure: while a dependency of the
-    /// processor is down, every record runs out of them in turn. Choose
-    /// `max_attempts` (the backoff doubles from 100 ms up to the worker's
-    /// `max_backoff`) for the outage to ride out, or keep
-    /// `FailurePolicy::Retry` where no record may ever be set aside.
-    pub fn bisect(mut self, on: bool) -> Self {
-        self.bisect = on;
-        self
-    }
+        /// Whether a failing batch is split in halves to find the failing
+        /// records (default on; halves are tried at once, a lone record with
+        /// backoff). Off, a batch that fails `max_attempts` times is given up
+        /// on whole, every record of it.
+        ///
+        /// Attempts are spent on any failure: while a dependency of the
+        /// processor is down, every record runs out of them in turn. Choose
+        /// `max_attempts` (the backoff doubles from 100 ms up to the worker's
+        /// `max_backoff`) for the outage to ride out, or keep
+        /// `FailurePolicy::Retry` where no record may ever be set aside.
+        bisect(on: bool),
 
-    /// How long one send to the destination may run before it is cut
-    /// (cancelled) and retried with backoff; above zero. Default
-    /// [`DEFAULT_SEND_ATTEMPT_TIMEOUT`]. One send carries every record
-    /// given up on together (a whole batch without bisection), so leave
-    /// room for the largest such group.
-    pub fn send_attempt_timeout(mut self, timeout: Duration) -> Self {
-        self.send_attempt_timeout = timeout;
-        self
-    }
+        /// How long one send to the destination may run before it is cut
+        /// (cancelled) and retried with backoff; above zero. Default
+        /// [`DEFAULT_SEND_ATTEMPT_TIMEOUT`]. One send carries every record
+        /// given up on together (a whole batch without bisection), so leave
+        /// room for the largest such group.
+        send_attempt_timeout(timeout: Duration),
 
-    /// How long sends of one group of records may go on failing or timing
-    /// out before the shard is given back: its lease is released with the
-    /// checkpoint before the records, so that this worker or another one
-    /// reads them again and retries, rather than the shard staying held
-    /// and unread. Above zero; default [`DEFAULT_SEND_DEADLINE`]. Each
-    /// give-back is counted in `kcl_failure_destination_deadlines_total`.
-    /// A refusal with [`CannotStore`] starts the deadline over: the shard
-    /// is kept while the destination says no worker could store the
-    /// records.
-    pub fn send_deadline(mut self, deadline: Duration) -> Self {
-        self.send_deadline = deadline;
-        self
-    }
+        /// How long sends of one group of records may go on failing or timing
+        /// out before the shard is given back: its lease is released with the
+        /// checkpoint before the records, so that this worker or another one
+        /// reads them again and retries, rather than the shard staying held
+        /// and unread. Above zero; default [`DEFAULT_SEND_DEADLINE`]. Each
+        /// give-back is counted in `kcl_failure_destination_deadlines_total`.
+        /// A refusal with [`CannotStore`] starts the deadline over: the shard
+        /// is kept while the destination says no worker could store the
+        /// records.
+        send_deadline(deadline: Duration),
+    });
 
     /// What is wrong with the settings, if anything.
     pub(crate) fn problem(&self) -> Option<&'static str> {

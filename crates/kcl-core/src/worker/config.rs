@@ -102,135 +102,98 @@ impl WorkerConfigBuilder {
         self.streams.push(spec);
         self
     }
-    /// Where shards without a checkpoint start (default LATEST, as the Java
-    /// KCL).
-    pub fn initial_position(mut self, p: InitialPosition) -> Self {
-        self.initial_position = p;
-        self
-    }
-    /// What happens when a processor returns an error (default: retry the
-    /// same batch with backoff).
-    pub fn failure_policy(mut self, p: FailurePolicy) -> Self {
-        self.failure_policy = p;
-        self
-    }
+    crate::setters!(self {
+        /// Where shards without a checkpoint start (default LATEST, as the Java
+        /// KCL).
+        initial_position(p: InitialPosition),
+        /// What happens when a processor returns an error (default: retry the
+        /// same batch with backoff).
+        failure_policy(p: FailurePolicy),
 
-    /// Processes each shard in up to `n` parallel lanes (default 1, at
-    /// most [`MAX_PARALLELISM_PER_SHARD`]): the records of one partition
-    /// key always go to the same lane, in shard order, so a key's records
-    /// never overtake each other, while records of different keys are
-    /// processed concurrently. Each lane has its own processor instance
-    /// (the factory is called once per lane, with
-    /// [`ShardContext::lane`](crate::processor::ShardContext::lane) set),
-    /// and the shard's checkpoint advances to the highest position below
-    /// which every lane is done.
-    pub fn parallelism_per_shard(mut self, n: usize) -> Self {
-        self.parallelism_per_shard = n;
-        self
-    }
+        /// Processes each shard in up to `n` parallel lanes (default 1, at
+        /// most [`MAX_PARALLELISM_PER_SHARD`]): the records of one partition
+        /// key always go to the same lane, in shard order, so a key's records
+        /// never overtake each other, while records of different keys are
+        /// processed concurrently. Each lane has its own processor instance
+        /// (the factory is called once per lane, with
+        /// [`ShardContext::lane`](crate::processor::ShardContext::lane) set),
+        /// and the shard's checkpoint advances to the highest position below
+        /// which every lane is done.
+        parallelism_per_shard(n: usize),
 
-    /// How often each shard's checkpoint is written (default: at every
-    /// `checkpoint()` call). With [`CheckpointPolicy::every`], calls within
-    /// the period are coalesced into one write of the latest position at
-    /// its end; a graceful shutdown, a handoff and SHARD_END always write
-    /// the latest position, so a policy only changes how many records a
-    /// crash repeats (at most a period's worth).
-    pub fn checkpoint_policy(mut self, policy: CheckpointPolicy) -> Self {
-        self.checkpoint_policy = policy;
-        self
-    }
+        /// How often each shard's checkpoint is written (default: at every
+        /// `checkpoint()` call). With [`CheckpointPolicy::every`], calls within
+        /// the period are coalesced into one write of the latest position at
+        /// its end; a graceful shutdown, a handoff and SHARD_END always write
+        /// the latest position, so a policy only changes how many records a
+        /// crash repeats (at most a period's worth).
+        checkpoint_policy(policy: CheckpointPolicy),
 
-    /// How often shards are listed to create leases for new ones (default
-    /// 60 s, jittered by +/-25%).
-    pub fn shard_sync_interval(mut self, d: Duration) -> Self {
-        self.shard_sync_interval = d;
-        self
-    }
-    /// How often a child shard checks whether its parents finished
-    /// (default 10 s, as the Java KCL's `parentShardPollIntervalMillis`).
-    pub fn parent_poll_interval(mut self, d: Duration) -> Self {
-        self.parent_poll_interval = d;
-        self
-    }
-    /// How long a graceful shutdown waits for processors to finish before
-    /// it stops them and releases the leases anyway (default 25 s, inside
-    /// the 30 s that ECS and Kubernetes give by default).
-    pub fn shutdown_timeout(mut self, d: Duration) -> Self {
-        self.shutdown_timeout = d;
-        self
-    }
-    /// Longest pause between retries of a failing processor or read
-    /// (default 30 s).
-    pub fn max_backoff(mut self, d: Duration) -> Self {
-        self.max_backoff = d;
-        self
-    }
+        /// How often shards are listed to create leases for new ones (default
+        /// 60 s, jittered by +/-25%).
+        shard_sync_interval(d: Duration),
+        /// How often a child shard checks whether its parents finished
+        /// (default 10 s, as the Java KCL's `parentShardPollIntervalMillis`).
+        parent_poll_interval(d: Duration),
+        /// How long a graceful shutdown waits for processors to finish before
+        /// it stops them and releases the leases anyway (default 25 s, inside
+        /// the 30 s that ECS and Kubernetes give by default).
+        shutdown_timeout(d: Duration),
+        /// Longest pause between retries of a failing processor or read
+        /// (default 30 s).
+        max_backoff(d: Duration),
 
-    /// How long a finished shard's lease stays in the table before shard
-    /// sync deletes it (default 5 min, as the Java KCL's
-    /// `completedLeaseCleanupThreshold`).
-    pub fn completed_lease_retention(mut self, d: Duration) -> Self {
-        self.completed_lease_retention = d;
-        self
-    }
+        /// How long a finished shard's lease stays in the table before shard
+        /// sync deletes it (default 5 min, as the Java KCL's
+        /// `completedLeaseCleanupThreshold`).
+        completed_lease_retention(d: Duration),
 
-    /// What happens to the leases of a stream a
-    /// [`StreamTracker`](super::StreamTracker) stops listing (default: keep
-    /// them, so its checkpoints survive if it comes back).
-    pub fn removed_stream_policy(mut self, policy: RemovedStreamPolicy) -> Self {
-        self.removed_stream_policy = policy;
-        self
-    }
+        /// What happens to the leases of a stream a
+        /// [`StreamTracker`](super::StreamTracker) stops listing (default: keep
+        /// them, so its checkpoints survive if it comes back).
+        removed_stream_policy(policy: RemovedStreamPolicy),
 
-    /// How long a processor call (`initialize`, `process_records`,
-    /// `shard_ended`, `shutdown_requested`, `lease_lost`) may run before it
-    /// is warned about, once per call, with its shard, lane and elapsed
-    /// time, and counted in `kcl_processor_calls_slow_total` (default 60 s;
-    /// above zero).
-    pub fn processor_warn_after(mut self, d: Duration) -> Self {
-        self.processor_warn_after = d;
-        self
-    }
+        /// How long a processor call (`initialize`, `process_records`,
+        /// `shard_ended`, `shutdown_requested`, `lease_lost`) may run before it
+        /// is warned about, once per call, with its shard, lane and elapsed
+        /// time, and counted in `kcl_processor_calls_slow_total` (default 60 s;
+        /// above zero).
+        processor_warn_after(d: Duration),
 
-    /// Cancels a processor call running this long and gives its shard back
-    /// (default: no limit; above [`Self::processor_warn_after`]). The
-    /// call's future is dropped first, so it never runs beside the shard's
-    /// next owner; then the processor gets `lease_lost` (itself cut at this
-    /// limit) and is dropped, the lease is released, and the next owner
-    /// (maybe this worker) resumes from the last checkpoint. Counted in
-    /// `kcl_processor_timeouts_total`; the failure policy does not apply.
-    /// Only a call that yields can be cancelled: one blocked outside an
-    /// await point holds its task, and the lease, until it returns.
-    pub fn processor_timeout(mut self, d: Duration) -> Self {
-        self.processor_timeout = Some(d);
-        self
-    }
+        /// Cancels a processor call running this long and gives its shard back
+        /// (default: no limit; above [`Self::processor_warn_after`]). The
+        /// call's future is dropped first, so it never runs beside the shard's
+        /// next owner; then the processor gets `lease_lost` (itself cut at this
+        /// limit) and is dropped, the lease is released, and the next owner
+        /// (maybe this worker) resumes from the last checkpoint. Counted in
+        /// `kcl_processor_timeouts_total`; the failure policy does not apply.
+        /// Only a call that yields can be cancelled: one blocked outside an
+        /// await point holds its task, and the lease, until it returns.
+        processor_timeout(d: Duration) = Some(d),
 
-    /// How long a held shard may go without a single successful read,
-    /// and without a single answer from the service, before it is given
-    /// back (default [`DEFAULT_MAX_READ_FAILURE_TIME`], 45 s; at least
-    /// 1 s; `Duration::MAX` never gives a shard back for its reads): every
-    /// open and fetch since the last batch failed, and none was answered
-    /// (they timed out or never reached the service). The lease is
-    /// released with an error log and counted in
-    /// `kcl_unreadable_shards_released_total{stage="stalled"}`, so a
-    /// worker that can read (a peer, or this one once its reads recover)
-    /// takes the shard; without it, a worker cut off from the stream
-    /// while it still reaches the lease table would keep its shards unread.
-    ///
-    /// Errors the service sends are answers and keep the shard in place:
-    /// a fleet-wide outage (a disabled KMS key, long throttling) fails
-    /// every worker alike, and moving the leases would change nothing.
-    /// Only time spent reading counts: an idle shard's empty reads
-    /// succeed, and a processor's time is its own. Keep it above the
-    /// source's longest quiet gap between answers (the polling reader's
-    /// call timeout, 10 s by default; the fan-out reader's event timeout,
-    /// 30 s). A source that does not tell the consumer of its answers
-    /// (see `source::AnswerClock`) has every failed read count.
-    pub fn max_read_failure_time(mut self, d: Duration) -> Self {
-        self.max_read_failure_time = d;
-        self
-    }
+        /// How long a held shard may go without a single successful read,
+        /// and without a single answer from the service, before it is given
+        /// back (default [`DEFAULT_MAX_READ_FAILURE_TIME`], 45 s; at least
+        /// 1 s; `Duration::MAX` never gives a shard back for its reads): every
+        /// open and fetch since the last batch failed, and none was answered
+        /// (they timed out or never reached the service). The lease is
+        /// released with an error log and counted in
+        /// `kcl_unreadable_shards_released_total{stage="stalled"}`, so a
+        /// worker that can read (a peer, or this one once its reads recover)
+        /// takes the shard; without it, a worker cut off from the stream
+        /// while it still reaches the lease table would keep its shards unread.
+        ///
+        /// Errors the service sends are answers and keep the shard in place:
+        /// a fleet-wide outage (a disabled KMS key, long throttling) fails
+        /// every worker alike, and moving the leases would change nothing.
+        /// Only time spent reading counts: an idle shard's empty reads
+        /// succeed, and a processor's time is its own. Keep it above the
+        /// source's longest quiet gap between answers (the polling reader's
+        /// call timeout, 10 s by default; the fan-out reader's event timeout,
+        /// 30 s). A source that does not tell the consumer of its answers
+        /// (see `source::AnswerClock`) has every failed read count.
+        max_read_failure_time(d: Duration),
+    });
 
     /// Checks every setting but the lease settings and the streams: for a
     /// caller that validates its stream names with [`check_stream_names`]
