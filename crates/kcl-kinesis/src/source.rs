@@ -210,37 +210,33 @@ pub struct KinesisShardSourceBuilder {
 }
 
 impl KinesisShardSourceBuilder {
-    /// Shards per `ListShards` page, 1 to 10 000 (default: the service's,
-    /// 1000). Small pages are for tests of pagination.
-    pub fn max_results(mut self, n: i32) -> Self {
-        self.max_results = Some(n);
-        self
-    }
+    kcl_core::setters!(self {
+        /// Shards per `ListShards` page, 1 to 10 000 (default: the service's,
+        /// 1000). Small pages are for tests of pagination.
+        max_results(n: i32) = Some(n),
 
-    /// Most bytes all readers of this source (one worker's shards)
-    /// together hold ahead of their processors: fetched records not yet
-    /// handed out, and the responses of polling calls in flight (default
-    /// 1 GiB, at least 1 MiB). Each reader's own budget
-    /// ([`PollingConfigBuilder::max_prefetch_bytes`],
-    /// [`crate::FanOutConfigBuilder::max_buffered_bytes`]) still applies.
-    ///
-    /// Every `GetRecords` in flight reserves the most its response can hold
-    /// (about 16 MiB at the default `max_records`), so a budget of B lets
-    /// B / 16 MiB calls run at once (64 at the default): enough for
-    /// thousands of idle shards at a call a second each. A fan-out reader
-    /// reserves its own `max_buffered_bytes` (8 MiB by default) before it
-    /// reads an event, so B / `max_buffered_bytes` subscriptions read at
-    /// once (128 at the defaults); a worker with more fan-out shards than
-    /// that needs a larger budget or a smaller `max_buffered_bytes`, or its
-    /// shards take turns. A batch holding more than it reserved (a KPL
-    /// aggregate's expansion) is over by the difference while nothing is
-    /// free: at most B / R such batches at once, for a reservation R.
-    ///
-    /// [`PollingConfigBuilder::max_prefetch_bytes`]: crate::PollingConfigBuilder::max_prefetch_bytes
-    pub fn prefetch_budget(mut self, bytes: usize) -> Self {
-        self.prefetch_budget = bytes;
-        self
-    }
+        /// Most bytes all readers of this source (one worker's shards)
+        /// together hold ahead of their processors: fetched records not yet
+        /// handed out, and the responses of polling calls in flight (default
+        /// 1 GiB, at least 1 MiB). Each reader's own budget
+        /// ([`PollingConfigBuilder::max_prefetch_bytes`],
+        /// [`crate::FanOutConfigBuilder::max_buffered_bytes`]) still applies.
+        ///
+        /// Every `GetRecords` in flight reserves the most its response can hold
+        /// (about 16 MiB at the default `max_records`), so a budget of B lets
+        /// B / 16 MiB calls run at once (64 at the default): enough for
+        /// thousands of idle shards at a call a second each. A fan-out reader
+        /// reserves its own `max_buffered_bytes` (8 MiB by default) before it
+        /// reads an event, so B / `max_buffered_bytes` subscriptions read at
+        /// once (128 at the defaults); a worker with more fan-out shards than
+        /// that needs a larger budget or a smaller `max_buffered_bytes`, or its
+        /// shards take turns. A batch holding more than it reserved (a KPL
+        /// aggregate's expansion) is over by the difference while nothing is
+        /// free: at most B / R such batches at once, for a reservation R.
+        ///
+        /// [`PollingConfigBuilder::max_prefetch_bytes`]: crate::PollingConfigBuilder::max_prefetch_bytes
+        prefetch_budget(bytes: usize),
+    });
 
     /// How readers poll (and polling rather than fan-out).
     pub fn polling(mut self, polling: PollingConfig) -> Self {

@@ -188,35 +188,25 @@ impl FanOutConfigBuilder {
         self
     }
 
-    /// Renew each subscription after this long (default: never; the
-    /// service ends it after 5 minutes and the reader resubscribes).
-    /// Tests set a few seconds to exercise resubscription.
-    pub fn subscription_lifetime(mut self, lifetime: Duration) -> Self {
-        self.config.subscription_lifetime = Some(lifetime);
-        self
-    }
+    kcl_core::setters!(self.config {
+        /// Renew each subscription after this long (default: never; the
+        /// service ends it after 5 minutes and the reader resubscribes).
+        /// Tests set a few seconds to exercise resubscription.
+        subscription_lifetime(lifetime: Duration) = Some(lifetime),
 
-    /// How long opening a shard waits for a new consumer to become ACTIVE
-    /// (default 120 s).
-    pub fn consumer_active_timeout(mut self, timeout: Duration) -> Self {
-        self.config.consumer_active_timeout = timeout;
-        self
-    }
+        /// How long opening a shard waits for a new consumer to become ACTIVE
+        /// (default 120 s).
+        consumer_active_timeout(timeout: Duration),
 
-    /// Most batches received ahead of the processor (default 4). When
-    /// they are all waiting, the reader stops reading the event stream and
-    /// the transport's flow control slows the service down.
-    pub fn max_buffered_batches(mut self, n: usize) -> Self {
-        self.config.max_buffered_batches = n;
-        self
-    }
+        /// Most batches received ahead of the processor (default 4). When
+        /// they are all waiting, the reader stops reading the event stream and
+        /// the transport's flow control slows the service down.
+        max_buffered_batches(n: usize),
 
-    /// Most payload bytes received ahead of the processor (default 8 MiB).
-    /// A single event larger than this still passes, alone.
-    pub fn max_buffered_bytes(mut self, n: usize) -> Self {
-        self.config.max_buffered_bytes = n;
-        self
-    }
+        /// Most payload bytes received ahead of the processor (default 8 MiB).
+        /// A single event larger than this still passes, alone.
+        max_buffered_bytes(n: usize),
+    });
 
     crate::calls::retry::retry_setters!(
         "a failed subscription",
@@ -228,35 +218,28 @@ impl FanOutConfigBuilder {
         /// reported.
     );
 
-    /// How often a caught-up reader checks (with one `GetShardIterator`
-    /// and one `GetRecords`) whether its shard was closed, or `None` to
-    /// never check (the default). Kinesis announces the end of a shard in
-    /// the last event, so AWS does not need it; emulators that never
-    /// announce it (kinesis-mock) do, to follow a reshard. Each check
-    /// spends two of the five polling calls per second the shard allows
-    /// all of its readers: every 30 s, that is about 1% of that quota.
-    pub fn closed_shard_check_interval(mut self, interval: Option<Duration>) -> Self {
-        self.config.closed_shard_check_interval = interval;
-        self
-    }
+    kcl_core::setters!(self.config {
+        /// How often a caught-up reader checks (with one `GetShardIterator`
+        /// and one `GetRecords`) whether its shard was closed, or `None` to
+        /// never check (the default). Kinesis announces the end of a shard in
+        /// the last event, so AWS does not need it; emulators that never
+        /// announce it (kinesis-mock) do, to follow a reshard. Each check
+        /// spends two of the five polling calls per second the shard allows
+        /// all of its readers: every 30 s, that is about 1% of that quota.
+        closed_shard_check_interval(interval: Option<Duration>),
 
-    /// How long a subscription may deliver no event (not even an empty
-    /// one) before the reader takes its connection for dead, drops it and
-    /// subscribes again after the last event (default 30 s, at least 1 s).
-    /// A connection can die without a reset (a NAT or load balancer
-    /// forgetting it); without this bound the reader would wait forever
-    /// while its lease stays renewed.
-    pub fn event_timeout(mut self, timeout: Duration) -> Self {
-        self.config.event_timeout = timeout;
-        self
-    }
+        /// How long a subscription may deliver no event (not even an empty
+        /// one) before the reader takes its connection for dead, drops it and
+        /// subscribes again after the last event (default 30 s, at least 1 s).
+        /// A connection can die without a reset (a NAT or load balancer
+        /// forgetting it); without this bound the reader would wait forever
+        /// while its lease stays renewed.
+        event_timeout(timeout: Duration),
 
-    /// What happens to the consumer at shutdown (default: it stays; see
-    /// [`DeregisterConsumer`] for why).
-    pub fn deregister(mut self, deregister: DeregisterConsumer) -> Self {
-        self.config.deregister = deregister;
-        self
-    }
+        /// What happens to the consumer at shutdown (default: it stays; see
+        /// [`DeregisterConsumer`] for why).
+        deregister(deregister: DeregisterConsumer),
+    });
 
     /// Validates the settings.
     pub fn build(self) -> Result<FanOutConfig, ConfigError> {

@@ -121,43 +121,30 @@ pub struct PollingConfigBuilder {
 }
 
 impl PollingConfigBuilder {
-    /// Records asked for per `GetRecords` call, 1 to 10 000 (default
-    /// 10 000).
-    pub fn max_records(mut self, n: i32) -> Self {
-        self.config.max_records = n;
-        self
-    }
+    kcl_core::setters!(self.config {
+        /// Records asked for per `GetRecords` call, 1 to 10 000 (default
+        /// 10 000).
+        max_records(n: i32),
 
-    /// Time between the starts of two calls when the first returned no
-    /// record and the shard is caught up (default 1 s, at least 200 ms):
-    /// what an idle shard costs. See the pacing table on [`PollingConfig`].
-    pub fn idle_time_between_reads(mut self, d: Duration) -> Self {
-        self.config.idle_time_between_reads = d;
-        self
-    }
+        /// Time between the starts of two calls when the first returned no
+        /// record and the shard is caught up (default 1 s, at least 200 ms):
+        /// what an idle shard costs. See the pacing table on [`PollingConfig`].
+        idle_time_between_reads(d: Duration),
 
-    /// Time between the starts of two calls when the first returned some
-    /// records but fewer than `max_records`, and the shard is caught up
-    /// (default 500 ms, at least 200 ms): the latency of a trickling shard
-    /// against its read quota. A full batch is followed at once, and a
-    /// shard that is behind after 200 ms.
-    pub fn time_between_reads(mut self, d: Duration) -> Self {
-        self.config.time_between_reads = d;
-        self
-    }
+        /// Time between the starts of two calls when the first returned some
+        /// records but fewer than `max_records`, and the shard is caught up
+        /// (default 500 ms, at least 200 ms): the latency of a trickling shard
+        /// against its read quota. A full batch is followed at once, and a
+        /// shard that is behind after 200 ms.
+        time_between_reads(d: Duration),
 
-    /// Most user records fetched ahead of the processor (default 10 000).
-    pub fn max_prefetch_records(mut self, n: usize) -> Self {
-        self.config.max_prefetch_records = n;
-        self
-    }
+        /// Most user records fetched ahead of the processor (default 10 000).
+        max_prefetch_records(n: usize),
 
-    /// Most payload bytes fetched ahead of the processor (default 8 MiB).
-    /// A single response larger than this still passes, alone.
-    pub fn max_prefetch_bytes(mut self, n: usize) -> Self {
-        self.config.max_prefetch_bytes = n;
-        self
-    }
+        /// Most payload bytes fetched ahead of the processor (default 8 MiB).
+        /// A single response larger than this still passes, alone.
+        max_prefetch_bytes(n: usize),
+    });
 
     crate::calls::retry::retry_setters!(
         "a throttled or failed call",
