@@ -78,17 +78,13 @@ pub struct TableOptions {
 }
 
 impl TableOptions {
-    /// Billing (default on-demand).
-    pub fn capacity(mut self, capacity: Capacity) -> Self {
-        self.capacity = capacity;
-        self
-    }
+    kcl_core::setters!(self {
+        /// Billing (default on-demand).
+        capacity(capacity: Capacity),
 
-    /// Whether a missing table is created (default: it is).
-    pub fn creation(mut self, creation: TableCreation) -> Self {
-        self.creation = creation;
-        self
-    }
+        /// Whether a missing table is created (default: it is).
+        creation(creation: TableCreation),
+    });
 
     /// Adds a tag (cost allocation, ownership).
     pub fn tag(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
@@ -96,20 +92,16 @@ impl TableOptions {
         self
     }
 
-    /// Turns on point-in-time recovery (continuous backups): on creation,
-    /// and at every start on an existing table (an idempotent call, so a
-    /// crash right after creating the table cannot leave it off).
-    pub fn point_in_time_recovery(mut self, on: bool) -> Self {
-        self.point_in_time_recovery = on;
-        self
-    }
+    kcl_core::setters!(self {
+        /// Turns on point-in-time recovery (continuous backups): on creation,
+        /// and at every start on an existing table (an idempotent call, so a
+        /// crash right after creating the table cannot leave it off).
+        point_in_time_recovery(on: bool),
 
-    /// Creates the table with deletion protection: DeleteTable is refused
-    /// until it is turned off.
-    pub fn deletion_protection(mut self, on: bool) -> Self {
-        self.deletion_protection = on;
-        self
-    }
+        /// Creates the table with deletion protection: DeleteTable is refused
+        /// until it is turned off.
+        deletion_protection(on: bool),
+    });
 
     /// Encrypts the table with this KMS key (id, ARN or alias) instead of
     /// the AWS-owned key.
