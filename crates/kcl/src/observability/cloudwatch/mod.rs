@@ -224,34 +224,24 @@ impl CloudWatchMetrics {
         self
     }
 
-    /// How often the aggregated metrics are sent (default 10 s).
-    pub fn flush_interval(mut self, interval: Duration) -> Self {
-        self.flush_interval = interval;
-        self
-    }
+    kcl_core::setters!(self {
+        /// How often the aggregated metrics are sent (default 10 s).
+        flush_interval(interval: Duration),
 
-    /// Most CloudWatch metrics (name and dimensions) buffered between two
-    /// flushes, and most gauges remembered (default 10,000); samples of
-    /// metrics beyond it are dropped and counted.
-    pub fn max_buffered_datums(mut self, max: usize) -> Self {
-        self.max_buffered_datums = max;
-        self
-    }
+        /// Most CloudWatch metrics (name and dimensions) buffered between two
+        /// flushes, and most gauges remembered (default 10,000); samples of
+        /// metrics beyond it are dropped and counted.
+        max_buffered_datums(max: usize),
 
-    /// The CloudWatch client (default with the worker builder: one built
-    /// from its `sdk_config`, so `AWS_ENDPOINT_URL_CLOUDWATCH` applies).
-    pub fn client(mut self, client: aws_sdk_cloudwatch::Client) -> Self {
-        self.client = Some(client);
-        self
-    }
+        /// The CloudWatch client (default with the worker builder: one built
+        /// from its `sdk_config`, so `AWS_ENDPOINT_URL_CLOUDWATCH` applies).
+        client(client: aws_sdk_cloudwatch::Client) = Some(client),
 
-    /// Whether per-shard metrics carry `StreamId` (default with the worker
-    /// builder: when it consumes several streams, as the Java KCL's
-    /// multi-stream mode; otherwise no).
-    pub fn stream_dimension(mut self, on: bool) -> Self {
-        self.stream_dimension = Some(on);
-        self
-    }
+        /// Whether per-shard metrics carry `StreamId` (default with the worker
+        /// builder: when it consumes several streams, as the Java KCL's
+        /// multi-stream mode; otherwise no).
+        stream_dimension(on: bool) = Some(on),
+    });
 
     /// A recorder to install and the publisher that sends what it
     /// aggregates. Needs [`Self::namespace`] and [`Self::client`].

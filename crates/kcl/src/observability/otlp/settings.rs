@@ -107,21 +107,17 @@ impl OtlpMetrics {
         }
     }
 
-    /// How often to export (default [`Self::DEFAULT_INTERVAL`]). A failed
-    /// export is retried with backoff until the next one is due.
-    pub fn interval(mut self, interval: Duration) -> Self {
-        self.interval = interval;
-        self
-    }
+    kcl_core::setters!(self {
+        /// How often to export (default [`Self::DEFAULT_INTERVAL`]). A failed
+        /// export is retried with backoff until the next one is due.
+        interval(interval: Duration),
 
-    /// How long one export (connecting, sending, reading the answer) may
-    /// take before it counts as failed (default
-    /// [`Self::DEFAULT_TIMEOUT`]). Also bounds the final export at
-    /// shutdown.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
+        /// How long one export (connecting, sending, reading the answer) may
+        /// take before it counts as failed (default
+        /// [`Self::DEFAULT_TIMEOUT`]). Also bounds the final export at
+        /// shutdown.
+        timeout(timeout: Duration),
+    });
 
     /// Sends an HTTP header with every export, such as `authorization`
     /// for a collector that wants credentials (the value is never
