@@ -220,13 +220,18 @@ enum Action {
 /// Defaults: 3 attempts, no age limit, bisection on; each send to the
 /// destination cut after [`DEFAULT_SEND_ATTEMPT_TIMEOUT`], the shard given
 /// back after [`DEFAULT_SEND_DEADLINE`] without a send accepted.
-#[derive(Clone)]
+#[derive(Clone, derive_more::Debug)]
 pub struct PoisonPolicy {
     pub(crate) max_attempts: u32,
     pub(crate) max_record_age: Option<Duration>,
     pub(crate) bisect: bool,
     pub(crate) send_attempt_timeout: Duration,
     pub(crate) send_deadline: Duration,
+    // A destination is code, not a setting: shown by what is done.
+    #[debug("{:?}", match action {
+        Action::Send(_) => "send to destination",
+        Action::Drop => "drop",
+    })]
     action: Action,
 }
 
@@ -241,25 +246,6 @@ pub const DEFAULT_SEND_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(60);
 /// shard is not held unread for long by a destination this worker cannot
 /// reach.
 pub const DEFAULT_SEND_DEADLINE: Duration = Duration::from_secs(5 * 60);
-
-impl fmt::Debug for PoisonPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PoisonPolicy")
-            .field("max_attempts", &self.max_attempts)
-            .field("max_record_age", &self.max_record_age)
-            .field("bisect", &self.bisect)
-            .field("send_attempt_timeout", &self.send_attempt_timeout)
-            .field("send_deadline", &self.send_deadline)
-            .field(
-                "action",
-                &match self.action {
-                    Action::Send(_) => "send to destination",
-                    Action::Drop => "drop",
-                },
-            )
-            .finish()
-    }
-}
 
 impl PoisonPolicy {
     /// Records given up on go to `destination` (an `Arc` of one is a
