@@ -156,29 +156,17 @@ const MAX_NAMESPACE_LEN: usize = 255;
 /// dimensions, flush interval, buffer bound and client. Given to
 /// [`crate::WorkerBuilder::publish_cloudwatch_metrics`], or built into a
 /// recorder and publisher with [`Self::build`].
-#[derive(Clone)]
+#[derive(Clone, derive_more::Debug)]
 pub struct CloudWatchMetrics {
     namespace: Option<String>,
     level: MetricsLevel,
     dimensions: BTreeSet<Dimension>,
     flush_interval: Duration,
     max_buffered_datums: usize,
+    // Whether one is given; its configuration is the SDK's to show.
+    #[debug("{}", client.is_some())]
     client: Option<aws_sdk_cloudwatch::Client>,
     stream_dimension: Option<bool>,
-}
-
-impl fmt::Debug for CloudWatchMetrics {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CloudWatchMetrics")
-            .field("namespace", &self.namespace)
-            .field("level", &self.level)
-            .field("dimensions", &self.dimensions)
-            .field("flush_interval", &self.flush_interval)
-            .field("max_buffered_datums", &self.max_buffered_datums)
-            .field("client", &self.client.is_some())
-            .field("stream_dimension", &self.stream_dimension)
-            .finish()
-    }
 }
 
 impl Default for CloudWatchMetrics {

@@ -1,7 +1,6 @@
 //! [`OtlpMetrics`]: where and how the metrics are pushed, validated into
 //! what the recorder and the exporter are built from.
 
-use std::fmt;
 use std::time::Duration;
 
 use hyper::Uri;
@@ -45,35 +44,19 @@ const METRICS_PATH: &str = "/v1/metrics";
 ///
 /// An application that installs the recorder itself calls
 /// [`build`](Self::build).
-#[derive(Clone, PartialEq)]
+#[derive(Clone, PartialEq, derive_more::Debug)]
 pub struct OtlpMetrics {
     pub(super) endpoint: String,
     pub(super) interval: Duration,
     pub(super) timeout: Duration,
+    // Header values are often credentials: their names only.
+    #[debug("{:?}", headers.iter().map(|(name, _)| name).collect::<Vec<_>>())]
     pub(super) headers: Vec<(String, String)>,
     pub(super) service_name: Option<String>,
     pub(super) service_instance_id: Option<String>,
     pub(super) resource_attributes: Vec<(String, String)>,
     pub(super) max_series: usize,
     pub(super) histogram_buckets: Vec<(String, Vec<f64>)>,
-}
-
-impl fmt::Debug for OtlpMetrics {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Header values are often credentials: their names only.
-        let headers: Vec<&str> = self.headers.iter().map(|(name, _)| name.as_str()).collect();
-        f.debug_struct("OtlpMetrics")
-            .field("endpoint", &self.endpoint)
-            .field("interval", &self.interval)
-            .field("timeout", &self.timeout)
-            .field("headers", &headers)
-            .field("service_name", &self.service_name)
-            .field("service_instance_id", &self.service_instance_id)
-            .field("resource_attributes", &self.resource_attributes)
-            .field("max_series", &self.max_series)
-            .field("histogram_buckets", &self.histogram_buckets)
-            .finish()
-    }
 }
 
 impl OtlpMetrics {
