@@ -11,10 +11,9 @@ use crate::fake::FakeKinesis;
 use crate::test_util::fanout::{FakeFanOut, StreamFault, SubscribeFault};
 use crate::test_util::readers;
 pub(super) use crate::test_util::readers::{
-    STREAM, after, assert_dropping_the_reader_stops_it, assert_elapsed,
-    assert_lease_expiry_stops_the_reader, assert_lease_loss_stops_the_reader,
-    assert_reads_in_order, assert_resumes_inside_an_aggregate, expected, held, open, open_at,
-    payloads, put_plain, read_n, read_plain, read_shard_end,
+    STREAM, after, assert_elapsed, assert_lease_expiry_stops_the_reader, assert_reads_in_order,
+    assert_resumes_inside_an_aggregate, expected, held, open, open_at, payloads, put_plain, read_n,
+    read_plain, read_shard_end,
 };
 
 pub(super) fn config() -> FanOutConfigBuilder {
@@ -31,6 +30,16 @@ pub(super) type Setup = readers::Setup<FakeFanOut>;
 /// A setup with the tests' `config()`.
 pub(super) fn setup() -> Setup {
     setup_with(|c| c)
+}
+
+impl readers::Retrieval for FakeFanOut {
+    fn setup() -> Setup {
+        setup()
+    }
+
+    fn open_subscriptions(&self) -> Option<usize> {
+        Some(self.active())
+    }
 }
 
 /// A setup whose config is the tests' `config()` changed by `configure`.
@@ -76,16 +85,6 @@ pub(super) async fn put_one_per_event(s: &Setup, n: usize) {
         s.kinesis.put(STREAM, &s.shard, "pk", format!("r{i}"));
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-#[tokio::test(start_paused = true)]
-async fn opening_with_a_lost_lease_makes_no_call() {
-    readers::assert_opening_with_a_lost_lease_makes_no_call(&setup()).await;
-}
-
-#[tokio::test(start_paused = true)]
-async fn an_expired_parent_ends_with_its_children() {
-    readers::assert_an_expired_parent_ends_with_its_children(&setup()).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -335,17 +334,6 @@ async fn a_deleted_consumer_is_fatal_and_looked_up_again_on_the_next_open() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn lease_loss_stops_the_subscription() {
-    let s = setup();
-    assert_lease_loss_stops_the_reader(
-        &s,
-        || assert_eq!(s.fake.active(), 1),
-        || assert_eq!(s.fake.active(), 0, "the subscription ended with the lease"),
-    )
-    .await;
-}
-
-#[tokio::test(start_paused = true)]
 async fn lease_expiry_stops_the_task_by_itself() {
     let s = setup();
     assert_lease_expiry_stops_the_reader(&s, async || {
@@ -491,18 +479,6 @@ async fn without_the_check_an_unannounced_end_is_never_reported() {
             .is_err()
     );
     assert_eq!(s.source.stats().get_records_calls, 0);
-}
-
-#[tokio::test(start_paused = true)]
-async fn dropping_the_reader_ends_the_subscription() {
-    let s = setup();
-    // With no subscription left and none made again, no event can come.
-    assert_dropping_the_reader_stops_it(
-        &s,
-        || assert_eq!(s.fake.active(), 1),
-        || assert_eq!(s.fake.active(), 0),
-    )
-    .await;
 }
 
 #[tokio::test(start_paused = true)]

@@ -8,10 +8,9 @@ use crate::fake::FakeKinesis;
 use crate::faults::{Call, Fault, FaultInjector, Faulty};
 use crate::test_util::readers;
 pub(super) use crate::test_util::readers::{
-    STREAM, after, assert_dropping_the_reader_stops_it, assert_elapsed,
-    assert_lease_expiry_stops_the_reader, assert_lease_loss_stops_the_reader,
-    assert_reads_in_order, assert_resumes_inside_an_aggregate, expected, held, open, open_at,
-    payloads, put_plain, read_n, read_plain, read_shard_end,
+    STREAM, after, assert_elapsed, assert_lease_expiry_stops_the_reader, assert_reads_in_order,
+    assert_resumes_inside_an_aggregate, expected, held, open, open_at, payloads, put_plain, read_n,
+    read_plain, read_shard_end,
 };
 use crate::{KinesisShardSource, PollingConfig};
 
@@ -49,21 +48,17 @@ pub(super) fn setup() -> Setup {
     setup_with(|c| c)
 }
 
+impl readers::Retrieval for FaultInjector {
+    fn setup() -> Setup {
+        setup()
+    }
+}
+
 /// A setup whose config is the tests' `polling()` changed by `configure`.
 pub(super) fn setup_with(
     configure: impl FnOnce(crate::PollingConfigBuilder) -> crate::PollingConfigBuilder,
 ) -> Setup {
     setup_config(configure(polling()).build().expect("config"))
-}
-
-#[tokio::test(start_paused = true)]
-async fn opening_with_a_lost_lease_makes_no_call() {
-    readers::assert_opening_with_a_lost_lease_makes_no_call(&setup()).await;
-}
-
-#[tokio::test(start_paused = true)]
-async fn an_expired_parent_ends_with_its_children() {
-    readers::assert_an_expired_parent_ends_with_its_children(&setup()).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -156,12 +151,6 @@ async fn transient_failures_are_reported_after_the_limit_and_reading_goes_on() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn lease_lost_stops_without_another_get_records() {
-    let s = setup();
-    assert_lease_loss_stops_the_reader(&s, || {}, || {}).await;
-}
-
-#[tokio::test(start_paused = true)]
 async fn lease_expiry_stops_the_fetcher_by_itself() {
     let s = setup();
     assert_lease_expiry_stops_the_reader(&s, async || {
@@ -228,12 +217,6 @@ async fn prefetch_is_bounded_in_bytes() {
     assert_eq!(s.kinesis.get_records_calls(), 1);
     let (records, _) = read_n(reader.as_mut(), 50).await;
     assert_eq!(records.len(), 50);
-}
-
-#[tokio::test(start_paused = true)]
-async fn dropping_the_reader_stops_its_task() {
-    let s = setup();
-    assert_dropping_the_reader_stops_it(&s, || {}, || {}).await;
 }
 
 #[tokio::test(start_paused = true)]

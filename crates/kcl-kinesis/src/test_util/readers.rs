@@ -1,6 +1,7 @@
 //! What the polling and the fan-out reader tests share: the stream they
 //! read, the fake Kinesis and source under test, leases, opening a
-//! reader, and reading it until enough records arrived.
+//! reader, and reading it until enough records arrived; and the tests
+//! both readers pass alike, each run once per retrieval.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,8 +10,11 @@ use bytes::Bytes;
 use kcl_core::leases::{EndReason, LeaseHandle};
 use kcl_core::source::{OpenShard, ShardReader, ShardSource, SourceError, StartPosition};
 use kcl_core::{Checkpoint, Lease, Record};
+use rstest::rstest;
 
 use super::fake::FakeKinesis;
+use super::fanout::FakeFanOut;
+use super::faults::FaultInjector;
 use crate::kpl::{UserRecord, aggregate};
 use crate::{KinesisShardSource, SourceSnapshot};
 
@@ -26,6 +30,29 @@ pub(crate) struct Setup<T> {
     pub(crate) shard: String,
     /// Polling's fault injector, or the fake fan-out API.
     pub(crate) fake: T,
+}
+
+/// A retrieval the shared reader tests run on, implemented by the fake
+/// each suite drives it with: how the suite sets a source up, and what of
+/// the retrieval's own work a test can see.
+pub(crate) trait Retrieval: Sized {
+    /// A setup with the suite's default config.
+    fn setup() -> Setup<Self>;
+
+    /// The subscriptions open at the service, for a retrieval that holds
+    /// them (fan-out); `None` for one that holds nothing between its calls
+    /// (polling).
+    fn open_subscriptions(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// Checks that the retrieval holds `n` subscriptions open, where it holds
+/// any.
+fn assert_subscriptions<T: Retrieval>(s: &Setup<T>, n: usize, why: &str) {
+    if let Some(open) = s.fake.open_subscriptions() {
+        assert_eq!(open, n, "{why}");
+    }
 }
 
 /// Opens `shard` of [`STREAM`] at `position` under `lease`.
@@ -75,27 +102,26 @@ pub(crate) async fn assert_reads_in_order<T>(
 }
 
 /// Reads records under a lease, then ends it: the next read fails with
-/// `LeaseLost`, no call to Kinesis follows, and the reader stays stopped.
-/// `while_held` checks the retrieval before the lease ends, `once_lost`
-/// right after the reader reported the loss.
-pub(crate) async fn assert_lease_loss_stops_the_reader<T>(
-    s: &Setup<T>,
-    while_held: impl FnOnce(),
-    once_lost: impl FnOnce(),
-) {
-    put_plain(s, 0..5);
+/// `LeaseLost`, no call to Kinesis follows, the subscription (if any)
+/// ends, and the reader stays stopped.
+#[rstest]
+#[case::polling(FaultInjector::setup())]
+#[case::fan_out(FakeFanOut::setup())]
+#[tokio::test(start_paused = true)]
+async fn lease_loss_stops_the_reader<T: Retrieval>(#[case] s: Setup<T>) {
+    put_plain(&s, 0..5);
     let lease = held(&s.shard);
-    let mut reader = open_at(s, &s.shard, StartPosition::TrimHorizon, lease.clone())
+    let mut reader = open_at(&s, &s.shard, StartPosition::TrimHorizon, lease.clone())
         .await
         .expect("open");
     read_n(reader.as_mut(), 5).await;
-    while_held();
+    assert_subscriptions(&s, 1, "reading");
     lease.end_for_test(EndReason::Lost);
     let calls = reader_calls(&s.source.stats());
     let err = reader.next_batch().await.expect_err("lease lost");
     assert!(matches!(err, SourceError::LeaseLost { .. }), "{err:?}");
     tokio::time::sleep(Duration::from_millis(10)).await;
-    once_lost();
+    assert_subscriptions(&s, 0, "the subscription ended with the lease");
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(
         reader_calls(&s.source.stats()),
@@ -108,21 +134,21 @@ pub(crate) async fn assert_lease_loss_stops_the_reader<T>(
     );
 }
 
-/// Reads records, then drops the reader: its task stops and makes no
-/// call to Kinesis from then on. `while_open` checks the retrieval before
-/// the drop, `once_dropped` right after it.
-pub(crate) async fn assert_dropping_the_reader_stops_it<T>(
-    s: &Setup<T>,
-    while_open: impl FnOnce(),
-    once_dropped: impl FnOnce(),
-) {
-    put_plain(s, 0..3);
-    let mut reader = open(s, StartPosition::TrimHorizon).await;
+/// Reads records, then drops the reader: its task stops, so does its
+/// subscription (if any), and it makes no call to Kinesis from then on.
+#[rstest]
+#[case::polling(FaultInjector::setup())]
+#[case::fan_out(FakeFanOut::setup())]
+#[tokio::test(start_paused = true)]
+async fn dropping_the_reader_stops_its_task<T: Retrieval>(#[case] s: Setup<T>) {
+    put_plain(&s, 0..3);
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
     read_n(reader.as_mut(), 3).await;
-    while_open();
+    assert_subscriptions(&s, 1, "reading");
     drop(reader);
     tokio::time::sleep(Duration::from_millis(10)).await;
-    once_dropped();
+    // With no subscription left and none made again, no event can come.
+    assert_subscriptions(&s, 0, "the subscription ended with the reader");
     let calls = reader_calls(&s.source.stats());
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(
@@ -163,10 +189,14 @@ pub(crate) async fn assert_a_trimmed_checkpoint_resumes_at_the_horizon<T>(s: &Se
 
 /// Opening the test's shard under a lease that already ended fails with
 /// `LeaseLost` before any call to Kinesis.
-pub(crate) async fn assert_opening_with_a_lost_lease_makes_no_call<T>(s: &Setup<T>) {
+#[rstest]
+#[case::polling(FaultInjector::setup())]
+#[case::fan_out(FakeFanOut::setup())]
+#[tokio::test(start_paused = true)]
+async fn opening_with_a_lost_lease_makes_no_call<T>(#[case] s: Setup<T>) {
     let lease = held(&s.shard);
     lease.end_for_test(EndReason::Lost);
-    let err = open_at(s, &s.shard, StartPosition::TrimHorizon, lease)
+    let err = open_at(&s, &s.shard, StartPosition::TrimHorizon, lease)
         .await
         .expect_err("lease lost");
     assert!(matches!(err, SourceError::LeaseLost { .. }), "{err:?}");
@@ -175,11 +205,15 @@ pub(crate) async fn assert_opening_with_a_lost_lease_makes_no_call<T>(s: &Setup<
 
 /// A split parent that aged out of retention: the first batch is its end,
 /// with no record, naming its children, and the expired shard is counted.
-pub(crate) async fn assert_an_expired_parent_ends_with_its_children<T>(s: &Setup<T>) {
-    put_plain(s, 0..3);
+#[rstest]
+#[case::polling(FaultInjector::setup())]
+#[case::fan_out(FakeFanOut::setup())]
+#[tokio::test(start_paused = true)]
+async fn an_expired_parent_ends_with_its_children<T>(#[case] s: Setup<T>) {
+    put_plain(&s, 0..3);
     let kids = s.kinesis.split(STREAM, &s.shard, true);
     s.kinesis.expire(STREAM, &s.shard);
-    let mut reader = open(s, StartPosition::TrimHorizon).await;
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
     let batch = reader.next_batch().await.expect("the end");
     assert!(batch.records.is_empty(), "its records are gone");
     let children = batch.shard_end.expect("SHARD_END, not an error");
