@@ -101,4 +101,4 @@ pub use source::{
 };
 pub use stats::{SourceSnapshot, SourceStats};
 #[cfg(any(test, feature = "test-util"))]
-pub use test_util::{batches, fake, faults, held_bytes};
+pub use test_util::{batches, fake, faults, held_bytes, passed_through};

@@ -10,6 +10,7 @@ use kcl_kinesis::kpl::{
     self, DIGEST_LEN, Deaggregated, Deaggregator, MAGIC, RawRecord, ShardHashRange, UserRecord,
     effective_hash_key, skip_checkpointed,
 };
+use kcl_kinesis::passed_through;
 use proptest::prelude::*;
 
 const SEQ: &str = "49590338271490256608559692538361571095921575989136588898";
@@ -61,18 +62,7 @@ fn check(input: &RawRecord, out: &Deaggregated) -> Result<(), TestCaseError> {
         prop_assert!(payload <= input.data.len() - MAGIC.len() - DIGEST_LEN);
     } else {
         // Pass-through: exactly the input, untouched.
-        prop_assert_eq!(
-            &out.records,
-            &vec![Record {
-                data: input.data.clone(),
-                partition_key: input.partition_key.clone(),
-                explicit_hash_key: input.explicit_hash_key.clone(),
-                sequence_number: input.sequence_number.clone(),
-                sub_sequence_number: 0,
-                approximate_arrival: input.approximate_arrival,
-                aggregated: false,
-            }]
-        );
+        prop_assert_eq!(&out.records, &vec![passed_through(input)]);
     }
     Ok(())
 }

@@ -5,8 +5,8 @@
 //! and the de-aggregation benchmarks' batches ([`batches`]).
 //!
 //! The public parts are re-exported at the crate root as `kcl_kinesis::fake`,
-//! `kcl_kinesis::faults`, `kcl_kinesis::batches` and
-//! `kcl_kinesis::held_bytes`, the paths tests and benchmarks name.
+//! `kcl_kinesis::faults`, `kcl_kinesis::batches`, `kcl_kinesis::held_bytes`
+//! and `kcl_kinesis::passed_through`, the paths tests and benchmarks name.
 
 pub mod batches;
 pub mod fake;
@@ -20,6 +20,23 @@ pub(crate) mod readers;
 /// the budgets' bound.
 pub fn held_bytes(records: &[kcl_core::Record]) -> usize {
     crate::records::held_bytes(records)
+}
+
+/// The one record de-aggregation hands back for `input` when it does not
+/// split it (a plain record, or a malformed aggregate passed through):
+/// every field of `input` untouched, as sub-record 0 of no aggregate.
+/// Written out field by field, apart from the library's own conversion,
+/// for tests to check that conversion against.
+pub fn passed_through(input: &crate::kpl::RawRecord) -> kcl_core::Record {
+    kcl_core::Record {
+        data: input.data.clone(),
+        partition_key: input.partition_key.clone(),
+        explicit_hash_key: input.explicit_hash_key.clone(),
+        sequence_number: input.sequence_number.clone(),
+        sub_sequence_number: 0,
+        approximate_arrival: input.approximate_arrival,
+        aggregated: false,
+    }
 }
 
 /// A Kinesis client pointed at a port nothing listens on, for tests that

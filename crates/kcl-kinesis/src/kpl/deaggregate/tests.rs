@@ -5,6 +5,7 @@ use kcl_core::test_util::metrics::Recorded;
 
 use super::super::{UserRecord, aggregate};
 use super::*;
+use crate::test_util::passed_through;
 
 fn raw(data: impl Into<Bytes>) -> RawRecord {
     RawRecord {
@@ -51,18 +52,7 @@ fn table(keys: &[&str]) -> Vec<String> {
 
 /// Asserts the input came back as exactly one untouched plain record.
 fn assert_passed_through(input: &RawRecord, out: &Deaggregated) {
-    assert_eq!(
-        out.records,
-        vec![Record {
-            data: input.data.clone(),
-            partition_key: input.partition_key.clone(),
-            explicit_hash_key: input.explicit_hash_key.clone(),
-            sequence_number: input.sequence_number.clone(),
-            sub_sequence_number: 0,
-            approximate_arrival: input.approximate_arrival,
-            aggregated: false,
-        }]
-    );
+    assert_eq!(out.records, vec![passed_through(input)]);
     assert_eq!(out.outside_shard, 0);
 }
 
