@@ -1,6 +1,8 @@
 //! What real Kinesis does to a subscription and the emulator never: a
-//! connection that dies without a reset, KMS and access errors, a shard
-//! past retention, a checkpoint behind the trim horizon.
+//! connection that dies without a reset, KMS and access errors, stale
+//! not-found answers for new shards. A shard past retention and a checkpoint
+//! behind the trim horizon, which polling meets alike, are tested for
+//! both readers in `test_util::readers`.
 
 use std::time::Duration;
 
@@ -14,7 +16,6 @@ use super::tests::{
 };
 use crate::calls::IteratorStart;
 use crate::test_util::fanout::{StreamFault, SubscribeFault};
-use crate::test_util::readers::assert_a_trimmed_checkpoint_resumes_at_the_horizon;
 
 #[tokio::test(start_paused = true)]
 async fn a_silent_subscription_is_replaced_within_the_event_timeout() {
@@ -53,14 +54,6 @@ async fn kms_and_access_errors_keep_the_shard_and_resubscribe() {
     let errors = read_plain(reader.as_mut(), 0..3).await;
     assert_eq!(errors, 0, "nothing reported: the reader keeps the shard");
     assert_eq!(s.source.stats().access_denied, 4);
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_trimmed_checkpoint_resubscribes_at_trim_horizon_and_is_counted() {
-    let s = setup();
-    assert_a_trimmed_checkpoint_resumes_at_the_horizon(&s).await;
-    let subs = s.fake.subscriptions();
-    assert_eq!(subs.last().map(|s| &s.1), Some(&IteratorStart::TrimHorizon));
 }
 
 #[tokio::test(start_paused = true)]

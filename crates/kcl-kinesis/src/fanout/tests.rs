@@ -12,8 +12,7 @@ use crate::test_util::fanout::{FakeFanOut, StreamFault, SubscribeFault};
 use crate::test_util::readers;
 pub(super) use crate::test_util::readers::{
     STREAM, after, assert_elapsed, assert_lease_expiry_stops_the_reader, assert_reads_in_order,
-    assert_resumes_inside_an_aggregate, expected, held, open, open_at, payloads, put_plain, read_n,
-    read_plain, read_shard_end,
+    expected, held, open, open_at, payloads, put_plain, read_n, read_plain, read_shard_end,
 };
 
 pub(super) fn config() -> FanOutConfigBuilder {
@@ -39,6 +38,10 @@ impl readers::Retrieval for FakeFanOut {
 
     fn open_subscriptions(&self) -> Option<usize> {
         Some(self.active())
+    }
+
+    fn subscription_starts(&self) -> Option<Vec<IteratorStart>> {
+        Some(self.subscriptions().into_iter().map(|(_, at)| at).collect())
     }
 }
 
@@ -99,24 +102,6 @@ async fn reads_every_record_in_order_through_one_subscription() {
     assert_eq!(stats.records, 30);
     assert!(stats.events >= 2, "{stats:?}");
     assert_eq!(s.fake.registrations(), 1);
-}
-
-#[tokio::test(start_paused = true)]
-async fn latest_reads_only_new_records() {
-    let s = setup();
-    put_plain(&s, 0..5);
-    let mut reader = open(&s, StartPosition::Latest).await;
-    // Let the subscription start before the new record is written.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    s.kinesis.put(STREAM, &s.shard, "pk", "new");
-    let (records, _) = read_n(reader.as_mut(), 1).await;
-    assert_eq!(payloads(&records), ["new"]);
-    assert_eq!(
-        s.fake.subscriptions()[0].1,
-        IteratorStart::Latest,
-        "{:?}",
-        s.fake.subscriptions()
-    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -394,16 +379,6 @@ async fn the_byte_budget_bounds_what_is_buffered() {
     assert!(events <= 2, "{events} events read");
     let (records, _) = read_n(reader.as_mut(), 5).await;
     assert_eq!(records.len(), 5);
-}
-
-#[tokio::test(start_paused = true)]
-async fn resume_inside_an_aggregate_skips_the_done_sub_records() {
-    let s = setup();
-    let seq = assert_resumes_inside_an_aggregate(&s).await;
-    assert_eq!(
-        s.fake.subscriptions()[0].1,
-        IteratorStart::AtSequence(seq.clone())
-    );
 }
 
 #[tokio::test(start_paused = true)]

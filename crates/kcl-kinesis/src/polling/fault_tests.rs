@@ -1,6 +1,8 @@
 //! What real Kinesis does and the emulator never: shards past retention,
 //! deleted streams, trimmed checkpoints, calls that never answer, denied
 //! access, and partial pages while far behind. Each under paused time.
+//! A trimmed checkpoint and an expired split parent, which fan-out meets
+//! alike, are tested for both readers in `test_util::readers`.
 
 use std::time::Duration;
 
@@ -13,7 +15,6 @@ use super::tests::{
 };
 use crate::MIN_TIME_BETWEEN_READS;
 use crate::faults::{Call, Fault};
-use crate::test_util::readers::assert_a_trimmed_checkpoint_resumes_at_the_horizon;
 
 async fn try_open(s: &Setup, position: StartPosition) -> Result<(), SourceError> {
     open_at(s, &s.shard, position, held(&s.shard))
@@ -132,12 +133,6 @@ async fn not_found_for_a_shard_still_listed_is_retryable() {
     try_open(&s, StartPosition::TrimHorizon)
         .await
         .expect("the retry opens");
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_checkpoint_behind_the_trim_horizon_resumes_there_and_is_counted() {
-    let s = setup();
-    assert_a_trimmed_checkpoint_resumes_at_the_horizon(&s).await;
 }
 
 #[tokio::test(start_paused = true)]

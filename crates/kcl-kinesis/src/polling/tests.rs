@@ -9,8 +9,7 @@ use crate::faults::{Call, Fault, FaultInjector, Faulty};
 use crate::test_util::readers;
 pub(super) use crate::test_util::readers::{
     STREAM, after, assert_elapsed, assert_lease_expiry_stops_the_reader, assert_reads_in_order,
-    assert_resumes_inside_an_aggregate, expected, held, open, open_at, payloads, put_plain, read_n,
-    read_plain, read_shard_end,
+    expected, held, open, open_at, payloads, put_plain, read_n, read_plain, read_shard_end,
 };
 use crate::{KinesisShardSource, PollingConfig};
 
@@ -70,16 +69,6 @@ async fn reads_every_record_in_order_across_batches() {
     assert!(batch.records.is_empty());
     assert_eq!(batch.millis_behind_latest, Some(0));
     assert_eq!(batch.shard_end, None);
-}
-
-#[tokio::test(start_paused = true)]
-async fn latest_reads_only_new_records() {
-    let s = setup();
-    put_plain(&s, 0..5);
-    let mut reader = open(&s, StartPosition::Latest).await;
-    s.kinesis.put(STREAM, &s.shard, "pk", "new");
-    let (records, _) = read_n(reader.as_mut(), 1).await;
-    assert_eq!(payloads(&records), ["new"]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -162,12 +151,6 @@ async fn lease_expiry_stops_the_fetcher_by_itself() {
         assert_eq!(s.kinesis.get_records_calls(), calls);
     })
     .await;
-}
-
-#[tokio::test(start_paused = true)]
-async fn resume_inside_an_aggregate_skips_the_done_sub_records() {
-    let s = setup();
-    assert_resumes_inside_an_aggregate(&s).await;
 }
 
 #[tokio::test(start_paused = true)]

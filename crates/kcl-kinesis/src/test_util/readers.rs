@@ -15,6 +15,7 @@ use rstest::rstest;
 use super::fake::FakeKinesis;
 use super::fanout::FakeFanOut;
 use super::faults::FaultInjector;
+use crate::calls::IteratorStart;
 use crate::kpl::{UserRecord, aggregate};
 use crate::{KinesisShardSource, SourceSnapshot};
 
@@ -43,6 +44,12 @@ pub(crate) trait Retrieval: Sized {
     /// them (fan-out); `None` for one that holds nothing between its calls
     /// (polling).
     fn open_subscriptions(&self) -> Option<usize> {
+        None
+    }
+
+    /// Where each subscription started, in order, for a retrieval that
+    /// subscribes (fan-out); `None` for one that does not (polling).
+    fn subscription_starts(&self) -> Option<Vec<IteratorStart>> {
         None
     }
 }
@@ -176,15 +183,44 @@ pub(crate) async fn assert_lease_expiry_stops_the_reader<T>(
     assert!(matches!(err, SourceError::LeaseLost { .. }), "{err:?}");
 }
 
+/// Opened at LATEST, a reader reads only what is written after it
+/// opened, and subscribes (if it does) at LATEST.
+#[rstest]
+#[case::polling(FaultInjector::setup())]
+#[case::fan_out(FakeFanOut::setup())]
+#[tokio::test(start_paused = true)]
+async fn latest_reads_only_new_records<T: Retrieval>(#[case] s: Setup<T>) {
+    put_plain(&s, 0..5);
+    let mut reader = open(&s, StartPosition::Latest).await;
+    // Let a subscription start before the new record is written.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    s.kinesis.put(STREAM, &s.shard, "pk", "new");
+    let (records, _) = read_n(reader.as_mut(), 1).await;
+    assert_eq!(payloads(&records), ["new"]);
+    if let Some(starts) = s.fake.subscription_starts() {
+        assert_eq!(starts[0], IteratorStart::Latest, "{starts:?}");
+    }
+}
+
 /// Opens the test's shard after a checkpoint the trim horizon has
-/// passed: the reader resumes at the horizon, reads what is left without
-/// an error, and counts the trimmed start.
-pub(crate) async fn assert_a_trimmed_checkpoint_resumes_at_the_horizon<T>(s: &Setup<T>) {
-    let seqs = put_plain(s, 0..10);
+/// passed: the reader resumes at the horizon (its last subscription, if
+/// it subscribes, starts there), reads what is left without an error, and
+/// counts the trimmed start.
+#[rstest]
+#[case::polling(FaultInjector::setup())]
+#[case::fan_out(FakeFanOut::setup())]
+#[tokio::test(start_paused = true)]
+async fn a_trimmed_checkpoint_resumes_at_the_horizon_and_is_counted<T: Retrieval>(
+    #[case] s: Setup<T>,
+) {
+    let seqs = put_plain(&s, 0..10);
     s.kinesis.trim(STREAM, &s.shard, 6);
-    let mut reader = open(s, after(&seqs[2])).await;
+    let mut reader = open(&s, after(&seqs[2])).await;
     assert_eq!(read_plain(reader.as_mut(), 6..10).await, 0);
     assert_eq!(s.source.stats().trimmed_starts, 1);
+    if let Some(starts) = s.fake.subscription_starts() {
+        assert_eq!(starts.last(), Some(&IteratorStart::TrimHorizon));
+    }
 }
 
 /// Opening the test's shard under a lease that already ended fails with
@@ -356,9 +392,13 @@ pub(crate) fn sub_records(n: usize) -> Vec<UserRecord> {
 /// Puts a plain record `before`, an aggregate of five [`sub_records`]
 /// and a plain record `after` on the test's shard, and opens it after a
 /// checkpoint inside the aggregate (after its sub-record 2): the reader
-/// delivers the aggregate's last two sub-records, then the record after
-/// it. Returns the aggregate's sequence number.
-pub(crate) async fn assert_resumes_inside_an_aggregate<T>(s: &Setup<T>) -> String {
+/// (its first subscription, if it subscribes, at the aggregate) delivers
+/// the aggregate's last two sub-records, then the record after it.
+#[rstest]
+#[case::polling(FaultInjector::setup())]
+#[case::fan_out(FakeFanOut::setup())]
+#[tokio::test(start_paused = true)]
+async fn resume_inside_an_aggregate_skips_the_done_sub_records<T: Retrieval>(#[case] s: Setup<T>) {
     let (fake, shard) = (&s.kinesis, s.shard.as_str());
     fake.put(STREAM, shard, "pk", "before");
     let subs = sub_records(5);
@@ -368,7 +408,7 @@ pub(crate) async fn assert_resumes_inside_an_aggregate<T>(s: &Setup<T>) -> Strin
         seq: seq.clone(),
         sub: 2,
     };
-    let mut reader = open(s, inside).await;
+    let mut reader = open(&s, inside).await;
     let (records, _) = read_n(reader.as_mut(), 3).await;
     assert_eq!(payloads(&records), ["sub 3", "sub 4", "after"]);
     assert_eq!(
@@ -380,5 +420,7 @@ pub(crate) async fn assert_resumes_inside_an_aggregate<T>(s: &Setup<T>) -> Strin
         [(seq.as_str(), 3), (seq.as_str(), 4)]
     );
     assert!(records[0].aggregated);
-    seq
+    if let Some(starts) = s.fake.subscription_starts() {
+        assert_eq!(starts[0], IteratorStart::AtSequence(seq));
+    }
 }
