@@ -66,6 +66,7 @@ type Message = task_reader::Message<Held>;
 
 /// What a subscriber waits for before it reads an event: a slot for the
 /// batch and the worker-wide budget reserved for it.
+#[derive(Debug)]
 struct Room {
     slot: OwnedPermit<Message>,
     worker: Reservation,
@@ -226,6 +227,7 @@ enum Flow {
 }
 
 /// The state of the subscription task.
+#[derive(Debug)]
 struct Subscriber {
     shared: Shared,
     fanout: Arc<FanOut>,
@@ -264,17 +266,6 @@ struct Subscriber {
     /// Where the next subscription starts instead of after the last event:
     /// `TRIM_HORIZON` once that position was found trimmed.
     restart_at: Option<IteratorStart>,
-}
-
-impl std::fmt::Debug for Subscriber {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Subscriber")
-            .field("stream", &self.stream)
-            .field("shard_id", &self.shard_id)
-            .field("continuation", &self.continuation)
-            .field("subscriptions", &self.subscriptions)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Subscriber {
