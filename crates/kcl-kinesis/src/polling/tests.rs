@@ -1,7 +1,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kcl_core::source::StartPosition;
+use kcl_core::source::{ShardReader, StartPosition};
 
 use crate::calls::KinesisApi;
 use crate::fake::FakeKinesis;
@@ -71,15 +71,28 @@ async fn reads_every_record_in_order_across_batches() {
     assert_eq!(batch.shard_end, None);
 }
 
-#[tokio::test(start_paused = true)]
-async fn expired_iterator_mid_read_loses_and_repeats_nothing() {
-    // A prefetch budget of one batch keeps the fetcher from running ahead,
-    // so the fault lands in the middle of the shard.
-    let s = setup_with(|c| c.max_prefetch_records(10));
-    put_plain(&s, 0..45);
+/// Puts the plain records `0..n`, reads the first batch (`0..10`) and
+/// injects `faults` into the next `GetRecords` calls. A prefetch budget of
+/// one batch keeps the fetcher from running ahead, so the faults land in
+/// the middle of the shard. `configure` changes the tests' config further.
+async fn faults_after_one_batch(
+    n: usize,
+    configure: impl FnOnce(crate::PollingConfigBuilder) -> crate::PollingConfigBuilder,
+    faults: impl IntoIterator<Item = Fault>,
+) -> (Setup, Box<dyn ShardReader>) {
+    let s = setup_with(|c| configure(c.max_prefetch_records(10)));
+    put_plain(&s, 0..n);
     let mut reader = open(&s, StartPosition::TrimHorizon).await;
     read_plain(reader.as_mut(), 0..10).await;
-    s.fake.inject(Call::GetRecords, Fault::ExpiredIterator);
+    for fault in faults {
+        s.fake.inject(Call::GetRecords, fault);
+    }
+    (s, reader)
+}
+
+#[tokio::test(start_paused = true)]
+async fn expired_iterator_mid_read_loses_and_repeats_nothing() {
+    let (s, mut reader) = faults_after_one_batch(45, |c| c, [Fault::ExpiredIterator]).await;
     assert_eq!(read_plain(reader.as_mut(), 10..45).await, 0);
     assert_eq!(s.fake.injected(Call::GetRecords), 1);
     let stats = s.source.stats();
@@ -99,18 +112,13 @@ async fn expired_iterator_before_any_record_restarts_at_the_checkpoint() {
 
 #[tokio::test(start_paused = true)]
 async fn throttling_backs_off_retries_and_is_counted() {
-    let s = setup_with(|c| c.max_prefetch_records(10));
-    put_plain(&s, 0..30);
-    let mut reader = open(&s, StartPosition::TrimHorizon).await;
-    read_plain(reader.as_mut(), 0..10).await;
-    for fault in [
+    let throttles = [
         Fault::ProvisionedThroughputExceeded,
         Fault::ProvisionedThroughputExceeded,
         Fault::KmsThrottling,
         Fault::ProvisionedThroughputExceeded,
-    ] {
-        s.fake.inject(Call::GetRecords, fault);
-    }
+    ];
+    let (s, mut reader) = faults_after_one_batch(30, |c| c, throttles).await;
     let started = tokio::time::Instant::now();
     let errors = read_plain(reader.as_mut(), 10..30).await;
     assert_eq!(errors, 0, "throttling is not an error for the consumer");
@@ -123,17 +131,13 @@ async fn throttling_backs_off_retries_and_is_counted() {
 
 #[tokio::test(start_paused = true)]
 async fn transient_failures_are_reported_after_the_limit_and_reading_goes_on() {
-    let s = setup_with(|c| c.max_transient_retries(2).max_prefetch_records(10));
-    put_plain(&s, 0..20);
-    let mut reader = open(&s, StartPosition::TrimHorizon).await;
-    read_plain(reader.as_mut(), 0..10).await;
-    for fault in [
+    let failures = [
         Fault::InternalFailure,
         Fault::Timeout,
         Fault::InternalFailure,
-    ] {
-        s.fake.inject(Call::GetRecords, fault);
-    }
+    ];
+    let (s, mut reader) =
+        faults_after_one_batch(20, |c| c.max_transient_retries(2), failures).await;
     let errors = read_plain(reader.as_mut(), 10..20).await;
     assert_eq!(errors, 1, "reported once, after max_transient_retries");
     assert_eq!(s.source.stats().retries, 2);
