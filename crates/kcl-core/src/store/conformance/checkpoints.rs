@@ -1,7 +1,7 @@
 //! Checkpoints: written by the holder that may checkpoint, never racing
 //! renewals, conditional on the one they replace, SHARD_END with children.
 
-use super::{assert_condition_failed, cp, h, owned_by};
+use super::{assert_condition_failed, checkpointed_only_by, cp, h, owned_by};
 use crate::lease::Checkpoint;
 use crate::store::{CheckpointUpdate, CheckpointWrite, LeaseStore, StoreError};
 
@@ -48,14 +48,7 @@ pub async fn checkpoint_is_guarded_by_ownership<S: LeaseStore + ?Sized>(store: &
 pub async fn checkpoint_after_the_lease_moved_is_rejected<S: LeaseStore + ?Sized>(store: &S) {
     let l = owned_by(store, "s", "a").await;
     store.take(&l, h("b")).await.expect("steal");
-    assert_condition_failed(
-        store.checkpoint("s", h("a"), &cp("5")).await,
-        "checkpoint by the old owner",
-    );
-    let c = store
-        .checkpoint("s", h("b"), &cp("6"))
-        .await
-        .expect("new owner checkpoints");
+    let c = checkpointed_only_by(store, "s", h("b"), h("a"), &cp("6"), "after the steal").await;
     assert_eq!(c.checkpoint, Checkpoint::at("6", 0));
 }
 

@@ -2,8 +2,8 @@
 //! handoff to nobody, replays that reconcile.
 
 use super::{
-    DRAINING, Write, a_in, assert_condition_failed, assert_refused, cp, created, h, lease,
-    taken_by_a,
+    DRAINING, Write, a_in, assert_condition_failed, assert_refused, checkpointed_only_by, cp,
+    created, h, lease, taken_by_a, written_and_replayed,
 };
 use crate::lease::{Checkpoint, Lease};
 use crate::store::{Holder, LeaseStore};
@@ -114,18 +114,15 @@ pub async fn a_hand_back_is_a_handoff_to_nobody_the_holder_drains<S: LeaseStore 
         (None, Some("a"))
     );
     // And still none after each of the holder's own writes.
-    assert_refused(
+    checkpointed_only_by(
         store,
         "s",
+        a_in("i1.1"),
         a_in("i1.2"),
-        &[Write::Checkpoint],
-        "another tenure",
+        &cp("9"),
+        "while the holder drains",
     )
     .await;
-    store
-        .checkpoint("s", a_in("i1.1"), &cp("9"))
-        .await
-        .expect("the holder checkpoints while it drains");
     assert_refused(
         store,
         "s",
@@ -220,12 +217,8 @@ async fn handed_back_twice<S: LeaseStore + ?Sized>(
     drain: bool,
 ) -> Lease {
     let l = taken_by_a(store, key, tenure).await;
-    let first = store.hand_back(&l, drain).await.expect("hand back");
-    let replay = store
-        .hand_back(&l, drain)
-        .await
-        .expect("the replay reconciles");
-    assert_eq!(replay, first, "drain: {drain}");
+    let what = format!("hand-back with drain {drain}");
+    written_and_replayed(|| store.hand_back(&l, drain), &what).await;
     assert_condition_failed(
         store.hand_back(&l, !drain).await,
         &format!(

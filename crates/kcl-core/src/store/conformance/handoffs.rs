@@ -2,7 +2,10 @@
 //! (in the tenure the handoff recorded) until it completes; a take ends
 //! one, a release keeps it.
 
-use super::{Write, a_in, assert_condition_failed, assert_refused, cp, h, owned_by, taken_by_a};
+use super::{
+    Write, a_in, assert_condition_failed, assert_refused, checkpointed_only_by, cp, h, owned_by,
+    taken_by_a,
+};
 use crate::lease::{Checkpoint, Lease};
 use crate::store::{CheckpointUpdate, LeaseStore};
 
@@ -33,14 +36,7 @@ pub async fn handoff_moves_checkpoint_rights<S: LeaseStore + ?Sized>(store: &S) 
     let started = a_handoff_starts_from_the_lease_as_read(store, &l).await;
 
     let cp = CheckpointUpdate::to(Checkpoint::at("42", 0));
-    store
-        .checkpoint("s", h("a"), &cp)
-        .await
-        .expect("previous owner checkpoints");
-    assert_condition_failed(
-        store.checkpoint("s", h("b"), &cp).await,
-        "new owner before completion",
-    );
+    checkpointed_only_by(store, "s", h("a"), h("b"), &cp, "before completion").await;
     // The previous owner keeps the lease alive meanwhile (the Java KCL's
     // protocol), in the tenure the handoff recorded and no other.
     assert_condition_failed(
@@ -70,14 +66,7 @@ pub async fn handoff_moves_checkpoint_rights<S: LeaseStore + ?Sized>(store: &S) 
     assert_eq!(done.owner.as_deref(), Some("b"));
     assert_eq!(done.checkpoint, Checkpoint::at("42", 0));
     assert!(done.counter > renewed.counter);
-    assert_condition_failed(
-        store.checkpoint("s", h("a"), &cp).await,
-        "old owner after completion",
-    );
-    store
-        .checkpoint("s", h("b"), &cp)
-        .await
-        .expect("new owner after completion");
+    checkpointed_only_by(store, "s", h("b"), h("a"), &cp, "after completion").await;
 }
 
 /// The start of a handoff of `l` (owned by `a`) to `b`: only from the

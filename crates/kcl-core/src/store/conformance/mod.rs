@@ -9,6 +9,8 @@
 //! kcl_core::lease_store_conformance!(new_store);
 //! ```
 
+use std::future::Future;
+
 use super::{CheckpointUpdate, Holder, LeaseStore, StoreError};
 use crate::lease::{Checkpoint, Lease};
 
@@ -161,6 +163,47 @@ fn assert_condition_failed<T: std::fmt::Debug>(
         Err(e) if e.is_condition_failed() => e.current().cloned(),
         other => panic!("{what}: expected a failed condition, got {other:?}"),
     }
+}
+
+/// Asserts that `key`'s checkpoint is `by`'s to write and not `other`'s
+/// (`when` names the moment in a failure): `other`'s write of `update`
+/// fails its condition, `by`'s lands. A refused write writes nothing, so
+/// their order does not matter. Returns the lease as `by` wrote it.
+async fn checkpointed_only_by<S: LeaseStore + ?Sized>(
+    store: &S,
+    key: &str,
+    by: Holder<'_>,
+    other: Holder<'_>,
+    update: &CheckpointUpdate,
+    when: &str,
+) -> Lease {
+    assert_condition_failed(
+        store.checkpoint(key, other, update).await,
+        &format!("a checkpoint by {other:?} {when}"),
+    );
+    store
+        .checkpoint(key, by, update)
+        .await
+        .unwrap_or_else(|e| panic!("a checkpoint by {by:?} {when}: {e:?}"))
+}
+
+/// `write` sent twice, as a write whose answer was lost is sent again: the
+/// replay must reconcile to the lease the first attempt wrote (`what`
+/// names the write in a failure). Returns that lease.
+async fn written_and_replayed<F, W>(write: F, what: &str) -> Lease
+where
+    F: Fn() -> W,
+    W: Future<Output = Result<Lease, StoreError>>,
+{
+    let first = write().await.unwrap_or_else(|e| panic!("{what}: {e:?}"));
+    let replay = write()
+        .await
+        .unwrap_or_else(|e| panic!("the replayed {what} must reconcile: {e:?}"));
+    assert_eq!(
+        replay, first,
+        "the replayed {what} reconciles to what it wrote"
+    );
+    first
 }
 
 /// A write a holder may be shut out of, for [`assert_refused`].

@@ -1,7 +1,7 @@
 //! Takes, renewals and releases: each guarded by the counter and owner it
 //! read, races with one winner, and replays that reconcile as applied.
 
-use super::{RACE_ROUNDS, assert_condition_failed, created, h, owned_by};
+use super::{RACE_ROUNDS, assert_condition_failed, created, h, owned_by, written_and_replayed};
 use crate::store::LeaseStore;
 
 /// A take succeeds only against the counter and owner it read.
@@ -112,33 +112,10 @@ pub async fn release_is_guarded_by_owner<S: LeaseStore + ?Sized>(store: &S) {
 /// the item shows our write, and only then.
 pub async fn replayed_writes_reconcile_as_applied<S: LeaseStore + ?Sized>(store: &S) {
     let seen = created(store, "s").await;
-    let first = store.take(&seen, h("a")).await.expect("take");
-    let replay = store
-        .take(&seen, h("a"))
-        .await
-        .expect("replayed take reconciles");
-    assert_eq!(replay, first);
+    let first = written_and_replayed(|| store.take(&seen, h("a")), "take").await;
     assert_condition_failed(store.take(&seen, h("b")).await, "someone else's replay");
-
-    let renewed = store
-        .renew("s", h("a"), first.counter)
-        .await
-        .expect("renew");
-    let replay = store
-        .renew("s", h("a"), first.counter)
-        .await
-        .expect("replayed renew reconciles");
-    assert_eq!(replay, renewed);
-
-    let started = store
-        .start_handoff(&renewed, h("b"))
-        .await
-        .expect("handoff");
-    let replay = store
-        .start_handoff(&renewed, h("b"))
-        .await
-        .expect("replayed handoff reconciles");
-    assert_eq!(replay, started);
+    let renewed = written_and_replayed(|| store.renew("s", h("a"), first.counter), "renew").await;
+    let started = written_and_replayed(|| store.start_handoff(&renewed, h("b")), "handoff").await;
 
     // Once the state moves on, the replay is a lost race again.
     store
