@@ -16,6 +16,7 @@ use kcl_tests::e2e::{
     wait_all_owned_by, wait_complete, wait_complete_then_terminate,
 };
 use kcl_tests::{TestRecord, create_stream, merge_shards, put_records, unique_name};
+use rstest::rstest;
 use tokio::time::Instant;
 
 use crate::E2E_WORKER;
@@ -262,17 +263,11 @@ async fn a_handoff_past_a_hung_processor_is_forced_at_the_deadline_with_bounded_
     );
 }
 
+#[rstest]
+#[case::polling("polling")]
+#[case::fan_out("fanout")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn split_and_merge_during_production_keep_order_and_parents_first() {
-    split_and_merge("polling").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn split_and_merge_during_production_keep_order_and_parents_first_with_fan_out() {
-    split_and_merge("fanout").await;
-}
-
-async fn split_and_merge(retrieval: &str) {
+async fn split_and_merge_during_production_keep_order_and_parents_first(#[case] retrieval: &str) {
     let mut s = Scenario::new(2).await;
     let out = out_dir("kcl-e2e-reshard");
     let mut cfg = s.processes(E2E_WORKER, &out, CheckpointMode::EveryBatch);

@@ -16,6 +16,7 @@ use kcl_tests::e2e::{
     wait_all_owned_by, wait_complete, wait_complete_then_terminate, wait_taken_over,
 };
 use kcl_tests::{TestEnv, unique_name};
+use rstest::rstest;
 
 use crate::E2E_WORKER;
 
@@ -35,17 +36,11 @@ fn in_process_worker(s: &Scenario, id: &str, log: &RecordedBatches, mode: Mode) 
     builder.processor(log.factory()).build().unwrap()
 }
 
+#[rstest]
+#[case::polling(Mode::Polling)]
+#[case::fan_out(Mode::FanOut)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn three_workers_in_one_process_process_everything_in_order() {
-    three_workers_in_one_process(Mode::Polling).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn three_workers_in_one_process_process_everything_in_order_with_fan_out() {
-    three_workers_in_one_process(Mode::FanOut).await;
-}
-
-async fn three_workers_in_one_process(mode: Mode) {
+async fn three_workers_in_one_process_process_everything_in_order(#[case] mode: Mode) {
     let mut s = Scenario::new(4).await;
     s.produce(40).await;
     let log = RecordedBatches::default();
@@ -74,17 +69,11 @@ async fn three_workers_in_one_process(mode: Mode) {
     );
 }
 
+#[rstest]
+#[case::polling(Mode::Polling)]
+#[case::fan_out(Mode::FanOut)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_worker_processes_process_everything_in_order() {
-    three_worker_processes(Mode::Polling).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_worker_processes_process_everything_in_order_with_fan_out() {
-    three_worker_processes(Mode::FanOut).await;
-}
-
-async fn three_worker_processes(mode: Mode) {
+async fn three_worker_processes_process_everything_in_order(#[case] mode: Mode) {
     let mut s = Scenario::new(4).await;
     let out = out_dir("kcl-e2e-procs");
     let mut cfg = s.processes(E2E_WORKER, &out, CheckpointMode::EveryBatch);
