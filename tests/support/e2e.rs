@@ -101,6 +101,17 @@ pub struct Verdict {
     pub per_worker: BTreeMap<String, usize>,
 }
 
+/// The summary a test prints: duplicates, and records per worker.
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "duplicates {}, per worker {:?}",
+            self.duplicates, self.per_worker
+        )
+    }
+}
+
 impl Verdict {
     /// Fails with the details unless nothing was lost, order held and no
     /// shard was processed by two workers at once.

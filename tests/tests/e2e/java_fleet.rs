@@ -178,10 +178,8 @@ async fn a_kcl_worker_joining_a_java_worker_takes_its_share_by_completed_handoff
 
     let verdict = verify(&batches(&out), KEYS, per_key);
     println!(
-        "java first, kcl joins: {} records per worker {:?}, duplicates {}, kcl {kcl}",
-        all.len(),
-        verdict.per_worker,
-        verdict.duplicates
+        "java first, kcl joins: {} records, {verdict}, kcl {kcl}",
+        all.len()
     );
     verdict.assert_correct();
     assert_eq!(
@@ -268,10 +266,7 @@ async fn a_java_worker_joining_a_kcl_worker_is_handed_its_share() {
     let kcl = java_stops_first(&mut s, &out, &mut j, &mut k).await;
 
     let verdict = verify(&batches(&out), KEYS, s.produced);
-    println!(
-        "kcl first, Java joins: per worker {:?}, duplicates {}, kcl {kcl}",
-        verdict.per_worker, verdict.duplicates
-    );
+    println!("kcl first, Java joins: {verdict}, kcl {kcl}");
     assert_java_got_its_share(&verdict, &kcl);
 }
 
@@ -326,10 +321,7 @@ async fn a_one_restart_move_either_way_resumes_exactly_after_the_other_librarys_
     stop(&mut k).await;
 
     let verdict = verify(&batches(&out), KEYS, s.produced);
-    println!(
-        "kcl -> Java -> kcl across a split: per worker {:?}, duplicates {}",
-        verdict.per_worker, verdict.duplicates
-    );
+    println!("kcl -> Java -> kcl across a split: {verdict}");
     verdict.assert_correct();
     assert_eq!(
         verdict.duplicates, 0,
@@ -423,11 +415,7 @@ async fn a_java_worker_reads_the_load_figures_kcl_publishes_and_the_fleet_still_
         })
         .collect();
     let verdict = verify(&batches(&out), KEYS, s.produced);
-    println!(
-        "kcl's figures read by Java: {assignments} leader assignments, per worker {:?}, \
-         duplicates {}, kcl {kcl}",
-        verdict.per_worker, verdict.duplicates
-    );
+    println!("kcl's figures read by Java: {assignments} leader assignments, {verdict}, kcl {kcl}");
     assert!(
         assignments > 0,
         "the Java worker never ran its leader's assignment (which reads every lease item)"

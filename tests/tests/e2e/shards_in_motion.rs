@@ -81,8 +81,7 @@ async fn scale_out_from_one_to_three_processes_under_load_loses_and_repeats_noth
     }
     println!(
         "scale-out 1 -> 3 on 8 shards: balanced {balanced_after:?} after the newcomers started; \
-         handoffs completed {completed}, forced {forced}; duplicates {}; per worker {:?}",
-        verdict.duplicates, verdict.per_worker
+         handoffs completed {completed}, forced {forced}; {verdict}"
     );
     verdict.assert_correct();
     assert_eq!(
@@ -146,8 +145,7 @@ async fn a_rolling_restart_between_the_renewal_modes_never_shares_a_shard() {
         .sum();
     println!(
         "renewal modes rolled per-lease -> liveness -> per-lease: {mixed_for:?} mixed; \
-         duplicates {}, forced handoffs {forced}, per worker {:?}",
-        verdict.duplicates, verdict.per_worker
+         forced handoffs {forced}; {verdict}"
     );
     verdict.assert_correct();
     assert_eq!(forced, 0, "a handoff was forced");
@@ -288,10 +286,7 @@ async fn split_and_merge_during_production_keep_order_and_parents_first(#[case] 
     let per_key = producer.stop(&mut s).await;
     let (batches, verdict) =
         wait_complete_then_terminate(&out, per_key, Duration::from_secs(120), &mut procs).await;
-    println!(
-        "split + merge ({retrieval}): duplicates {}, per worker {:?}",
-        verdict.duplicates, verdict.per_worker
-    );
+    println!("split + merge ({retrieval}): {verdict}");
     verdict.assert_correct();
 
     // No child record before every parent record.

@@ -54,10 +54,7 @@ async fn three_workers_in_one_process_process_everything_in_order(#[case] mode: 
         s.produce(20).await;
     }
     let (_, verdict) = complete_then_shut_down(&s, &log, running, Duration::from_secs(90)).await;
-    println!(
-        "in-process ({mode:?}): per worker {:?}, duplicates {}",
-        verdict.per_worker, verdict.duplicates
-    );
+    println!("in-process ({mode:?}): {verdict}");
     verdict.assert_correct();
     assert_eq!(
         verdict.duplicates, 0,
@@ -89,10 +86,7 @@ async fn three_worker_processes_process_everything_in_order(#[case] mode: Mode) 
     let per_key = s.produced;
     let (_, verdict) =
         wait_complete_then_terminate(&out, per_key, Duration::from_secs(90), &mut procs).await;
-    println!(
-        "3 processes: per worker {:?}, duplicates {}",
-        verdict.per_worker, verdict.duplicates
-    );
+    println!("3 processes: {verdict}");
     verdict.assert_correct();
     assert_eq!(verdict.duplicates, 0);
     // Every process held shards (checked in the table above); with eight
@@ -151,10 +145,7 @@ async fn a_sigkilled_process_loses_nothing_and_survivors_take_over_its_leases() 
     let took = wait_taken_over(&s, "k-3", TAKEOVER_LIMIT).await;
     println!("SIGKILL: survivors took the killed worker's {killed_leases} leases after {took:?}");
     let verdict = survivors_complete(&mut s, &out, &mut procs).await;
-    println!(
-        "SIGKILL: duplicates {} (at-least-once), per worker {:?}",
-        verdict.duplicates, verdict.per_worker
-    );
+    println!("SIGKILL (at-least-once): {verdict}");
     verdict.assert_correct();
     // The killed worker's leases went to the survivors by expiry takes.
     let taken: u64 = ["k-1", "k-2"]
@@ -180,10 +171,7 @@ async fn a_sigtermed_process_releases_its_shards_and_nothing_repeats() {
     let took = wait_taken_over(&s, "t-3", TAKEOVER_LIMIT).await;
     println!("SIGTERM: shards picked up {took:?} after the process exited");
     let verdict = survivors_complete(&mut s, &out, &mut procs).await;
-    println!(
-        "SIGTERM: duplicates {}, per worker {:?}",
-        verdict.duplicates, verdict.per_worker
-    );
+    println!("SIGTERM: {verdict}");
     verdict.assert_correct();
     assert_eq!(
         verdict.duplicates, 0,
@@ -242,10 +230,7 @@ async fn under_a_checkpoint_policy_a_handoff_and_a_sigterm_repeat_no_record() {
 
     let (joiner, gone) = (process_stats(&out, "c-2"), process_stats(&out, "c-1"));
     let verdict = verify(&batches, KEYS, per_key);
-    println!(
-        "policy every 5 s: duplicates {}, per worker {:?}; joiner {joiner}; SIGTERMed {gone}",
-        verdict.duplicates, verdict.per_worker
-    );
+    println!("policy every 5 s: {verdict}; joiner {joiner}; SIGTERMed {gone}");
     verdict.assert_correct();
     assert_eq!(
         verdict.duplicates, 0,
