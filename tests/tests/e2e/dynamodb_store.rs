@@ -25,15 +25,21 @@ async fn env() -> TestEnv {
     }
 }
 
-/// A fresh lease table with scan pages of 10, as the conformance suite asks.
-async fn new_store() -> DynamoDbLeaseStore {
+/// A store on a fresh lease table named from `name`, with no workers
+/// table.
+async fn lease_table_only(name: &str) -> DynamoDbLeaseStore {
     let env = env().await;
-    let table = unique_name("kcl-conformance");
+    let table = unique_name(name);
     ensure_table(env.dynamodb(), &table, Capacity::OnDemand)
         .await
         .expect("create table");
-    let store = DynamoDbLeaseStore::new(env.dynamodb().clone(), table).with_page_size(10);
-    ensure_workers_table(env.dynamodb(), store.workers_table(), Capacity::OnDemand)
+    DynamoDbLeaseStore::new(env.dynamodb().clone(), table)
+}
+
+/// A fresh lease table with scan pages of 10, as the conformance suite asks.
+async fn new_store() -> DynamoDbLeaseStore {
+    let store = lease_table_only("kcl-conformance").await.with_page_size(10);
+    ensure_workers_table(store.client(), store.workers_table(), Capacity::OnDemand)
         .await
         .expect("create the workers table");
     store
@@ -370,12 +376,7 @@ async fn consumed_capacity_is_reported_per_operation() {
 /// a thief renewing per lease never waits on a request it cannot send.
 #[tokio::test]
 async fn without_a_workers_table_there_are_no_records_to_read_or_poke() {
-    let env = env().await;
-    let table = unique_name("kcl-no-workers");
-    ensure_table(env.dynamodb(), &table, Capacity::OnDemand)
-        .await
-        .expect("create table");
-    let store = DynamoDbLeaseStore::new(env.dynamodb().clone(), table);
+    let store = lease_table_only("kcl-no-workers").await;
     assert!(store.beats().await.expect("read").is_empty());
     let err = store
         .poke("some-instance", Some("shard"))
