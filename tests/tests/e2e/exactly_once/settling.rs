@@ -28,7 +28,9 @@ use kcl_tests::fault_proxy::exchange;
 use kcl_tests::sdk_http::ConnectorClient;
 use kcl_tests::{counting, dynamodb_endpoint};
 
-use super::{Held, assert_nothing_committed, held_lease, one_write, put_add, record};
+use super::{
+    Held, assert_nothing_committed, held_lease, held_lease_with_eo, one_write, put_add, record,
+};
 
 /// A transaction adding 1 to `key`'s counter: applied twice, it shows.
 fn add_one(table: &str, key: &str) -> Transaction {
@@ -37,13 +39,7 @@ fn add_one(table: &str, key: &str) -> Transaction {
 
 #[tokio::test]
 async fn a_plain_checkpoint_landed_with_its_answer_lost_is_not_taken_for_the_commit() {
-    let Held {
-        env,
-        store,
-        lease_table,
-        mut checkpointer,
-        sink,
-    } = held_lease().await;
+    let (env, store, mut checkpointer, eo, sink) = held_lease_with_eo().await;
     // The plain checkpoint to 100/3 landed; its answer was lost, so the
     // checkpointer still stands at TRIM_HORIZON.
     store
@@ -54,7 +50,6 @@ async fn a_plain_checkpoint_landed_with_its_answer_lost_is_not_taken_for_the_com
         )
         .await
         .unwrap();
-    let eo = ExactlyOnce::new(env.dynamodb().clone(), &lease_table);
 
     // The batch comes again and its writes are committed through 100/3.
     let e = eo
