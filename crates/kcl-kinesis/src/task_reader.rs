@@ -6,17 +6,21 @@
 use async_trait::async_trait;
 use kcl_core::leases::LeaseHandle;
 use kcl_core::source::{Batch, ShardReader, SourceError};
+use metrics::Gauge;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 /// Runs a fetching task's `work` until it ends or `stop` is cancelled; the
-/// error it ends with goes to the reader.
+/// error it ends with goes to the reader. However the task ends, the
+/// shard's `lag` gauge (`MillisBehindLatest`) drops to 0 with it.
 pub(crate) async fn run_task<P>(
     stop: CancellationToken,
     tx: mpsc::Sender<Message<P>>,
+    lag: Gauge,
     work: impl Future<Output = Result<(), SourceError>>,
 ) {
+    let _lag = ZeroOnDrop(lag);
     tokio::select! {
         biased;
         () = stop.cancelled() => {}
@@ -26,6 +30,20 @@ pub(crate) async fn run_task<P>(
                 let _ = tx.send(Err(e)).await;
             }
         } => {}
+    }
+}
+
+/// Sets a shard's lag gauge to 0 when dropped: when its task returns, and
+/// when the task is aborted with its reader (the usual end: the consumer
+/// drops the reader of a shard it no longer holds), where no line after an
+/// `await` runs. No longer read here, the shard drops out of the fleet's
+/// max() rather than freeze at its last value; the next reader, here or on
+/// another worker, reports its own.
+struct ZeroOnDrop(Gauge);
+
+impl Drop for ZeroOnDrop {
+    fn drop(&mut self) {
+        self.0.set(0.0);
     }
 }
 

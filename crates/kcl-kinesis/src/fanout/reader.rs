@@ -271,7 +271,8 @@ struct Subscriber {
 impl Subscriber {
     async fn run(mut self, stop: CancellationToken) {
         let tx = self.tx.clone();
-        run_task(stop, tx, self.subscribe_loop()).await;
+        let lag = self.meters.millis_behind_latest.clone();
+        run_task(stop, tx, lag, self.subscribe_loop()).await;
     }
 
     fn lease_lost(&self) -> SourceError {

@@ -255,11 +255,8 @@ struct Fetcher {
 impl Fetcher {
     async fn run(mut self, stop: CancellationToken) {
         let tx = self.tx.clone();
-        run_task(stop, tx, self.fetch()).await;
-        // No longer read here: drop out of the fleet's max() rather than
-        // freeze at the last value (the next reader, here or on another
-        // worker, reports its own).
-        self.ctx.meters.millis_behind_latest.set(0.0);
+        let lag = self.ctx.meters.millis_behind_latest.clone();
+        run_task(stop, tx, lag, self.fetch()).await;
     }
 
     async fn fetch(&mut self) -> Result<(), SourceError> {

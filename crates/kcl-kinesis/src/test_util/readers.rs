@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kcl_core::leases::{EndReason, LeaseHandle};
+use kcl_core::metric_names::KINESIS_MILLIS_BEHIND_LATEST;
 use kcl_core::source::{OpenShard, ShardReader, ShardSource, SourceError, StartPosition};
+use kcl_core::test_util::metrics::Recorded;
 use kcl_core::{Checkpoint, Lease, Record};
 use rstest::rstest;
 
@@ -163,6 +165,33 @@ async fn dropping_the_reader_stops_its_task<T: Retrieval>(#[case] s: Setup<T>) {
         calls,
         "no call after the drop"
     );
+}
+
+/// A reader that stops (dropped here; a lost lease or the shard's end stop
+/// it the same way) leaves its shard's lag gauge at 0, not at the last
+/// value it read: the shard is no longer read here, and a frozen lag would
+/// hold the fleet's max() up long after the next owner caught up.
+#[rstest]
+#[case::polling(FaultInjector::setup())]
+#[case::fan_out(FakeFanOut::setup())]
+#[tokio::test(start_paused = true)]
+async fn a_stopped_reader_leaves_no_lag_behind<T: Retrieval>(#[case] s: Setup<T>) {
+    let recorded = Recorded::new();
+    let _local = metrics::set_default_local_recorder(&recorded);
+    let lag = || recorded.gauge(KINESIS_MILLIS_BEHIND_LATEST, &[("shard", s.shard.as_str())]);
+    // Pages of 2 from 100 records: far behind for the whole test.
+    put_plain(&s, 0..100);
+    s.kinesis.cap_pages(STREAM, &s.shard, Some(2));
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    read_n(reader.as_mut(), 2).await;
+    assert!(
+        lag().is_some_and(|behind| behind > 0.0),
+        "while reading: {:?}",
+        lag()
+    );
+    drop(reader);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(lag(), Some(0.0), "once the reader stopped");
 }
 
 /// Reads records under a lease that runs out 2 s later and is never
