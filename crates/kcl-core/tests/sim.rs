@@ -28,10 +28,12 @@
 //! `cargo test -p kcl-core --test sim` runs the fixed seeds and a short
 //! budget of random ones; `make sim SEEDS=N` runs N random seeds. A failing
 //! seed prints the command that replays its schedule (with `SIM_TRACE=1`,
-//! the table every 5 s of it). A seed replays exactly, the interleaving of
-//! the engine's tasks too: each worker's config carries a seed, from which
-//! its instance id, tick jitter and retry jitter are drawn; the engine
-//! walks its held leases in key order and polls its loops in a fixed order,
+//! the table every 5 s of it; with `SIM_LOG=kcl_core=debug`, the engine's
+//! log lines, stamped with the simulated time). A seed replays exactly,
+//! the interleaving of the engine's tasks too: each worker's config
+//! carries a seed, from which its instance id, tick jitter and retry
+//! jitter are drawn; the engine walks its held leases in key order and
+//! polls its loops in a fixed order,
 //! and no two of its tasks wait on one `tokio::sync::watch` (which wakes
 //! its waiters in an order drawn from the runtime's random generator,
 //! seeded per process: seed 1053 diverged in some replays from the order
@@ -491,6 +493,16 @@ impl Watch {
     }
 }
 
+/// The simulated time since the run began, for the engine's log lines
+/// (`SIM_LOG`): the wall clock says nothing under a paused clock.
+struct SimClock(Instant);
+
+impl tracing_subscriber::fmt::time::FormatTime for SimClock {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        write!(w, "{:>9.3?}", self.0.elapsed())
+    }
+}
+
 /// Runs one seed; panics with the replay command if it finds anything.
 async fn check_seed(seed: u64) {
     let schedule = Schedule::draw(seed);
@@ -561,6 +573,15 @@ async fn random_seeds_hold_every_invariant() {
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(rand::random);
     println!("simulating {count} seeds from {base}");
+    let _log = std::env::var("SIM_LOG").ok().map(|filter| {
+        tracing::subscriber::set_default(
+            tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_ansi(false)
+                .with_timer(SimClock(Instant::now()))
+                .finish(),
+        )
+    });
     let started = std::time::Instant::now();
     for i in 0..count {
         check_seed(base.wrapping_add(i)).await;
