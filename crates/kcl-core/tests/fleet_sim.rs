@@ -1136,12 +1136,8 @@ async fn workers_with_different_lease_durations_never_process_one_lease_at_once(
 async fn a_worker_whose_beats_fail_gives_its_leases_to_peers_until_they_land() {
     use kcl_core::store::StoreErrorKind;
     const SHARDS: usize = 8;
-    let table = table_with(SHARDS).await;
     let step = Duration::from_millis(50);
-    let workers = start_all(&table, &["a", "b"], |id, i| {
-        config(id, 30 + i).build().unwrap()
-    });
-    let mut log = run_until_balanced(&table, &workers, &["a", "b"], step).await;
+    let (table, mut log, workers) = balanced_pair(SHARDS, 30).await;
     let outage = Duration::from_secs(120);
     let started = Instant::now();
     let before = workers[0].coordinator().stats();
@@ -1179,6 +1175,118 @@ async fn a_worker_whose_beats_fail_gives_its_leases_to_peers_until_they_land() {
     );
     run_for(&workers, &mut log, LEASE * 2 + tick_max() * 4, step).await;
     assert!(balanced(&table, &["a", "b"]), "{:?}", table_counts(&table));
+    assert_eq!(
+        log.max(),
+        Duration::ZERO,
+        "two workers may process one lease"
+    );
+}
+
+/// A thief that cannot read the liveness records (its reads of the
+/// workers table throttled, its beats still landing) and whose handoffs
+/// never activate (its lease writes of that kind fail) gives the stolen
+/// tenures up after the handoff timeout. The table still names its
+/// instance, which peers see beating, so no peer takes those leases: the
+/// thief reclaims them at its next tick, from what each tenure last knew,
+/// although it can judge no peer. (Simulator seed 13917891215581910180
+/// left a shard unread for 104 s this way.)
+#[tokio::test(start_paused = true)]
+async fn a_thief_that_cannot_read_beats_reclaims_the_tenures_it_gave_up() {
+    const SHARDS: usize = 4;
+    let holder = config("a", 1).build().unwrap();
+    let (table, mut log, mut workers) = first_holder(SHARDS, holder, StandIn::Checkpointing).await;
+    workers.push(SimWorker::start(&table, config("b", 2).build().unwrap()));
+    let far = Instant::now() + Duration::from_secs(900);
+    let thief = &workers[1];
+    thief
+        .store
+        .fail_until(Some(StoreOp::Renew), StoreErrorKind::Throttled, far);
+    let stolen = || thief.coordinator().stats().stolen;
+    until(&workers, &mut log, || stolen() > 0).await;
+    // Its first tick read the records and stole; no read lands from now on.
+    thief
+        .store
+        .fail_until(Some(StoreOp::ReadBeats), StoreErrorKind::Throttled, far);
+    let started = Instant::now();
+    // The victim drains and completes the handoff at once; the thief's
+    // activation fails for a handoff timeout (the lease duration), and
+    // its next tick after that reclaims.
+    let fenced = || thief.coordinator().stats().fenced;
+    until(&workers, &mut log, || fenced() == stolen()).await;
+    let bound = LEASE + tick_max() * 2;
+    every_shard_processed_within(&workers, &mut log, SHARDS, started + bound, thief).await;
+    assert_eq!(thief.processing_keys().len() as u64, stolen());
+}
+
+/// A worker whose beats fail long enough to fence its tenures, but not for
+/// long enough that a peer judges it dead (the peer paused meanwhile),
+/// finds its leases still naming it once its beats land again, and peers
+/// see it beating: nobody else takes them. Its scans fail throughout (the
+/// lease table's reads throttled), so it reclaims them from what each
+/// tenure last knew, without a scan. (Simulator seed
+/// 13917891215581910790 left its shards unread for 88 s this way.)
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_cannot_scan_reclaims_the_tenures_its_failed_beats_fenced() {
+    const SHARDS: usize = 4;
+    let (_table, mut log, workers) = balanced_pair(SHARDS, 40).await;
+    let started = Instant::now();
+    let beats_back = started + Duration::from_secs(15);
+    let (a, b) = (&workers[0], &workers[1]);
+    a.store.fail_until(
+        Some(StoreOp::ScanPage),
+        StoreErrorKind::Throttled,
+        started + Duration::from_secs(900),
+    );
+    a.store
+        .fail_until(Some(StoreOp::Beat), StoreErrorKind::Throttled, beats_back);
+    b.store.pause_until(started + Duration::from_secs(20));
+    let fenced = || a.coordinator().stats().fenced;
+    until(&workers, &mut log, || fenced() > 0).await;
+    let bound = Duration::from_secs(20) + tick_max() * 2;
+    every_shard_processed_within(&workers, &mut log, SHARDS, started + bound, a).await;
+    assert_eq!(a.processing_keys().len() as u64, fenced());
+}
+
+/// Runs `workers` until `done` holds, overlaps sampled every 50 ms: the
+/// wait for a fault to take effect, bounded by the test's timeout alone.
+async fn until(workers: &[SimWorker], log: &mut OverlapLog, done: impl Fn() -> bool) {
+    let step = Duration::from_millis(50);
+    run_until(workers, log, step, step, done, || true, String::new).await;
+}
+
+/// Runs `workers` until the `shards` leases are all processed, failing
+/// after `deadline` with how many are and `faulty`'s coordinator stats;
+/// then that no two workers ever processed one lease at once.
+async fn every_shard_processed_within(
+    workers: &[SimWorker],
+    log: &mut OverlapLog,
+    shards: usize,
+    deadline: Instant,
+    faulty: &SimWorker,
+) {
+    let processed = || {
+        workers
+            .iter()
+            .map(|w| w.processing_keys().len())
+            .sum::<usize>()
+    };
+    run_until(
+        workers,
+        log,
+        Duration::from_millis(100),
+        Duration::from_millis(50),
+        || processed() == shards,
+        || Instant::now() <= deadline,
+        || {
+            format!(
+                "{} of {shards} shards processed at the deadline; {}: {:?}",
+                processed(),
+                faulty.id,
+                faulty.coordinator().stats()
+            )
+        },
+    )
+    .await;
     assert_eq!(
         log.max(),
         Duration::ZERO,

@@ -522,12 +522,27 @@ async fn check_seed(seed: u64) {
 /// by its record; 3261: a thief whose handoff activation kept failing,
 /// its beats keeping the lease alive to peers; 5340163516996700958: a
 /// third worker taking a lease mid-steal by its 10 s thief's record while
-/// the 20 s victim, its renewals failing, still drained), and one more:
-/// each runs in every `make test`. That last seed overlapped in three
-/// replays in four while replays were not exact; its exact replay now
-/// passes with or without the fix, which
+/// the 20 s victim, its renewals failing, still drained;
+/// 13917891215581910180: 3261's thief, giving the tenure up, unable to
+/// read the liveness records, so that its taker never reclaimed the lease
+/// and its beats kept it from peers for 104 s; 13917891215581910790: a
+/// worker whose failed beats fenced its tenures, alive again before a peer
+/// judged it dead, unable to scan and so to reclaim them for 88 s), and
+/// one more: each runs in every `make test`. Seed 5340163516996700958
+/// overlapped in three replays in four while replays were not exact; its
+/// exact replay now passes with or without the fix, which
 /// `a_lease_mid_steal_lapses_by_its_previous_owners_record` holds.
-const FIXED_SEEDS: &[u64] = &[1, 1053, 1079, 2026, 3221, 3261, 5340163516996700958];
+const FIXED_SEEDS: &[u64] = &[
+    1,
+    1053,
+    1079,
+    2026,
+    3221,
+    3261,
+    5340163516996700958,
+    13917891215581910180,
+    13917891215581910790,
+];
 
 #[tokio::test(start_paused = true)]
 async fn fixed_seeds_hold_every_invariant() {

@@ -385,6 +385,23 @@ pub async fn first_holder(
     (table, log, workers)
 }
 
+/// A table of `leases` unowned leases shared by workers `a` and `b` (the
+/// default config, seeded `seed` and `seed + 1`) until it is balanced,
+/// overlaps sampled every 50 ms from their start: where the fault
+/// scenarios of a two-worker fleet begin.
+#[allow(dead_code)]
+pub async fn balanced_pair(
+    leases: usize,
+    seed: u64,
+) -> (InMemoryLeaseStore, OverlapLog, Vec<SimWorker>) {
+    let table = table_with(leases).await;
+    let workers = start_all(&table, &["a", "b"], |id, i| {
+        config(id, seed + i).build().unwrap()
+    });
+    let log = run_until_balanced(&table, &workers, &["a", "b"], Duration::from_millis(50)).await;
+    (table, log, workers)
+}
+
 /// Owners per worker id, from the table.
 pub fn table_counts(table: &InMemoryLeaseStore) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();

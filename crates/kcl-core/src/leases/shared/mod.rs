@@ -24,10 +24,12 @@ use crate::observe::{Event, Observer, record_metric};
 use crate::store::timeout::TimeoutStore;
 use crate::store::{Holder, LeaseStore, StoreError};
 
+mod given_up;
 mod latch;
 mod renewal_mode;
 mod sit_out;
 
+use given_up::GivenUp;
 use latch::Latch;
 use sit_out::SitOut;
 
@@ -49,6 +51,8 @@ pub(crate) struct Shared {
     /// processor call in flight), by lease key: this process may still be
     /// processing those shards (see [`Shared::still_processing`]).
     ended_running: Mutex<HashMap<String, Vec<Weak<Held>>>>,
+    /// See [`GivenUp`].
+    given_up: Mutex<GivenUp>,
     events: mpsc::Sender<LeaseEvent>,
     pub(crate) stats: Arc<CoordinatorStats>,
     /// The application's own observer of lease events, if any.
@@ -137,6 +141,7 @@ impl Shared {
             tenures,
             held: Mutex::default(),
             ended_running: Mutex::default(),
+            given_up: Mutex::default(),
             events,
             stats: Arc::default(),
             observer,
@@ -222,6 +227,10 @@ impl Shared {
 
     pub(crate) fn liveness(&self) -> MutexGuard<'_, LivenessTracker> {
         self.liveness.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn given_up(&self) -> MutexGuard<'_, GivenUp> {
+        self.given_up.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn beat_state(&self) -> MutexGuard<'_, BeatState> {
@@ -508,6 +517,9 @@ impl Shared {
         // (and reclaims it if it is still ours).
         if first && matches!(reason, EndReason::Lost | EndReason::Fenced) {
             self.rescan.store(true, Ordering::Relaxed);
+        }
+        if first && reason == EndReason::Fenced && self.liveness_mode() {
+            self.given_up().insert(key, held);
         }
         if first && reason != EndReason::Abandoned {
             // Never wait here: the renewer calls this, and a worker slow to

@@ -25,6 +25,16 @@ enum Kind {
     Steal,
 }
 
+/// How one take, reclaim or steal ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Claimed {
+    Written,
+    /// The lease moved on from what was seen: the reasoning is over.
+    Conflict,
+    /// No answer, or an error: tried again at a later tick.
+    Failed,
+}
+
 /// Applies `decision`: takes, reclaims and steals at once, then gifts one
 /// at a time.
 pub(super) async fn apply(
@@ -42,16 +52,12 @@ pub(super) async fn apply(
         .chain(decision.steal.iter().map(|k| (Kind::Steal, k)))
         .filter_map(|(kind, key)| by_key.get(key.as_str()).map(|l| (kind, *l)));
     futures::stream::iter(work)
-        .for_each_concurrent(TAKE_CONCURRENCY, |(kind, seen)| {
-            take_one(
-                shared,
-                kind,
-                seen,
-                asked_at
-                    .get(&seen.key)
-                    .copied()
-                    .unwrap_or_else(Instant::now),
-            )
+        .for_each_concurrent(TAKE_CONCURRENCY, |(kind, seen)| async move {
+            let read_from = asked_at
+                .get(&seen.key)
+                .copied()
+                .unwrap_or_else(Instant::now);
+            take_one(shared, kind, seen, read_from).await;
         })
         .await;
     if let Some(to) = &decision.give_to {
@@ -115,10 +121,34 @@ async fn give_one(shared: &Shared, key: &str, to: &str) {
     }
 }
 
+/// Reclaims, when this tick can neither judge peers nor scan, the tenures
+/// this process gave up that the table may still name (see
+/// `shared::GivenUp`): from the lease as each last knew it, since
+/// reclaiming its own lease needs neither. Only once this instance's
+/// beats land again; a tenure the table moved on from (a peer took the
+/// lease, an operator released it) is forgotten.
+pub(super) async fn reclaim_given_up(shared: &Shared) {
+    let now = Instant::now();
+    if !shared.can_hold(now) {
+        return;
+    }
+    let given_up = shared.given_up().entries();
+    for (key, held) in given_up {
+        let seen = held.lease();
+        if shared.is_held(&key) || seen.is_finished() {
+            shared.given_up().remove(&key);
+            continue;
+        }
+        if take_one(shared, Kind::Reclaim, &seen, now).await != Claimed::Failed {
+            shared.given_up().remove(&key);
+        }
+    }
+}
+
 /// One take, reclaim or steal, in a fresh tenure. A write whose outcome is
 /// unknown (an error) leaves that tenure in the table or not; the next
 /// tick's scan tells, and a tenure written here is reclaimed.
-async fn take_one(shared: &Shared, kind: Kind, seen: &Lease, read_from: Instant) {
+async fn take_one(shared: &Shared, kind: Kind, seen: &Lease, read_from: Instant) -> Claimed {
     let me = shared.me();
     let tenure = shared.fresh_tenure();
     let by = Holder::new(me, &tenure);
@@ -136,7 +166,7 @@ async fn take_one(shared: &Shared, kind: Kind, seen: &Lease, read_from: Instant)
         match write {
             Ok(lease) => {
                 acquired(shared, kind, &seen, lease, read_from, sent).await;
-                return;
+                return Claimed::Written;
             }
             Err(StoreError::ConditionFailed { current, .. }) => {
                 // A victim that merely renewed since the scan is still the
@@ -150,9 +180,18 @@ async fn take_one(shared: &Shared, kind: Kind, seen: &Lease, read_from: Instant)
                     seen = cur.clone();
                     continue;
                 }
+                // Ours, in the tenure seen, at another counter (a write of
+                // ours whose answer was lost): still ours to reclaim.
+                if let (Kind::Reclaim, 0, Some(cur)) = (kind, attempt, current.as_deref())
+                    && cur.owner == seen.owner
+                    && cur.tenure == seen.tenure
+                {
+                    seen = cur.clone();
+                    continue;
+                }
                 shared.emit(Event::TakeConflict { key: &seen.key });
                 debug!(lease = %seen.key, "lost the race for a lease");
-                return;
+                return Claimed::Conflict;
             }
             Err(e) => {
                 shared.emit(Event::TakeFailed { key: &seen.key });
@@ -164,10 +203,11 @@ async fn take_one(shared: &Shared, kind: Kind, seen: &Lease, read_from: Instant)
                 if !counted_as_throttling(op, &e) {
                     warn!(lease = %seen.key, error = %e, "taking a lease failed; retrying next tick");
                 }
-                return;
+                return Claimed::Failed;
             }
         }
     }
+    Claimed::Conflict
 }
 
 async fn acquired(

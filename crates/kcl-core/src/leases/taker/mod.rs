@@ -187,13 +187,20 @@ impl Taker {
     /// tick rather than two.
     async fn tick(&mut self, shared: &Shared) -> Option<Instant> {
         shared.emit(Event::Tick);
-        let asked = last_liveness_read(shared)?;
+        let Some(asked) = last_liveness_read(shared) else {
+            claims::reclaim_given_up(shared).await;
+            return None;
+        };
         let digest = match self.needs_scan(shared).await {
             ControlFlow::Continue(digest) => digest,
             ControlFlow::Break(wake) => return wake,
         };
         self.count_java_workers(shared).await;
-        let scan = self.scan(shared).await?;
+        let Some(scan) = self.scan(shared).await else {
+            claims::reclaim_given_up(shared).await;
+            return None;
+        };
+        shared.given_up().retain_named(&scan.leases);
         self.track_expiry(shared, &scan);
         observe_held(shared, &scan.leases).await;
         let active = scan.active(shared);
