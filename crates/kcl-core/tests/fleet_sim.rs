@@ -1230,15 +1230,8 @@ async fn a_worker_that_cannot_scan_reclaims_the_tenures_its_failed_beats_fenced(
     const SHARDS: usize = 4;
     let (_table, mut log, workers) = balanced_pair(SHARDS, 40).await;
     let started = Instant::now();
-    let beats_back = started + Duration::from_secs(15);
     let (a, b) = (&workers[0], &workers[1]);
-    a.store.fail_until(
-        Some(StoreOp::ScanPage),
-        StoreErrorKind::Throttled,
-        started + Duration::from_secs(900),
-    );
-    a.store
-        .fail_until(Some(StoreOp::Beat), StoreErrorKind::Throttled, beats_back);
+    beats_fail_while_scans_fail(a, started, Duration::from_secs(15));
     b.store.pause_until(started + Duration::from_secs(20));
     let fenced = || a.coordinator().stats().fenced;
     until(&workers, &mut log, || fenced() > 0).await;
@@ -1247,11 +1240,129 @@ async fn a_worker_that_cannot_scan_reclaims_the_tenures_its_failed_beats_fenced(
     assert_eq!(a.processing_keys().len() as u64, fenced());
 }
 
+/// As `a_worker_that_cannot_scan_reclaims_the_tenures_its_failed_beats_fenced`,
+/// but the answer to each reclaim without a scan is lost (the write
+/// applies): the next tick meets the tenure it wrote itself, one it does
+/// not hold, and reclaims from that, as a scan's reclaim would.
+#[tokio::test(start_paused = true)]
+async fn a_reclaim_whose_answer_was_lost_is_made_again_without_a_scan() {
+    const SHARDS: usize = 4;
+    let (_table, mut log, workers) = balanced_pair(SHARDS, 40).await;
+    let started = Instant::now();
+    let (a, b) = (&workers[0], &workers[1]);
+    beats_fail_while_scans_fail(a, started, Duration::from_secs(15));
+    for key in a.coordinator().held_keys() {
+        a.store
+            .inject_on(StoreOp::Reclaim, &key, Fault::LostResponse);
+    }
+    b.store.pause_until(started + Duration::from_secs(20));
+    until(&workers, &mut log, || a.coordinator().stats().fenced > 0).await;
+    let bound = Duration::from_secs(20) + tick_max() * 4;
+    every_shard_processed_within(&workers, &mut log, SHARDS, started + bound, a).await;
+}
+
+/// Reclaims without a scan on a slow table (each answers in 1 s) that
+/// answer after the validity they count from are fenced at once, and so
+/// given up again: they are made again at the next tick, not forgotten.
+#[tokio::test(start_paused = true)]
+async fn a_reclaim_fenced_as_it_answers_is_made_again_without_a_scan() {
+    const SHARDS: usize = 16;
+    let table = table_with(SHARDS).await;
+    let workers = vec![SimWorker::start(&table, config("a", 80).build().unwrap())];
+    let mut log = run_until_balanced(&table, &workers, &["a"], Duration::from_millis(50)).await;
+    let a = &workers[0];
+    let started = Instant::now();
+    beats_fail_while_scans_fail(a, started, Duration::from_secs(15));
+    for key in a.coordinator().held_keys() {
+        a.store
+            .inject_on(StoreOp::Reclaim, &key, Fault::Delay(Duration::from_secs(1)));
+    }
+    until(&workers, &mut log, || {
+        a.coordinator().stats().fenced >= SHARDS as u64
+    })
+    .await;
+    let bound = Duration::from_secs(15) + tick_max() * 4;
+    every_shard_processed_within(&workers, &mut log, SHARDS, started + bound, a).await;
+}
+
+/// A tenure fenced just before its shard's SHARD_END checkpoint landed (a
+/// checkpoint leaves the counter, so a reclaim from what the tenure knew
+/// passes): the reclaim without a scan starts no consumer on the finished
+/// shard, as a scan, which shows it finished, would not reclaim it.
+#[tokio::test(start_paused = true)]
+async fn a_reclaim_without_a_scan_starts_nothing_on_a_finished_shard() {
+    use kcl_core::store::CheckpointUpdate;
+    use kcl_core::{Checkpoint, Holder, LeaseStore};
+    let table = table_with(2).await;
+    let workers = vec![SimWorker::start(&table, config("a", 70).build().unwrap())];
+    let mut log = run_until_balanced(&table, &workers, &["a"], Duration::from_millis(50)).await;
+    let a = &workers[0];
+    let key = "shardId-000000000000";
+    let lease = || table.snapshot().into_iter().find(|l| l.key == key).unwrap();
+    let tenure = lease().tenure.unwrap();
+    beats_fail_while_scans_fail(a, Instant::now(), Duration::from_secs(15));
+    until(&workers, &mut log, || a.coordinator().stats().fenced >= 2).await;
+    // The fenced tenure's last checkpoint, sent while it was valid, lands.
+    let counter = lease().counter;
+    table
+        .checkpoint(
+            key,
+            Holder::new("a", &tenure),
+            &CheckpointUpdate::to(Checkpoint::ShardEnd),
+        )
+        .await
+        .unwrap();
+    assert_eq!(lease().counter, counter, "a checkpoint leaves the counter");
+    until(&workers, &mut log, || a.processing_keys().len() == 1).await;
+    run_for(&workers, &mut log, TICK * 3, Duration::from_millis(50)).await;
+    assert_eq!(a.coordinator().held_keys(), ["shardId-000000000001"]);
+}
+
+/// A release that fails (the consumer gave its shard back; the table's
+/// writes of that kind throttled) leaves the table naming this instance,
+/// which peers see beating: with its scans failing too, it is reclaimed
+/// without a scan, and its shard read again.
+#[tokio::test(start_paused = true)]
+async fn a_release_that_failed_is_reclaimed_without_a_scan() {
+    const SHARDS: usize = 4;
+    let (_table, mut log, workers) = balanced_pair(SHARDS, 40).await;
+    let a = &workers[0];
+    let started = Instant::now();
+    let far = started + Duration::from_secs(900);
+    for op in [StoreOp::ScanPage, StoreOp::Release] {
+        a.store.fail_until(Some(op), StoreErrorKind::Throttled, far);
+    }
+    let key = a.coordinator().held_keys()[0].clone();
+    let handle = a.coordinator().handle(&key).unwrap();
+    assert!(a.coordinator().release(&handle).await.is_err());
+    drop(handle);
+    let bound = tick_max() * 2;
+    every_shard_processed_within(&workers, &mut log, SHARDS, started + bound, a).await;
+}
+
+/// `worker`'s beats fail from `from` for `outage`, long enough to fence its
+/// tenures, and its scans for the rest of the test.
+fn beats_fail_while_scans_fail(worker: &SimWorker, from: Instant, outage: Duration) {
+    let store = &worker.store;
+    store.fail_until(
+        Some(StoreOp::ScanPage),
+        StoreErrorKind::Throttled,
+        from + Duration::from_secs(900),
+    );
+    store.fail_until(
+        Some(StoreOp::Beat),
+        StoreErrorKind::Throttled,
+        from + outage,
+    );
+}
+
 /// Runs `workers` until `done` holds, overlaps sampled every 50 ms: the
-/// wait for a fault to take effect, bounded by the test's timeout alone.
+/// wait for a fault to take effect, failing after five simulated minutes.
 async fn until(workers: &[SimWorker], log: &mut OverlapLog, done: impl Fn() -> bool) {
-    let step = Duration::from_millis(50);
-    run_until(workers, log, step, step, done, || true, String::new).await;
+    let (step, deadline) = (Duration::from_millis(50), Instant::now() + TICK * 30);
+    let in_time = || Instant::now() <= deadline;
+    let stuck = || "the awaited state never came".to_owned();
+    run_until(workers, log, step, step, done, in_time, stuck).await;
 }
 
 /// Runs `workers` until the `shards` leases are all processed, failing

@@ -162,10 +162,14 @@ impl LeaseCoordinator {
             // The table may still name this tenure, and with liveness
             // records this instance's beats keep it alive for as long as
             // it runs: the taker reads the table again and reclaims it
-            // rather than leave a lease held and read by nobody.
+            // (without the read, when it cannot scan) rather than leave a
+            // lease held and read by nobody.
             self.shared
                 .rescan
                 .store(true, std::sync::atomic::Ordering::Relaxed);
+            if self.shared.liveness_mode() {
+                self.shared.given_up().insert(key, &held);
+            }
         }
         released.map(|()| true)
     }

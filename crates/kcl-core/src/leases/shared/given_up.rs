@@ -1,5 +1,5 @@
-//! Tenures this process gave up (fenced) in the liveness mode while the
-//! table may still name them. Nothing renews a lease item in that mode: a
+//! Tenures this process gave up in the liveness mode (fenced, or released
+//! while the release failed) that the table may still name. Nothing renews a lease item in that mode: a
 //! lease left naming such a tenure names this instance, which peers see
 //! beating, so no peer takes it, and nobody reads its shard unless this
 //! process reclaims it. The taker reclaims it from its scan; when a tick
@@ -21,7 +21,7 @@ pub(crate) struct GivenUp(BTreeMap<String, Arc<Held>>);
 
 impl GivenUp {
     /// `held`, the tenure of `key`, was given up.
-    pub(super) fn insert(&mut self, key: &str, held: &Arc<Held>) {
+    pub(crate) fn insert(&mut self, key: &str, held: &Arc<Held>) {
         self.0.insert(key.to_owned(), Arc::clone(held));
     }
 
@@ -36,9 +36,13 @@ impl GivenUp {
         });
     }
 
-    /// Forgets `key`'s tenure: reclaimed, or the table moved on from it.
-    pub(crate) fn remove(&mut self, key: &str) {
-        self.0.remove(key);
+    /// Forgets `key`'s tenure `held`: reclaimed, or the table moved on from
+    /// it. Not another tenure given up since in its place (a reclaim whose
+    /// answer came after its validity, fenced at once).
+    pub(crate) fn remove(&mut self, key: &str, held: &Arc<Held>) {
+        if self.0.get(key).is_some_and(|h| Arc::ptr_eq(h, held)) {
+            self.0.remove(key);
+        }
     }
 
     /// Every given-up tenure, with its key.

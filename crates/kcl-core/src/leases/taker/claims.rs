@@ -8,7 +8,7 @@ use futures::StreamExt;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::TAKE_CONCURRENCY;
+use super::{TAKE_CONCURRENCY, written_here};
 use crate::lease::Lease;
 use crate::leases::balance::Decision;
 use crate::leases::held::Phase;
@@ -128,21 +128,23 @@ async fn give_one(shared: &Shared, key: &str, to: &str) {
 /// beats land again; a tenure the table moved on from (a peer took the
 /// lease, an operator released it) is forgotten.
 pub(super) async fn reclaim_given_up(shared: &Shared) {
-    let now = Instant::now();
-    if !shared.can_hold(now) {
+    if !shared.can_hold(Instant::now()) {
         return;
     }
     let given_up = shared.given_up().entries();
-    for (key, held) in given_up {
-        let seen = held.lease();
-        if shared.is_held(&key) || seen.is_finished() {
-            shared.given_up().remove(&key);
-            continue;
-        }
-        if take_one(shared, Kind::Reclaim, &seen, now).await != Claimed::Failed {
-            shared.given_up().remove(&key);
-        }
-    }
+    futures::stream::iter(given_up)
+        .for_each_concurrent(TAKE_CONCURRENCY, |(key, held)| async move {
+            let seen = held.lease();
+            let claimed = if shared.is_held(&key) || seen.is_finished() {
+                Claimed::Conflict
+            } else {
+                take_one(shared, Kind::Reclaim, &seen, Instant::now()).await
+            };
+            if claimed != Claimed::Failed {
+                shared.given_up().remove(&key, &held);
+            }
+        })
+        .await;
 }
 
 /// One take, reclaim or steal, in a fresh tenure. A write whose outcome is
@@ -164,6 +166,13 @@ async fn take_one(shared: &Shared, kind: Kind, seen: &Lease, read_from: Instant)
             Kind::Steal => shared.store.start_handoff(&seen, by).await,
         };
         match write {
+            // Its shard ended under the tenure given up (a SHARD_END
+            // checkpoint leaves the counter, so a reclaim from what the
+            // tenure knew passes): nothing to process.
+            Ok(lease) if kind == Kind::Reclaim && lease.is_finished() => {
+                debug!(lease = %lease.key, "reclaimed a finished lease; nothing to process");
+                return Claimed::Written;
+            }
             Ok(lease) => {
                 acquired(shared, kind, &seen, lease, read_from, sent).await;
                 return Claimed::Written;
@@ -180,11 +189,17 @@ async fn take_one(shared: &Shared, kind: Kind, seen: &Lease, read_from: Instant)
                     seen = cur.clone();
                     continue;
                 }
-                // Ours, in the tenure seen, at another counter (a write of
-                // ours whose answer was lost): still ours to reclaim.
+                // Still ours to reclaim, by the rule a scan's reclaims
+                // follow: in the tenure seen at another counter, or in a
+                // tenure this process wrote and does not hold (a reclaim
+                // of ours whose answer was lost).
                 if let (Kind::Reclaim, 0, Some(cur)) = (kind, attempt, current.as_deref())
                     && cur.owner == seen.owner
-                    && cur.tenure == seen.tenure
+                    && (cur.tenure == seen.tenure
+                        || (written_here(shared, cur.tenure.as_deref())
+                            && !shared.is_held(&cur.key)))
+                    && !cur.is_finished()
+                    && shared.accepts(cur)
                 {
                     seen = cur.clone();
                     continue;
