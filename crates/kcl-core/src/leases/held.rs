@@ -287,14 +287,15 @@ impl Held {
     /// through it), never before the deadline its telling set either (an
     /// older kcl previous owner renews nothing while it drains and counts
     /// its validity from its beats, up to a handoff timeout after it was
-    /// told), and never at all before it was told.
+    /// told), and never at all before it was told. Returns when the
+    /// counter was first seen.
     pub(crate) fn watch_previous_owner(
         &self,
         counter: u64,
         answered: Instant,
         lease_duration: std::time::Duration,
         told: bool,
-    ) {
+    ) -> Instant {
         let mut inner = self.lock();
         let since = match inner.victim {
             Some((c, since)) if c == counter => since,
@@ -309,11 +310,12 @@ impl Held {
             // that long (its duration may exceed our handoff timeout).
             (true, Some((at, floor))) => floor.max(at + lease_duration).max(by_counter),
             // Not told yet: it may not know, and is never forced.
-            (true, None) => return,
+            (true, None) => return since,
         };
         if let Phase::Awaiting { force_at, .. } = &mut inner.phase {
             *force_at = deadline;
         }
+        since
     }
 
     /// Lets an awaited handoff be forced from `now` on (its previous owner

@@ -144,11 +144,16 @@ fn watch_previous_owner(shared: &Shared, held: &Held, item: Option<&Lease>, now:
         && item.checkpoint_owner.is_some()
     {
         let (window, told) = previous_owner_window(shared, item);
-        held.watch_previous_owner(item.counter, now, window, told);
+        let seen_since = held.watch_previous_owner(item.counter, now, window, told);
         // A previous owner its liveness record shows dead processes
         // nothing: every tenure of its, the one draining included, lapsed
-        // with its last beat (invariant 4).
-        if previous_owner_dead(shared, item) {
+        // with its last beat (invariant 4). Only as a read asked after the
+        // item was seen as it stands shows it: one asked before may have
+        // missed the beat the previous owner wrote its tenure on (back from
+        // a pause, it reclaimed the lease as this worker stole it), as a
+        // take judges a lease free (`taker::free_by_liveness`).
+        let read = *shared.last_read.lock().unwrap_or_else(|e| e.into_inner());
+        if previous_owner_dead(shared, item) && read.is_some_and(|r| seen_since < r) {
             held.force_now(now);
         }
     }

@@ -484,13 +484,16 @@ fn last_liveness_read(shared: &Shared) -> Option<Instant> {
 /// read that judged them was asked for (`read_asked`): a state written
 /// after it (a holder that came back, beat, and reclaimed in a new tenure)
 /// may rest on a beat the read missed. `seen_since` is when this worker
-/// first saw the item as it stands. The model checker runs the same rule.
+/// first saw the item as it stands. Strictly before: an item first seen at
+/// the very instant the read was asked (a paused clock, a coarse one) may
+/// have been written after the read was served, on the beat it missed.
+/// The model checker runs the same rule.
 pub(crate) fn free_by_liveness(
     alive: bool,
     seen_since: Option<Instant>,
     read_asked: Instant,
 ) -> bool {
-    !alive && seen_since.is_some_and(|s| s <= read_asked)
+    !alive && seen_since.is_some_and(|s| s < read_asked)
 }
 
 /// `decision` without its takes, reclaims and steals while this instance
@@ -585,6 +588,26 @@ fn wall_secs() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lease is free by its holder's death only if this worker saw it
+    /// as it stands before the read that judged the holder was asked: at
+    /// the very instant (a paused clock, a coarse one), the read may have
+    /// been served before the holder's beat and the item written after
+    /// it (simulator seed 13917891215581911684).
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_first_seen_as_the_read_was_asked_is_not_free() {
+        let read = Instant::now();
+        let before = read - Duration::from_millis(1);
+        assert!(free_by_liveness(false, Some(before), read));
+        assert!(!free_by_liveness(false, Some(read), read));
+        assert!(!free_by_liveness(
+            false,
+            Some(read + Duration::from_millis(1)),
+            read
+        ));
+        assert!(!free_by_liveness(true, Some(before), read));
+        assert!(!free_by_liveness(false, None, read));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn ticks_fall_half_way_between_beats() {
