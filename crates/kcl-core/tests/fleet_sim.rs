@@ -1227,38 +1227,36 @@ async fn a_thief_that_cannot_read_beats_reclaims_the_tenures_it_gave_up() {
 /// 13917891215581910790 left its shards unread for 88 s this way.)
 #[tokio::test(start_paused = true)]
 async fn a_worker_that_cannot_scan_reclaims_the_tenures_its_failed_beats_fenced() {
+    reclaimed_without_a_scan(None).await;
+}
+
+/// As above, but the answer to each reclaim without a scan is lost (the
+/// write applies): the next tick meets the tenure it wrote itself, one it
+/// does not hold, and reclaims from that, as a scan's reclaim would.
+#[tokio::test(start_paused = true)]
+async fn a_reclaim_whose_answer_was_lost_is_made_again_without_a_scan() {
+    reclaimed_without_a_scan(Some(Fault::LostResponse)).await;
+}
+
+/// The scenario of the two tests above, each reclaim of the worker that
+/// cannot scan meeting `fault`.
+async fn reclaimed_without_a_scan(fault: Option<Fault>) {
     const SHARDS: usize = 4;
     let (_table, mut log, workers) = balanced_pair(SHARDS, 40).await;
     let started = Instant::now();
     let (a, b) = (&workers[0], &workers[1]);
     beats_fail_while_scans_fail(a, started, Duration::from_secs(15));
+    if let Some(fault) = &fault {
+        for key in a.coordinator().held_keys() {
+            a.store.inject_on(StoreOp::Reclaim, &key, fault.clone());
+        }
+    }
     b.store.pause_until(started + Duration::from_secs(20));
     let fenced = || a.coordinator().stats().fenced;
     until(&workers, &mut log, || fenced() > 0).await;
-    let bound = Duration::from_secs(20) + tick_max() * 2;
-    every_shard_processed_within(&workers, &mut log, SHARDS, started + bound, a).await;
-    assert_eq!(a.processing_keys().len() as u64, fenced());
-}
-
-/// As `a_worker_that_cannot_scan_reclaims_the_tenures_its_failed_beats_fenced`,
-/// but the answer to each reclaim without a scan is lost (the write
-/// applies): the next tick meets the tenure it wrote itself, one it does
-/// not hold, and reclaims from that, as a scan's reclaim would.
-#[tokio::test(start_paused = true)]
-async fn a_reclaim_whose_answer_was_lost_is_made_again_without_a_scan() {
-    const SHARDS: usize = 4;
-    let (_table, mut log, workers) = balanced_pair(SHARDS, 40).await;
-    let started = Instant::now();
-    let (a, b) = (&workers[0], &workers[1]);
-    beats_fail_while_scans_fail(a, started, Duration::from_secs(15));
-    for key in a.coordinator().held_keys() {
-        a.store
-            .inject_on(StoreOp::Reclaim, &key, Fault::LostResponse);
-    }
-    b.store.pause_until(started + Duration::from_secs(20));
-    until(&workers, &mut log, || a.coordinator().stats().fenced > 0).await;
     let bound = Duration::from_secs(20) + tick_max() * 4;
     every_shard_processed_within(&workers, &mut log, SHARDS, started + bound, a).await;
+    assert_eq!(a.processing_keys().len() as u64, fenced());
 }
 
 /// Reclaims without a scan on a slow table (each answers in 1 s) that
