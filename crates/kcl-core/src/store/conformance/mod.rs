@@ -166,9 +166,12 @@ fn assert_condition_failed<T: std::fmt::Debug>(
 }
 
 /// Asserts that `key`'s checkpoint is `by`'s to write and not `other`'s
-/// (`when` names the moment in a failure): `other`'s write of `update`
-/// fails its condition, `by`'s lands. A refused write writes nothing, so
-/// their order does not matter. Returns the lease as `by` wrote it.
+/// (`when` names the moment in a failure): `by`'s write of `update` lands,
+/// then `other`'s write of the same update fails its condition. In that
+/// order, `other`'s write finds the item already showing what it would
+/// write: a store that reconciled a failed condition by the values alone,
+/// forgetting who may checkpoint, would take it for a replay that applied.
+/// Returns the lease as `by` wrote it.
 async fn checkpointed_only_by<S: LeaseStore + ?Sized>(
     store: &S,
     key: &str,
@@ -177,14 +180,15 @@ async fn checkpointed_only_by<S: LeaseStore + ?Sized>(
     update: &CheckpointUpdate,
     when: &str,
 ) -> Lease {
+    let written = store
+        .checkpoint(key, by, update)
+        .await
+        .unwrap_or_else(|e| panic!("a checkpoint by {by:?} {when}: {e:?}"));
     assert_condition_failed(
         store.checkpoint(key, other, update).await,
         &format!("a checkpoint by {other:?} {when}"),
     );
-    store
-        .checkpoint(key, by, update)
-        .await
-        .unwrap_or_else(|e| panic!("a checkpoint by {by:?} {when}: {e:?}"))
+    written
 }
 
 /// `write` sent twice, as a write whose answer was lost is sent again: the
