@@ -1,8 +1,8 @@
 //! What real Kinesis does and the emulator never: shards past retention,
-//! deleted streams, trimmed checkpoints, calls that never answer, denied
-//! access, and partial pages while far behind. Each under paused time.
-//! A trimmed checkpoint and an expired split parent, which fan-out meets
-//! alike, are tested for both readers in `test_util::readers`.
+//! deleted streams, calls that never answer, denied access, and partial
+//! pages while far behind. Each under paused time. A trimmed checkpoint
+//! and an expired split parent, which fan-out meets alike, are tested for
+//! both readers in `test_util::readers`.
 
 use std::time::Duration;
 
