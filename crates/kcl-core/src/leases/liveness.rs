@@ -2,13 +2,13 @@
 //! worker-liveness renewal mode), judged on this worker's monotonic clock
 //! exactly as lease expiry is (invariant 3).
 //!
-//! An instance is alive while this worker has seen its beat counter move
-//! within the instance's lease duration (the one its record states). A lease is kept alive by the instance named in
-//! its tenure (or in the tenure of a handoff's previous owner): a lease
-//! item that no one rewrote for minutes is still held while its holder
-//! beats. What this module remembers also tells the taker whether the
-//! fleet changed since its last read of the lease table, which is what lets
-//! it skip that read on quiet ticks.
+//! An instance is alive while this worker has seen its beat counter move within
+//! the instance's lease duration (the one its record states). A lease is kept
+//! alive by the instance named in its tenure (or in the tenure of a handoff's
+//! previous owner): a lease item that no one rewrote for minutes is still held
+//! while its holder beats. What this module remembers also tells the taker
+//! whether the fleet changed since its last read of the lease table, which is
+//! what lets it skip that read on quiet ticks.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,9 +1,9 @@
-//! Tenures this process gave up in the liveness mode (fenced, or released
-//! while the release failed) that the table may still name. Nothing renews a lease item in that mode: a
-//! lease left naming such a tenure names this instance, which peers see
-//! beating, so no peer takes it, and nobody reads its shard unless this
-//! process reclaims it. The taker reclaims it from its scan; when a tick
-//! can neither judge peers nor scan (the liveness records or the lease
+//! Tenures this process gave up in the liveness mode (fenced, or released while
+//! the release failed) that the table may still name. Nothing renews a lease
+//! item in that mode: a lease left naming such a tenure names this instance,
+//! which peers see beating, so no peer takes it, and nobody reads its shard
+//! unless this process reclaims it. The taker reclaims it from its scan; when a
+//! tick can neither judge peers nor scan (the liveness records or the lease
 //! table cannot be read), from the lease as the tenure last knew it, since
 //! reclaiming its own lease needs neither (see
 //! `taker::claims::reclaim_given_up`).

@@ -496,17 +496,17 @@ pub(crate) fn free_by_liveness(
     !alive && seen_since.is_some_and(|s| s < read_asked)
 }
 
-/// `decision` without its takes, reclaims and steals while this instance
-/// could not hold what it took (`can_hold` false, see `Shared::can_hold`): with liveness records a tenure is valid
-/// only up to a lease duration after this instance's last beat that
-/// landed, so with none landed for that long (the workers table down,
-/// throttled or write-denied while the lease table works, or no beat ever
-/// landed) a take would be fenced at once. Worse, a reclaim or take every
-/// tick moves the lease's counter, and peers never judge free a lease
-/// written since their liveness read: the shards would stand unread for
-/// the whole outage. Taking nothing, this instance's leases stand still,
-/// peers take them once its record stops moving, and it takes its share
-/// again once a beat lands.
+/// `decision` without its takes, reclaims and steals while this instance could
+/// not hold what it took (`can_hold` false, see `Shared::can_hold`): with
+/// liveness records a tenure is valid only up to a lease duration after this
+/// instance's last beat that landed, so with none landed for that long (the
+/// workers table down, throttled or write-denied while the lease table works,
+/// or no beat ever landed) a take would be fenced at once. Worse, a reclaim or
+/// take every tick moves the lease's counter, and peers never judge free a
+/// lease written since their liveness read: the shards would stand unread for
+/// the whole outage. Taking nothing, this instance's leases stand still, peers
+/// take them once its record stops moving, and it takes its share again once a
+/// beat lands.
 pub(crate) fn unless_unbeaten(can_hold: bool, decision: Decision) -> Decision {
     if can_hold {
         return decision;
