@@ -11,7 +11,7 @@ use tracing::{debug, info, warn};
 use crate::lease::{Lease, instance_of};
 use crate::leases::handoff::{Ours, Verdict, judge};
 use crate::leases::held::{AskState, EndReason, Held, Phase};
-use crate::leases::liveness::ask_entry;
+use crate::leases::liveness::{LivenessTracker, ask_entry};
 use crate::leases::shared::{Shared, each_unblocked};
 use crate::observe::Event;
 
@@ -145,18 +145,35 @@ fn watch_previous_owner(shared: &Shared, held: &Held, item: Option<&Lease>, now:
     {
         let (window, told) = previous_owner_window(shared, item);
         let seen_since = held.watch_previous_owner(item.counter, now, window, told);
-        // A previous owner its liveness record shows dead processes
-        // nothing: every tenure of its, the one draining included, lapsed
-        // with its last beat (invariant 4). Only as a read asked after the
-        // item was seen as it stands shows it: one asked before may have
-        // missed the beat the previous owner wrote its tenure on (back from
-        // a pause, it reclaimed the lease as this worker stole it), as a
-        // take judges a lease free (`taker::free_by_liveness`).
         let read = *shared.last_read.lock().unwrap_or_else(|e| e.into_inner());
-        if previous_owner_dead(shared, item) && read.is_some_and(|r| seen_since < r) {
+        let dead = previous_owner_dead(
+            &shared.liveness(),
+            item,
+            shared.config.lease_duration,
+            Instant::now(),
+        );
+        if forced_by_death(dead, seen_since, read) {
             held.force_now(now);
         }
     }
+}
+
+/// Whether an awaited handoff is forced now because its previous owner is
+/// `dead` by the last liveness read, asked at `read_asked`: a previous
+/// owner its record shows dead processes nothing, since every tenure of
+/// its, the one draining included, lapsed with its last beat (invariant
+/// 4). Only as a read asked strictly after this worker first saw the item
+/// as it stands (`seen_since`) shows it: one asked before, or at that very
+/// instant, may have missed the beat the previous owner wrote its tenure
+/// on (back from a pause, it reclaimed the lease as this worker stole it),
+/// as a take judges a lease free (`taker::free_by_liveness`). The model
+/// checker runs the same rule.
+pub(crate) fn forced_by_death(
+    dead: bool,
+    seen_since: Instant,
+    read_asked: Option<Instant>,
+) -> bool {
+    dead && read_asked.is_some_and(|r| seen_since < r)
 }
 
 /// Judges the read of an awaited lease, asked for at `asked`: the lease
@@ -251,16 +268,20 @@ async fn write_advance(
 }
 
 /// True if the previous owner of `lease`'s handoff has a liveness record
-/// that the last read judged dead.
-fn previous_owner_dead(shared: &Shared, lease: &Lease) -> bool {
-    let liveness = shared.liveness();
+/// that the last read judged dead (`own`: this worker's lease duration,
+/// for a record that states none). The model checker runs the same rule.
+pub(crate) fn previous_owner_dead(
+    liveness: &LivenessTracker,
+    lease: &Lease,
+    own: Duration,
+    now: Instant,
+) -> bool {
     // Only a tenure that names the previous owner's own instance: a Java
     // KCL take leaves the last kcl holder's tenure behind, whose dead
     // record says nothing of the Java worker handing the lease over.
     let [_, previous] = liveness.named(lease);
     previous.is_some_and(|instance| {
-        liveness.has_record(instance)
-            && !liveness.is_alive(instance, shared.config.lease_duration, Instant::now())
+        liveness.has_record(instance) && !liveness.is_alive(instance, own, now)
     })
 }
 
@@ -275,4 +296,25 @@ fn previous_owner_window(shared: &Shared, lease: &Lease) -> (Duration, bool) {
     previous
         .and_then(|instance| liveness.duration_of(instance, own))
         .map_or((own, false), |d| (d, true))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An awaited handoff is forced on its previous owner's death only by
+    /// a read asked strictly after this worker first saw the item as it
+    /// stands: one asked at that instant or before may have missed the
+    /// beat the previous owner reclaimed the lease on, just before this
+    /// worker stole it (simulator seed 13917891215581911684).
+    #[tokio::test(start_paused = true)]
+    async fn a_handoff_is_forced_on_death_only_by_a_read_asked_after_the_item_was_seen() {
+        let seen = Instant::now();
+        let ms = Duration::from_millis;
+        assert!(forced_by_death(true, seen, Some(seen + ms(1))));
+        assert!(!forced_by_death(true, seen, Some(seen)));
+        assert!(!forced_by_death(true, seen, Some(seen - ms(1))));
+        assert!(!forced_by_death(true, seen, None));
+        assert!(!forced_by_death(false, seen, Some(seen + ms(1))));
+    }
 }

@@ -21,7 +21,7 @@ use crate::observe::Event;
 use crate::store::retry::{RetryPolicy, retry_until};
 use crate::store::{Beat, BeatUpdate, Holder, StoreError, StoreOp};
 
-mod awaited;
+pub(crate) mod awaited;
 
 use awaited::handoff_loop;
 pub(crate) use awaited::tell_previous_owner;
