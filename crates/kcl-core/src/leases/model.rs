@@ -10,9 +10,20 @@
 //! judged that way is free (`taker::free_by_liveness`), the balance
 //! decision (`balance::decide`), the rule that an instance whose beats do
 //! not land takes nothing (`taker::unless_unbeaten`, `shared::can_hold`),
-//! and the validity a take and a beat give (`shared::valid_from`). What
-//! the model writes itself is the orchestration: when each worker beats,
-//! reads, ticks and fences, as the renewer, watcher and taker loops do.
+//! the validity a take and a beat give (`shared::valid_from`), the
+//! judgement of an observed tenure (`handoff::judge`: lost, draining,
+//! forced), and whether an awaited handoff is forced on its previous
+//! owner's death (`awaited::previous_owner_dead`,
+//! `awaited::forced_by_death`). What the model writes itself is the
+//! orchestration: when each worker beats, reads, ticks, polls an awaited
+//! handoff and fences, as the renewer, watcher and taker loops do.
+//!
+//! Within a second the steps of both workers interleave in every order,
+//! and all happen at the same instant: a read "asked at t" that comes
+//! before a beat at t missed it, and an item first seen at t was seen no
+//! earlier than that read was asked. That is the equal instant of a paused
+//! (or coarse) clock, where a read asked as a beat and a reclaim land is
+//! served before them.
 //!
 //! Properties, checked on every state:
 //! - at no instant may two workers process the lease;
@@ -23,14 +34,31 @@
 //! Scenarios (each an initial state): a holder with a 30 s lease and a
 //! peer with a 10 s one (a rolling change of `lease_duration`); a holder
 //! whose beats fail from the third second; a holder killed at the third
-//! second. Reads come at most `READ_GAP` apart and ticks at most
-//! `TICK_GAP` apart, at any moment within that; beats on their cadence.
+//! second; a holder whose beats fail from the third second to its beat at
+//! 10 s (a pause: its tenure lapsed, it beats and reclaims the lease the
+//! very second its peer, which first saw its record at 0 s, may judge it
+//! dead by a read that missed that beat), whose peer steals the lease
+//! whenever `decide` lets it (simulator seed 13917891215581911684),
+//! explored to `PAUSE_TAIL` past the pause. Reads come at most `READ_GAP`
+//! apart and ticks at most `TICK_GAP` apart, at any moment within that;
+//! beats on their cadence; an awaited handoff is polled every second.
 //!
-//! Not covered here: handoffs and steals (one lease between two workers is
-//! never stolen: a lead of one is never worth a steal), the per-lease mode,
-//! Java KCL workers, lost answers and reordered requests, restarts under
-//! the same id, more workers or leases. The seeded fleet simulator
-//! (`tests/sim.rs`) runs those on the whole engine.
+//! Steals (`model/handoff.rs`): one lease between two workers is never
+//! stolen (a lead of one is never worth a steal), so in the pause scenario
+//! w0 also holds a second lease the model does not follow, `shard2`, in a
+//! handoff to it (counted as w0's, never free, never stolen): it tips
+//! w1's balance to a steal of `shard` whenever `decide` allows one. The
+//! victim of a steal drains until its tenure lapses, never completing the
+//! handoff, and the thief activates only by forcing it on the victim's
+//! death. Left out, both shortening the victim's tenure or delaying the
+//! thief: the victim's renewals of the item while it drains (so its beats
+//! extend it no further), and the deadline a handoff timeout after the
+//! victim was told.
+//!
+//! Not covered here: completed handoffs, the handoff deadline, the
+//! per-lease mode, Java KCL workers, lost answers and reordered requests,
+//! restarts under the same id, more workers or leases. The seeded fleet
+//! simulator (`tests/sim.rs`) runs those on the whole engine.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -42,9 +70,13 @@ use crate::config::LeaseConfig;
 use crate::lease::{Checkpoint, Lease};
 use crate::leases::balance::{Balance, BalanceInput, LeaseView, decide};
 use crate::leases::liveness::LivenessTracker;
-use crate::leases::shared::{can_hold, valid_from};
+use crate::leases::shared::can_hold;
 use crate::leases::taker::{free_by_liveness, unless_unbeaten};
 use crate::store::Beat;
+
+mod handoff;
+
+use handoff::{Claim, Stage, Tenure};
 
 /// The longest time between two reads of the liveness records by one
 /// worker (the watcher reads just after each beat: well within this).
@@ -77,6 +109,21 @@ enum Fault {
     BeatsFail { who: usize, at: u32 },
     /// The worker stops at `at`.
     Kill { who: usize, at: u32 },
+    /// The worker's beats fail from `at` until `until` (its process
+    /// paused, its lease-table writes working): back, it beats and
+    /// reclaims what its lapsed tenures held.
+    BeatsPause { who: usize, at: u32, until: u32 },
+}
+
+/// The lease item as one worker's scans last saw it (`ExpiryTracker`'s
+/// view of one lease).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Seen {
+    counter: u64,
+    owner: Option<usize>,
+    since: u32,
+    /// It changed at least once while watched.
+    moved: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -89,13 +136,13 @@ struct Worker {
     last_read: Option<u32>,
     last_tick: u32,
     tracker: LivenessTracker,
-    /// The lease item as this worker's scans last saw it: counter, owner,
-    /// and since when (the expiry tracker's view of one lease).
-    seen: Option<(u64, Option<usize>, u32)>,
-    /// The tenure held and its validity (exclusive), if any.
-    held: Option<u32>,
-    /// Beat, read and tick already done in this second.
-    done: [bool; 3],
+    seen: Option<Seen>,
+    held: Option<Tenure>,
+    /// Beat, read, tick and handoff poll already done in this second.
+    done: [bool; 4],
+    /// It began awaiting a handoff in this second (a steal): its first
+    /// poll may come in the next.
+    began_awaiting: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -107,7 +154,14 @@ struct State {
     intervals: [u32; 2],
     owner: Option<usize>,
     counter: u64,
+    /// The owner's tenure id (a fresh one at every take, reclaim and
+    /// steal).
     tenure: u64,
+    /// The previous owner of a handoff and its tenure id (the item's
+    /// `checkpoint_owner` and `checkpoint_owner_tenure`).
+    previous: Option<(usize, u64)>,
+    /// w0 holds a second lease, in a handoff to it (see the module's doc).
+    second_lease: bool,
     records: [u64; 2],
     workers: [Worker; 2],
 }
@@ -117,6 +171,7 @@ enum Action {
     Beat(usize),
     Read(usize),
     Tick(usize),
+    Poll(usize),
     Advance,
 }
 
@@ -146,6 +201,10 @@ impl State {
             .owner
             .map(|o| format!("{}.{}", INSTANCES[o], self.tenure));
         lease.counter = self.counter;
+        if let Some((p, id)) = self.previous {
+            lease.checkpoint_owner = Some(IDS[p].to_owned());
+            lease.checkpoint_owner_tenure = Some(format!("{}.{id}", INSTANCES[p]));
+        }
         lease
     }
 
@@ -163,11 +222,14 @@ impl State {
             .collect()
     }
 
-    /// Workers that may process the lease now.
+    /// Workers that may process the lease now (a thief awaiting a
+    /// handoff does not; a victim draining does).
     fn processing(&self) -> usize {
         self.workers
             .iter()
-            .filter(|w| w.alive && w.held.is_some_and(|v| v > self.t))
+            .filter(|w| w.alive)
+            .filter_map(|w| w.held)
+            .filter(|h| h.valid > self.t && !matches!(h.stage, Stage::Awaiting { .. }))
             .count()
     }
 
@@ -181,12 +243,20 @@ impl State {
             return;
         }
         self.records[w] += 1;
-        worker.last_beat = Some(t);
-        // `Held::extend`: a lapsed tenure stays lapsed.
-        if let Some(valid) = worker.held
-            && valid > t
+        self.workers[w].last_beat = Some(t);
+        // `judge_asked`: a thief that stole a lease of ours asked for it in
+        // our record (it tells at once); the beat judges it before it
+        // renews anything.
+        if self.previous.is_some_and(|(p, _)| p == w) {
+            self.observe_held(w);
+        }
+        // `Held::extend`: a lapsed tenure stays lapsed; one handing off is
+        // extended no further than its last drain renewal (none here).
+        if let Some(h) = &mut self.workers[w].held
+            && h.valid > t
+            && h.stage != Stage::HandingOff
         {
-            worker.held = Some(valid.max(t + usable));
+            h.valid = h.valid.max(t + usable);
         }
     }
 
@@ -200,10 +270,7 @@ impl State {
 
     fn tick(&mut self, w: usize) {
         let t = self.t;
-        let lease = self.lease();
-        let config = self.config(w);
         let d = self.durations[w];
-        let usable = self.usable(w);
         let (owner, counter) = (self.owner, self.counter);
         let worker = &mut self.workers[w];
         worker.done[2] = true;
@@ -214,17 +281,41 @@ impl State {
         };
         // The scan: an observation of the item, and of a tenure held here.
         match worker.seen {
-            Some((c, o, _)) if c == counter && o == owner => {}
-            _ => worker.seen = Some((counter, owner, t)),
+            Some(s) if s.counter == counter && s.owner == owner => {}
+            before => {
+                worker.seen = Some(Seen {
+                    counter,
+                    owner,
+                    since: t,
+                    moved: before.is_some(),
+                });
+            }
         }
-        if worker.held.is_some() && owner != Some(w) {
-            worker.held = None;
+        self.observe_held(w);
+        let decision = self.decision(w, read);
+        let named = |keys: &[String]| keys.iter().any(|k| k == "shard");
+        if named(&decision.reclaim) {
+            self.claim(w, Claim::Reclaim);
+        } else if named(&decision.take) {
+            self.claim(w, Claim::Take);
+        } else if named(&decision.steal) {
+            self.claim(w, Claim::Steal);
         }
-        let since = worker.seen.map(|(_, _, s)| s).unwrap_or(t);
+    }
+
+    /// What `balance::decide` makes of the scan that `w`'s tick just made,
+    /// judged by its read asked at `read`, as far as this instance may act
+    /// on it now.
+    fn decision(&self, w: usize, read: u32) -> crate::leases::balance::Decision {
+        let t = self.t;
+        let lease = self.lease();
+        let config = self.config(w);
+        let worker = &self.workers[w];
+        let seen = worker.seen.expect("the tick scanned");
         let own = config.lease_duration;
         let expired = match worker.tracker.judge(&lease, own, at(t)) {
-            Some(alive) => free_by_liveness(alive, Some(at(since)), at(read)),
-            None => t - since >= d,
+            Some(alive) => free_by_liveness(alive, Some(at(seen.since)), at(read)),
+            None => t - seen.since >= self.durations[w],
         };
         let peers: Vec<&str> = worker
             .tracker
@@ -232,23 +323,36 @@ impl State {
             .into_iter()
             .map(|b| b.worker.as_str())
             .collect();
-        let view = LeaseView {
+        let mut leases = vec![LeaseView {
             key: "shard",
-            owner: owner.map(|o| IDS[o]),
+            owner: self.owner.map(|o| IDS[o]),
             expired,
-            unrenewed_for: Duration::from_secs(u64::from(t - since)),
+            unrenewed_for: Duration::from_secs(u64::from(t - seen.since)),
             held_here: worker.held.is_some(),
             other_process: false,
-            in_handoff: false,
-            seen_alive: true,
+            in_handoff: lease.in_handoff(),
+            seen_alive: seen.moved || worker.tracker.runs(&lease, own),
             // The lease carries load, so the decision weighs by it: a lone
             // lease is never worth a load steal either (its holder would
             // keep nothing).
             load: Some(100.0),
-        };
+        }];
+        if self.second_lease {
+            leases.push(LeaseView {
+                key: "shard2",
+                owner: Some(IDS[0]),
+                expired: false,
+                unrenewed_for: Duration::ZERO,
+                held_here: w == 0,
+                other_process: false,
+                in_handoff: true,
+                seen_alive: true,
+                load: Some(100.0),
+            });
+        }
         let decision = decide(&BalanceInput {
             me: IDS[w],
-            leases: vec![view],
+            leases,
             max_leases_per_worker: usize::MAX,
             max_leases_to_steal: config.max_leases_to_steal,
             peers,
@@ -257,29 +361,20 @@ impl State {
             balance: Balance::ByLoad,
         });
         let beat = worker.last_beat.map(at);
-        let decision = unless_unbeaten(can_hold(beat, at(t), &config), decision);
-        if decision.take.is_empty() && decision.reclaim.is_empty() {
-            return;
-        }
-        // The conditional write lands (nothing else writes in between):
-        // a fresh tenure, valid from the scan.
-        let from = secs(valid_from(beat, at(t), own));
-        self.owner = Some(w);
-        self.counter += 1;
-        self.tenure += 1;
-        let valid = from + usable;
-        let worker = &mut self.workers[w];
-        worker.held = (valid > t).then_some(valid);
-        worker.seen = Some((self.counter, self.owner, t));
+        unless_unbeaten(can_hold(beat, at(t), &config), decision)
     }
 
-    /// Whether time may pass: every worker did what its cadence owes now.
+    /// Whether time may pass: every worker did what its cadence owes now
+    /// (an awaited handoff is polled every second after the steal's).
     fn may_advance(&self) -> bool {
         self.workers.iter().all(|w| {
+            let awaiting = matches!(w.held.map(|h| h.stage), Some(Stage::Awaiting { .. }));
+            let polled = !awaiting || w.done[3] || w.began_awaiting;
             !w.alive
                 || ((w.next_beat > self.t || w.done[0])
                     && w.last_read.is_some_and(|r| self.t - r < READ_GAP)
-                    && self.t - w.last_tick < TICK_GAP)
+                    && self.t - w.last_tick < TICK_GAP
+                    && polled)
         })
     }
 
@@ -287,14 +382,20 @@ impl State {
         self.t += 1;
         let t = self.t;
         for worker in &mut self.workers {
-            worker.done = [false; 3];
+            worker.done = [false; 4];
+            worker.began_awaiting = false;
             // The fence loop: a tenure whose validity ran out ends.
-            if worker.held.is_some_and(|v| v <= t) {
+            if worker.held.is_some_and(|h| h.valid <= t) {
                 worker.held = None;
             }
         }
         match self.fault {
-            Some(Fault::BeatsFail { who, at }) if at == t => self.workers[who].beats_fail = true,
+            Some(Fault::BeatsFail { who, at } | Fault::BeatsPause { who, at, .. }) if at == t => {
+                self.workers[who].beats_fail = true;
+            }
+            Some(Fault::BeatsPause { who, until, .. }) if until == t => {
+                self.workers[who].beats_fail = false;
+            }
             Some(Fault::Kill { who, at }) if at == t => {
                 self.workers[who].alive = false;
                 self.workers[who].held = None;
@@ -308,18 +409,35 @@ impl State {
     fn taken_over_in_time(&self) -> bool {
         let (who, from) = match self.fault {
             Some(Fault::BeatsFail { who, at } | Fault::Kill { who, at }) => (who, at),
-            None => return true,
+            // It comes back: the properties checked are safety's.
+            Some(Fault::BeatsPause { .. }) | None => return true,
         };
         let other = 1 - who;
         let bound = self.durations[who] + self.intervals[who] + READ_GAP + TICK_GAP + 2;
         self.t < from + bound
             || self.workers[other]
                 .held
-                .is_some_and(|v| v > self.t && self.owner == Some(other))
+                .is_some_and(|h| h.valid > self.t && self.owner == Some(other))
     }
 }
 
+/// How long past a pause's end its scenario is explored. A read asked at
+/// the end at the latest may miss the beat that ends the pause; the next
+/// read is due `READ_GAP` later, so every tick and poll that judges by
+/// such a read comes by then, and what each does shows in the state at
+/// once (a take processes, a forced handoff too). From there both workers
+/// beat on as in the scenario without a fault.
+const PAUSE_TAIL: u32 = READ_GAP;
+
 impl LeaseModel {
+    /// The horizon of `s`'s scenario.
+    fn horizon_of(&self, s: &State) -> u32 {
+        match s.fault {
+            Some(Fault::BeatsPause { until, .. }) => self.horizon.min(until + PAUSE_TAIL),
+            _ => self.horizon,
+        }
+    }
+
     fn scenario(durations: [u32; 2], intervals: [u32; 2], fault: Option<Fault>) -> State {
         let worker = |_: usize| Worker {
             alive: true,
@@ -331,7 +449,8 @@ impl LeaseModel {
             tracker: LivenessTracker::default(),
             seen: None,
             held: None,
-            done: [false; 3],
+            done: [false; 4],
+            began_awaiting: false,
         };
         let mut s = State {
             t: 0,
@@ -341,6 +460,8 @@ impl LeaseModel {
             owner: None,
             counter: 0,
             tenure: 0,
+            previous: None,
+            second_lease: false,
             records: [0, 0],
             workers: [worker(0), worker(1)],
         };
@@ -365,6 +486,21 @@ impl Model for LeaseModel {
             // The holder's beats fail; its lease-table writes work.
             Self::scenario([10, 10], [5, 5], Some(Fault::BeatsFail { who: 0, at: 3 })),
             Self::scenario([10, 10], [5, 5], Some(Fault::Kill { who: 0, at: 3 })),
+            // w0's beats fail from 3 s to its beat at 10 s, the second w1
+            // (which first saw its record at 0 s) may judge it dead; w0
+            // reclaims as its beat lands, and w1 steals when it may.
+            State {
+                second_lease: true,
+                ..Self::scenario(
+                    [10, 10],
+                    [5, 5],
+                    Some(Fault::BeatsPause {
+                        who: 0,
+                        at: 3,
+                        until: 10,
+                    }),
+                )
+            },
         ]
     }
 
@@ -382,8 +518,13 @@ impl Model for LeaseModel {
             if !worker.done[2] {
                 actions.push(Action::Tick(w));
             }
+            if !worker.done[3]
+                && matches!(worker.held.map(|h| h.stage), Some(Stage::Awaiting { .. }))
+            {
+                actions.push(Action::Poll(w));
+            }
         }
-        if s.t < self.horizon && s.may_advance() {
+        if s.t < self.horizon_of(s) && s.may_advance() {
             actions.push(Action::Advance);
         }
     }
@@ -394,6 +535,7 @@ impl Model for LeaseModel {
             Action::Beat(w) => next.beat(w),
             Action::Read(w) => next.read(w),
             Action::Tick(w) => next.tick(w),
+            Action::Poll(w) => next.poll(w),
             Action::Advance => next.advance(),
         }
         Some(next)
