@@ -178,7 +178,8 @@ in_both_modes!(
     a_lost_take_is_reclaimed_by_its_own_process_not_by_another_under_the_same_id,
     a_worker_that_stopped_before_this_one_started_has_its_leases_within_a_lease_duration,
     a_previous_owner_renews_while_it_drains_and_the_handoff_completes,
-    a_stuck_previous_owner_lets_go_only_after_the_handoff_timeout
+    a_stuck_previous_owner_lets_go_only_after_the_handoff_timeout,
+    a_previous_owner_killed_mid_handoff_loses_its_lease_within_the_bound
 );
 
 async fn cold_start_claims_everything_in_one_tick_then_balances(mode: LeaseRenewal) {
@@ -1011,6 +1012,68 @@ async fn a_stuck_previous_owner_lets_go_only_after_the_handoff_timeout(mode: Lea
         Duration::ZERO,
         "two workers may process one lease"
     );
+}
+
+/// A previous owner stuck draining a stolen lease (its processor never
+/// hands over, handoff timeout 40 s) is killed 2 s after the steal: the
+/// thief forces the handoff once a liveness read shows it dead, within the
+/// failover bound of its last beat, not at the handoff's deadline, also
+/// when every store call takes up to 20 ms. The force was set to the
+/// poll's answer and judged against its ask, so it came only at the
+/// deadline (38 s) unless a call took no time at all.
+async fn a_previous_owner_killed_mid_handoff_loses_its_lease_within_the_bound(mode: LeaseRenewal) {
+    for latency in [Duration::ZERO, Duration::from_millis(20)] {
+        let bound = LEASE + LIVENESS_SLACK + latency * 3;
+        let settings = |id, seed| {
+            in_mode(mode, id, seed)
+                .handoff_timeout(Duration::from_secs(40))
+                .build()
+                .unwrap()
+        };
+        let (table, mut log, mut workers) =
+            first_holder(4, settings("a", 1), StandIn::NeverHandsOff).await;
+        workers.push(SimWorker::start(&table, settings("b", 2)));
+        if !latency.is_zero() {
+            workers[1].store.set_random_faults(Some(RandomFaults {
+                seed: 7,
+                error_rate: 0.0,
+                lost_response_rate: 0.0,
+                max_latency: latency,
+            }));
+        }
+        let step = Duration::from_millis(50);
+        let joined = Instant::now();
+        let stolen = loop {
+            run_for(&workers, &mut log, step, step).await;
+            if let Some(l) = table.snapshot().into_iter().find(|l| {
+                l.owner.as_deref() == Some("b") && l.checkpoint_owner.as_deref() == Some("a")
+            }) {
+                break l.key;
+            }
+            assert!(joined.elapsed() < TICK * 4, "b never stole");
+        };
+        // b told a, and a renews while it drains.
+        run_for(&workers, &mut log, Duration::from_secs(2), step).await;
+        let killed = Instant::now();
+        workers[0].kill().await;
+        run_until(
+            &workers,
+            &mut log,
+            step,
+            step,
+            || workers[1].processing_keys().contains(&stolen),
+            || killed.elapsed() <= bound,
+            || {
+                format!(
+                    "calls up to {latency:?}: b did not process {stolen} within {bound:?} of the kill: {:?}",
+                    workers[1].coordinator().stats()
+                )
+            },
+        )
+        .await;
+        assert!(workers[1].coordinator().stats().handoffs_forced > 0);
+        assert_eq!(log.max(), Duration::ZERO, "two workers processed one lease");
+    }
 }
 
 /// A worker that joins a running fleet steals at its first tick: the

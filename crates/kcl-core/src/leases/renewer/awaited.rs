@@ -123,7 +123,7 @@ async fn advance_handoff(
         }
     };
     let now = Instant::now();
-    watch_previous_owner(shared, held, item.as_ref(), now);
+    watch_previous_owner(shared, held, item.as_ref(), asked, now);
     let (current, forced) = judge_awaited(shared, key, held, item, asked).await?;
     let step = Advance {
         current,
@@ -138,8 +138,19 @@ async fn advance_handoff(
 /// kcl in either mode): the handoff is forced only once it stopped,
 /// judged like expiry by the previous owner's lease duration. One with a
 /// liveness record is also never forced before the deadline telling it
-/// set (an older kcl renews nothing while it drains).
-fn watch_previous_owner(shared: &Shared, held: &Held, item: Option<&Lease>, now: Instant) {
+/// set (an older kcl renews nothing while it drains). A previous owner
+/// shown dead lets the handoff be forced as of this poll's ask (`asked`),
+/// the instant its answer is judged at: forced from its answer (`now`),
+/// a poll whose `get` took any time judged it not due yet, and the next
+/// poll moved the force back to the deadline first, so a dead previous
+/// owner's lease waited for the handoff timeout.
+fn watch_previous_owner(
+    shared: &Shared,
+    held: &Held,
+    item: Option<&Lease>,
+    asked: Instant,
+    now: Instant,
+) {
     if let Some(item) = item
         && item.checkpoint_owner.is_some()
     {
@@ -153,7 +164,7 @@ fn watch_previous_owner(shared: &Shared, held: &Held, item: Option<&Lease>, now:
             Instant::now(),
         );
         if forced_by_death(dead, seen_since, read) {
-            held.force_now(now);
+            held.force_now(asked);
         }
     }
 }
