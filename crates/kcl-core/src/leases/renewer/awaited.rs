@@ -140,10 +140,8 @@ async fn advance_handoff(
 /// liveness record is also never forced before the deadline telling it
 /// set (an older kcl renews nothing while it drains). A previous owner
 /// shown dead lets the handoff be forced as of this poll's ask (`asked`),
-/// the instant its answer is judged at: forced from its answer (`now`),
-/// a poll whose `get` took any time judged it not due yet, and the next
-/// poll moved the force back to the deadline first, so a dead previous
-/// owner's lease waited for the handoff timeout.
+/// the instant `judge` weighs the answer at; a force from the answer
+/// (`now`) would never be due for a poll whose `get` took any time.
 fn watch_previous_owner(
     shared: &Shared,
     held: &Held,
@@ -157,12 +155,7 @@ fn watch_previous_owner(
         let (window, told) = previous_owner_window(shared, item);
         let seen_since = held.watch_previous_owner(item.counter, now, window, told);
         let read = *shared.last_read.lock().unwrap_or_else(|e| e.into_inner());
-        let dead = previous_owner_dead(
-            &shared.liveness(),
-            item,
-            shared.config.lease_duration,
-            Instant::now(),
-        );
+        let dead = previous_owner_dead(&shared.liveness(), item, shared.config.lease_duration, now);
         if forced_by_death(dead, seen_since, read) {
             held.force_now(asked);
         }
