@@ -103,7 +103,8 @@ pub(crate) struct Liveness {
     pub(crate) lease_duration_ms: u64,
     /// The last beat is within the lease duration.
     pub(crate) alive: bool,
-    /// The instance is shutting down and will release its leases.
+    /// The instance takes no lease: it shuts down (and will release its
+    /// leases), sits out, or cannot read the lease table.
     pub(crate) stopping: bool,
 }
 
@@ -216,7 +217,7 @@ impl Row {
                 Some(l) => format!(
                     "{:.1}s ago{}",
                     l.last_beat_ms_ago as f64 / 1000.0,
-                    if l.stopping { ", stopping" } else { "" }
+                    if l.stopping { ", takes no lease" } else { "" }
                 ),
                 None => "-".into(),
             });

@@ -8,7 +8,9 @@
 //! The rules:
 //! - Live workers are the owners of unexpired leases, plus this worker, which
 //!   counts itself even while it holds nothing (otherwise a new worker would
-//!   compute a target of zero and never get its share).
+//!   compute a target of zero and never get its share). A worker whose
+//!   record says it takes no lease (stopping, sitting out, cut off from the
+//!   lease table) is left out, and the leases it holds with it.
 //! - Leases the table says are this worker's, in a tenure this process
 //!   wrote, but that it does not hold (a take whose answer was lost, a
 //!   fenced tenure) are reclaimed. Those under a tenure another process
@@ -103,6 +105,12 @@ pub(crate) struct BalanceInput<'a> {
     /// Whether leases are weighed by their load figures or counted (see
     /// [`load`]).
     pub(crate) balance: Balance,
+    /// Live kcl workers whose records say they take no lease now (they
+    /// stop, sit out, or cannot read the lease table), not among `peers`:
+    /// they and the leases they hold are left out of the division, so the
+    /// others share every other lease between them, and nothing is stolen
+    /// from them.
+    pub(crate) resting: Vec<&'a str>,
 }
 
 /// What the lease taker should do this tick.
@@ -130,6 +138,22 @@ pub(crate) struct Decision {
 
 /// Decides what this worker takes and steals, from one view of the table.
 pub(crate) fn decide(input: &BalanceInput<'_>) -> Decision {
+    if input.resting.is_empty() {
+        return decide_among(input);
+    }
+    // Counting a worker that takes nothing gave the others a target that
+    // left some free leases to it: they stood unread until it took leases
+    // again, or until they turned stale for a peer that had watched them
+    // for two lease durations.
+    let mut working = input.clone();
+    working.leases.retain(|l| {
+        counted_for(l, input.me).is_none_or(|h| h == input.me || !input.resting.contains(&h))
+    });
+    decide_among(&working)
+}
+
+/// [`decide`] among the workers that take leases.
+fn decide_among(input: &BalanceInput<'_>) -> Decision {
     let me = input.me;
     let (counts, reclaim) = count(input);
     let live_workers = counts.len();
@@ -201,9 +225,10 @@ fn count<'v>(input: &'v BalanceInput<'_>) -> (BTreeMap<&'v str, usize>, Vec<Stri
 fn stale(input: &BalanceInput<'_>) -> Vec<String> {
     let me = input.me;
     // Leases nobody took for a lease duration are taken whatever the
-    // target says: a peer counted in the balance may not compete for them (another
-    // stream set, or it cannot read the table: its scans fail while its
-    // beats land), and a lease must never stay unread. An expired lease
+    // target says: a peer counted in the balance may not compete for them
+    // (another stream set, or it cannot read the table and has not said so
+    // yet: its scans fail while its beats land), and a lease must never
+    // stay unread. An expired lease
     // counts once it stood still a lease duration past its expiry.
     input
         .leases

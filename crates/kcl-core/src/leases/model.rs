@@ -359,6 +359,7 @@ impl State {
             stale_after: own,
             foreign: Vec::new(),
             balance: Balance::ByLoad,
+            resting: Vec::new(),
         });
         let beat = worker.last_beat.map(at);
         unless_unbeaten(can_hold(beat, at(t), &config), decision)

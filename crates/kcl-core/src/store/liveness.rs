@@ -31,8 +31,11 @@ pub struct Beat {
     /// Lease keys peers asked the instance to hand over (steals), until
     /// the instance answers them in a later beat.
     pub asked: std::collections::BTreeSet<String>,
-    /// True once the instance stopped taking leases (a graceful shutdown
-    /// is under way): its leases will be released soon.
+    /// True while the instance takes no lease: a graceful shutdown is
+    /// under way (its leases will be released soon), it sits out after a
+    /// shard it could not read, or it could not read the lease table for a
+    /// lease duration. Peers leave it, and the leases it holds, out of
+    /// their targets.
     pub stopping: bool,
     /// True if the instance renews every lease it holds too (the
     /// per-lease mode): its tenures last no longer than its last renewal

@@ -439,6 +439,7 @@ pub(super) fn input_by<'a>(
         stale_after: Duration::from_secs(10),
         foreign: vec![],
         balance: Balance::ByLoad,
+        resting: Vec::new(),
     }
 }
 
@@ -472,6 +473,47 @@ fn expired_owners_are_not_live_workers() {
     ];
     let d = decide(&input(leases));
     assert_eq!((d.live_workers, d.target, d.take.len()), (1, 3, 3));
+}
+
+/// A peer whose record says it takes no lease (it cannot read the lease
+/// table) keeps what it holds, but is no share of the rest: every expired
+/// lease is this worker's at once, and none of the peer's is stolen.
+#[test]
+fn a_peer_that_takes_no_lease_is_left_out_of_the_target_with_its_leases() {
+    let leases = || {
+        vec![
+            view("a", Some("blind"), false, 60),
+            view("b", Some("blind"), false, 60),
+            view("c", Some("dead"), true, 12),
+            view("d", Some("dead"), true, 12),
+            view("e", Some("dead"), true, 12),
+            view("f", Some("dead"), true, 12),
+        ]
+    };
+    let counted = decide(&BalanceInput {
+        peers: vec!["blind"],
+        max_leases_to_steal: 4,
+        ..input(leases())
+    });
+    assert_eq!((counted.target, counted.take.len()), (3, 3));
+    let resting = BalanceInput {
+        resting: vec!["blind"],
+        max_leases_to_steal: 4,
+        ..input(leases())
+    };
+    let d = decide(&resting);
+    assert_eq!((d.live_workers, d.target), (1, 4), "{d:?}");
+    assert_eq!(d.take, vec!["c", "d", "e", "f"]);
+    // Once holding those, nothing of the resting peer's is stolen.
+    let mut mine = leases();
+    for l in &mut mine[2..] {
+        (l.owner, l.expired, l.held_here) = (Some("me"), false, true);
+    }
+    let d = decide(&BalanceInput {
+        leases: mine,
+        ..resting
+    });
+    assert!(d.take.is_empty() && d.steal.is_empty(), "{d:?}");
 }
 
 #[test]

@@ -187,9 +187,12 @@ async fn send_beat(
         (
             state.changes,
             state.answered.clone(),
-            // A worker sitting out says so too: peers leave it out of
-            // their targets and take what it gave back.
-            state.stopping || shared.sitting_out(Instant::now()),
+            // A worker sitting out, or cut off from the lease table, says
+            // so too: peers leave it out of their targets and take what it
+            // gave back or cannot take.
+            state.stopping
+                || shared.sitting_out(Instant::now())
+                || shared.cut_off_from_table(Instant::now()),
         )
     };
     let held = shared.held_count() as u64;

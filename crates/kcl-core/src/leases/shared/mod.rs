@@ -2,7 +2,8 @@
 //! channel to the worker, the counters (declared in `events`), and the
 //! transitions every task applies the same way (acquired, awaiting,
 //! activated, ended). Which renewal runs is in `renewal_mode`, sitting
-//! out after an unreadable shard in `sit_out`.
+//! out after an unreadable shard in `sit_out`, being cut off from the lease
+//! table in `cut_off`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -24,11 +25,13 @@ use crate::observe::{Event, Observer, record_metric};
 use crate::store::timeout::TimeoutStore;
 use crate::store::{Holder, LeaseStore, StoreError};
 
+mod cut_off;
 mod given_up;
 mod latch;
 mod renewal_mode;
 mod sit_out;
 
+use cut_off::CutOff;
 use given_up::GivenUp;
 use latch::Latch;
 use sit_out::SitOut;
@@ -97,6 +100,8 @@ pub(crate) struct Shared {
     switched: Mutex<Option<Instant>>,
     /// See [`Shared::sit_out`].
     sit_out: Mutex<SitOut>,
+    /// See [`Shared::table_read`].
+    cut_off: Mutex<CutOff>,
 }
 
 /// The fields of this instance's liveness record that it sets itself.
@@ -161,6 +166,7 @@ impl Shared {
             wants_proof: AtomicBool::new(false),
             switched: Mutex::new(None),
             sit_out: Mutex::default(),
+            cut_off: Mutex::default(),
         }
     }
 

@@ -270,13 +270,19 @@ pub(super) fn stale_at(
         .map(|left| now + left + Duration::from_millis(1))
 }
 
-/// The kcl workers the liveness records show alive and not stopping.
-pub(super) fn live_peers(shared: &Shared, now: Instant) -> Vec<String> {
-    shared
-        .liveness()
-        .alive(shared.config.lease_duration, now)
-        .into_iter()
-        .filter(|b| !b.stopping)
-        .map(|b| b.worker.clone())
-        .collect()
+/// The kcl workers the liveness records show alive: those that take
+/// leases (not stopping), then the others whose records say they take none
+/// (see `BalanceInput::resting`; never this worker's id, which always
+/// counts).
+pub(super) fn live_peers(shared: &Shared, now: Instant) -> (Vec<String>, Vec<String>) {
+    let me = shared.me();
+    let (mut taking, mut resting) = (Vec::new(), Vec::new());
+    for beat in shared.liveness().alive(shared.config.lease_duration, now) {
+        match (beat.stopping, beat.worker == me) {
+            (false, _) => taking.push(beat.worker.clone()),
+            (true, false) => resting.push(beat.worker.clone()),
+            (true, true) => {}
+        }
+    }
+    (taking, resting)
 }

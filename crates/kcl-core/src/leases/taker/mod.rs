@@ -188,6 +188,7 @@ impl Taker {
     async fn tick(&mut self, shared: &Shared) -> Option<Instant> {
         shared.emit(Event::Tick);
         let Some(asked) = last_liveness_read(shared) else {
+            shared.table_read(false, Instant::now());
             claims::reclaim_given_up(shared).await;
             return None;
         };
@@ -197,9 +198,11 @@ impl Taker {
         };
         self.count_java_workers(shared).await;
         let Some(scan) = self.scan(shared).await else {
+            shared.table_read(false, Instant::now());
             claims::reclaim_given_up(shared).await;
             return None;
         };
+        shared.table_read(true, scan.now);
         shared.given_up().retain_named(&scan.leases);
         self.track_expiry(shared, &scan);
         observe_held(shared, &scan.leases).await;
@@ -333,7 +336,7 @@ impl Taker {
             Judging::new(self, shared, asked, &java.reporting, now).views(shared, active);
         let held_back = judge::hold_back(shared, &views, held_for_read);
         let stale_at = judge::stale_at(&views, config.lease_duration, now);
-        let peers = judge::live_peers(shared, now);
+        let (peers, resting) = judge::live_peers(shared, now);
         let peers: Vec<&str> = peers
             .iter()
             .chain(&java.counted)
@@ -348,6 +351,7 @@ impl Taker {
             stale_after: config.lease_duration,
             foreign: java.counted.iter().map(String::as_str).collect(),
             balance: config.balance,
+            resting: resting.iter().map(String::as_str).collect(),
         });
         self.unsettled = held_back
             || !decision.take.is_empty()
