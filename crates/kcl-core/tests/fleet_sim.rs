@@ -1447,6 +1447,43 @@ async fn a_worker_that_cannot_scan_is_no_share_of_the_leases_it_cannot_take() {
     assert_eq!(workers[3].processing_keys().len(), SHARDS - kept);
 }
 
+/// A worker whose reads of the liveness records fail for three lease
+/// durations says in its beats that it takes no lease, and stops saying
+/// so once its reads come back: its next tick scans, though nothing in
+/// the fleet changed, rather than being quiet and leaving the record
+/// claiming it takes nothing for as long as the fleet stays quiet.
+#[tokio::test(start_paused = true)]
+async fn a_worker_whose_reads_came_back_stops_saying_it_takes_no_lease() {
+    let (table, mut log, workers) = balanced_pair(4, 40).await;
+    let step = Duration::from_millis(50);
+    run_for(&workers, &mut log, LEASE * 4, step).await;
+    let outage = LEASE * 3;
+    let a = &workers[0];
+    a.store.fail_until(
+        Some(StoreOp::ReadBeats),
+        StoreErrorKind::Throttled,
+        Instant::now() + outage,
+    );
+    let says_none = || {
+        table
+            .beats_snapshot()
+            .iter()
+            .any(|b| b.worker == a.id && b.stopping)
+    };
+    let mut said = Vec::new();
+    for _ in 0..outage.as_secs() {
+        run_for(&workers, &mut log, Duration::from_secs(1), step).await;
+        said.push(says_none());
+    }
+    assert!(said.contains(&true), "never said it takes no lease");
+    run_for(&workers, &mut log, tick_max() * 2, step).await;
+    assert!(
+        !says_none(),
+        "still says it takes no lease after its reads came back"
+    );
+    assert_eq!(log.max(), Duration::ZERO);
+}
+
 /// `worker`'s beats fail from `from` for `outage`, long enough to fence its
 /// tenures, and its scans for the rest of the test.
 fn beats_fail_while_scans_fail(worker: &SimWorker, from: Instant, outage: Duration) {

@@ -106,10 +106,11 @@ pub(crate) struct BalanceInput<'a> {
     /// [`load`]).
     pub(crate) balance: Balance,
     /// Live kcl workers whose records say they take no lease now (they
-    /// stop, sit out, or cannot read the lease table), not among `peers`:
-    /// they and the leases they hold are left out of the division, so the
-    /// others share every other lease between them, and nothing is stolen
-    /// from them.
+    /// stop, sit out, or cannot read the lease table): they and the leases
+    /// they hold are left out of the division, so the others share every
+    /// other lease between them, and nothing is stolen from them. An id
+    /// also among `peers` (another process under it takes leases) is not
+    /// left out.
     pub(crate) resting: Vec<&'a str>,
 }
 
@@ -138,7 +139,11 @@ pub(crate) struct Decision {
 
 /// Decides what this worker takes and steals, from one view of the table.
 pub(crate) fn decide(input: &BalanceInput<'_>) -> Decision {
-    if input.resting.is_empty() {
+    // A worker id one of whose processes takes leases takes leases (two
+    // processes under one id hold its leases between them).
+    let resting =
+        |w: &str| w != input.me && input.resting.contains(&w) && !input.peers.contains(&w);
+    if !input.resting.iter().any(|w| resting(w)) {
         return decide_among(input);
     }
     // Counting a worker that takes nothing gave the others a target that
@@ -146,9 +151,9 @@ pub(crate) fn decide(input: &BalanceInput<'_>) -> Decision {
     // again, or until they turned stale for a peer that had watched them
     // for two lease durations.
     let mut working = input.clone();
-    working.leases.retain(|l| {
-        counted_for(l, input.me).is_none_or(|h| h == input.me || !input.resting.contains(&h))
-    });
+    working
+        .leases
+        .retain(|l| counted_for(l, input.me).is_none_or(|h| !resting(h)));
     decide_among(&working)
 }
 

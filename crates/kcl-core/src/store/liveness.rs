@@ -33,9 +33,9 @@ pub struct Beat {
     pub asked: std::collections::BTreeSet<String>,
     /// True while the instance takes no lease: a graceful shutdown is
     /// under way (its leases will be released soon), it sits out after a
-    /// shard it could not read, or it could not read the lease table for a
-    /// lease duration. Peers leave it, and the leases it holds, out of
-    /// their targets.
+    /// shard it could not read, or its taker could not read the lease
+    /// table (or the liveness records) for a lease duration. Peers leave
+    /// it, and the leases it holds, out of their targets.
     pub stopping: bool,
     /// True if the instance renews every lease it holds too (the
     /// per-lease mode): its tenures last no longer than its last renewal

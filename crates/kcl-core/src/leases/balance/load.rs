@@ -45,7 +45,9 @@
 //! kcl balances counts against them, as before) and every holder is a kcl
 //! worker known from its liveness record (a Java worker not counted at
 //! the moment still holds leases): otherwise the decision is the count
-//! rule's.
+//! rule's. A worker that takes no lease (it stops, sits out, or cannot
+//! read the table) is no holder here: it and its leases are left out
+//! before the weighing, so the others still balance by load.
 
 use std::collections::BTreeMap;
 

@@ -516,6 +516,25 @@ fn a_peer_that_takes_no_lease_is_left_out_of_the_target_with_its_leases() {
     assert!(d.take.is_empty() && d.steal.is_empty(), "{d:?}");
 }
 
+/// Two processes under one worker id, one taking leases, one resting:
+/// the id takes leases, and all it holds counts for it.
+#[test]
+fn a_worker_id_with_one_process_taking_leases_is_not_left_out() {
+    let mut leases: Vec<_> = ["a", "b", "c", "d", "e", "f"]
+        .into_iter()
+        .map(|k| view(k, Some("twin"), false, 12))
+        .collect();
+    for k in ["g", "h", "i", "j", "k", "l"] {
+        leases.push(view(k, Some("dead"), true, 12));
+    }
+    let d = decide(&BalanceInput {
+        peers: vec!["twin"],
+        resting: vec!["twin"],
+        ..input_by("me", leases, 4)
+    });
+    assert_eq!((d.live_workers, d.target, d.take.len()), (2, 6, 6), "{d:?}");
+}
+
 #[test]
 fn max_leases_per_worker_caps_the_target() {
     let leases = (0..10).map(|i| format!("s{i}")).collect::<Vec<_>>();

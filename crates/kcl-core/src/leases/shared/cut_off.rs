@@ -1,6 +1,7 @@
 //! Cut off from the lease table: a worker whose ticks cannot read it (its
-//! scans, or its reads of the liveness records, fail) while its beats land
-//! takes nothing, yet peers see it alive. Once that has lasted a lease
+//! scans fail, or its reads of the liveness records, which its ticks judge
+//! the table by) while its beats land takes nothing, yet peers see it
+//! alive. Once that has lasted a lease
 //! duration its beats say it takes no lease (as a worker sitting out does),
 //! so that peers leave it and what it holds out of their targets and take
 //! every free lease between them (see [`Shared::table_read`]).
@@ -55,7 +56,7 @@ impl Shared {
         if cut.past(now, limit) && !cut.told {
             cut.told = true;
             warn!(for_at_least = ?limit,
-                "the lease table cannot be read; telling peers this worker takes no lease, so that they take every free one");
+                "the taker cannot read the lease table or the liveness records; telling peers this worker takes no lease, so that they take every free one");
         }
     }
 

@@ -189,6 +189,9 @@ impl Taker {
         shared.emit(Event::Tick);
         let Some(asked) = last_liveness_read(shared) else {
             shared.table_read(false, Instant::now());
+            // Scan once reads come back, if only to clear the failure: a
+            // quiet tick would leave this worker saying it takes no lease.
+            self.unsettled = true;
             claims::reclaim_given_up(shared).await;
             return None;
         };
