@@ -65,7 +65,8 @@
 //! [`CloudWatchMetrics::flush_interval`] (10 s, the Java KCL's
 //! `metricsBufferTimeMillis`) the sets are sent with PutMetricData, at
 //! most 1000 data and under 1 MB per request, each request retried after
-//! 0.5 s, 1 s and 2 s while CloudWatch throttles or fails transiently.
+//! 0.5 s, 1 s and 2 s while CloudWatch throttles or fails transiently
+//! (an attempt is given up after 10 s without an answer).
 //! At most [`CloudWatchMetrics::max_buffered_datums`] metrics (10,000,
 //! the Java KCL's `metricsMaxQueueSize`) wait for a flush and at most as
 //! many gauges are remembered: a sample for a metric beyond that is

@@ -11,6 +11,11 @@ use aws_sdk_cloudwatch::types::MetricDatum;
 pub(crate) const ATTEMPTS: u32 = 4;
 /// The wait before the second attempt; doubled before each next one.
 pub(crate) const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+/// How long one attempt (the client's own retries in it) may take. The
+/// SDK's default configuration bounds only the connection, so a request
+/// whose answer never came held the flush, and with it the worker's
+/// return from `run` (the publisher runs beside it), for good.
+pub(crate) const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a batch was not accepted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,7 +89,8 @@ where
     }
 }
 
-/// Sends one batch, retrying a retryable failure after 0.5 s, 1 s, 2 s.
+/// Sends one batch, retrying a retryable failure (an attempt without an
+/// answer within [`ATTEMPT_TIMEOUT`] among them) after 0.5 s, 1 s, 2 s.
 /// The last error if no attempt got through.
 pub(crate) async fn send_with_retries(
     sink: &dyn Sink,
@@ -95,7 +101,14 @@ pub(crate) async fn send_with_retries(
     let mut backoff = FIRST_BACKOFF;
     let mut attempt = 1;
     loop {
-        match sink.put(namespace, batch.clone()).await {
+        let answer = tokio::time::timeout(ATTEMPT_TIMEOUT, sink.put(namespace, batch.clone()))
+            .await
+            .unwrap_or_else(|_| {
+                Err(SendError::Retryable(format!(
+                    "no answer within {ATTEMPT_TIMEOUT:?}"
+                )))
+            });
+        match answer {
             Ok(()) => return Ok(()),
             Err(SendError::Retryable(e)) if attempt < ATTEMPTS => {
                 tracing::debug!(attempt, error = %e, "PutMetricData failed; retrying");

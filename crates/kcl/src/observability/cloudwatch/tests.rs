@@ -14,17 +14,22 @@ use super::aggregate::{MAX_DATUMS_PER_REQUEST, MAX_REQUEST_BYTES, Stat, batches}
 use super::publish::SendError;
 use super::*;
 
-/// Records every batch; fails the first calls with the errors queued.
+/// Records every batch; fails the first calls with the errors queued
+/// (`None`: a call that never answers).
 #[derive(Debug, Default)]
 struct FakeSink {
     batches: Mutex<Vec<(String, Vec<MetricDatum>)>>,
-    failures: Mutex<VecDeque<SendError>>,
+    failures: Mutex<VecDeque<Option<SendError>>>,
 }
 
 impl FakeSink {
     fn failing_with(errors: impl IntoIterator<Item = SendError>) -> Arc<Self> {
+        Self::answering(errors.into_iter().map(Some))
+    }
+
+    fn answering(failures: impl IntoIterator<Item = Option<SendError>>) -> Arc<Self> {
         Arc::new(FakeSink {
-            failures: Mutex::new(errors.into_iter().collect()),
+            failures: Mutex::new(failures.into_iter().collect()),
             ..FakeSink::default()
         })
     }
@@ -37,8 +42,11 @@ impl FakeSink {
 #[async_trait::async_trait]
 impl Sink for FakeSink {
     async fn put(&self, namespace: &str, data: Vec<MetricDatum>) -> Result<(), SendError> {
-        if let Some(error) = self.failures.lock().expect("not poisoned").pop_front() {
-            return Err(error);
+        let failure = self.failures.lock().expect("not poisoned").pop_front();
+        match failure {
+            Some(Some(error)) => return Err(error),
+            Some(None) => std::future::pending().await,
+            None => {}
         }
         self.batches
             .lock()
@@ -518,6 +526,40 @@ async fn a_request_refused_for_good_or_throttled_too_long_is_dropped_and_counted
         "the next flush sends only its own data"
     );
     assert_eq!(publisher.stats().datums_sent, 1);
+}
+
+/// A request CloudWatch never answers (a connection that went silent) is
+/// given up after the attempt timeout and retried like a throttled one:
+/// the flush ends, and so the worker's run can.
+#[tokio::test(start_paused = true)]
+async fn a_request_never_answered_is_retried_then_dropped_and_the_flush_ends() {
+    let sink = FakeSink::answering(std::iter::repeat_n(None, publish::ATTEMPTS as usize));
+    let (recorder, publisher) = build(CloudWatchMetrics::new(), Arc::clone(&sink), false);
+    let record = || {
+        metrics::with_local_recorder(&recorder, || {
+            metrics::counter!(RECORDS_PROCESSED, "stream" => "s", "shard" => "shardId-1")
+                .increment(1);
+        })
+    };
+    record();
+    let started = tokio::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(3600), publisher.flush())
+        .await
+        .expect("the flush ends");
+    assert_eq!(
+        (publisher.stats().datums_failed, publisher.stats().retries),
+        (1, u64::from(publish::ATTEMPTS - 1))
+    );
+    assert_eq!(
+        started.elapsed(),
+        publish::ATTEMPT_TIMEOUT * publish::ATTEMPTS + Duration::from_millis(500 + 1000 + 2000)
+    );
+    record();
+    publisher.flush().await;
+    assert_eq!(
+        (sink.batches().len(), publisher.stats().datums_sent),
+        (1, 1)
+    );
 }
 
 #[tokio::test(start_paused = true)]
