@@ -12,7 +12,7 @@
 mod processing;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -757,14 +757,93 @@ async fn finished_parents_are_deleted_after_retention_and_never_reread() {
     assert_eq!(check_complete(&fleet.log, 4, 40), 0);
 }
 
+/// The streams to consume, as a test sets them; with `hangs` set, a call
+/// never answers.
 #[derive(Debug, Default)]
-struct Tracker(Mutex<Vec<kcl_core::worker::StreamSpec>>);
+struct Tracker(Mutex<Vec<kcl_core::worker::StreamSpec>>, AtomicBool);
 
 #[async_trait]
 impl kcl_core::worker::StreamTracker for Tracker {
     async fn streams(&self) -> Result<Vec<StreamSpec>, kcl_core::source::SourceError> {
+        if self.1.load(Ordering::Relaxed) {
+            std::future::pending::<()>().await;
+        }
         Ok(self.0.lock().unwrap().clone())
     }
+}
+
+/// A worker consuming stream "a" (multi-stream layout) from `source` and
+/// `store`, following `tracker`, recording into `log`.
+fn tracked_worker(
+    source: &InMemoryShardSource,
+    store: &InMemoryLeaseStore,
+    log: &Arc<Log>,
+    tracker: &Arc<Tracker>,
+) -> Worker {
+    use kcl_core::worker::RemovedStreamPolicy;
+    let lease = LeaseConfig::builder("w")
+        .taker_interval(TICK)
+        .seed(3)
+        .build()
+        .unwrap();
+    let config = WorkerConfig::builder(lease)
+        .stream(multi("a"))
+        .initial_position(InitialPosition::TrimHorizon)
+        .shard_sync_interval(Duration::from_secs(5))
+        .removed_stream_policy(RemovedStreamPolicy::DeleteAfter(Duration::from_secs(20)))
+        .build()
+        .unwrap();
+    let factory_log = Arc::clone(log);
+    Worker::new(
+        config,
+        Arc::new(store.clone()),
+        Arc::new(source.clone()),
+        Arc::new(move |ctx: &ShardContext| Recorder {
+            ctx: ctx.clone(),
+            log: Arc::clone(&factory_log),
+            b: Behaviour::default(),
+        }),
+    )
+    .with_stream_tracker(Arc::clone(tracker) as Arc<dyn kcl_core::worker::StreamTracker>)
+}
+
+/// A stream tracker whose call never answers holds back neither shard sync
+/// nor shutdown: the call is given up after 30 s and the round goes on
+/// with the current streams (it lists the shards). Before, the sync task
+/// waited on the call for good: no round listed shards again, and the
+/// worker's shutdown never completed.
+#[tokio::test(start_paused = true)]
+async fn a_stream_tracker_that_never_answers_holds_back_no_sync_round_nor_shutdown() {
+    let source = InMemoryShardSource::new().with_max_records(50);
+    source.create_stream("a", 1);
+    let store = InMemoryLeaseStore::new();
+    let log: Arc<Log> = Arc::default();
+    let tracker = Arc::new(Tracker(
+        Mutex::new(vec![multi("a")]),
+        AtomicBool::new(false),
+    ));
+    let worker = tracked_worker(&source, &store, &log, &tracker);
+    let handle = worker.handle();
+    let task = tokio::spawn(worker.run());
+    source.put("a", "pk-0", "pk-0:0").unwrap();
+    sleep(TICK * 2).await;
+    assert_eq!(log.by_key().get("pk-0").map(Vec::len), Some(1));
+    tracker.1.store(true, Ordering::Relaxed);
+    sleep(Duration::from_secs(10)).await;
+    let listed = source.listings();
+    // 30 s per unanswered call, a round every 5 s or so: at least 3.
+    sleep(Duration::from_secs(120)).await;
+    assert!(
+        source.listings() >= listed + 3,
+        "shard sync went on: {} listings, {listed} before",
+        source.listings()
+    );
+    handle.shutdown();
+    tokio::time::timeout(Duration::from_secs(600), task)
+        .await
+        .expect("the worker stops")
+        .unwrap()
+        .unwrap();
 }
 
 fn multi(name: &str) -> StreamSpec {
@@ -778,37 +857,16 @@ fn multi(name: &str) -> StreamSpec {
 
 #[tokio::test(start_paused = true)]
 async fn streams_added_and_removed_at_runtime() {
-    use kcl_core::worker::RemovedStreamPolicy;
     let source = InMemoryShardSource::new().with_max_records(50);
     source.create_stream("a", 2);
     source.create_stream("b", 2);
     let store = InMemoryLeaseStore::new();
     let log: Arc<Log> = Arc::default();
-    let tracker = Arc::new(Tracker(Mutex::new(vec![multi("a")])));
-    let lease = LeaseConfig::builder("w")
-        .taker_interval(TICK)
-        .seed(3)
-        .build()
-        .unwrap();
-    let config = WorkerConfig::builder(lease)
-        .stream(multi("a"))
-        .initial_position(InitialPosition::TrimHorizon)
-        .shard_sync_interval(Duration::from_secs(5))
-        .removed_stream_policy(RemovedStreamPolicy::DeleteAfter(Duration::from_secs(20)))
-        .build()
-        .unwrap();
-    let factory_log = Arc::clone(&log);
-    let worker = Worker::new(
-        config,
-        Arc::new(store.clone()),
-        Arc::new(source.clone()),
-        Arc::new(move |ctx: &ShardContext| Recorder {
-            ctx: ctx.clone(),
-            log: Arc::clone(&factory_log),
-            b: Behaviour::default(),
-        }),
-    )
-    .with_stream_tracker(Arc::clone(&tracker) as Arc<dyn kcl_core::worker::StreamTracker>);
+    let tracker = Arc::new(Tracker(
+        Mutex::new(vec![multi("a")]),
+        AtomicBool::new(false),
+    ));
+    let worker = tracked_worker(&source, &store, &log, &tracker);
     let handle = worker.handle();
     let task = tokio::spawn(worker.run());
     for n in 0..10 {

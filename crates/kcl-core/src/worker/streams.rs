@@ -29,7 +29,9 @@ pub struct StreamSpec {
 /// KCL's `MultiStreamTracker`).
 #[async_trait::async_trait]
 pub trait StreamTracker: Send + Sync + fmt::Debug {
-    /// The streams to consume now. An error keeps the current list.
+    /// The streams to consume now. An error keeps the current list, and so
+    /// does a call that takes longer than 30 s: it is given up, so that
+    /// shard sync goes on.
     async fn streams(&self) -> Result<Vec<StreamSpec>, SourceError>;
 }
 

@@ -23,6 +23,10 @@ use crate::shards::cleanup::LeaseCleanup;
 use crate::source::{InitialPosition, ShardSource};
 use crate::store::LeaseStore;
 
+/// How long a call of the stream tracker may take before the round goes on
+/// with the current streams (see [`StreamTracker::streams`]).
+pub(super) const TRACKER_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The shard sync task's settings (from the worker's configuration), its
 /// ties to the worker, and what it keeps from round to round.
 pub(super) struct SyncLoop {
@@ -86,8 +90,14 @@ impl SyncLoop {
             return false;
         };
         let mut added = false;
-        match tracker.streams().await {
-            Ok(wanted) => {
+        // A call that never answered held back every later round (shard
+        // listings, lease cleanup, removed streams), and shutdown waited
+        // on it.
+        let answer = tokio::time::timeout(TRACKER_TIMEOUT, tracker.streams()).await;
+        match answer {
+            Err(_) => warn!(timeout = ?TRACKER_TIMEOUT,
+                "the stream tracker did not answer in time; keeping the current streams"),
+            Ok(Ok(wanted)) => {
                 let (removed, any_added) = update_streams(&self.live, wanted);
                 // A stream new to this worker needs its leases
                 // now, whoever leads the fleet's rounds.
@@ -101,7 +111,7 @@ impl SyncLoop {
                     self.removed_at.remove(&spec.layout);
                 }
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 warn!(error = %e, "the stream tracker failed; keeping the current streams")
             }
         }
