@@ -772,15 +772,23 @@ impl kcl_core::worker::StreamTracker for Tracker {
     }
 }
 
-/// A worker consuming stream "a" (multi-stream layout) from `source` and
-/// `store`, following `tracker`, recording into `log`.
-fn tracked_worker(
-    source: &InMemoryShardSource,
-    store: &InMemoryLeaseStore,
-    log: &Arc<Log>,
-    tracker: &Arc<Tracker>,
-) -> Worker {
+/// A running worker consuming stream "a" of `source` (multi-stream
+/// layout) on its own table, following a tracker that lists "a".
+struct Tracked {
+    store: InMemoryLeaseStore,
+    log: Arc<Log>,
+    tracker: Arc<Tracker>,
+    handle: kcl_core::worker::WorkerHandle,
+    task: tokio::task::JoinHandle<Result<(), WorkerError>>,
+}
+
+fn start_tracked(source: &InMemoryShardSource) -> Tracked {
     use kcl_core::worker::RemovedStreamPolicy;
+    let (store, log) = (InMemoryLeaseStore::new(), Arc::<Log>::default());
+    let tracker = Arc::new(Tracker(
+        Mutex::new(vec![multi("a")]),
+        AtomicBool::new(false),
+    ));
     let lease = LeaseConfig::builder("w")
         .taker_interval(TICK)
         .seed(3)
@@ -793,8 +801,8 @@ fn tracked_worker(
         .removed_stream_policy(RemovedStreamPolicy::DeleteAfter(Duration::from_secs(20)))
         .build()
         .unwrap();
-    let factory_log = Arc::clone(log);
-    Worker::new(
+    let factory_log = Arc::clone(&log);
+    let worker = Worker::new(
         config,
         Arc::new(store.clone()),
         Arc::new(source.clone()),
@@ -804,7 +812,16 @@ fn tracked_worker(
             b: Behaviour::default(),
         }),
     )
-    .with_stream_tracker(Arc::clone(tracker) as Arc<dyn kcl_core::worker::StreamTracker>)
+    .with_stream_tracker(Arc::clone(&tracker) as Arc<dyn kcl_core::worker::StreamTracker>);
+    let handle = worker.handle();
+    let task = tokio::spawn(worker.run());
+    Tracked {
+        store,
+        log,
+        tracker,
+        handle,
+        task,
+    }
 }
 
 /// A stream tracker whose call never answers holds back neither shard sync
@@ -816,15 +833,13 @@ fn tracked_worker(
 async fn a_stream_tracker_that_never_answers_holds_back_no_sync_round_nor_shutdown() {
     let source = InMemoryShardSource::new().with_max_records(50);
     source.create_stream("a", 1);
-    let store = InMemoryLeaseStore::new();
-    let log: Arc<Log> = Arc::default();
-    let tracker = Arc::new(Tracker(
-        Mutex::new(vec![multi("a")]),
-        AtomicBool::new(false),
-    ));
-    let worker = tracked_worker(&source, &store, &log, &tracker);
-    let handle = worker.handle();
-    let task = tokio::spawn(worker.run());
+    let Tracked {
+        log,
+        tracker,
+        handle,
+        task,
+        ..
+    } = start_tracked(&source);
     source.put("a", "pk-0", "pk-0:0").unwrap();
     sleep(TICK * 2).await;
     assert_eq!(log.by_key().get("pk-0").map(Vec::len), Some(1));
@@ -860,15 +875,13 @@ async fn streams_added_and_removed_at_runtime() {
     let source = InMemoryShardSource::new().with_max_records(50);
     source.create_stream("a", 2);
     source.create_stream("b", 2);
-    let store = InMemoryLeaseStore::new();
-    let log: Arc<Log> = Arc::default();
-    let tracker = Arc::new(Tracker(
-        Mutex::new(vec![multi("a")]),
-        AtomicBool::new(false),
-    ));
-    let worker = tracked_worker(&source, &store, &log, &tracker);
-    let handle = worker.handle();
-    let task = tokio::spawn(worker.run());
+    let Tracked {
+        store,
+        log,
+        tracker,
+        handle,
+        task,
+    } = start_tracked(&source);
     for n in 0..10 {
         source.put("a", "pk-0", format!("pk-0:{n}")).unwrap();
         source.put("b", "pk-1", format!("pk-1:{n}")).unwrap();

@@ -56,6 +56,13 @@ impl Sink for FakeSink {
     }
 }
 
+/// Counts one record processed on shard "shardId-1" of stream "s".
+fn one_record_processed(recorder: &CloudWatchRecorder) {
+    metrics::with_local_recorder(recorder, || {
+        metrics::counter!(RECORDS_PROCESSED, "stream" => "s", "shard" => "shardId-1").increment(1);
+    });
+}
+
 fn build(
     metrics: CloudWatchMetrics,
     sink: Arc<FakeSink>,
@@ -493,12 +500,7 @@ async fn a_request_refused_for_good_or_throttled_too_long_is_dropped_and_counted
         ),
     );
     let (recorder, publisher) = build(CloudWatchMetrics::new(), Arc::clone(&sink), false);
-    let record = || {
-        metrics::with_local_recorder(&recorder, || {
-            metrics::counter!(RECORDS_PROCESSED, "stream" => "s", "shard" => "shardId-1")
-                .increment(1);
-        })
-    };
+    let record = || one_record_processed(&recorder);
     record();
     publisher.flush().await;
     assert_eq!(
@@ -535,12 +537,7 @@ async fn a_request_refused_for_good_or_throttled_too_long_is_dropped_and_counted
 async fn a_request_never_answered_is_retried_then_dropped_and_the_flush_ends() {
     let sink = FakeSink::answering(std::iter::repeat_n(None, publish::ATTEMPTS as usize));
     let (recorder, publisher) = build(CloudWatchMetrics::new(), Arc::clone(&sink), false);
-    let record = || {
-        metrics::with_local_recorder(&recorder, || {
-            metrics::counter!(RECORDS_PROCESSED, "stream" => "s", "shard" => "shardId-1")
-                .increment(1);
-        })
-    };
+    let record = || one_record_processed(&recorder);
     record();
     let started = tokio::time::Instant::now();
     tokio::time::timeout(Duration::from_secs(3600), publisher.flush())
