@@ -108,9 +108,9 @@ pub(crate) struct BalanceInput<'a> {
     /// Live kcl workers whose records say they take no lease now (they
     /// stop, sit out, or cannot read the lease table): they and the leases
     /// they hold are left out of the division, so the others share every
-    /// other lease between them, and nothing is stolen from them. An id
-    /// also among `peers` (another process under it takes leases) is not
-    /// left out.
+    /// other lease between them, and nothing is stolen from them. This
+    /// worker's own id, and an id also among `peers` (another process
+    /// under it takes leases), are not left out.
     pub(crate) resting: Vec<&'a str>,
 }
 
@@ -233,8 +233,8 @@ fn stale(input: &BalanceInput<'_>) -> Vec<String> {
     // target says: a peer counted in the balance may not compete for them
     // (another stream set, or it cannot read the table and has not said so
     // yet: its scans fail while its beats land), and a lease must never
-    // stay unread. An expired lease
-    // counts once it stood still a lease duration past its expiry.
+    // stay unread. An expired lease counts once it stood still a lease
+    // duration past its expiry.
     input
         .leases
         .iter()

@@ -25,7 +25,7 @@ use crate::store::LeaseStore;
 
 /// How long a call of the stream tracker may take before the round goes on
 /// with the current streams (see [`StreamTracker::streams`]).
-pub(super) const TRACKER_TIMEOUT: Duration = Duration::from_secs(30);
+const TRACKER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The shard sync task's settings (from the worker's configuration), its
 /// ties to the worker, and what it keeps from round to round.

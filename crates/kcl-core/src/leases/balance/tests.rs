@@ -504,15 +504,18 @@ fn a_peer_that_takes_no_lease_is_left_out_of_the_target_with_its_leases() {
     let d = decide(&resting);
     assert_eq!((d.live_workers, d.target), (1, 4), "{d:?}");
     assert_eq!(d.take, vec!["c", "d", "e", "f"]);
-    // Once holding those, nothing of the resting peer's is stolen.
+    // Once holding those, nothing of the resting peer's is stolen; and
+    // this worker's own record never leaves its own leases out.
     let mut mine = leases();
     for l in &mut mine[2..] {
         (l.owner, l.expired, l.held_here) = (Some("me"), false, true);
     }
     let d = decide(&BalanceInput {
         leases: mine,
+        resting: vec!["blind", "me"],
         ..resting
     });
+    assert_eq!(d.target, 4, "{d:?}");
     assert!(d.take.is_empty() && d.steal.is_empty(), "{d:?}");
 }
 

@@ -1,10 +1,10 @@
 //! Cut off from the lease table: a worker whose ticks cannot read it (its
 //! scans fail, or its reads of the liveness records, which its ticks judge
 //! the table by) while its beats land takes nothing, yet peers see it
-//! alive. Once that has lasted a lease
-//! duration its beats say it takes no lease (as a worker sitting out does),
-//! so that peers leave it and what it holds out of their targets and take
-//! every free lease between them (see [`Shared::table_read`]).
+//! alive. Once that has lasted a lease duration its beats say it takes no
+//! lease (as a worker sitting out does), so that peers leave it and what
+//! it holds out of their targets and take every free lease between them
+//! (see [`Shared::table_read`]).
 
 use std::time::Duration;
 

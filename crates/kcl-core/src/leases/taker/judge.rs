@@ -271,18 +271,17 @@ pub(super) fn stale_at(
 }
 
 /// The kcl workers the liveness records show alive: those that take
-/// leases (not stopping), then the others whose records say they take none
-/// (see `BalanceInput::resting`; never this worker's id, which always
-/// counts).
+/// leases (not stopping), then those whose records say they take none
+/// (`BalanceInput::resting`, which decides what that leaves out).
 pub(super) fn live_peers(shared: &Shared, now: Instant) -> (Vec<String>, Vec<String>) {
-    let me = shared.me();
     let (mut taking, mut resting) = (Vec::new(), Vec::new());
     for beat in shared.liveness().alive(shared.config.lease_duration, now) {
-        match (beat.stopping, beat.worker == me) {
-            (false, _) => taking.push(beat.worker.clone()),
-            (true, false) => resting.push(beat.worker.clone()),
-            (true, true) => {}
-        }
+        let side = if beat.stopping {
+            &mut resting
+        } else {
+            &mut taking
+        };
+        side.push(beat.worker.clone());
     }
     (taking, resting)
 }
