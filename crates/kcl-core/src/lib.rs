@@ -40,6 +40,8 @@
 //! - [`observe`] (in `leases/`, re-exported here): the lease engine's
 //!   typed events, feeding its counters, its metrics and the application's
 //!   observer through one path.
+//! - [`shard_series`]: when a recorder may forget a shard's metric
+//!   series (no consumer of the process reads it any more).
 //! - [`backoff`]: the one backoff policy of every retry loop.
 //! - [`counters!`]: counter sets and their snapshots, declared once.
 //! - [`warn_limit`]: warnings about recurring conditions (throttling,
@@ -92,6 +94,7 @@ pub mod processor;
 mod progress;
 pub mod record;
 mod setters;
+pub mod shard_series;
 pub mod source;
 pub mod store;
 #[cfg(feature = "test-util")]

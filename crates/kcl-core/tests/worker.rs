@@ -535,6 +535,69 @@ async fn a_split_shards_children_start_within_a_beat_of_its_shard_end() {
     }
 }
 
+/// A shard's metric series may go once no consumer of the process reads
+/// it (recorders keep about fifteen per shard, and leases keep moving):
+/// the recorders subscribed hear of a split parent once its consumer has
+/// ended, of its children only when the worker stops, and of no shard
+/// while it is still read.
+#[tokio::test(start_paused = true)]
+async fn recorders_forget_a_shard_once_no_consumer_reads_it() {
+    // A stream of this test's own: the counts of consumers per shard are
+    // the process's, and the other tests read `STREAM` meanwhile.
+    const SERIES: &str = "series";
+    let forgotten = Arc::new(Mutex::new(Vec::<String>::new()));
+    let sink = Arc::clone(&forgotten);
+    let _subscription = kcl_core::shard_series::subscribe(move |stream, shard| {
+        if stream == SERIES {
+            sink.lock().unwrap().push(shard.to_owned());
+        }
+    });
+    let source = InMemoryShardSource::new().with_max_records(50);
+    source.create_stream(SERIES, 1);
+    let parent = {
+        use kcl_core::source::ShardSource;
+        source.list_shards(SERIES).await.unwrap()[0]
+            .shard_id
+            .clone()
+    };
+    let mut base = fleet::Fleet::new();
+    let lease = LeaseConfig::builder("w-a")
+        .taker_interval(TICK)
+        .build()
+        .unwrap();
+    let config = fleet::one_stream(lease, SERIES)
+        .parent_poll_interval(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let log = Arc::<Log>::default();
+    let factory_log = Arc::clone(&log);
+    let factory = move |ctx: &ShardContext| Recorder {
+        ctx: ctx.clone(),
+        log: Arc::clone(&factory_log),
+        b: Behaviour::default(),
+    };
+    let store = Arc::new(base.table_for_worker());
+    base.run_worker(config, store, Arc::new(source.clone()), factory);
+    fleet::produce(&source, SERIES, 4, 0, 10);
+    fleet::wait_for_records(Duration::from_secs(60), TICK / 100, 40, || log.count()).await;
+    assert!(
+        forgotten.lock().unwrap().is_empty(),
+        "the shard is still read"
+    );
+
+    let [c1, c2] = source.split(SERIES, &parent).unwrap();
+    fleet::produce(&source, SERIES, 4, 10, 10);
+    fleet::wait_for_records(Duration::from_secs(120), TICK / 100, 80, || log.count()).await;
+    assert_eq!(*forgotten.lock().unwrap(), std::slice::from_ref(&parent));
+
+    base.stop_all().await;
+    let mut after_stop = forgotten.lock().unwrap().clone();
+    after_stop.sort();
+    let mut expected = vec![parent, c1, c2];
+    expected.sort();
+    assert_eq!(after_stop, expected);
+}
+
 /// A processor that checkpoints every batch, under a policy of one write
 /// per 5 s per shard: a steal's handoff and a graceful shutdown repeat no
 /// record, although the processor does not checkpoint in

@@ -25,6 +25,7 @@ use crate::leases::{
 use crate::metric_names::CONSUMER_PANICS;
 use crate::observe::Observer;
 use crate::processor::ProcessorFactory;
+use crate::shard_series;
 use crate::shard_sync::{self, SyncError};
 use crate::source::{ShardSource, SourceError};
 use crate::store::timeout::TimeoutStore;
@@ -375,9 +376,15 @@ impl Worker {
         let span = info_span!("shard", stream = %setup.stream, shard = %held.shard_id);
         let setup = Arc::clone(setup);
         let (task_key, task_stop, tenure) = (key.clone(), stop.clone(), lease.clone());
+        // Held for the whole task, aborted or not: the shard's series go
+        // once no consumer of the process records into them.
+        let reading = shard_series::reading(&setup.stream, &held.shard_id);
         let task = s.consumers.spawn(
-            async move { (task_key, consumer::run(setup, lease, task_stop).await) }
-                .instrument(span),
+            async move {
+                let _reading = reading;
+                (task_key, consumer::run(setup, lease, task_stop).await)
+            }
+            .instrument(span),
         );
         s.running.insert(task.id(), tenure, spec.layout, stop);
         self.publish(&s.coordinator);
