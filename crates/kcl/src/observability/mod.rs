@@ -20,9 +20,12 @@
 //!
 //! # Layout
 //!
-//! - `recorder` (feature `prometheus`): the process-wide Prometheus
-//!   recorder, installed once, with histogram buckets for kcl's histograms
-//!   and a description of every kcl metric.
+//! - `registry` (features `prometheus`, `otlp`): the series both
+//!   exporters read (counters, gauges, explicit-bucket histograms), which
+//!   forgets a shard's series once no consumer of the process reads it.
+//! - `prometheus` (feature `prometheus`): the process-wide recorder,
+//!   installed once, and the Prometheus text rendering of its series, with
+//!   a description of every kcl metric.
 //! - `cloudwatch` (feature `cloudwatch`): a recorder that aggregates
 //!   the metrics under the Java KCL's CloudWatch names and dimensions, and
 //!   the publisher that sends them with PutMetricData.
@@ -44,17 +47,19 @@
 //! has shut down (so `/readyz` reports the drain with 503 until the very
 //! end). Connections run in a `JoinSet` owned by the server future, at most
 //! 64 at once, each bounded by a header-read timeout; they are aborted when
-//! the server stops. Rendering `/metrics` and the periodic upkeep (draining
-//! histogram samples) happen on the server future itself.
+//! the server stops. Rendering `/metrics` happens on the server future
+//! itself.
 
 #[cfg(feature = "cloudwatch")]
 pub mod cloudwatch;
 mod liveness;
 #[cfg(feature = "otlp")]
 mod otlp;
-mod readiness;
 #[cfg(feature = "prometheus")]
-mod recorder;
+mod prometheus;
+mod readiness;
+#[cfg(any(feature = "prometheus", feature = "otlp"))]
+mod registry;
 mod server;
 mod status;
 #[cfg(test)]
@@ -91,7 +96,7 @@ pub(crate) const BATCH_BUCKETS: &[f64] = &[
 
 /// The buckets kcl gives histogram `name`, if any: the exporters bucket
 /// alike, so dashboards and quantiles mean the same whichever is used.
-#[cfg(feature = "otlp")]
+#[cfg(any(feature = "prometheus", feature = "otlp"))]
 pub(crate) fn kcl_histogram_buckets(name: &str) -> Option<&'static [f64]> {
     if name == kcl_core::metric_names::RECORDS_PER_BATCH {
         Some(BATCH_BUCKETS)

@@ -1,24 +1,27 @@
-//! The process-wide Prometheus recorder.
+//! The process-wide Prometheus recorder, and its series in the Prometheus
+//! text format.
 //!
 //! The `metrics` facade has one global recorder per process, so the first
 //! worker that serves metrics installs it and later ones (several workers
-//! in one process, or a worker restarted in place) share it.
+//! in one process, or a worker restarted in place) share it. It is the
+//! series registry the OTLP export uses too, so a shard's series go once
+//! no consumer of the process reads the shard, and `/metrics` stays the
+//! size of what the process holds now, however many leases moved.
 
-use std::sync::OnceLock;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::{Arc, OnceLock};
 
 use kcl_core::ConfigError;
-use kcl_core::metric_names::{self, MetricKind, MetricSpec, MetricUnit, RECORDS_PER_BATCH};
-use metrics::{KeyName, Recorder, SharedString, Unit};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics::Key;
 
-// Shared with the OTLP exporter, which buckets alike.
-use super::{BATCH_BUCKETS, SECONDS_BUCKETS};
+use super::registry::{Buckets, HistogramPoint, KEEP_RETIRED, Registry};
 
-static RECORDER: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
+static RECORDER: OnceLock<Result<Arc<Registry>, String>> = OnceLock::new();
 
-/// The handle of kcl's Prometheus recorder, installing it on first use.
+/// The registry of kcl's Prometheus recorder, installing it on first use.
 /// Fails if the application installed another recorder first.
-pub(crate) fn handle() -> Result<PrometheusHandle, ConfigError> {
+pub(crate) fn registry() -> Result<Arc<Registry>, ConfigError> {
     RECORDER
         .get_or_init(install)
         .clone()
@@ -28,86 +31,336 @@ pub(crate) fn handle() -> Result<PrometheusHandle, ConfigError> {
         })
 }
 
-fn install() -> Result<PrometheusHandle, String> {
-    // Histograms with buckets (not summaries) so that they aggregate
-    // across a fleet: histogram_quantile(0.99, sum by (le) (rate(...))).
-    let builder = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
-        .and_then(|b| {
-            b.set_buckets_for_metric(Matcher::Full(RECORDS_PER_BATCH.into()), BATCH_BUCKETS)
-        })
-        .map_err(|e| format!("invalid histogram buckets: {e}"))?;
-    let handle = builder.install_recorder().map_err(|e| {
+fn install() -> Result<Arc<Registry>, String> {
+    // No bound on the series: an application's own series are kept as
+    // they always were; kcl's per-shard ones go with their consumers.
+    let (registry, forgets) = Registry::new(usize::MAX, Buckets::default(), KEEP_RETIRED);
+    metrics::set_global_recorder(Arc::clone(&registry)).map_err(|e| {
         format!(
             "cannot install kcl's Prometheus recorder ({e}); another `metrics` recorder is \
              already installed in this process: serve it yourself instead of calling \
              serve_metrics"
         )
     })?;
-    describe();
-    Ok(handle)
+    // The recorder is the process's for good, and so is its subscription.
+    forgets.keep_forever();
+    Ok(registry)
 }
 
-/// `# HELP` lines (and units) for every metric kcl records, from the one
-/// table that declares them, so that no metric goes undescribed.
-fn describe() {
-    metrics::with_recorder(|recorder| {
-        for spec in metric_names::ALL {
-            describe_one(recorder, spec);
+/// One metric family: its `# TYPE` and its samples, rendered.
+struct Family {
+    kind: &'static str,
+    samples: String,
+}
+
+/// Every series of `registry` in the Prometheus text exposition format
+/// (version 0.0.4): per metric name a `# HELP` line (where described), a
+/// `# TYPE` line and its samples; histograms as cumulative `_bucket`
+/// series with `le`, then `_sum` and `_count`. Names and label sets are
+/// sorted, so two renderings of one state are the same text.
+pub(crate) fn render(registry: &Registry) -> String {
+    let snapshot = registry.snapshot();
+    let mut families: BTreeMap<String, Family> = BTreeMap::new();
+    for (key, point) in sorted(snapshot.counters) {
+        let (name, out) = family(&mut families, &key, "counter");
+        sample(out, &name, &labels(&key, None), point.value as f64);
+    }
+    for (key, value) in sorted(snapshot.gauges) {
+        let (name, out) = family(&mut families, &key, "gauge");
+        sample(out, &name, &labels(&key, None), value);
+    }
+    for (key, point) in sorted(snapshot.histograms) {
+        let (name, out) = family(&mut families, &key, "histogram");
+        histogram(out, &name, &key, &point);
+    }
+    let mut text = String::new();
+    for (name, family) in families {
+        if let Some(description) = registry.description(&name) {
+            let help = description.help.replace('\\', "\\\\").replace('\n', "\\n");
+            let _ = writeln!(text, "# HELP {name} {help}");
         }
+        let _ = writeln!(text, "# TYPE {name} {}", family.kind);
+        text.push_str(&family.samples);
+    }
+    text
+}
+
+/// The samples of `key`'s family, made with its kind if new, and the
+/// family's name.
+fn family<'a>(
+    families: &'a mut BTreeMap<String, Family>,
+    key: &Key,
+    kind: &'static str,
+) -> (String, &'a mut String) {
+    let name = sanitize(key.name(), true);
+    let entry = families.entry(name.clone()).or_insert_with(|| Family {
+        kind,
+        samples: String::new(),
     });
+    (name, &mut entry.samples)
 }
 
-fn describe_one(recorder: &dyn Recorder, spec: &MetricSpec) {
-    let name = KeyName::from_const_str(spec.name);
-    let unit = spec.unit.map(unit_of);
-    let help = SharedString::const_str(spec.help);
-    match spec.kind {
-        MetricKind::Counter => recorder.describe_counter(name, unit, help),
-        MetricKind::Gauge => recorder.describe_gauge(name, unit, help),
-        MetricKind::Histogram => recorder.describe_histogram(name, unit, help),
+/// `series` by name, then by labels.
+fn sorted<T>(mut series: Vec<(Key, T)>) -> Vec<(Key, T)> {
+    series.sort_by_cached_key(|(key, _)| (key.name().to_owned(), labels(key, None)));
+    series
+}
+
+fn histogram(out: &mut String, name: &str, key: &Key, point: &HistogramPoint) {
+    let mut cumulative = 0;
+    for (bound, count) in point.bounds.iter().zip(&point.buckets) {
+        cumulative += count;
+        let le = number(*bound);
+        sample(
+            out,
+            &format!("{name}_bucket"),
+            &labels(key, Some(&le)),
+            cumulative as f64,
+        );
+    }
+    let all = labels(key, Some("+Inf"));
+    sample(out, &format!("{name}_bucket"), &all, point.count as f64);
+    let plain = labels(key, None);
+    sample(out, &format!("{name}_sum"), &plain, point.sum);
+    sample(out, &format!("{name}_count"), &plain, point.count as f64);
+}
+
+fn sample(out: &mut String, name: &str, labels: &str, value: f64) {
+    let _ = writeln!(out, "{name}{labels} {}", number(value));
+}
+
+/// `{k="v",...}` of `key`'s labels (and `le`, for a bucket), or nothing
+/// for a series without labels.
+fn labels(key: &Key, le: Option<&str>) -> String {
+    let mut pairs: Vec<String> = key
+        .labels()
+        .map(|l| format!("{}=\"{}\"", sanitize(l.key(), false), escape(l.value())))
+        .collect();
+    if let Some(le) = le {
+        pairs.push(format!("le=\"{le}\""));
+    }
+    if pairs.is_empty() {
+        String::new()
+    } else {
+        format!("{{{}}}", pairs.join(","))
     }
 }
 
-fn unit_of(unit: MetricUnit) -> Unit {
-    match unit {
-        MetricUnit::Bytes => Unit::Bytes,
-        MetricUnit::Seconds => Unit::Seconds,
-        MetricUnit::Milliseconds => Unit::Milliseconds,
+/// A label value as the text format quotes it.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// A value as Prometheus parses it: Go's spelling of the infinities.
+fn number(value: f64) -> String {
+    if value.is_nan() {
+        "NaN".to_owned()
+    } else if value.is_infinite() {
+        if value > 0.0 { "+Inf" } else { "-Inf" }.to_owned()
+    } else {
+        value.to_string()
     }
+}
+
+/// `name` with every character Prometheus does not allow in a metric
+/// (`colon`) or label name replaced by `_`, and a leading digit prefixed.
+fn sanitize(name: &str, colon: bool) -> String {
+    let mut out: String = name
+        .chars()
+        .map(|c| {
+            let allowed = c.is_ascii_alphanumeric() || c == '_' || (colon && c == ':');
+            if allowed { c } else { '_' }
+        })
+        .collect();
+    if out.is_empty() || out.starts_with(|c: char| c.is_ascii_digit()) {
+        out.insert(0, '_');
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
-    use metrics_exporter_prometheus::PrometheusBuilder;
+    use std::time::Duration;
+
+    use kcl_core::metric_names::{self, MetricKind, RECORDS_PER_BATCH};
 
     use super::*;
 
-    /// Records every metric once, so that the exporter renders it.
-    fn touch_all() {
-        for spec in metric_names::ALL {
-            match spec.kind {
-                MetricKind::Counter => metrics::counter!(spec.name).increment(0),
-                MetricKind::Gauge => metrics::gauge!(spec.name).set(0.0),
-                MetricKind::Histogram => metrics::histogram!(spec.name).record(0.0),
-            }
-        }
+    /// A registry of its own (not installed), rendered after `record`.
+    fn rendered(record: impl FnOnce()) -> String {
+        let (registry, _forgets) = Registry::new(usize::MAX, Buckets::default(), Duration::ZERO);
+        metrics::with_local_recorder(&*registry, record);
+        render(&registry)
     }
 
     #[test]
     fn every_metric_gets_its_help_line_from_the_names_module() {
-        let recorder = PrometheusBuilder::new().build_recorder();
-        let handle = recorder.handle();
-        metrics::with_local_recorder(&recorder, || {
-            describe();
-            touch_all();
+        let text = rendered(|| {
+            for spec in metric_names::ALL {
+                match spec.kind {
+                    MetricKind::Counter => metrics::counter!(spec.name).increment(0),
+                    MetricKind::Gauge => metrics::gauge!(spec.name).set(0.0),
+                    MetricKind::Histogram => metrics::histogram!(spec.name).record(0.0),
+                }
+            }
         });
-        let text = handle.render();
         let undescribed: Vec<_> = metric_names::ALL
             .iter()
-            .filter(|spec| !text.contains(&format!("# HELP {} {}\n", spec.name, spec.help)))
+            .filter(|spec| {
+                let head = format!(
+                    "# HELP {} {}\n# TYPE {} {}\n",
+                    spec.name,
+                    spec.help,
+                    spec.name,
+                    spec.kind.as_str()
+                );
+                !text.contains(&head)
+            })
             .map(|spec| spec.name)
             .collect();
-        assert!(undescribed.is_empty(), "no # HELP line for {undescribed:?}");
+        assert!(
+            undescribed.is_empty(),
+            "no # HELP and # TYPE for {undescribed:?}"
+        );
+    }
+
+    #[test]
+    fn counters_gauges_and_histograms_render_in_the_text_format() {
+        let text = rendered(|| {
+            metrics::counter!("app_orders_total", "region" => "eu\"1\\\n").increment(3);
+            metrics::gauge!("app.queue depth").set(f64::INFINITY);
+            metrics::histogram!(RECORDS_PER_BATCH, "stream" => "s").record(10.0);
+            metrics::histogram!(RECORDS_PER_BATCH, "stream" => "s").record(20_000.0);
+        });
+        let expected = "\
+# TYPE app_orders_total counter
+app_orders_total{region=\"eu\\\"1\\\\\\n\"} 3
+# TYPE app_queue_depth gauge
+app_queue_depth +Inf
+";
+        assert!(text.starts_with(expected), "{text}");
+        let batches: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("kcl_records_per_batch"))
+            .collect();
+        assert_eq!(
+            batches,
+            [
+                "kcl_records_per_batch_bucket{stream=\"s\",le=\"1\"} 0",
+                "kcl_records_per_batch_bucket{stream=\"s\",le=\"10\"} 1",
+                "kcl_records_per_batch_bucket{stream=\"s\",le=\"50\"} 1",
+                "kcl_records_per_batch_bucket{stream=\"s\",le=\"100\"} 1",
+                "kcl_records_per_batch_bucket{stream=\"s\",le=\"250\"} 1",
+                "kcl_records_per_batch_bucket{stream=\"s\",le=\"500\"} 1",
+                "kcl_records_per_batch_bucket{stream=\"s\",le=\"1000\"} 1",
+                "kcl_records_per_batch_bucket{stream=\"s\",le=\"2500\"} 1",
+                "kcl_records_per_batch_bucket{stream=\"s\",le=\"5000\"} 1",
+                "kcl_records_per_batch_bucket{stream=\"s\",le=\"10000\"} 1",
+                "kcl_records_per_batch_bucket{stream=\"s\",le=\"+Inf\"} 2",
+                "kcl_records_per_batch_sum{stream=\"s\"} 20010",
+                "kcl_records_per_batch_count{stream=\"s\"} 2",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_shard_no_consumer_reads_is_no_longer_rendered() {
+        let (registry, _forgets) = Registry::new(usize::MAX, Buckets::default(), Duration::ZERO);
+        metrics::with_local_recorder(&*registry, || {
+            for shard in ["shard-1", "shard-2"] {
+                let labels = [("stream", "orders"), ("shard", shard)];
+                metrics::counter!(metric_names::RECORDS_PROCESSED, &labels).increment(1);
+                metrics::gauge!(metric_names::SHARD_RECORDS_WAITING, &labels).set(2.0);
+                metrics::histogram!(metric_names::RECORDS_PER_BATCH, &labels).record(1.0);
+            }
+            metrics::gauge!(metric_names::LEASES_HELD).set(1.0);
+        });
+        registry.forget_shard("orders", "shard-1");
+        let text = render(&registry);
+        assert!(!text.contains("shard-1"), "{text}");
+        for kept in [
+            "kcl_records_processed_total{stream=\"orders\",shard=\"shard-2\"} 1",
+            "kcl_shard_records_waiting{stream=\"orders\",shard=\"shard-2\"} 2",
+            "kcl_records_per_batch_count{stream=\"orders\",shard=\"shard-2\"} 1",
+            "kcl_leases_held 1",
+        ] {
+            assert!(text.contains(kept), "{kept} is gone from {text}");
+        }
+    }
+
+    /// A worker's split parent leaves `/metrics` once its consumer ended,
+    /// through the registry's subscription to the end of consumers; its
+    /// children, still read, stay.
+    #[test]
+    fn a_split_parent_leaves_the_rendered_metrics_once_its_consumer_ended() {
+        use kcl_core::source::memory::InMemoryShardSource;
+        use kcl_core::test_util::fleet;
+        use kcl_core::{LeaseConfig, processor::ShardContext};
+
+        // A stream of this test's own: the consumers per shard are counted
+        // process-wide, and other tests run meanwhile.
+        const STREAM: &str = "prometheus-split";
+        let processed = |text: &str, shard: &str| {
+            let name = metric_names::RECORDS_PROCESSED;
+            let series = format!("{name}{{stream=\"{STREAM}\",shard=\"{shard}\"}} ");
+            text.lines()
+                .find_map(|line| line.strip_prefix(&series)?.parse::<f64>().ok())
+        };
+        let (registry, _forgets) = Registry::new(usize::MAX, Buckets::default(), Duration::ZERO);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        // One thread runs every task of the worker, so all of them record
+        // into this registry.
+        metrics::with_local_recorder(&*registry, || {
+            runtime.block_on(async {
+                let source = InMemoryShardSource::new();
+                source.create_stream(STREAM, 1);
+                let parent = {
+                    use kcl_core::source::ShardSource;
+                    source.list_shards(STREAM).await.unwrap()[0]
+                        .shard_id
+                        .clone()
+                };
+                let mut fleet = fleet::Fleet::new();
+                let lease = LeaseConfig::builder("w").build().unwrap();
+                let config = fleet::one_stream(lease, STREAM).build().unwrap();
+                let store = Arc::new(fleet.table_for_worker());
+                let factory = |_: &ShardContext| crate::test_support::NoOp;
+                fleet.run_worker(config, store, Arc::new(source.clone()), factory);
+                fleet::produce(&source, STREAM, 2, 0, 5);
+                rendered_until(&registry, "the parent's records processed", |t| {
+                    processed(t, &parent) == Some(10.0)
+                })
+                .await;
+                let [c1, c2] = source.split(STREAM, &parent).unwrap();
+                fleet::produce(&source, STREAM, 2, 5, 5);
+                rendered_until(&registry, "the children's records processed", |t| {
+                    processed(t, &c1).unwrap_or(0.0) + processed(t, &c2).unwrap_or(0.0) == 10.0
+                })
+                .await;
+                rendered_until(&registry, "the parent's series gone", |t| {
+                    !t.contains(&parent)
+                })
+                .await;
+                fleet.stop_all().await;
+            });
+        });
+    }
+
+    /// Waits (on the paused clock) until the rendered text passes `done`.
+    async fn rendered_until(registry: &Registry, what: &str, done: impl Fn(&str) -> bool) {
+        for _ in 0..1200 {
+            if done(&render(registry)) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("not {what} within 120 s: {}", render(registry));
     }
 }

@@ -1,84 +1,104 @@
-//! The aggregation behind [`OtlpRecorder`]: one cell per series (metric
-//! name and label set), updated lock-free for counters and gauges and
-//! under a per-series lock for histograms, read by the exporter.
+//! The aggregation behind both exporters (the Prometheus endpoint and the
+//! OTLP push): one cell per series (metric name and label set), updated
+//! lock-free for counters and gauges and under a per-series lock for
+//! histograms, read by the exporter.
+//!
+//! Series are kept for the life of the process, as cumulative counters
+//! must be, except a shard's: once no consumer of the process reads a
+//! shard ([`kcl_core::shard_series`]), every series labelled with its
+//! stream and shard is forgotten, so that leases moving between workers
+//! do not grow the registry without end. Not at once: its gauges were set
+//! to 0 as its consumer stopped, and the alerts rely on seeing that 0 (a
+//! stall or lag alert on the shard ends with it). So the series are
+//! exported at least once more, and for [`KEEP_RETIRED`] after, before
+//! they go, unless a consumer reads the shard again by then.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use kcl_core::metric_names::{self, MetricUnit};
+use kcl_core::shard_series::{self, Subscription};
 use metrics::{
     Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
     SharedString, Unit,
 };
 use tracing::warn;
 
-use super::settings::Buckets;
+/// How long the series of a shard no consumer reads any more stay (and
+/// are exported) before they go: two minutes, so that every scraper with
+/// an interval up to that sees the gauges at 0 at least once.
+pub(crate) const KEEP_RETIRED: Duration = Duration::from_secs(120);
 
-/// A `metrics` recorder that aggregates every measurement for
-/// [`OtlpExporter`](super::OtlpExporter) to push: counters as cumulative
-/// sums, gauges as their last value, histograms into explicit buckets.
-/// Made by [`OtlpMetrics::build`](super::OtlpMetrics::build); install it
-/// with `metrics::set_global_recorder`.
-///
-/// It holds at most `max_series` series; the measurements of a series
-/// beyond that are dropped and counted. Series are kept for the life of
-/// the process, as cumulative counters must be.
-pub struct OtlpRecorder {
-    pub(super) registry: Arc<Registry>,
+/// The OpenTelemetry SDKs' default explicit buckets, for histograms kcl
+/// has no buckets of its own for (an application's histograms).
+const DEFAULT_BUCKETS: &[f64] = &[
+    0.0, 5.0, 10.0, 25.0, 50.0, 75.0, 100.0, 250.0, 500.0, 750.0, 1000.0, 2500.0, 5000.0, 7500.0,
+    10000.0,
+];
+
+/// Which bucket bounds a histogram gets, by name.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Buckets {
+    pub(crate) configured: Vec<(String, Vec<f64>)>,
 }
 
-impl fmt::Debug for OtlpRecorder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OtlpRecorder")
-            .field("series", &self.registry.series_count())
-            .field("max_series", &self.registry.max_series)
-            .finish()
+impl Buckets {
+    /// The bounds of histogram `name`: as configured (the last setting
+    /// for a name wins), else kcl's, else the OpenTelemetry defaults.
+    pub(crate) fn bounds(&self, name: &str) -> Vec<f64> {
+        if let Some((_, bounds)) = self.configured.iter().rev().find(|(n, _)| n == name) {
+            return bounds.clone();
+        }
+        crate::observability::kcl_histogram_buckets(name)
+            .unwrap_or(DEFAULT_BUCKETS)
+            .to_vec()
     }
 }
 
-impl Recorder for OtlpRecorder {
+/// The registry records what the `metrics` facade is given: installed as
+/// the process's recorder (behind an `Arc`, which the exporter shares).
+impl Recorder for Registry {
     fn describe_counter(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
-        self.registry.describe(key, unit, description);
+        self.describe(key, unit, description);
     }
 
     fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
-        self.registry.describe(key, unit, description);
+        self.describe(key, unit, description);
     }
 
     fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
-        self.registry.describe(key, unit, description);
+        self.describe(key, unit, description);
     }
 
     fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        match self.registry.counter(key) {
+        match self.counter(key) {
             Some(cell) => Counter::from_arc(cell),
-            None => Counter::from_arc(Arc::clone(&self.registry.overflow)),
+            None => Counter::from_arc(Arc::clone(&self.overflow)),
         }
     }
 
     fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
-        match self.registry.gauge(key) {
+        match self.gauge(key) {
             Some(cell) => Gauge::from_arc(cell),
-            None => Gauge::from_arc(Arc::clone(&self.registry.overflow)),
+            None => Gauge::from_arc(Arc::clone(&self.overflow)),
         }
     }
 
     fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
-        match self.registry.histogram(key) {
+        match self.histogram(key) {
             Some(cell) => Histogram::from_arc(cell),
-            None => Histogram::from_arc(Arc::clone(&self.registry.overflow)),
+            None => Histogram::from_arc(Arc::clone(&self.overflow)),
         }
     }
 }
 
 /// A metric's unit (UCUM, as OTLP wants it) and description.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub(super) struct Description {
-    pub(super) unit: String,
-    pub(super) help: String,
+pub(crate) struct Description {
+    pub(crate) unit: String,
+    pub(crate) help: String,
 }
 
 /// Every series, by kind. A name is expected to be used with one kind; if
@@ -97,21 +117,50 @@ impl Series {
 }
 
 /// The series, their descriptions and the overflow count.
-pub(super) struct Registry {
+pub(crate) struct Registry {
     series: RwLock<Series>,
-    pub(super) max_series: usize,
+    pub(crate) max_series: usize,
     /// Where the measurements of series beyond `max_series` go.
     overflow: Arc<Overflow>,
     /// Whether the first drop was logged.
     warned: AtomicBool,
     descriptions: RwLock<HashMap<String, Description>>,
     buckets: Buckets,
+    /// Shards no consumer reads any more, whose series go once exported
+    /// and `keep_retired` old.
+    retired: Mutex<Vec<Retired>>,
+    keep_retired: Duration,
+}
+
+/// A shard whose last consumer stopped at `at`.
+struct Retired {
+    stream: String,
+    shard: String,
+    at: Instant,
+    /// Whether a snapshot since `at` exported its series.
+    exported: bool,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("series", &self.series_count())
+            .field("max_series", &self.max_series)
+            .finish()
+    }
 }
 
 impl Registry {
     /// An empty registry that knows every kcl metric's unit and
-    /// description.
-    pub(super) fn new(max_series: usize, buckets: Buckets) -> Self {
+    /// description, and the subscription that makes it forget a shard's
+    /// series once no consumer reads the shard, exported and
+    /// `keep_retired` later ([`KEEP_RETIRED`] but in tests; dropping the
+    /// subscription ends that).
+    pub(crate) fn new(
+        max_series: usize,
+        buckets: Buckets,
+        keep_retired: Duration,
+    ) -> (Arc<Self>, Subscription) {
         let descriptions = metric_names::ALL
             .iter()
             .map(|spec| {
@@ -122,29 +171,79 @@ impl Registry {
                 (spec.name.to_owned(), description)
             })
             .collect();
-        Registry {
+        let registry = Arc::new(Registry {
             series: RwLock::default(),
             max_series,
             overflow: Arc::default(),
             warned: AtomicBool::new(false),
             descriptions: RwLock::new(descriptions),
             buckets,
+            retired: Mutex::default(),
+            keep_retired,
+        });
+        let weak = Arc::downgrade(&registry);
+        let subscription = shard_series::subscribe(move |stream, shard| {
+            if let Some(registry) = weak.upgrade() {
+                lock(&registry.retired).push(Retired {
+                    stream: stream.to_owned(),
+                    shard: shard.to_owned(),
+                    at: Instant::now(),
+                    exported: false,
+                });
+            }
+        });
+        (registry, subscription)
+    }
+
+    /// Forgets the shards retired long enough whose series a snapshot
+    /// exported, unless a consumer reads them again; marks the others
+    /// exported by the snapshot about to be taken.
+    fn sweep(&self, now: Instant) {
+        let due: Vec<Retired> = {
+            let mut retired = lock(&self.retired);
+            let (due, kept) = std::mem::take(&mut *retired)
+                .into_iter()
+                .partition(|r| r.exported && now.duration_since(r.at) >= self.keep_retired);
+            *retired = kept;
+            retired.iter_mut().for_each(|r| r.exported = true);
+            due
+        };
+        // Outside the lock above: `unless_read` holds the consumers'
+        // lock, which the subscription holds as it takes ours.
+        for r in due {
+            shard_series::unless_read(&r.stream, &r.shard, || {
+                self.forget_shard(&r.stream, &r.shard);
+            });
         }
     }
 
+    /// Drops every series labelled `stream` = `stream` and `shard` =
+    /// `shard`. A handle to one of them that someone still holds records
+    /// into a cell no export reads any more.
+    pub(crate) fn forget_shard(&self, stream: &str, shard: &str) {
+        let has = |key: &Key, name: &str, value: &str| {
+            key.labels().any(|l| l.key() == name && l.value() == value)
+        };
+        let of_shard = |key: &Key| has(key, "stream", stream) && has(key, "shard", shard);
+        let mut series = write(&self.series);
+        series.counters.retain(|key, _| !of_shard(key));
+        series.gauges.retain(|key, _| !of_shard(key));
+        series.histograms.retain(|key, _| !of_shard(key));
+    }
+
     /// Series held.
-    pub(super) fn series_count(&self) -> usize {
+    pub(crate) fn series_count(&self) -> usize {
         read(&self.series).len()
     }
 
     /// Measurements dropped because `max_series` series were held.
-    pub(super) fn dropped(&self) -> u64 {
+    pub(crate) fn dropped(&self) -> u64 {
         self.overflow.dropped.load(Ordering::Relaxed)
     }
 
     /// The unit and description of `name`, if it was described (kcl's
     /// metrics always are).
-    pub(super) fn description(&self, name: &str) -> Option<Description> {
+    pub(crate) fn description(&self, name: &str) -> Option<Description> {
         read(&self.descriptions).get(name).cloned()
     }
 
@@ -226,8 +325,10 @@ impl Registry {
         Some(cell)
     }
 
-    /// What every series holds now.
-    pub(super) fn snapshot(&self) -> Snapshot {
+    /// What every series holds now (after the shards retired long enough
+    /// are forgotten).
+    pub(crate) fn snapshot(&self) -> Snapshot {
+        self.sweep(Instant::now());
         fn cells<C>(map: &HashMap<Key, Arc<C>>) -> Vec<(Key, Arc<C>)> {
             map.iter()
                 .map(|(k, c)| (k.clone(), Arc::clone(c)))
@@ -272,32 +373,36 @@ impl Registry {
 
 /// The values of every series at one moment.
 #[derive(Debug)]
-pub(super) struct Snapshot {
-    pub(super) counters: Vec<(Key, CounterPoint)>,
-    pub(super) gauges: Vec<(Key, f64)>,
-    pub(super) histograms: Vec<(Key, HistogramPoint)>,
-    /// Measurements dropped so far for want of room.
-    pub(super) dropped: u64,
+pub(crate) struct Snapshot {
+    pub(crate) counters: Vec<(Key, CounterPoint)>,
+    pub(crate) gauges: Vec<(Key, f64)>,
+    pub(crate) histograms: Vec<(Key, HistogramPoint)>,
+    /// Measurements dropped so far for want of room (only OTLP bounds
+    /// its series).
+    #[cfg_attr(not(feature = "otlp"), allow(dead_code))]
+    pub(crate) dropped: u64,
 }
 
 /// A counter's total since `start` (Unix nanoseconds).
 #[derive(Debug, Clone, Copy)]
-pub(super) struct CounterPoint {
-    pub(super) value: u64,
-    pub(super) start: u64,
+pub(crate) struct CounterPoint {
+    pub(crate) value: u64,
+    /// OTLP's start time; the Prometheus text format has none.
+    #[cfg_attr(not(feature = "otlp"), allow(dead_code))]
+    pub(crate) start: u64,
 }
 
 /// A histogram's state since `start` (Unix nanoseconds).
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct HistogramPoint {
-    pub(super) start: u64,
-    pub(super) bounds: Arc<[f64]>,
+pub(crate) struct HistogramPoint {
+    pub(crate) start: u64,
+    pub(crate) bounds: Arc<[f64]>,
     /// One more than `bounds`: the last counts values above every bound.
-    pub(super) buckets: Vec<u64>,
-    pub(super) count: u64,
-    pub(super) sum: f64,
+    pub(crate) buckets: Vec<u64>,
+    pub(crate) count: u64,
+    pub(crate) sum: f64,
     /// `None` until a value was recorded.
-    pub(super) min_max: Option<(f64, f64)>,
+    pub(crate) min_max: Option<(f64, f64)>,
 }
 
 struct CounterCell {
@@ -458,7 +563,7 @@ impl HistogramFn for Overflow {
 }
 
 /// Nanoseconds since the Unix epoch (0 for a clock set before it).
-pub(super) fn unix_nanos(at: SystemTime) -> u64 {
+pub(crate) fn unix_nanos(at: SystemTime) -> u64 {
     at.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
@@ -508,4 +613,46 @@ fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 
 fn lock<T>(lock: &Mutex<T>) -> MutexGuard<'_, T> {
     lock.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use kcl_core::metric_names::{RECORDS_PROCESSED, SHARD_RECORDS_WAITING};
+
+    use super::*;
+
+    #[test]
+    fn a_retired_shards_series_are_exported_once_more_then_go_after_keep_retired() {
+        let keep = Duration::from_secs(120);
+        let (registry, _forgets) = Registry::new(usize::MAX, Buckets::default(), keep);
+        metrics::with_local_recorder(&*registry, || {
+            for shard in ["retired", "read"] {
+                let labels = [("stream", "keep-retired"), ("shard", shard)];
+                metrics::gauge!(SHARD_RECORDS_WAITING, &labels).set(0.0);
+                metrics::counter!(RECORDS_PROCESSED, &labels).increment(1);
+            }
+        });
+        let at = Instant::now();
+        lock(&registry.retired).push(Retired {
+            stream: "keep-retired".into(),
+            shard: "retired".into(),
+            at,
+            exported: false,
+        });
+        // Long past `keep`, but not exported yet: this export shows it.
+        registry.sweep(at + keep * 10);
+        assert_eq!(registry.series_count(), 4);
+        registry.sweep(at + keep - Duration::from_secs(1));
+        assert_eq!(registry.series_count(), 4, "kept for `keep`");
+        registry.sweep(at + keep);
+        assert_eq!(registry.series_count(), 2);
+        assert!(
+            read(&registry.series)
+                .gauges
+                .keys()
+                .all(|key| key.labels().any(|l| l.value() == "read")),
+            "only the shard still read keeps its series"
+        );
+        assert!(lock(&registry.retired).is_empty());
+    }
 }

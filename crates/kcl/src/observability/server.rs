@@ -25,7 +25,7 @@ use crate::Error;
 
 /// The metrics an endpoint renders at `/metrics`.
 #[cfg(feature = "prometheus")]
-type Metrics = metrics_exporter_prometheus::PrometheusHandle;
+type Metrics = Arc<super::registry::Registry>;
 /// Without the `prometheus` feature no endpoint has metrics.
 #[cfg(not(feature = "prometheus"))]
 #[derive(Debug, Clone)]
@@ -33,18 +33,10 @@ enum Metrics {}
 
 #[cfg(feature = "prometheus")]
 fn render(metrics: &Metrics) -> String {
-    metrics.render()
+    super::prometheus::render(metrics)
 }
 #[cfg(not(feature = "prometheus"))]
 fn render(metrics: &Metrics) -> String {
-    match *metrics {}
-}
-#[cfg(feature = "prometheus")]
-fn run_upkeep(metrics: &Metrics) {
-    metrics.run_upkeep();
-}
-#[cfg(not(feature = "prometheus"))]
-fn run_upkeep(metrics: &Metrics) {
     match *metrics {}
 }
 
@@ -55,10 +47,6 @@ const MAX_CONNECTIONS: usize = 64;
 
 /// How long a client may take to send its request headers.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How often histogram samples are drained even when nobody scrapes, so
-/// they never pile up.
-const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 
 /// A bound listening socket and the recorder it serves, if any, made at
 /// `build()` so that a taken port fails there and the bound address (port
@@ -89,7 +77,7 @@ impl Endpoint {
     /// Installs (or reuses) the Prometheus recorder and binds `addr`.
     #[cfg(feature = "prometheus")]
     pub(crate) fn metrics(addr: SocketAddr) -> Result<Self, Error> {
-        let metrics = super::recorder::handle()?;
+        let metrics = super::prometheus::registry()?;
         Self::bind(addr, "serve_metrics", Some(metrics))
     }
 
@@ -141,12 +129,9 @@ impl Endpoint {
             probes,
         });
         let mut connections = JoinSet::new();
-        let mut upkeep = tokio::time::interval(UPKEEP_INTERVAL);
-        upkeep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
-                _ = upkeep.tick() => state.metrics.iter().for_each(run_upkeep),
                 Some(_) = connections.join_next(), if !connections.is_empty() => {}
                 accepted = listener.accept() => match accepted {
                     Ok((stream, peer)) => {

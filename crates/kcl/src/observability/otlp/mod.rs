@@ -5,8 +5,9 @@
 //! # Layout
 //!
 //! - `settings`: [`OtlpMetrics`], the settings, validated at `build()`.
-//! - `registry`: [`OtlpRecorder`], the `metrics` recorder, and the
-//!   series it aggregates into (bounded by `max_series`).
+//! - `recorder`: [`OtlpRecorder`], the `metrics` recorder, over the
+//!   series registry the Prometheus endpoint uses too (bounded here by
+//!   `max_series`).
 //! - `encode`: a snapshot of the series as an OTLP
 //!   `ExportMetricsServiceRequest` (the generated types of
 //!   `opentelemetry-proto`).
@@ -31,7 +32,7 @@
 
 mod encode;
 mod export;
-mod registry;
+mod recorder;
 mod settings;
 #[cfg(test)]
 mod tests;
@@ -40,18 +41,28 @@ use std::sync::{Arc, OnceLock};
 
 use kcl_core::ConfigError;
 
+// The children name the registry as their sibling, as it was.
+use super::registry;
+
 pub use export::{OtlpExportError, OtlpExporter, OtlpStats};
-pub use registry::OtlpRecorder;
+pub use recorder::OtlpRecorder;
 pub use settings::OtlpMetrics;
 
 /// A recorder and the exporter of what it records, from valid settings.
 fn pair(settings: settings::Validated) -> Result<(OtlpRecorder, OtlpExporter), ConfigError> {
-    let registry = Arc::new(registry::Registry::new(
+    let (registry, forgets) = registry::Registry::new(
         settings.max_series,
         settings.buckets.clone(),
-    ));
+        registry::KEEP_RETIRED,
+    );
     let exporter = OtlpExporter::new(Arc::clone(&registry), settings)?;
-    Ok((OtlpRecorder { registry }, exporter))
+    Ok((
+        OtlpRecorder {
+            registry,
+            _forgets: forgets,
+        },
+        exporter,
+    ))
 }
 
 /// The process's OTLP exporter, with the settings (as the application

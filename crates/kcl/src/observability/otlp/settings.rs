@@ -7,12 +7,7 @@ use hyper::Uri;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use kcl_core::ConfigError;
 
-/// The OpenTelemetry SDKs' default explicit buckets, for histograms kcl
-/// has no buckets of its own for (an application's histograms).
-const DEFAULT_BUCKETS: &[f64] = &[
-    0.0, 5.0, 10.0, 25.0, 50.0, 75.0, 100.0, 250.0, 500.0, 750.0, 1000.0, 2500.0, 5000.0, 7500.0,
-    10000.0,
-];
+use super::registry::Buckets;
 
 /// The path OTLP/HTTP collectors take metrics at, below their base URL.
 const METRICS_PATH: &str = "/v1/metrics";
@@ -280,25 +275,6 @@ pub(super) struct Validated {
     pub(super) resource: Vec<(String, String)>,
     pub(super) max_series: usize,
     pub(super) buckets: Buckets,
-}
-
-/// Which bucket bounds a histogram gets, by name.
-#[derive(Debug, Clone, Default)]
-pub(super) struct Buckets {
-    configured: Vec<(String, Vec<f64>)>,
-}
-
-impl Buckets {
-    /// The bounds of histogram `name`: as configured (the last setting
-    /// for a name wins), else kcl's, else the OpenTelemetry defaults.
-    pub(super) fn bounds(&self, name: &str) -> Vec<f64> {
-        if let Some((_, bounds)) = self.configured.iter().rev().find(|(n, _)| n == name) {
-            return bounds.clone();
-        }
-        crate::observability::kcl_histogram_buckets(name)
-            .unwrap_or(DEFAULT_BUCKETS)
-            .to_vec()
-    }
 }
 
 fn check_bounds(bounds: &[f64]) -> Result<(), String> {

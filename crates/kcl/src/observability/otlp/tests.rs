@@ -216,6 +216,37 @@ fn series_beyond_max_series_are_dropped_and_counted() {
     assert_eq!((stats.series, stats.measurements_dropped), (2, 6));
 }
 
+/// Leases keep moving: a shard no consumer reads any more gives its
+/// series' room back, so `max_series` bounds what the process holds now,
+/// not every shard it ever read.
+#[test]
+fn a_forgotten_shards_series_give_their_room_back() {
+    let (recorder, exporter) = pair(OtlpMetrics::new(NOWHERE).max_series(2));
+    let waiting = |shard: &'static str| {
+        metrics::gauge!(metric_names::SHARD_RECORDS_WAITING, "stream" => "s", "shard" => shard)
+            .set(1.0);
+    };
+    metrics::with_local_recorder(&recorder, || {
+        waiting("shard-1");
+        waiting("shard-2");
+    });
+    recorder.registry.forget_shard("s", "shard-1");
+    metrics::with_local_recorder(&recorder, || waiting("shard-3"));
+    let request = encoded(&recorder);
+    let shards: Vec<_> = gauge_points(exported(&request, metric_names::SHARD_RECORDS_WAITING))
+        .iter()
+        .map(|point| pairs(&point.attributes))
+        .collect();
+    let labelled = |shard: &str| {
+        vec![
+            ("stream".to_owned(), "s".to_owned()),
+            ("shard".to_owned(), shard.to_owned()),
+        ]
+    };
+    assert_eq!(shards, [labelled("shard-2"), labelled("shard-3")]);
+    assert_eq!(exporter.stats().measurements_dropped, 0);
+}
+
 #[test]
 fn every_kcl_metric_is_exported_as_its_kind_with_its_unit_and_description() {
     let (recorder, _) = pair(OtlpMetrics::new(NOWHERE));
