@@ -839,6 +839,11 @@ impl kcl_core::worker::StreamTracker for Tracker {
 /// layout) on its own table, following a tracker that lists "a".
 struct Tracked {
     store: InMemoryLeaseStore,
+    /// The worker's calls on `store`.
+    stats: Arc<StoreStats>,
+    /// The source as the worker was given it: whatever the worker keeps
+    /// per stream holds a reference.
+    shared_source: Arc<dyn kcl_core::source::ShardSource>,
     log: Arc<Log>,
     tracker: Arc<Tracker>,
     handle: kcl_core::worker::WorkerHandle,
@@ -865,10 +870,13 @@ fn start_tracked(source: &InMemoryShardSource) -> Tracked {
         .build()
         .unwrap();
     let factory_log = Arc::clone(&log);
+    let metered = MeteredStore::new(store.clone());
+    let stats = Arc::clone(metered.stats());
+    let shared_source: Arc<dyn kcl_core::source::ShardSource> = Arc::new(source.clone());
     let worker = Worker::new(
         config,
-        Arc::new(store.clone()),
-        Arc::new(source.clone()),
+        Arc::new(metered),
+        Arc::clone(&shared_source),
         Arc::new(move |ctx: &ShardContext| Recorder {
             ctx: ctx.clone(),
             log: Arc::clone(&factory_log),
@@ -880,11 +888,94 @@ fn start_tracked(source: &InMemoryShardSource) -> Tracked {
     let task = tokio::spawn(worker.run());
     Tracked {
         store,
+        stats,
+        shared_source,
         log,
         tracker,
         handle,
         task,
     }
+}
+
+/// Streams may come and go for as long as a worker runs: once a removed
+/// stream's consumers have stopped, the worker keeps nothing of it (its
+/// consumers' shared setup went with them). Before, each stream ever
+/// consumed kept its setup for the life of the worker.
+#[tokio::test(start_paused = true)]
+async fn a_removed_stream_leaves_no_consumer_setup_behind() {
+    let source = InMemoryShardSource::new().with_max_records(50);
+    source.create_stream("a", 1);
+    source.create_stream("b", 1);
+    let Tracked {
+        shared_source,
+        log,
+        tracker,
+        handle,
+        task,
+        ..
+    } = start_tracked(&source);
+    sleep(TICK * 2).await;
+    let before = Arc::strong_count(&shared_source);
+    tracker.0.lock().unwrap().push(multi("b"));
+    source.put("b", "pk-b", "pk-b:0").unwrap();
+    fleet::wait_for_records(Duration::from_secs(120), TICK / 100, 1, || log.count()).await;
+    assert!(Arc::strong_count(&shared_source) > before, "b is consumed");
+    tracker.0.lock().unwrap().retain(|spec| spec.name == "a");
+    sleep(TICK * 3).await;
+    assert_eq!(Arc::strong_count(&shared_source), before);
+    handle.shutdown();
+    task.await.unwrap().unwrap();
+}
+
+/// A removed stream's lease that a dead worker still holds is never
+/// deleted (a lease is deleted once released), and that must cost the
+/// sync leader nothing: the deletion works from the round's own scan.
+/// Before, every round scanned the whole table a second time for it, for
+/// as long as the worker ran.
+#[tokio::test(start_paused = true)]
+async fn a_removed_streams_lease_a_dead_worker_holds_costs_no_second_scan_per_round() {
+    let source = InMemoryShardSource::new().with_max_records(50);
+    source.create_stream("a", 1);
+    source.create_stream("b", 1);
+    let Tracked {
+        store,
+        stats,
+        tracker,
+        handle,
+        task,
+        ..
+    } = start_tracked(&source);
+    sleep(TICK * 2).await;
+    // Stream "b", whose one lease a worker that died holds.
+    let shard = {
+        use kcl_core::source::ShardSource;
+        source.list_shards("b").await.unwrap()[0].shard_id.clone()
+    };
+    let mut held = multi("b").layout.new_lease(&shard, Checkpoint::TrimHorizon);
+    held.owner = Some("w-dead".into());
+    store.create_if_absent(&held).await.unwrap();
+    // Listed for one round, then removed: its deletion is due 20 s on.
+    tracker.0.lock().unwrap().push(multi("b"));
+    sleep(Duration::from_secs(7)).await;
+    tracker.0.lock().unwrap().retain(|spec| spec.name == "a");
+    sleep(Duration::from_secs(40)).await;
+    let (scans, listings) = (stats.scans(), source.listings());
+    sleep(Duration::from_secs(120)).await;
+    let scans = stats.scans() - scans;
+    // A round lists stream "a" once and scans once; the taker's ticks
+    // (every 10 s) scan at most 12 more times.
+    let rounds = source.listings() - listings;
+    println!("{scans} scans in {rounds} sync rounds");
+    assert!(
+        scans <= rounds + 12,
+        "{scans} scans in {rounds} sync rounds"
+    );
+    assert!(
+        store.get(&held.key).await.unwrap().is_some(),
+        "a held lease is not deleted"
+    );
+    handle.shutdown();
+    task.await.unwrap().unwrap();
 }
 
 /// A stream tracker whose call never answers holds back neither shard sync
@@ -944,6 +1035,7 @@ async fn streams_added_and_removed_at_runtime() {
         tracker,
         handle,
         task,
+        ..
     } = start_tracked(&source);
     for n in 0..10 {
         source.put("a", "pk-0", format!("pk-0:{n}")).unwrap();

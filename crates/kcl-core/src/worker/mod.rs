@@ -348,6 +348,9 @@ impl Worker {
                     // Processors of a removed stream checkpoint and stop; their
                     // leases are released when they are done.
                     let stopped = s.running.retire(&spec.layout);
+                    // Its consumers keep their own reference; a stream
+                    // added again gets a new one.
+                    s.setups.remove(&spec.layout);
                     info!(stream = %spec.name, consumers = stopped, "stream removed; stopping its consumers");
                 }
             }

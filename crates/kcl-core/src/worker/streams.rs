@@ -7,9 +7,8 @@ use std::fmt;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use futures::TryStreamExt;
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::lease::{Lease, LeaseLayout};
 use crate::source::SourceError;
@@ -73,28 +72,19 @@ pub(super) fn update_streams(
 }
 
 /// Deletes the released leases of streams removed at least `delay` ago
-/// (each guarded by its counter); leases still held are left for their
-/// holder to release first.
+/// (each guarded by its counter), from `leases`, a scan of this round;
+/// leases still held are left for their holder to release first.
 pub(super) async fn delete_removed_leases(
     store: &dyn LeaseStore,
     removed_at: &mut HashMap<LeaseLayout, (String, Instant)>,
     delay: Duration,
+    leases: &[Lease],
 ) {
     let due: Vec<(LeaseLayout, String)> = removed_at
         .iter()
         .filter(|(_, (_, at))| at.elapsed() >= delay)
         .map(|(layout, (name, _))| (layout.clone(), name.clone()))
         .collect();
-    if due.is_empty() {
-        return;
-    }
-    let leases: Vec<Lease> = match store.scan().try_concat().await {
-        Ok(leases) => leases,
-        Err(e) => {
-            warn!(error = %e, "scanning for leases of removed streams failed");
-            return;
-        }
-    };
     for (layout, name) in due {
         let mine: Vec<&Lease> = leases.iter().filter(|l| layout.owns(l)).collect();
         let mut left = 0;

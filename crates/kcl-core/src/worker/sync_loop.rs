@@ -103,8 +103,14 @@ impl SyncLoop {
                 // now, whoever leads the fleet's rounds.
                 added = any_added;
                 for spec in removed {
-                    self.removed_at
-                        .insert(spec.layout.clone(), (spec.name.clone(), Instant::now()));
+                    // Nothing of a removed stream stays behind but what
+                    // its deletion needs: streams may come and go for as
+                    // long as the worker runs.
+                    self.cleanups.remove(&spec.layout);
+                    if matches!(self.policy, RemovedStreamPolicy::DeleteAfter(_)) {
+                        self.removed_at
+                            .insert(spec.layout.clone(), (spec.name.clone(), Instant::now()));
+                    }
                     let _ = self.removed_tx.send(spec).await;
                 }
                 for spec in read(&self.live).iter() {
@@ -140,7 +146,10 @@ impl SyncLoop {
             return;
         }
         if let RemovedStreamPolicy::DeleteAfter(delay) = self.policy {
-            delete_removed_leases(self.store.as_ref(), &mut self.removed_at, delay).await;
+            // From this round's scan: a lease a dead worker still holds
+            // keeps its stream here for good, and must not cost a second
+            // scan every round.
+            delete_removed_leases(self.store.as_ref(), &mut self.removed_at, delay, &leases).await;
         }
     }
 
@@ -185,5 +194,91 @@ impl SyncLoop {
             }
         }
         created
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::LeaseConfig;
+    use crate::leases::LeaseCoordinator;
+    use crate::source::SourceError;
+    use crate::source::memory::InMemoryShardSource;
+    use crate::store::memory::InMemoryLeaseStore;
+
+    /// The streams a test lists.
+    #[derive(Debug, Default)]
+    struct Listed(Mutex<Vec<StreamSpec>>);
+
+    #[async_trait::async_trait]
+    impl StreamTracker for Listed {
+        async fn streams(&self) -> Result<Vec<StreamSpec>, SourceError> {
+            Ok(self.0.lock().unwrap_or_else(|e| e.into_inner()).clone())
+        }
+    }
+
+    fn spec(name: &str) -> StreamSpec {
+        StreamSpec {
+            name: name.into(),
+            layout: LeaseLayout::MultiStream {
+                identifier: format!("123456789012:{name}:1700000000"),
+            },
+        }
+    }
+
+    /// A sync loop following `tracker` under `policy`, and the receiver
+    /// of the streams it removes.
+    fn sync_loop(
+        tracker: Arc<Listed>,
+        policy: RemovedStreamPolicy,
+    ) -> (SyncLoop, mpsc::Receiver<StreamSpec>, LeaseCoordinator) {
+        let store: Arc<dyn LeaseStore> = Arc::new(InMemoryLeaseStore::new());
+        let lease = LeaseConfig::builder("w").build().unwrap();
+        let (coordinator, _events) = LeaseCoordinator::start(Arc::clone(&store), lease);
+        let (removed_tx, removed) = mpsc::channel(8);
+        let sync = SyncLoop {
+            source: Arc::new(InMemoryShardSource::new()),
+            tracker: Some(tracker),
+            interval: Duration::from_secs(60),
+            initial: InitialPosition::TrimHorizon,
+            retention: Duration::from_secs(300),
+            policy,
+            signals: coordinator.signals(),
+            store,
+            stop: CancellationToken::new(),
+            live: LiveStreams::default(),
+            removed_tx,
+            now: Arc::default(),
+            cleanups: HashMap::new(),
+            removed_at: HashMap::new(),
+        };
+        (sync, removed, coordinator)
+    }
+
+    /// Streams may come and go for as long as a worker runs: a removed
+    /// one leaves no cleanup behind, and under `Keep` (nothing to delete)
+    /// no entry waiting for a deletion either.
+    #[tokio::test(start_paused = true)]
+    async fn a_removed_stream_leaves_only_what_its_deletion_needs() {
+        for (policy, waiting) in [
+            (RemovedStreamPolicy::Keep, 0),
+            (RemovedStreamPolicy::DeleteAfter(Duration::from_secs(60)), 1),
+        ] {
+            let tracker = Arc::new(Listed(Mutex::new(vec![spec("a"), spec("b")])));
+            let (mut sync, mut removed, _coordinator) = sync_loop(Arc::clone(&tracker), policy);
+            sync.follow_tracker().await;
+            for layout in [spec("a").layout, spec("b").layout] {
+                sync.cleanups
+                    .insert(layout, LeaseCleanup::new(sync.retention));
+            }
+            tracker.0.lock().unwrap().retain(|s| s.name == "a");
+            sync.follow_tracker().await;
+            assert_eq!(removed.recv().await, Some(spec("b")));
+            let cleanups: Vec<_> = sync.cleanups.keys().cloned().collect();
+            assert_eq!(cleanups, [spec("a").layout], "{policy:?}");
+            assert_eq!(sync.removed_at.len(), waiting, "{policy:?}");
+        }
     }
 }
