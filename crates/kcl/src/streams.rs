@@ -46,6 +46,17 @@ impl StreamResolver {
             .cloned()
     }
 
+    /// Forgets the identifiers of every stream but `names`: an
+    /// application's streams may come and go for as long as it runs, and
+    /// a stream deleted and created again under its name has a new
+    /// creation epoch, so a name added again is described again.
+    fn retain(&self, names: &[String]) {
+        self.identifiers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|name, _| names.contains(name));
+    }
+
     pub(crate) async fn spec(&self, name: &str) -> Result<StreamSpec, Error> {
         let known = self
             .identifiers
@@ -93,7 +104,9 @@ impl fmt::Debug for NameTracker {
 impl StreamTracker for NameTracker {
     async fn streams(&self) -> Result<Vec<StreamSpec>, SourceError> {
         let mut specs = Vec::new();
-        for name in (self.names)() {
+        let names = (self.names)();
+        self.resolver.retain(&names);
+        for name in names {
             match self.resolver.spec(&name).await {
                 Ok(spec) => specs.push(spec),
                 // A stream not created yet is simply not consumed yet.
@@ -150,4 +163,37 @@ async fn stream_identifier(
     };
     let epoch = summary.stream_creation_timestamp().secs();
     Ok(format!("{account}:{name}:{epoch}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A name the application no longer lists is described again if it
+    /// comes back (the stream may have been created anew); the ones still
+    /// listed are not described again.
+    #[tokio::test]
+    async fn a_stream_no_longer_listed_is_forgotten_and_the_others_kept() {
+        let kinesis = aws_sdk_kinesis::Client::new(&crate::test_support::offline_sdk());
+        let resolver = Arc::new(StreamResolver::new(kinesis, true));
+        for name in ["a", "b"] {
+            resolver
+                .identifiers
+                .lock()
+                .unwrap()
+                .insert(name.into(), format!("123456789012:{name}:1"));
+        }
+        let tracker = NameTracker {
+            names: Arc::new(|| vec!["a".to_owned()]),
+            resolver: Arc::clone(&resolver),
+        };
+        // "a" is known: no call to Kinesis, which this client cannot reach.
+        let specs = tracker.streams().await.unwrap();
+        assert_eq!(specs.len(), 1);
+        assert_eq!(
+            resolver.known_identifier("a").as_deref(),
+            Some("123456789012:a:1")
+        );
+        assert_eq!(resolver.known_identifier("b"), None);
+    }
 }
