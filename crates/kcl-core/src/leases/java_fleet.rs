@@ -82,6 +82,10 @@ impl JavaFleet {
             }
             next.insert(w.id, seen);
         }
+        // A departed worker whose report is gone from the table cannot
+        // count again: Java worker ids change with every process, so its
+        // entry would stay for good.
+        self.departed.retain(|id, _| next.contains_key(id));
         self.seen = next;
         self.read_at = Some(now);
     }
@@ -173,5 +177,20 @@ mod tests {
             vec!["j".to_owned()],
             "it reports again"
         );
+    }
+
+    /// Java worker ids change with every process: one that departed and
+    /// whose report is gone from the table is forgotten, not kept for the
+    /// life of this worker.
+    #[tokio::test(start_paused = true)]
+    async fn a_departed_java_worker_whose_report_is_gone_is_forgotten() {
+        let t0 = Instant::now();
+        let mut f = JavaFleet::default();
+        f.observe(vec![report("j-1", 1000), report("j-2", 1000)], t0, 1000);
+        f.departed("j-1");
+        f.departed("j-2");
+        f.observe(vec![report("j-2", 1000)], t0 + READ_EVERY, 0);
+        let departed: Vec<&String> = f.departed.keys().collect();
+        assert_eq!(departed, ["j-2"]);
     }
 }
