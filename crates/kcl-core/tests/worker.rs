@@ -553,13 +553,7 @@ async fn recorders_forget_a_shard_once_no_consumer_reads_it() {
         }
     });
     let source = InMemoryShardSource::new().with_max_records(50);
-    source.create_stream(SERIES, 1);
-    let parent = {
-        use kcl_core::source::ShardSource;
-        source.list_shards(SERIES).await.unwrap()[0]
-            .shard_id
-            .clone()
-    };
+    let parent = source.create_stream(SERIES, 1).remove(0);
     let mut base = fleet::Fleet::new();
     let lease = LeaseConfig::builder("w-a")
         .taker_interval(TICK)
@@ -903,28 +897,36 @@ fn start_tracked(source: &InMemoryShardSource) -> Tracked {
 /// consumed kept its setup for the life of the worker.
 #[tokio::test(start_paused = true)]
 async fn a_removed_stream_leaves_no_consumer_setup_behind() {
+    let (source, _) = streams_a_and_b();
+    let worker = start_tracked(&source);
+    sleep(TICK * 2).await;
+    let before = Arc::strong_count(&worker.shared_source);
+    worker.tracker.0.lock().unwrap().push(multi("b"));
+    source.put("b", "pk-b", "pk-b:0").unwrap();
+    let consumed = || worker.log.count();
+    fleet::wait_for_records(Duration::from_secs(120), TICK / 100, 1, consumed).await;
+    assert!(
+        Arc::strong_count(&worker.shared_source) > before,
+        "b is consumed"
+    );
+    worker
+        .tracker
+        .0
+        .lock()
+        .unwrap()
+        .retain(|spec| spec.name == "a");
+    sleep(TICK * 3).await;
+    assert_eq!(Arc::strong_count(&worker.shared_source), before);
+    worker.handle.shutdown();
+    worker.task.await.unwrap().unwrap();
+}
+
+/// Streams "a" and "b" of one shard each, and the id of b's.
+fn streams_a_and_b() -> (InMemoryShardSource, String) {
     let source = InMemoryShardSource::new().with_max_records(50);
     source.create_stream("a", 1);
-    source.create_stream("b", 1);
-    let Tracked {
-        shared_source,
-        log,
-        tracker,
-        handle,
-        task,
-        ..
-    } = start_tracked(&source);
-    sleep(TICK * 2).await;
-    let before = Arc::strong_count(&shared_source);
-    tracker.0.lock().unwrap().push(multi("b"));
-    source.put("b", "pk-b", "pk-b:0").unwrap();
-    fleet::wait_for_records(Duration::from_secs(120), TICK / 100, 1, || log.count()).await;
-    assert!(Arc::strong_count(&shared_source) > before, "b is consumed");
-    tracker.0.lock().unwrap().retain(|spec| spec.name == "a");
-    sleep(TICK * 3).await;
-    assert_eq!(Arc::strong_count(&shared_source), before);
-    handle.shutdown();
-    task.await.unwrap().unwrap();
+    let b = source.create_stream("b", 1).remove(0);
+    (source, b)
 }
 
 /// A removed stream's lease that a dead worker still holds is never
@@ -934,9 +936,7 @@ async fn a_removed_stream_leaves_no_consumer_setup_behind() {
 /// as long as the worker ran.
 #[tokio::test(start_paused = true)]
 async fn a_removed_streams_lease_a_dead_worker_holds_costs_no_second_scan_per_round() {
-    let source = InMemoryShardSource::new().with_max_records(50);
-    source.create_stream("a", 1);
-    source.create_stream("b", 1);
+    let (source, shard) = streams_a_and_b();
     let Tracked {
         store,
         stats,
@@ -945,12 +945,9 @@ async fn a_removed_streams_lease_a_dead_worker_holds_costs_no_second_scan_per_ro
         task,
         ..
     } = start_tracked(&source);
+    // The first rounds and ticks are over.
     sleep(TICK * 2).await;
     // Stream "b", whose one lease a worker that died holds.
-    let shard = {
-        use kcl_core::source::ShardSource;
-        source.list_shards("b").await.unwrap()[0].shard_id.clone()
-    };
     let mut held = multi("b").layout.new_lease(&shard, Checkpoint::TrimHorizon);
     held.owner = Some("w-dead".into());
     store.create_if_absent(&held).await.unwrap();

@@ -320,13 +320,7 @@ app_queue_depth +Inf
         metrics::with_local_recorder(&*registry, || {
             runtime.block_on(async {
                 let source = InMemoryShardSource::new();
-                source.create_stream(STREAM, 1);
-                let parent = {
-                    use kcl_core::source::ShardSource;
-                    source.list_shards(STREAM).await.unwrap()[0]
-                        .shard_id
-                        .clone()
-                };
+                let parent = source.create_stream(STREAM, 1).remove(0);
                 let mut fleet = fleet::Fleet::new();
                 let lease = LeaseConfig::builder("w").build().unwrap();
                 let config = fleet::one_stream(lease, STREAM).build().unwrap();
