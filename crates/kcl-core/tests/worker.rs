@@ -555,14 +555,9 @@ async fn recorders_forget_a_shard_once_no_consumer_reads_it() {
     let source = InMemoryShardSource::new().with_max_records(50);
     let parent = source.create_stream(SERIES, 1).remove(0);
     let mut base = fleet::Fleet::new();
-    let lease = LeaseConfig::builder("w-a")
-        .taker_interval(TICK)
-        .build()
-        .unwrap();
-    let config = fleet::one_stream(lease, SERIES)
-        .parent_poll_interval(Duration::from_secs(1))
-        .build()
-        .unwrap();
+    // The defaults: a split's children start within the waits below.
+    let lease = LeaseConfig::builder("w-a").build().unwrap();
+    let config = fleet::one_stream(lease, SERIES).build().unwrap();
     let log = Arc::<Log>::default();
     let factory_log = Arc::clone(&log);
     let factory = move |ctx: &ShardContext| Recorder {
