@@ -17,7 +17,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::backoff::Backoff;
 use crate::checkpointer::CheckpointPacer;
-use crate::consumer::{self, ConsumerExit, ConsumerSetup};
+use crate::consumer::{self, ConsumerExit, ConsumerSetup, ShardSlots};
 use crate::lease::{Lease, LeaseLayout};
 use crate::leases::{
     FleetSignals, LeaseCoordinator, LeaseEvent, LeaseFilter, LeaseHandle, ShutdownMode,
@@ -265,6 +265,7 @@ impl Worker {
             bounded,
             sync_now,
             setups: HashMap::new(),
+            slots: Arc::default(),
             consumers: JoinSet::new(),
             running: Running::new(&self.handle),
         };
@@ -373,7 +374,7 @@ impl Worker {
         let setup = s
             .setups
             .entry(spec.layout.clone())
-            .or_insert_with(|| self.consumer_setup(&spec, &s.bounded, &s.sync_now));
+            .or_insert_with(|| self.consumer_setup(&spec, &s.bounded, &s.sync_now, &s.slots));
         let key = lease.key().to_owned();
         let stop = CancellationToken::new();
         let span = info_span!("shard", stream = %setup.stream, shard = %held.shard_id);
@@ -507,6 +508,7 @@ impl Worker {
         spec: &StreamSpec,
         store: &Arc<dyn LeaseStore>,
         sync_now: &Arc<tokio::sync::Notify>,
+        slots: &Arc<ShardSlots>,
     ) -> Arc<ConsumerSetup> {
         let config = &self.config;
         Arc::new(ConsumerSetup {
@@ -530,7 +532,7 @@ impl Worker {
             // Exact doubling from 100 ms: the pace of a failing shard is
             // what tests count.
             backoff: Backoff::new(Duration::from_millis(100), config.max_backoff).without_jitter(),
-            slots: Arc::default(),
+            slots: Arc::clone(slots),
             sync_now: Arc::clone(sync_now),
         })
     }
@@ -592,8 +594,13 @@ struct Session {
     /// The store with every call bounded.
     bounded: Arc<dyn LeaseStore>,
     sync_now: Arc<tokio::sync::Notify>,
-    /// One setup per stream, shared by its consumers.
+    /// One setup per stream, shared by its consumers; dropped when the
+    /// stream is removed.
     setups: HashMap<LeaseLayout, Arc<ConsumerSetup>>,
+    /// One consumer per shard at a time, whatever setup it came from: a
+    /// stream removed and added again while its consumers finish gets a
+    /// new setup, and its shards must still wait for those consumers.
+    slots: Arc<ShardSlots>,
     consumers: JoinSet<(String, ConsumerExit)>,
     running: Running,
 }
