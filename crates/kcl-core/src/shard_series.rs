@@ -11,7 +11,7 @@
 //! every series labelled with both. The Prometheus and OTLP recorders of
 //! the `kcl` crate subscribe (and keep the last values a while, for a
 //! scrape to see the gauges at 0, before they forget them through
-//! [`unless_read`]); an application's own recorder can too.
+//! [`with_unread`]); an application's own recorder can too.
 //!
 //! Consumers are counted per shard, so a shard that a second worker of the
 //! process reads, or that this worker took back before its previous
@@ -47,8 +47,9 @@ fn registry() -> MutexGuard<'static, Registry> {
 ///
 /// `forget` runs while no consumer of that shard can start (the count it
 /// acts on is locked), so a consumer that starts right after records into
-/// new series, never into ones being removed. It must be quick and must
-/// not itself start or stop a consumer.
+/// new series, never into ones being removed. It must be quick, and must
+/// not start or stop a consumer, nor call into this module (subscribe,
+/// drop a subscription, [`with_unread`]): the lock is not reentrant.
 pub fn subscribe(forget: impl Fn(&str, &str) + Send + Sync + 'static) -> Subscription {
     let mut registry = registry();
     let id = registry.next_id;
@@ -85,16 +86,20 @@ impl Drop for Subscription {
     }
 }
 
-/// Runs `forget` unless a consumer of this process reads `shard` of
-/// `stream` now, while none can start: for a recorder that keeps a shard's
-/// last values a while after [`subscribe`]'s call (so that a scrape sees
-/// its gauges at 0) and forgets them later, unless the shard came back.
-/// `forget` must not start or stop a consumer either.
-pub fn unless_read(stream: &str, shard: &str, forget: impl FnOnce()) {
+/// Calls `forget` with those of `shards` (stream, shard id) that no
+/// consumer of this process reads now, while none can start: for a
+/// recorder that keeps a shard's last values a while after
+/// [`subscribe`]'s call (so that a scrape sees its gauges at 0) and
+/// forgets them later, unless the shard came back meanwhile. `forget` must
+/// not start or stop a consumer, nor call into this module.
+pub fn with_unread(shards: &[(String, String)], forget: impl FnOnce(&[&(String, String)])) {
     let registry = registry();
-    let key = (stream.to_owned(), shard.to_owned());
-    if !registry.readers.contains_key(&key) {
-        forget();
+    let unread: Vec<&(String, String)> = shards
+        .iter()
+        .filter(|key| !registry.readers.contains_key(*key))
+        .collect();
+    if !unread.is_empty() {
+        forget(&unread);
     }
 }
 
@@ -168,15 +173,29 @@ mod tests {
     }
 
     #[test]
-    fn a_late_forget_runs_only_while_no_consumer_reads_the_shard() {
-        let forgets = StdMutex::new(0);
-        let forget = || *forgets.lock().unwrap() += 1;
+    fn a_late_forget_gets_only_the_shards_no_consumer_reads() {
+        let shards = [("late-forget", "shard-1"), ("late-forget", "shard-2")]
+            .map(|(stream, shard)| (stream.to_owned(), shard.to_owned()));
+        let forgotten = StdMutex::new(Vec::new());
+        let forget = |unread: &[&(String, String)]| {
+            forgotten
+                .lock()
+                .unwrap()
+                .extend(unread.iter().map(|(_, shard)| shard.clone()));
+        };
         let back = reading("late-forget", "shard-1");
-        unless_read("late-forget", "shard-1", forget);
-        assert_eq!(*forgets.lock().unwrap(), 0, "the shard is read again");
+        with_unread(&shards, forget);
+        assert_eq!(
+            *forgotten.lock().unwrap(),
+            ["shard-2"],
+            "shard-1 is read again"
+        );
         drop(back);
-        unless_read("late-forget", "shard-1", forget);
-        assert_eq!(*forgets.lock().unwrap(), 1);
+        with_unread(&shards, forget);
+        assert_eq!(
+            *forgotten.lock().unwrap(),
+            ["shard-2", "shard-1", "shard-2"]
+        );
     }
 
     #[test]

@@ -47,9 +47,11 @@ fn install() -> Result<Arc<Registry>, String> {
     Ok(registry)
 }
 
-/// One metric family: its `# TYPE` and its samples, rendered.
+/// One metric family: its `# TYPE`, the name it was recorded under (for
+/// its description) and its samples, rendered.
 struct Family {
     kind: &'static str,
+    recorded: String,
     samples: String,
 }
 
@@ -63,11 +65,11 @@ pub(crate) fn render(registry: &Registry) -> String {
     let mut families: BTreeMap<String, Family> = BTreeMap::new();
     for (key, point) in sorted(snapshot.counters) {
         let (name, out) = family(&mut families, &key, "counter");
-        sample(out, &name, &labels(&key, None), point.value as f64);
+        sample(out, &name, &labels(&key, false, None), point.value as f64);
     }
     for (key, value) in sorted(snapshot.gauges) {
         let (name, out) = family(&mut families, &key, "gauge");
-        sample(out, &name, &labels(&key, None), value);
+        sample(out, &name, &labels(&key, false, None), value);
     }
     for (key, point) in sorted(snapshot.histograms) {
         let (name, out) = family(&mut families, &key, "histogram");
@@ -75,7 +77,7 @@ pub(crate) fn render(registry: &Registry) -> String {
     }
     let mut text = String::new();
     for (name, family) in families {
-        if let Some(description) = registry.description(&name) {
+        if let Some(description) = registry.description(&family.recorded) {
             let help = description.help.replace('\\', "\\\\").replace('\n', "\\n");
             let _ = writeln!(text, "# HELP {name} {help}");
         }
@@ -95,6 +97,7 @@ fn family<'a>(
     let name = sanitize(key.name(), true);
     let entry = families.entry(name.clone()).or_insert_with(|| Family {
         kind,
+        recorded: key.name().to_owned(),
         samples: String::new(),
     });
     (name, &mut entry.samples)
@@ -102,7 +105,7 @@ fn family<'a>(
 
 /// `series` by name, then by labels.
 fn sorted<T>(mut series: Vec<(Key, T)>) -> Vec<(Key, T)> {
-    series.sort_by_cached_key(|(key, _)| (key.name().to_owned(), labels(key, None)));
+    series.sort_by_cached_key(|(key, _)| (key.name().to_owned(), labels(key, false, None)));
     series
 }
 
@@ -114,13 +117,13 @@ fn histogram(out: &mut String, name: &str, key: &Key, point: &HistogramPoint) {
         sample(
             out,
             &format!("{name}_bucket"),
-            &labels(key, Some(&le)),
+            &labels(key, true, Some(&le)),
             cumulative as f64,
         );
     }
-    let all = labels(key, Some("+Inf"));
+    let all = labels(key, true, Some("+Inf"));
     sample(out, &format!("{name}_bucket"), &all, point.count as f64);
-    let plain = labels(key, None);
+    let plain = labels(key, true, None);
     sample(out, &format!("{name}_sum"), &plain, point.sum);
     sample(out, &format!("{name}_count"), &plain, point.count as f64);
 }
@@ -131,10 +134,20 @@ fn sample(out: &mut String, name: &str, labels: &str, value: f64) {
 
 /// `{k="v",...}` of `key`'s labels (and `le`, for a bucket), or nothing
 /// for a series without labels.
-fn labels(key: &Key, le: Option<&str>) -> String {
+///
+/// In a histogram (`histogram`), a label of the application's own named
+/// `le` is renamed `exported_le` (Prometheus' name for a label that
+/// clashes with one it sets): two `le`s make Prometheus refuse the scrape.
+fn labels(key: &Key, histogram: bool, le: Option<&str>) -> String {
     let mut pairs: Vec<String> = key
         .labels()
-        .map(|l| format!("{}=\"{}\"", sanitize(l.key(), false), escape(l.value())))
+        .map(|l| {
+            let mut name = sanitize(l.key(), false);
+            if histogram && name == "le" {
+                name = "exported_le".to_owned();
+            }
+            format!("{name}=\"{}\"", escape(l.value()))
+        })
         .collect();
     if let Some(le) = le {
         pairs.push(format!("le=\"{le}\""));
@@ -166,19 +179,21 @@ fn number(value: f64) -> String {
 }
 
 /// `name` with every character Prometheus does not allow in a metric
-/// (`colon`) or label name replaced by `_`, and a leading digit prefixed.
+/// (`colon`) or label name replaced by `_` (a leading digit too), as the
+/// `metrics-exporter-prometheus` crate did.
 fn sanitize(name: &str, colon: bool) -> String {
-    let mut out: String = name
+    let out: String = name
         .chars()
-        .map(|c| {
-            let allowed = c.is_ascii_alphanumeric() || c == '_' || (colon && c == ':');
+        .enumerate()
+        .map(|(i, c)| {
+            let allowed = c.is_ascii_alphabetic()
+                || c == '_'
+                || (colon && c == ':')
+                || (i > 0 && c.is_ascii_digit());
             if allowed { c } else { '_' }
         })
         .collect();
-    if out.is_empty() || out.starts_with(|c: char| c.is_ascii_digit()) {
-        out.insert(0, '_');
-    }
-    out
+    if out.is_empty() { "_".to_owned() } else { out }
 }
 
 #[cfg(test)]
@@ -232,16 +247,29 @@ mod tests {
         let text = rendered(|| {
             metrics::counter!("app_orders_total", "region" => "eu\"1\\\n").increment(3);
             metrics::gauge!("app.queue depth").set(f64::INFINITY);
+            metrics::describe_gauge!("app.queue depth", "Orders \\ waiting\nnow");
+            metrics::gauge!("9lives", "0k" => "v").set(1.0);
+            metrics::histogram!("app_size", "le" => "own").record(1.0);
             metrics::histogram!(RECORDS_PER_BATCH, "stream" => "s").record(10.0);
             metrics::histogram!(RECORDS_PER_BATCH, "stream" => "s").record(20_000.0);
         });
         let expected = "\
+# TYPE _lives gauge
+_lives{_k=\"v\"} 1
 # TYPE app_orders_total counter
 app_orders_total{region=\"eu\\\"1\\\\\\n\"} 3
+# HELP app_queue_depth Orders \\\\ waiting\\nnow
 # TYPE app_queue_depth gauge
 app_queue_depth +Inf
+# TYPE app_size histogram
+app_size_bucket{exported_le=\"own\",le=\"0\"} 0
+app_size_bucket{exported_le=\"own\",le=\"5\"} 1
 ";
         assert!(text.starts_with(expected), "{text}");
+        assert!(
+            text.contains("app_size_count{exported_le=\"own\"} 1\n"),
+            "{text}"
+        );
         let batches: Vec<&str> = text
             .lines()
             .filter(|l| l.starts_with("kcl_records_per_batch"))
@@ -278,7 +306,7 @@ app_queue_depth +Inf
             }
             metrics::gauge!(metric_names::LEASES_HELD).set(1.0);
         });
-        registry.forget_shard("orders", "shard-1");
+        registry.forget_shards(&[&("orders".to_owned(), "shard-1".to_owned())]);
         let text = render(&registry);
         assert!(!text.contains("shard-1"), "{text}");
         for kept in [

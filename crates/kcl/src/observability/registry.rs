@@ -126,18 +126,17 @@ pub(crate) struct Registry {
     warned: AtomicBool,
     descriptions: RwLock<HashMap<String, Description>>,
     buckets: Buckets,
-    /// Shards no consumer reads any more, whose series go once exported
-    /// and `keep_retired` old.
-    retired: Mutex<Vec<Retired>>,
+    /// Shards no consumer reads any more, by (stream, shard), whose
+    /// series go once exported and `keep_retired` old.
+    retired: Mutex<HashMap<(String, String), Retired>>,
     keep_retired: Duration,
 }
 
-/// A shard whose last consumer stopped at `at`.
+/// When a shard's last consumer stopped, and whether a snapshot exported
+/// its series since. A shard read again and retired again starts anew, so
+/// that its new zeros are exported too.
 struct Retired {
-    stream: String,
-    shard: String,
     at: Instant,
-    /// Whether a snapshot since `at` exported its series.
     exported: bool,
 }
 
@@ -184,51 +183,68 @@ impl Registry {
         let weak = Arc::downgrade(&registry);
         let subscription = shard_series::subscribe(move |stream, shard| {
             if let Some(registry) = weak.upgrade() {
-                lock(&registry.retired).push(Retired {
-                    stream: stream.to_owned(),
-                    shard: shard.to_owned(),
-                    at: Instant::now(),
-                    exported: false,
-                });
+                registry.retire(stream, shard, Instant::now());
             }
         });
         (registry, subscription)
+    }
+
+    /// No consumer reads `shard` of `stream` since `at`: its series go once
+    /// exported and `keep_retired` old. A shard retired again starts anew.
+    fn retire(&self, stream: &str, shard: &str, at: Instant) {
+        let key = (stream.to_owned(), shard.to_owned());
+        let retired = Retired {
+            at,
+            exported: false,
+        };
+        lock(&self.retired).insert(key, retired);
     }
 
     /// Forgets the shards retired long enough whose series a snapshot
     /// exported, unless a consumer reads them again; marks the others
     /// exported by the snapshot about to be taken.
     fn sweep(&self, now: Instant) {
-        let due: Vec<Retired> = {
+        let due: Vec<(String, String)> = {
             let mut retired = lock(&self.retired);
-            let (due, kept) = std::mem::take(&mut *retired)
-                .into_iter()
-                .partition(|r| r.exported && now.duration_since(r.at) >= self.keep_retired);
-            *retired = kept;
-            retired.iter_mut().for_each(|r| r.exported = true);
+            let due = retired
+                .iter()
+                .filter(|(_, r)| r.exported && now.duration_since(r.at) >= self.keep_retired)
+                .map(|(key, _)| key.clone())
+                .collect::<Vec<_>>();
+            for key in &due {
+                retired.remove(key);
+            }
+            retired.values_mut().for_each(|r| r.exported = true);
             due
         };
-        // Outside the lock above: `unless_read` holds the consumers'
-        // lock, which the subscription holds as it takes ours.
-        for r in due {
-            shard_series::unless_read(&r.stream, &r.shard, || {
-                self.forget_shard(&r.stream, &r.shard);
-            });
+        if due.is_empty() {
+            return;
         }
+        // Outside the lock above: `with_unread` holds the consumers'
+        // lock, which the subscription holds as it takes ours.
+        shard_series::with_unread(&due, |unread| self.forget_shards(unread));
     }
 
-    /// Drops every series labelled `stream` = `stream` and `shard` =
-    /// `shard`. A handle to one of them that someone still holds records
-    /// into a cell no export reads any more.
-    pub(crate) fn forget_shard(&self, stream: &str, shard: &str) {
-        let has = |key: &Key, name: &str, value: &str| {
-            key.labels().any(|l| l.key() == name && l.value() == value)
+    /// Drops every series labelled with the stream and shard of one of
+    /// `shards`, in one pass over the series. A handle to one of them that
+    /// someone still holds records into a cell no export reads any more.
+    pub(crate) fn forget_shards(&self, shards: &[&(String, String)]) {
+        let mut by_stream: HashMap<&str, Vec<&str>> = HashMap::new();
+        for (stream, shard) in shards {
+            by_stream.entry(stream).or_default().push(shard);
+        }
+        let of_shards = |key: &Key| {
+            let (Some(stream), Some(shard)) = (label(key, "stream"), label(key, "shard")) else {
+                return false;
+            };
+            by_stream
+                .get(stream)
+                .is_some_and(|shards| shards.contains(&shard))
         };
-        let of_shard = |key: &Key| has(key, "stream", stream) && has(key, "shard", shard);
         let mut series = write(&self.series);
-        series.counters.retain(|key, _| !of_shard(key));
-        series.gauges.retain(|key, _| !of_shard(key));
-        series.histograms.retain(|key, _| !of_shard(key));
+        series.counters.retain(|key, _| !of_shards(key));
+        series.gauges.retain(|key, _| !of_shards(key));
+        series.histograms.retain(|key, _| !of_shards(key));
     }
 
     /// Series held.
@@ -562,6 +578,11 @@ impl HistogramFn for Overflow {
     }
 }
 
+/// The value of `key`'s label `name`, if it has one.
+fn label<'k>(key: &'k Key, name: &str) -> Option<&'k str> {
+    key.labels().find(|l| l.key() == name).map(|l| l.value())
+}
+
 /// Nanoseconds since the Unix epoch (0 for a clock set before it).
 pub(crate) fn unix_nanos(at: SystemTime) -> u64 {
     at.duration_since(SystemTime::UNIX_EPOCH)
@@ -633,18 +654,19 @@ mod tests {
             }
         });
         let at = Instant::now();
-        lock(&registry.retired).push(Retired {
-            stream: "keep-retired".into(),
-            shard: "retired".into(),
-            at,
-            exported: false,
-        });
+        registry.retire("keep-retired", "retired", at);
         // Long past `keep`, but not exported yet: this export shows it.
         registry.sweep(at + keep * 10);
         assert_eq!(registry.series_count(), 4);
-        registry.sweep(at + keep - Duration::from_secs(1));
-        assert_eq!(registry.series_count(), 4, "kept for `keep`");
+        // Read again and retired again just before it was due: its new
+        // zeros are exported before it goes.
+        let again = at + keep - Duration::from_secs(10);
+        registry.retire("keep-retired", "retired", again);
         registry.sweep(at + keep);
+        assert_eq!(registry.series_count(), 4, "not exported since");
+        registry.sweep(again + keep - Duration::from_secs(1));
+        assert_eq!(registry.series_count(), 4, "kept for `keep`");
+        registry.sweep(again + keep);
         assert_eq!(registry.series_count(), 2);
         assert!(
             read(&registry.series)

@@ -230,7 +230,8 @@ fn a_forgotten_shards_series_give_their_room_back() {
         waiting("shard-1");
         waiting("shard-2");
     });
-    recorder.registry.forget_shard("s", "shard-1");
+    let forgotten = ("s".to_owned(), "shard-1".to_owned());
+    recorder.registry.forget_shards(&[&forgotten]);
     metrics::with_local_recorder(&recorder, || waiting("shard-3"));
     let request = encoded(&recorder);
     let shards: Vec<_> = gauge_points(exported(&request, metric_names::SHARD_RECORDS_WAITING))
