@@ -105,3 +105,75 @@ async fn a_shard_too_new_for_the_listing_is_retried_not_taken_for_a_missing_cons
     assert_eq!(s.fake.registrations(), 1);
     assert_eq!(s.fake.consumers(), 1);
 }
+
+/// With room for one batch, a shard end whose children have to be looked
+/// up while ListShards keeps failing still reaches the reader: the
+/// failures are reported in the slot the last event held (given back
+/// meanwhile), and the end follows once ListShards answers. The lookup
+/// used to wait for good on room its own event held, and the reader on it.
+#[tokio::test(start_paused = true)]
+async fn a_shard_end_whose_children_listing_fails_reaches_a_one_batch_reader() {
+    use std::sync::Arc;
+
+    use crate::KinesisShardSource;
+    use crate::calls::KinesisApi;
+    use crate::test_util::fake::FakeKinesis;
+    use crate::test_util::fanout::FakeFanOut;
+    use crate::test_util::faults::{Call, Fault, FaultInjector, Faulty};
+
+    let kinesis = Arc::new(FakeKinesis::default());
+    let shard = kinesis.create_stream(STREAM, 1).remove(0);
+    let fake = FakeFanOut::new(Arc::clone(&kinesis));
+    let faults = FaultInjector::new();
+    let api = Faulty {
+        inner: Arc::clone(&kinesis) as Arc<dyn KinesisApi>,
+        faults: faults.clone(),
+    };
+    let config = super::tests::config().max_buffered_batches(1);
+    let source = KinesisShardSource::with_fan_out(
+        Arc::new(api),
+        Arc::new(fake.clone()),
+        config.build().unwrap(),
+    );
+    let s = super::tests::Setup {
+        kinesis,
+        fake,
+        source,
+        shard,
+    };
+    put_plain(&s, 0..3);
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    read_plain(reader.as_mut(), 0..3).await;
+    // The shard ends without naming its children, and listing them fails
+    // for 200 s: long enough for the lookup to give up and report.
+    faults.fail_all(Call::ListShards, Fault::InternalFailure);
+    let kids = s.kinesis.split(STREAM, &s.shard, false);
+    let read = async {
+        let mut reported = 0;
+        loop {
+            match reader.next_batch().await {
+                Err(e) => {
+                    assert!(e.is_retryable(), "{e}");
+                    reported += 1;
+                }
+                Ok(batch) => {
+                    if let Some(children) = batch.shard_end {
+                        return (reported, children);
+                    }
+                }
+            }
+        }
+    };
+    let clear = async {
+        tokio::time::sleep(Duration::from_secs(200)).await;
+        faults.clear(Call::ListShards);
+        std::future::pending::<()>().await
+    };
+    let (reported, children) = tokio::select! {
+        done = tokio::time::timeout(Duration::from_secs(300), read) => done.expect("the shard end reached the reader"),
+        () = clear => unreachable!(),
+    };
+    assert!(reported >= 1, "the failing lookup was reported");
+    let ids: Vec<String> = children.into_iter().map(|c| c.shard_id).collect();
+    assert_eq!(ids, kids);
+}

@@ -23,7 +23,9 @@ use crate::task_reader::Delivery;
 /// An event's batch on its way to the reader: its slot in the channel,
 /// its records and what they hold of the worker-wide budget.
 struct EventBatch {
-    slot: OwnedPermit<Message>,
+    /// The channel slot the event was read into; given back while a
+    /// closed shard's children are looked up (see [`Subscriber::children`]).
+    slot: Option<OwnedPermit<Message>>,
     user: Vec<kcl_core::Record>,
     /// What the records hold in memory.
     bytes: usize,
@@ -65,9 +67,9 @@ impl Subscriber {
             ..
         } = event;
         let records = self.new_records(records, &continuation);
-        let (batch, fetched) = self.take(records, room, millis_behind_latest);
+        let (mut batch, fetched) = self.take(records, room, millis_behind_latest);
         let shard_end = match self
-            .shard_end(&continuation, child_shards, fetched, batch.behind)
+            .shard_end(&continuation, child_shards, fetched, &mut batch)
             .await?
         {
             Closed::No => None,
@@ -133,7 +135,7 @@ impl Subscriber {
             self.meters.millis_behind_latest.set(ms as f64);
         }
         let batch = EventBatch {
-            slot,
+            slot: Some(slot),
             user,
             bytes,
             behind,
@@ -149,19 +151,19 @@ impl Subscriber {
         continuation: &str,
         child_shards: Option<Vec<aws_sdk_kinesis::types::ChildShard>>,
         fetched: usize,
-        behind: Option<u64>,
+        batch: &mut EventBatch,
     ) -> Result<Closed, SourceError> {
         // Kinesis ends a shard's last event with its children and without
         // a continuation sequence number.
         let announced =
             continuation.is_empty() || child_shards.as_ref().is_some_and(|c| !c.is_empty());
         if announced {
-            Ok(match self.children(child_shards).await? {
+            Ok(match self.children(child_shards, &mut batch.slot).await? {
                 Some(children) => Closed::Yes(children),
                 None => Closed::ReaderGone,
             })
-        } else if fetched == 0 && behind == Some(0) && self.closed_check_due() {
-            self.check_closed().await
+        } else if fetched == 0 && batch.behind == Some(0) && self.closed_check_due() {
+            self.check_closed(&mut batch.slot).await
         } else {
             Ok(Closed::No)
         }
@@ -187,6 +189,15 @@ impl Subscriber {
             return Err(self.lease_lost());
         }
         let end = shard_end.is_some();
+        // Given back for a children lookup: taken again (the reader makes
+        // room as it reads what the lookup reported).
+        let slot = match slot {
+            Some(slot) => slot,
+            None => match self.tx.clone().reserve_owned().await {
+                Ok(slot) => slot,
+                Err(_) => return Ok(Flow::ReaderGone),
+            },
+        };
         // Our own slot counts as taken: anything less than the full
         // capacity beyond it means a batch is already waiting, and an
         // empty batch would say nothing new.
@@ -220,7 +231,10 @@ impl Subscriber {
     /// closed and nothing follows the last record received: for endpoints
     /// that never announce the end in an event. Best effort: a failed
     /// check is tried again at the next interval.
-    async fn check_closed(&mut self) -> Result<Closed, SourceError> {
+    async fn check_closed(
+        &mut self,
+        slot: &mut Option<OwnedPermit<Message>>,
+    ) -> Result<Closed, SourceError> {
         self.last_closed_check = Instant::now();
         self.meters.closed_checks.increment(1);
         // Where the next subscription would start (after a trimmed start,
@@ -259,7 +273,7 @@ impl Subscriber {
         }
         info!(stream = %self.stream, shard = %self.shard_id,
             "shard is closed and fully read, though no event said so");
-        Ok(match self.children(out.child_shards).await? {
+        Ok(match self.children(out.child_shards, slot).await? {
             Some(children) => Closed::Yes(children),
             None => Closed::ReaderGone,
         })
@@ -267,10 +281,18 @@ impl Subscriber {
 
     /// The children of the closed shard (see [`closed_shard_children`]);
     /// `None` if the reader went away while retrying.
+    ///
+    /// A lookup that keeps failing reports each failure to the reader
+    /// through the channel, so the event's `slot` is given back first:
+    /// held, it could be the channel's only free one (`max_buffered_batches`
+    /// 1), and the report would wait on it for good, the reader on the
+    /// report.
     async fn children(
         &self,
         reported: Option<Vec<aws_sdk_kinesis::types::ChildShard>>,
+        slot: &mut Option<OwnedPermit<Message>>,
     ) -> Result<Option<Vec<ChildShard>>, SourceError> {
+        drop(slot.take());
         let report = |e: SourceError| async move {
             warn!(stream = %self.stream, shard = %self.shard_id, error = %e,
                 "listing the children keeps failing; still retrying");
