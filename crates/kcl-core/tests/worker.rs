@@ -651,6 +651,28 @@ async fn a_checkpoint_policy_repeats_no_record_on_handoff_or_graceful_shutdown()
     );
 }
 
+/// `every_records(n)` counts the records handed to a processor, on a
+/// shard of one lane as in lanes: 400 records in batches of up to 50,
+/// under a policy of one write per 100, make about 4 writes while the
+/// shard is read. The one-lane path counted batches, so the policy held
+/// every position back until 100 batches had gone by.
+#[tokio::test(start_paused = true)]
+async fn a_record_count_policy_counts_records_not_batches() {
+    let mut fleet = Fleet::new(1);
+    fleet.checkpoint_policy = CheckpointPolicy::every_records(100);
+    fleet.start("w-a", Behaviour::default(), FailurePolicy::Retry);
+    fleet.produce(8, 0, 50);
+    fleet.wait_for(8 * 50, Duration::from_secs(120)).await;
+    sleep(TICK).await;
+    let snap = fleet.metered[0].snapshot();
+    let writes = snap.op(StoreOp::Checkpoint).calls + snap.op(StoreOp::CheckpointMany).calls;
+    assert!(
+        (3..=5).contains(&writes),
+        "{writes} checkpoint writes for 400 records"
+    );
+    fleet.stop(0).await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn retry_policy_redelivers_the_same_batch_and_skips_nothing() {
     let mut fleet = Fleet::new(1);

@@ -240,14 +240,16 @@ impl Checkpointer {
         Self::new(store, lease, starting, CancellationToken::new())
     }
 
-    /// Records that `record` was handed to the processor.
+    /// Records that `record` was handed to the processor: the position a
+    /// checkpoint covers. The policy's record count is kept apart
+    /// ([`Self::count_dispatched`]): a batch retried, bisected or skipped
+    /// is delivered again, but read once.
     pub(crate) fn delivered(&mut self, record: &Record) {
         self.last_delivered = Some(Position::of(record));
-        self.pacing.count(1);
     }
 
-    /// `n` records were handed to this shard's lanes (the policy's record
-    /// count of a shard in lanes).
+    /// `n` records were read for this shard's processor, or its lanes (the
+    /// policy's record count), once per batch read.
     pub(crate) fn count_dispatched(&mut self, n: usize) {
         self.pacing.count(n as u64);
     }

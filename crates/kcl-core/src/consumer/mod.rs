@@ -521,6 +521,7 @@ async fn process(
                 millis_behind_latest: batch.millis_behind_latest,
             };
             let started = Instant::now();
+            checkpointer.count_dispatched(records.records.len());
             deliver(c, processor, checkpointer, &records, None).await?;
             c.progress.delivered(records.records.len());
             metrics::histogram!(BATCH_PROCESSING_SECONDS, &fetch.labels)
