@@ -552,7 +552,16 @@ impl Checkpointer {
             return self.write_held(update).await;
         }
         if update.checkpoint == Checkpoint::ShardEnd {
-            self.pacing.take_deferred();
+            // Superseded once SHARD_END lands; until then it is still the
+            // position the tenure's end writes.
+            let held = self.pacing.take_deferred();
+            let result = self.write_now(update).await;
+            if let (Err(_), Some(held)) = (&result, held)
+                && self.pacing.deferred().is_none()
+            {
+                self.pacing.defer(held);
+            }
+            return result;
         }
         self.write_now(update).await
     }

@@ -98,6 +98,32 @@ async fn a_policy_holds_positions_back_and_a_failed_flush_keeps_them() {
     );
 }
 
+/// A SHARD_END write that fails gives back the position the policy held
+/// back, for the tenure's end to write (a graceful stop right after
+/// repeats nothing). It used to be dropped as SHARD_END superseded it,
+/// though SHARD_END never landed.
+#[tokio::test(start_paused = true)]
+async fn a_failed_shard_end_write_keeps_the_held_back_position() {
+    use crate::store::StoreOp;
+    use crate::store::memory::Fault;
+    let (store, cp) = setup().await;
+    let mut cp = cp.with_policy(CheckpointPolicy::every(Duration::from_secs(5)));
+    deliver_and_checkpoint(&mut cp, "100", 0).await;
+    deliver_and_checkpoint(&mut cp, "200", 0).await;
+    assert_eq!(stored(&store).await, Checkpoint::at("100", 0), "held back");
+    cp.set_shard_ended(vec![]);
+    for _ in 0..6 {
+        store.inject(
+            StoreOp::Checkpoint,
+            Fault::Error(crate::store::StoreErrorKind::Retryable),
+        );
+    }
+    assert!(cp.checkpoint().await.is_err(), "SHARD_END did not land");
+    cp.write_every_call();
+    cp.flush().await.unwrap();
+    assert_eq!(stored(&store).await, Checkpoint::at("200", 0));
+}
+
 #[tokio::test]
 async fn checkpoint_at_is_validated() {
     let (_, mut cp) = setup().await;
