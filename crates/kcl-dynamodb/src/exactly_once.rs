@@ -30,8 +30,11 @@
 //!   the commit is settled: a conditional write adds its token to the
 //!   lease's fenced commits, which the transaction's condition checks. If
 //!   that lands, no attempt has committed and none still in flight ever
-//!   can; if it fails, the lease item it returns tells. No write is applied
-//!   twice, and none is reported missing that may still land.
+//!   can; if it fails, the lease item it returns tells. A definite failure
+//!   of a later attempt (a condition of the caller's items, an expired
+//!   token) is settled the same way when an earlier attempt got no answer,
+//!   before it is reported. No write is applied twice, and none is reported
+//!   missing that may still land.
 //! - TransactionConflict, throttling and 5xx are retried with backoff; a
 //!   failed condition of the caller's own items comes back as
 //!   [`TransactionError::ConditionFailed`], for the processor to handle.
@@ -306,8 +309,19 @@ impl ExactlyOnce {
             token: &token,
             checkpoint: &checkpoint,
         };
-        let outcome = match self.send_attempts(&commit, send_until).await {
-            Outcome::Retry(why) => self.settle(&checkpoint, &token, settle_until, why).await,
+        let sent = self.send_attempts(&commit, send_until).await;
+        let outcome = match sent.outcome {
+            Outcome::Retry(why) => {
+                self.settle(&checkpoint, &token, settle_until, why, None)
+                    .await
+            }
+            // A later attempt's failure says nothing of an earlier one that
+            // got no answer and may still land: it is reported once settled.
+            Outcome::Fail(failure) if sent.unanswered => {
+                let why = failure.to_string();
+                self.settle(&checkpoint, &token, settle_until, why, Some(failure))
+                    .await
+            }
             outcome => outcome,
         };
         outcome.into_commit(&checkpoint.key)

@@ -9,24 +9,44 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use super::settle::{Verdict, verdict};
+
+/// How the reason of an attempt that got no answer begins.
+const NO_ANSWER: &str = "no answer";
 use super::{Commit, ExactlyOnce, Outcome, TransactionError};
+
+/// How sending a commit ended: the last attempt's outcome, and whether an
+/// attempt went unanswered (it may still land, whatever a later one says).
+pub(super) struct Sent {
+    pub(super) outcome: Outcome,
+    pub(super) unanswered: bool,
+}
 
 impl ExactlyOnce {
     /// Sends `commit` until an attempt has a verdict, the retries are spent,
     /// or no retry could start before `until`.
-    pub(super) async fn send_attempts(&self, commit: &Commit<'_>, until: Instant) -> Outcome {
+    pub(super) async fn send_attempts(&self, commit: &Commit<'_>, until: Instant) -> Sent {
         let mut pauses = self.backoff.pauses();
+        let mut unanswered = false;
         loop {
             let outcome = self.attempt(commit, until).await;
+            unanswered |= matches!(&outcome, Outcome::Retry(why) if why.starts_with(NO_ANSWER));
             let Outcome::Retry(why) = outcome else {
-                return outcome;
+                return Sent {
+                    outcome,
+                    unanswered,
+                };
             };
             match pauses.next() {
                 Some(pause) if Instant::now() + pause < until => {
                     warn!(why, ?pause, "the transactional checkpoint is retried");
                     tokio::time::sleep(pause).await;
                 }
-                _ => return Outcome::Retry(why),
+                _ => {
+                    return Sent {
+                        outcome: Outcome::Retry(why),
+                        unanswered,
+                    };
+                }
             }
         }
     }
@@ -47,7 +67,7 @@ impl ExactlyOnce {
             Ok(Err(e)) => self.judge(e, commit),
             // Like a lost answer: it may still land. A retry (same token)
             // or the settling finds out.
-            Err(_) => Outcome::Retry(format!("no answer within {limit:?}")),
+            Err(_) => Outcome::Retry(format!("{NO_ANSWER} within {limit:?}")),
         }
     }
 
@@ -64,7 +84,7 @@ impl ExactlyOnce {
             SdkError::TimeoutError(_)
             | SdkError::DispatchFailure(_)
             | SdkError::ResponseError(_) => {
-                return Outcome::Retry(format!("no answer: {}", DisplayErrorContext(&err)));
+                return Outcome::Retry(format!("{NO_ANSWER}: {}", DisplayErrorContext(&err)));
             }
             _ => {
                 return Outcome::Fail(TransactionError::Failed {

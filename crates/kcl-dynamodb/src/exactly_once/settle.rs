@@ -82,13 +82,16 @@ enum Fence {
 
 impl ExactlyOnce {
     /// Settles the commit of `checkpoint` with `token`, whose last attempt
-    /// failed for `why`, by `until`.
+    /// failed for `why`, by `until`. Once no attempt can land any more,
+    /// that failure is `failed` if given (a definite one after an attempt
+    /// that got no answer), else that nothing was committed.
     pub(super) async fn settle(
         &self,
         checkpoint: &PreparedCheckpoint,
         token: &str,
         until: Instant,
         why: String,
+        failed: Option<TransactionError>,
     ) -> Outcome {
         let fence = match fence_item(
             &self.lease_table,
@@ -107,7 +110,9 @@ impl ExactlyOnce {
                 .min(self.attempt_timeout);
             let problem =
                 match tokio::time::timeout(limit, self.fence(&fence, &checkpoint.key)).await {
-                    Ok(Fence::Landed) => return not_committed(why),
+                    Ok(Fence::Landed) => {
+                        return failed.map_or_else(|| not_committed(why), Outcome::Fail);
+                    }
                     Ok(Fence::Refused(item)) => {
                         return self.refused(item.as_ref(), checkpoint, token, why);
                     }

@@ -273,6 +273,95 @@ async fn a_fence_refused_because_the_commit_landed_counts_as_applied() {
     assert_eq!(dynamodb.operations(), ["TransactWriteItems", "UpdateItem"]);
 }
 
+/// DynamoDB's answer to a transaction of one item and the lease's
+/// checkpoint whose own item's condition failed.
+fn user_condition_failed() -> Option<(u16, Value)> {
+    Some((
+        400,
+        json!({
+            "__type": "com.amazonaws.dynamodb.v20120810#TransactionCanceledException",
+            "Message": "Transaction cancelled, please refer cancellation reasons for specific reasons [ConditionalCheckFailed, None]",
+            "CancellationReasons": [
+                {"Code": "ConditionalCheckFailed", "Message": "The conditional request failed"},
+                {"Code": "None"}
+            ]
+        }),
+    ))
+}
+
+/// A fake whose first transaction never answers, whose later ones fail
+/// the application's own condition, and whose fence answers `fence`
+/// (given the commit's token).
+fn first_unanswered_then_condition_failed(
+    fence: impl Fn(&str) -> Option<(u16, Value)> + Send + Sync + 'static,
+) -> FakeDynamoDb {
+    let token = Arc::new(Mutex::new(String::new()));
+    let attempts = Arc::new(Mutex::new(0_usize));
+    FakeDynamoDb::new(move |op, body| match op {
+        "TransactWriteItems" => {
+            *token.lock().unwrap() = body["ClientRequestToken"].as_str()?.to_owned();
+            let mut n = attempts.lock().unwrap();
+            *n += 1;
+            if *n == 1 {
+                None
+            } else {
+                user_condition_failed()
+            }
+        }
+        "UpdateItem" => fence(&token.lock().unwrap()),
+        _ => None,
+    })
+}
+
+/// A later attempt's definite failure (the application's own condition)
+/// says nothing of an earlier attempt that got no answer: the commit is
+/// settled before it is reported. Here the first attempt had landed, and
+/// the commit counts as applied; it used to be reported as not written.
+#[tokio::test(start_paused = true)]
+async fn a_failure_after_an_unanswered_attempt_is_reported_only_once_settled() {
+    let dynamodb = first_unanswered_then_condition_failed(|token| {
+        Some((
+            400,
+            json!({
+                "__type": "com.amazonaws.dynamodb.v20120810#ConditionalCheckFailedException",
+                "message": "The conditional request failed",
+                "Item": lease_item_at_100_3(Some(token))
+            }),
+        ))
+    });
+    let eo = ExactlyOnce::new(dynamodb.client(), "leases").attempt_timeout(Duration::from_secs(1));
+    let mut cp = checkpointer().await;
+
+    commit(&eo, &mut cp).await.unwrap();
+
+    assert_eq!(cp.last_checkpoint(), &Checkpoint::at("100", 3));
+    assert_eq!(
+        dynamodb.operations(),
+        ["TransactWriteItems", "TransactWriteItems", "UpdateItem"]
+    );
+}
+
+/// ... and when the fence lands, no attempt can land any more: the
+/// failure is reported as it was.
+#[tokio::test(start_paused = true)]
+async fn a_failure_after_an_unanswered_attempt_stands_once_the_fence_lands() {
+    let dynamodb = first_unanswered_then_condition_failed(|_| Some((200, json!({}))));
+    let eo = ExactlyOnce::new(dynamodb.client(), "leases").attempt_timeout(Duration::from_secs(1));
+    let mut cp = checkpointer().await;
+
+    let e = commit(&eo, &mut cp).await.unwrap_err();
+
+    assert!(
+        matches!(e, TransactionError::ConditionFailed { index: 0, .. }),
+        "{e}"
+    );
+    assert_eq!(cp.last_checkpoint(), &Checkpoint::TrimHorizon);
+    assert_eq!(
+        dynamodb.operations(),
+        ["TransactWriteItems", "TransactWriteItems", "UpdateItem"]
+    );
+}
+
 fn put(bytes: usize) -> TransactWriteItem {
     TransactWriteItem::builder()
         .put(
