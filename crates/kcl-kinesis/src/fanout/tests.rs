@@ -435,6 +435,35 @@ async fn an_unannounced_shard_end_is_found_by_the_closed_shard_check() {
     assert!(stats.get_records_calls >= 2, "{stats:?}");
 }
 
+/// An event without a continuation sequence number and without children
+/// (Kinesis never sends one on an open shard; another endpoint may) is no
+/// shard end until the shard is found closed: the records after it are
+/// delivered. It used to end the shard with no children, leaving its hash
+/// range unread for good.
+#[tokio::test(start_paused = true)]
+async fn an_event_without_a_continuation_on_an_open_shard_ends_nothing() {
+    let s = setup();
+    s.fake.no_continuation();
+    put_plain(&s, 0..3);
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    let read = async {
+        let mut records = Vec::new();
+        while records.len() < 5 {
+            let batch = reader.next_batch().await.expect("batch");
+            assert!(batch.shard_end.is_none(), "the shard is open");
+            records.extend(batch.records);
+            if records.len() == 3 {
+                put_plain(&s, 3..5);
+            }
+        }
+        records
+    };
+    let records = tokio::time::timeout(Duration::from_secs(60), read)
+        .await
+        .expect("every record");
+    assert_eq!(payloads(&records), expected(0..5));
+}
+
 #[tokio::test(start_paused = true)]
 async fn without_the_check_an_unannounced_end_is_never_reported() {
     let s = setup();

@@ -105,6 +105,9 @@ struct State {
     end_after_events: Option<usize>,
     /// Like kinesis-mock: the last event never names the children.
     silent_end: bool,
+    /// Events leave ContinuationSequenceNumber out (the SDK reads it as
+    /// empty, which from Kinesis means the shard's end).
+    no_continuation: bool,
     /// Like kinesis-mock with an unknown sequence number: the next
     /// subscription starts at TRIM_HORIZON whatever it asked for.
     restart_from_trim_horizon: bool,
@@ -186,6 +189,11 @@ impl FakeFanOut {
 
     pub(crate) fn silent_end(&self) {
         self.lock().silent_end = true;
+    }
+
+    /// Every event from now on leaves its continuation out.
+    pub(crate) fn no_continuation(&self) {
+        self.lock().no_continuation = true;
     }
 
     pub(crate) fn restart_from_trim_horizon(&self) {
@@ -393,6 +401,7 @@ impl FanOutApi for FakeFanOut {
             stream_fault: admitted.stream_fault,
             end_after: admitted.end_after,
             silent_end: admitted.silent_end,
+            no_continuation: admitted.no_continuation,
             done: false,
         }))
     }
@@ -404,6 +413,7 @@ struct Admitted {
     stream_fault: Option<(usize, StreamFault)>,
     end_after: Option<usize>,
     silent_end: bool,
+    no_continuation: bool,
     /// Where it starts (TRIM_HORIZON if the script says so).
     start: IteratorStart,
 }
@@ -443,6 +453,7 @@ impl FakeFanOut {
             stream_fault: s.stream_faults.pop_front(),
             end_after: s.end_after_events,
             silent_end: s.silent_end,
+            no_continuation: s.no_continuation,
             start,
         })
     }
@@ -506,6 +517,7 @@ struct FakeEvents {
     stream_fault: Option<(usize, StreamFault)>,
     end_after: Option<usize>,
     silent_end: bool,
+    no_continuation: bool,
     done: bool,
 }
 
@@ -531,7 +543,7 @@ impl FakeEvents {
             s.events += 1;
             s.event_shards.push(self.shard_id.clone());
         }
-        let continuation = if children.is_some() {
+        let continuation = if children.is_some() || self.no_continuation {
             String::new()
         } else {
             self.continuation.clone()

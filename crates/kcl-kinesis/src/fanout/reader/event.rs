@@ -155,13 +155,19 @@ impl Subscriber {
     ) -> Result<Closed, SourceError> {
         // Kinesis ends a shard's last event with its children and without
         // a continuation sequence number.
-        let announced =
-            continuation.is_empty() || child_shards.as_ref().is_some_and(|c| !c.is_empty());
+        let announced = child_shards.as_ref().is_some_and(|c| !c.is_empty());
         if announced {
             Ok(match self.children(child_shards, &mut batch.slot).await? {
                 Some(children) => Closed::Yes(children),
                 None => Closed::ReaderGone,
             })
+        } else if continuation.is_empty() {
+            // No continuation and no children: Kinesis never sends that on
+            // an open shard, but another endpoint (or an SDK reading a
+            // missing field as empty) may. The shard ends only once it is
+            // found closed; taken for an end, an open shard's hash range
+            // would never be read again.
+            self.check_closed(&mut batch.slot).await
         } else if fetched == 0 && batch.behind == Some(0) && self.closed_check_due() {
             self.check_closed(&mut batch.slot).await
         } else {
