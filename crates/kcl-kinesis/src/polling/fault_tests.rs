@@ -108,6 +108,39 @@ async fn a_stale_not_found_while_reading_is_reported_and_reading_goes_on() {
     assert_eq!(s.source.stats().expired_shards, 0);
 }
 
+/// An expired iterator whose replacement keeps meeting a stale not-found
+/// (the shard still listed) is retried after a pause each time, as a
+/// stale not-found of GetRecords is: the replacement used to go straight
+/// back to GetShardIterator and a full ListShards, as fast as the reader
+/// took the reported errors.
+#[tokio::test(start_paused = true)]
+async fn a_stale_not_found_while_replacing_an_iterator_is_retried_after_a_pause() {
+    let s = setup();
+    put_plain(&s, 0..3);
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    read_plain(reader.as_mut(), 0..3).await;
+    s.fake.inject(Call::GetRecords, Fault::ExpiredIterator);
+    s.fake
+        .fail_all(Call::GetShardIterator, Fault::ResourceNotFound);
+    let before = s.fake.calls(Call::GetShardIterator);
+    let window = Duration::from_secs(10);
+    let calls = || s.fake.calls(Call::GetShardIterator) - before;
+    let started = Instant::now();
+    // Until the window is over, or (a busy loop never lets paused time
+    // move) the calls are far past the bound.
+    while started.elapsed() < window && calls() <= 1_000 {
+        if let Ok(batch) = reader.next_batch().await {
+            assert!(batch.records.is_empty(), "no iterator, no records");
+        }
+    }
+    let calls = calls();
+    // One per retry delay (100 ms here) at most, attempts included.
+    assert!(calls <= 500, "{calls} GetShardIterator calls in {window:?}");
+    s.fake.clear(Call::GetShardIterator);
+    put_plain(&s, 3..5);
+    read_plain(reader.as_mut(), 3..5).await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_deleted_stream_is_stream_not_found_not_an_expired_shard() {
     let s = setup();

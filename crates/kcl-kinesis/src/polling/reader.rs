@@ -308,11 +308,7 @@ impl Fetcher {
                             if !self.report(e).await {
                                 return Ok(());
                             }
-                            let pause = self.ctx.polling.retry.max_delay;
-                            tokio::select! {
-                                () = tokio::time::sleep(pause) => {}
-                                () = self.ctx.lease.ended() => {}
-                            }
+                            self.pause_after_failure().await;
                         }
                         Err(e) => return Err(e),
                     }
@@ -464,9 +460,22 @@ impl Fetcher {
                     if !self.report(e).await {
                         return Ok(());
                     }
+                    // As after a stale not-found of GetRecords: each round
+                    // is a GetShardIterator and a full ListShards.
+                    self.pause_after_failure().await;
                 }
                 Err(e) => return Err(e),
             }
+        }
+    }
+
+    /// The pause after a failure reported to the reader, cut short if the
+    /// lease ends.
+    async fn pause_after_failure(&self) {
+        let pause = self.ctx.polling.retry.max_delay;
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = self.ctx.lease.ended() => {}
         }
     }
 
