@@ -41,6 +41,28 @@ async fn a_silent_subscription_is_replaced_within_the_event_timeout() {
     );
 }
 
+/// Subscriptions that the endpoint ends before their first event are
+/// failures: counted, backed off, and reported to the reader once they
+/// pass the transient limit. They used to pass for ordinary ends, the
+/// shard resubscribed every second, silently, for good.
+#[tokio::test(start_paused = true)]
+async fn subscriptions_ended_before_any_event_are_reported_as_failures() {
+    let s = setup();
+    s.fake.end_after_events(0);
+    put_plain(&s, 0..3);
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    let reported = tokio::time::timeout(Duration::from_secs(120), reader.next_batch())
+        .await
+        .expect("a failure reported");
+    let e = reported.expect_err("no event, no batch");
+    assert!(e.is_retryable(), "{e}");
+    assert!(
+        s.source.stats().subscription_errors > 10,
+        "{:?}",
+        s.source.stats()
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn kms_and_access_errors_keep_the_shard_and_resubscribe() {
     // Fewer transient retries than failures: these do not count.

@@ -314,7 +314,8 @@ impl Subscriber {
                     Ended::Failed(c)
                 }
             };
-            if std::mem::take(&mut self.received_event) {
+            let got_event = std::mem::take(&mut self.received_event);
+            if got_event {
                 // The subscription worked: failures before it no longer
                 // count.
                 backoff.reset();
@@ -322,6 +323,22 @@ impl Subscriber {
             }
             match ended {
                 Ended::ShardEnd | Ended::ReaderGone => return Ok(()),
+                Ended::ByService if !got_event => {
+                    // Kinesis sends a first event at once, records or not:
+                    // a subscription ended before any failed. Taken for an
+                    // ordinary end, an endpoint that closes each at once had
+                    // the shard resubscribed every second, silently, for
+                    // good.
+                    let c = Classified {
+                        class: Class::Transient,
+                        code: None,
+                        answered: true,
+                        error: "the subscription ended before its first event".into(),
+                    };
+                    if !self.failed(c, &mut backoff).await? {
+                        return Ok(());
+                    }
+                }
                 Ended::Lifetime | Ended::ByService => {
                     debug!(stream = %self.stream, shard = %self.shard_id,
                         continuation = ?self.continuation, "subscription ended; subscribing again");
