@@ -26,6 +26,10 @@ use super::classify::{Class, Classified};
 /// shows at warn level, once per interval.
 static THROTTLED: RateLimitedWarn = RateLimitedWarn::new(WARN_INTERVAL);
 static RETRIED: RateLimitedWarn = RateLimitedWarn::new(WARN_INTERVAL);
+/// Calls denied access: during a KMS outage every shard retries every few
+/// seconds, which warned once per call (a hundred lines a second over a
+/// thousand shards).
+static DENIED: RateLimitedWarn = RateLimitedWarn::new(WARN_INTERVAL);
 
 /// The retry settings polling and fan-out share: one struct, one
 /// validation, and one set of builder setters ([`retry_setters!`]).
@@ -367,9 +371,12 @@ impl Call<'_> {
                     "code" => code.clone()
                 )
                 .increment(1);
-                warn!(stream, call = op.as_str(), code, error = %error.error,
-                    "access to the stream or its KMS key is denied; keeping the shard and retrying \
-                     until the permissions or the key are fixed");
+                if let Some(calls) = DENIED.hit() {
+                    warn!(stream, call = op.as_str(), code, calls, error = %error.error,
+                        "access to the stream or its KMS key is denied ({calls} calls since the \
+                         last warning); keeping the shards and retrying until the permissions or \
+                         the key are fixed");
+                }
                 Some(self.reader.is_none())
             }
             Class::Transient => Some(true),
@@ -428,6 +435,70 @@ mod tests {
         fn drop(&mut self) {
             self.0.fetch_sub(1, Ordering::SeqCst);
         }
+    }
+
+    /// Denied access is warned about once per interval, with the count,
+    /// not once per call: a KMS outage over a thousand shards made a
+    /// hundred warnings a second.
+    #[test]
+    fn denied_access_warns_once_per_interval_with_its_count() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let (attempts, logs) =
+            crate::test_util::logs::captured(|| runtime.block_on(denied_then_answered(50)));
+        assert_eq!(attempts, 51);
+        let warnings = logs
+            .lines()
+            .filter(|l| l.contains("WARN") && l.contains("is denied"))
+            .count();
+        // The limit is process-wide: another test may have taken this
+        // interval's warning.
+        assert!(
+            warnings <= 1,
+            "{warnings} warnings for 50 denied calls:\n{logs}"
+        );
+    }
+
+    /// A call denied access `n` times, then answered; how many attempts.
+    async fn denied_then_answered(n: usize) -> usize {
+        let api: Arc<dyn KinesisApi> = Arc::new(FakeKinesis::default());
+        let shared = Shared::new(api, PollingConfig::default().retry_policy(), None, 1024);
+        let policy = RetryPolicy {
+            attempt_timeout: Duration::from_secs(1),
+            backoff: Backoff::new(Duration::from_millis(1), Duration::from_millis(1)),
+            max_transient: 1_000,
+        };
+        let attempts = AtomicUsize::new(0);
+        let attempt = || {
+            let i = attempts.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(if i < n {
+                Err(Classified {
+                    class: Class::AccessDenied,
+                    code: Some("KMSAccessDeniedException".into()),
+                    answered: true,
+                    error: "denied".into(),
+                })
+            } else {
+                Ok(())
+            })
+        };
+        let prepare = || std::future::ready(Some(()));
+        retrying_holding(
+            &shared,
+            &policy,
+            Op::GetRecords,
+            "s",
+            None,
+            prepare,
+            attempt,
+        )
+        .await
+        .map_err(|_| "failed")
+        .unwrap();
+        attempts.load(Ordering::SeqCst)
     }
 
     #[tokio::test(start_paused = true)]

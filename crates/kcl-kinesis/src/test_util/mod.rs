@@ -13,6 +13,8 @@ pub mod fake;
 pub(crate) mod fanout;
 pub mod faults;
 #[cfg(test)]
+pub(crate) mod logs;
+#[cfg(test)]
 pub(crate) mod readers;
 
 /// What a batch of records holds as the prefetch budgets count it (each

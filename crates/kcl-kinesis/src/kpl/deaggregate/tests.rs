@@ -500,51 +500,13 @@ fn reasons_have_distinct_labels_and_readable_messages() {
 
 // --- the malformed report reaches logs and metrics -------------------
 
-thread_local! {
-    /// The log text of the current test thread, while it is observed.
-    static CAPTURED: std::cell::RefCell<Option<Vec<u8>>> = const { std::cell::RefCell::new(None) };
-}
-
-/// Writes into the calling thread's capture buffer, if it has one.
-struct ThreadLogs;
-
-impl std::io::Write for ThreadLogs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        CAPTURED.with(|c| {
-            if let Some(v) = c.borrow_mut().as_mut() {
-                v.extend_from_slice(buf);
-            }
-        });
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// Runs `f` with a local metrics recorder and captures its log lines;
 /// returns the counters and the log text.
-///
-/// Logs go through one *global* subscriber that writes to a per-thread
-/// buffer. A scoped subscriber (`with_default`) would be flaky here:
-/// tracing caches each callsite's interest globally, and a parallel test
-/// hitting the same `warn!` with no subscriber can leave it cached as
-/// disabled (about one run in twenty failed that way).
 fn observed(f: impl FnOnce()) -> (BTreeMap<String, u64>, String) {
-    static INIT: std::sync::Once = std::sync::Once::new();
-    INIT.call_once(|| {
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(|| ThreadLogs)
-            .with_ansi(false)
-            .finish();
-        tracing::subscriber::set_global_default(subscriber).unwrap();
-    });
     let counters = Recorded::new();
-    CAPTURED.with(|c| *c.borrow_mut() = Some(Vec::new()));
-    metrics::with_local_recorder(&counters, f);
-    let logs = CAPTURED.with(|c| c.borrow_mut().take()).unwrap_or_default();
-    let counts = counters.counters();
-    (counts, String::from_utf8(logs).unwrap())
+    let ((), logs) =
+        crate::test_util::logs::captured(|| metrics::with_local_recorder(&counters, f));
+    (counters.counters(), logs)
 }
 
 #[test]
