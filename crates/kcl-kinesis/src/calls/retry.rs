@@ -26,10 +26,10 @@ use super::classify::{Class, Classified};
 /// shows at warn level, once per interval.
 static THROTTLED: RateLimitedWarn = RateLimitedWarn::new(WARN_INTERVAL);
 static RETRIED: RateLimitedWarn = RateLimitedWarn::new(WARN_INTERVAL);
-/// Calls denied access: during a KMS outage every shard retries every few
-/// seconds, which warned once per call (a hundred lines a second over a
-/// thousand shards).
-static DENIED: RateLimitedWarn = RateLimitedWarn::new(WARN_INTERVAL);
+/// Calls denied access (subscriptions too): during a KMS outage every
+/// shard retries every few seconds, which warned once per call (a hundred
+/// lines a second over a thousand shards).
+pub(crate) static DENIED: RateLimitedWarn = RateLimitedWarn::new(WARN_INTERVAL);
 
 /// The retry settings polling and fan-out share: one struct, one
 /// validation, and one set of builder setters ([`retry_setters!`]).

@@ -78,6 +78,38 @@ async fn kms_and_access_errors_keep_the_shard_and_resubscribe() {
     assert_eq!(s.source.stats().access_denied, 4);
 }
 
+/// Subscriptions denied access are warned about once per interval (the
+/// limit is process-wide, shared with every other denied call), not once
+/// per subscription.
+#[test]
+fn denied_subscriptions_warn_once_per_interval() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let ((), logs) = crate::test_util::logs::captured(|| {
+        runtime.block_on(async {
+            let s = setup_with(|c| c.max_transient_retries(1));
+            put_plain(&s, 0..3);
+            for _ in 0..20 {
+                s.fake.fail_subscribe(SubscribeFault::AccessDenied);
+            }
+            let mut reader = open(&s, StartPosition::TrimHorizon).await;
+            read_plain(reader.as_mut(), 0..3).await;
+            assert_eq!(s.source.stats().access_denied, 20);
+        });
+    });
+    let warnings = logs
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("is denied"))
+        .count();
+    assert!(
+        warnings <= 1,
+        "{warnings} warnings for 20 denied subscriptions:\n{logs}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_childs_stale_not_found_after_a_split_is_retried_and_the_consumer_kept() {
     let s = setup();

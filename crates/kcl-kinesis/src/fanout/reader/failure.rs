@@ -84,9 +84,13 @@ impl Subscriber {
             "code" => c.code.clone().unwrap_or_default()
         )
         .increment(1);
-        warn!(stream = %self.stream, shard = %self.shard_id, code = ?c.code, error = %c.error,
-            "access to the stream or its KMS key is denied; keeping the shard and \
-             subscribing again until the permissions or the key are fixed");
+        if let Some(calls) = crate::calls::retry::DENIED.hit() {
+            warn!(stream = %self.stream, shard = %self.shard_id, code = ?c.code, calls,
+                error = %c.error,
+                "access to the stream or its KMS key is denied ({calls} calls since the last \
+                 warning); keeping the shards and subscribing again until the permissions or \
+                 the key are fixed");
+        }
     }
 
     /// `ResourceNotFound`: why the shard is missing decides. Past
