@@ -275,6 +275,13 @@ impl Fleet {
         self.produce(1, 5, 5);
     }
 
+    /// Checkpoint requests worker `i` made: single writes, and batches of
+    /// several shards' writes.
+    fn checkpoint_requests(&self, i: usize) -> u64 {
+        let snap = self.metered[i].snapshot();
+        snap.op(StoreOp::Checkpoint).calls + snap.op(StoreOp::CheckpointMany).calls
+    }
+
     async fn wait_for(&self, count: usize, limit: Duration) {
         fleet::wait_for_records(limit, Duration::from_millis(100), count, || {
             self.log.count()
@@ -628,14 +635,8 @@ async fn a_checkpoint_policy_repeats_no_record_on_handoff_or_graceful_shutdown()
         fleet.stop(1).await;
         let duplicates = check_complete(&fleet.log, 8, 300);
         assert_eq!(duplicates, 0, "{policy:?}: records repeated");
-        // Requests: single writes, and batches of several shards' writes.
-        let checkpoints: u64 = fleet
-            .metered
-            .iter()
-            .map(|m| {
-                let snap = m.snapshot();
-                snap.op(StoreOp::Checkpoint).calls + snap.op(StoreOp::CheckpointMany).calls
-            })
+        let checkpoints: u64 = (0..fleet.metered.len())
+            .map(|i| fleet.checkpoint_requests(i))
             .sum();
         writes.push(checkpoints);
     }
@@ -664,8 +665,7 @@ async fn a_record_count_policy_counts_records_not_batches() {
     fleet.produce(8, 0, 50);
     fleet.wait_for(8 * 50, Duration::from_secs(120)).await;
     sleep(TICK).await;
-    let snap = fleet.metered[0].snapshot();
-    let writes = snap.op(StoreOp::Checkpoint).calls + snap.op(StoreOp::CheckpointMany).calls;
+    let writes = fleet.checkpoint_requests(0);
     assert!(
         (3..=5).contains(&writes),
         "{writes} checkpoint writes for 400 records"

@@ -442,79 +442,72 @@ mod tests {
     /// hundred warnings a second.
     #[test]
     fn denied_access_warns_once_per_interval_with_its_count() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        let (attempts, logs) =
-            crate::test_util::logs::captured(|| runtime.block_on(denied_then_answered(50)));
+        let (attempts, warnings) =
+            crate::test_util::logs::warnings_while("is denied", denied_then_answered(50));
         assert_eq!(attempts, 51);
-        let warnings = logs
-            .lines()
-            .filter(|l| l.contains("WARN") && l.contains("is denied"))
-            .count();
         // The limit is process-wide: another test may have taken this
         // interval's warning.
-        assert!(
-            warnings <= 1,
-            "{warnings} warnings for 50 denied calls:\n{logs}"
-        );
+        assert!(warnings <= 1, "{warnings} warnings for 50 denied calls");
+    }
+
+    /// A shared Kinesis client (on the fake) and a retry policy pausing
+    /// `pause` between attempts.
+    fn shared_and_policy(pause: Duration, max_transient: u32) -> (Shared, RetryPolicy) {
+        let api: Arc<dyn KinesisApi> = Arc::new(FakeKinesis::default());
+        let shared = Shared::new(api, PollingConfig::default().retry_policy(), None, 1 << 20);
+        let policy = RetryPolicy {
+            attempt_timeout: Duration::from_secs(1),
+            backoff: Backoff::new(pause, pause),
+            max_transient,
+        };
+        (shared, policy)
+    }
+
+    /// A failure of `class`, answered.
+    fn failure(class: Class, code: &str) -> Classified {
+        Classified {
+            class,
+            code: Some(code.into()),
+            answered: true,
+            error: code.into(),
+        }
     }
 
     /// A call denied access `n` times, then answered; how many attempts.
     async fn denied_then_answered(n: usize) -> usize {
-        let api: Arc<dyn KinesisApi> = Arc::new(FakeKinesis::default());
-        let shared = Shared::new(api, PollingConfig::default().retry_policy(), None, 1024);
-        let policy = RetryPolicy {
-            attempt_timeout: Duration::from_secs(1),
-            backoff: Backoff::new(Duration::from_millis(1), Duration::from_millis(1)),
-            max_transient: 1_000,
-        };
+        let (shared, policy) = shared_and_policy(Duration::from_millis(1), 1_000);
         let attempts = AtomicUsize::new(0);
         let attempt = || {
             let i = attempts.fetch_add(1, Ordering::SeqCst);
-            std::future::ready(if i < n {
-                Err(Classified {
-                    class: Class::AccessDenied,
-                    code: Some("KMSAccessDeniedException".into()),
-                    answered: true,
-                    error: "denied".into(),
-                })
-            } else {
-                Ok(())
-            })
+            let denied = failure(Class::AccessDenied, "KMSAccessDeniedException");
+            std::future::ready(if i < n { Err(denied) } else { Ok(()) })
         };
         let prepare = || std::future::ready(Some(()));
-        retrying_holding(
-            &shared,
-            &policy,
-            Op::GetRecords,
-            "s",
-            None,
-            prepare,
-            attempt,
-        )
-        .await
-        .map_err(|_| "failed")
-        .unwrap();
+        get_records(&shared, &policy, prepare, attempt)
+            .await
+            .map_err(|_| "failed")
+            .unwrap();
         attempts.load(Ordering::SeqCst)
+    }
+
+    /// A GetRecords of stream "s", outside any reader, made with `attempt`
+    /// (each holding what `prepare` gives).
+    async fn get_records<T, G, PFut, Fut>(
+        shared: &Shared,
+        policy: &RetryPolicy,
+        prepare: impl FnMut() -> PFut,
+        attempt: impl FnMut() -> Fut,
+    ) -> Result<(T, G), Failure>
+    where
+        PFut: Future<Output = Option<G>>,
+        Fut: Future<Output = Result<T, Classified>>,
+    {
+        retrying_holding(shared, policy, Op::GetRecords, "s", None, prepare, attempt).await
     }
 
     #[tokio::test(start_paused = true)]
     async fn what_an_attempt_holds_is_given_back_before_the_retry_pause() {
-        let api: Arc<dyn KinesisApi> = Arc::new(FakeKinesis::default());
-        let shared = Shared::new(
-            api,
-            PollingConfig::default().retry_policy(),
-            None,
-            1024 * 1024,
-        );
-        let policy = RetryPolicy {
-            attempt_timeout: Duration::from_secs(1),
-            backoff: Backoff::new(Duration::from_secs(60), Duration::from_secs(60)),
-            max_transient: 10,
-        };
+        let (shared, policy) = shared_and_policy(Duration::from_secs(60), 10);
         let live = Arc::new(AtomicUsize::new(0));
         let attempts = Arc::new(AtomicUsize::new(0));
         let (l, a) = (Arc::clone(&live), Arc::clone(&attempts));
@@ -526,28 +519,12 @@ mod tests {
             // Throttled once, then answered.
             let attempt = || {
                 let n = a.fetch_add(1, Ordering::SeqCst);
-                std::future::ready(if n == 0 {
-                    Err(Classified {
-                        class: Class::Throttled,
-                        code: Some("ProvisionedThroughputExceededException".into()),
-                        answered: true,
-                        error: "slow down".into(),
-                    })
-                } else {
-                    Ok(n)
-                })
+                let throttled = failure(Class::Throttled, "ProvisionedThroughputExceededException");
+                std::future::ready(if n == 0 { Err(throttled) } else { Ok(n) })
             };
-            let (n, guard) = retrying_holding(
-                &shared,
-                &policy,
-                Op::GetRecords,
-                "s",
-                None,
-                prepare,
-                attempt,
-            )
-            .await
-            .map_err(|_| "failed")?;
+            let (n, guard) = get_records(&shared, &policy, prepare, attempt)
+                .await
+                .map_err(|_| "failed")?;
             Ok::<_, &str>((n, guard.0.load(Ordering::SeqCst)))
         });
         // In the pause after the throttle: nothing held.

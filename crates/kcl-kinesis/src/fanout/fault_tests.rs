@@ -11,8 +11,8 @@ use tokio::time::Instant;
 
 use super::reader::SUBSCRIBE_INTERVAL;
 use super::tests::{
-    STREAM, assert_elapsed, held, open, open_at, payloads, put_plain, read_n, read_plain, setup,
-    setup_with,
+    STREAM, assert_elapsed, caught_up_past_three, held, open, open_at, payloads, put_plain, read_n,
+    read_plain, setup, setup_with,
 };
 use crate::calls::IteratorStart;
 use crate::test_util::fanout::{StreamFault, SubscribeFault};
@@ -83,30 +83,21 @@ async fn kms_and_access_errors_keep_the_shard_and_resubscribe() {
 /// per subscription.
 #[test]
 fn denied_subscriptions_warn_once_per_interval() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
-    let ((), logs) = crate::test_util::logs::captured(|| {
-        runtime.block_on(async {
-            let s = setup_with(|c| c.max_transient_retries(1));
-            put_plain(&s, 0..3);
-            for _ in 0..20 {
-                s.fake.fail_subscribe(SubscribeFault::AccessDenied);
-            }
-            let mut reader = open(&s, StartPosition::TrimHorizon).await;
-            read_plain(reader.as_mut(), 0..3).await;
-            assert_eq!(s.source.stats().access_denied, 20);
-        });
-    });
-    let warnings = logs
-        .lines()
-        .filter(|l| l.contains("WARN") && l.contains("is denied"))
-        .count();
+    let denied = async {
+        let s = setup_with(|c| c.max_transient_retries(1));
+        put_plain(&s, 0..3);
+        for _ in 0..20 {
+            s.fake.fail_subscribe(SubscribeFault::AccessDenied);
+        }
+        let mut reader = open(&s, StartPosition::TrimHorizon).await;
+        read_plain(reader.as_mut(), 0..3).await;
+        s.source.stats().access_denied
+    };
+    let (calls, warnings) = crate::test_util::logs::warnings_while("is denied", denied);
+    assert_eq!(calls, 20);
     assert!(
         warnings <= 1,
-        "{warnings} warnings for 20 denied subscriptions:\n{logs}"
+        "{warnings} warnings for 20 denied subscriptions"
     );
 }
 
@@ -195,9 +186,7 @@ async fn a_shard_end_whose_children_listing_fails_reaches_a_one_batch_reader() {
         source,
         shard,
     };
-    put_plain(&s, 0..3);
-    let mut reader = open(&s, StartPosition::TrimHorizon).await;
-    read_plain(reader.as_mut(), 0..3).await;
+    let mut reader = caught_up_past_three(&s).await;
     // The shard ends without naming its children, and listing them fails
     // for 200 s: long enough for the lookup to give up and report.
     faults.fail_all(Call::ListShards, Fault::InternalFailure);

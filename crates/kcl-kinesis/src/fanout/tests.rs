@@ -12,7 +12,8 @@ use crate::test_util::fanout::{FakeFanOut, StreamFault, SubscribeFault};
 use crate::test_util::readers;
 pub(super) use crate::test_util::readers::{
     STREAM, after, assert_elapsed, assert_lease_expiry_stops_the_reader, assert_reads_in_order,
-    expected, held, open, open_at, payloads, put_plain, read_n, read_plain, read_shard_end,
+    caught_up_past_three, expected, held, open, open_at, payloads, put_plain, read_n, read_plain,
+    read_shard_end,
 };
 
 pub(super) fn config() -> FanOutConfigBuilder {
@@ -140,9 +141,7 @@ async fn concurrent_opens_register_the_consumer_once_and_later_sources_reuse_it(
 async fn losing_the_registration_race_is_not_an_error() {
     let s = setup();
     s.fake.register_races(1);
-    put_plain(&s, 0..3);
-    let mut reader = open(&s, StartPosition::TrimHorizon).await;
-    read_plain(reader.as_mut(), 0..3).await;
+    let _reader = caught_up_past_three(&s).await;
     assert_eq!(s.fake.registrations(), 0, "the other worker registered it");
     assert_eq!(s.fake.consumers(), 1);
 }

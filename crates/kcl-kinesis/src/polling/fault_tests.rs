@@ -10,8 +10,8 @@ use kcl_core::source::{SourceError, StartPosition};
 use tokio::time::Instant;
 
 use super::tests::{
-    STREAM, Setup, after, assert_elapsed, expected, held, open, open_at, payloads, put_plain,
-    read_n, read_plain, setup, setup_config, setup_with,
+    STREAM, Setup, after, assert_elapsed, caught_up_past_three, expected, held, open, open_at,
+    payloads, put_plain, read_n, read_plain, setup, setup_config, setup_with,
 };
 use crate::MIN_TIME_BETWEEN_READS;
 use crate::faults::{Call, Fault};
@@ -98,9 +98,7 @@ async fn a_shard_too_new_for_the_listing_is_not_taken_for_expired() {
 #[tokio::test(start_paused = true)]
 async fn a_stale_not_found_while_reading_is_reported_and_reading_goes_on() {
     let s = setup();
-    put_plain(&s, 0..3);
-    let mut reader = open(&s, StartPosition::TrimHorizon).await;
-    read_plain(reader.as_mut(), 0..3).await;
+    let mut reader = caught_up_past_three(&s).await;
     s.fake.inject(Call::GetRecords, Fault::ResourceNotFound);
     put_plain(&s, 3..5);
     let errors = read_plain(reader.as_mut(), 3..5).await;
@@ -116,9 +114,7 @@ async fn a_stale_not_found_while_reading_is_reported_and_reading_goes_on() {
 #[tokio::test(start_paused = true)]
 async fn a_stale_not_found_while_replacing_an_iterator_is_retried_after_a_pause() {
     let s = setup();
-    put_plain(&s, 0..3);
-    let mut reader = open(&s, StartPosition::TrimHorizon).await;
-    read_plain(reader.as_mut(), 0..3).await;
+    let mut reader = caught_up_past_three(&s).await;
     s.fake.inject(Call::GetRecords, Fault::ExpiredIterator);
     s.fake
         .fail_all(Call::GetShardIterator, Fault::ResourceNotFound);

@@ -9,7 +9,8 @@ use crate::faults::{Call, Fault, FaultInjector, Faulty};
 use crate::test_util::readers;
 pub(super) use crate::test_util::readers::{
     STREAM, after, assert_elapsed, assert_lease_expiry_stops_the_reader, assert_reads_in_order,
-    expected, held, open, open_at, payloads, put_plain, read_n, read_plain, read_shard_end,
+    caught_up_past_three, expected, held, open, open_at, payloads, put_plain, read_n, read_plain,
+    read_shard_end,
 };
 use crate::{KinesisShardSource, PollingConfig};
 

@@ -49,3 +49,23 @@ pub(crate) fn captured<T>(f: impl FnOnce() -> T) -> (T, String) {
     let logs = CAPTURED.with(|c| c.borrow_mut().take()).unwrap_or_default();
     (out, String::from_utf8_lossy(&logs).into_owned())
 }
+
+/// Runs `future` on a current-thread runtime under a paused clock and
+/// returns its output and how many warnings it logged that contain
+/// `text`.
+pub(crate) fn warnings_while<T>(
+    text: &str,
+    future: impl std::future::Future<Output = T>,
+) -> (T, usize) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a runtime");
+    let (out, logs) = captured(|| runtime.block_on(future));
+    let warnings = logs
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains(text))
+        .count();
+    (out, warnings)
+}

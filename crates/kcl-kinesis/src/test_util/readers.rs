@@ -84,6 +84,15 @@ pub(crate) async fn open<T>(s: &Setup<T>, position: StartPosition) -> Box<dyn Sh
         .expect("open")
 }
 
+/// The test's shard with records 0..3 put, opened at TRIM_HORIZON and
+/// read past them: a reader caught up, for a test to go on from.
+pub(crate) async fn caught_up_past_three<T>(s: &Setup<T>) -> Box<dyn ShardReader> {
+    put_plain(s, 0..3);
+    let mut reader = open(s, StartPosition::TrimHorizon).await;
+    read_plain(reader.as_mut(), 0..3).await;
+    reader
+}
+
 /// The calls to Kinesis a reader makes, whatever its retrieval: shard
 /// iterators, records, consumer look-ups and subscriptions.
 pub(crate) fn reader_calls(stats: &SourceSnapshot) -> u64 {
