@@ -45,6 +45,11 @@ pub(crate) const SUBSCRIBE_INTERVAL: Duration = Duration::from_secs(1);
 /// treated as a dropped connection and the call is made again.
 const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How often, at most, events that end the shard without naming its
+/// children (no continuation) make the closed-shard check run, when
+/// `closed_shard_check_interval` does not say.
+pub(super) const UNANNOUNCED_END_CHECK: Duration = Duration::from_secs(30);
+
 /// How long a subscription may wait for room of its reader's own (a
 /// channel slot, free byte budget) before it is let go. While it waits,
 /// its unread data holds HTTP/2 flow-control window, of its stream and of
@@ -127,6 +132,7 @@ impl FanOutReader {
                     // The first check waits an interval too: a reader that just
                     // caught up on an open shard (the usual case) need not ask.
                     last_closed_check: Instant::now(),
+                    unannounced_end_checked: None,
                     subscriptions: 0,
                     restart_at: None,
                     pipeline,
@@ -261,6 +267,9 @@ struct Subscriber {
     last_subscribe: Option<Instant>,
     /// When the closed-shard check last ran (or the reader started).
     last_closed_check: Instant,
+    /// When an event without continuation or children last made the
+    /// closed-shard check run (see `Subscriber::shard_end`).
+    unannounced_end_checked: Option<Instant>,
     /// Subscriptions this reader opened.
     subscriptions: u64,
     /// Where the next subscription starts instead of after the last event:

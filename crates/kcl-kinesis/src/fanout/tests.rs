@@ -463,6 +463,54 @@ async fn an_event_without_a_continuation_on_an_open_shard_ends_nothing() {
     assert_eq!(payloads(&records), expected(0..5));
 }
 
+/// A shard whose last events bring records but neither a continuation nor
+/// children ends, with its children, once the closed-shard check finds it
+/// closed after those records (not after the last continuation received,
+/// which lies before them: checked from there it would look open for good).
+#[tokio::test(start_paused = true)]
+async fn a_closed_shard_whose_last_events_have_no_continuation_ends_after_their_records() {
+    let s = setup();
+    let mut reader = caught_up_past_three(&s).await;
+    s.fake.no_continuation();
+    put_plain(&s, 3..5);
+    let kids = s.kinesis.split(STREAM, &s.shard, false);
+    let read = async {
+        let mut records = Vec::new();
+        loop {
+            let batch = reader.next_batch().await.expect("batch");
+            records.extend(batch.records);
+            if let Some(children) = batch.shard_end {
+                return (records, children);
+            }
+        }
+    };
+    let (records, children) = tokio::time::timeout(Duration::from_secs(120), read)
+        .await
+        .expect("the shard ended");
+    assert_eq!(payloads(&records), expected(3..5));
+    let ids: Vec<String> = children.into_iter().map(|c| c.shard_id).collect();
+    assert_eq!(ids, kids);
+}
+
+/// An endpoint that leaves the continuation out of every event costs at
+/// most one closed-shard check (two polling calls) per interval, not one
+/// per event.
+#[tokio::test(start_paused = true)]
+async fn events_without_continuation_check_the_shard_at_most_once_per_interval() {
+    let s = setup();
+    let mut reader = caught_up_past_three(&s).await;
+    s.fake.no_continuation();
+    let before = s.source.stats().get_records_calls;
+    for i in 3..23 {
+        put_plain(&s, i..i + 1);
+        read_plain(reader.as_mut(), i..i + 1).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    // 20 events over about a minute: two or three checks (30 s apart).
+    let checks = s.source.stats().get_records_calls - before;
+    assert!((1..=3).contains(&checks), "{checks} checks for 20 events");
+}
+
 #[tokio::test(start_paused = true)]
 async fn without_the_check_an_unannounced_end_is_never_reported() {
     let s = setup();

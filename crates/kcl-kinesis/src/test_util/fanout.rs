@@ -191,7 +191,8 @@ impl FakeFanOut {
         self.lock().silent_end = true;
     }
 
-    /// Every event from now on leaves its continuation out.
+    /// Every event from now on (of open subscriptions too) leaves its
+    /// continuation out.
     pub(crate) fn no_continuation(&self) {
         self.lock().no_continuation = true;
     }
@@ -401,7 +402,6 @@ impl FanOutApi for FakeFanOut {
             stream_fault: admitted.stream_fault,
             end_after: admitted.end_after,
             silent_end: admitted.silent_end,
-            no_continuation: admitted.no_continuation,
             done: false,
         }))
     }
@@ -413,7 +413,6 @@ struct Admitted {
     stream_fault: Option<(usize, StreamFault)>,
     end_after: Option<usize>,
     silent_end: bool,
-    no_continuation: bool,
     /// Where it starts (TRIM_HORIZON if the script says so).
     start: IteratorStart,
 }
@@ -453,7 +452,6 @@ impl FakeFanOut {
             stream_fault: s.stream_faults.pop_front(),
             end_after: s.end_after_events,
             silent_end: s.silent_end,
-            no_continuation: s.no_continuation,
             start,
         })
     }
@@ -517,7 +515,6 @@ struct FakeEvents {
     stream_fault: Option<(usize, StreamFault)>,
     end_after: Option<usize>,
     silent_end: bool,
-    no_continuation: bool,
     done: bool,
 }
 
@@ -543,7 +540,8 @@ impl FakeEvents {
             s.events += 1;
             s.event_shards.push(self.shard_id.clone());
         }
-        let continuation = if children.is_some() || self.no_continuation {
+        let no_continuation = self.fake.lock().no_continuation;
+        let continuation = if children.is_some() || no_continuation {
             String::new()
         } else {
             self.continuation.clone()

@@ -12,7 +12,7 @@ use tokio::sync::mpsc::OwnedPermit;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::{Flow, Message, Room, Subscriber};
+use super::{Flow, Message, Room, Subscriber, UNANNOUNCED_END_CHECK};
 use crate::budget::HeldBudget;
 use crate::calls::classify::Classified;
 use crate::calls::retry::Failure;
@@ -101,6 +101,10 @@ impl Subscriber {
         }
         if !continuation.is_empty() {
             self.continuation = Some(continuation.to_owned());
+        } else if !records.is_empty() {
+            // The next subscription, and a closed-shard check, start after
+            // these records, not at an older event's continuation.
+            self.continuation = None;
         }
         records
     }
@@ -165,9 +169,15 @@ impl Subscriber {
             // No continuation and no children: Kinesis never sends that on
             // an open shard, but another endpoint (or an SDK reading a
             // missing field as empty) may. The shard ends only once it is
-            // found closed; taken for an end, an open shard's hash range
-            // would never be read again.
-            self.check_closed(&mut batch.slot).await
+            // found closed (taken for an end, an open shard's hash range
+            // would never be read again), and an endpoint that sends such
+            // events all along is checked at most once per interval.
+            if self.unannounced_end_check_due() {
+                self.unannounced_end_checked = Some(Instant::now());
+                self.check_closed(&mut batch.slot).await
+            } else {
+                Ok(Closed::No)
+            }
         } else if fetched == 0 && batch.behind == Some(0) && self.closed_check_due() {
             self.check_closed(&mut batch.slot).await
         } else {
@@ -224,6 +234,19 @@ impl Subscriber {
         };
         slot.send(Ok(Delivery::new(batch, (budget, worker))));
         Ok(if end { Flow::ShardEnd } else { Flow::Continue })
+    }
+
+    /// Whether an event without continuation or children may run the
+    /// closed-shard check: the first at once, later ones once the
+    /// check's interval (or [`UNANNOUNCED_END_CHECK`]) passed.
+    fn unannounced_end_check_due(&self) -> bool {
+        let interval = self
+            .fanout
+            .config
+            .closed_shard_check_interval
+            .unwrap_or(UNANNOUNCED_END_CHECK);
+        self.unannounced_end_checked
+            .is_none_or(|at| at.elapsed() >= interval)
     }
 
     fn closed_check_due(&self) -> bool {
