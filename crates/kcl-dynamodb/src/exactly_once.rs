@@ -32,8 +32,9 @@
 //!   that lands, no attempt has committed and none still in flight ever
 //!   can; if it fails, the lease item it returns tells. A definite failure
 //!   of a later attempt (a condition of the caller's items, an expired
-//!   token) is settled the same way when an earlier attempt got no answer,
-//!   before it is reported. No write is applied twice, and none is reported
+//!   token) is settled the same way when an earlier attempt may still land
+//!   (it got no answer, a 5xx, or TransactionInProgress), before it is
+//!   reported. No write is applied twice, and none is reported
 //!   missing that may still land.
 //! - TransactionConflict, throttling and 5xx are retried with backoff; a
 //!   failed condition of the caller's own items comes back as
@@ -316,8 +317,9 @@ impl ExactlyOnce {
                     .await
             }
             // A later attempt's failure says nothing of an earlier one that
-            // got no answer and may still land: it is reported once settled.
-            Outcome::Fail(failure) if sent.unanswered => {
+            // may still land (no answer, a 5xx, still in progress): it is
+            // reported once settled.
+            Outcome::Fail(failure) if sent.unsure => {
                 let why = failure.to_string();
                 self.settle(&checkpoint, &token, settle_until, why, Some(failure))
                     .await

@@ -10,15 +10,14 @@ use tracing::warn;
 
 use super::settle::{Verdict, verdict};
 
-/// How the reason of an attempt that got no answer begins.
-const NO_ANSWER: &str = "no answer";
 use super::{Commit, ExactlyOnce, Outcome, TransactionError};
 
 /// How sending a commit ended: the last attempt's outcome, and whether an
-/// attempt went unanswered (it may still land, whatever a later one says).
+/// attempt may still land whatever a later one says (it got no answer, a
+/// 5xx, or TransactionInProgress).
 pub(super) struct Sent {
     pub(super) outcome: Outcome,
-    pub(super) unanswered: bool,
+    pub(super) unsure: bool,
 }
 
 impl ExactlyOnce {
@@ -26,15 +25,12 @@ impl ExactlyOnce {
     /// or no retry could start before `until`.
     pub(super) async fn send_attempts(&self, commit: &Commit<'_>, until: Instant) -> Sent {
         let mut pauses = self.backoff.pauses();
-        let mut unanswered = false;
+        let mut unsure = false;
         loop {
-            let outcome = self.attempt(commit, until).await;
-            unanswered |= matches!(&outcome, Outcome::Retry(why) if why.starts_with(NO_ANSWER));
+            let (outcome, may_land) = self.attempt(commit, until).await;
+            unsure |= may_land;
             let Outcome::Retry(why) = outcome else {
-                return Sent {
-                    outcome,
-                    unanswered,
-                };
+                return Sent { outcome, unsure };
             };
             match pauses.next() {
                 Some(pause) if Instant::now() + pause < until => {
@@ -44,15 +40,16 @@ impl ExactlyOnce {
                 _ => {
                     return Sent {
                         outcome: Outcome::Retry(why),
-                        unanswered,
+                        unsure,
                     };
                 }
             }
         }
     }
 
-    /// One `TransactWriteItems`, cut at the attempt timeout or at `until`.
-    async fn attempt(&self, commit: &Commit<'_>, until: Instant) -> Outcome {
+    /// One `TransactWriteItems`, cut at the attempt timeout or at `until`,
+    /// and whether it may still land.
+    async fn attempt(&self, commit: &Commit<'_>, until: Instant) -> (Outcome, bool) {
         let limit = until
             .saturating_duration_since(Instant::now())
             .min(self.attempt_timeout);
@@ -63,20 +60,23 @@ impl ExactlyOnce {
             .client_request_token(commit.token)
             .send();
         match tokio::time::timeout(limit, call).await {
-            Ok(Ok(_)) => Outcome::Applied,
+            Ok(Ok(_)) => (Outcome::Applied, false),
             Ok(Err(e)) => self.judge(e, commit),
             // Like a lost answer: it may still land. A retry (same token)
             // or the settling finds out.
-            Err(_) => Outcome::Retry(format!("{NO_ANSWER} within {limit:?}")),
+            Err(_) => (Outcome::Retry(format!("no answer within {limit:?}")), true),
         }
     }
 
-    /// What a failed attempt means.
+    /// What a failed attempt means, and whether it may still land: only
+    /// an attempt without an answer, with a 5xx, or still in progress
+    /// (TransactionInProgress) may; a throttled, conflicting, cancelled or
+    /// refused one did not.
     fn judge(
         &self,
         err: SdkError<TransactWriteItemsError, aws_smithy_runtime_api::http::Response>,
         commit: &Commit<'_>,
-    ) -> Outcome {
+    ) -> (Outcome, bool) {
         let service = match &err {
             SdkError::ServiceError(s) => s.err(),
             // No answer, or an unreadable one: the transaction may have
@@ -84,17 +84,19 @@ impl ExactlyOnce {
             SdkError::TimeoutError(_)
             | SdkError::DispatchFailure(_)
             | SdkError::ResponseError(_) => {
-                return Outcome::Retry(format!("{NO_ANSWER}: {}", DisplayErrorContext(&err)));
+                let why = format!("no answer: {}", DisplayErrorContext(&err));
+                return (Outcome::Retry(why), true);
             }
             _ => {
-                return Outcome::Fail(TransactionError::Failed {
+                let failed = TransactionError::Failed {
                     message: DisplayErrorContext(&err).to_string(),
                     retries_exhausted: false,
-                });
+                };
+                return (Outcome::Fail(failed), false);
             }
         };
         if let TransactWriteItemsError::TransactionCanceledException(c) = service {
-            return self.judge_cancelled(c, commit);
+            return (self.judge_cancelled(c, commit), false);
         }
         let code = service.code().unwrap_or_default();
         let status = match &err {
@@ -111,14 +113,18 @@ impl ExactlyOnce {
                 | "InternalServerError"
                 | "ServiceUnavailable"
         ) || status >= 500;
+        let may_land = code == "TransactionInProgressException"
+            || matches!(code, "InternalServerError" | "ServiceUnavailable")
+            || status >= 500;
         let message = format!("{code}: {}", service.message().unwrap_or_default());
         if retryable {
-            Outcome::Retry(message)
+            (Outcome::Retry(message), may_land)
         } else {
-            Outcome::Fail(TransactionError::Failed {
+            let failed = TransactionError::Failed {
                 message,
                 retries_exhausted: false,
-            })
+            };
+            (Outcome::Fail(failed), false)
         }
     }
 

@@ -295,6 +295,15 @@ fn user_condition_failed() -> Option<(u16, Value)> {
 fn first_unanswered_then_condition_failed(
     fence: impl Fn(&str) -> Option<(u16, Value)> + Send + Sync + 'static,
 ) -> FakeDynamoDb {
+    first_answered_then_condition_failed(None, fence)
+}
+
+/// Like [`first_unanswered_then_condition_failed`], the first transaction
+/// answered `first` (`None`: no answer).
+fn first_answered_then_condition_failed(
+    first: Option<(u16, Value)>,
+    fence: impl Fn(&str) -> Option<(u16, Value)> + Send + Sync + 'static,
+) -> FakeDynamoDb {
     let token = Arc::new(Mutex::new(String::new()));
     let attempts = Arc::new(Mutex::new(0_usize));
     FakeDynamoDb::new(move |op, body| match op {
@@ -303,7 +312,7 @@ fn first_unanswered_then_condition_failed(
             let mut n = attempts.lock().unwrap();
             *n += 1;
             if *n == 1 {
-                None
+                first.clone()
             } else {
                 user_condition_failed()
             }
@@ -359,6 +368,39 @@ async fn a_failure_after_an_unanswered_attempt_stands_once_the_fence_lands() {
     assert_eq!(
         dynamodb.operations(),
         ["TransactWriteItems", "TransactWriteItems", "UpdateItem"]
+    );
+}
+
+/// A 5xx may have been applied too (as a TransactionInProgress is still
+/// being applied): a definite failure after one is settled before it is
+/// reported, and the fence finding the commit counts as applied.
+#[tokio::test(start_paused = true)]
+async fn a_failure_after_a_5xx_is_reported_only_once_settled() {
+    let internal = json!({
+        "__type": "com.amazonaws.dynamodb.v20120810#InternalServerError",
+        "message": "Internal server error"
+    });
+    let dynamodb = first_answered_then_condition_failed(Some((500, internal)), |token| {
+        Some((
+            400,
+            json!({
+                "__type": "com.amazonaws.dynamodb.v20120810#ConditionalCheckFailedException",
+                "message": "The conditional request failed",
+                "Item": lease_item_at_100_3(Some(token))
+            }),
+        ))
+    });
+    let eo = ExactlyOnce::new(dynamodb.client(), "leases").attempt_timeout(Duration::from_secs(1));
+    let mut cp = checkpointer().await;
+
+    commit(&eo, &mut cp).await.unwrap();
+
+    assert_eq!(cp.last_checkpoint(), &Checkpoint::at("100", 3));
+    let transactions = dynamodb.bodies("TransactWriteItems").len();
+    assert!(transactions >= 2, "{transactions}");
+    assert_eq!(
+        dynamodb.operations().last().map(String::as_str),
+        Some("UpdateItem")
     );
 }
 
