@@ -226,6 +226,10 @@ impl FanOutConfigBuilder {
         /// announce it (kinesis-mock) do, to follow a reshard. Each check
         /// spends two of the five polling calls per second the shard allows
         /// all of its readers: every 30 s, that is about 1% of that quota.
+        /// An event with neither a continuation nor children (no end
+        /// Kinesis sends) runs the check whatever this says, at most once
+        /// per this interval (30 s when `None`): the shard ends only if it
+        /// is found closed.
         closed_shard_check_interval(interval: Option<Duration>),
 
         /// How long a subscription may deliver no event (not even an empty
