@@ -289,6 +289,19 @@ fn user_condition_failed() -> Option<(u16, Value)> {
     ))
 }
 
+/// The fence's answer when the commit with `token` had landed: its
+/// condition fails on a lease showing the commit's token.
+fn fence_finds_the_commit(token: &str) -> Option<(u16, Value)> {
+    Some((
+        400,
+        json!({
+            "__type": "com.amazonaws.dynamodb.v20120810#ConditionalCheckFailedException",
+            "message": "The conditional request failed",
+            "Item": lease_item_at_100_3(Some(token))
+        }),
+    ))
+}
+
 /// A fake whose first transaction never answers, whose later ones fail
 /// the application's own condition, and whose fence answers `fence`
 /// (given the commit's token).
@@ -328,16 +341,7 @@ fn first_answered_then_condition_failed(
 /// the commit counts as applied; it used to be reported as not written.
 #[tokio::test(start_paused = true)]
 async fn a_failure_after_an_unanswered_attempt_is_reported_only_once_settled() {
-    let dynamodb = first_unanswered_then_condition_failed(|token| {
-        Some((
-            400,
-            json!({
-                "__type": "com.amazonaws.dynamodb.v20120810#ConditionalCheckFailedException",
-                "message": "The conditional request failed",
-                "Item": lease_item_at_100_3(Some(token))
-            }),
-        ))
-    });
+    let dynamodb = first_unanswered_then_condition_failed(fence_finds_the_commit);
     let eo = ExactlyOnce::new(dynamodb.client(), "leases").attempt_timeout(Duration::from_secs(1));
     let mut cp = checkpointer().await;
 
@@ -380,16 +384,8 @@ async fn a_failure_after_a_5xx_is_reported_only_once_settled() {
         "__type": "com.amazonaws.dynamodb.v20120810#InternalServerError",
         "message": "Internal server error"
     });
-    let dynamodb = first_answered_then_condition_failed(Some((500, internal)), |token| {
-        Some((
-            400,
-            json!({
-                "__type": "com.amazonaws.dynamodb.v20120810#ConditionalCheckFailedException",
-                "message": "The conditional request failed",
-                "Item": lease_item_at_100_3(Some(token))
-            }),
-        ))
-    });
+    let dynamodb =
+        first_answered_then_condition_failed(Some((500, internal)), fence_finds_the_commit);
     let eo = ExactlyOnce::new(dynamodb.client(), "leases").attempt_timeout(Duration::from_secs(1));
     let mut cp = checkpointer().await;
 

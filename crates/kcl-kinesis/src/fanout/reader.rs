@@ -330,41 +330,26 @@ impl Subscriber {
                 backoff.reset();
                 self.transient_failures = 0;
             }
+            let ended = match ended {
+                // Kinesis sends a first event at once, records or not: a
+                // subscription ended before any failed. Taken for an
+                // ordinary end, an endpoint that closes each at once had
+                // the shard resubscribed every second, silently, for good.
+                Ended::ByService if !got_event => Ended::Failed(Classified {
+                    class: Class::Transient,
+                    code: None,
+                    answered: true,
+                    error: "the subscription ended before its first event".into(),
+                }),
+                ended => ended,
+            };
             match ended {
                 Ended::ShardEnd | Ended::ReaderGone => return Ok(()),
-                Ended::ByService if !got_event => {
-                    // Kinesis sends a first event at once, records or not:
-                    // a subscription ended before any failed. Taken for an
-                    // ordinary end, an endpoint that closes each at once had
-                    // the shard resubscribed every second, silently, for
-                    // good.
-                    let c = Classified {
-                        class: Class::Transient,
-                        code: None,
-                        answered: true,
-                        error: "the subscription ended before its first event".into(),
-                    };
-                    if !self.failed(c, &mut backoff).await? {
-                        return Ok(());
-                    }
-                }
                 Ended::Lifetime | Ended::ByService => {
                     debug!(stream = %self.stream, shard = %self.shard_id,
                         continuation = ?self.continuation, "subscription ended; subscribing again");
                 }
-                Ended::Silent => {
-                    self.shared.stats.silent_subscription();
-                    metrics::counter!(
-                        KINESIS_FANOUT_SILENT_SUBSCRIPTIONS,
-                        "stream" => self.stream.clone()
-                    )
-                    .increment(1);
-                    warn!(stream = %self.stream, shard = %self.shard_id,
-                        timeout = ?self.fanout.config.event_timeout,
-                        continuation = ?self.continuation,
-                        "no event within the event timeout: the connection is taken for dead; \
-                         subscribing again after the last event");
-                }
+                Ended::Silent => self.went_silent(),
                 Ended::Stalled => {
                     debug!(stream = %self.stream, shard = %self.shard_id,
                         "processor behind; subscribing again once it catches up");
@@ -387,6 +372,22 @@ impl Subscriber {
                 }
             }
         }
+    }
+
+    /// Counts and logs a subscription that sent no event within the event
+    /// timeout.
+    fn went_silent(&self) {
+        self.shared.stats.silent_subscription();
+        metrics::counter!(
+            KINESIS_FANOUT_SILENT_SUBSCRIPTIONS,
+            "stream" => self.stream.clone()
+        )
+        .increment(1);
+        warn!(stream = %self.stream, shard = %self.shard_id,
+            timeout = ?self.fanout.config.event_timeout,
+            continuation = ?self.continuation,
+            "no event within the event timeout: the connection is taken for dead; \
+             subscribing again after the last event");
     }
 
     /// Waits until a subscription is allowed: one per second per shard.

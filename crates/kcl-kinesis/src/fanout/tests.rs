@@ -402,6 +402,32 @@ async fn an_announced_shard_end_names_the_children() {
     assert_eq!(s.fake.active(), 0);
 }
 
+/// Reads until the shard ends, within `limit`: the records are `range`'s
+/// and the children `kids`.
+async fn read_to_the_end(
+    reader: &mut dyn kcl_core::source::ShardReader,
+    limit: Duration,
+    range: std::ops::Range<usize>,
+    kids: &[String],
+) {
+    let read = async {
+        let mut records = Vec::new();
+        loop {
+            let batch = reader.next_batch().await.expect("batch");
+            records.extend(batch.records);
+            if let Some(children) = batch.shard_end {
+                return (records, children);
+            }
+        }
+    };
+    let (records, children) = tokio::time::timeout(limit, read)
+        .await
+        .expect("the shard ended");
+    assert_eq!(payloads(&records), expected(range));
+    let ids: Vec<String> = children.into_iter().map(|c| c.shard_id).collect();
+    assert_eq!(ids, kids);
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_unannounced_shard_end_is_found_by_the_closed_shard_check() {
     let s = setup_with(|c| c.closed_shard_check_interval(Some(Duration::from_secs(2))));
@@ -414,22 +440,7 @@ async fn an_unannounced_shard_end_is_found_by_the_closed_shard_check() {
     tokio::time::sleep(Duration::from_secs(5)).await;
     put_plain(&s, 3..5);
     let kids = s.kinesis.split(STREAM, &s.shard, false);
-    let read = async {
-        let mut records = Vec::new();
-        loop {
-            let batch = reader.next_batch().await.expect("batch");
-            records.extend(batch.records);
-            if let Some(children) = batch.shard_end {
-                return (records, children);
-            }
-        }
-    };
-    let (rest, children) = tokio::time::timeout(Duration::from_secs(30), read)
-        .await
-        .expect("shard end found");
-    assert_eq!(payloads(&rest), expected(3..5));
-    let ids: Vec<String> = children.into_iter().map(|c| c.shard_id).collect();
-    assert_eq!(ids, kids);
+    read_to_the_end(reader.as_mut(), Duration::from_secs(30), 3..5, &kids).await;
     let stats = s.source.stats();
     assert!(stats.get_records_calls >= 2, "{stats:?}");
 }
@@ -474,22 +485,7 @@ async fn a_closed_shard_whose_last_events_have_no_continuation_ends_after_their_
     s.fake.no_continuation();
     put_plain(&s, 3..5);
     let kids = s.kinesis.split(STREAM, &s.shard, false);
-    let read = async {
-        let mut records = Vec::new();
-        loop {
-            let batch = reader.next_batch().await.expect("batch");
-            records.extend(batch.records);
-            if let Some(children) = batch.shard_end {
-                return (records, children);
-            }
-        }
-    };
-    let (records, children) = tokio::time::timeout(Duration::from_secs(120), read)
-        .await
-        .expect("the shard ended");
-    assert_eq!(payloads(&records), expected(3..5));
-    let ids: Vec<String> = children.into_iter().map(|c| c.shard_id).collect();
-    assert_eq!(ids, kids);
+    read_to_the_end(reader.as_mut(), Duration::from_secs(120), 3..5, &kids).await;
 }
 
 /// An endpoint that leaves the continuation out of every event costs at
