@@ -946,14 +946,26 @@ fn streams_a_and_b() -> (InMemoryShardSource, String) {
     (source, b)
 }
 
-/// A removed stream's lease that a dead worker still holds is never
-/// deleted (a lease is deleted once released), and that must cost the
-/// sync leader nothing: the deletion works from the round's own scan.
-/// Before, every round scanned the whole table a second time for it, for
-/// as long as the worker ran.
+/// Lists stream "b" in `tracker` for one round, then removes it: its
+/// deletion is due 20 s after that.
+async fn list_b_then_remove_it(tracker: &Tracker) {
+    tracker.0.lock().unwrap().push(multi("b"));
+    sleep(Duration::from_secs(7)).await;
+    tracker.0.lock().unwrap().retain(|spec| spec.name == "a");
+}
+
+/// A removed stream's leases that live workers still hold (one renewing
+/// per lease, as the Java KCL does, one beating a liveness record, as a
+/// kcl worker of an older deploy still consuming the stream does) are left
+/// to their holders to release, and waiting for that costs the sync leader
+/// nothing: the deletion works from the round's own scan. Before, every
+/// round scanned the whole table a second time for them, for as long as
+/// the worker ran.
 #[tokio::test(start_paused = true)]
-async fn a_removed_streams_lease_a_dead_worker_holds_costs_no_second_scan_per_round() {
-    let (source, shard) = streams_a_and_b();
+async fn a_removed_streams_leases_live_workers_hold_stay_and_cost_no_second_scan() {
+    let source = InMemoryShardSource::new().with_max_records(50);
+    source.create_stream("a", 1);
+    let b = source.create_stream("b", 2);
     let Tracked {
         store,
         stats,
@@ -964,32 +976,119 @@ async fn a_removed_streams_lease_a_dead_worker_holds_costs_no_second_scan_per_ro
     } = start_tracked(&source);
     // The first rounds and ticks are over.
     sleep(TICK * 2).await;
-    // Stream "b", whose one lease a worker that died holds.
-    let mut held = multi("b").layout.new_lease(&shard, Checkpoint::TrimHorizon);
-    held.owner = Some("w-dead".into());
-    store.create_if_absent(&held).await.unwrap();
-    // Listed for one round, then removed: its deletion is due 20 s on.
-    tracker.0.lock().unwrap().push(multi("b"));
-    sleep(Duration::from_secs(7)).await;
-    tracker.0.lock().unwrap().retain(|spec| spec.name == "a");
+    let mut by_counter = multi("b").layout.new_lease(&b[0], Checkpoint::TrimHorizon);
+    by_counter.owner = Some("w-live".into());
+    let mut by_beats = multi("b").layout.new_lease(&b[1], Checkpoint::TrimHorizon);
+    by_beats.owner = Some("w-beating".into());
+    by_beats.tenure = Some("i-beating.1".into());
+    for lease in [&by_counter, &by_beats] {
+        store.create_if_absent(lease).await.unwrap();
+    }
+    let live = {
+        let (store, key) = (store.clone(), by_counter.key.clone());
+        tokio::spawn(async move {
+            let by = kcl_core::store::Holder {
+                owner: "w-live",
+                tenure: None,
+            };
+            let mut counter = 0;
+            loop {
+                store
+                    .beat(&beat_of("i-beating", "w-beating"))
+                    .await
+                    .unwrap();
+                counter = store.renew(&key, by, counter).await.unwrap().counter;
+                sleep(Duration::from_secs(3)).await;
+            }
+        })
+    };
+    list_b_then_remove_it(&tracker).await;
     sleep(Duration::from_secs(40)).await;
     let (scans, listings) = (stats.scans(), source.listings());
     sleep(Duration::from_secs(120)).await;
     let scans = stats.scans() - scans;
-    // A round lists stream "a" once and scans once; the taker's ticks
-    // (every 10 s) scan at most 12 more times.
+    // A round lists stream "a" once and scans once. The taker scans at
+    // each tick (every 10 s: a holder renewing per lease turns this worker
+    // to per-lease renewal too) and when that holder's counter could
+    // expire: about 13 more. A second scan per round would add about 24.
     let rounds = source.listings() - listings;
     println!("{scans} scans in {rounds} sync rounds");
     assert!(
-        scans <= rounds + 12,
+        scans <= rounds + 16,
         "{scans} scans in {rounds} sync rounds"
     );
-    assert!(
-        store.get(&held.key).await.unwrap().is_some(),
-        "a held lease is not deleted"
-    );
+    for key in [&by_counter.key, &by_beats.key] {
+        let left = store.get(key).await.unwrap();
+        assert!(left.is_some(), "a lease its live holder keeps: {key}");
+    }
+    live.abort();
     handle.shutdown();
     task.await.unwrap().unwrap();
+}
+
+/// A removed stream's lease that a worker which died still holds is
+/// deleted once due, as soon as the sync leader's taker judges its holder
+/// gone (as it would judge a lease it could take): a holder renewing per
+/// lease by its counter, a holder with a liveness record by that record.
+/// Before, only a released lease was deleted: a lease left held by a
+/// worker killed after the stream's removal stayed in the table for good,
+/// and kept its holder's liveness record with it.
+#[tokio::test(start_paused = true)]
+async fn a_removed_streams_lease_a_dead_worker_holds_is_deleted_once_due() {
+    let source = InMemoryShardSource::new().with_max_records(50);
+    source.create_stream("a", 1);
+    let b = source.create_stream("b", 2);
+    let Tracked {
+        store,
+        tracker,
+        handle,
+        task,
+        ..
+    } = start_tracked(&source);
+    // One lease held by a worker that renewed per lease, one by a worker
+    // that beat a liveness record once: both died.
+    store.beat(&beat_of("i-gone", "w-gone")).await.unwrap();
+    sleep(TICK * 2).await;
+    let mut by_counter = multi("b").layout.new_lease(&b[0], Checkpoint::TrimHorizon);
+    by_counter.owner = Some("w-dead".into());
+    let mut by_beats = multi("b").layout.new_lease(&b[1], Checkpoint::TrimHorizon);
+    by_beats.owner = Some("w-gone".into());
+    by_beats.tenure = Some("i-gone.1".into());
+    for lease in [&by_counter, &by_beats] {
+        store.create_if_absent(lease).await.unwrap();
+    }
+    list_b_then_remove_it(&tracker).await;
+    let present = async |key: &str| store.get(key).await.unwrap().is_some();
+    // Not before the deletion is due.
+    sleep(Duration::from_secs(15)).await;
+    assert!(present(&by_counter.key).await && present(&by_beats.key).await);
+    sleep(Duration::from_secs(30)).await;
+    assert!(
+        !present(&by_counter.key).await,
+        "the counter's holder is gone"
+    );
+    assert!(!present(&by_beats.key).await, "the record's holder is gone");
+    // Nothing names the dead instance now: its record goes too.
+    sleep(TICK).await;
+    let beats = store.beats().await.unwrap();
+    assert!(beats.iter().all(|b| b.instance != "i-gone"), "{beats:?}");
+    handle.shutdown();
+    task.await.unwrap().unwrap();
+}
+
+/// A liveness record of `instance` (of worker `worker`) holding one lease.
+fn beat_of<'a>(instance: &'a str, worker: &'a str) -> kcl_core::store::BeatUpdate<'a> {
+    kcl_core::store::BeatUpdate {
+        instance,
+        worker,
+        held: 1,
+        changes: 1,
+        answered: &[],
+        stopping: false,
+        per_lease: false,
+        lease_duration: Duration::from_secs(10),
+        beat_interval: Duration::from_secs(3),
+    }
 }
 
 /// A stream tracker whose call never answers holds back neither shard sync

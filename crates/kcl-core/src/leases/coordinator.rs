@@ -22,7 +22,7 @@ use crate::config::LeaseConfig;
 use crate::leases::events::{CoordinatorSnapshot, CoordinatorStats, LeaseEvent};
 use crate::leases::handoff::{Ours, Verdict, judge};
 use crate::leases::held::{EndReason, Held, LeaseHandle, Phase};
-use crate::leases::shared::{LeaseFilter, Shared, each_unblocked};
+use crate::leases::shared::{HolderJudged, LeaseFilter, Shared, each_unblocked};
 use crate::leases::{renewer, taker, watcher};
 use crate::observe::Observer;
 use crate::store::{LeaseStore, StoreError};
@@ -385,6 +385,22 @@ impl FleetSignals {
     /// next beat and read the table, and this worker's taker looks now.
     pub fn leases_created(&self) {
         self.shared.table_changed();
+    }
+
+    /// The taker looks at the table now: this worker deleted leases it
+    /// does not compete for (a removed stream's), and what named only them
+    /// (a dead holder's liveness record) goes too; or it needs the taker's
+    /// judgement of such leases. Peers, which do not compete for them
+    /// either, are not told.
+    pub(crate) fn look_at_turned_down(&self) {
+        self.shared.want_rescan();
+    }
+
+    /// What this worker's taker judged of `lease`, a held lease it does not
+    /// compete for: whether its holder is gone, so that the lease is one it
+    /// would take if it did. Only the sync leader judges these.
+    pub(crate) fn judged(&self, lease: &crate::lease::Lease) -> HolderJudged {
+        self.shared.judged(lease)
     }
 
     /// A full read of the lease table made outside the taker (the sync

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use tracing::info;
 
 use crate::lease::{Lease, LeaseLayout};
+use crate::leases::shared::HolderJudged;
 use crate::source::SourceError;
 use crate::store::LeaseStore;
 
@@ -39,7 +40,9 @@ pub trait StreamTracker: Send + Sync + fmt::Debug {
 pub enum RemovedStreamPolicy {
     /// Keep them (with their checkpoints) in the table.
     Keep,
-    /// Delete them once released and this long after the removal was seen.
+    /// Delete them this long after the removal was seen, once released;
+    /// a lease a dead worker still holds, once the sync leader judges its
+    /// holder gone (as for a take).
     DeleteAfter(Duration),
 }
 
@@ -49,7 +52,6 @@ pub(super) fn read(live: &LiveStreams) -> std::sync::RwLockReadGuard<'_, Vec<Str
     live.read().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Replaces the live stream list; returns the streams that went away.
 /// Replaces the live streams; returns the removed ones and whether any
 /// was added.
 pub(super) fn update_streams(
@@ -71,30 +73,52 @@ pub(super) fn update_streams(
     (removed, added)
 }
 
+/// What one round's deletion of removed streams' leases did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Deletion {
+    /// Leases deleted.
+    pub(super) deleted: usize,
+    /// Held leases due for deletion that the taker has not judged yet.
+    pub(super) unjudged: usize,
+}
+
 /// Deletes the released leases of streams removed at least `delay` ago
-/// (each guarded by its counter), from `leases`, a scan of this round;
-/// leases still held are left for their holder to release first.
+/// (each guarded by its counter), from `leases`, a scan of this round.
+/// Leases still held are left for their holder to release first, unless
+/// `judged` says the holder is gone (the lease is one a taker would take).
 pub(super) async fn delete_removed_leases(
     store: &dyn LeaseStore,
     removed_at: &mut HashMap<LeaseLayout, (String, Instant)>,
     delay: Duration,
     leases: &[Lease],
-) {
+    judged: impl Fn(&Lease) -> HolderJudged,
+) -> Deletion {
+    let mut done = Deletion::default();
     let due: Vec<(LeaseLayout, String)> = removed_at
         .iter()
         .filter(|(_, (_, at))| at.elapsed() >= delay)
         .map(|(layout, (name, _))| (layout.clone(), name.clone()))
         .collect();
     for (layout, name) in due {
-        let mine: Vec<&Lease> = leases.iter().filter(|l| layout.owns(l)).collect();
         let mut left = 0;
-        for lease in &mine {
+        for lease in leases.iter().filter(|l| layout.owns(l)) {
             if lease.owner.is_some() || lease.in_handoff() {
-                left += 1;
-                continue;
+                match judged(lease) {
+                    HolderJudged::Gone => {}
+                    HolderJudged::Holding => {
+                        left += 1;
+                        continue;
+                    }
+                    HolderJudged::NotYet => {
+                        done.unjudged += 1;
+                        left += 1;
+                        continue;
+                    }
+                }
             }
             match store.delete(&lease.key, lease.counter).await {
                 Ok(()) => {
+                    done.deleted += 1;
                     info!(stream = %name, lease = %lease.key, "deleted a lease of a removed stream")
                 }
                 Err(_) => left += 1,
@@ -104,4 +128,5 @@ pub(super) async fn delete_removed_leases(
             removed_at.remove(&layout);
         }
     }
+    done
 }

@@ -147,9 +147,19 @@ impl SyncLoop {
         }
         if let RemovedStreamPolicy::DeleteAfter(delay) = self.policy {
             // From this round's scan: a lease a dead worker still holds
-            // keeps its stream here for good, and must not cost a second
-            // scan every round.
-            delete_removed_leases(self.store.as_ref(), &mut self.removed_at, delay, &leases).await;
+            // keeps its stream here until the taker judges it given up,
+            // and must not cost a second scan every round.
+            let signals = &self.signals;
+            let (store, removed_at) = (self.store.as_ref(), &mut self.removed_at);
+            let judged = |l: &Lease| signals.judged(l);
+            let done = delete_removed_leases(store, removed_at, delay, &leases, judged).await;
+            // A dead holder's liveness record, named by nothing now, goes
+            // at the taker's next scan; a held lease it has not judged yet
+            // (its scans follow the liveness records, which may not have
+            // changed since the removal) is judged there.
+            if done.deleted > 0 || done.unjudged > 0 {
+                self.signals.look_at_turned_down();
+            }
         }
     }
 

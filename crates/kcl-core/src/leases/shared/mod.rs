@@ -95,6 +95,11 @@ pub(crate) struct Shared {
     /// The taker held a steal back for want of proof that its victim runs:
     /// the watcher wakes it once a read brings that proof.
     pub(crate) wants_proof: AtomicBool,
+    /// The held leases this worker's filter turns down, as the taker's last
+    /// scan judged them (on the sync leader only), by key: the counter
+    /// judged, and whether the holder was gone (expired as a lease it could
+    /// take would be). See [`Shared::judged`].
+    pub(crate) turned_down: Mutex<HashMap<String, (u64, bool)>>,
     /// When this worker, configured for liveness records, switched to
     /// per-lease renewal (see [`Shared::switch_to_per_lease`]).
     switched: Mutex<Option<Instant>>,
@@ -102,6 +107,18 @@ pub(crate) struct Shared {
     sit_out: Mutex<SitOut>,
     /// See [`Shared::table_read`].
     cut_off: Mutex<CutOff>,
+}
+
+/// What the taker's last scan judged of a held lease this worker's filter
+/// turns down (see [`Shared::judged`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HolderJudged {
+    /// Its holder is gone, and the lease was not written since.
+    Gone,
+    /// Its holder may still hold it, or the lease moved since the scan.
+    Holding,
+    /// The taker has not scanned since it turned the lease down.
+    NotYet,
 }
 
 /// The fields of this instance's liveness record that it sets itself.
@@ -164,9 +181,24 @@ impl Shared {
             read_now: Notify::new(),
             renew_now: Notify::new(),
             wants_proof: AtomicBool::new(false),
+            turned_down: Mutex::default(),
             switched: Mutex::new(None),
             sit_out: Mutex::default(),
             cut_off: Mutex::default(),
+        }
+    }
+
+    /// What the taker's last scan judged of `lease`, a held lease this
+    /// worker's filter turns down. A lease judged gone and not written
+    /// since (its counter is the one judged) is one a taker that accepted
+    /// it could take, so no live holder overlaps its deletion, which the
+    /// counter guards as it would guard the take.
+    pub(crate) fn judged(&self, lease: &Lease) -> HolderJudged {
+        let judged = self.turned_down.lock().unwrap_or_else(|e| e.into_inner());
+        match judged.get(&lease.key) {
+            None => HolderJudged::NotYet,
+            Some(&(counter, true)) if counter == lease.counter => HolderJudged::Gone,
+            Some(_) => HolderJudged::Holding,
         }
     }
 

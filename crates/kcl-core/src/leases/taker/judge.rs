@@ -3,7 +3,7 @@
 //! again, and whether a fresher read of the liveness records must come
 //! first.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -190,6 +190,26 @@ impl<'a> Judging<'a> {
         (views, held_for_read)
     }
 
+    /// `turned_down` (see [`turned_down`]) judged: by key, the counter
+    /// judged and whether this worker would judge the lease expired if it
+    /// could take it. Sets `held_for_read` for one whose holder the read
+    /// judged dead but whose item moved since, as [`Judging::views`] does.
+    pub(super) fn turned_down(
+        &self,
+        shared: &Shared,
+        turned_down: &[&Lease],
+        held_for_read: &mut bool,
+    ) -> HashMap<String, (u64, bool)> {
+        let liveness = shared.liveness();
+        turned_down
+            .iter()
+            .map(|l| {
+                let gone = self.expired(&liveness, l, held_for_read);
+                (l.key.clone(), (l.counter, gone))
+            })
+            .collect()
+    }
+
     /// Whether `l` is expired: by its holder's beats where its tenure names
     /// an instance with a liveness record, else by its own counter. Sets
     /// `held_for_read` for a lease whose holder the read judged dead but
@@ -229,6 +249,22 @@ impl<'a> Judging<'a> {
             }
         }
     }
+}
+
+/// The held leases this worker's filter turns down (a removed stream's,
+/// or one of a stream only peers consume), as far as the sync leader
+/// judges them: it deletes a removed stream's leases, and one a dead worker
+/// still holds once that holder is judged gone. Other workers and an
+/// unfiltered one judge none.
+pub(super) fn turned_down<'l>(shared: &Shared, leases: &'l [Lease]) -> Vec<&'l Lease> {
+    if shared.filter.is_none() || !shared.sync_leader.load(Ordering::Relaxed) {
+        return Vec::new();
+    }
+    leases
+        .iter()
+        .filter(|l| !shared.accepts(l) && !shared.is_held(&l.key))
+        .filter(|l| l.owner.is_some() || l.in_handoff())
+        .collect()
 }
 
 /// Whether the decision is held back for one more look (and asks for it):

@@ -335,8 +335,11 @@ impl Taker {
         let config = &shared.config;
         let now = scan.now;
         let java = self.java_peers(shared, active, now);
-        let (views, held_for_read) =
-            Judging::new(self, shared, asked, &java.reporting, now).views(shared, active);
+        let judging = Judging::new(self, shared, asked, &java.reporting, now);
+        let (views, mut held_for_read) = judging.views(shared, active);
+        let turned_down = judge::turned_down(shared, &scan.leases);
+        *shared.turned_down.lock().unwrap_or_else(|e| e.into_inner()) =
+            judging.turned_down(shared, &turned_down, &mut held_for_read);
         let held_back = judge::hold_back(shared, &views, held_for_read);
         let stale_at = judge::stale_at(&views, config.lease_duration, now);
         let (peers, resting) = judge::live_peers(shared, now);
@@ -364,6 +367,10 @@ impl Taker {
         self.last_digest = Some(digest);
         self.rescan_at = self.counters_expire_at(shared, active, now);
         self.rescan_at = earliest(self.rescan_at, stale_at);
+        // A turned-down lease's holder may stop too, with nothing in the
+        // liveness records to show it.
+        let down_at = self.counters_expire_at(shared, &turned_down, now);
+        self.rescan_at = earliest(self.rescan_at, down_at);
         let decision = unless_unbeaten(shared.can_hold(now), decision);
         let decision = unless_sitting_out(shared.sitting_out(now), decision);
         if !decision.take.is_empty() || !decision.steal.is_empty() || !decision.reclaim.is_empty() {
