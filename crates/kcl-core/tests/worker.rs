@@ -862,6 +862,11 @@ struct Tracked {
 }
 
 fn start_tracked(source: &InMemoryShardSource) -> Tracked {
+    start_tracked_with(source, Behaviour::default())
+}
+
+/// [`start_tracked`], its processors behaving as `b` says.
+fn start_tracked_with(source: &InMemoryShardSource, b: Behaviour) -> Tracked {
     use kcl_core::worker::RemovedStreamPolicy;
     let (store, log) = (InMemoryLeaseStore::new(), Arc::<Log>::default());
     let tracker = Arc::new(Tracker(
@@ -891,7 +896,7 @@ fn start_tracked(source: &InMemoryShardSource) -> Tracked {
         Arc::new(move |ctx: &ShardContext| Recorder {
             ctx: ctx.clone(),
             log: Arc::clone(&factory_log),
-            b: Behaviour::default(),
+            b,
         }),
     )
     .with_stream_tracker(Arc::clone(&tracker) as Arc<dyn kcl_core::worker::StreamTracker>);
@@ -1024,6 +1029,51 @@ async fn a_removed_streams_leases_live_workers_hold_stay_and_cost_no_second_scan
     live.abort();
     handle.shutdown();
     task.await.unwrap().unwrap();
+}
+
+/// A removed stream's lease the sync leader itself still holds (its
+/// processor hangs in a call, so its consumer cannot stop yet) is left to
+/// that consumer, at no cost. Before, each sync round found it unjudged
+/// (the taker judges only leases other workers hold) and asked the taker
+/// for a scan of the whole table, for as long as the call hung.
+#[tokio::test(start_paused = true)]
+async fn a_removed_streams_lease_the_leader_still_holds_costs_no_scan() {
+    let (source, b) = streams_a_and_b();
+    let hung = Behaviour {
+        slow_shard: Some((b.clone().leak(), Duration::from_secs(100_000))),
+        ..Behaviour::default()
+    };
+    let Tracked {
+        store,
+        stats,
+        log,
+        tracker,
+        handle,
+        task,
+        ..
+    } = start_tracked_with(&source, hung);
+    sleep(TICK * 2).await;
+    source.put("b", "pk-b", "pk-b:0").unwrap();
+    tracker.0.lock().unwrap().push(multi("b"));
+    let in_call = || usize::from(log.first_record_at.lock().unwrap().contains_key(&b));
+    fleet::wait_for_records(Duration::from_secs(120), TICK / 100, 1, in_call).await;
+    tracker.0.lock().unwrap().retain(|spec| spec.name == "a");
+    // Past the deletion's delay (20 s).
+    sleep(Duration::from_secs(40)).await;
+    let (scans, listings) = (stats.scans(), source.listings());
+    sleep(Duration::from_secs(120)).await;
+    let scans = stats.scans() - scans;
+    // A round lists stream "a" once and scans once; the taker, renewing by
+    // beats, has nothing to scan for. A look asked each round would add
+    // about 24.
+    let rounds = source.listings() - listings;
+    println!("{scans} scans in {rounds} sync rounds");
+    assert!(scans <= rounds + 4, "{scans} scans in {rounds} sync rounds");
+    let key = multi("b").layout.new_lease(&b, Checkpoint::TrimHorizon).key;
+    let lease = store.get(&key).await.unwrap().expect("still held");
+    assert_eq!(lease.owner.as_deref(), Some("w"));
+    handle.shutdown();
+    task.abort();
 }
 
 /// A removed stream's lease that a worker which died still holds is

@@ -3,7 +3,8 @@
 //! transitions every task applies the same way (acquired, awaiting,
 //! activated, ended). Which renewal runs is in `renewal_mode`, sitting
 //! out after an unreadable shard in `sit_out`, being cut off from the lease
-//! table in `cut_off`.
+//! table in `cut_off`, what became of the leases the filter turns down in
+//! `turned_down`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -30,11 +31,13 @@ mod given_up;
 mod latch;
 mod renewal_mode;
 mod sit_out;
+mod turned_down;
 
 use cut_off::CutOff;
 use given_up::GivenUp;
 use latch::Latch;
 use sit_out::SitOut;
+pub(crate) use turned_down::HolderJudged;
 
 /// Decides which leases of the table this worker competes for (a
 /// multi-stream worker ignores leases of streams it was not configured for).
@@ -109,18 +112,6 @@ pub(crate) struct Shared {
     cut_off: Mutex<CutOff>,
 }
 
-/// What the taker's last scan judged of a held lease this worker's filter
-/// turns down (see [`Shared::judged`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum HolderJudged {
-    /// Its holder is gone, and the lease was not written since.
-    Gone,
-    /// Its holder may still hold it, or the lease moved since the scan.
-    Holding,
-    /// The taker has not scanned since it turned the lease down.
-    NotYet,
-}
-
 /// The fields of this instance's liveness record that it sets itself.
 #[derive(Debug, Default)]
 pub(crate) struct BeatState {
@@ -185,20 +176,6 @@ impl Shared {
             switched: Mutex::new(None),
             sit_out: Mutex::default(),
             cut_off: Mutex::default(),
-        }
-    }
-
-    /// What the taker's last scan judged of `lease`, a held lease this
-    /// worker's filter turns down. A lease judged gone and not written
-    /// since (its counter is the one judged) is one a taker that accepted
-    /// it could take, so no live holder overlaps its deletion, which the
-    /// counter guards as it would guard the take.
-    pub(crate) fn judged(&self, lease: &Lease) -> HolderJudged {
-        let judged = self.turned_down.lock().unwrap_or_else(|e| e.into_inner());
-        match judged.get(&lease.key) {
-            None => HolderJudged::NotYet,
-            Some(&(counter, true)) if counter == lease.counter => HolderJudged::Gone,
-            Some(_) => HolderJudged::Holding,
         }
     }
 
