@@ -3,7 +3,7 @@
 //! recovery and the shard's end (see the module above for the model).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use aws_sdk_kinesis::operation::get_records::GetRecordsOutput;
 use kcl_core::leases::LeaseHandle;
@@ -179,12 +179,22 @@ impl Ctx {
     }
 
     /// An iterator at `start`, or the shard's end if the shard expired.
-    /// A start behind the trim horizon is moved to `TRIM_HORIZON` (in
-    /// `start`, so that a later replacement starts there too).
+    /// A start behind the trim horizon is moved to `TRIM_HORIZON`, and a
+    /// `LATEST` start, once it has an iterator, to `AT_TIMESTAMP` of when
+    /// that iterator was asked for (both in `start`, where a replacement
+    /// starts while nothing was fetched): "latest" is fixed by the first
+    /// iterator, and one that expires (an outage longer than an iterator
+    /// lives) must not move it on past what was written meanwhile.
     async fn first_iterator(&self, start: &mut IteratorStart) -> Result<Next, SourceError> {
         loop {
+            let asked = SystemTime::now();
             match self.get_iterator(start).await {
-                Ok(it) => return Ok(Next::Read(it)),
+                Ok(it) => {
+                    if matches!(start, IteratorStart::Latest) {
+                        *start = IteratorStart::AtTimestamp(asked);
+                    }
+                    return Ok(Next::Read(it));
+                }
                 Err(Failure::Classified(c)) if c.class == Class::NotFound => {
                     return self.missing(c.error).await;
                 }
@@ -244,7 +254,8 @@ struct Fetcher {
     tx: mpsc::Sender<Message>,
     records: Arc<Semaphore>,
     bytes: Arc<Semaphore>,
-    /// Where the reader started, for a new iterator before any record.
+    /// Where the reader started (`LATEST` as the `AT_TIMESTAMP` it was
+    /// fixed at), for a new iterator before any record.
     start: IteratorStart,
     pipeline: Records,
     next: Next,
@@ -436,8 +447,10 @@ impl Fetcher {
 
     /// Replaces an expired iterator: right after the last record fetched,
     /// or where the reader started if none was. Nothing is lost or
-    /// repeated. (From `LATEST` with nothing fetched yet, "latest" moves
-    /// on: records written meanwhile are not read, as in the Java KCL.)
+    /// repeated. (From `LATEST` with nothing fetched yet, at the time the
+    /// first iterator was asked for: records written meanwhile are read,
+    /// where the Java KCL asks for `LATEST` again and skips them. To within
+    /// the skew between this host's clock and Kinesis's.)
     async fn replace_iterator(&mut self) -> Result<(), SourceError> {
         self.ctx.shared.stats.expired_iterator();
         self.ctx.meters.expired_iterators.increment(1);

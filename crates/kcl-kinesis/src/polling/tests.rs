@@ -111,6 +111,21 @@ async fn expired_iterator_before_any_record_restarts_at_the_checkpoint() {
     read_plain(reader.as_mut(), 3..6).await;
 }
 
+/// From `LATEST`, an iterator that expires before any record was fetched
+/// (an outage longer than an iterator lives) is replaced at the time the
+/// reader opened: what was written meanwhile is read, nothing from before.
+/// A fresh `LATEST` skipped it.
+#[tokio::test(start_paused = true)]
+async fn expired_iterator_from_latest_reads_what_was_written_meanwhile() {
+    let s = setup();
+    put_plain(&s, 0..3);
+    let mut reader = open(&s, StartPosition::Latest).await;
+    s.fake.inject(Call::GetRecords, Fault::ExpiredIterator);
+    put_plain(&s, 3..6);
+    assert_eq!(read_plain(reader.as_mut(), 3..6).await, 0);
+    assert_eq!(s.source.stats().expired_iterators, 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn throttling_backs_off_retries_and_is_counted() {
     let throttles = [

@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
+use std::time::SystemTime;
 
 use async_trait::async_trait;
 use aws_sdk_kinesis::error::SdkError;
@@ -18,7 +19,7 @@ use aws_sdk_kinesis::operation::get_shard_iterator::{
     GetShardIteratorError, GetShardIteratorOutput,
 };
 use aws_sdk_kinesis::operation::list_shards::{ListShardsError, ListShardsOutput};
-use aws_sdk_kinesis::primitives::Blob;
+use aws_sdk_kinesis::primitives::{Blob, DateTime};
 use aws_sdk_kinesis::types::error::{InvalidArgumentException, ResourceNotFoundException};
 use aws_sdk_kinesis::types::{
     ChildShard, HashKeyRange, Record, SequenceNumberRange, Shard, ShardFilterType,
@@ -155,6 +156,8 @@ impl FakeKinesis {
                 .sequence_number(&seq)
                 .partition_key(pk)
                 .data(Blob::new(data.into().to_vec()))
+                // For `AT_TIMESTAMP` starts: the wall clock, as Kinesis's.
+                .approximate_arrival_timestamp(DateTime::from(SystemTime::now()))
                 .build()
                 .expect("record"),
         );
@@ -362,7 +365,18 @@ impl KinesisApi for FakeKinesis {
             ));
         }
         let pos = match start {
-            IteratorStart::TrimHorizon | IteratorStart::AtTimestamp(_) => shard.trim_horizon,
+            IteratorStart::TrimHorizon => shard.trim_horizon,
+            // The first record that arrived at or after `t` (the trim
+            // horizon if that one was trimmed).
+            IteratorStart::AtTimestamp(t) => {
+                let t = DateTime::from(*t);
+                let at = shard
+                    .records
+                    .iter()
+                    .position(|r| r.approximate_arrival_timestamp.is_some_and(|a| a >= t))
+                    .unwrap_or(shard.records.len());
+                at.max(shard.trim_horizon)
+            }
             IteratorStart::Latest => shard.records.len(),
             IteratorStart::AtSequence(seq) => shard
                 .records
