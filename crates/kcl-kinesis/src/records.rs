@@ -134,9 +134,11 @@ impl Records {
 /// An aggregate therefore holds more than it takes on the wire: each
 /// sub-record takes at least 6 bytes of it (an empty payload and a
 /// partition-key index) yet owns a record, a copy of its partition key (at
-/// most 256 bytes) and of the sequence number (at most 128 digits). An
-/// aggregate of n bytes holds at most `n x (size_of::<Record>() + 384) / 6`
-/// bytes, about 87 n: the worst case the budgets' overshoot is made of.
+/// most 256 characters, 1,024 bytes of UTF-8; an aggregate naming a longer
+/// one is not split), of the sequence number (at most 128 digits) and of
+/// its explicit hash key (at most 39 digits). An aggregate of n bytes holds
+/// at most `n x (size_of::<Record>() + 1191) / 6` bytes, about 221 n (93 n
+/// with ASCII keys): the worst case the budgets' overshoot is made of.
 pub(crate) fn held_bytes(records: &[Record]) -> usize {
     records
         .iter()

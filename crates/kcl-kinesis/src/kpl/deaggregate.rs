@@ -86,6 +86,20 @@ pub enum MalformedReason {
         /// Length of the partition key table.
         table_len: usize,
     },
+    /// A sub-record's partition key is longer than Kinesis allows one (256
+    /// characters), which it would have rejected in a plain put. Each
+    /// sub-record owns a copy of its key: one long key named by every
+    /// sub-record would make a 1 MiB aggregate take gigabytes.
+    #[error(
+        "sub-record {sub}: its partition key of {chars} characters is longer than \
+         the 256 Kinesis allows"
+    )]
+    PartitionKeyTooLong {
+        /// Index of the offending sub-record.
+        sub: u64,
+        /// The key's length in characters.
+        chars: usize,
+    },
     /// An `explicit_hash_key_index` points past the explicit hash key table.
     #[error("sub-record {sub}: explicit_hash_key_index {index} is outside a table of {table_len}")]
     ExplicitHashKeyIndexOutOfRange {
@@ -123,6 +137,7 @@ impl MalformedReason {
             MalformedReason::Decode(_) => "decode",
             MalformedReason::MissingField { .. } => "missing_field",
             MalformedReason::PartitionKeyIndexOutOfRange { .. } => "partition_key_index",
+            MalformedReason::PartitionKeyTooLong { .. } => "partition_key_too_long",
             MalformedReason::ExplicitHashKeyIndexOutOfRange { .. } => "explicit_hash_key_index",
             MalformedReason::InvalidExplicitHashKey { .. } => "invalid_explicit_hash_key",
             MalformedReason::Empty => "empty",
@@ -293,6 +308,9 @@ struct KeyTables<'a> {
     ehk_values: Vec<Result<u128, HashKeyError>>,
     /// Mirrors `partition_keys` when the shard range is checked, else empty.
     pk_hashes: Vec<u128>,
+    /// Mirrors `partition_keys`: whether the entry is longer than a
+    /// partition key may be (an error only if a sub-record names it).
+    pk_too_long: Vec<bool>,
 }
 
 impl<'a> KeyTables<'a> {
@@ -318,6 +336,7 @@ impl<'a> KeyTables<'a> {
             explicit_hash_keys,
             ehk_values,
             pk_hashes,
+            pk_too_long: partition_keys.iter().map(|pk| too_long(pk)).collect(),
         }
     }
 
@@ -346,6 +365,10 @@ impl<'a> KeyTables<'a> {
             },
         )?;
         let partition_key = &self.partition_keys[pk_slot];
+        if self.pk_too_long[pk_slot] {
+            let chars = partition_key.chars().count();
+            return Err(MalformedReason::PartitionKeyTooLong { sub, chars });
+        }
         let (explicit_hash_key, ehk_value) =
             self.explicit_hash_key(sub, rec.explicit_hash_key_index)?;
         let record = Record {
@@ -391,6 +414,16 @@ impl<'a> KeyTables<'a> {
 /// [`Deaggregator::deaggregate`].
 pub fn deaggregate(raw: RawRecord) -> Deaggregated {
     Deaggregator::new().deaggregate(raw)
+}
+
+/// The most characters Kinesis allows in a partition key.
+const MAX_PARTITION_KEY_CHARS: usize = 256;
+
+/// Whether `pk` is longer than Kinesis allows a partition key. An
+/// aggregate's key table is the producer's own bytes: nothing else bounds
+/// what copying a key into each sub-record that names it costs.
+fn too_long(pk: &str) -> bool {
+    pk.len() > MAX_PARTITION_KEY_CHARS && pk.chars().count() > MAX_PARTITION_KEY_CHARS
 }
 
 /// `index` as a position in a table of `len` entries, if it is one.

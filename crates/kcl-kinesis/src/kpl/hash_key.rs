@@ -35,12 +35,16 @@ pub enum HashKeyError {
 /// Parses a decimal hash key (explicit hash key, or a shard range bound).
 ///
 /// Only ASCII digits are accepted (leading zeros allowed, no sign, no
-/// whitespace), up to `2^128-1`: the values Kinesis itself accepts. The
+/// whitespace), at most 39 of them, up to `2^128-1`: the values Kinesis
+/// itself accepts. The
 /// offending text kept in the error is cut to 64 characters, since an
 /// explicit hash key inside an aggregate can be any length.
 pub fn parse_hash_key(s: &str) -> Result<u128, HashKeyError> {
-    // `u128::from_str` alone would also accept a leading '+'.
+    // `u128::from_str` alone would also accept a leading '+', and any
+    // number of leading zeros: 2^128 - 1 has 39 digits, and a key is
+    // copied into each sub-record of an aggregate that names it.
     if !s.is_empty()
+        && s.len() <= 39
         && s.bytes().all(|b| b.is_ascii_digit())
         && let Ok(v) = s.parse::<u128>()
     {
@@ -208,6 +212,7 @@ mod tests {
     fn parse_hash_key_rejects_what_kinesis_rejects() {
         assert_eq!(parse_hash_key("0"), Ok(0));
         assert_eq!(parse_hash_key("007"), Ok(7));
+        assert_eq!(parse_hash_key(&format!("{:039}", 7)), Ok(7));
         for bad in [
             "",
             "+1",
@@ -218,6 +223,7 @@ mod tests {
             "1e3",
             "340282366920938463463374607431768211456", // 2^128
             "99999999999999999999999999999999999999999999",
+            "0000000000000000000000000000000000000007", // 40 digits
         ] {
             assert!(
                 matches!(parse_hash_key(bad), Err(HashKeyError::Invalid(_))),

@@ -20,8 +20,9 @@
 //!   and their `data` are slices of the fetched buffer, not copies. A plain
 //!   record becomes one record with sub-sequence 0.
 //! - Malformed aggregates (wrong digest, undecodable protobuf, missing
-//!   required field, key index outside its table, invalid explicit hash key,
-//!   no records) are delivered as **one plain record** carrying the original
+//!   required field, key index outside its table, a partition key longer
+//!   or an explicit hash key invalid where Kinesis would refuse it, no
+//!   records) are delivered as **one plain record** carrying the original
 //!   bytes, reported with a `warn!` naming the sequence number and a
 //!   `kcl_kpl_malformed_aggregates_total{reason}` counter, and the reason is
 //!   returned in [`Deaggregated::malformed`]. Passing through rather than

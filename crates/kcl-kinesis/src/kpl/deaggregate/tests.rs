@@ -261,6 +261,39 @@ fn invalid_explicit_hash_key_passes_through_only_when_used() {
     );
 }
 
+/// An aggregate naming a partition key longer than Kinesis allows (256
+/// characters) is delivered whole, not split: every sub-record owns a copy
+/// of its key, and one long key named by thousands of sub-records made a
+/// small aggregate take gigabytes. An unused long entry is harmless; 256
+/// characters of several bytes each are a valid key.
+#[test]
+fn an_overlong_partition_key_passes_through_only_when_used() {
+    let long = "k".repeat(257);
+    let wide = "é".repeat(256);
+    let mut msg = proto::AggregatedRecord {
+        partition_key_table: table(&["a", &long, &wide]),
+        explicit_hash_key_table: Vec::new(),
+        records: vec![
+            proto_record(Some(0), None, Some(b"x")),
+            proto_record(Some(2), None, Some(b"y")),
+        ],
+    };
+    let out = deaggregate(raw(framed_message(&msg)));
+    assert_eq!(out.malformed, None);
+    assert_eq!(out.records[1].partition_key, wide);
+
+    msg.records = (0..10_000)
+        .map(|_| proto_record(Some(1), None, Some(b"")))
+        .collect();
+    let input = raw(framed_message(&msg));
+    let out = deaggregate(input.clone());
+    assert_passed_through(&input, &out);
+    assert_eq!(
+        out.malformed,
+        Some(MalformedReason::PartitionKeyTooLong { sub: 0, chars: 257 })
+    );
+}
+
 #[test]
 fn missing_required_fields_pass_through() {
     let base = proto::AggregatedRecord {
@@ -483,6 +516,7 @@ fn reasons_have_distinct_labels_and_readable_messages() {
             index: 1,
             table_len: 1,
         },
+        MalformedReason::PartitionKeyTooLong { sub: 0, chars: 300 },
         MalformedReason::InvalidExplicitHashKey {
             sub: 0,
             source: super::super::HashKeyError::Invalid("x".to_owned()),
