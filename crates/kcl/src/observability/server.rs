@@ -48,6 +48,15 @@ const MAX_CONNECTIONS: usize = 64;
 /// How long a client may take to send its request headers.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The longest one connection is served. Reading a request is bounded
+/// above, writing its response is not: a client that stops reading (or a
+/// peer gone behind a partition, which TCP gives up on only after about
+/// 15 minutes) held its slot while the write blocked, and 64 of them
+/// turned every probe away at accept. A scrape, probe or status read takes
+/// well under a second; a client that keeps its connection longer
+/// connects again.
+const CONNECTION_DEADLINE: Duration = Duration::from_secs(30);
+
 /// A bound listening socket and the recorder it serves, if any, made at
 /// `build()` so that a taken port fails there and the bound address (port
 /// 0 picks a free one) is known before `run`.
@@ -170,7 +179,10 @@ impl State {
     }
 }
 
-async fn serve_connection(stream: tokio::net::TcpStream, state: Arc<State>) {
+pub(super) async fn serve_connection<S>(stream: S, state: Arc<State>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
         let state = Arc::clone(&state);
         async move {
@@ -181,10 +193,11 @@ async fn serve_connection(stream: tokio::net::TcpStream, state: Arc<State>) {
     let served = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
-        .serve_connection(TokioIo::new(stream), service)
-        .await;
-    if let Err(e) = served {
-        debug!(error = %e, "metrics connection ended with an error");
+        .serve_connection(TokioIo::new(stream), service);
+    match tokio::time::timeout(CONNECTION_DEADLINE, served).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => debug!(error = %e, "metrics connection ended with an error"),
+        Err(_) => debug!("metrics connection open past its deadline; closed"),
     }
 }
 

@@ -18,7 +18,7 @@ use kcl_core::{LeaseConfig, LeaseLayout};
 use tokio::sync::Notify;
 use tokio::time::sleep;
 
-use super::server::{State, respond};
+use super::server::{State, respond, serve_connection};
 use super::{Liveness, Probe, Probes};
 
 /// Processes batches once `go` is notified; counts the records.
@@ -154,4 +154,29 @@ async fn without_a_stall_bound_healthz_passes_and_metrics_are_not_served_here() 
     let (status, body) = ask(&state, "/metrics").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert!(body.contains("serve_metrics"), "{body}");
+}
+
+/// A client that asks for a response and never reads it holds its
+/// connection (one of the 64 served at once) only until the connection's
+/// deadline. Before, it held it for as long as the write blocked: for good
+/// here, about 15 minutes for a peer gone behind a partition.
+#[tokio::test(start_paused = true)]
+async fn a_client_that_never_reads_its_response_is_cut_off() {
+    use tokio::io::AsyncWriteExt;
+    let worker = WorkerHandle::new();
+    let state = Arc::new(State::probes_only(Arc::new(Probes {
+        worker: worker.clone(),
+        worker_id: "w".into(),
+        readiness: Probe::new(worker.clone(), Arc::default(), Duration::from_secs(30)),
+        liveness: Liveness::new(worker, None),
+    })));
+    // Less room than the response's headers take.
+    let (mut client, server) = tokio::io::duplex(64);
+    let served = tokio::spawn(serve_connection(server, state));
+    client
+        .write_all(b"GET /status HTTP/1.1\r\nhost: kcl\r\n\r\n")
+        .await
+        .unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(600), served).await;
+    assert!(ended.is_ok(), "still serving a client that reads nothing");
 }
