@@ -1977,3 +1977,50 @@ async fn an_operators_reset_during_a_steal_evicts_the_draining_previous_owner_fi
         "two workers may process the reset shard"
     );
 }
+
+/// A worker renewing per lease whose first beat landed unanswered (the
+/// beats after it throttled) holds nothing past a lease duration after
+/// that beat: peers judge its leases by the record they see, and it must
+/// too. Before, knowing of no landed beat, it took its per-lease renewals
+/// alone for validity, as a worker without a workers table does, and went
+/// on processing after a peer judged its record dead and took its leases.
+#[tokio::test(start_paused = true)]
+async fn a_per_lease_worker_whose_first_beat_landed_unanswered_holds_no_longer_than_it() {
+    const SHARDS: usize = 4;
+    let table = table_with(SHARDS).await;
+    let lone = SimWorker::start_with(
+        &table,
+        per_lease("n", 1).build().unwrap(),
+        StandIn::Checkpointing,
+    );
+    lone.store.inject(StoreOp::Beat, Fault::LostResponse);
+    for _ in 0..10_000 {
+        lone.store
+            .inject(StoreOp::Beat, Fault::Error(StoreErrorKind::Throttled));
+    }
+    let peer = SimWorker::start_with(
+        &table,
+        config("p", 2).build().unwrap(),
+        StandIn::Checkpointing,
+    );
+    let workers = [lone, peer];
+    let mut log = OverlapLog::default();
+    let mut checkpoints = CheckpointLog::default();
+    run_checking(&workers, &table, &mut log, &mut checkpoints, LEASE * 9).await;
+    println!(
+        "{:?} {:?}",
+        workers[0].coordinator().stats(),
+        workers[1].coordinator().stats()
+    );
+    assert_eq!(
+        log.max(),
+        Duration::ZERO,
+        "two workers may process one lease"
+    );
+    assert!(
+        checkpoints.regressions.is_empty(),
+        "{:?}",
+        checkpoints.regressions
+    );
+    assert_eq!(workers[1].processing_keys().len(), SHARDS);
+}

@@ -9,8 +9,8 @@
 //! by the lease duration the holder's record states), whether a lease
 //! judged that way is free (`taker::free_by_liveness`), the balance
 //! decision (`balance::decide`), the rule that an instance whose beats do
-//! not land takes nothing (`taker::unless_unbeaten`, `shared::can_hold`),
-//! the validity a take and a beat give (`shared::valid_from`), the
+//! not land takes nothing (`taker::unless_unbeaten`, `shared::beats::can_hold`),
+//! the validity a take and a beat give (`shared::beats::valid_from`), the
 //! judgement of an observed tenure (`handoff::judge`: lost, draining,
 //! forced), and whether an awaited handoff is forced on its previous
 //! owner's death (`awaited::previous_owner_dead`,
@@ -70,7 +70,7 @@ use crate::config::LeaseConfig;
 use crate::lease::{Checkpoint, Lease};
 use crate::leases::balance::{Balance, BalanceInput, LeaseView, decide};
 use crate::leases::liveness::LivenessTracker;
-use crate::leases::shared::can_hold;
+use crate::leases::shared::beats::can_hold;
 use crate::leases::taker::{free_by_liveness, unless_unbeaten};
 use crate::store::Beat;
 

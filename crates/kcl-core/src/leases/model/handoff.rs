@@ -6,7 +6,7 @@
 use crate::leases::handoff::{Ours, Verdict, judge};
 use crate::leases::held::Phase;
 use crate::leases::renewer::awaited::{forced_by_death, previous_owner_dead};
-use crate::leases::shared::valid_from;
+use crate::leases::shared::beats::valid_from;
 use crate::store::Holder;
 
 use super::{IDS, INSTANCES, Seen, State, at, secs};

@@ -4,6 +4,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -19,7 +20,7 @@ use crate::leases::meter::{Reading, moved};
 use crate::leases::shared::{Shared, each_unblocked};
 use crate::observe::Event;
 use crate::store::retry::{RetryPolicy, retry_until};
-use crate::store::{Beat, BeatUpdate, Holder, StoreError, StoreOp};
+use crate::store::{Beat, BeatUpdate, Holder, StoreError, StoreErrorKind, StoreOp};
 
 pub(crate) mod awaited;
 
@@ -210,13 +211,32 @@ async fn send_beat(
     // Validity counts from the first attempt: a later attempt may succeed
     // only because peers already saw an earlier one land.
     let sent = Instant::now();
+    shared.beat_sending(sent);
+    // Attempts sent, and those refused outright (not applied, for sure).
+    let (tried, refused) = (AtomicU32::new(0), AtomicU32::new(0));
     let result = retry_until(
         StoreOp::Beat,
         deadline,
         renew_policy(&shared.config),
-        || shared.store.beat(&update),
+        || {
+            tried.fetch_add(1, Ordering::Relaxed);
+            let (update, refused) = (&update, &refused);
+            async move {
+                let answer = shared.store.beat(update).await;
+                if answer
+                    .as_ref()
+                    .is_err_and(|e| e.kind() != StoreErrorKind::Retryable)
+                {
+                    refused.fetch_add(1, Ordering::Relaxed);
+                }
+                answer
+            }
+        },
     )
     .await;
+    if result.is_err() && tried.load(Ordering::Relaxed) == refused.load(Ordering::Relaxed) {
+        shared.beat_refused(sent);
+    }
     (result, sent, answered)
 }
 

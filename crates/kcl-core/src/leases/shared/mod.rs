@@ -26,6 +26,7 @@ use crate::observe::{Event, Observer, record_metric};
 use crate::store::timeout::TimeoutStore;
 use crate::store::{Holder, LeaseStore, StoreError};
 
+pub(crate) mod beats;
 mod cut_off;
 mod given_up;
 mod latch;
@@ -82,6 +83,8 @@ pub(crate) struct Shared {
     pub(crate) sync_leader: std::sync::atomic::AtomicBool,
     /// When the last beat that landed was sent (liveness mode).
     pub(crate) last_beat: Mutex<Option<Instant>>,
+    /// See [`Shared::beat_sending`].
+    unsure_beat: Mutex<Option<Instant>>,
     /// When the current beat round was due (the taker ticks between rounds).
     pub(crate) beat_round: Mutex<Option<Instant>>,
     /// When the last successful read of the liveness records was asked for
@@ -166,6 +169,7 @@ impl Shared {
             first_beat: Latch::default(),
             sync_leader: std::sync::atomic::AtomicBool::new(true),
             last_beat: Mutex::new(None),
+            unsure_beat: Mutex::new(None),
             beat_round: Mutex::new(None),
             last_read: Mutex::new(None),
             first_read: Latch::default(),
@@ -198,41 +202,6 @@ impl Shared {
         if let Some(observer) = &self.observer {
             observer.observe(worker, &event);
         }
-    }
-
-    /// The time a write sent at `sent` may count validity from. Every kcl
-    /// instance beats its liveness record, and peers that know it judge its
-    /// leases by its beats alone (the lease duration its record states),
-    /// whatever the lease items show, so no tenure may outlive the last
-    /// beat that landed: validity counts from the earlier of the two (and
-    /// with no beat landed yet, from so long ago that it is over).
-    pub(crate) fn valid_from(&self, sent: Instant) -> Instant {
-        let beat = *self.last_beat.lock().unwrap_or_else(|e| e.into_inner());
-        // Renewing per lease with no beat ever landed (no workers table, or
-        // it cannot be written): no record of this instance exists, so
-        // peers judge its leases by their counters, and its writes alone
-        // give validity, as before every kcl worker beat.
-        if beat.is_none() && !self.liveness_mode() {
-            return sent;
-        }
-        valid_from(beat, sent, self.config.lease_duration)
-    }
-
-    /// True if a tenure taken now would be valid for a while: while the
-    /// last beat that landed is less than the usable part of a lease
-    /// duration old.
-    pub(crate) fn can_hold(&self, now: Instant) -> bool {
-        let beat = *self.last_beat.lock().unwrap_or_else(|e| e.into_inner());
-        if beat.is_none() && !self.liveness_mode() {
-            return true;
-        }
-        can_hold(beat, now, &self.config)
-    }
-
-    /// Records a beat sent at `sent` that landed.
-    pub(crate) fn beat_landed(&self, sent: Instant) {
-        let mut last = self.last_beat.lock().unwrap_or_else(|e| e.into_inner());
-        *last = Some(last.map_or(sent, |l| l.max(sent)));
     }
 
     /// This process's instance id (its liveness record's key).
@@ -604,20 +573,6 @@ impl Shared {
     }
 }
 
-/// The time a write sent at `sent` may count validity from (see
-/// [`Shared::valid_from`]), given the send time of the last beat that
-/// landed (`None`: none has). The model checker runs the same rule.
-pub(crate) fn valid_from(
-    last_beat: Option<Instant>,
-    sent: Instant,
-    lease_duration: std::time::Duration,
-) -> Instant {
-    match last_beat {
-        Some(beat) => beat.min(sent),
-        None => sent.checked_sub(lease_duration).unwrap_or(sent),
-    }
-}
-
 /// `tenure` if its consumer may still be processing at `now`: it ended
 /// less than `timeout` ago, and its consumer still runs.
 fn processing(
@@ -628,12 +583,6 @@ fn processing(
     let held = tenure.upgrade()?;
     let recent = held.ended_at().is_none_or(|at| now < at + timeout);
     (recent && held.consumer_running()).then_some(held)
-}
-
-/// See [`Shared::can_hold`]; the model checker runs the same rule.
-pub(crate) fn can_hold(last_beat: Option<Instant>, now: Instant, config: &LeaseConfig) -> bool {
-    valid_from(last_beat, now, config.lease_duration) + config.lease_duration - config.fence_margin
-        > now
 }
 
 /// A deadline that never comes, until a handoff's previous owner was told.
