@@ -110,19 +110,24 @@ impl Table {
         Ok(beats.into_iter().map(|b| (b.instance.clone(), b)).collect())
     }
 
-    /// The liveness records, or none (with a warning) when they cannot be
-    /// read: a repair then treats every owner as one that renews per lease.
-    async fn beats_or_none(&self) -> Vec<Beat> {
-        match self.beats().await {
-            Ok(beats) => beats.into_values().collect(),
-            Err(e) => {
-                eprintln!(
-                    "warning: {}; treating every owner as renewing per lease",
+    /// The liveness records a repair of `leases` is judged with: an error
+    /// naming the table when they cannot be read and a kcl worker may hold
+    /// one of the leases (see [`operator::records_for`]).
+    async fn records_for(&self, leases: &[Lease]) -> anyhow::Result<Vec<Beat>> {
+        let workers = kcl_dynamodb::schema::workers_table_for(&self.name);
+        operator::records_for(&self.store, leases)
+            .await
+            .map_err(|e| {
+                let e = anyhow::Error::new(e)
+                    .context(format!("reading the liveness records in table {workers}"));
+                anyhow::anyhow!(
+                    "{}: a kcl worker may hold the lease through its liveness record, and \
+                     repairing it without telling that worker would let a peer process the \
+                     shard while it still does; nothing was written (the role needs \
+                     dynamodb:Scan on {workers} too)",
                     aws::explain(&e)
-                );
-                Vec::new()
-            }
-        }
+                )
+            })
     }
 
     /// The lease of `shard` (a shard id or a lease key), in `stream` when
@@ -257,7 +262,7 @@ pub(crate) async fn reset(a: ResetArgs) -> anyhow::Result<()> {
     // Held by kcl instances with liveness records, a lease is evicted by a
     // handoff to nobody, and the holder told through its record.
     let beats = if a.force {
-        table.beats_or_none().await
+        table.records_for(&leases).await?
     } else {
         Vec::new()
     };
@@ -629,7 +634,7 @@ pub(crate) async fn release(a: ReleaseArgs) -> anyhow::Result<()> {
         println!("shard {shard} is not owned by any worker; nothing to release");
         return Ok(());
     };
-    let beats = table.beats_or_none().await;
+    let beats = table.records_for(std::slice::from_ref(&lease)).await?;
     // Pinned to the tenure (and counter) read above: if the worker re-took
     // the lease since (a new tenure), nothing is released.
     match operator::release(&table.store, &lease, &beats).await {

@@ -2024,3 +2024,37 @@ async fn a_per_lease_worker_whose_first_beat_landed_unanswered_holds_no_longer_t
     );
     assert_eq!(workers[1].processing_keys().len(), SHARDS);
 }
+
+/// An operator's repair (`kcl leases release`, `reset --force`) judged
+/// without the liveness records (the workers table unreadable: a role
+/// allowed only the lease table, throttling) is refused for a lease a kcl
+/// instance holds or drains: it may renew through a record the read did not
+/// see, and the plain release the CLI fell back to let a peer process the
+/// shard while it still did. A lease whose owner has no kcl tenure (a Java
+/// KCL worker, renewing per lease) is still repaired without records.
+#[tokio::test(start_paused = true)]
+async fn an_operators_repair_without_the_liveness_records_is_refused_for_a_kcl_holder() {
+    use kcl_core::leases::operator::records_for;
+    let table = table_with(1).await;
+    let mut held = table.snapshot().remove(0);
+    held.owner = Some("w".into());
+    held.tenure = Some("i-w.1".into());
+    let mut java = held.clone();
+    java.tenure = None;
+    let mut draining = java.clone();
+    draining.owner = Some("thief".into());
+    draining.checkpoint_owner = Some("w".into());
+    draining.checkpoint_owner_tenure = held.tenure.clone();
+    let unreadable = || {
+        table.inject(StoreOp::ReadBeats, Fault::Error(StoreErrorKind::Retryable));
+    };
+    for lease in [&held, &draining] {
+        unreadable();
+        let refused = records_for(&table, std::slice::from_ref(lease)).await;
+        assert!(refused.is_err(), "{lease:?}: {refused:?}");
+    }
+    unreadable();
+    let java_only = records_for(&table, std::slice::from_ref(&java)).await;
+    assert!(java_only.is_ok_and(|beats| beats.is_empty()));
+    assert!(records_for(&table, &[held, draining]).await.is_ok());
+}

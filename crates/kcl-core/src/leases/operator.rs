@@ -48,6 +48,38 @@ pub enum Released {
     },
 }
 
+/// The liveness records a repair of `leases` is judged with ([`release`],
+/// [`evict`]), as `store` answers them. When they cannot be read and a
+/// kcl instance may hold or drain one of the leases (it carries a kcl
+/// tenure), the read's error: that holder may renew through a record the
+/// read did not see, and a plain release or reset would let a peer take
+/// the shard while it still processes. Otherwise, failing, no records:
+/// an owner without a tenure (a Java KCL worker) renews per lease and
+/// learns from its next renewal. (A missing workers table is no failure:
+/// it holds no records.)
+pub async fn records_for(
+    store: &dyn LeaseStore,
+    leases: &[Lease],
+) -> Result<Vec<Beat>, StoreError> {
+    match store.beats().await {
+        Ok(beats) => Ok(beats),
+        Err(e) if leases.iter().any(kcl_tenured) => Err(e),
+        Err(_) => Ok(Vec::new()),
+    }
+}
+
+/// Whether a kcl instance may hold or drain `lease`: an owner or a
+/// running handoff's previous owner under a tenure kcl wrote.
+fn kcl_tenured(lease: &Lease) -> bool {
+    let owner = lease.owner.is_some() && lease.tenure.is_some();
+    let draining = lease.checkpoint_owner.is_some()
+        && lease
+            .checkpoint_owner_tenure
+            .as_deref()
+            .is_some_and(|t| !is_evicted_tenure(t));
+    owner || draining
+}
+
 /// The instance holding `lease` if it is a kcl instance with a liveness
 /// record among `beats`: the instance its tenure names, while that record
 /// names the lease's owner (a Java KCL take leaves the last kcl tenure
