@@ -219,7 +219,10 @@ impl WorkerBuilder {
         self
     }
 
-    /// Uses these clients, as configured (their timeouts included).
+    /// Uses these clients, as configured. The lease-table client gets the
+    /// timeouts [`Self::sdk_config`] describes where its own leave them
+    /// unset; the Kinesis client is used as it is (kcl bounds each of its
+    /// calls itself).
     pub fn clients(
         mut self,
         kinesis: aws_sdk_kinesis::Client,
@@ -482,7 +485,7 @@ impl WorkerBuilder {
         // run(), which can ask Kinesis.
         check_stream_names(self.streams.iter().map(String::as_str))?;
         let dynamodb = match (dynamodb, &sdk) {
-            (Some(dynamodb), _) => dynamodb,
+            (Some(dynamodb), _) => bounded_client(dynamodb, lease.store_timeout()),
             (None, Some(sdk)) => lease_table_client(sdk, lease.store_timeout()),
             (None, None) => unreachable!("a client pair or an SdkConfig was checked above"),
         };
@@ -623,9 +626,33 @@ fn retrieval(
 
 /// The lease table's client, with timeouts `sdk` leaves unset.
 fn lease_table_client(sdk: &SdkConfig, call_timeout: Duration) -> aws_sdk_dynamodb::Client {
+    let config = aws_sdk_dynamodb::config::Builder::from(sdk)
+        .timeout_config(lease_table_timeouts(sdk.timeout_config(), call_timeout))
+        .build();
+    aws_sdk_dynamodb::Client::from_conf(config)
+}
+
+/// `client` with kcl's timeouts where its own leave them unset: the lease
+/// store's calls are bounded on their own, but the startup steps (the
+/// tables checked or created) were not, and a request stuck on a dead
+/// connection held startup for good.
+fn bounded_client(
+    client: aws_sdk_dynamodb::Client,
+    call_timeout: Duration,
+) -> aws_sdk_dynamodb::Client {
+    let config = client.config();
+    let timeouts = lease_table_timeouts(config.timeout_config(), call_timeout);
+    aws_sdk_dynamodb::Client::from_conf(config.to_builder().timeout_config(timeouts).build())
+}
+
+/// `set`, with a 2 s connect timeout and an attempt timeout of half the
+/// lease-table call timeout where it leaves them unset.
+fn lease_table_timeouts(
+    set: Option<&aws_config::timeout::TimeoutConfig>,
+    call_timeout: Duration,
+) -> aws_config::timeout::TimeoutConfig {
     use aws_config::timeout::TimeoutConfig;
-    let mut timeouts = sdk
-        .timeout_config()
+    let mut timeouts = set
         .cloned()
         .unwrap_or_else(|| TimeoutConfig::builder().build());
     timeouts.take_defaults_from(
@@ -634,10 +661,7 @@ fn lease_table_client(sdk: &SdkConfig, call_timeout: Duration) -> aws_sdk_dynamo
             .operation_attempt_timeout((call_timeout / 2).max(Duration::from_millis(250)))
             .build(),
     );
-    let config = aws_sdk_dynamodb::config::Builder::from(sdk)
-        .timeout_config(timeouts)
-        .build();
-    aws_sdk_dynamodb::Client::from_conf(config)
+    timeouts
 }
 
 fn valid_table_name(name: &str) -> bool {

@@ -5,7 +5,9 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use aws_sdk_kinesis::error::SdkError;
 use kcl_core::LeaseLayout;
 use kcl_core::source::SourceError;
 use kcl_core::worker::{StreamSpec, StreamTracker};
@@ -124,6 +126,10 @@ impl StreamTracker for NameTracker {
     }
 }
 
+/// The longest one `DescribeStreamSummary` may take before it counts as
+/// failed (retryably: no answer at all).
+const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The Java KCL's multi-stream identifier: `account:stream:creationEpoch`.
 async fn stream_identifier(
     kinesis: &aws_sdk_kinesis::Client,
@@ -134,7 +140,15 @@ async fn stream_identifier(
         Some(arn) => kinesis.describe_stream_summary().stream_arn(arn.as_str()),
         None => kinesis.describe_stream_summary().stream_name(stream),
     };
-    let out = request.send().await.map_err(|e| {
+    // The SDK's defaults bound no call: a describe that is never answered
+    // held startup (or a tracker's round) for good.
+    let sent = match tokio::time::timeout(DESCRIBE_TIMEOUT, request.send()).await {
+        Ok(answer) => answer,
+        Err(_) => Err(SdkError::timeout_error(format!(
+            "DescribeStreamSummary did not answer within {DESCRIBE_TIMEOUT:?}"
+        ))),
+    };
+    let out = sent.map_err(|e| {
         if e.as_service_error()
             .is_some_and(|s| s.is_resource_not_found_exception())
         {
@@ -172,6 +186,40 @@ mod tests {
     /// A name the application no longer lists is described again if it
     /// comes back (the stream may have been created anew); the ones still
     /// listed are not described again.
+    /// A `DescribeStreamSummary` that is never answered fails after
+    /// `DESCRIBE_TIMEOUT`, retryably, so that startup retries it while the
+    /// readiness probe says why. Before, the call had no bound (the SDK's
+    /// defaults set none) and the worker never started.
+    #[tokio::test(start_paused = true)]
+    async fn a_describe_that_is_never_answered_fails_retryably() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Accepts, reads nothing, answers nothing.
+        let _held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                open.push(stream);
+            }
+        });
+        let config = aws_sdk_kinesis::Config::builder()
+            .behavior_version(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new("us-east-1"))
+            .credentials_provider(aws_sdk_kinesis::config::Credentials::new(
+                "test", "test", None, None, "test",
+            ))
+            .endpoint_url(format!("http://{addr}"))
+            .build();
+        let kinesis = aws_sdk_kinesis::Client::from_conf(config);
+        let answer = tokio::time::timeout(
+            Duration::from_secs(600),
+            stream_identifier(&kinesis, "orders"),
+        )
+        .await
+        .expect("the describe is still waiting after 600 s");
+        let err = answer.expect_err("nothing answered");
+        assert!(err.is_retryable(), "{err}");
+    }
+
     #[tokio::test]
     async fn a_stream_no_longer_listed_is_forgotten_and_the_others_kept() {
         let kinesis = aws_sdk_kinesis::Client::new(&crate::test_support::offline_sdk());

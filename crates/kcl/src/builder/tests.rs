@@ -115,3 +115,39 @@ fn build_names_the_field_of_an_engine_setting_it_rejects() {
         }
     }
 }
+
+/// A lease-table client given with `.clients()` gets kcl's timeouts where
+/// its own leave them unset, and keeps those it sets. Before, such a
+/// client was used as it came, and with the SDK's defaults (no attempt
+/// timeout) a startup check of the tables stuck on a dead connection held
+/// the worker for good.
+#[test]
+fn a_given_lease_table_client_gets_the_timeouts_it_leaves_unset() {
+    use aws_config::timeout::TimeoutConfig;
+    let sdk = offline_sdk();
+    let with = |dynamodb: aws_sdk_dynamodb::Client| {
+        Worker::builder("facade-app")
+            .stream("orders")
+            .clients(aws_sdk_kinesis::Client::new(&sdk), dynamodb)
+            .processor(|_: &kcl_core::processor::ShardContext| NoOp)
+            .build()
+            .unwrap()
+    };
+    let bare = with(aws_sdk_dynamodb::Client::new(&sdk));
+    let timeouts = bare.dynamodb.config().timeout_config().cloned().unwrap();
+    let half = bare.lease.store_timeout() / 2;
+    assert_eq!(timeouts.operation_attempt_timeout(), Some(half));
+    assert_eq!(timeouts.connect_timeout(), Some(Duration::from_secs(2)));
+    let own = TimeoutConfig::builder()
+        .operation_attempt_timeout(Duration::from_secs(7))
+        .build();
+    let config = aws_sdk_dynamodb::config::Builder::from(&sdk)
+        .timeout_config(own)
+        .build();
+    let set = with(aws_sdk_dynamodb::Client::from_conf(config));
+    let timeouts = set.dynamodb.config().timeout_config().cloned().unwrap();
+    assert_eq!(
+        timeouts.operation_attempt_timeout(),
+        Some(Duration::from_secs(7))
+    );
+}
