@@ -3,8 +3,9 @@
 //! operators see it in `kcl leases`), then the lease is deleted.
 //!
 //! A finished lease is deleted only when every child shard of it has a
-//! lease of its own: shard sync treats "closed, no lease, a child leased"
-//! as finished, so a deleted parent is never recreated and re-read.
+//! lease of its own: shard sync treats "closed, no lease, a descendant
+//! leased" as finished, so a deleted parent is never recreated and
+//! re-read, even once its children's leases are deleted in turn.
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -20,7 +20,8 @@
 //!   skipped. With `LATEST` this includes closed shards that descend from a
 //!   leased shard: they sit between processed records and the open
 //!   descendants, and skipping them would lose records (invariant 8).
-//! - A closed shard without a lease but with a leased child is
+//! - A closed shard without a lease but with a leased descendant (a child,
+//!   or further down once cleanup deleted the children too) is
 //!   **finished**: its lease was processed to `SHARD_END` and cleaned up.
 //!   It is not re-created (that would re-process it), and its children
 //!   count it as processed.
@@ -111,13 +112,24 @@ pub fn plan(
 
     let by_id: HashMap<&str, &ShardInfo> =
         shards.iter().map(|s| (s.shard_id.as_str(), s)).collect();
-    let mut children: HashMap<&str, Vec<&str>> = HashMap::new();
-    for shard in shards {
-        for parent in shard.parents() {
-            children
-                .entry(parent)
-                .or_default()
-                .push(shard.shard_id.as_str());
+
+    // The shards with a leased descendant. A lease below a shard is made
+    // only once the shard has one (or was skipped), and cleanup deletes
+    // only finished leases, so a closed shard with no lease but one below
+    // was finished. After two generations of resharding cleanup leaves
+    // only the grandchildren's leases: judged by its children alone, such
+    // a shard was read again from its start, after its descendants.
+    let mut leased_below: HashSet<&str> = HashSet::new();
+    let mut up: Vec<&str> = shards
+        .iter()
+        .map(|s| s.shard_id.as_str())
+        .filter(|id| has_lease(id))
+        .collect();
+    while let Some(id) = up.pop() {
+        for parent in by_id.get(id).into_iter().flat_map(|s| s.parents()) {
+            if leased_below.insert(parent) {
+                up.push(parent);
+            }
         }
     }
 
@@ -130,10 +142,7 @@ pub fn plan(
         create: Vec::new(),
         has_lease: &has_lease,
         finished: &|shard: &ShardInfo| {
-            shard.is_closed()
-                && children
-                    .get(shard.shard_id.as_str())
-                    .is_some_and(|kids| kids.iter().any(|k| has_lease(k)))
+            shard.is_closed() && leased_below.contains(shard.shard_id.as_str())
         },
     };
     for shard in shards {

@@ -87,6 +87,16 @@ fn plan_table() {
         shard("a1", &["a"], (0, HALF / 2), false),
         shard("a2", &["a"], (HALF / 2 + 1, HALF), false),
     ];
+    // p -> (a, b) -> (a1, a2, b1, b2): two generations of resharding.
+    let generations = vec![
+        shard("p", &[], ALL, true),
+        shard("a", &["p"], LOW, true),
+        shard("b", &["p"], HIGH, true),
+        shard("a1", &["a"], (0, HALF / 2), false),
+        shard("a2", &["a"], (HALF / 2 + 1, HALF), false),
+        shard("b1", &["b"], (HALF + 1, HALF + HALF / 2), false),
+        shard("b2", &["b"], (HALF + HALF / 2 + 1, u128::MAX), false),
+    ];
     type Case<'a> = (
         &'a str,
         &'a [ShardInfo],
@@ -117,6 +127,13 @@ fn plan_table() {
         ("chain, root leased, LATEST", &chain, leased(&["p"]), LATEST, vec![("a", T), ("a1", T), ("a2", T), ("b", T)]),
         ("chain, fresh, LATEST", &chain, vec![], LATEST, vec![("b", L), ("a1", L), ("a2", L)]),
         ("chain, a finished", &chain, leased(&["p", "a1", "a2"]), TH, vec![("b", T)]),
+        // Cleanup deleted `p` once `a` and `b` were leased, then `a` and
+        // `b` once theirs were: `p` is finished, not a root to read again
+        // (it was re-created at the initial position, its records and its
+        // children's replayed after the grandchildren's).
+        ("two generations finished", &generations, leased(&["a1", "a2", "b1", "b2"]), TH, vec![]),
+        ("two generations finished, AT_TIMESTAMP", &generations, leased(&["a1", "a2", "b1", "b2"]), at_ts(), vec![]),
+        ("two generations, half finished", &generations, leased(&["a1", "a2", "b"]), TH, vec![("b1", T), ("b2", T)]),
         // The parent's lease outlived its listing (trimmed): the child
         // still waits for it and starts at its first record.
         ("parent trimmed but leased", &split[1..], leased(&["p"]), LATEST, vec![("a", T), ("b", T)]),
