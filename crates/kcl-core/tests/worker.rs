@@ -1076,6 +1076,60 @@ async fn a_removed_streams_lease_the_leader_still_holds_costs_no_scan() {
     task.abort();
 }
 
+/// A removed stream's leases are deleted together, once none is held: its
+/// released parent stays while a live worker still holds the child. Before,
+/// the parent went at once, and the stream, added back meanwhile, found
+/// the child leased and the parent gone, took the parent for finished and
+/// skipped what it had left.
+#[tokio::test(start_paused = true)]
+async fn a_removed_streams_leases_go_together_once_none_is_held() {
+    let (source, b) = streams_a_and_b();
+    let Tracked {
+        store,
+        tracker,
+        handle,
+        task,
+        ..
+    } = start_tracked(&source);
+    sleep(TICK * 2).await;
+    let mut child = multi("b")
+        .layout
+        .new_lease("shardId-child", Checkpoint::TrimHorizon)
+        .with_parents([b.as_str()]);
+    child.owner = Some("w-live".into());
+    store.create_if_absent(&child).await.unwrap();
+    let by = kcl_core::store::Holder {
+        owner: "w-live",
+        tenure: None,
+    };
+    let live = {
+        let (store, key) = (store.clone(), child.key.clone());
+        tokio::spawn(async move {
+            let mut counter = 0;
+            loop {
+                counter = store.renew(&key, by, counter).await.unwrap().counter;
+                sleep(Duration::from_secs(3)).await;
+            }
+        })
+    };
+    list_b_then_remove_it(&tracker).await;
+    let parent = multi("b").layout.new_lease(&b, Checkpoint::TrimHorizon).key;
+    let present = async |key: &str| store.get(key).await.unwrap().is_some();
+    // Well past the deletion's delay (20 s): the parent waits for the child.
+    sleep(Duration::from_secs(60)).await;
+    assert!(
+        present(&parent).await,
+        "the parent went while its child is held"
+    );
+    assert!(present(&child.key).await);
+    live.abort();
+    store.release(&child.key, by).await.unwrap();
+    sleep(Duration::from_secs(20)).await;
+    assert!(!present(&parent).await && !present(&child.key).await);
+    handle.shutdown();
+    task.await.unwrap().unwrap();
+}
+
 /// A removed stream's lease that a worker which died still holds is
 /// deleted once due, as soon as the sync leader's taker judges its holder
 /// gone (as it would judge a lease it could take): a holder renewing per

@@ -40,9 +40,10 @@ pub trait StreamTracker: Send + Sync + fmt::Debug {
 pub enum RemovedStreamPolicy {
     /// Keep them (with their checkpoints) in the table.
     Keep,
-    /// Delete them this long after the removal was seen, once released;
-    /// a lease a dead worker still holds, once the sync leader judges its
-    /// holder gone (as for a take).
+    /// Delete them this long after the removal was seen, all together
+    /// once none is held (a lease a dead worker still holds counts as
+    /// released once the sync leader judges its holder gone, as for a
+    /// take).
     DeleteAfter(Duration),
 }
 
@@ -82,10 +83,11 @@ pub(super) struct Deletion {
     pub(super) unjudged: usize,
 }
 
-/// Deletes the released leases of streams removed at least `delay` ago
-/// (each guarded by its counter), from `leases`, a scan of this round.
-/// Leases still held are left for their holder to release first, unless
-/// `judged` says the holder is gone (the lease is one a taker would take).
+/// Deletes the leases of streams removed at least `delay` ago (each
+/// guarded by its counter), from `leases`, a scan of this round. A stream's
+/// leases go together once none is held: a lease still held waits for its
+/// holder to release it, unless `judged` says the holder is gone (the
+/// lease is one a taker would take).
 pub(super) async fn delete_removed_leases(
     store: &dyn LeaseStore,
     removed_at: &mut HashMap<LeaseLayout, (String, Instant)>,
@@ -100,22 +102,33 @@ pub(super) async fn delete_removed_leases(
         .map(|(layout, (name, _))| (layout.clone(), name.clone()))
         .collect();
     for (layout, name) in due {
-        let mut left = 0;
-        for lease in leases.iter().filter(|l| layout.owns(l)) {
-            if lease.owner.is_some() || lease.in_handoff() {
-                match judged(lease) {
-                    HolderJudged::Gone => {}
-                    HolderJudged::Holding => {
-                        left += 1;
-                        continue;
-                    }
-                    HolderJudged::NotYet => {
-                        done.unjudged += 1;
-                        left += 1;
-                        continue;
-                    }
+        let mut stream: Vec<&Lease> = leases.iter().filter(|l| layout.owns(l)).collect();
+        // All or none: a stream added back with some of its leases gone
+        // found a parent missing under a leased child, took it for
+        // finished and skipped what the parent had left.
+        let mut held = 0;
+        for lease in stream
+            .iter()
+            .filter(|l| l.owner.is_some() || l.in_handoff())
+        {
+            match judged(lease) {
+                HolderJudged::Gone => {}
+                HolderJudged::Holding => held += 1,
+                HolderJudged::NotYet => {
+                    done.unjudged += 1;
+                    held += 1;
                 }
             }
+        }
+        if held > 0 {
+            continue;
+        }
+        // Children first: should a delete fail (the lease moved) and the
+        // stream come back, a parent is left to read again before its
+        // children, never a child without its parent.
+        children_first(&mut stream);
+        let mut left = 0;
+        for lease in stream {
             match store.delete(&lease.key, lease.counter).await {
                 Ok(()) => {
                     done.deleted += 1;
@@ -129,4 +142,79 @@ pub(super) async fn delete_removed_leases(
         }
     }
     done
+}
+
+/// Orders one stream's `leases` so that every lease comes before those of
+/// its parents (by how many ancestors each has among them).
+fn children_first(leases: &mut [&Lease]) {
+    let by_shard: HashMap<&str, &Lease> =
+        leases.iter().map(|l| (l.shard_id.as_str(), *l)).collect();
+    let mut depths: HashMap<&str, usize> = HashMap::new();
+    for lease in leases.iter() {
+        depth(&lease.shard_id, &by_shard, &mut depths, &mut Vec::new());
+    }
+    leases.sort_by_key(|l| std::cmp::Reverse(depths.get(l.shard_id.as_str()).copied()));
+}
+
+/// How many generations of `shard`'s ancestors `by_shard` holds; a parent
+/// cycle (a malformed table) is cut where it closes.
+fn depth<'a>(
+    shard: &'a str,
+    by_shard: &HashMap<&'a str, &'a Lease>,
+    depths: &mut HashMap<&'a str, usize>,
+    path: &mut Vec<&'a str>,
+) -> usize {
+    if let Some(d) = depths.get(shard) {
+        return *d;
+    }
+    let Some(lease) = by_shard.get(shard) else {
+        return 0;
+    };
+    if path.contains(&shard) {
+        return 0;
+    }
+    path.push(shard);
+    let d = lease
+        .parent_shard_ids
+        .iter()
+        .filter(|p| by_shard.contains_key(p.as_str()))
+        .map(|p| depth(p, by_shard, depths, path) + 1)
+        .max()
+        .unwrap_or(0);
+    path.pop();
+    depths.insert(shard, d);
+    d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::Checkpoint;
+
+    fn lease(shard: &str, parents: &[&str]) -> Lease {
+        LeaseLayout::SingleStream
+            .new_lease(shard, Checkpoint::TrimHorizon)
+            .with_parents(parents.iter().copied())
+    }
+
+    /// Every lease is deleted before its parents' (a merge's two, a
+    /// parent whose lease is already gone, a malformed cycle): a deletion
+    /// cut short leaves parents, never a child without its parent.
+    #[test]
+    fn a_streams_leases_are_deleted_children_first() {
+        let leases = [
+            lease("p", &[]),
+            lease("q", &[]),
+            lease("x", &["gone"]),
+            lease("m", &["p", "q"]),
+            lease("g", &["m"]),
+            lease("c1", &["c2"]),
+            lease("c2", &["c1"]),
+        ];
+        let mut order: Vec<&Lease> = leases.iter().collect();
+        children_first(&mut order);
+        let at = |shard: &str| order.iter().position(|l| l.shard_id == shard).unwrap();
+        assert!(at("g") < at("m") && at("m") < at("p") && at("m") < at("q"));
+        assert_eq!(order.len(), leases.len());
+    }
 }
