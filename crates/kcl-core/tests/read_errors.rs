@@ -13,7 +13,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use kcl_core::LeaseConfig;
 use kcl_core::source::memory::InMemoryShardSource;
-use kcl_core::source::{Batch, OpenShard, ShardInfo, ShardReader, ShardSource, SourceError};
+use kcl_core::source::{
+    Batch, InitialPosition, OpenShard, ShardInfo, ShardReader, ShardSource, SourceError,
+    StartPosition,
+};
 use kcl_core::store::memory::InMemoryLeaseStore;
 use kcl_core::test_util::fleet::{self, Payloads, Seen};
 use kcl_core::test_util::metrics::Recorded;
@@ -26,6 +29,9 @@ enum Open {
     Fails(Kind),
     /// The open succeeds, and the reader's first fetch fails with this.
     ReadFails(Kind),
+    /// As `ReadFails`, with three records (`late-0` to `late-2`) written
+    /// between the open and that fetch.
+    WrittenThenReadFails(Kind),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -65,6 +71,8 @@ struct Scripted {
     table: InMemoryLeaseStore,
     script: Mutex<VecDeque<Open>>,
     opens: Mutex<Vec<usize>>,
+    /// Where each open started.
+    positions: Mutex<Vec<StartPosition>>,
 }
 
 impl Scripted {
@@ -92,10 +100,24 @@ impl ShardSource for Scripted {
             .lock()
             .unwrap()
             .push(self.table.owner_changes().len());
+        self.positions
+            .lock()
+            .unwrap()
+            .push(request.position.clone());
         let next = self.script.lock().unwrap().pop_front();
         let (stream, shard) = (request.stream.clone(), request.shard_id.clone());
         match next {
             Some(Open::Fails(kind)) => Err(kind.error(&stream, &shard)),
+            Some(Open::WrittenThenReadFails(kind)) => {
+                let inner = self.inner.open(request).await?;
+                for i in 0..3 {
+                    self.inner.put(&stream, "pk", format!("late-{i}")).unwrap();
+                }
+                Ok(Box::new(FailsFirst {
+                    inner,
+                    first: Some(kind.error(&stream, &shard)),
+                }))
+            }
             Some(Open::ReadFails(kind)) => Ok(Box::new(FailsFirst {
                 inner: self.inner.open(request).await?,
                 first: Some(kind.error(&stream, &shard)),
@@ -143,6 +165,11 @@ struct Run {
 
 impl Run {
     fn start(stream: &str, script: Vec<Open>) -> Run {
+        Self::start_at(stream, script, InitialPosition::TrimHorizon)
+    }
+
+    /// [`Run::start`], a new lease starting at `initial`.
+    fn start_at(stream: &str, script: Vec<Open>, initial: InitialPosition) -> Run {
         Recorded::global();
         let inner = InMemoryShardSource::new();
         let shard = inner.create_stream(stream, 1).remove(0);
@@ -155,12 +182,14 @@ impl Run {
             table: table.clone(),
             script: Mutex::new(script.into()),
             opens: Mutex::default(),
+            positions: Mutex::default(),
         });
         let lease = LeaseConfig::builder("w-a")
             .taker_interval(Duration::from_secs(10))
             .build()
             .unwrap();
         let config = fleet::one_stream(lease, stream)
+            .initial_position(initial)
             // The attempts' count is what these tests judge: the time
             // bound on failing reads (tests/progress.rs) stays out of it.
             .max_read_failure_time(Duration::from_secs(3600))
@@ -246,4 +275,33 @@ async fn fatal_errors_at_read_and_reopen_count_together_until_a_batch_arrives() 
     let mut script = vec![Open::ReadFails(Kind::Fatal)];
     script.extend([Open::Fails(Kind::Fatal); 4]);
     assert_run("fatal-read-then-reopens", script, &[5, 1], 1).await;
+}
+
+/// A reader opened at `LATEST` that fails for good before handing any
+/// record on is opened again at the time the first was asked for: what
+/// was written meanwhile is read, nothing from before. Opened again at a
+/// new `LATEST`, it skipped those records.
+#[tokio::test(start_paused = true)]
+async fn a_reader_reopened_before_any_record_from_latest_reads_what_came_meanwhile() {
+    let run = Run::start_at(
+        "latest-reopened",
+        vec![Open::WrittenThenReadFails(Kind::Fatal)],
+        InitialPosition::Latest,
+    );
+    fleet::wait_until(
+        Duration::from_secs(600),
+        Duration::from_millis(100),
+        || run.seen.lock().unwrap().len() >= 3,
+        || format!("opened at {:?}", run.source.positions.lock().unwrap()),
+    )
+    .await;
+    run.handle.shutdown();
+    let late: Vec<String> = (0..3).map(|i| format!("late-{i}")).collect();
+    assert_eq!(run.seen(), late);
+    let positions = run.source.positions.lock().unwrap().clone();
+    assert_eq!(positions[0], StartPosition::Latest);
+    assert!(
+        matches!(positions[1], StartPosition::AtTimestamp(_)),
+        "{positions:?}"
+    );
 }

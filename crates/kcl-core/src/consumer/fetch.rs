@@ -1,6 +1,8 @@
 //! The reading side of a consumer: opening the shard's reader, fetching
 //! under the read deadline, and counting each batch handed on.
 
+use std::time::SystemTime;
+
 use super::read_errors::{ReadFailures, Retry, Stage};
 use super::{Consumer, Stop};
 use crate::lease::Checkpoint;
@@ -87,8 +89,17 @@ impl Fetch {
             return Ok(None);
         };
         let mut failures = ReadFailures::new(c);
+        let asked = SystemTime::now();
+        let reader = open_reader(c, position.clone(), &mut failures).await?;
+        // A reader opened at LATEST fixed "latest": one opened again before
+        // any record was handed on (the first failed for good) starts at
+        // that time, not at a new LATEST that skips what came meanwhile.
+        let position = match position {
+            StartPosition::Latest => StartPosition::AtTimestamp(asked),
+            position => position,
+        };
         Ok(Some(Fetch {
-            reader: open_reader(c, position.clone(), &mut failures).await?,
+            reader,
             position,
             labels: shard_labels(c),
             failures,

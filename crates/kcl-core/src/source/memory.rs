@@ -347,7 +347,12 @@ impl ShardSource for InMemoryShardSource {
                 source: None,
             })?;
         let next = match &request.position {
-            StartPosition::TrimHorizon | StartPosition::AtTimestamp(_) => 0,
+            StartPosition::TrimHorizon => 0,
+            StartPosition::AtTimestamp(t) => shard
+                .records
+                .iter()
+                .position(|r| r.approximate_arrival.is_some_and(|a| a >= *t))
+                .unwrap_or(shard.records.len()),
             StartPosition::Latest => shard.records.len(),
             StartPosition::AfterCheckpoint { seq, sub } => shard
                 .records

@@ -5,7 +5,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use aws_sdk_kinesis::types::SubscribeToShardEventStream;
 use kcl_core::backoff::Pauses;
@@ -312,9 +312,10 @@ impl Subscriber {
                 return Err(self.lease_lost());
             }
             self.pace().await?;
+            let asked = SystemTime::now();
             let ended = match self.subscribe().await? {
                 Ok(events) => {
-                    self.subscribed();
+                    self.subscribed(asked);
                     self.read(events).await?
                 }
                 Err(c) => {
@@ -454,7 +455,14 @@ impl Subscriber {
         Ok(subscribed)
     }
 
-    fn subscribed(&mut self) {
+    /// Counts a subscription asked for at `asked` that the service took.
+    /// One at `LATEST` fixed "latest": a subscription made again before
+    /// any event (the first died silent, or failed) starts at that time,
+    /// not at a new `LATEST` that skips what was written meanwhile.
+    fn subscribed(&mut self, asked: SystemTime) {
+        if matches!(self.start, IteratorStart::Latest) {
+            self.start = IteratorStart::AtTimestamp(asked);
+        }
         self.meters.subscriptions.increment(1);
         if self.subscriptions > 0 {
             self.shared.stats.resubscribe();

@@ -265,6 +265,33 @@ async fn stream_failures_resume_after_the_last_event_and_are_reported_past_the_l
     assert_renewals_continue(&s);
 }
 
+/// From `LATEST`, a subscription lost before its first event (the
+/// connection died without a word) is made again at the time the first
+/// was asked for: what was written meanwhile is read, nothing from before.
+/// A new `LATEST` skipped it.
+#[tokio::test(start_paused = true)]
+async fn a_latest_subscription_lost_before_its_first_event_resumes_at_its_time() {
+    let s = setup();
+    put_plain(&s, 0..3);
+    s.fake.fail_stream_after(0, StreamFault::Silent);
+    let mut reader = open(&s, StartPosition::Latest).await;
+    // The subscription is made after `open`.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    put_plain(&s, 3..6);
+    read_plain(reader.as_mut(), 3..6).await;
+    let starts: Vec<IteratorStart> = s
+        .fake
+        .subscriptions()
+        .into_iter()
+        .map(|(_, at)| at)
+        .collect();
+    assert_eq!(starts[0], IteratorStart::Latest, "{starts:?}");
+    assert!(
+        matches!(starts[1], IteratorStart::AtTimestamp(_)),
+        "{starts:?}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn records_sent_again_are_dropped() {
     let s = setup_with(|c| c.subscription_lifetime(Duration::from_secs(2)));
