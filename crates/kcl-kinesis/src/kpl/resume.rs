@@ -15,7 +15,20 @@ use kcl_core::{Checkpoint, Record};
 /// checkpoint's, and a record from before the checkpoint (a re-delivered
 /// batch) whatever its sub-sequence. See [`Position::covered_by`], which
 /// also says what sentinels and numbers that are not decimal do.
+///
+/// A record this reader did not split (a plain one, or an aggregate passed
+/// through whole as malformed) is not covered by a checkpoint past the
+/// first sub-record of its sequence number: whoever checkpointed split it
+/// (another kcl version, the Java KCL), and the sub-records after the
+/// checkpoint are only in this record. It is delivered again whole.
 pub fn is_checkpointed(record: &Record, checkpoint: &Checkpoint) -> bool {
+    if let Checkpoint::Sequence { seq, sub } = checkpoint
+        && *sub > 0
+        && !record.aggregated
+        && *seq == record.sequence_number
+    {
+        return false;
+    }
     Position::of(record).covered_by(checkpoint)
 }
 
@@ -125,6 +138,28 @@ mod tests {
         assert_eq!(records.len(), 6);
         assert_eq!(records[0].sub_sequence_number, 0);
         assert_eq!(records[0].sequence_number, SEQ);
+    }
+
+    /// An aggregate passed through whole (malformed to this reader) at a
+    /// checkpoint inside it, written by a worker that split it, is
+    /// delivered again: dropped, its sub-records after the checkpoint
+    /// were lost. At the first sub-record's checkpoint (the same as a
+    /// plain record's) it is taken as done.
+    #[test]
+    fn a_record_not_split_here_is_not_covered_past_its_first_sub_record() {
+        let whole = |seq: &str| Record {
+            data: Bytes::from_static(b"whole"),
+            partition_key: "pk".to_owned(),
+            explicit_hash_key: None,
+            sequence_number: seq.to_owned(),
+            sub_sequence_number: 0,
+            approximate_arrival: None,
+            aggregated: false,
+        };
+        assert!(!is_checkpointed(&whole(SEQ), &Checkpoint::at(SEQ, 3)));
+        assert!(is_checkpointed(&whole(SEQ), &Checkpoint::at(SEQ, 0)));
+        let before = "49590338271490256608559692538361571095921575989136588897";
+        assert!(is_checkpointed(&whole(before), &Checkpoint::at(SEQ, 3)));
     }
 
     #[test]
