@@ -1661,3 +1661,116 @@ async fn shutdown_and_wait_reports_drained_cut_off_and_released_shards() {
         "every lease released"
     );
 }
+
+/// A shutdown asked for while the lease taker's pass takes thousands of
+/// leases completes, and releases them all: the pass reports each take on
+/// the worker's event channel, which the worker reads until the
+/// coordinator has stopped. Before, the worker stopped reading once its
+/// consumers drained; the pass filled the channel (1,024 events), waited
+/// on it for good, and so did the shutdown.
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_during_a_pass_taking_thousands_of_leases_completes() {
+    use kcl_core::store::memory::RandomFaults;
+    const SHARDS: usize = 2_000;
+    let source = InMemoryShardSource::new();
+    let shards = source.create_stream(STREAM, SHARDS);
+    let table = InMemoryLeaseStore::new();
+    for shard in &shards {
+        let lease = LeaseLayout::SingleStream.new_lease(shard, Checkpoint::TrimHorizon);
+        table.create_if_absent(&lease).await.unwrap();
+    }
+    // Each call up to 50 ms: the pass takes seconds.
+    let slow = table.handle();
+    slow.set_random_faults(Some(RandomFaults {
+        seed: 7,
+        error_rate: 0.0,
+        lost_response_rate: 0.0,
+        max_latency: Duration::from_millis(50),
+    }));
+    let lease = LeaseConfig::builder("w").seed(3).build().unwrap();
+    let config = fleet::one_stream(lease, STREAM).build().unwrap();
+    let seen = fleet::Seen::default();
+    let (handle, task) = fleet::spawn_worker(
+        config,
+        Arc::new(slow),
+        Arc::new(source),
+        fleet::Payloads::factory(&seen),
+    );
+    let owned = || {
+        table
+            .snapshot()
+            .iter()
+            .filter(|l| l.owner.is_some())
+            .count()
+    };
+    while owned() < 50 {
+        sleep(Duration::from_millis(10)).await;
+    }
+    assert!(owned() < SHARDS / 2, "the pass is under way");
+    handle.shutdown();
+    let stopped = tokio::time::timeout(Duration::from_secs(3600), task).await;
+    stopped
+        .expect("the shutdown never completed")
+        .unwrap()
+        .unwrap();
+    assert_eq!(owned(), 0, "every lease taken was released");
+}
+
+/// Lists `specs` once; at its next call shuts the worker down and lists
+/// none, so that the round removes every stream while the worker stops.
+#[derive(Debug)]
+struct RemovesAllAtShutdown {
+    specs: Vec<StreamSpec>,
+    handle: std::sync::OnceLock<kcl_core::worker::WorkerHandle>,
+    calls: AtomicU32,
+}
+
+#[async_trait]
+impl kcl_core::worker::StreamTracker for RemovesAllAtShutdown {
+    async fn streams(&self) -> Result<Vec<StreamSpec>, kcl_core::source::SourceError> {
+        if self.calls.fetch_add(1, Ordering::Relaxed) == 0 {
+            return Ok(self.specs.clone());
+        }
+        self.handle.get().unwrap().shutdown();
+        Ok(Vec::new())
+    }
+}
+
+/// A shutdown whose last sync round removes more streams than the channel
+/// to the run loop holds (64) completes: the run loop reads it no more,
+/// and the sends that found no room waited for good, and the shutdown
+/// with them.
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_while_a_round_removes_a_hundred_streams_completes() {
+    let source = InMemoryShardSource::new();
+    let specs: Vec<StreamSpec> = (0..100).map(|i| multi(&format!("s{i}"))).collect();
+    for spec in &specs {
+        source.create_stream(&spec.name, 1);
+    }
+    let lease = LeaseConfig::builder("w").seed(3).build().unwrap();
+    let mut config = WorkerConfig::builder(lease).shard_sync_interval(Duration::from_secs(5));
+    for spec in &specs {
+        config = config.stream(spec.clone());
+    }
+    let tracker = Arc::new(RemovesAllAtShutdown {
+        specs,
+        handle: std::sync::OnceLock::new(),
+        calls: AtomicU32::new(0),
+    });
+    let seen = fleet::Seen::default();
+    let worker = Worker::new(
+        config.build().unwrap(),
+        Arc::new(InMemoryLeaseStore::new()),
+        Arc::new(source),
+        Arc::new(fleet::Payloads::factory(&seen)),
+    )
+    .with_stream_tracker(Arc::clone(&tracker) as Arc<dyn kcl_core::worker::StreamTracker>);
+    tracker.handle.set(worker.handle()).unwrap();
+    let task = tokio::spawn(worker.run());
+    let stopped = tokio::time::timeout(Duration::from_secs(3600), task).await;
+    stopped
+        .expect("the shutdown never completed")
+        .unwrap()
+        .unwrap();
+    assert!(tracker.calls.load(Ordering::Relaxed) >= 2);
+}

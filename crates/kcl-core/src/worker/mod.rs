@@ -279,6 +279,9 @@ impl Worker {
         sync_stop.cancel();
         session.running.stop_all();
         let mut report = self.drain(&mut session).await;
+        // Its removed streams are read no more: a send waiting for room
+        // fails instead of holding the sync loop (and this wait) for good.
+        session.removed.close();
         let _ = sync_task.await;
         self.release_all(session, &mut report).await;
         Ok(report)
@@ -428,13 +431,22 @@ impl Worker {
     /// Releases every lease (or hands it off), and marks the worker
     /// stopped.
     async fn release_all(&self, s: Session, report: &mut ShutdownReport) {
-        // The event channel stays open until the coordinator is shut down.
         let Session {
             coordinator,
-            events: _events,
+            mut events,
             ..
         } = s;
-        let released = coordinator.shutdown(ShutdownMode::Release).await;
+        // Read until the coordinator is shut down: a taker pass under way
+        // reports each take (the shutdown releases them all), and with the
+        // channel full it waited for good, and so did the shutdown.
+        let shutdown = coordinator.shutdown(ShutdownMode::Release);
+        tokio::pin!(shutdown);
+        let released = loop {
+            tokio::select! {
+                released = &mut shutdown => break released,
+                Some(_) = events.recv() => {}
+            }
+        };
         report.released = released.released;
         report.handed_off = released.handed_off;
         report.release_failures = released.failed;
