@@ -1774,3 +1774,41 @@ async fn a_shutdown_while_a_round_removes_a_hundred_streams_completes() {
         .unwrap();
     assert!(tracker.calls.load(Ordering::Relaxed) >= 2);
 }
+
+/// A removed stream's lease whose release failed is released again after
+/// the taker's next scan, and then deleted when due. Before, the taker
+/// reclaimed only leases it may take: the lease, naming this worker,
+/// which beats, was held and read by nobody for as long as the worker ran,
+/// and held its stream's deletion back.
+#[tokio::test(start_paused = true)]
+async fn a_removed_streams_lease_whose_release_failed_is_released_again() {
+    use kcl_core::store::StoreErrorKind;
+    use kcl_core::store::memory::Fault;
+    let (source, b) = streams_a_and_b();
+    let Tracked {
+        store,
+        tracker,
+        handle,
+        task,
+        ..
+    } = start_tracked(&source);
+    sleep(TICK * 2).await;
+    tracker.0.lock().unwrap().push(multi("b"));
+    let key = multi("b").layout.new_lease(&b, Checkpoint::TrimHorizon).key;
+    let owner = async || store.get(&key).await.unwrap().and_then(|l| l.owner);
+    while owner().await.is_none() {
+        sleep(Duration::from_millis(100)).await;
+    }
+    store.inject(StoreOp::Release, Fault::Error(StoreErrorKind::Retryable));
+    tracker.0.lock().unwrap().retain(|spec| spec.name == "a");
+    sleep(Duration::from_secs(60)).await;
+    assert_eq!(
+        owner().await,
+        None,
+        "still held by the worker that let it go"
+    );
+    sleep(Duration::from_secs(30)).await;
+    assert!(store.get(&key).await.unwrap().is_none(), "deleted once due");
+    handle.shutdown();
+    task.await.unwrap().unwrap();
+}

@@ -3,6 +3,7 @@
 //! flight; and its gifts to a Java KCL worker.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use futures::StreamExt;
 use tokio::time::Instant;
@@ -11,7 +12,7 @@ use tracing::{debug, info, warn};
 use super::{TAKE_CONCURRENCY, written_here};
 use crate::lease::Lease;
 use crate::leases::balance::Decision;
-use crate::leases::held::Phase;
+use crate::leases::held::{Held, Phase};
 use crate::leases::renewer::tell_previous_owner;
 use crate::leases::shared::Shared;
 use crate::observe::{Acquisition, Event};
@@ -141,6 +142,27 @@ pub(super) async fn reclaim_given_up(shared: &Shared) {
                 take_one(shared, Kind::Reclaim, &seen, Instant::now()).await
             };
             if claimed != Claimed::Failed {
+                shared.given_up().remove(&key, &held);
+            }
+        })
+        .await;
+}
+
+/// Releases again, after a scan, the given-up tenures of leases this
+/// worker's filter turns down (a removed stream's whose release failed):
+/// the taker reclaims only leases it may take, so such a lease, naming
+/// this instance, which beats, was held and read by nobody for as long as
+/// this process ran, and held its stream's deletion back.
+pub(super) async fn release_turned_down(shared: &Shared, leases: &[Lease]) {
+    let turned_down: Vec<(String, Arc<Held>)> = shared
+        .given_up()
+        .entries()
+        .into_iter()
+        .filter(|(key, _)| leases.iter().any(|l| l.key == *key && !shared.accepts(l)))
+        .collect();
+    futures::stream::iter(turned_down)
+        .for_each_concurrent(TAKE_CONCURRENCY, |(key, held)| async move {
+            if shared.release_in_table(&key, held.holder()).await.is_ok() {
                 shared.given_up().remove(&key, &held);
             }
         })

@@ -207,6 +207,7 @@ impl Taker {
         };
         shared.table_read(true, scan.now);
         shared.given_up().retain_named(&scan.leases);
+        claims::release_turned_down(shared, &scan.leases).await;
         self.track_expiry(shared, &scan);
         observe_held(shared, &scan.leases).await;
         let active = scan.active(shared);
