@@ -1169,16 +1169,7 @@ async fn workers_with_different_lease_durations_never_process_one_lease_at_once(
         workers[0].coordinator().stats(),
         workers[1].coordinator().stats(),
     );
-    assert_eq!(
-        log.max(),
-        Duration::ZERO,
-        "two workers may process one lease"
-    );
-    assert!(
-        checkpoints.regressions.is_empty(),
-        "{:?}",
-        checkpoints.regressions
-    );
+    assert_one_processor_and_no_regression(&log, &checkpoints);
     assert_eq!((new.taken, old.lost), (0, 0), "{new:?} {old:?}");
     assert_eq!(new.handoffs_forced, 0, "{new:?}");
     assert!(
@@ -2012,16 +2003,7 @@ async fn a_per_lease_worker_whose_first_beat_landed_unanswered_holds_no_longer_t
         workers[0].coordinator().stats(),
         workers[1].coordinator().stats()
     );
-    assert_eq!(
-        log.max(),
-        Duration::ZERO,
-        "two workers may process one lease"
-    );
-    assert!(
-        checkpoints.regressions.is_empty(),
-        "{:?}",
-        checkpoints.regressions
-    );
+    assert_one_processor_and_no_regression(&log, &checkpoints);
     assert_eq!(workers[1].processing_keys().len(), SHARDS);
 }
 
@@ -2057,4 +2039,19 @@ async fn an_operators_repair_without_the_liveness_records_is_refused_for_a_kcl_h
     let java_only = records_for(&table, std::slice::from_ref(&java)).await;
     assert!(java_only.is_ok_and(|beats| beats.is_empty()));
     assert!(records_for(&table, &[held, draining]).await.is_ok());
+}
+
+/// No two workers processed one lease at once, and no checkpoint moved
+/// back.
+fn assert_one_processor_and_no_regression(log: &OverlapLog, checkpoints: &CheckpointLog) {
+    assert_eq!(
+        log.max(),
+        Duration::ZERO,
+        "two workers may process one lease"
+    );
+    assert!(
+        checkpoints.regressions.is_empty(),
+        "{:?}",
+        checkpoints.regressions
+    );
 }

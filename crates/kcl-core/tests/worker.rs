@@ -861,6 +861,14 @@ struct Tracked {
     task: tokio::task::JoinHandle<Result<(), WorkerError>>,
 }
 
+impl Tracked {
+    /// Shuts the worker down and waits for it to stop, cleanly.
+    async fn stop(self) {
+        self.handle.shutdown();
+        self.task.await.unwrap().unwrap();
+    }
+}
+
 fn start_tracked(source: &InMemoryShardSource) -> Tracked {
     start_tracked_with(source, Behaviour::default())
 }
@@ -951,6 +959,17 @@ fn streams_a_and_b() -> (InMemoryShardSource, String) {
     (source, b)
 }
 
+/// The lease-table scans `t`'s worker makes in the next two minutes, and
+/// the sync rounds it runs meanwhile (one listing of stream "a" each).
+async fn scans_and_rounds(t: &Tracked, source: &InMemoryShardSource) -> (u64, u64) {
+    let (scans, listings) = (t.stats.scans(), source.listings());
+    sleep(Duration::from_secs(120)).await;
+    let scans = t.stats.scans() - scans;
+    let rounds = source.listings() - listings;
+    println!("{scans} scans in {rounds} sync rounds");
+    (scans, rounds)
+}
+
 /// Lists stream "b" in `tracker` for one round, then removes it: its
 /// deletion is due 20 s after that.
 async fn list_b_then_remove_it(tracker: &Tracker) {
@@ -971,14 +990,7 @@ async fn a_removed_streams_leases_live_workers_hold_stay_and_cost_no_second_scan
     let source = InMemoryShardSource::new().with_max_records(50);
     source.create_stream("a", 1);
     let b = source.create_stream("b", 2);
-    let Tracked {
-        store,
-        stats,
-        tracker,
-        handle,
-        task,
-        ..
-    } = start_tracked(&source);
+    let t = start_tracked(&source);
     // The first rounds and ticks are over.
     sleep(TICK * 2).await;
     let mut by_counter = multi("b").layout.new_lease(&b[0], Checkpoint::TrimHorizon);
@@ -987,10 +999,10 @@ async fn a_removed_streams_leases_live_workers_hold_stay_and_cost_no_second_scan
     by_beats.owner = Some("w-beating".into());
     by_beats.tenure = Some("i-beating.1".into());
     for lease in [&by_counter, &by_beats] {
-        store.create_if_absent(lease).await.unwrap();
+        t.store.create_if_absent(lease).await.unwrap();
     }
     let live = {
-        let (store, key) = (store.clone(), by_counter.key.clone());
+        let (store, key) = (t.store.clone(), by_counter.key.clone());
         tokio::spawn(async move {
             let by = kcl_core::store::Holder {
                 owner: "w-live",
@@ -1007,28 +1019,23 @@ async fn a_removed_streams_leases_live_workers_hold_stay_and_cost_no_second_scan
             }
         })
     };
-    list_b_then_remove_it(&tracker).await;
+    list_b_then_remove_it(&t.tracker).await;
     sleep(Duration::from_secs(40)).await;
-    let (scans, listings) = (stats.scans(), source.listings());
-    sleep(Duration::from_secs(120)).await;
-    let scans = stats.scans() - scans;
+    let (scans, rounds) = scans_and_rounds(&t, &source).await;
     // A round lists stream "a" once and scans once. The taker scans at
     // each tick (every 10 s: a holder renewing per lease turns this worker
     // to per-lease renewal too) and when that holder's counter could
     // expire: about 13 more. A second scan per round would add about 24.
-    let rounds = source.listings() - listings;
-    println!("{scans} scans in {rounds} sync rounds");
     assert!(
         scans <= rounds + 16,
         "{scans} scans in {rounds} sync rounds"
     );
     for key in [&by_counter.key, &by_beats.key] {
-        let left = store.get(key).await.unwrap();
+        let left = t.store.get(key).await.unwrap();
         assert!(left.is_some(), "a lease its live holder keeps: {key}");
     }
     live.abort();
-    handle.shutdown();
-    task.await.unwrap().unwrap();
+    t.stop().await;
 }
 
 /// A removed stream's lease the sync leader itself still holds (its
@@ -1043,37 +1050,25 @@ async fn a_removed_streams_lease_the_leader_still_holds_costs_no_scan() {
         slow_shard: Some((b.clone().leak(), Duration::from_secs(100_000))),
         ..Behaviour::default()
     };
-    let Tracked {
-        store,
-        stats,
-        log,
-        tracker,
-        handle,
-        task,
-        ..
-    } = start_tracked_with(&source, hung);
+    let t = start_tracked_with(&source, hung);
     sleep(TICK * 2).await;
     source.put("b", "pk-b", "pk-b:0").unwrap();
-    tracker.0.lock().unwrap().push(multi("b"));
-    let in_call = || usize::from(log.first_record_at.lock().unwrap().contains_key(&b));
+    t.tracker.0.lock().unwrap().push(multi("b"));
+    let in_call = || usize::from(t.log.first_record_at.lock().unwrap().contains_key(&b));
     fleet::wait_for_records(Duration::from_secs(120), TICK / 100, 1, in_call).await;
-    tracker.0.lock().unwrap().retain(|spec| spec.name == "a");
+    t.tracker.0.lock().unwrap().retain(|spec| spec.name == "a");
     // Past the deletion's delay (20 s).
     sleep(Duration::from_secs(40)).await;
-    let (scans, listings) = (stats.scans(), source.listings());
-    sleep(Duration::from_secs(120)).await;
-    let scans = stats.scans() - scans;
+    let (scans, rounds) = scans_and_rounds(&t, &source).await;
     // A round lists stream "a" once and scans once; the taker, renewing by
     // beats, has nothing to scan for. A look asked each round would add
     // about 24.
-    let rounds = source.listings() - listings;
-    println!("{scans} scans in {rounds} sync rounds");
     assert!(scans <= rounds + 4, "{scans} scans in {rounds} sync rounds");
     let key = multi("b").layout.new_lease(&b, Checkpoint::TrimHorizon).key;
-    let lease = store.get(&key).await.unwrap().expect("still held");
+    let lease = t.store.get(&key).await.unwrap().expect("still held");
     assert_eq!(lease.owner.as_deref(), Some("w"));
-    handle.shutdown();
-    task.abort();
+    t.handle.shutdown();
+    t.task.abort();
 }
 
 /// A removed stream's leases are deleted together, once none is held: its
@@ -1084,26 +1079,20 @@ async fn a_removed_streams_lease_the_leader_still_holds_costs_no_scan() {
 #[tokio::test(start_paused = true)]
 async fn a_removed_streams_leases_go_together_once_none_is_held() {
     let (source, b) = streams_a_and_b();
-    let Tracked {
-        store,
-        tracker,
-        handle,
-        task,
-        ..
-    } = start_tracked(&source);
+    let t = start_tracked(&source);
     sleep(TICK * 2).await;
     let mut child = multi("b")
         .layout
         .new_lease("shardId-child", Checkpoint::TrimHorizon)
         .with_parents([b.as_str()]);
     child.owner = Some("w-live".into());
-    store.create_if_absent(&child).await.unwrap();
+    t.store.create_if_absent(&child).await.unwrap();
     let by = kcl_core::store::Holder {
         owner: "w-live",
         tenure: None,
     };
     let live = {
-        let (store, key) = (store.clone(), child.key.clone());
+        let (store, key) = (t.store.clone(), child.key.clone());
         tokio::spawn(async move {
             let mut counter = 0;
             loop {
@@ -1112,9 +1101,9 @@ async fn a_removed_streams_leases_go_together_once_none_is_held() {
             }
         })
     };
-    list_b_then_remove_it(&tracker).await;
+    list_b_then_remove_it(&t.tracker).await;
     let parent = multi("b").layout.new_lease(&b, Checkpoint::TrimHorizon).key;
-    let present = async |key: &str| store.get(key).await.unwrap().is_some();
+    let present = async |key: &str| t.store.get(key).await.unwrap().is_some();
     // Well past the deletion's delay (20 s): the parent waits for the child.
     sleep(Duration::from_secs(60)).await;
     assert!(
@@ -1123,11 +1112,10 @@ async fn a_removed_streams_leases_go_together_once_none_is_held() {
     );
     assert!(present(&child.key).await);
     live.abort();
-    store.release(&child.key, by).await.unwrap();
+    t.store.release(&child.key, by).await.unwrap();
     sleep(Duration::from_secs(20)).await;
     assert!(!present(&parent).await && !present(&child.key).await);
-    handle.shutdown();
-    task.await.unwrap().unwrap();
+    t.stop().await;
 }
 
 /// A removed stream's lease that a worker which died still holds is
@@ -1142,16 +1130,10 @@ async fn a_removed_streams_lease_a_dead_worker_holds_is_deleted_once_due() {
     let source = InMemoryShardSource::new().with_max_records(50);
     source.create_stream("a", 1);
     let b = source.create_stream("b", 2);
-    let Tracked {
-        store,
-        tracker,
-        handle,
-        task,
-        ..
-    } = start_tracked(&source);
+    let t = start_tracked(&source);
     // One lease held by a worker that renewed per lease, one by a worker
     // that beat a liveness record once: both died.
-    store.beat(&beat_of("i-gone", "w-gone")).await.unwrap();
+    t.store.beat(&beat_of("i-gone", "w-gone")).await.unwrap();
     sleep(TICK * 2).await;
     let mut by_counter = multi("b").layout.new_lease(&b[0], Checkpoint::TrimHorizon);
     by_counter.owner = Some("w-dead".into());
@@ -1159,10 +1141,10 @@ async fn a_removed_streams_lease_a_dead_worker_holds_is_deleted_once_due() {
     by_beats.owner = Some("w-gone".into());
     by_beats.tenure = Some("i-gone.1".into());
     for lease in [&by_counter, &by_beats] {
-        store.create_if_absent(lease).await.unwrap();
+        t.store.create_if_absent(lease).await.unwrap();
     }
-    list_b_then_remove_it(&tracker).await;
-    let present = async |key: &str| store.get(key).await.unwrap().is_some();
+    list_b_then_remove_it(&t.tracker).await;
+    let present = async |key: &str| t.store.get(key).await.unwrap().is_some();
     // Not before the deletion is due.
     sleep(Duration::from_secs(15)).await;
     assert!(present(&by_counter.key).await && present(&by_beats.key).await);
@@ -1174,10 +1156,9 @@ async fn a_removed_streams_lease_a_dead_worker_holds_is_deleted_once_due() {
     assert!(!present(&by_beats.key).await, "the record's holder is gone");
     // Nothing names the dead instance now: its record goes too.
     sleep(TICK).await;
-    let beats = store.beats().await.unwrap();
+    let beats = t.store.beats().await.unwrap();
     assert!(beats.iter().all(|b| b.instance != "i-gone"), "{beats:?}");
-    handle.shutdown();
-    task.await.unwrap().unwrap();
+    t.stop().await;
 }
 
 /// A liveness record of `instance` (of worker `worker`) holding one lease.
@@ -1204,17 +1185,11 @@ fn beat_of<'a>(instance: &'a str, worker: &'a str) -> kcl_core::store::BeatUpdat
 async fn a_stream_tracker_that_never_answers_holds_back_no_sync_round_nor_shutdown() {
     let source = InMemoryShardSource::new().with_max_records(50);
     source.create_stream("a", 1);
-    let Tracked {
-        log,
-        tracker,
-        handle,
-        task,
-        ..
-    } = start_tracked(&source);
+    let t = start_tracked(&source);
     source.put("a", "pk-0", "pk-0:0").unwrap();
     sleep(TICK * 2).await;
-    assert_eq!(log.by_key().get("pk-0").map(Vec::len), Some(1));
-    tracker.1.store(true, Ordering::Relaxed);
+    assert_eq!(t.log.by_key().get("pk-0").map(Vec::len), Some(1));
+    t.tracker.1.store(true, Ordering::Relaxed);
     sleep(Duration::from_secs(10)).await;
     let listed = source.listings();
     // 30 s per unanswered call, a round every 5 s or so: at least 3.
@@ -1224,8 +1199,8 @@ async fn a_stream_tracker_that_never_answers_holds_back_no_sync_round_nor_shutdo
         "shard sync went on: {} listings, {listed} before",
         source.listings()
     );
-    handle.shutdown();
-    tokio::time::timeout(Duration::from_secs(600), task)
+    t.handle.shutdown();
+    tokio::time::timeout(Duration::from_secs(600), t.task)
         .await
         .expect("the worker stops")
         .unwrap()
@@ -1246,14 +1221,7 @@ async fn streams_added_and_removed_at_runtime() {
     let source = InMemoryShardSource::new().with_max_records(50);
     source.create_stream("a", 2);
     source.create_stream("b", 2);
-    let Tracked {
-        store,
-        log,
-        tracker,
-        handle,
-        task,
-        ..
-    } = start_tracked(&source);
+    let t = start_tracked(&source);
     for n in 0..10 {
         source.put("a", "pk-0", format!("pk-0:{n}")).unwrap();
         source.put("b", "pk-1", format!("pk-1:{n}")).unwrap();
@@ -1267,25 +1235,25 @@ async fn streams_added_and_removed_at_runtime() {
             .collect::<Vec<_>>()
     };
     assert!(
-        keys(&store).iter().all(|(k, _)| k.contains(":a:")),
+        keys(&t.store).iter().all(|(k, _)| k.contains(":a:")),
         "only a is leased: {:?}",
-        keys(&store)
+        keys(&t.store)
     );
-    assert_eq!(log.by_key().get("pk-0").map(Vec::len), Some(10));
+    assert_eq!(t.log.by_key().get("pk-0").map(Vec::len), Some(10));
 
     // b added at runtime: leased and consumed.
-    tracker.0.lock().unwrap().push(multi("b"));
+    t.tracker.0.lock().unwrap().push(multi("b"));
     sleep(TICK * 3).await;
     assert_eq!(
-        log.by_key().get("pk-1").map(Vec::len),
+        t.log.by_key().get("pk-1").map(Vec::len),
         Some(10),
         "b consumed after it was added"
     );
 
     // a removed: its consumers stop, its leases are released, then deleted.
-    tracker.0.lock().unwrap().retain(|s| s.name != "a");
+    t.tracker.0.lock().unwrap().retain(|s| s.name != "a");
     sleep(Duration::from_secs(8)).await;
-    let a_leases: Vec<_> = keys(&store)
+    let a_leases: Vec<_> = keys(&t.store)
         .into_iter()
         .filter(|(k, _)| k.contains(":a:"))
         .collect();
@@ -1293,16 +1261,21 @@ async fn streams_added_and_removed_at_runtime() {
         !a_leases.is_empty() && a_leases.iter().all(|(_, o)| o.is_none()),
         "released, kept for now: {a_leases:?}"
     );
-    assert!(handle.status().consuming.iter().all(|k| k.contains(":b:")));
+    assert!(
+        t.handle
+            .status()
+            .consuming
+            .iter()
+            .all(|k| k.contains(":b:"))
+    );
     sleep(Duration::from_secs(30)).await;
     assert!(
-        keys(&store).iter().all(|(k, _)| !k.contains(":a:")),
+        keys(&t.store).iter().all(|(k, _)| !k.contains(":a:")),
         "deleted after the delay: {:?}",
-        keys(&store)
+        keys(&t.store)
     );
-    assert_eq!(handle.status().consuming.len(), 2);
-    handle.shutdown();
-    task.await.unwrap().unwrap();
+    assert_eq!(t.handle.status().consuming.len(), 2);
+    t.stop().await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -1785,22 +1758,17 @@ async fn a_removed_streams_lease_whose_release_failed_is_released_again() {
     use kcl_core::store::StoreErrorKind;
     use kcl_core::store::memory::Fault;
     let (source, b) = streams_a_and_b();
-    let Tracked {
-        store,
-        tracker,
-        handle,
-        task,
-        ..
-    } = start_tracked(&source);
+    let t = start_tracked(&source);
     sleep(TICK * 2).await;
-    tracker.0.lock().unwrap().push(multi("b"));
+    t.tracker.0.lock().unwrap().push(multi("b"));
     let key = multi("b").layout.new_lease(&b, Checkpoint::TrimHorizon).key;
-    let owner = async || store.get(&key).await.unwrap().and_then(|l| l.owner);
+    let owner = async || t.store.get(&key).await.unwrap().and_then(|l| l.owner);
     while owner().await.is_none() {
         sleep(Duration::from_millis(100)).await;
     }
-    store.inject(StoreOp::Release, Fault::Error(StoreErrorKind::Retryable));
-    tracker.0.lock().unwrap().retain(|spec| spec.name == "a");
+    t.store
+        .inject(StoreOp::Release, Fault::Error(StoreErrorKind::Retryable));
+    t.tracker.0.lock().unwrap().retain(|spec| spec.name == "a");
     sleep(Duration::from_secs(60)).await;
     assert_eq!(
         owner().await,
@@ -1808,7 +1776,9 @@ async fn a_removed_streams_lease_whose_release_failed_is_released_again() {
         "still held by the worker that let it go"
     );
     sleep(Duration::from_secs(30)).await;
-    assert!(store.get(&key).await.unwrap().is_none(), "deleted once due");
-    handle.shutdown();
-    task.await.unwrap().unwrap();
+    assert!(
+        t.store.get(&key).await.unwrap().is_none(),
+        "deleted once due"
+    );
+    t.stop().await;
 }
