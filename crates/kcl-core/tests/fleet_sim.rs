@@ -2055,3 +2055,40 @@ fn assert_one_processor_and_no_regression(log: &OverlapLog, checkpoints: &Checkp
         checkpoints.regressions
     );
 }
+
+/// A killed worker's liveness record is deleted three lease durations
+/// after its last beat, although the fleet went quiet once its leases were
+/// taken: the sync leader scans when a dead record becomes deletable.
+/// Before, only a scan for another reason deleted it, and each record left
+/// behind by a crash was read (and its cadence learnt) at every read of
+/// the records for as long as the fleet stayed quiet.
+#[tokio::test(start_paused = true)]
+async fn a_killed_workers_record_is_deleted_although_the_fleet_went_quiet() {
+    let (table, mut log, mut workers) = balanced_pair(4, 40).await;
+    let dead: Vec<String> = table
+        .beats_snapshot()
+        .into_iter()
+        .filter(|b| b.worker == "b")
+        .map(|b| b.instance)
+        .collect();
+    assert_eq!(dead.len(), 1);
+    workers[1].kill().await;
+    let killed = Instant::now();
+    let bound = LEASE * 3 + tick_max() * 3;
+    while table.beats_snapshot().iter().any(|b| b.instance == dead[0]) {
+        run_for(
+            &workers[..1],
+            &mut log,
+            Duration::from_secs(1),
+            Duration::from_millis(100),
+        )
+        .await;
+        assert!(
+            killed.elapsed() <= bound,
+            "the killed worker's record is still there after {:?}",
+            killed.elapsed()
+        );
+    }
+    println!("record deleted {:?} after the kill", killed.elapsed());
+    assert_eq!(workers[0].processing_keys().len(), 4);
+}

@@ -3,6 +3,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
 use tracing::{debug, info};
@@ -64,6 +65,27 @@ pub(super) async fn finish_orphaned_handoffs(shared: &Shared, leases: &[Lease]) 
     })
     .await;
     stopping
+}
+
+/// When the next record of an instance already judged dead will have been
+/// so for three lease durations, so that [`forget_the_dead`] deletes it:
+/// the sync leader's taker scans then. Once a crash's leases are taken the
+/// fleet goes quiet, and no scan came for any other reason to delete the
+/// record, read at every read of the records from then on. A live
+/// instance's record moves on with every beat and asks for nothing.
+pub(super) fn forgettable_at(shared: &Shared, now: Instant) -> Option<Instant> {
+    let own = shared.config.lease_duration;
+    let liveness = shared.liveness();
+    liveness
+        .beats()
+        .filter_map(|b| {
+            let window = liveness.duration_of(&b.instance, own).unwrap_or(own);
+            let still = liveness.unchanged_for(&b.instance, now)?;
+            (still >= window).then(|| (window * 3).checked_sub(still))?
+        })
+        .filter(|left| !left.is_zero())
+        .min()
+        .map(|left| now + left + Duration::from_millis(1))
 }
 
 /// Liveness records of instances dead for three lease durations that no

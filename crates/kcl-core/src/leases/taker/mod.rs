@@ -372,6 +372,10 @@ impl Taker {
         // liveness records to show it.
         let down_at = self.counters_expire_at(shared, &turned_down, now);
         self.rescan_at = earliest(self.rescan_at, down_at);
+        if shared.sync_leader.load(Ordering::Relaxed) {
+            let forget_at = cleanup::forgettable_at(shared, now);
+            self.rescan_at = earliest(self.rescan_at, forget_at);
+        }
         let decision = unless_unbeaten(shared.can_hold(now), decision);
         let decision = unless_sitting_out(shared.sitting_out(now), decision);
         if !decision.take.is_empty() || !decision.steal.is_empty() || !decision.reclaim.is_empty() {
