@@ -42,6 +42,10 @@ pub struct ShardProgress {
     pub records_waiting: usize,
     /// The oldest processor call still running, if any.
     pub processor_call: Option<ProcessorCall>,
+    /// True while the lanes' window is full and no lane is called: the
+    /// shard fetches nothing until the lane holding its oldest record
+    /// checkpoints.
+    pub window_full: bool,
 }
 
 /// A batch a processor finished with.
@@ -74,12 +78,13 @@ pub struct ProcessorCall {
 
 impl ShardProgress {
     /// True while the shard has work this worker has not done: records
-    /// behind the tip or read and not processed, or a processor call
-    /// running.
+    /// behind the tip or read and not processed, a processor call
+    /// running, or records held in a full window.
     pub fn has_work_waiting(&self) -> bool {
         self.millis_behind_latest.is_some_and(|ms| ms > 0)
             || self.records_waiting > 0
             || self.processor_call.is_some()
+            || self.window_full
     }
 
     /// The last time the shard moved: a batch processed, a checkpoint
@@ -157,6 +162,7 @@ impl Shard {
                 millis_behind_latest: None,
                 records_waiting: 0,
                 processor_call: None,
+                window_full: false,
             },
             calls: Vec::new(),
             next_call: 0,
@@ -222,6 +228,12 @@ impl ShardTracker {
     /// The shard is processed in `n` lanes.
     pub(crate) fn lanes(&self, n: usize) {
         self.update(|p| p.lanes = n);
+    }
+
+    /// The lanes' window is full and no lane is called (`true`), or it has
+    /// room again.
+    pub(crate) fn window_full(&self, full: bool) {
+        self.update(|p| p.window_full = full);
     }
 
     /// A read succeeded: `records` more wait for the processor, and the

@@ -423,3 +423,22 @@ async fn a_lane_that_flushes_on_a_timer_is_called_while_it_holds_a_full_window()
     );
     assert_eq!(fleet.log.refused.load(Ordering::SeqCst), 0);
 }
+
+/// A shard whose lanes' window is full while a lane holds its records
+/// counts as stalled once nothing moved for the bound, even caught up
+/// with the stream. Before, nothing waited by the progress registry's
+/// measures (every batch delivered, no lag, no call running), so a
+/// liveness check passed while the shard stood still for good.
+#[tokio::test(start_paused = true)]
+async fn a_shard_stopped_by_a_full_window_counts_as_stalled() {
+    // Just past the window: the batch that fills it is the shard's last.
+    let fleet = Fleet::new(BATCH);
+    fleet.produce(KEYS, 0, (MAX_LANE_RECORDS_IN_FLIGHT / KEYS + 1) as u64);
+    let a = fleet.start("w-a", 4, Mode::OneLaneHolds);
+    fleet.wait_until_still(delivered).await;
+    sleep(Duration::from_secs(120)).await;
+    let shards = a.0.shards();
+    let stalled = a.0.stalled(Duration::from_secs(60));
+    assert_eq!(stalled.len(), 1, "{shards:?}");
+    stop(a).await;
+}

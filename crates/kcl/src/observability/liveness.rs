@@ -58,6 +58,9 @@ fn describe(stalled: &[ShardProgress], bound: Duration, now: Instant) -> String 
         if let Some(call) = s.processor_call {
             let _ = write!(why, ", in {}", call.stage);
         }
+        if s.window_full {
+            let _ = write!(why, ", its lanes' window full");
+        }
         let _ = write!(why, ", {idle}s)");
     }
     why

@@ -32,6 +32,7 @@ struct Shard {
     last_checkpoint_seconds_ago: Option<f64>,
     millis_behind_latest: Option<u64>,
     records_waiting: usize,
+    window_full: bool,
     processor_call: Option<&'static str>,
     processor_call_seconds: Option<f64>,
 }
@@ -53,6 +54,7 @@ impl Shard {
             lanes: p.lanes,
             millis_behind_latest: p.millis_behind_latest,
             records_waiting: p.records_waiting,
+            window_full: p.window_full,
         }
     }
 }

@@ -93,6 +93,9 @@ pub(super) async fn wait_for_room(
         if due.is_some() && lanes.running.is_empty() && !stall.announced {
             stall.announced = true;
             lanes.warn_stalled();
+            // Nothing else shows it: every batch was delivered, and the
+            // shard may be caught up.
+            c.progress.window_full(true);
             flush_held_back(shard).await?;
         }
         let at = due.map_or_else(Instant::now, |(_, at)| at);
@@ -109,6 +112,9 @@ pub(super) async fn wait_for_room(
                 }
             }
         }
+    }
+    if stall.announced {
+        c.progress.window_full(false);
     }
     Ok(())
 }
