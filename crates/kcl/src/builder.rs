@@ -22,6 +22,7 @@ use kcl_kinesis::{
 use crate::error::Error;
 use crate::streams::{StreamNames, StreamResolver};
 use crate::worker::{EndpointSettings, Worker};
+use clients::{bounded_client, lease_table_client};
 
 /// Configures a [`Worker`]. Every setting has a default except the streams,
 /// the AWS configuration and the processor; `build()` rejects impossible
@@ -372,6 +373,26 @@ impl WorkerBuilder {
         self.retrieval(Retrieval::FanOut(FanOutConfig::default()))
     }
 
+    /// Fan-out (`true`) or polling as settings ask, keeping a retrieval of
+    /// that kind the code configured: only a change of kind replaces it.
+    pub(crate) fn fan_out_or_polling(mut self, fan_out: bool) -> Self {
+        let is_fan_out = matches!(self.retrieval, Some(Retrieval::FanOut(_)));
+        match (fan_out, is_fan_out) {
+            (true, false) => self.enhanced_fan_out(),
+            (false, true) => {
+                self.retrieval = None;
+                self
+            }
+            _ => self,
+        }
+    }
+
+    /// The table options set so far, for settings to override field by
+    /// field.
+    pub(crate) fn table_options_so_far(&self) -> &TableOptions {
+        &self.table_options
+    }
+
     /// Serves the health probes and status (`/healthz`, `/readyz`,
     /// `/status`; see [`crate::observability`]) on `addr` while the worker
     /// runs. Needs no feature and never installs a `metrics` recorder, so
@@ -624,46 +645,6 @@ fn retrieval(
     })
 }
 
-/// The lease table's client, with timeouts `sdk` leaves unset.
-fn lease_table_client(sdk: &SdkConfig, call_timeout: Duration) -> aws_sdk_dynamodb::Client {
-    let config = aws_sdk_dynamodb::config::Builder::from(sdk)
-        .timeout_config(lease_table_timeouts(sdk.timeout_config(), call_timeout))
-        .build();
-    aws_sdk_dynamodb::Client::from_conf(config)
-}
-
-/// `client` with kcl's timeouts where its own leave them unset: the lease
-/// store's calls are bounded on their own, but the startup steps (the
-/// tables checked or created) were not, and a request stuck on a dead
-/// connection held startup for good.
-fn bounded_client(
-    client: aws_sdk_dynamodb::Client,
-    call_timeout: Duration,
-) -> aws_sdk_dynamodb::Client {
-    let config = client.config();
-    let timeouts = lease_table_timeouts(config.timeout_config(), call_timeout);
-    aws_sdk_dynamodb::Client::from_conf(config.to_builder().timeout_config(timeouts).build())
-}
-
-/// `set`, with a 2 s connect timeout and an attempt timeout of half the
-/// lease-table call timeout where it leaves them unset.
-fn lease_table_timeouts(
-    set: Option<&aws_config::timeout::TimeoutConfig>,
-    call_timeout: Duration,
-) -> aws_config::timeout::TimeoutConfig {
-    use aws_config::timeout::TimeoutConfig;
-    let mut timeouts = set
-        .cloned()
-        .unwrap_or_else(|| TimeoutConfig::builder().build());
-    timeouts.take_defaults_from(
-        &TimeoutConfig::builder()
-            .connect_timeout(Duration::from_secs(2))
-            .operation_attempt_timeout((call_timeout / 2).max(Duration::from_millis(250)))
-            .build(),
-    );
-    timeouts
-}
-
 fn valid_table_name(name: &str) -> bool {
     (3..=255).contains(&name.len())
         && name
@@ -687,5 +668,6 @@ fn default_worker_id() -> String {
     format!("{host}-{:08x}", rand::random::<u32>())
 }
 
+mod clients;
 #[cfg(test)]
 mod tests;

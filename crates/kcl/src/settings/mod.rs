@@ -362,7 +362,10 @@ impl Settings {
     }
 
     /// Applies every setting that is set to `builder` (all but
-    /// `application_name`, which names the builder).
+    /// `application_name`, which names the builder). Each overrides only
+    /// what it names: a `table_` setting keeps the table options the code
+    /// gave beside it (its tags add to the code's), and `enhanced_fan_out`
+    /// keeps a retrieval of the kind it asks for.
     pub fn apply(&self, mut builder: WorkerBuilder) -> Result<WorkerBuilder, SettingsError> {
         for stream in self.streams.iter().flatten() {
             builder = builder.stream(stream);
@@ -370,13 +373,13 @@ impl Settings {
         if let Some(on) = self.multi_stream {
             builder = builder.multi_stream(on);
         }
-        if self.enhanced_fan_out == Some(true) {
-            builder = builder.enhanced_fan_out();
+        if let Some(on) = self.enhanced_fan_out {
+            builder = builder.fan_out_or_polling(on);
         }
         if let Some(bytes) = self.prefetch_budget {
             builder = builder.prefetch_budget(bytes);
         }
-        if let Some(options) = self.table_options() {
+        if let Some(options) = self.table_options(builder.table_options_so_far().clone()) {
             builder = builder.table_options(options);
         }
         if let Some(addr) = self.serve_health {
@@ -395,8 +398,10 @@ impl Settings {
         parse::duration(value)
     }
 
-    /// The table options, if any of the `table_` fields is set.
-    fn table_options(&self) -> Option<TableOptions> {
+    /// `options` (the builder's) with the `table_` fields that are set, if
+    /// any is: what the code set stays wherever no setting overrides it (a
+    /// KMS key, a creation of `Never`), and tags add to its tags.
+    fn table_options(&self, mut options: TableOptions) -> Option<TableOptions> {
         let set = self.table_capacity.is_some()
             || self.table_creation.is_some()
             || self.table_tags.is_some()
@@ -406,11 +411,18 @@ impl Settings {
         if !set {
             return None;
         }
-        let mut options = TableOptions::default()
-            .capacity(self.table_capacity.unwrap_or_default())
-            .creation(self.table_creation.unwrap_or_default())
-            .point_in_time_recovery(self.table_point_in_time_recovery.unwrap_or(false))
-            .deletion_protection(self.table_deletion_protection.unwrap_or(false));
+        if let Some(capacity) = self.table_capacity {
+            options = options.capacity(capacity);
+        }
+        if let Some(creation) = self.table_creation {
+            options = options.creation(creation);
+        }
+        if let Some(on) = self.table_point_in_time_recovery {
+            options = options.point_in_time_recovery(on);
+        }
+        if let Some(on) = self.table_deletion_protection {
+            options = options.deletion_protection(on);
+        }
         for (key, value) in self.table_tags.iter().flatten() {
             options = options.tag(key, value);
         }

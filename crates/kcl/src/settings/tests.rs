@@ -416,3 +416,61 @@ fn a_variable_that_is_not_utf8_is_refused_not_mangled() {
         Some("KCL_TABLE_NAME")
     );
 }
+
+/// A setting overrides what it names and nothing more: one `table_`
+/// variable keeps the table options the code gave (a creation of `Never`,
+/// a KMS key, point-in-time recovery) and adds its tags; fan-out asked
+/// for keeps the code's fan-out settings, and polling asked for drops
+/// them. Before, one `table_` variable replaced the code's options with
+/// the defaults (a table the operator said must never be created was
+/// created, unencrypted), `true` replaced the fan-out settings, and
+/// `false` was ignored.
+#[test]
+fn a_setting_keeps_what_the_code_set_beside_it() {
+    let code = || {
+        Worker::builder("orders").worker_id("base").table_options(
+            crate::TableOptions::default()
+                .creation(crate::TableCreation::Never)
+                .kms_key("alias/kcl")
+                .point_in_time_recovery(true)
+                .tag("team", "payments"),
+        )
+    };
+    let tagged = Settings::from_lookup("KCL", env(&[("table_tags", "env=prod")]))
+        .unwrap()
+        .apply(code())
+        .unwrap();
+    let want = code().table_options(
+        crate::TableOptions::default()
+            .creation(crate::TableCreation::Never)
+            .kms_key("alias/kcl")
+            .point_in_time_recovery(true)
+            .tag("team", "payments")
+            .tag("env", "prod"),
+    );
+    assert_eq!(format!("{tagged:?}"), format!("{want:?}"));
+
+    let fan_out = || {
+        Worker::builder("orders")
+            .worker_id("base")
+            .retrieval(crate::Retrieval::FanOut(
+                crate::FanOutConfig::builder()
+                    .consumer_name("own")
+                    .build()
+                    .unwrap(),
+            ))
+    };
+    let kept = Settings::from_lookup("KCL", env(&[("enhanced_fan_out", "true")]))
+        .unwrap()
+        .apply(fan_out())
+        .unwrap();
+    assert_eq!(format!("{kept:?}"), format!("{:?}", fan_out()));
+    let polling = Settings::from_lookup("KCL", env(&[("enhanced_fan_out", "false")]))
+        .unwrap()
+        .apply(fan_out())
+        .unwrap();
+    assert_eq!(
+        format!("{polling:?}"),
+        format!("{:?}", Worker::builder("orders").worker_id("base"))
+    );
+}
