@@ -197,13 +197,16 @@ impl Worker {
         #[allow(unused_mut)] mut self,
         signal: impl Future<Output = ()> + Send,
     ) -> Result<(), Error> {
+        // Boxed: the run's state machine nests deep enough that a binary
+        // awaiting it in its own `async fn main` overflowed the compiler's
+        // layout query depth (`kcl-app` did).
         #[cfg(feature = "cloudwatch")]
         if let Some(publisher) = self.cloudwatch.take() {
             // Flushes while the worker runs, and once more after it stopped
             // (what the drain recorded included).
-            return publisher.run_beside(self.run_serving(signal)).await;
+            return Box::pin(publisher.run_beside(self.run_serving(signal))).await;
         }
-        self.run_serving(signal).await
+        Box::pin(self.run_serving(signal)).await
     }
 
     /// The worker with its endpoints, if any.

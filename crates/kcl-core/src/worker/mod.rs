@@ -215,7 +215,10 @@ impl Worker {
     pub async fn run(self) -> Result<(), WorkerError> {
         let span = info_span!("worker", worker = %self.config.lease.worker_id());
         let stopped = self.handle.stopped.clone();
-        let result = self.run_inner().instrument(span).await;
+        // Boxed: the run's state machine nests deep enough that a binary
+        // awaiting it in its own `async fn main` overflowed the compiler's
+        // layout query depth (`kcl-app` did).
+        let result = Box::pin(self.run_inner()).instrument(span).await;
         // Published however the run ended, so no waiter waits forever.
         stopped.publish(result.as_ref().copied().unwrap_or_default());
         result.map(|_| ())
