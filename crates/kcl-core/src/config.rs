@@ -258,6 +258,7 @@ impl LeaseConfigBuilder {
 
     /// Validates the settings.
     pub fn build(self) -> Result<LeaseConfig, ConfigError> {
+        self.check_bounds()?;
         self.check_identity()?;
         let Renewal {
             renew_interval,
@@ -398,8 +399,34 @@ impl LeaseConfigBuilder {
         if self.max_leases_per_worker == 0 {
             return invalid("max_leases_per_worker", "must be at least 1");
         }
-        if self.renew_concurrency == 0 {
-            return invalid("renew_concurrency", "must be at least 1");
+        if !(1..=MAX_RENEW_CONCURRENCY).contains(&self.renew_concurrency) {
+            return invalid(
+                "renew_concurrency",
+                format!(
+                    "is {}; it must be 1 to {MAX_RENEW_CONCURRENCY}",
+                    self.renew_concurrency
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// Every duration at most [`MAX_DURATION`], before any arithmetic on
+    /// them.
+    fn check_bounds(&self) -> Result<(), ConfigError> {
+        let set = [
+            ("lease_duration", Some(self.lease_duration)),
+            ("renew_interval", self.renew_interval),
+            ("fence_margin", self.fence_margin),
+            ("taker_interval", Some(self.taker_interval)),
+            ("handoff_timeout", self.handoff_timeout),
+            ("store_timeout", self.store_timeout),
+            ("load_report_interval", self.load_report_interval),
+        ];
+        for (field, d) in set {
+            if let Some(d) = d {
+                at_most_max(field, d)?;
+            }
         }
         Ok(())
     }
@@ -432,6 +459,27 @@ struct Renewal {
     fence_margin: Duration,
 }
 
+/// The longest a duration setting may be: a year. Longer ones (`Duration::MAX`
+/// for "never", say) overflowed the clock arithmetic that turns them into
+/// deadlines, and panicked while the worker ran.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The most renewals in flight at once: more would only queue in the store.
+pub const MAX_RENEW_CONCURRENCY: usize = 10_000;
+
+/// An error naming `field` if `d` is longer than [`MAX_DURATION`] (for
+/// the other crates' settings too).
+#[doc(hidden)]
+pub fn at_most_max(field: &'static str, d: Duration) -> Result<(), ConfigError> {
+    if d > MAX_DURATION {
+        return invalid(
+            field,
+            format!("is {d:?}; it must be at most a year ({MAX_DURATION:?})"),
+        );
+    }
+    Ok(())
+}
+
 /// The error for an impossible `field`.
 pub(crate) fn invalid<T>(field: &'static str, reason: impl Into<String>) -> Result<T, ConfigError> {
     Err(ConfigError {
@@ -457,6 +505,36 @@ mod tests {
         assert_eq!(c.renew_interval(), Duration::from_secs(5));
         // Deliberately above the Java KCL's 1: see `max_leases_to_steal`.
         assert_eq!(c.max_leases_to_steal(), 4);
+    }
+
+    /// Durations past a year (`Duration::MAX` for "never") and more
+    /// renewals in flight than a semaphore holds are refused, naming the
+    /// setting. Before, `build()` took them and the worker panicked: in
+    /// `build()` itself for `renew_interval`, on the first renewal round
+    /// for `renew_concurrency`, at the first deadline for the others.
+    #[test]
+    fn settings_past_their_bounds_are_refused_not_a_panic_later() {
+        let b = || LeaseConfig::builder("w");
+        let cases = [
+            (b().lease_duration(Duration::MAX), "lease_duration"),
+            (b().renew_interval(Duration::MAX), "renew_interval"),
+            (b().taker_interval(Duration::MAX), "taker_interval"),
+            (b().handoff_timeout(Duration::MAX), "handoff_timeout"),
+            (
+                b().load_report_interval(Duration::MAX),
+                "load_report_interval",
+            ),
+            (b().renew_concurrency(usize::MAX), "renew_concurrency"),
+        ];
+        for (builder, field) in cases {
+            let err = builder.build().expect_err(field);
+            assert_eq!(err.field, field, "{err}");
+        }
+        let year = b()
+            .lease_duration(MAX_DURATION)
+            .handoff_timeout(MAX_DURATION)
+            .build();
+        assert!(year.is_ok(), "{year:?}");
     }
 
     #[test]

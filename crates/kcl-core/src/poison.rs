@@ -323,6 +323,12 @@ impl PoisonPolicy {
             Some("the poison policy's send_attempt_timeout must be above zero")
         } else if self.send_deadline.is_zero() {
             Some("the poison policy's send_deadline must be above zero")
+        } else if self.send_attempt_timeout > crate::config::MAX_DURATION
+            || self.send_deadline > crate::config::MAX_DURATION
+        {
+            Some(
+                "the poison policy's send_attempt_timeout and send_deadline must be at most a year",
+            )
         } else {
             None
         }

@@ -408,6 +408,15 @@ fn call_limits_that_cannot_work_are_refused_naming_the_field() {
                 .processor_timeout(Duration::from_secs(2)),
             "processor_timeout",
         ),
+        // "Never warn": every processor call panicked on its deadline.
+        (
+            builder().processor_warn_after(Duration::MAX),
+            "processor_warn_after",
+        ),
+        (
+            builder().shard_sync_interval(Duration::MAX),
+            "shard_sync_interval",
+        ),
     ];
     for (builder, named) in cases {
         let e = builder.build().unwrap_err();

@@ -264,6 +264,16 @@ impl KinesisShardSourceBuilder {
 
     /// Validates the settings.
     pub fn build(self) -> Result<KinesisShardSource, ConfigError> {
+        if self.prefetch_budget > tokio::sync::Semaphore::MAX_PERMITS {
+            return Err(ConfigError {
+                field: "prefetch_budget",
+                reason: format!(
+                    "is {} bytes; it must be at most {} (the most a budget can count)",
+                    self.prefetch_budget,
+                    tokio::sync::Semaphore::MAX_PERMITS
+                ),
+            });
+        }
         if self.prefetch_budget < MIN_PREFETCH_BUDGET {
             return Err(ConfigError {
                 field: "prefetch_budget",

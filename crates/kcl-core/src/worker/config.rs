@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::{RemovedStreamPolicy, StreamSpec};
 use crate::checkpointer::CheckpointPolicy;
-use crate::config::{ConfigError, LeaseConfig, invalid};
+use crate::config::{ConfigError, LeaseConfig, at_most_max, invalid};
 use crate::lease::LeaseLayout;
 use crate::processor::FailurePolicy;
 use crate::source::InitialPosition;
@@ -200,6 +200,23 @@ impl WorkerConfigBuilder {
     /// and resolves their lease layouts later (that needs the stream
     /// service), then calls [`Self::build`].
     pub fn validate(&self) -> Result<(), ConfigError> {
+        let durations = [
+            ("shard_sync_interval", Some(self.shard_sync_interval)),
+            ("parent_poll_interval", Some(self.parent_poll_interval)),
+            ("shutdown_timeout", Some(self.shutdown_timeout)),
+            ("max_backoff", Some(self.max_backoff)),
+            (
+                "completed_lease_retention",
+                Some(self.completed_lease_retention),
+            ),
+            ("processor_warn_after", Some(self.processor_warn_after)),
+            ("processor_timeout", self.processor_timeout),
+        ];
+        for (field, d) in durations {
+            if let Some(d) = d {
+                at_most_max(field, d)?;
+            }
+        }
         if self.shard_sync_interval.is_zero() {
             return invalid("shard_sync_interval", "must be above zero");
         }

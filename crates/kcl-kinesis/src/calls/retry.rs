@@ -57,6 +57,8 @@ impl RetrySettings {
     /// Checks the settings; `what` names the calls a zero delay would
     /// retry in a tight loop.
     pub(crate) fn validate(&self, what: &str) -> Result<(), ConfigError> {
+        kcl_core::config::at_most_max("retry_min_delay", self.min_delay)?;
+        kcl_core::config::at_most_max("retry_max_delay", self.max_delay)?;
         if self.min_delay.is_zero() {
             return Err(ConfigError {
                 field: "retry_min_delay",

@@ -16,6 +16,10 @@ const CONTROL_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest stream-consumer name Kinesis accepts.
 pub const MAX_CONSUMER_NAME_LEN: usize = 128;
 
+/// The most events a fan-out reader holds for its consumer (each within
+/// the byte bounds): a channel that long is already far past any use.
+pub(crate) const MAX_BUFFERED_BATCHES: usize = 65_536;
+
 /// What happens to the stream consumer when the source shuts down.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -252,6 +256,16 @@ impl FanOutConfigBuilder {
         if let Some(name) = &c.consumer_name {
             validate_consumer_name(name)?;
         }
+        for (field, d) in [
+            ("subscription_lifetime", c.subscription_lifetime),
+            ("event_timeout", Some(c.event_timeout)),
+            ("consumer_active_timeout", Some(c.consumer_active_timeout)),
+            ("closed_shard_check_interval", c.closed_shard_check_interval),
+        ] {
+            if let Some(d) = d {
+                kcl_core::config::at_most_max(field, d)?;
+            }
+        }
         if let Some(lifetime) = c.subscription_lifetime
             && lifetime < Duration::from_secs(1)
         {
@@ -274,8 +288,14 @@ impl FanOutConfigBuilder {
         if c.consumer_active_timeout.is_zero() {
             return err("consumer_active_timeout", "must be above zero".into());
         }
-        if c.max_buffered_batches == 0 {
-            return err("max_buffered_batches", "must be at least 1".into());
+        if !(1..=MAX_BUFFERED_BATCHES).contains(&c.max_buffered_batches) {
+            return err(
+                "max_buffered_batches",
+                format!(
+                    "is {}; it must be 1 to {MAX_BUFFERED_BATCHES}",
+                    c.max_buffered_batches
+                ),
+            );
         }
         validate_reader_bytes("max_buffered_bytes", c.max_buffered_bytes)?;
         c.retry.validate("failed subscriptions")?;
@@ -332,6 +352,15 @@ mod tests {
             (
                 FanOutConfig::builder().max_buffered_batches(0),
                 "max_buffered_batches",
+            ),
+            // Past what a channel can hold: it panicked at every open.
+            (
+                FanOutConfig::builder().max_buffered_batches(usize::MAX),
+                "max_buffered_batches",
+            ),
+            (
+                FanOutConfig::builder().consumer_active_timeout(Duration::MAX),
+                "consumer_active_timeout",
             ),
             (
                 FanOutConfig::builder().max_buffered_bytes(0),

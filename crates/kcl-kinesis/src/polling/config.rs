@@ -180,6 +180,7 @@ impl PollingConfigBuilder {
             ("idle_time_between_reads", c.idle_time_between_reads),
             ("time_between_reads", c.time_between_reads),
         ] {
+            kcl_core::config::at_most_max(field, d)?;
             if d < MIN_TIME_BETWEEN_READS {
                 return err(
                     field,
@@ -205,6 +206,7 @@ impl PollingConfigBuilder {
             );
         }
         c.retry.validate("throttled calls")?;
+        kcl_core::config::at_most_max("call_timeout", c.call_timeout)?;
         if c.call_timeout < Duration::from_millis(100) {
             return err(
                 "call_timeout",

@@ -293,10 +293,11 @@ impl OtlpExporter {
             // in step.
             let wait = backoff.mul_f64(rand::random_range(0.5..1.0));
             let wait = error.retry_after().map_or(wait, |asked| asked.max(wait));
-            let retry_at = Instant::now() + wait;
-            if retry_at >= until {
+            // A collector may ask for any wait (`Retry-After` of u64::MAX
+            // seconds overflowed the clock): past the next export, none.
+            let Some(retry_at) = Instant::now().checked_add(wait).filter(|at| *at < until) else {
                 return Err(error);
-            }
+            };
             tokio::time::sleep_until(retry_at).await;
             backoff = (backoff * 2).min(self.inner.interval);
         }

@@ -198,6 +198,8 @@ impl OtlpMetrics {
         if self.interval.is_zero() {
             return Err(invalid("interval", "must be above zero".into()));
         }
+        kcl_core::config::at_most_max("interval", self.interval)?;
+        kcl_core::config::at_most_max("timeout", self.timeout)?;
         if self.timeout.is_zero() {
             return Err(invalid("timeout", "must be above zero".into()));
         }
