@@ -97,7 +97,10 @@ fn build_names_the_field_of_an_engine_setting_it_rejects() {
         (offline_builder().max_records(0), "max_records"),
         (offline_builder().prefetch_budget(10), "prefetch_budget"),
         // More than a budget can count: it panicked in `build()`.
-        (offline_builder().prefetch_budget(usize::MAX), "prefetch_budget"),
+        (
+            offline_builder().prefetch_budget(usize::MAX),
+            "prefetch_budget",
+        ),
         (offline_builder().stream("orders"), "streams"),
         (offline_builder().stream(" "), "streams"),
         (

@@ -293,9 +293,7 @@ impl OtlpExporter {
             // in step.
             let wait = backoff.mul_f64(rand::random_range(0.5..1.0));
             let wait = error.retry_after().map_or(wait, |asked| asked.max(wait));
-            // A collector may ask for any wait (`Retry-After` of u64::MAX
-            // seconds overflowed the clock): past the next export, none.
-            let Some(retry_at) = Instant::now().checked_add(wait).filter(|at| *at < until) else {
+            let Some(retry_at) = retry_at(Instant::now(), wait, until) else {
                 return Err(error);
             };
             tokio::time::sleep_until(retry_at).await;
@@ -471,4 +469,11 @@ fn error_chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+/// When to retry after waiting `wait` from `now`, if before `until` (the
+/// next export). A collector may ask for any wait: a `Retry-After` of
+/// `u64::MAX` seconds overflowed the clock.
+pub(super) fn retry_at(now: Instant, wait: Duration, until: Instant) -> Option<Instant> {
+    now.checked_add(wait).filter(|at| *at < until)
 }

@@ -654,3 +654,16 @@ async fn a_failure_streak_is_logged_once_and_its_end_once() {
     let stats = exporter.stats();
     assert_eq!((stats.exports, stats.failed_exports), (1, 4));
 }
+
+/// A collector's `Retry-After` longer than the clock can add is a wait
+/// past the next export (the error is reported), not a panic of the
+/// exporter.
+#[test]
+fn a_retry_after_past_the_clock_is_a_wait_past_the_next_export() {
+    let now = tokio::time::Instant::now();
+    let until = now + Duration::from_secs(60);
+    let forever = Duration::from_secs(u64::MAX);
+    assert_eq!(super::export::retry_at(now, forever, until), None);
+    let soon = Duration::from_secs(10);
+    assert_eq!(super::export::retry_at(now, soon, until), Some(now + soon));
+}
