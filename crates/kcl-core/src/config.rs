@@ -399,15 +399,11 @@ impl LeaseConfigBuilder {
         if self.max_leases_per_worker == 0 {
             return invalid("max_leases_per_worker", "must be at least 1");
         }
-        if !(1..=MAX_RENEW_CONCURRENCY).contains(&self.renew_concurrency) {
-            return invalid(
-                "renew_concurrency",
-                format!(
-                    "is {}; it must be 1 to {MAX_RENEW_CONCURRENCY}",
-                    self.renew_concurrency
-                ),
-            );
-        }
+        count_in(
+            "renew_concurrency",
+            self.renew_concurrency,
+            MAX_RENEW_CONCURRENCY,
+        )?;
         Ok(())
     }
 
@@ -423,12 +419,7 @@ impl LeaseConfigBuilder {
             ("store_timeout", self.store_timeout),
             ("load_report_interval", self.load_report_interval),
         ];
-        for (field, d) in set {
-            if let Some(d) = d {
-                at_most_max(field, d)?;
-            }
-        }
-        Ok(())
+        each_at_most_max(&set)
     }
 
     /// The load report interval (default resolved), at least
@@ -476,6 +467,27 @@ pub fn at_most_max(field: &'static str, d: Duration) -> Result<(), ConfigError> 
             field,
             format!("is {d:?}; it must be at most a year ({MAX_DURATION:?})"),
         );
+    }
+    Ok(())
+}
+
+/// [`at_most_max`] of each duration of `set` that is set.
+#[doc(hidden)]
+pub fn each_at_most_max(set: &[(&'static str, Option<Duration>)]) -> Result<(), ConfigError> {
+    for (field, d) in set {
+        if let Some(d) = d {
+            at_most_max(field, *d)?;
+        }
+    }
+    Ok(())
+}
+
+/// An error naming `field` unless `count` is 1 to `max` (for the other
+/// crates' settings too).
+#[doc(hidden)]
+pub fn count_in(field: &'static str, count: usize, max: usize) -> Result<(), ConfigError> {
+    if !(1..=max).contains(&count) {
+        return invalid(field, format!("is {count}; it must be 1 to {max}"));
     }
     Ok(())
 }

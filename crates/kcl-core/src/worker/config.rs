@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::{RemovedStreamPolicy, StreamSpec};
 use crate::checkpointer::CheckpointPolicy;
-use crate::config::{ConfigError, LeaseConfig, at_most_max, invalid};
+use crate::config::{ConfigError, LeaseConfig, count_in, each_at_most_max, invalid};
 use crate::lease::LeaseLayout;
 use crate::processor::FailurePolicy;
 use crate::source::InitialPosition;
@@ -200,7 +200,7 @@ impl WorkerConfigBuilder {
     /// and resolves their lease layouts later (that needs the stream
     /// service), then calls [`Self::build`].
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let durations = [
+        each_at_most_max(&[
             ("shard_sync_interval", Some(self.shard_sync_interval)),
             ("parent_poll_interval", Some(self.parent_poll_interval)),
             ("shutdown_timeout", Some(self.shutdown_timeout)),
@@ -211,12 +211,7 @@ impl WorkerConfigBuilder {
             ),
             ("processor_warn_after", Some(self.processor_warn_after)),
             ("processor_timeout", self.processor_timeout),
-        ];
-        for (field, d) in durations {
-            if let Some(d) = d {
-                at_most_max(field, d)?;
-            }
-        }
+        ])?;
         if self.shard_sync_interval.is_zero() {
             return invalid("shard_sync_interval", "must be above zero");
         }
@@ -226,15 +221,11 @@ impl WorkerConfigBuilder {
         if self.max_backoff < Duration::from_millis(100) {
             return invalid("max_backoff", "must be at least 100ms");
         }
-        if !(1..=MAX_PARALLELISM_PER_SHARD).contains(&self.parallelism_per_shard) {
-            return invalid(
-                "parallelism_per_shard",
-                format!(
-                    "must be between 1 and {MAX_PARALLELISM_PER_SHARD}, not {}",
-                    self.parallelism_per_shard
-                ),
-            );
-        }
+        count_in(
+            "parallelism_per_shard",
+            self.parallelism_per_shard,
+            MAX_PARALLELISM_PER_SHARD,
+        )?;
         self.checkpoint_policy.validate()?;
         if self.max_read_failure_time < Duration::from_secs(1) {
             let limit = self.max_read_failure_time;

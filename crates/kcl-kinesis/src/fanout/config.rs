@@ -256,16 +256,12 @@ impl FanOutConfigBuilder {
         if let Some(name) = &c.consumer_name {
             validate_consumer_name(name)?;
         }
-        for (field, d) in [
+        kcl_core::config::each_at_most_max(&[
             ("subscription_lifetime", c.subscription_lifetime),
             ("event_timeout", Some(c.event_timeout)),
             ("consumer_active_timeout", Some(c.consumer_active_timeout)),
             ("closed_shard_check_interval", c.closed_shard_check_interval),
-        ] {
-            if let Some(d) = d {
-                kcl_core::config::at_most_max(field, d)?;
-            }
-        }
+        ])?;
         if let Some(lifetime) = c.subscription_lifetime
             && lifetime < Duration::from_secs(1)
         {
@@ -288,15 +284,11 @@ impl FanOutConfigBuilder {
         if c.consumer_active_timeout.is_zero() {
             return err("consumer_active_timeout", "must be above zero".into());
         }
-        if !(1..=MAX_BUFFERED_BATCHES).contains(&c.max_buffered_batches) {
-            return err(
-                "max_buffered_batches",
-                format!(
-                    "is {}; it must be 1 to {MAX_BUFFERED_BATCHES}",
-                    c.max_buffered_batches
-                ),
-            );
-        }
+        kcl_core::config::count_in(
+            "max_buffered_batches",
+            c.max_buffered_batches,
+            MAX_BUFFERED_BATCHES,
+        )?;
         validate_reader_bytes("max_buffered_bytes", c.max_buffered_bytes)?;
         c.retry.validate("failed subscriptions")?;
         if c.closed_shard_check_interval.is_some_and(|d| d.is_zero()) {
