@@ -81,11 +81,17 @@ pub(super) fn forgettable_at(shared: &Shared, now: Instant) -> Option<Instant> {
         .filter_map(|b| {
             let window = liveness.duration_of(&b.instance, own).unwrap_or(own);
             let still = liveness.unchanged_for(&b.instance, now)?;
-            (still >= window).then(|| (window * 3).checked_sub(still))?
+            (still >= window).then(|| forget_after(window).checked_sub(still))?
         })
         .filter(|left| !left.is_zero())
         .min()
         .map(|left| now + left + Duration::from_millis(1))
+}
+
+/// How long the record of an instance whose beats last `window` must stand
+/// still before it is deleted.
+fn forget_after(window: Duration) -> Duration {
+    window * 3
 }
 
 /// Liveness records of instances dead for three lease durations that no
@@ -107,7 +113,7 @@ pub(super) async fn forget_the_dead(shared: &Shared, leases: &[Lease]) {
         liveness
             .beats()
             .filter(|b| {
-                let gone_for = liveness.duration_of(&b.instance, own).unwrap_or(own) * 3;
+                let gone_for = forget_after(liveness.duration_of(&b.instance, own).unwrap_or(own));
                 liveness.unchanged_for(&b.instance, now) >= Some(gone_for)
             })
             .filter(|b| !named.contains(b.instance.as_str()))
