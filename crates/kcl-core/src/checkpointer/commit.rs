@@ -4,7 +4,7 @@
 
 use tracing::warn;
 
-use super::{CheckpointError, Checkpointer, Position};
+use super::{CheckpointError, Checkpointer};
 use crate::lease::Checkpoint;
 use crate::metric_names::CHECKPOINTS;
 use crate::store::{CheckpointUpdate, Holder};
@@ -134,23 +134,6 @@ impl Checkpointer {
                 Ok(Err(error))
             }
             Err(CommitFailure::Other(e)) => Ok(Err(e)),
-        }
-    }
-
-    /// Takes `to`, which this tenure wrote though its answer was lost, as
-    /// the last checkpoint, never moving backwards: a redelivered batch
-    /// then skips what it covers instead of committing those records' writes
-    /// under a checkpoint that already passed them.
-    fn caught_up(&mut self, to: Checkpoint) {
-        let forward = match (&to, Position::of_checkpoint(&self.last_checkpoint)) {
-            (Checkpoint::ShardEnd, _) => true,
-            (_, _) if self.last_checkpoint == Checkpoint::ShardEnd => false,
-            (to, None) => Position::of_checkpoint(to).is_some(),
-            (to, Some(last)) => Position::of_checkpoint(to).is_some_and(|at| at > last),
-        };
-        if forward {
-            warn!(lease = %self.lease.key(), checkpoint = %to, "the lease shows a checkpoint of this tenure whose answer was lost: the commit was not applied, and the checkpointer moves on to it");
-            self.last_checkpoint = to;
         }
     }
 }

@@ -21,6 +21,7 @@ use crate::record::Record;
 use crate::store::{CheckpointUpdate, LeaseStore, StoreError};
 
 mod batch;
+mod catch_up;
 mod commit;
 pub mod policy;
 pub mod sequence;
@@ -28,6 +29,7 @@ mod window;
 
 use batch::InFlight;
 pub(crate) use batch::{Batcher, CheckpointPacer};
+use catch_up::moves_forward;
 pub use commit::{CommitFailure, PreparedCheckpoint};
 pub use policy::CheckpointPolicy;
 use policy::Pacing;
@@ -505,7 +507,12 @@ impl Checkpointer {
 
     fn validate(&self, seq: &str, sub: u64) -> Result<Checkpoint, CheckpointError> {
         let out_of_range = || self.out_of_range(seq, sub);
-        let target = Checkpoint::parse(seq, sub).map_err(|_| out_of_range())?;
+        // Stored as Kinesis writes it: "0123" orders as 123 but is text
+        // Kinesis refuses to resume at (every later owner would fail to
+        // open the shard), and a commit's "not at the same position again"
+        // compares the text.
+        let target =
+            Checkpoint::parse(sequence::canonical(seq), sub).map_err(|_| out_of_range())?;
         if target.is_sentinel() {
             return Err(out_of_range());
         }
@@ -580,7 +587,16 @@ impl Checkpointer {
         self.ensure_may_checkpoint()?;
         let at = self.pacing.written_at(Instant::now());
         let result = write_retrying(self.store.as_ref(), &self.lease, &update).await;
-        self.landed(&update, result.map(drop), at)
+        match self.landed(&update, result.map(drop), at) {
+            // Caught up with an earlier write of this tenure (see
+            // `landed`): once more, replacing it.
+            Err(CheckpointError::Store(e)) if e.is_condition_failed() => {
+                let update = self.replayed(update);
+                let result = write_retrying(self.store.as_ref(), &self.lease, &update).await;
+                self.landed(&update, result.map(drop), at)
+            }
+            outcome => outcome,
+        }
     }
 
     /// `Ok` while this worker may still checkpoint the lease; else the
@@ -616,6 +632,20 @@ impl Checkpointer {
                 Ok(())
             }
             Err(e) if e.is_condition_failed() => {
+                if let Some(to) = self.landed_unanswered(&e) {
+                    // An earlier write of this tenure landed though every
+                    // attempt of it failed: the checkpoint found is ours,
+                    // not another worker's. Caught up, the position is
+                    // written again (replacing it), unless that covers it.
+                    self.caught_up(to);
+                    if update.pending.is_some()
+                        || moves_forward(&self.last_checkpoint, &update.checkpoint)
+                    {
+                        return Err(CheckpointError::Store(e));
+                    }
+                    self.pacing.wrote(at);
+                    return Ok(());
+                }
                 warn!(lease = %key, "checkpoint rejected: another worker owns the shard; stopping");
                 // The consumer stops at once: the new owner is processing.
                 self.lost.cancel();

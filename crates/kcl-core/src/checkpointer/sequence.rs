@@ -145,6 +145,18 @@ impl fmt::Display for Position {
     }
 }
 
+/// `seq` without leading zeros ("0" for zero), the form Kinesis gives;
+/// text that is not a number is left for [`Checkpoint::parse`] to refuse.
+pub(crate) fn canonical(seq: &str) -> &str {
+    if !seq.bytes().all(|b| b.is_ascii_digit()) {
+        return seq;
+    }
+    match seq.trim_start_matches('0') {
+        "" if !seq.is_empty() => "0",
+        digits => digits,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -620,3 +620,54 @@ async fn a_lease_whose_writes_hang_holds_back_no_other_shards_answer() {
 async fn stored_at(store: &InMemoryLeaseStore, key: &str) -> Checkpoint {
     store.get(key).await.unwrap().unwrap().checkpoint
 }
+
+/// A sequence number given with leading zeros orders as the number, but
+/// Kinesis refuses to resume at its text (every later owner would fail
+/// to open the shard), and a commit at "0123" after one at "123" passed
+/// the "not at the same position again" check, applying its writes twice.
+#[tokio::test]
+async fn a_sequence_number_with_leading_zeros_is_stored_as_kinesis_gives_it() {
+    let (store, mut cp) = setup().await;
+    cp.delivered_for_test("123", 0);
+    cp.checkpoint_at("000123", 0).await.unwrap();
+    assert_eq!(stored(&store).await, Checkpoint::at("123", 0));
+    let again = cp
+        .commit_with("0123", 0, |_| async { Ok::<(), CommitFailure<()>>(()) })
+        .await;
+    assert!(
+        matches!(again, Err(CheckpointError::OutOfRange { .. })),
+        "{again:?}"
+    );
+    assert_eq!(sequence::canonical("0"), "0");
+    assert_eq!(sequence::canonical("000"), "0");
+    assert_eq!(sequence::canonical("LATEST"), "LATEST");
+}
+
+/// A write whose first attempt landed with its answer lost and whose
+/// retries all failed leaves the lease at a checkpoint of this tenure the
+/// checkpointer never saw confirmed. The next write found it and took the
+/// lease for lost: the shard was given up and its records since that
+/// checkpoint processed again. It catches up and writes on.
+#[tokio::test(start_paused = true)]
+async fn a_write_that_landed_unanswered_is_caught_up_with_not_taken_for_a_lost_lease() {
+    use crate::store::StoreOp;
+    use crate::store::memory::Fault;
+    let (store, mut cp) = setup().await;
+    cp.delivered_for_test("100", 0);
+    store.inject(StoreOp::Checkpoint, Fault::LostResponse);
+    for _ in 0..5 {
+        store.inject(
+            StoreOp::Checkpoint,
+            Fault::Error(crate::store::StoreErrorKind::Retryable),
+        );
+    }
+    let unanswered = cp.checkpoint().await;
+    assert!(
+        matches!(unanswered, Err(CheckpointError::Store(_))),
+        "{unanswered:?}"
+    );
+    assert_eq!(stored(&store).await, Checkpoint::at("100", 0), "it landed");
+    deliver_and_checkpoint(&mut cp, "200", 0).await;
+    assert_eq!(stored(&store).await, Checkpoint::at("200", 0));
+    assert!(!cp.lost.is_cancelled(), "the consumer goes on");
+}
