@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use aws_sdk_kinesis::Client;
 use aws_sdk_kinesis::error::DisplayErrorContext;
 use aws_sdk_kinesis::primitives::Blob;
-use aws_sdk_kinesis::types::PutRecordsRequestEntry;
+use aws_sdk_kinesis::types::{PutRecordsRequestEntry, PutRecordsResultEntry};
 use kcl_core::backoff::Backoff;
 use kcl_core::poison::{FailedRecord, FailureDestination};
 use kcl_core::processor::ProcessorError;
@@ -120,18 +120,9 @@ impl KinesisDestination {
                     DisplayErrorContext(&e)
                 )
             })?;
-            if out.failed_record_count.unwrap_or(0) == 0 {
+            let (refused, why) = refused(entries, &out.records);
+            if refused.is_empty() {
                 return Ok(());
-            }
-            let mut refused = Vec::new();
-            let mut why = String::new();
-            for (entry, result) in entries.into_iter().zip(out.records) {
-                if let Some(code) = result.error_code {
-                    if why.is_empty() {
-                        why = format!("{code}: {}", result.error_message.unwrap_or_default());
-                    }
-                    refused.push(entry);
-                }
             }
             let Some(pause) = pauses.next() else {
                 return Err(format!(
@@ -145,6 +136,35 @@ impl KinesisDestination {
             tokio::time::sleep(pause).await;
         }
     }
+}
+
+/// The entries of a `PutRecords` call not stored, and why the first was
+/// not: each entry's result stands at its index, and only one with a
+/// sequence number and no error code was stored. An answer with fewer
+/// results than entries (or a result with neither) stores nothing for the
+/// rest: counting those as stored would let the shard's checkpoint pass
+/// poison records that are nowhere.
+fn refused(
+    entries: Vec<PutRecordsRequestEntry>,
+    results: &[PutRecordsResultEntry],
+) -> (Vec<PutRecordsRequestEntry>, String) {
+    let mut refused = Vec::new();
+    let mut why = String::new();
+    for (i, entry) in entries.into_iter().enumerate() {
+        let reason = match results.get(i) {
+            Some(r) if r.error_code.is_none() && r.sequence_number.is_some() => continue,
+            Some(r) => match &r.error_code {
+                Some(code) => format!("{code}: {}", r.error_message.as_deref().unwrap_or("")),
+                None => "a result without a sequence number".to_owned(),
+            },
+            None => format!("{} results for {} records", results.len(), i + 1),
+        };
+        if why.is_empty() {
+            why = reason;
+        }
+        refused.push(entry);
+    }
+    (refused, why)
 }
 
 /// Splits entries into calls within Kinesis's per-call limits.
@@ -321,5 +341,38 @@ mod tests {
                 .sum();
             assert!(bytes <= MAX_BYTES_PER_CALL, "{bytes}");
         }
+    }
+
+    /// Only an entry whose result names a sequence number was stored: an
+    /// answer short of results (or one with a result naming none) used to
+    /// count the rest as stored, and the shard's checkpoint passed poison
+    /// records the failure stream never held.
+    #[test]
+    fn only_entries_whose_result_names_a_sequence_number_count_as_stored() {
+        let entries: Vec<_> = (0..4)
+            .flat_map(|_| KinesisDestination::entries(&failed(Bytes::from_static(b"x"))).unwrap())
+            .collect();
+        let stored = PutRecordsResultEntry::builder()
+            .sequence_number("1")
+            .shard_id("s")
+            .build();
+        let throttled = PutRecordsResultEntry::builder()
+            .error_code("ProvisionedThroughputExceededException")
+            .error_message("slow down")
+            .build();
+        let blank = PutRecordsResultEntry::builder().build();
+        let (refused, why) = super::refused(entries, &[stored, throttled, blank]);
+        assert_eq!(
+            refused.len(),
+            3,
+            "the throttled, the blank and the unanswered"
+        );
+        assert_eq!(why, "ProvisionedThroughputExceededException: slow down");
+        let entries = KinesisDestination::entries(&failed(Bytes::from_static(b"x"))).unwrap();
+        let (refused, why) = super::refused(entries, &[]);
+        assert_eq!(
+            (refused.len(), why.as_str()),
+            (1, "0 results for 1 records")
+        );
     }
 }
