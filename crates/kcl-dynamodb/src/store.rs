@@ -479,13 +479,42 @@ impl LeaseStore for DynamoDbLeaseStore {
     }
 
     async fn release(&self, key: &str, by: Holder<'_>) -> Result<Lease, StoreError> {
-        let update = Update::new(
-            "REMOVE #leaseOwner, #kclTenure SET #leaseCounter = #leaseCounter + :one",
-            &owned_by(by),
-        )
-        .holder(by)
-        .n(":one", 1);
-        self.update(StoreOp::Release, key, update, None).await
+        // One expression cannot add to the counter only without a handoff
+        // (see `LeaseStore::release`), so the write names which it expects:
+        // no handoff first (the common case), the other when the item
+        // answers that one is in progress, and again while the owner's
+        // handoffs start or complete under it.
+        let mut handing_off = false;
+        for _ in 0..3 {
+            let update = if handing_off {
+                Update::new(
+                    "REMOVE #leaseOwner, #kclTenure",
+                    &format!("{} AND attribute_exists(#checkpointOwner)", owned_by(by)),
+                )
+                .holder(by)
+            } else {
+                Update::new(
+                    "REMOVE #leaseOwner, #kclTenure SET #leaseCounter = #leaseCounter + :one",
+                    &format!(
+                        "{} AND attribute_not_exists(#checkpointOwner)",
+                        owned_by(by)
+                    ),
+                )
+                .holder(by)
+                .n(":one", 1)
+            };
+            match self.update(StoreOp::Release, key, update, None).await {
+                Err(StoreError::ConditionFailed {
+                    current: Some(current),
+                    ..
+                }) if by.owns(&current) => handing_off = current.checkpoint_owner.is_some(),
+                done => return done,
+            }
+        }
+        Err(StoreError::Retryable {
+            op: StoreOp::Release,
+            source: format!("{key:?}: a handoff kept starting and ending under the release").into(),
+        })
     }
 
     async fn hand_back(&self, seen: &Lease, drain: bool) -> Result<Lease, StoreError> {

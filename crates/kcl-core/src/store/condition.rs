@@ -239,8 +239,9 @@ pub enum Intent<'a> {
     /// ([`LeaseStore::hand_back`](super::LeaseStore::hand_back)): nobody
     /// owns, `from` is the previous owner in exactly the tenure the write
     /// recorded, at `counter`. Only that write leaves the lease unowned
-    /// with a handoff at the counter the holder had (a thief's release
-    /// bumps it), so a replay that finds this state applied. Without it a
+    /// with a handoff at the counter the holder had (or a steal from that
+    /// tenure whose thief released at once: the same state, to the same
+    /// effect), so a replay that finds this state applied. Without it a
     /// replay after a lost answer reported "nothing was written" and the
     /// operator never told the holder.
     HandedBack {

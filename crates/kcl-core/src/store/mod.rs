@@ -107,10 +107,14 @@ pub trait LeaseStore: Send + Sync + fmt::Debug {
     ) -> Result<Lease, StoreError>;
 
     /// Removes the owner and its tenure so that any worker may take the
-    /// lease at once. Condition: `by` owns it (worker and tenure). A
-    /// handoff in progress is kept: the previous owner may still
-    /// checkpoint and complete it, and nobody takes the lease before that
-    /// (or before it expires).
+    /// lease at once, and adds one to the counter (as the Java KCL's
+    /// eviction does). Condition: `by` owns it (worker and tenure). A
+    /// handoff in progress is kept, counter and all: the previous owner
+    /// may still checkpoint and complete it, and nobody takes the lease
+    /// before that (or before it expires). A Java KCL previous owner's
+    /// renewals and final checkpoint are conditioned on the counter alone:
+    /// one more would refuse them, and the records since its last
+    /// checkpoint would be processed again.
     async fn release(&self, key: &str, by: Holder<'_>) -> Result<Lease, StoreError>;
 
     /// An operator's release of a lease a kcl instance holds (`seen`:

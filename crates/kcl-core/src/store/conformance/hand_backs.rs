@@ -317,7 +317,17 @@ async fn an_eviction_after_the_thief_released_evicts_the_previous_owner<S: Lease
             Some(crate::store::evicted_tenure("i1.2").as_str())
         )
     );
-    assert!(evicted.counter > started.counter);
+    // Neither the release (a handoff's counter stays) nor the eviction
+    // (its tenure is what refuses the drainer) moved the counter.
+    assert_eq!(evicted.counter, started.counter);
+    assert_refused(
+        store,
+        "t",
+        a_in("i1.2"),
+        &[Write::Renew],
+        "the evicted drainer",
+    )
+    .await;
 }
 
 /// A Java KCL leader's handoff records no tenure: nothing to evict in.

@@ -13,10 +13,15 @@ use crate::store::{CheckpointUpdate, LeaseStore};
 /// leaves the previous owner's right to checkpoint and complete intact.
 pub async fn release_keeps_a_handoff_in_progress<S: LeaseStore + ?Sized>(store: &S) {
     let l = owned_by(store, "s", "victim").await;
-    store.start_handoff(&l, h("thief")).await.expect("start");
+    let started = store.start_handoff(&l, h("thief")).await.expect("start");
     let released = store.release("s", h("thief")).await.expect("release");
     assert_eq!(released.owner, None);
     assert_eq!(released.checkpoint_owner.as_deref(), Some("victim"));
+    assert_eq!(released.counter, started.counter, "the handoff's counter");
+    store
+        .renew("s", h("victim"), started.counter)
+        .await
+        .expect("the previous owner still renews at the counter it knows");
     store
         .checkpoint("s", h("victim"), &cp("9"))
         .await
@@ -27,6 +32,43 @@ pub async fn release_keeps_a_handoff_in_progress<S: LeaseStore + ?Sized>(store: 
         .expect("complete");
     assert_eq!((done.owner, done.checkpoint_owner), (None, None));
     assert_eq!(done.checkpoint, Checkpoint::at("9", 0));
+}
+
+/// A kcl thief that stops while a Java KCL previous owner drains leaves
+/// the counter as the steal did: the Java owner's renewals and final
+/// checkpoint are conditioned on the counter alone, and the counter one
+/// more refused them (the records since its last checkpoint were
+/// processed again). A release without a handoff still adds one.
+pub async fn a_thiefs_release_keeps_the_counter_a_java_owner_renews_at<S: LeaseStore + ?Sized>(
+    store: &S,
+) {
+    let mut java = Lease::new("s", Checkpoint::at("5", 0));
+    java.owner = Some("java-1".into());
+    java.counter = 7;
+    let java = store.create_if_absent(&java).await.expect("create");
+    let started = store.start_handoff(&java, h("thief")).await.expect("steal");
+    let released = store.release("s", h("thief")).await.expect("release");
+    assert_eq!((released.owner, released.counter), (None, started.counter));
+    let drainer = crate::store::Holder {
+        owner: "java-1",
+        tenure: None,
+    };
+    let renewed = store
+        .renew("s", drainer, started.counter)
+        .await
+        .expect("the Java owner renews at the counter it knows");
+    store
+        .checkpoint("s", drainer, &cp("9"))
+        .await
+        .expect("its final checkpoint lands");
+    assert_eq!(
+        store.get("s").await.expect("get").expect("item").checkpoint,
+        Checkpoint::at("9", 0)
+    );
+    let mine = owned_by(store, "t", "thief").await;
+    let plain = store.release("t", h("thief")).await.expect("release");
+    assert_eq!(plain.counter, mine.counter + 1, "no handoff: one more");
+    assert_eq!(renewed.counter, started.counter + 1);
 }
 
 /// During a handoff the previous owner alone may checkpoint; completing it

@@ -31,6 +31,7 @@ macro_rules! lease_store_conformance {
             steal_racing_renewal_has_one_winner,
             release_is_guarded_by_owner,
             release_keeps_a_handoff_in_progress,
+            a_thiefs_release_keeps_the_counter_a_java_owner_renews_at,
             checkpoint_is_guarded_by_ownership,
             checkpoint_after_the_lease_moved_is_rejected,
             handoff_moves_checkpoint_rights,
@@ -96,7 +97,8 @@ pub use hand_backs::{
     an_eviction_hands_back_in_a_tenure_the_holder_never_wrote,
 };
 pub use handoffs::{
-    handoff_moves_checkpoint_rights, handoff_steps_are_conditional_on_the_previous_owners_tenure,
+    a_thiefs_release_keeps_the_counter_a_java_owner_renews_at, handoff_moves_checkpoint_rights,
+    handoff_steps_are_conditional_on_the_previous_owners_tenure,
     release_keeps_a_handoff_in_progress, take_ends_a_handoff,
 };
 pub use liveness::{

@@ -159,7 +159,10 @@ impl LeaseStore for InMemoryLeaseStore {
             |l| {
                 l.owner = None;
                 l.tenure = None;
-                l.counter += 1;
+                // See `LeaseStore::release`: a handoff's counter stays.
+                if l.checkpoint_owner.is_none() {
+                    l.counter += 1;
+                }
             },
         )
         .await
