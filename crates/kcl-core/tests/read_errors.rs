@@ -2,7 +2,8 @@
 //! store, with a source whose opens and reads fail as scripted, under a
 //! paused clock. A fatal error gives the shard back after five attempts
 //! in a row wherever it shows (counted and logged); a transient one is
-//! retried and keeps the shard. Its own test binary: it installs a global
+//! retried and keeps the shard; lanes go on with what was fetched while
+//! the reader is reopened. Its own test binary: it installs a global
 //! metrics recorder.
 #![allow(clippy::unwrap_used)]
 
@@ -12,6 +13,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use kcl_core::LeaseConfig;
+use kcl_core::checkpointer::Checkpointer;
+use kcl_core::processor::{ProcessorError, RecordBatch, RecordProcessor, ShardContext};
 use kcl_core::source::memory::InMemoryShardSource;
 use kcl_core::source::{
     Batch, InitialPosition, OpenShard, ShardInfo, ShardReader, ShardSource, SourceError,
@@ -32,6 +35,8 @@ enum Open {
     /// As `ReadFails`, with three records (`late-0` to `late-2`) written
     /// between the open and that fetch.
     WrittenThenReadFails(Kind),
+    /// The open succeeds, and the reader's fetch after `batches` fails.
+    ReadsThenFails { batches: usize, kind: Kind },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -73,6 +78,9 @@ struct Scripted {
     opens: Mutex<Vec<usize>>,
     /// Where each open started.
     positions: Mutex<Vec<StartPosition>>,
+    /// What the processors had seen, and how much of it at each open.
+    seen: Seen,
+    seen_at_opens: Mutex<Vec<usize>>,
 }
 
 impl Scripted {
@@ -104,6 +112,8 @@ impl ShardSource for Scripted {
             .lock()
             .unwrap()
             .push(request.position.clone());
+        let seen = self.seen.lock().unwrap().len();
+        self.seen_at_opens.lock().unwrap().push(seen);
         let next = self.script.lock().unwrap().pop_front();
         let (stream, shard) = (request.stream.clone(), request.shard_id.clone());
         match next {
@@ -113,34 +123,66 @@ impl ShardSource for Scripted {
                 for i in 0..3 {
                     self.inner.put(&stream, "pk", format!("late-{i}")).unwrap();
                 }
-                Ok(Box::new(FailsFirst {
+                Ok(Box::new(FailsAfter {
                     inner,
-                    first: Some(kind.error(&stream, &shard)),
+                    batches: 0,
+                    error: Some(kind.error(&stream, &shard)),
                 }))
             }
-            Some(Open::ReadFails(kind)) => Ok(Box::new(FailsFirst {
+            Some(Open::ReadFails(kind)) => Ok(Box::new(FailsAfter {
                 inner: self.inner.open(request).await?,
-                first: Some(kind.error(&stream, &shard)),
+                batches: 0,
+                error: Some(kind.error(&stream, &shard)),
+            })),
+            Some(Open::ReadsThenFails { batches, kind }) => Ok(Box::new(FailsAfter {
+                inner: self.inner.open(request).await?,
+                batches,
+                error: Some(kind.error(&stream, &shard)),
             })),
             None => self.inner.open(request).await,
         }
     }
 }
 
-/// A reader whose first fetch fails.
+/// A reader whose fetch after `batches` fails.
 #[derive(Debug)]
-struct FailsFirst {
+struct FailsAfter {
     inner: Box<dyn ShardReader>,
-    first: Option<SourceError>,
+    batches: usize,
+    error: Option<SourceError>,
 }
 
 #[async_trait]
-impl ShardReader for FailsFirst {
+impl ShardReader for FailsAfter {
     async fn next_batch(&mut self) -> Result<Batch, SourceError> {
-        match self.first.take() {
+        if self.batches > 0 {
+            self.batches -= 1;
+            return self.inner.next_batch().await;
+        }
+        match self.error.take() {
             Some(e) => Err(e),
             None => self.inner.next_batch().await,
         }
+    }
+}
+
+/// A processor that takes a second a batch, keeping what it sees as
+/// [`Payloads`] does.
+struct Slow(Payloads);
+
+#[async_trait]
+impl RecordProcessor for Slow {
+    async fn process_records(
+        &mut self,
+        batch: &RecordBatch,
+        cp: &mut Checkpointer,
+    ) -> Result<(), ProcessorError> {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        self.0.process_records(batch, cp).await
+    }
+
+    async fn shutdown_requested(&mut self, cp: &mut Checkpointer) -> Result<(), ProcessorError> {
+        self.0.shutdown_requested(cp).await
     }
 }
 
@@ -170,19 +212,36 @@ impl Run {
 
     /// [`Run::start`], a new lease starting at `initial`.
     fn start_at(stream: &str, script: Vec<Open>, initial: InitialPosition) -> Run {
+        Self::start_with(stream, script, initial, None)
+    }
+
+    /// [`Run::start_at`]; with `lanes`, in that many lanes of [`Slow`]
+    /// processors, one record a batch.
+    fn start_with(
+        stream: &str,
+        script: Vec<Open>,
+        initial: InitialPosition,
+        lanes: Option<usize>,
+    ) -> Run {
         Recorded::global();
-        let inner = InMemoryShardSource::new();
+        let inner = match lanes {
+            Some(_) => InMemoryShardSource::new().with_max_records(1),
+            None => InMemoryShardSource::new(),
+        };
         let shard = inner.create_stream(stream, 1).remove(0);
         for i in 0..5 {
             inner.put(stream, "pk", format!("r{i}")).unwrap();
         }
         let table = InMemoryLeaseStore::new();
+        let seen = Seen::default();
         let source = Arc::new(Scripted {
             inner,
             table: table.clone(),
             script: Mutex::new(script.into()),
             opens: Mutex::default(),
             positions: Mutex::default(),
+            seen: Arc::clone(&seen),
+            seen_at_opens: Mutex::default(),
         });
         let lease = LeaseConfig::builder("w-a")
             .taker_interval(Duration::from_secs(10))
@@ -193,15 +252,18 @@ impl Run {
             // The attempts' count is what these tests judge: the time
             // bound on failing reads (tests/progress.rs) stays out of it.
             .max_read_failure_time(Duration::from_secs(3600))
+            .parallelism_per_shard(lanes.unwrap_or(1))
             .build()
             .unwrap();
-        let seen = Seen::default();
-        let (handle, _) = fleet::spawn_worker(
-            config,
-            Arc::new(table),
-            Arc::clone(&source) as Arc<dyn ShardSource>,
-            Payloads::factory(&seen),
-        );
+        let table = Arc::new(table);
+        let source_dyn = Arc::clone(&source) as Arc<dyn ShardSource>;
+        let payloads = Payloads::factory(&seen);
+        let (handle, _) = match lanes {
+            Some(_) => fleet::spawn_worker(config, table, source_dyn, move |ctx: &ShardContext| {
+                Slow(payloads(ctx))
+            }),
+            None => fleet::spawn_worker(config, table, source_dyn, payloads),
+        };
         Run {
             source,
             shard,
@@ -303,5 +365,35 @@ async fn a_reader_reopened_before_any_record_from_latest_reads_what_came_meanwhi
     assert!(
         matches!(positions[1], StartPosition::AtTimestamp(_)),
         "{positions:?}"
+    );
+}
+
+/// With lanes, batches already fetched and queued for a lane start as
+/// the lane frees up while the reader is retried or reopened. The fetch
+/// loop judged a failed read (pauses, reopens) without taking the lanes'
+/// results: queued records waited out the whole read outage, and a lane
+/// cut at the processor timeout was given back only after it.
+#[tokio::test(start_paused = true)]
+async fn queued_lane_batches_are_processed_while_the_reader_is_reopened() {
+    let mut script = vec![Open::ReadsThenFails {
+        batches: 5,
+        kind: Kind::Fatal,
+    }];
+    script.extend([Open::Fails(Kind::Transient); 10]);
+    let run = Run::start_with(
+        "lanes-beside-reopens",
+        script,
+        InitialPosition::TrimHorizon,
+        Some(2),
+    );
+    run.wait_for_records().await;
+    assert_eq!(run.seen(), records());
+    // The first open and ten failing ones; the twelfth succeeds. All five
+    // records were processed before it: none waited for the reader.
+    let at_opens = run.source.seen_at_opens.lock().unwrap().clone();
+    assert!(
+        at_opens.len() <= 11,
+        "a record queued for a lane waited for the reopen that succeeded; \
+         records seen at each open: {at_opens:?}"
     );
 }

@@ -346,23 +346,8 @@ async fn process(
     };
     loop {
         wait_for_room(c, lanes, shard).await?;
-        // The fetch runs while lanes finish: their results are taken as
-        // they come, and the fetch is never cut off and restarted.
-        let fetched = {
-            let next = fetch.next_batch(c);
-            tokio::pin!(next);
-            loop {
-                tokio::select! {
-                    biased;
-                    stop = c.stopped() => return Err(stop),
-                    joined = lanes.running.join_next(), if !lanes.running.is_empty() => {
-                        lanes.finished(c, joined)?;
-                    }
-                    fetched = &mut next => break fetched?,
-                }
-            }
-        };
-        let Some(batch) = fetch.judge(c, fetched).await? else {
+        let fetched = beside_lanes(c, lanes, fetch.next_batch(c)).await?;
+        let Some(batch) = beside_lanes(c, lanes, fetch.judge(c, fetched)).await? else {
             continue;
         };
         if !batch.records.is_empty() {
@@ -387,6 +372,30 @@ async fn process(
                 .map(|(p, cp)| (p.as_mut() as &mut dyn RecordProcessor, cp))
                 .collect();
             return finish_shard(c, &mut refs, Some(shard), &children).await;
+        }
+    }
+}
+
+/// Runs `work` (a fetch, or the judging of a failed one: pauses and
+/// reopens that last as long as a read outage) while taking the lanes'
+/// results as they come: a lane that frees up starts its next queued
+/// batch, and one that ended the tenure (cut at the processor timeout,
+/// past a poison deadline) is seen at once. `work` is never cut off and
+/// restarted.
+async fn beside_lanes<T>(
+    c: &Arc<Consumer>,
+    lanes: &mut Lanes,
+    work: impl std::future::Future<Output = Result<T, Stop>>,
+) -> Result<T, Stop> {
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            biased;
+            stop = c.stopped() => return Err(stop),
+            joined = lanes.running.join_next(), if !lanes.running.is_empty() => {
+                lanes.finished(c, joined)?;
+            }
+            done = &mut work => return done,
         }
     }
 }
