@@ -33,7 +33,7 @@ use catch_up::moves_forward;
 pub use commit::{CommitFailure, PreparedCheckpoint};
 pub use policy::CheckpointPolicy;
 use policy::Pacing;
-pub use sequence::{Position, SequenceNumber};
+pub use sequence::{Position, SequenceNumber, covers};
 
 /// A checkpoint write that failed retryably is tried 5 more times, from
 /// 50 ms up to 1 s apart.
@@ -360,12 +360,12 @@ impl Checkpointer {
     /// True if the last checkpoint covers `record`: a batch redelivered
     /// after a failure may hold records a commit inside it already
     /// checkpointed (see [`Checkpointer::commit_with`]), whose effects must
-    /// not be applied again.
+    /// not be applied again. The rule is the reader's ([`covers`]): a
+    /// record delivered whole at a checkpoint inside it is not covered.
     pub fn is_checkpointed(&self, record: &Record) -> bool {
         match &self.last_checkpoint {
             Checkpoint::ShardEnd => true,
-            // The order every other check of this checkpointer uses.
-            last => Position::of_checkpoint(last).is_some_and(|at| Position::of(record) <= at),
+            last => covers(last, record),
         }
     }
 

@@ -145,6 +145,25 @@ impl fmt::Display for Position {
     }
 }
 
+/// Whether `checkpoint` already covers `record`: see
+/// [`Position::covered_by`], with one exception. A record this worker's
+/// reader did not split (a plain one, or an aggregate passed through whole
+/// as malformed to it) is not covered by a checkpoint past the first
+/// sub-record of its own sequence number: whoever checkpointed split it
+/// (another kcl version, the Java KCL), and the sub-records after the
+/// checkpoint are only in this record. It is delivered again whole, and
+/// is not done until processed.
+pub fn covers(checkpoint: &Checkpoint, record: &Record) -> bool {
+    if let Checkpoint::Sequence { seq, sub } = checkpoint
+        && *sub > 0
+        && !record.aggregated
+        && *seq == record.sequence_number
+    {
+        return false;
+    }
+    Position::of(record).covered_by(checkpoint)
+}
+
 /// `seq` without leading zeros ("0" for zero), the form Kinesis gives;
 /// text that is not a number is left for [`Checkpoint::parse`] to refuse.
 pub(crate) fn canonical(seq: &str) -> &str {

@@ -671,3 +671,30 @@ async fn a_write_that_landed_unanswered_is_caught_up_with_not_taken_for_a_lost_l
     assert_eq!(stored(&store).await, Checkpoint::at("200", 0));
     assert!(!cp.lost.is_cancelled(), "the consumer goes on");
 }
+
+/// A record the reader delivers whole at a checkpoint inside it (another
+/// version or the Java KCL split it and checkpointed at (S, 2)) is not
+/// done: the sub-records after the checkpoint are only in it. The
+/// checkpointer called it covered while the reader delivered it again,
+/// and an exactly-once processor that skips covered records skipped it,
+/// its checkpoint then passing sub-records never applied.
+#[tokio::test]
+async fn a_record_delivered_whole_at_a_checkpoint_inside_it_is_not_covered() {
+    let at = |seq: &str, sub: u64, aggregated: bool| Record {
+        data: Default::default(),
+        partition_key: "pk".into(),
+        explicit_hash_key: None,
+        sequence_number: seq.into(),
+        sub_sequence_number: sub,
+        approximate_arrival: None,
+        aggregated,
+    };
+    let (_, mut cp) = setup().await;
+    deliver_and_checkpoint(&mut cp, "500", 2).await;
+    assert!(!cp.is_checkpointed(&at("500", 0, false)), "whole: not done");
+    assert!(cp.is_checkpointed(&at("500", 2, true)), "split: done to 2");
+    assert!(!cp.is_checkpointed(&at("500", 3, true)));
+    assert!(cp.is_checkpointed(&at("499", 0, false)), "before it");
+    deliver_and_checkpoint(&mut cp, "600", 0).await;
+    assert!(cp.is_checkpointed(&at("600", 0, false)));
+}

@@ -6,30 +6,18 @@
 //! aggregate again, and must drop sub-records 0, 1 and 2 itself
 //! (architecture invariant 6).
 
-use kcl_core::checkpointer::Position;
 use kcl_core::{Checkpoint, Record};
 
 /// Whether the checkpoint already covers `record`, i.e. the processor
 /// checkpointed at it or past it: a record with the checkpoint's sequence
 /// number is covered when its sub-sequence is at or below the
 /// checkpoint's, and a record from before the checkpoint (a re-delivered
-/// batch) whatever its sub-sequence. See [`Position::covered_by`], which
-/// also says what sentinels and numbers that are not decimal do.
-///
-/// A record this reader did not split (a plain one, or an aggregate passed
-/// through whole as malformed) is not covered by a checkpoint past the
-/// first sub-record of its sequence number: whoever checkpointed split it
-/// (another kcl version, the Java KCL), and the sub-records after the
-/// checkpoint are only in this record. It is delivered again whole.
+/// batch) whatever its sub-sequence. The rule of
+/// [`kcl_core::checkpointer::covers`], which the checkpointer's
+/// `is_checkpointed` follows too: a record this reader did not split is
+/// not covered by a checkpoint inside it.
 pub fn is_checkpointed(record: &Record, checkpoint: &Checkpoint) -> bool {
-    if let Checkpoint::Sequence { seq, sub } = checkpoint
-        && *sub > 0
-        && !record.aggregated
-        && *seq == record.sequence_number
-    {
-        return false;
-    }
-    Position::of(record).covered_by(checkpoint)
+    kcl_core::checkpointer::covers(checkpoint, record)
 }
 
 /// Drops from `records` every record the checkpoint already covers (see
