@@ -55,7 +55,8 @@ use tracing_subscriber::EnvFilter;
 async fn main() -> ExitCode {
     // Logging comes first so that every later error is logged in the
     // format the platform expects; errors before it go to stderr as text.
-    let format = match LogFormat::from_env(&env_lookup) {
+    let vars = environment();
+    let format = match LogFormat::from_env(&vars) {
         Ok(format) => format,
         Err(e) => {
             eprintln!("kcl-app: {e}");
@@ -66,7 +67,7 @@ async fn main() -> ExitCode {
         eprintln!("kcl-app: {e}");
         return ExitCode::from(2);
     }
-    let config = match Config::from_env(&env_lookup) {
+    let config = match Config::from_env(&vars) {
         Ok(config) => config,
         Err(e) => {
             error!("{e}");
@@ -232,8 +233,17 @@ async fn report(tally: &Tally, handle: &WorkerHandle, every: Duration) {
 
 /// Reads a variable; a value that is not UTF-8 is kept (lossily) so that
 /// validation reports it instead of treating it as unset.
-fn env_lookup(name: &str) -> Option<String> {
-    std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+/// The process's variables, listed (not looked up one by one) so that kcl
+/// can warn of one that is close to a setting's name: a misspelling.
+fn environment() -> HashMap<String, String> {
+    std::env::vars_os()
+        .map(|(k, v)| {
+            (
+                k.to_string_lossy().into_owned(),
+                v.to_string_lossy().into_owned(),
+            )
+        })
+        .collect()
 }
 
 /// The worker's settings and the app's own, read from the environment.
@@ -256,15 +266,17 @@ impl fmt::Display for BadEnv {
 impl std::error::Error for BadEnv {}
 
 impl Config {
-    fn from_env(lookup: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Self> {
-        let settings = kcl::Settings::from_lookup("KCL", lookup)?;
+    fn from_env(vars: &HashMap<String, String>) -> anyhow::Result<Self> {
+        let settings = kcl::Settings::from_vars("KCL", vars.clone())?;
         // Required here, not only at build(): the app fails before it
         // loads AWS credentials.
         settings.worker_builder()?;
-        let summary_interval = match lookup("KCL_SUMMARY_INTERVAL").filter(|v| !v.trim().is_empty())
+        let summary_interval = match vars
+            .get("KCL_SUMMARY_INTERVAL")
+            .filter(|v| !v.trim().is_empty())
         {
             None => Duration::from_secs(30),
-            Some(v) => kcl::Settings::parse_duration(&v)
+            Some(v) => kcl::Settings::parse_duration(v)
                 .map_err(|reason| BadEnv("KCL_SUMMARY_INTERVAL", reason))?,
         };
         Ok(Config {
@@ -281,8 +293,8 @@ enum LogFormat {
 }
 
 impl LogFormat {
-    fn from_env(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, BadEnv> {
-        match lookup("KCL_LOG_FORMAT").as_deref().map(str::trim) {
+    fn from_env(vars: &HashMap<String, String>) -> Result<Self, BadEnv> {
+        match vars.get("KCL_LOG_FORMAT").map(|v| v.trim()) {
             None | Some("") => Ok(LogFormat::Plain),
             Some(v) if v.eq_ignore_ascii_case("plain") => Ok(LogFormat::Plain),
             Some(v) if v.eq_ignore_ascii_case("json") => Ok(LogFormat::Json),
@@ -295,7 +307,10 @@ impl LogFormat {
 }
 
 fn init_logging(format: LogFormat) -> Result<(), BadEnv> {
-    let filter = match env_lookup("RUST_LOG").filter(|v| !v.trim().is_empty()) {
+    let filter = match std::env::var("RUST_LOG")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+    {
         None => EnvFilter::new("info"),
         Some(v) => EnvFilter::try_new(&v)
             .map_err(|e| BadEnv("RUST_LOG", format!("is {v:?}; not a log filter: {e}")))?,
@@ -325,12 +340,10 @@ fn init_logging(format: LogFormat) -> Result<(), BadEnv> {
 mod tests {
     use super::*;
 
-    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let vars: HashMap<String, String> = vars
-            .iter()
+    fn env(vars: &[(&str, &str)]) -> HashMap<String, String> {
+        vars.iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        move |name| vars.get(name).cloned()
+            .collect()
     }
 
     #[test]
@@ -351,6 +364,8 @@ mod tests {
             Some(Duration::from_secs(20))
         );
         assert_eq!(config.summary_interval, Duration::from_secs(60));
+        // The app's own variables under the prefix are not taken for typos.
+        assert_eq!(config.settings.near_misses(), &[]);
     }
 
     #[test]

@@ -109,7 +109,7 @@ pub use kcl_kinesis::{
 pub use kcl_kinesis::{
     DeregisterConsumer, FanOutConfig, FanOutConfigBuilder, Retrieval, SourceStats,
 };
-pub use settings::{Settings, SettingsError};
+pub use settings::{NearMiss, Settings, SettingsError};
 /// Testing a [`RecordProcessor`] without AWS (feature `test-util`):
 /// records, KPL aggregates and batches as the worker delivers them, and a
 /// [`TestShard`](testing::TestShard) that drives a processor through its

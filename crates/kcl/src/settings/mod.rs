@@ -4,7 +4,9 @@
 //! Every field is named as the [`WorkerBuilder`] setter it feeds. From the
 //! environment, a field is the variable `<PREFIX>_<FIELD>` in upper case
 //! (`KCL_LEASE_DURATION` for `lease_duration` with the prefix `KCL`); other
-//! variables under the prefix are left to the application. From a file
+//! variables under the prefix are left to the application, but one close to
+//! a setting's (`KCL_LEASE_DURATON`, `KCL_STREAM`) is logged as a warning
+//! naming the setting, and listed by [`Settings::near_misses`]. From a file
 //! (TOML with [`Settings::from_toml`], or any serde format through
 //! [`Settings`]' `Deserialize`), a field is its own key and an unknown key
 //! is an error: a typo in a file must not be silently ignored.
@@ -50,6 +52,7 @@
 //! # }
 //! ```
 
+mod near_miss;
 mod parse;
 #[cfg(test)]
 mod tests;
@@ -69,6 +72,8 @@ use kcl_dynamodb::{Capacity, TableCreation, TableOptions};
 
 use crate::{Error, WorkerBuilder};
 
+pub use near_miss::NearMiss;
+
 /// Declares the fields once: the struct, the names, the parsers, merging,
 /// and (for the `forward` group) the builder setter of the same name.
 macro_rules! settings {
@@ -87,6 +92,8 @@ macro_rules! settings {
             /// Where each set field came from (a variable, or a key in a
             /// file), to name it in an error `build()` returns later.
             origins: BTreeMap<&'static str, String>,
+            /// Variables under the prefix that are close to a setting.
+            near_misses: Vec<NearMiss>,
         }
 
         /// Every field's name, in declaration order.
@@ -108,6 +115,7 @@ macro_rules! settings {
                 $( if over.$sname.is_some() { self.$sname = over.$sname; } )*
                 $( if over.$fname.is_some() { self.$fname = over.$fname; } )*
                 self.origins.extend(over.origins);
+                self.near_misses.extend(over.near_misses);
                 self
             }
 
@@ -245,9 +253,48 @@ impl std::error::Error for SettingsError {}
 
 impl Settings {
     /// Reads `<prefix>_<FIELD>` for every field from the process's
-    /// environment. A variable that is not UTF-8 is refused, not ignored.
+    /// environment. A variable that is not UTF-8 is refused, not ignored;
+    /// one close to a setting's is a [near miss](Self::near_misses).
     pub fn from_env(prefix: &str) -> Result<Settings, SettingsError> {
-        Self::from_variables(prefix, |var| std::env::var_os(var).map(os_text))
+        // A name that is not UTF-8 cannot be a setting's nor close to one.
+        let vars = std::env::vars_os()
+            .filter_map(|(name, value)| Some((name.into_string().ok()?, os_text(value))));
+        Self::from_listing(prefix, vars)
+    }
+
+    /// [`Self::from_env`] over the variables `vars` (for tests, or another
+    /// source of variables that can be listed), near misses included.
+    pub fn from_vars(
+        prefix: &str,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Settings, SettingsError> {
+        Self::from_listing(prefix, vars.into_iter().map(|(k, v)| (k, Ok(v))))
+    }
+
+    fn from_listing(
+        prefix: &str,
+        vars: impl IntoIterator<Item = (String, Result<String, String>)>,
+    ) -> Result<Settings, SettingsError> {
+        let vars: BTreeMap<String, Result<String, String>> = vars.into_iter().collect();
+        // Logged before the settings are read, so that a startup they fail
+        // still names the misspelling beside the error.
+        let misses: Vec<NearMiss> = (vars.keys())
+            .filter_map(|name| near_miss::of_variable(prefix, name))
+            .inspect(
+                |miss| tracing::warn!(variable = %miss.variable, meant = %miss.meant, "{miss}"),
+            )
+            .collect();
+        let mut settings = Self::from_variables(prefix, |var| vars.get(var).cloned())?;
+        settings.near_misses = misses;
+        Ok(settings)
+    }
+
+    /// Variables under the prefix that name no setting but are close to
+    /// one (most likely misspelt), as [`Self::from_env`] or
+    /// [`Self::from_vars`] found them; each was also logged as a warning.
+    /// [`Self::from_lookup`] cannot list variables, so it finds none.
+    pub fn near_misses(&self) -> &[NearMiss] {
+        &self.near_misses
     }
 
     /// [`Self::from_env`] with the variables looked up by `lookup` (for
@@ -311,10 +358,11 @@ impl Settings {
         for (key, value) in pairs {
             let origin = format!("{key} in {name}");
             let Some(&field) = FIELDS.iter().find(|f| **f == key) else {
-                problems.push((
-                    origin,
-                    format!("is not a setting; the settings are {}", FIELDS.join(", ")),
-                ));
+                let reason = match near_miss::closest(&key) {
+                    Some(meant) => format!("is not a setting; did you mean {meant}?"),
+                    None => format!("is not a setting; the settings are {}", FIELDS.join(", ")),
+                };
+                problems.push((origin, reason));
                 continue;
             };
             match value {

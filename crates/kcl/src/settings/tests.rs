@@ -278,6 +278,80 @@ fn an_unknown_key_in_a_file_is_an_error_naming_it() {
     assert!(reason.contains("lease_duration"), "{reason}");
 }
 
+/// `pairs` as a listing of variables, named as they are set.
+fn listing(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    (pairs.iter())
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+#[test]
+fn a_misspelt_variable_is_reported_with_the_setting_it_is_close_to() {
+    let settings = Settings::from_vars(
+        "KCL",
+        listing(&[
+            ("KCL_APPLICATION_NAME", "orders"),
+            ("KCL_LEASE_DURATON", "30s"),
+            ("KCL_STREAM", "orders"),
+            ("kcl_max_records", "100"),
+            ("KCL_TAKER_INTERVAL", "5s"),
+        ]),
+    )
+    .expect("valid");
+    let misses: Vec<(&str, &str)> = (settings.near_misses().iter())
+        .map(|m| (m.variable.as_str(), m.meant.as_str()))
+        .collect();
+    assert_eq!(
+        misses,
+        [
+            ("KCL_LEASE_DURATON", "KCL_LEASE_DURATION"),
+            ("KCL_STREAM", "KCL_STREAMS"),
+            ("kcl_max_records", "KCL_MAX_RECORDS"),
+        ]
+    );
+    assert_eq!(
+        settings.near_misses()[0].to_string(),
+        "KCL_LEASE_DURATON is not a kcl setting and is ignored; did you mean KCL_LEASE_DURATION?"
+    );
+    // The misspelt ones stay unset; the rest are read.
+    assert_eq!(settings.lease_duration, None);
+    assert_eq!(settings.taker_interval, Some(Duration::from_secs(5)));
+}
+
+#[test]
+fn the_applications_own_variables_under_the_prefix_are_not_near_misses() {
+    let settings = Settings::from_vars(
+        "KCL",
+        listing(&[
+            ("KCL_LOG_FORMAT", "json"),
+            ("KCL_SUMMARY_INTERVAL", "1m"),
+            ("KCL_PORT", "8080"),
+            ("KCL_REGION", "eu-west-1"),
+            ("KCLX_LEASE_DURATION", "30s"),
+            ("LEASE_DURATION", "30s"),
+        ]),
+    )
+    .expect("valid");
+    assert_eq!(settings.near_misses(), &[]);
+}
+
+#[test]
+fn no_settings_variable_is_a_near_miss_of_another() {
+    for field in FIELDS {
+        assert_eq!(
+            super::near_miss::of_variable("KCL", &variable("KCL", field)),
+            None
+        );
+    }
+}
+
+#[test]
+fn a_misspelt_key_in_a_file_names_the_setting_it_is_close_to() {
+    let error = Settings::from_toml("max_record = 100").expect_err("a typo");
+    let (_, reason) = error.problems().next().expect("one problem");
+    assert_eq!(reason, "is not a setting; did you mean max_records?");
+}
+
 #[test]
 fn the_environment_overrides_the_file() {
     let file = Settings::from_toml("lease_duration = \"20s\"\nmax_records = 100").expect("valid");
