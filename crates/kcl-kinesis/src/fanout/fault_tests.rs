@@ -101,6 +101,34 @@ fn denied_subscriptions_warn_once_per_interval() {
     );
 }
 
+/// A shard whose subscriptions are answered `ResourceInUse` for longer
+/// than a takeover takes is warned about once (another application under
+/// the same consumer name); a few such answers, a previous subscription
+/// being torn down, are not.
+#[test]
+fn a_shard_held_by_another_subscriber_is_warned_about_once() {
+    let held = |answers: usize| async move {
+        let s = setup();
+        put_plain(&s, 0..3);
+        for _ in 0..answers {
+            s.fake.fail_subscribe(SubscribeFault::InUse);
+        }
+        let mut reader = open(&s, StartPosition::TrimHorizon).await;
+        let errors = read_plain(reader.as_mut(), 0..3).await;
+        (errors, s.source.stats().subscription_errors)
+    };
+    let text = "has held the shard's subscription";
+    let (answered, warnings) = crate::test_util::logs::warnings_while(text, held(3));
+    assert_eq!((answered, warnings), ((0, 3), 0));
+    let (answered, warnings) = crate::test_util::logs::warnings_while(text, held(40));
+    assert_eq!(
+        answered,
+        (0, 40),
+        "waited out, never reported to the reader"
+    );
+    assert_eq!(warnings, 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_childs_stale_not_found_after_a_split_is_retried_and_the_consumer_kept() {
     let s = setup();

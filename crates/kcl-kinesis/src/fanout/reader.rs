@@ -36,6 +36,8 @@ use crate::task_reader::{self, TaskReader, run_task};
 mod event;
 mod failure;
 
+use failure::InUse;
+
 /// Kinesis accepts one `SubscribeToShard` per second per consumer and
 /// shard; a reader never subscribes faster.
 pub(crate) const SUBSCRIBE_INTERVAL: Duration = Duration::from_secs(1);
@@ -123,6 +125,7 @@ impl FanOutReader {
                     estimate: EventEstimate::new(bytes),
                     carried: None,
                     transient_failures: 0,
+                    in_use: InUse::default(),
                     received_event: false,
                     tx,
                     start: start.iterator,
@@ -262,6 +265,8 @@ struct Subscriber {
     pipeline: Records,
     meters: Meters,
     transient_failures: u32,
+    /// Subscriptions answered `ResourceInUse` since the last event.
+    in_use: InUse,
     /// Set by each event, so the loop knows the last subscription worked.
     received_event: bool,
     last_subscribe: Option<Instant>,
@@ -330,6 +335,7 @@ impl Subscriber {
                 // count.
                 backoff.reset();
                 self.transient_failures = 0;
+                self.in_use = InUse::default();
             }
             let ended = match ended {
                 // Kinesis sends a first event at once, records or not: a

@@ -9,12 +9,28 @@ use kcl_core::metric_names::{KINESIS_ACCESS_ERRORS, KINESIS_THROTTLES};
 use kcl_core::source::{Batch, ChildShard, SourceError};
 use tracing::{debug, warn};
 
+use tokio::time::{Duration, Instant};
+
 use super::Subscriber;
 use crate::calls::classify::{Class, Classified};
 use crate::calls::retry::{ForReader, retryable};
 use crate::fanout::api::IN_USE;
 use crate::gone::{Missing, past_trim_horizon, why_missing};
 use crate::task_reader::Delivery;
+
+/// How long subscriptions may be answered `ResourceInUse` before it is
+/// warned about: six times the 5 s after which AWS lets a new subscription
+/// take a shard over.
+pub(super) const IN_USE_REPORT_AFTER: Duration = Duration::from_secs(30);
+
+/// A run of subscriptions answered `ResourceInUse`, reset by an event.
+#[derive(Debug, Default)]
+pub(super) struct InUse {
+    /// When the first of the run was answered.
+    since: Option<Instant>,
+    /// Whether the run was warned about.
+    reported: bool,
+}
 
 impl Subscriber {
     /// Handles a failed subscription: waits before the next one, reports
@@ -35,8 +51,9 @@ impl Subscriber {
             // the previous owner's (AWS lets a new one take over after 5 s,
             // kinesis-mock once the old connection is gone) or our own
             // previous one, not yet torn down. Waiting it out is the only
-            // remedy, and it is not a failure worth reporting.
-            Class::Transient if in_use => {}
+            // remedy, and it is not a failure worth reporting unless it
+            // lasts.
+            Class::Transient if in_use => self.held_elsewhere(),
             Class::Transient => {
                 self.transient_failures += 1;
                 if self.transient_failures > self.fanout.config.retry.max_transient {
@@ -58,6 +75,27 @@ impl Subscriber {
         debug!(stream = %self.stream, shard = %self.shard_id, code = ?c.code, error = %c.error,
             "subscription failed; subscribing again");
         self.back_off(backoff).await.map(|()| true)
+    }
+
+    /// Notes a subscription answered `ResourceInUse`, and warns once when
+    /// such answers have lasted [`IN_USE_REPORT_AFTER`] with no event: AWS
+    /// lets a new subscription take over after 5 s, so a shard held longer
+    /// is held by a subscriber that keeps subscribing, another application
+    /// registered under the same consumer name most likely. Both would
+    /// read the shard by turns.
+    fn held_elsewhere(&mut self) {
+        let now = Instant::now();
+        let since = *self.in_use.since.get_or_insert(now);
+        let held_for = now.duration_since(since);
+        if self.in_use.reported || held_for < IN_USE_REPORT_AFTER {
+            return;
+        }
+        self.in_use.reported = true;
+        warn!(stream = %self.stream, shard = %self.shard_id, consumer = %self.consumer_arn,
+            ?held_for,
+            "another subscriber of this stream consumer has held the shard's subscription \
+             for {:?} (ResourceInUse): is another application registered under the same \
+             consumer name? Still subscribing", held_for);
     }
 
     /// Counts a throttled subscription.
