@@ -2,7 +2,7 @@
 //! [`StreamTracker`] that changes them while it runs, the live list the
 //! run loop reads, and what happens to a removed stream's leases.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -123,21 +123,32 @@ pub(super) async fn delete_removed_leases(
         if held > 0 {
             continue;
         }
-        // Children first: should a delete fail (the lease moved) and the
-        // stream come back, a parent is left to read again before its
-        // children, never a child without its parent.
+        // Children first, and no lease whose child is left: should a delete
+        // fail (the lease moved) and the stream come back, a parent is left
+        // to read again before its children, never a child without its
+        // parent (taken for finished, its unread records skipped).
         children_first(&mut stream);
-        let mut left = 0;
-        for lease in stream {
+        let mut left: HashSet<&str> = HashSet::new();
+        for lease in &stream {
+            let child_left = stream.iter().any(|child| {
+                left.contains(child.shard_id.as_str())
+                    && child.parent_shard_ids.contains(&lease.shard_id)
+            });
+            if child_left {
+                left.insert(&lease.shard_id);
+                continue;
+            }
             match store.delete(&lease.key, lease.counter).await {
                 Ok(()) => {
                     done.deleted += 1;
                     info!(stream = %name, lease = %lease.key, "deleted a lease of a removed stream")
                 }
-                Err(_) => left += 1,
+                Err(_) => {
+                    left.insert(&lease.shard_id);
+                }
             }
         }
-        if left == 0 {
+        if left.is_empty() {
             removed_at.remove(&layout);
         }
     }
@@ -200,6 +211,43 @@ mod tests {
     /// Every lease is deleted before its parents' (a merge's two, a
     /// parent whose lease is already gone, a malformed cycle): a deletion
     /// cut short leaves parents, never a child without its parent.
+    /// A child whose delete fails keeps its ancestors (a merge's two
+    /// parents, a grandparent), not the rest of the stream; the stream
+    /// stays due, for the next round to finish.
+    #[tokio::test]
+    async fn a_parent_is_kept_while_a_childs_delete_fails() {
+        use crate::store::memory::{Fault, InMemoryLeaseStore};
+        use crate::store::{StoreErrorKind, StoreOp};
+        let store = InMemoryLeaseStore::new();
+        let leases = [
+            lease("gp", &[]),
+            lease("p", &["gp"]),
+            lease("q", &[]),
+            lease("c1", &["p", "q"]),
+            lease("c2", &["p"]),
+            lease("other", &[]),
+        ];
+        for l in &leases {
+            store.put_raw(l.clone());
+        }
+        store.inject_on(
+            StoreOp::Delete,
+            "c1",
+            Fault::Error(StoreErrorKind::Retryable),
+        );
+        let mut removed_at =
+            HashMap::from([(LeaseLayout::SingleStream, ("s".to_owned(), Instant::now()))]);
+        let done = delete_removed_leases(&store, &mut removed_at, Duration::ZERO, &leases, |_| {
+            HolderJudged::Gone
+        })
+        .await;
+        let mut kept: Vec<String> = store.snapshot().into_iter().map(|l| l.shard_id).collect();
+        kept.sort();
+        assert_eq!(kept, ["c1", "gp", "p", "q"]);
+        assert_eq!(done.deleted, 2);
+        assert_eq!(removed_at.len(), 1, "due again next round");
+    }
+
     #[test]
     fn a_streams_leases_are_deleted_children_first() {
         let leases = [
