@@ -515,6 +515,20 @@ async fn a_closed_shard_whose_last_events_have_no_continuation_ends_after_their_
     read_to_the_end(reader.as_mut(), Duration::from_secs(120), 3..5, &kids).await;
 }
 
+/// Children announced on an event that still has a continuation do not
+/// end the shard (Kinesis announces them only on the last event, without
+/// one; the Java KCL refuses such an event): the records after it are
+/// read, then the end.
+#[tokio::test(start_paused = true)]
+async fn children_announced_before_the_last_record_do_not_end_the_shard() {
+    let s = setup();
+    let mut reader = caught_up_past_three(&s).await;
+    put_plain(&s, 3..6);
+    let kids = s.kinesis.split(STREAM, &s.shard, true);
+    s.fake.children_before_the_end(&s.shard, &kids);
+    read_to_the_end(reader.as_mut(), Duration::from_secs(120), 3..6, &kids).await;
+}
+
 /// An endpoint that leaves the continuation out of every event costs at
 /// most one closed-shard check (two polling calls) per interval, not one
 /// per event.

@@ -108,6 +108,11 @@ struct State {
     /// Events leave ContinuationSequenceNumber out (the SDK reads it as
     /// empty, which from Kinesis means the shard's end).
     no_continuation: bool,
+    /// Events with records before the shard's end announce these children
+    /// and keep their continuation (an event Kinesis never sends), each
+    /// with at most `records_per_event` records.
+    early_children: Option<Vec<aws_sdk_kinesis::types::ChildShard>>,
+    records_per_event: Option<i32>,
     /// Like kinesis-mock with an unknown sequence number: the next
     /// subscription starts at TRIM_HORIZON whatever it asked for.
     restart_from_trim_horizon: bool,
@@ -195,6 +200,30 @@ impl FakeFanOut {
     /// continuation out.
     pub(crate) fn no_continuation(&self) {
         self.lock().no_continuation = true;
+    }
+
+    /// Events carry one record each, and those before the shard's end
+    /// announce `kids` (children of `parent`) while keeping their
+    /// continuation: the end announced early, records still to come.
+    pub(crate) fn children_before_the_end(&self, parent: &str, kids: &[String]) {
+        let range = aws_sdk_kinesis::types::HashKeyRange::builder()
+            .starting_hash_key("0")
+            .ending_hash_key("1")
+            .build()
+            .expect("range");
+        let children = (kids.iter())
+            .map(|id| {
+                aws_sdk_kinesis::types::ChildShard::builder()
+                    .shard_id(id)
+                    .parent_shards(parent)
+                    .hash_key_range(range.clone())
+                    .build()
+                    .expect("child")
+            })
+            .collect();
+        let mut s = self.lock();
+        s.early_children = Some(children);
+        s.records_per_event = Some(1);
     }
 
     pub(crate) fn restart_from_trim_horizon(&self) {
@@ -540,8 +569,11 @@ impl FakeEvents {
             s.events += 1;
             s.event_shards.push(self.shard_id.clone());
         }
-        let no_continuation = self.fake.lock().no_continuation;
-        let continuation = if children.is_some() || no_continuation {
+        let (no_continuation, early) = {
+            let s = self.fake.lock();
+            (s.no_continuation, s.early_children.is_some() && !self.done)
+        };
+        let continuation = if (children.is_some() && !early) || no_continuation {
             String::new()
         } else {
             self.continuation.clone()
@@ -599,13 +631,24 @@ impl EventStream for FakeEvents {
         };
         let mut waited = Duration::ZERO;
         loop {
+            let (limit, early) = {
+                let s = self.fake.lock();
+                (
+                    s.records_per_event.unwrap_or(10_000),
+                    s.early_children.clone(),
+                )
+            };
             let out = self
                 .fake
                 .kinesis
-                .get_records("", &iterator, 10_000)
+                .get_records("", &iterator, limit)
                 .await
                 .expect("get records");
             let at_end = out.next_shard_iterator.is_none();
+            if !at_end && !out.records.is_empty() && early.is_some() {
+                self.iterator = out.next_shard_iterator;
+                return Ok(Some(self.event(out.records, 0, early)));
+            }
             if !out.records.is_empty() || at_end || waited >= HEARTBEAT {
                 let behind = out.millis_behind_latest.unwrap_or(0);
                 self.iterator = out.next_shard_iterator;

@@ -158,8 +158,12 @@ impl Subscriber {
         batch: &mut EventBatch,
     ) -> Result<Closed, SourceError> {
         // Kinesis ends a shard's last event with its children and without
-        // a continuation sequence number.
-        let announced = child_shards.as_ref().is_some_and(|c| !c.is_empty());
+        // a continuation sequence number. Children beside a continuation
+        // (an event Kinesis never sends; the Java KCL refuses it) do not
+        // end the shard: records may follow the continuation, and the end
+        // comes as it would without them.
+        let announced =
+            continuation.is_empty() && child_shards.as_ref().is_some_and(|c| !c.is_empty());
         if announced {
             Ok(match self.children(child_shards, &mut batch.slot).await? {
                 Some(children) => Closed::Yes(children),
