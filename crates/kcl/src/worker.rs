@@ -340,6 +340,18 @@ impl Worker {
     }
 
     async fn run_worker(self, signal: impl Future<Output = ()> + Send) -> Result<(), Error> {
+        let handle = self.handle.clone();
+        let result = self.run_engine(signal).await;
+        // The engine publishes its report however it stopped; a run that
+        // ended before the engine started (a shutdown during the startup
+        // checks, a startup error) publishes one here, or
+        // `shutdown_and_wait` waited forever.
+        handle.stopped_before_running(result.is_ok());
+        result
+    }
+
+    /// The startup checks, then the engine.
+    async fn run_engine(self, signal: impl Future<Output = ()> + Send) -> Result<(), Error> {
         tokio::pin!(signal);
         // Startup steps retry what retrying can fix, so they must notice a
         // shutdown too: a SIGTERM during a throttling storm ends the run.

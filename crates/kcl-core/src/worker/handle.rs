@@ -103,6 +103,18 @@ impl WorkerHandle {
         self.stopped().await
     }
 
+    /// For a wrapper whose run can end before the worker's starts (the
+    /// `kcl` facade's startup checks): publishes an empty report, graceful
+    /// or not, unless the worker published its own, so that
+    /// [`Self::stopped`] and [`Self::shutdown_and_wait`] return.
+    #[doc(hidden)]
+    pub fn stopped_before_running(&self, graceful: bool) {
+        self.stopped.publish_unless_published(ShutdownReport {
+            graceful,
+            ..ShutdownReport::default()
+        });
+    }
+
     /// Waits until the worker has stopped, however it stopped, and
     /// returns its shutdown's report.
     pub async fn stopped(&self) -> ShutdownReport {

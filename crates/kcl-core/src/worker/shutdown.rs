@@ -44,6 +44,17 @@ impl Stopped {
         self.0.send_replace(Some(report));
     }
 
+    /// Publishes `report` unless a report was published already.
+    pub(crate) fn publish_unless_published(&self, report: ShutdownReport) {
+        self.0.send_if_modified(|published| {
+            let first = published.is_none();
+            if first {
+                *published = Some(report);
+            }
+            first
+        });
+    }
+
     /// The report, once the worker stopped.
     pub(crate) async fn wait(&self) -> ShutdownReport {
         let mut rx = self.0.subscribe();

@@ -156,3 +156,29 @@ fn a_given_lease_table_client_gets_the_timeouts_it_leaves_unset() {
         Some(Duration::from_secs(7))
     );
 }
+
+/// A shutdown asked for while the startup checks still retry (no endpoint
+/// answers) ends the run, and its waiters get a report: only the engine
+/// published one, so `shutdown_and_wait` waited forever.
+#[tokio::test]
+async fn a_shutdown_during_startup_is_reported_to_its_waiters() {
+    let sdk = offline_sdk()
+        .into_builder()
+        .endpoint_url("http://127.0.0.1:9")
+        .build();
+    let worker = offline_builder().sdk_config(&sdk).build().expect("valid");
+    let handle = worker.handle();
+    let run = tokio::spawn(worker.run());
+    while handle.status().starting.is_none() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // A guard against a hang, not a bound on how long it takes.
+    let report = tokio::time::timeout(Duration::from_secs(120), handle.shutdown_and_wait())
+        .await
+        .expect("the waiter is told the worker stopped");
+    assert!(report.graceful);
+    assert_eq!((report.drained, report.released), (0, 0));
+    run.await
+        .expect("no panic")
+        .expect("a shutdown, not an error");
+}
