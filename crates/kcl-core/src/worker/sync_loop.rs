@@ -53,22 +53,38 @@ pub(super) struct SyncLoop {
 impl SyncLoop {
     /// Runs rounds until stopped.
     pub(super) async fn run(mut self) {
+        let stop = self.stop.clone();
         loop {
-            let Some(mut asked) = self.wait().await else {
+            let Some(asked) = self.wait().await else {
                 return;
             };
-            if self.tracker.is_some() {
-                asked |= self.follow_tracker().await;
+            // A shutdown does not wait for a round (a throttled listing,
+            // a tracker slow to answer) while the worker's drained leases
+            // are still renewed and unread. Cut short, a round leaves what
+            // the next does: each write is conditional, parents are created
+            // before children and deleted after them.
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                () = self.follow_and_sync(asked) => {}
             }
-            // One round per fleet: the periodic sync and cleanup run on
-            // the leader only; a sync a consumer asked for (its shard
-            // ended, its children need leases) runs here at once.
-            let leader = self.signals.is_sync_leader();
-            if !leader && !asked {
-                continue;
-            }
-            self.round(leader).await;
         }
+    }
+
+    /// Follows the tracker, then runs a round if this worker leads the
+    /// fleet's rounds or `asked` (a consumer asked, or a stream was added).
+    async fn follow_and_sync(&mut self, mut asked: bool) {
+        if self.tracker.is_some() {
+            asked |= self.follow_tracker().await;
+        }
+        // One round per fleet: the periodic sync and cleanup run on the
+        // leader only; a sync a consumer asked for (its shard ended, its
+        // children need leases) runs here at once.
+        let leader = self.signals.is_sync_leader();
+        if !leader && !asked {
+            return;
+        }
+        self.round(leader).await;
     }
 
     /// Waits for the next round: `Some(true)` when a consumer asked for
@@ -265,6 +281,43 @@ mod tests {
             removed_at: HashMap::new(),
         };
         (sync, removed, coordinator)
+    }
+
+    /// Lists shards never.
+    #[derive(Debug)]
+    struct Stuck;
+
+    #[async_trait::async_trait]
+    impl ShardSource for Stuck {
+        async fn list_shards(&self, _: &str) -> Result<Vec<crate::source::ShardInfo>, SourceError> {
+            std::future::pending().await
+        }
+        async fn open(
+            &self,
+            _: crate::source::OpenShard,
+        ) -> Result<Box<dyn crate::source::ShardReader>, SourceError> {
+            std::future::pending().await
+        }
+    }
+
+    /// A stop ends the loop in the middle of a round (here a listing that
+    /// never answers): the worker's shutdown waits for the loop while its
+    /// drained leases are still renewed, so peers cannot take them.
+    #[tokio::test(start_paused = true)]
+    async fn a_stop_cuts_a_round_short() {
+        let tracker = Arc::new(Listed(Mutex::new(vec![spec("a")])));
+        let (mut sync, _removed, _coordinator) = sync_loop(tracker, RemovedStreamPolicy::Keep);
+        sync.source = Arc::new(Stuck);
+        let (stop, now) = (sync.stop.clone(), Arc::clone(&sync.now));
+        let run = tokio::spawn(sync.run());
+        now.notify_one();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!run.is_finished(), "the round is under way");
+        stop.cancel();
+        tokio::time::timeout(Duration::from_secs(3600), run)
+            .await
+            .expect("the loop ends at the stop")
+            .expect("no panic");
     }
 
     /// Streams may come and go for as long as a worker runs: a removed
