@@ -1782,3 +1782,85 @@ async fn a_removed_streams_lease_whose_release_failed_is_released_again() {
     );
     t.stop().await;
 }
+
+/// A processor whose every call waits for good, and which notes, when the
+/// call is dropped, who the table says holds its lease.
+struct Hangs {
+    store: InMemoryLeaseStore,
+    entered: Arc<tokio::sync::Notify>,
+    owner_when_dropped: Arc<Mutex<Vec<Option<String>>>>,
+}
+
+/// Notes the lease's owner in the table when a call ends.
+struct OwnerAtDrop {
+    store: InMemoryLeaseStore,
+    owners: Arc<Mutex<Vec<Option<String>>>>,
+}
+
+impl Drop for OwnerAtDrop {
+    fn drop(&mut self) {
+        let owner = self.store.snapshot().pop().and_then(|l| l.owner);
+        self.owners.lock().unwrap().push(owner);
+    }
+}
+
+#[async_trait]
+impl RecordProcessor for Hangs {
+    async fn process_records(
+        &mut self,
+        _: &RecordBatch,
+        _: &mut Checkpointer,
+    ) -> Result<(), ProcessorError> {
+        let _noted = OwnerAtDrop {
+            store: self.store.clone(),
+            owners: Arc::clone(&self.owner_when_dropped),
+        };
+        self.entered.notify_one();
+        std::future::pending().await
+    }
+}
+
+/// A worker dropped while a processor call runs (its run task aborted on a
+/// runtime whose other threads keep polling) releases the lease only once
+/// the call has ended: released first, a peer took the shard while the
+/// call still ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_worker_releases_a_lease_only_after_its_processor_call_ended() {
+    let source = InMemoryShardSource::new();
+    source.create_stream(STREAM, 1);
+    source.put(STREAM, "pk", "r0");
+    let mut fleet = fleet::Fleet::new();
+    let store = fleet.table_for_worker();
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let owners = Arc::new(Mutex::new(Vec::new()));
+    let factory = {
+        let (store, entered, owners) = (
+            fleet.store.clone(),
+            Arc::clone(&entered),
+            Arc::clone(&owners),
+        );
+        move |_: &ShardContext| Hangs {
+            store: store.clone(),
+            entered: Arc::clone(&entered),
+            owner_when_dropped: Arc::clone(&owners),
+        }
+    };
+    let lease = LeaseConfig::builder("w-a")
+        .release_on_drop(true)
+        .build()
+        .unwrap();
+    let config = fleet::one_stream(lease, STREAM)
+        .initial_position(InitialPosition::TrimHorizon)
+        .build()
+        .unwrap();
+    fleet.run_worker(config, Arc::new(store), Arc::new(source), factory);
+    entered.notified().await;
+    fleet.kill(0).await;
+    let released = fleet.store.snapshot().pop().unwrap();
+    assert_eq!(released.owner, None, "released on drop: {released:?}");
+    assert_eq!(
+        *owners.lock().unwrap(),
+        [Some("w-a".to_owned())],
+        "the call ended while the lease was still held"
+    );
+}

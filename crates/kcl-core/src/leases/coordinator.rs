@@ -467,12 +467,18 @@ impl Drop for LeaseCoordinator {
             held.end(EndReason::Abandoned);
         }
         let shared = Arc::clone(&self.shared);
+        // Other threads of a multi-threaded runtime may still be running a
+        // processor call of a lease (its task aborted, not yet dropped):
+        // its release waits for the call to end. On one thread, no call
+        // runs while this does, and an aborted task is never polled again.
+        let wait_for_consumers = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread);
         // Drop cannot await, and the runtime this ran on may be the one
         // shutting down: the releases run on a runtime of their own, in a
         // thread of their own, joined here (at most the deadline).
         let releasing = std::thread::Builder::new()
             .name("kcl-release-on-drop".into())
-            .spawn(move || release_on_drop(&shared, running));
+            .spawn(move || release_on_drop(&shared, running, wait_for_consumers));
         match releasing {
             Ok(thread) => {
                 let _ = thread.join();
@@ -485,8 +491,10 @@ impl Drop for LeaseCoordinator {
 }
 
 /// Releases `running` (each pinned to its tenure) within
-/// [`DROP_RELEASE_DEADLINE`] on a fresh single-threaded runtime.
-fn release_on_drop(shared: &Shared, running: Vec<(String, Arc<Held>)>) {
+/// [`DROP_RELEASE_DEADLINE`] on a fresh single-threaded runtime; with
+/// `wait_for_consumers`, each once no consumer of its tenure runs (a lease
+/// whose consumer still runs at the deadline is left to expire).
+fn release_on_drop(shared: &Shared, running: Vec<(String, Arc<Held>)>, wait_for_consumers: bool) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -499,6 +507,9 @@ fn release_on_drop(shared: &Shared, running: Vec<(String, Arc<Held>)>) {
     };
     let count = running.len();
     let releases = each_unblocked(running, RELEASE_CONCURRENCY, |(key, held)| async move {
+        if wait_for_consumers {
+            held.consumer_stopped().await;
+        }
         if let Err(e) = shared.release_in_table(&key, held.holder()).await {
             warn!(lease = %key, error = %e, "releasing on drop failed; the lease will expire");
         }

@@ -601,7 +601,7 @@ impl Worker {
 /// What a started worker runs with: the coordinator and its events, the
 /// streams, and the consumers with what they share.
 struct Session {
-    coordinator: LeaseCoordinator,
+    consumers: JoinSet<(String, ConsumerExit)>,
     events: mpsc::Receiver<LeaseEvent>,
     /// Streams the tracker removed, whose consumers stop.
     removed: mpsc::Receiver<StreamSpec>,
@@ -616,8 +616,12 @@ struct Session {
     /// stream removed and added again while its consumers finish gets a
     /// new setup, and its shards must still wait for those consumers.
     slots: Arc<ShardSlots>,
-    consumers: JoinSet<(String, ConsumerExit)>,
     running: Running,
+    /// Last, so that a session dropped without a shutdown (the run future
+    /// dropped) aborts its consumers and drops every lease handle it has
+    /// before the coordinator's drop releases the leases: released first,
+    /// a peer took a shard whose processor call still ran.
+    coordinator: LeaseCoordinator,
 }
 
 /// The worker's error for a failed startup sync of `spec`.
