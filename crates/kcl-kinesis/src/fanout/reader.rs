@@ -36,6 +36,7 @@ use crate::task_reader::{self, TaskReader, run_task};
 mod event;
 mod failure;
 
+use event::StalledBatch;
 use failure::InUse;
 
 /// Kinesis accepts one `SubscribeToShard` per second per consumer and
@@ -53,7 +54,9 @@ const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(30);
 pub(super) const UNANNOUNCED_END_CHECK: Duration = Duration::from_secs(30);
 
 /// How long a subscription may wait for room of its reader's own (a
-/// channel slot, free byte budget) before it is let go. While it waits,
+/// channel slot, free byte budget; before an event, or with an event
+/// larger than the free budget, whose batch is then kept and queued first)
+/// before it is let go. While it waits,
 /// its unread data holds HTTP/2 flow-control window, of its stream and of
 /// the connection all subscriptions to the endpoint share: a few shards
 /// whose processors are behind must not starve the others. Ending it
@@ -125,6 +128,7 @@ impl FanOutReader {
                     estimate: EventEstimate::new(bytes),
                     carried: None,
                     transient_failures: 0,
+                    stalled_batch: None,
                     in_use: InUse::default(),
                     received_event: false,
                     tx,
@@ -233,6 +237,9 @@ enum Flow {
     Continue,
     ShardEnd,
     ReaderGone,
+    /// The event waited [`MAX_STALL`] for the reader's bytes; its batch is
+    /// kept in [`Subscriber::stalled_batch`], the subscription let go.
+    Stalled,
 }
 
 /// The state of the subscription task.
@@ -265,6 +272,9 @@ struct Subscriber {
     pipeline: Records,
     meters: Meters,
     transient_failures: u32,
+    /// An event's batch that waited [`MAX_STALL`] for the reader's bytes,
+    /// to queue before anything else once there are.
+    stalled_batch: Option<StalledBatch>,
     /// Subscriptions answered `ResourceInUse` since the last event.
     in_use: InUse,
     /// Set by each event, so the loop knows the last subscription worked.
@@ -360,6 +370,10 @@ impl Subscriber {
                 Ended::Stalled => {
                     debug!(stream = %self.stream, shard = %self.shard_id,
                         "processor behind; subscribing again once it catches up");
+                    match self.queue_stalled().await? {
+                        Flow::Continue => {}
+                        _ => return Ok(()),
+                    }
                     let room = tokio::select! {
                         biased;
                         () = self.lease.ended() => return Err(self.lease_lost()),
@@ -522,6 +536,7 @@ impl Subscriber {
                         Flow::Continue => {}
                         Flow::ShardEnd => return Ok(Ended::ShardEnd),
                         Flow::ReaderGone => return Ok(Ended::ReaderGone),
+                        Flow::Stalled => return Ok(Ended::Stalled),
                     }
                 }
                 Ok(Some(other)) => {

@@ -407,6 +407,45 @@ async fn the_byte_budget_bounds_what_is_buffered() {
     assert_eq!(records.len(), 5);
 }
 
+/// An event larger than the reader's free bytes waits for them with its
+/// subscription unread, which holds the connection's window: past the
+/// stall limit the subscription is let go, the event's records kept and
+/// delivered first once read.
+#[tokio::test(start_paused = true)]
+async fn a_stall_waiting_for_bytes_lets_the_subscription_go() {
+    let s = setup_with(|c| c.max_buffered_bytes(3000));
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    for i in 0..3 {
+        s.kinesis.put(STREAM, &s.shard, "pk", vec![b'x'; 2000 + i]);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert_eq!(s.fake.active(), 0, "the stalled subscription ended");
+    let (records, _) = read_n(reader.as_mut(), 3).await;
+    let sizes: Vec<usize> = records.iter().map(|r| r.data.len()).collect();
+    assert_eq!(sizes, [2000, 2001, 2002]);
+}
+
+/// A lease that ends while an event waits for the reader's bytes stops the
+/// subscription at once, not when the processor next reads.
+#[tokio::test(start_paused = true)]
+async fn a_lease_ending_while_an_event_waits_for_bytes_ends_the_subscription() {
+    let s = setup_with(|c| c.max_buffered_bytes(3000));
+    let lease = held(&s.shard);
+    let _reader = open_at(&s, &s.shard, StartPosition::TrimHorizon, lease.clone())
+        .await
+        .expect("open");
+    for i in 0..2 {
+        s.kinesis.put(STREAM, &s.shard, "pk", vec![b'x'; 2000 + i]);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(s.fake.active(), 1, "the second event waits for bytes");
+    lease.end_for_test(kcl_core::leases::EndReason::Lost);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(s.fake.active(), 0, "no subscription past the lease");
+}
+
 #[tokio::test(start_paused = true)]
 async fn records_before_the_resume_checkpoint_are_never_delivered() {
     let s = setup();

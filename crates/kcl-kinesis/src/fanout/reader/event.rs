@@ -12,7 +12,7 @@ use tokio::sync::mpsc::OwnedPermit;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::{Flow, Message, Room, Subscriber, UNANNOUNCED_END_CHECK};
+use super::{Flow, MAX_STALL, Message, Room, Subscriber, UNANNOUNCED_END_CHECK};
 use crate::budget::HeldBudget;
 use crate::calls::classify::Classified;
 use crate::calls::retry::Failure;
@@ -190,9 +190,12 @@ impl Subscriber {
     }
 
     /// Queues the batch in its slot with its own byte budget, unless the
-    /// lease ended or the batch says nothing new.
+    /// lease ended or the batch says nothing new. A batch that waits
+    /// [`MAX_STALL`] for the reader's bytes is kept for
+    /// [`Self::queue_stalled`] ([`Flow::Stalled`]): meanwhile the
+    /// subscription is unread and holds the connection's window.
     async fn queue(
-        &self,
+        &mut self,
         batch: EventBatch,
         shard_end: Option<Vec<ChildShard>>,
     ) -> Result<Flow, SourceError> {
@@ -213,10 +216,17 @@ impl Subscriber {
         // room as it reads what the lookup reported).
         let slot = match slot {
             Some(slot) => slot,
-            None => match self.tx.clone().reserve_owned().await {
-                Ok(slot) => slot,
-                Err(_) => return Ok(Flow::ReaderGone),
-            },
+            None => {
+                let reserved = tokio::select! {
+                    biased;
+                    () = self.lease.ended() => return Err(self.lease_lost()),
+                    reserved = self.tx.clone().reserve_owned() => reserved,
+                };
+                match reserved {
+                    Ok(slot) => slot,
+                    Err(_) => return Ok(Flow::ReaderGone),
+                }
+            }
         };
         // Our own slot counts as taken: anything less than the full
         // capacity beyond it means a batch is already waiting, and an
@@ -228,16 +238,47 @@ impl Subscriber {
         // The budget fits in u32 (validated at build()); a batch larger
         // than the whole budget takes all of it.
         let wanted = u32::try_from(bytes.min(max)).unwrap_or(u32::MAX);
-        let Ok(budget) = Arc::clone(&self.bytes).acquire_many_owned(wanted).await else {
-            return Ok(Flow::ReaderGone);
+        let batch = StalledBatch {
+            slot,
+            batch: Batch {
+                records: user,
+                millis_behind_latest: behind,
+                shard_end,
+            },
+            wanted,
+            worker,
         };
-        let batch = Batch {
-            records: user,
-            millis_behind_latest: behind,
-            shard_end,
+        let acquired = tokio::select! {
+            biased;
+            () = self.lease.ended() => return Err(self.lease_lost()),
+            acquired = Arc::clone(&self.bytes).acquire_many_owned(wanted) => Some(acquired),
+            () = tokio::time::sleep(MAX_STALL) => None,
         };
-        slot.send(Ok(Delivery::new(batch, (budget, worker))));
-        Ok(if end { Flow::ShardEnd } else { Flow::Continue })
+        match acquired {
+            Some(Ok(budget)) => Ok(batch.send(budget)),
+            Some(Err(_)) => Ok(Flow::ReaderGone),
+            None => {
+                self.stalled_batch = Some(batch);
+                Ok(Flow::Stalled)
+            }
+        }
+    }
+
+    /// Queues the batch kept by a stall, if any, once the reader's bytes
+    /// allow (no subscription is open meanwhile).
+    pub(super) async fn queue_stalled(&mut self) -> Result<Flow, SourceError> {
+        let Some(batch) = self.stalled_batch.take() else {
+            return Ok(Flow::Continue);
+        };
+        let acquired = tokio::select! {
+            biased;
+            () = self.lease.ended() => return Err(self.lease_lost()),
+            acquired = Arc::clone(&self.bytes).acquire_many_owned(batch.wanted) => acquired,
+        };
+        match acquired {
+            Ok(budget) => Ok(batch.send(budget)),
+            Err(_) => Ok(Flow::ReaderGone),
+        }
     }
 
     /// Whether an event without continuation or children may run the
@@ -340,6 +381,25 @@ impl Subscriber {
             report,
         )
         .await
+    }
+}
+
+/// An event's batch waiting for the reader's bytes, in its channel slot.
+#[derive(Debug)]
+pub(super) struct StalledBatch {
+    slot: OwnedPermit<Message>,
+    batch: Batch,
+    /// The reader's bytes it takes.
+    wanted: u32,
+    worker: HeldBudget,
+}
+
+impl StalledBatch {
+    /// Hands the batch to the reader with `budget`, the reader's bytes.
+    fn send(self, budget: tokio::sync::OwnedSemaphorePermit) -> Flow {
+        let end = self.batch.shard_end.is_some();
+        (self.slot).send(Ok(Delivery::new(self.batch, (budget, self.worker))));
+        if end { Flow::ShardEnd } else { Flow::Continue }
     }
 }
 
