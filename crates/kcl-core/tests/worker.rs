@@ -1864,3 +1864,89 @@ async fn a_dropped_worker_releases_a_lease_only_after_its_processor_call_ended()
         "the call ended while the lease was still held"
     );
 }
+
+/// A source whose shard ends name no children, as when ListShards does not
+/// show a split's children yet.
+#[derive(Debug)]
+struct ChildrenUnlisted(InMemoryShardSource);
+
+/// A reader of [`ChildrenUnlisted`].
+#[derive(Debug)]
+struct EndWithoutChildren(Box<dyn kcl_core::source::ShardReader>);
+
+#[async_trait]
+impl kcl_core::source::ShardReader for EndWithoutChildren {
+    async fn next_batch(
+        &mut self,
+    ) -> Result<kcl_core::source::Batch, kcl_core::source::SourceError> {
+        let mut batch = self.0.next_batch().await?;
+        if batch.shard_end.is_some() {
+            batch.shard_end = Some(Vec::new());
+        }
+        Ok(batch)
+    }
+}
+
+#[async_trait]
+impl kcl_core::source::ShardSource for ChildrenUnlisted {
+    async fn list_shards(
+        &self,
+        stream: &str,
+    ) -> Result<Vec<kcl_core::source::ShardInfo>, kcl_core::source::SourceError> {
+        self.0.list_shards(stream).await
+    }
+
+    async fn open(
+        &self,
+        request: kcl_core::source::OpenShard,
+    ) -> Result<Box<dyn kcl_core::source::ShardReader>, kcl_core::source::SourceError> {
+        Ok(Box::new(EndWithoutChildren(self.0.open(request).await?)))
+    }
+}
+
+/// A shard that ends without naming its children (the listing did not show
+/// them yet) asks for a shard sync at once: the children are leased and
+/// read then, not at the next periodic sync (an hour here).
+#[tokio::test(start_paused = true)]
+async fn a_shard_ending_without_its_children_named_syncs_at_once() {
+    let source = InMemoryShardSource::new();
+    let parent = source.create_stream(STREAM, 1).remove(0);
+    source.put(STREAM, "pk", "before").unwrap();
+    let mut fleet = fleet::Fleet::new();
+    let store = fleet.table_for_worker();
+    let seen = fleet::Seen::default();
+    let lease = LeaseConfig::builder("w-a")
+        .taker_interval(TICK)
+        .build()
+        .unwrap();
+    let config = fleet::one_stream(lease, STREAM)
+        .shard_sync_interval(Duration::from_secs(3600))
+        .parent_poll_interval(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let wrapped = Arc::new(ChildrenUnlisted(source.clone()));
+    fleet.run_worker(
+        config,
+        Arc::new(store),
+        wrapped,
+        fleet::Payloads::factory(&seen),
+    );
+    fleet::wait_for_records(Duration::from_secs(60), Duration::from_secs(1), 1, || {
+        seen.lock().unwrap().len()
+    })
+    .await;
+    source.split(STREAM, &parent).unwrap();
+    source.put(STREAM, "pk", "after").unwrap();
+    fleet::wait_for_records(Duration::from_secs(600), Duration::from_secs(1), 2, || {
+        seen.lock().unwrap().len()
+    })
+    .await;
+    let payloads: Vec<String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, p)| p.clone())
+        .collect();
+    assert_eq!(payloads, ["before", "after"]);
+    fleet.stop_all().await;
+}

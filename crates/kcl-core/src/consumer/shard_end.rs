@@ -22,6 +22,13 @@ pub(super) async fn finish_shard(
     shard: Option<&tokio::sync::Mutex<Checkpointer>>,
     children: &[ChildShard],
 ) -> Result<(), Stop> {
+    if children.is_empty() {
+        // The end named no children (a listing that does not show a
+        // split's children yet): only shard sync can lease them, and not
+        // before its next round, which on a worker that does not lead the
+        // fleet's rounds never comes on its own.
+        c.setup.sync_now.notify_one();
+    }
     create_children(c, children).await?;
     let ids: Vec<String> = children.iter().map(|c| c.shard_id.clone()).collect();
     if let Some(shard) = shard {
