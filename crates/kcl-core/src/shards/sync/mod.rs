@@ -303,8 +303,15 @@ impl SyncError {
     }
 }
 
-/// Lists `stream`'s shards, scans the lease table once, and creates the
+/// Scans the lease table once, lists `stream`'s shards, and creates the
 /// leases [`plan`] asks for, parents first.
+///
+/// The scan comes first: a listing older than the scan (ListShards is
+/// eventually consistent too) may show a shard still open that the scan
+/// shows split, finished and cleaned up, its children leased and its own
+/// lease gone; planned from both, the shard was leased again at the
+/// initial position and read a second time. A listing newer than the scan
+/// only shows what the scan's leases lead to.
 ///
 /// Safe to run from many workers at once: creates are conditional, and a
 /// create that finds the lease already there counts as
@@ -317,17 +324,18 @@ pub async fn sync_shards(
     layout: &LeaseLayout,
     initial: InitialPosition,
 ) -> Result<SyncReport, SyncError> {
+    let pages: Vec<Vec<Lease>> = store.scan().try_collect().await.map_err(SyncError::Store)?;
+    let existing: Vec<Lease> = pages.into_iter().flatten().collect();
     let shards = source
         .list_shards(stream)
         .await
         .map_err(SyncError::Source)?;
-    let pages: Vec<Vec<Lease>> = store.scan().try_collect().await.map_err(SyncError::Store)?;
-    let existing: Vec<Lease> = pages.into_iter().flatten().collect();
     create_planned(store, stream, layout, initial, shards, existing).await
 }
 
-/// [`sync_shards`] from a scan the caller already made: a worker of several
-/// streams reads the lease table once for all of them.
+/// [`sync_shards`] from a scan the caller already made (before this call,
+/// so that the listing is the newer): a worker of several streams reads
+/// the lease table once for all of them.
 pub async fn sync_shards_from(
     source: &dyn ShardSource,
     store: &dyn LeaseStore,

@@ -491,3 +491,53 @@ async fn sync_reports_holes_and_still_creates() {
         }]
     );
 }
+
+/// A source listing fixed shards that, once it has answered, lets the
+/// table move on: `then` runs on the store after the listing is taken.
+#[derive(Debug)]
+struct ListedThen {
+    shards: Vec<ShardInfo>,
+    store: InMemoryLeaseStore,
+    then: Vec<Lease>,
+}
+
+#[async_trait]
+impl ShardSource for ListedThen {
+    async fn list_shards(&self, _stream: &str) -> Result<Vec<ShardInfo>, SourceError> {
+        // Meanwhile the shard split, was read to its end and cleaned up:
+        // its lease is gone, its children's are there.
+        self.store.delete("p", 0).await.expect("delete");
+        for lease in &self.then {
+            self.store.put_raw(lease.clone());
+        }
+        Ok(self.shards.clone())
+    }
+    async fn open(&self, request: OpenShard) -> Result<Box<dyn ShardReader>, SourceError> {
+        Fixed(Vec::new()).open(request).await
+    }
+}
+
+/// The sync plans from a scan no newer than its listing. A listing taken
+/// before the scan may show a shard still open that the scan shows split,
+/// finished and cleaned up (its children leased, its own lease gone):
+/// planned from both, the shard was leased again at the initial position
+/// and read a second time, after its children.
+#[tokio::test]
+async fn the_sync_scans_before_it_lists() {
+    let store = InMemoryLeaseStore::new();
+    store.put_raw(Lease::new("p", Checkpoint::TrimHorizon));
+    let source = ListedThen {
+        shards: vec![shard("p", &[], ALL, false)],
+        store: store.clone(),
+        then: vec![
+            Lease::new("a", Checkpoint::TrimHorizon).with_parents(["p"]),
+            Lease::new("b", Checkpoint::TrimHorizon).with_parents(["p"]),
+        ],
+    };
+    let report = sync(&source, &store, TH).await.expect("sync");
+    assert_eq!(report.created, 0);
+    assert!(
+        store.get("p").await.unwrap().is_none(),
+        "p is not leased again"
+    );
+}
