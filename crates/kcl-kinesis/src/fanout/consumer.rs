@@ -36,7 +36,17 @@ pub(crate) struct FanOut {
     name: String,
     /// One cell per stream, so that concurrent opens of one stream's
     /// shards wait for a single registration.
-    consumers: Mutex<HashMap<String, Arc<OnceCell<String>>>>,
+    consumers: Mutex<HashMap<String, Arc<ConsumerCell>>>,
+}
+
+/// A stream's consumer: its ARN once found, and the outcome of the last
+/// attempt, which opens waiting on it share.
+#[derive(Debug, Default)]
+struct ConsumerCell {
+    arn: OnceCell<String>,
+    /// Held by the open finding the consumer; the failure it met, and
+    /// when, for the opens that waited on it.
+    attempt: tokio::sync::Mutex<Option<(Instant, SourceError)>>,
 }
 
 impl FanOut {
@@ -49,21 +59,45 @@ impl FanOut {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<OnceCell<String>>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<ConsumerCell>>> {
         self.consumers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The ARN of `stream`'s consumer, ACTIVE: looked up (or registered
     /// and waited for) on the first call per stream, remembered after.
+    /// Opens that waited on a failed attempt fail with it: one after the
+    /// other, each waiting out its own, the k-th open of a consumer that
+    /// never became ACTIVE failed only after k times the timeout.
     pub(crate) async fn consumer_arn(
         &self,
         shared: &Shared,
         stream: &str,
     ) -> Result<String, SourceError> {
         let cell = Arc::clone(self.lock().entry(stream.to_owned()).or_default());
-        cell.get_or_try_init(|| self.ensure(shared, stream))
-            .await
-            .cloned()
+        if let Some(arn) = cell.arn.get() {
+            return Ok(arn.clone());
+        }
+        let asked = Instant::now();
+        let mut attempt = cell.attempt.lock().await;
+        if let Some(arn) = cell.arn.get() {
+            return Ok(arn.clone());
+        }
+        if let Some((at, failure)) = attempt.as_ref()
+            && *at >= asked
+        {
+            return Err(shared_failure(failure));
+        }
+        match self.ensure(shared, stream).await {
+            Ok(arn) => {
+                // Only this open sets it, under the attempt's lock.
+                let _ = cell.arn.set(arn.clone());
+                Ok(arn)
+            }
+            Err(e) => {
+                *attempt = Some((Instant::now(), shared_failure(&e)));
+                Err(e)
+            }
+        }
     }
 
     /// Forgets `stream`'s consumer if it is still `arn`, so the next open
@@ -72,7 +106,7 @@ impl FanOut {
         let mut consumers = self.lock();
         if consumers
             .get(stream)
-            .and_then(|cell| cell.get())
+            .and_then(|cell| cell.arn.get())
             .is_some_and(|known| known == arn)
         {
             consumers.remove(stream);
@@ -112,7 +146,7 @@ impl FanOut {
         let known: Vec<(String, String)> = self
             .lock()
             .drain()
-            .filter_map(|(stream, cell)| cell.get().map(|arn| (stream, arn.clone())))
+            .filter_map(|(stream, cell)| cell.arn.get().map(|arn| (stream, arn.clone())))
             .collect();
         let mut done = 0;
         for (stream, arn) in known {
@@ -327,5 +361,41 @@ impl FanOut {
                 source: Some(error),
             },
         }
+    }
+}
+
+/// The failure of an attempt to find a consumer, for an open that waited
+/// on it: the same kind and text (the error itself is not `Clone`).
+fn shared_failure(e: &SourceError) -> SourceError {
+    match e {
+        SourceError::StreamNotFound { stream } => SourceError::StreamNotFound {
+            stream: stream.clone(),
+        },
+        SourceError::LeaseLost { shard } => SourceError::LeaseLost {
+            shard: shard.clone(),
+        },
+        SourceError::Retryable {
+            stream,
+            shard,
+            source,
+        } => SourceError::Retryable {
+            stream: stream.clone(),
+            shard: shard.clone(),
+            source: source.to_string().into(),
+        },
+        SourceError::Fatal {
+            stream,
+            message,
+            source,
+        } => SourceError::Fatal {
+            stream: stream.clone(),
+            message: message.clone(),
+            source: source.as_ref().map(|s| s.to_string().into()),
+        },
+        other => SourceError::Fatal {
+            stream: String::new(),
+            message: other.to_string(),
+            source: None,
+        },
     }
 }

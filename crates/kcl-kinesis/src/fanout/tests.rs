@@ -163,6 +163,27 @@ async fn a_consumer_that_never_becomes_active_fails_open_with_a_clear_error() {
     assert_elapsed(started, Duration::from_secs(5)..Duration::from_secs(8));
 }
 
+/// Opens waiting on one registration that never becomes ACTIVE all fail
+/// with it, at its timeout: they failed one after the other, the third
+/// after three timeouts.
+#[tokio::test(start_paused = true)]
+async fn concurrent_opens_share_a_failed_registration() {
+    let s = setup_with(|c| c.consumer_active_timeout(Duration::from_secs(5)));
+    s.fake.creating_for(u32::MAX);
+    let started = tokio::time::Instant::now();
+    let open_one = || async {
+        let err = open_at(&s, &s.shard, StartPosition::TrimHorizon, held(&s.shard))
+            .await
+            .expect_err("never active");
+        assert!(err.to_string().contains("not ACTIVE"), "{err}");
+        started.elapsed()
+    };
+    let (a, b, c) = tokio::join!(open_one(), open_one(), open_one());
+    for took in [a, b, c] {
+        assert!(took < Duration::from_secs(8), "failed after {took:?}");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_missing_stream_is_stream_not_found() {
     let s = setup();
