@@ -1821,10 +1821,11 @@ impl RecordProcessor for Hangs {
 }
 
 /// A worker dropped while a processor call runs (its run task aborted on a
-/// runtime whose other threads keep polling) releases the lease only once
-/// the call has ended: released first, a peer took the shard while the
-/// call still ran.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// multi-threaded runtime) releases the lease only once the call has
+/// ended: released first, a peer took the shard while the call still ran.
+/// One worker thread is the hardest case: the aborted consumer task is
+/// dropped by the thread the drop itself runs on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn a_dropped_worker_releases_a_lease_only_after_its_processor_call_ended() {
     let source = InMemoryShardSource::new();
     source.create_stream(STREAM, 1);

@@ -481,7 +481,20 @@ impl Drop for LeaseCoordinator {
             .spawn(move || release_on_drop(&shared, running, wait_for_consumers));
         match releasing {
             Ok(thread) => {
-                let _ = thread.join();
+                let join = move || {
+                    let _ = thread.join();
+                };
+                // The consumer task whose handles the releases wait for may
+                // sit in this very worker thread's queue (an abort wakes it
+                // there), where no other thread steals it: block_in_place
+                // hands this thread's work to another while it waits. Off a
+                // worker thread (a `block_on` thread) there is nothing to
+                // hand over.
+                if wait_for_consumers && tokio::task::try_id().is_some() {
+                    tokio::task::block_in_place(join);
+                } else {
+                    join();
+                }
             }
             Err(e) => {
                 warn!(error = %e, "cannot start the thread that releases leases on drop; they will expire")
