@@ -593,6 +593,7 @@ impl Worker {
             now,
             cleanups: HashMap::new(),
             removed_at: HashMap::new(),
+            follow_up: None,
         }
         .run()
     }

@@ -48,7 +48,36 @@ pub(super) struct SyncLoop {
     pub(super) cleanups: HashMap<LeaseLayout, LeaseCleanup>,
     /// Streams removed, and when, for `RemovedStreamPolicy::DeleteAfter`.
     pub(super) removed_at: HashMap<LeaseLayout, (String, Instant)>,
+    /// When to sync again after a round a consumer asked for created
+    /// nothing, and how many such rounds ran (see [`FOLLOW_UPS`]).
+    pub(super) follow_up: Option<(Instant, u32)>,
 }
+
+/// The follow-up after a round: none once a round created leases; the next
+/// (or none, past [`FOLLOW_UPS`]) after one asked for that created none;
+/// unchanged otherwise.
+fn next_follow_up(
+    pending: Option<(Instant, u32)>,
+    asked: bool,
+    created: Option<usize>,
+) -> Option<(Instant, u32)> {
+    match created {
+        Some(n) if n > 0 => None,
+        Some(_) if asked => {
+            let done = pending.map_or(0, |(_, done)| done);
+            (done < FOLLOW_UPS).then(|| (Instant::now() + Duration::from_secs(1 << done), done + 1))
+        }
+        _ => pending,
+    }
+}
+
+/// Rounds after one a consumer asked for that created nothing: 1 s, 2 s, 4 s
+/// ... apart, about a minute in all. A shard that ended naming no children
+/// asks because the listing did not show them yet, and the round it asks
+/// for may read that same listing; without these its children waited for
+/// the next periodic round (on a worker that does not lead the fleet's
+/// rounds, for good).
+const FOLLOW_UPS: u32 = 6;
 
 impl SyncLoop {
     /// Runs rounds until stopped.
@@ -63,39 +92,50 @@ impl SyncLoop {
             // are still renewed and unread. Cut short, a round leaves what
             // the next does: each write is conditional, parents are created
             // before children and deleted after them.
-            tokio::select! {
+            let created = tokio::select! {
                 biased;
                 () = stop.cancelled() => return,
-                () = self.follow_and_sync(asked) => {}
-            }
+                created = self.follow_and_sync(asked) => created,
+            };
+            self.follow_up = next_follow_up(self.follow_up, asked, created);
         }
     }
 
     /// Follows the tracker, then runs a round if this worker leads the
-    /// fleet's rounds or `asked` (a consumer asked, or a stream was added).
-    async fn follow_and_sync(&mut self, mut asked: bool) {
+    /// fleet's rounds or `asked` (a consumer asked); how many leases the
+    /// round created, `None` without a round.
+    async fn follow_and_sync(&mut self, asked: bool) -> Option<usize> {
+        let mut wanted = asked;
         if self.tracker.is_some() {
-            asked |= self.follow_tracker().await;
+            // A stream new to this worker needs its leases now.
+            wanted |= self.follow_tracker().await;
         }
         // One round per fleet: the periodic sync and cleanup run on the
         // leader only; a sync a consumer asked for (its shard ended, its
         // children need leases) runs here at once.
         let leader = self.signals.is_sync_leader();
-        if !leader && !asked {
-            return;
+        if !leader && !wanted {
+            return None;
         }
-        self.round(leader).await;
+        Some(self.round(leader).await)
     }
 
     /// Waits for the next round: `Some(true)` when a consumer asked for
     /// it, `Some(false)` at the jittered interval, `None` once stopped.
     async fn wait(&self) -> Option<bool> {
         let jittered = self.interval.mul_f64(rand::rng().random_range(0.75..=1.25));
+        let follow_up = async {
+            match self.follow_up {
+                Some((at, _)) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = self.stop.cancelled() => None,
             _ = tokio::time::sleep(jittered) => Some(false),
             // A consumer needs a lease only the sync creates.
             _ = self.now.notified() => Some(true),
+            () = follow_up => Some(true),
         }
     }
 
@@ -141,14 +181,15 @@ impl SyncLoop {
     }
 
     /// One round: one scan of the lease table, a sync of every stream from
-    /// it, and (on the leader) the cleanups and removed streams' deletions.
-    async fn round(&mut self, leader: bool) {
+    /// it, and (on the leader) the cleanups and removed streams' deletions;
+    /// how many leases it created.
+    async fn round(&mut self, leader: bool) -> usize {
         // One scan serves every stream of this worker.
         let leases: Vec<Lease> = match self.store.scan().try_collect::<Vec<_>>().await {
             Ok(pages) => pages.into_iter().flatten().collect(),
             Err(e) => {
                 warn!(error = %e, "shard sync could not read the lease table; retrying next interval");
-                return;
+                return 0;
             }
         };
         if leader {
@@ -159,7 +200,7 @@ impl SyncLoop {
             self.signals.leases_created();
         }
         if !leader {
-            return;
+            return created;
         }
         if let RemovedStreamPolicy::DeleteAfter(delay) = self.policy {
             // From this round's scan: a lease a dead worker still holds
@@ -177,6 +218,7 @@ impl SyncLoop {
                 self.signals.look_at_turned_down();
             }
         }
+        created
     }
 
     /// Syncs every live stream from `leases` (cleaning up after each on the
@@ -279,6 +321,7 @@ mod tests {
             now: Arc::default(),
             cleanups: HashMap::new(),
             removed_at: HashMap::new(),
+            follow_up: None,
         };
         (sync, removed, coordinator)
     }
@@ -318,6 +361,72 @@ mod tests {
             .await
             .expect("the loop ends at the stop")
             .expect("no panic");
+    }
+
+    /// A source whose first `stale` listings are `old` (taken before a
+    /// split): ListShards shows a split's children only after a while.
+    #[derive(Debug)]
+    struct Stale {
+        inner: InMemoryShardSource,
+        old: Vec<crate::source::ShardInfo>,
+        stale: std::sync::atomic::AtomicU32,
+    }
+
+    #[async_trait::async_trait]
+    impl ShardSource for Stale {
+        async fn list_shards(
+            &self,
+            stream: &str,
+        ) -> Result<Vec<crate::source::ShardInfo>, SourceError> {
+            use std::sync::atomic::Ordering;
+            let stale = self
+                .stale
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            match stale {
+                Ok(_) => Ok(self.old.clone()),
+                Err(_) => self.inner.list_shards(stream).await,
+            }
+        }
+        async fn open(
+            &self,
+            request: crate::source::OpenShard,
+        ) -> Result<Box<dyn crate::source::ShardReader>, SourceError> {
+            self.inner.open(request).await
+        }
+    }
+
+    /// A round a consumer asked for (its shard ended naming no children)
+    /// that reads a listing without the children yet is followed up until
+    /// one shows them: the children are leased within a minute, not at the
+    /// next periodic round (an hour here).
+    #[tokio::test(start_paused = true)]
+    async fn an_asked_round_that_creates_nothing_is_followed_up() {
+        let tracker = Arc::new(Listed(Mutex::new(vec![spec("a")])));
+        let (mut sync, _removed, _coordinator) = sync_loop(tracker, RemovedStreamPolicy::Keep);
+        let inner = InMemoryShardSource::new();
+        let parent = inner.create_stream("a", 1).remove(0);
+        let old = inner.list_shards("a").await.unwrap();
+        let kids = inner.split("a", &parent).unwrap();
+        let layout = spec("a").layout;
+        let finished = layout.new_lease(&parent, crate::lease::Checkpoint::ShardEnd);
+        sync.store.create_if_absent(&finished).await.unwrap();
+        sync.source = Arc::new(Stale {
+            inner,
+            old,
+            stale: 3.into(),
+        });
+        sync.interval = Duration::from_secs(3600);
+        let (store, now) = (Arc::clone(&sync.store), Arc::clone(&sync.now));
+        let run = tokio::spawn(sync.run());
+        now.notify_one();
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        for kid in &kids {
+            let key = layout
+                .new_lease(kid, crate::lease::Checkpoint::TrimHorizon)
+                .key;
+            assert!(store.get(&key).await.unwrap().is_some(), "{kid} leased");
+        }
+        run.abort();
     }
 
     /// Streams may come and go for as long as a worker runs: a removed
