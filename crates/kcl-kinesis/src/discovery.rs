@@ -102,6 +102,7 @@ where
         shard = shard_id,
         "shard ended without ChildShards; looking its children up"
     );
+    let mut pauses = shared.retry.backoff.pauses();
     loop {
         if !lease.is_valid() {
             return Err(SourceError::LeaseLost {
@@ -123,6 +124,12 @@ where
             Err(e) if e.is_retryable() => {
                 if !report(e).await {
                     return Ok(None);
+                }
+                // The listing's own retries back off from the start again:
+                // a failure answered at once must not make the next at once.
+                tokio::select! {
+                    () = tokio::time::sleep(pauses.next_or_max()) => {}
+                    () = lease.ended() => {}
                 }
             }
             Err(e) => return Err(e),

@@ -326,11 +326,16 @@ impl Fetcher {
                     continue;
                 }
                 Err(Failure::Exhausted(c)) => {
-                    // Tell the consumer and keep trying from the same place.
+                    // Tell the consumer and keep trying from the same place,
+                    // after the longest pause: the retries' backoff starts
+                    // over with the next call, and without this pause a
+                    // failure the service answers at once (every one, under
+                    // `max_transient_retries(0)`) made the next call at once.
                     let e = retryable(&self.ctx.stream, &self.ctx.shard_id, c.error);
                     if !self.report(e).await {
                         return Ok(());
                     }
+                    self.pause_after_failure().await;
                     continue;
                 }
                 Err(f) => return Err(self.ctx.error(f)),

@@ -159,6 +159,26 @@ async fn transient_failures_are_reported_after_the_limit_and_reading_goes_on() {
     assert_eq!(s.source.stats().retries, 2);
 }
 
+/// Past the limit, a failure is reported and the fetch waits the longest
+/// retry pause before it tries again: it tried again at once, so with
+/// `max_transient_retries(0)` every fast failure made a call at once and
+/// only the consumer's own pause slowed the loop.
+#[tokio::test(start_paused = true)]
+async fn a_failure_past_the_limit_pauses_before_the_next_call() {
+    let (s, mut reader) = faults_after_one_batch(20, |c| c.max_transient_retries(0), []).await;
+    s.fake.fail_all(Call::GetRecords, Fault::InternalFailure);
+    let started = tokio::time::Instant::now();
+    for _ in 0..5 {
+        reader.next_batch().await.expect_err("failing");
+    }
+    let max_delay = s.source.polling_config().retry.max_delay;
+    assert!(
+        started.elapsed() >= max_delay * 4,
+        "5 failures reported within {:?}",
+        started.elapsed()
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn lease_expiry_stops_the_fetcher_by_itself() {
     let s = setup();
@@ -193,6 +213,34 @@ async fn shard_end_names_the_children() {
             "report_children={report_children}"
         );
     }
+}
+
+/// Looking a closed shard's children up while ListShards keeps failing
+/// backs off between reports: it listed again at once after each.
+#[tokio::test(start_paused = true)]
+async fn a_failing_children_lookup_backs_off_between_reports() {
+    let s = setup_with(|c| c.max_transient_retries(0));
+    put_plain(&s, 0..3);
+    s.kinesis.split(STREAM, &s.shard, false);
+    s.fake.fail_all(Call::ListShards, Fault::InternalFailure);
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    let started = tokio::time::Instant::now();
+    let mut errors = 0;
+    while errors < 5 {
+        match reader.next_batch().await {
+            Err(e) => {
+                assert!(e.is_retryable(), "{e:?}");
+                errors += 1;
+            }
+            Ok(batch) => assert!(batch.shard_end.is_none(), "no children listed yet"),
+        }
+    }
+    let first = s.source.polling_config().retry.min_delay;
+    assert!(
+        started.elapsed() >= first * 4,
+        "5 failed lookups reported within {:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test(start_paused = true)]
