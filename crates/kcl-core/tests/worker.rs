@@ -1951,3 +1951,68 @@ async fn a_shard_ending_without_its_children_named_syncs_at_once() {
     assert_eq!(payloads, ["before", "after"]);
     fleet.stop_all().await;
 }
+
+/// Panics in its first call, after which it processes.
+struct PanicsOnce(Arc<AtomicBool>);
+
+#[async_trait]
+impl RecordProcessor for PanicsOnce {
+    async fn process_records(
+        &mut self,
+        _: &RecordBatch,
+        cp: &mut Checkpointer,
+    ) -> Result<(), ProcessorError> {
+        if !self.0.swap(true, Ordering::SeqCst) {
+            panic!("injected processor panic");
+        }
+        cp.checkpoint().await?;
+        Ok(())
+    }
+}
+
+/// A processor's panic leaves none of its shard's gauges at their last
+/// values: the records it was given stood "waiting" for a shard this
+/// worker no longer read (and in CloudWatch, which forgets a series only at
+/// 0, for good).
+#[tokio::test(start_paused = true)]
+async fn a_panicking_processor_leaves_its_shards_gauges_at_zero() {
+    let recorded = kcl_core::test_util::metrics::Recorded::new();
+    let _local = metrics::set_default_local_recorder(&recorded);
+    let source = InMemoryShardSource::new();
+    let shard = source.create_stream(STREAM, 1).remove(0);
+    source.put(STREAM, "pk", "r0").unwrap();
+    let mut fleet = fleet::Fleet::new();
+    let store = fleet.table_for_worker();
+    let panicked = Arc::new(AtomicBool::new(false));
+    let lease = LeaseConfig::builder("w-a")
+        .taker_interval(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let config = fleet::one_stream(lease, STREAM).build().unwrap();
+    let factory = {
+        let panicked = Arc::clone(&panicked);
+        move |_: &ShardContext| PanicsOnce(Arc::clone(&panicked))
+    };
+    fleet.run_worker(config, Arc::new(store), Arc::new(source), factory);
+    let waiting = || {
+        recorded.gauge(
+            kcl_core::metric_names::SHARD_RECORDS_WAITING,
+            &[("shard", shard.as_str())],
+        )
+    };
+    fleet::wait_until(
+        Duration::from_secs(30),
+        Duration::from_millis(10),
+        || panicked.load(Ordering::SeqCst),
+        || "the processor was never called".into(),
+    )
+    .await;
+    sleep(Duration::from_millis(10)).await;
+    assert_eq!(
+        fleet.workers[0].0.status().consuming.len(),
+        0,
+        "not retaken yet"
+    );
+    assert_eq!(waiting(), Some(0.0));
+    fleet.stop_all().await;
+}

@@ -194,6 +194,11 @@ pub(crate) async fn run(
     shutdown: CancellationToken,
 ) -> ConsumerExit {
     let c = Consumer::new(setup, lease, shutdown);
+    // However the consumer ends, its shard's gauges of this tenure go to
+    // 0: a processor's panic unwinds through here past the calls below,
+    // and left them at their last values (a lag, records waiting) for a
+    // shard another worker now reads.
+    let _forget = ForgetLag(&c);
     // Held until this consumer returns: the next consumer of the shard in
     // this worker starts after it (see ShardSlots).
     let _slot = match take_slot(&c).await {
@@ -412,6 +417,16 @@ fn forget_lag(c: &Consumer) {
         "shard" => c.ctx.shard_id.clone()
     )
     .set(0.0);
+}
+
+/// Calls [`forget_lag`] when dropped (setting the gauges to 0 twice is
+/// harmless).
+struct ForgetLag<'c>(&'c Consumer);
+
+impl Drop for ForgetLag<'_> {
+    fn drop(&mut self) {
+        forget_lag(self.0);
+    }
 }
 
 fn exit_without_processor(stop: Stop) -> ConsumerExit {
