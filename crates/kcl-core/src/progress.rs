@@ -46,6 +46,9 @@ pub struct ShardProgress {
     /// shard fetches nothing until the lane holding its oldest record
     /// checkpoints.
     pub window_full: bool,
+    /// Since when work has waited without a break ([`Self::has_work_waiting`]
+    /// true all along); `None` while none waits.
+    pub waiting_since: Option<Instant>,
 }
 
 /// A batch a processor finished with.
@@ -99,10 +102,19 @@ impl ShardProgress {
             .unwrap_or(self.consuming_since)
     }
 
+    /// Since when the shard has stood still with work waiting: its last
+    /// progress, or, if later, when the work now waiting began to wait (a
+    /// shard idle for an hour that just read a record has not stood still
+    /// for an hour).
+    pub fn still_since(&self) -> Instant {
+        self.last_progress()
+            .max(self.waiting_since.unwrap_or(self.consuming_since))
+    }
+
     /// True when work has been waiting and nothing moved for longer than
     /// `bound`, as of `now`.
     pub fn is_stalled(&self, bound: Duration, now: Instant) -> bool {
-        self.has_work_waiting() && now.saturating_duration_since(self.last_progress()) > bound
+        self.has_work_waiting() && now.saturating_duration_since(self.still_since()) > bound
     }
 }
 
@@ -163,9 +175,21 @@ impl Shard {
                 records_waiting: 0,
                 processor_call: None,
                 window_full: false,
+                waiting_since: None,
             },
             calls: Vec::new(),
             next_call: 0,
+        }
+    }
+
+    /// Notes when work began to wait, after every change.
+    fn note_work(&mut self) {
+        let waiting = !self.calls.is_empty() || self.progress.has_work_waiting();
+        let since = &mut self.progress.waiting_since;
+        match (waiting, *since) {
+            (true, None) => *since = Some(Instant::now()),
+            (false, Some(_)) => *since = None,
+            _ => {}
         }
     }
 
@@ -203,7 +227,9 @@ impl Drop for Tracked {
 
 impl ShardTracker {
     fn update(&self, f: impl FnOnce(&mut ShardProgress)) {
-        f(&mut lock(&self.0.shard).progress);
+        let mut s = lock(&self.0.shard);
+        f(&mut s.progress);
+        s.note_work();
     }
 
     /// Changes the shard's progress by `change`, then sets gauges from it
@@ -218,6 +244,7 @@ impl ShardTracker {
     ) {
         let mut s = lock(&self.0.shard);
         change(&mut s.progress);
+        s.note_work();
         let labels = [
             ("stream", s.progress.stream.clone()),
             ("shard", s.progress.shard_id.clone()),
@@ -285,6 +312,7 @@ impl ShardTracker {
         let id = s.next_call;
         s.next_call += 1;
         s.calls.push((id, stage, Instant::now()));
+        s.note_work();
         CallGuard {
             shard: Arc::clone(&self.0.shard),
             id,
@@ -325,7 +353,9 @@ pub(crate) struct CallGuard {
 
 impl Drop for CallGuard {
     fn drop(&mut self) {
-        lock(&self.shard).calls.retain(|(id, _, _)| *id != self.id);
+        let mut s = lock(&self.shard);
+        s.calls.retain(|(id, _, _)| *id != self.id);
+        s.note_work();
     }
 }
 

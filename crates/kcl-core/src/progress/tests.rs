@@ -94,6 +94,28 @@ async fn a_shard_with_records_waiting_and_no_progress_past_the_bound_is_stalled(
     assert!(!seen.is_stalled(bound, Instant::now()));
 }
 
+/// A shard idle past the bound is not stalled the moment a record comes:
+/// its work has waited since then, not since its last batch (the liveness
+/// probe failed at once, and a pod was restarted for reading a record).
+#[tokio::test(start_paused = true)]
+async fn work_arriving_after_a_long_idle_is_not_stalled_at_once() {
+    let registry = ProgressRegistry::default();
+    let tracker = registry.track("k", "s", "shard-1");
+    let bound = Duration::from_secs(10);
+    tracker.fetched(1, Some(0));
+    tracker.delivered(1);
+    tokio::time::advance(Duration::from_secs(600)).await;
+    tracker.fetched(5, Some(1000));
+    let call = tracker.call_started("process_records");
+    assert!(!registry.snapshot()[0].is_stalled(bound, Instant::now()));
+    tokio::time::advance(Duration::from_secs(11)).await;
+    assert!(registry.snapshot()[0].is_stalled(bound, Instant::now()));
+    drop(call);
+    tracker.delivered(5);
+    tracker.fetched(0, Some(0));
+    assert_eq!(registry.snapshot()[0].waiting_since, None);
+}
+
 #[test]
 fn a_finishing_consumer_leaves_the_newer_tenures_progress_in_place() {
     let registry = ProgressRegistry::default();

@@ -45,7 +45,7 @@ fn describe(stalled: &[ShardProgress], bound: Duration, now: Instant) -> String 
         bound.as_secs()
     );
     for (i, s) in stalled.iter().enumerate() {
-        let idle = now.saturating_duration_since(s.last_progress()).as_secs();
+        let idle = now.saturating_duration_since(s.still_since()).as_secs();
         let sep = if i == 0 { " " } else { ", " };
         let _ = write!(
             why,
