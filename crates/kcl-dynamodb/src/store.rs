@@ -196,6 +196,7 @@ impl DynamoDbLeaseStore {
         key: HashMap<String, AttributeValue>,
         update: Update,
     ) -> UpdateItemFluentBuilder {
+        let values = update.used_values();
         self.client
             .update_item()
             .table_name(table)
@@ -203,8 +204,7 @@ impl DynamoDbLeaseStore {
             .update_expression(update.expression)
             .condition_expression(update.condition)
             .set_expression_attribute_names(Some(update.names))
-            // DynamoDB refuses an empty map of values.
-            .set_expression_attribute_values(Some(update.values).filter(|v| !v.is_empty()))
+            .set_expression_attribute_values(values)
             .return_consumed_capacity(ReturnConsumedCapacity::Total)
     }
 

@@ -209,6 +209,34 @@ async fn updates_keep_attributes_this_store_does_not_know() {
 }
 
 /// The lease item's raw `kclFencedCommits`, if any.
+/// A Java KCL 3.x take (or a Java leader's assignment) in the middle of a
+/// kcl handoff removes checkpointOwner and leaves kcl's tenures behind. An
+/// operator's hand-back of that lease applies, as on the memory store: it
+/// bound a value for the handoff's tenure its condition did not name, and
+/// DynamoDB refused the whole write.
+#[tokio::test]
+async fn a_hand_back_of_a_lease_a_java_take_left_with_kcl_tenures_applies() {
+    let store = new_store().await;
+    let mut item =
+        kcl_dynamodb::item::to_item(&Lease::new("shardId-000000000000", Checkpoint::TrimHorizon));
+    item.insert("leaseOwner".into(), s("java-c"));
+    item.insert("leaseCounter".into(), n(7));
+    item.insert("kclTenure".into(), s("i2.0"));
+    item.insert("kclCheckpointOwnerTenure".into(), s("i1.0"));
+    put_raw(&store, item).await;
+    let seen = store.get("shardId-000000000000").await.unwrap().unwrap();
+    assert_eq!(
+        (
+            seen.checkpoint_owner.as_deref(),
+            seen.checkpoint_owner_tenure.as_deref()
+        ),
+        (None, Some("i1.0"))
+    );
+    let back = store.hand_back(&seen, false).await.expect("hand back");
+    assert_eq!(back.owner, None);
+    assert_eq!(back.checkpoint_owner.as_deref(), Some("java-c"));
+}
+
 async fn fenced(store: &DynamoDbLeaseStore, key: &str) -> Option<AttributeValue> {
     let item = store
         .client()

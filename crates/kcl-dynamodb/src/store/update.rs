@@ -82,6 +82,18 @@ impl Update {
         self.s(":owner", by.owner).tenure(":tenure", by.tenure)
     }
 
+    /// The values the expressions name, `None` if none: DynamoDB refuses a
+    /// value no expression uses (one bound for a case the condition does
+    /// not take, as a hand-back of a lease a Java KCL 3.x take left with a
+    /// handoff's tenure and no handoff was), and an empty map.
+    pub(crate) fn used_values(&self) -> Option<HashMap<String, AttributeValue>> {
+        let used: HashMap<String, AttributeValue> = (self.values.iter())
+            .filter(|(name, _)| uses(&self.expression, name) || uses(&self.condition, name))
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect();
+        (!used.is_empty()).then_some(used)
+    }
+
     /// Binds `:name` when the tenure is known (see [`tenure_is`]).
     pub(super) fn tenure(self, name: &str, tenure: Option<&str>) -> Self {
         match tenure {
@@ -281,13 +293,14 @@ fn sdk_update(
     key: &str,
     u: Update,
 ) -> Result<aws_sdk_dynamodb::types::Update, aws_sdk_dynamodb::error::BuildError> {
+    let values = u.used_values();
     aws_sdk_dynamodb::types::Update::builder()
         .table_name(table)
         .set_key(Some(super::DynamoDbLeaseStore::key(key)))
         .update_expression(u.expression)
         .condition_expression(u.condition)
         .set_expression_attribute_names(Some(u.names))
-        .set_expression_attribute_values(Some(u.values).filter(|v| !v.is_empty()))
+        .set_expression_attribute_values(values)
         .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
         .build()
 }
@@ -296,5 +309,26 @@ pub(super) fn owner_condition(owner: Option<&str>) -> &'static str {
     match owner {
         Some(_) => "#leaseOwner = :old",
         None => "attribute_not_exists(#leaseOwner)",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only the values an expression names are sent (a name that merely
+    /// starts with another's is not a use of it), and none at all as no map.
+    #[test]
+    fn values_no_expression_names_are_not_sent() {
+        let u = Update::new("SET #checkpoint = :cp", "#leaseCounter = :counter")
+            .s(":cp", "17")
+            .n(":counter", 3)
+            .s(":seenFromTenure", "i1.0")
+            .s(":c", "a prefix of both");
+        let mut used: Vec<String> = u.used_values().unwrap().into_keys().collect();
+        used.sort();
+        assert_eq!(used, [":counter", ":cp"]);
+        let none = Update::new("REMOVE #leaseOwner", "attribute_exists(#leaseKey)");
+        assert_eq!(none.used_values(), None);
     }
 }
