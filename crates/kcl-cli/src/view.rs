@@ -111,14 +111,19 @@ pub(crate) struct Liveness {
 impl Liveness {
     /// The liveness of `lease`'s holder, if `beats` (by instance) has a
     /// record for it that says when it was written and for how long it
-    /// holds.
+    /// holds. The record must name the lease's owner, as the workers judge:
+    /// a Java KCL worker's take leaves the last kcl tenure behind, and that
+    /// instance's record says nothing of the Java owner (a stale one showed
+    /// a live Java owner's lease expired, a fresh one a dead owner's held).
     pub(crate) fn of(
         lease: &Lease,
         beats: &HashMap<String, Beat>,
         read_at: SystemTime,
     ) -> Option<Liveness> {
         let instance = lease.tenure_instance()?;
-        let beat = beats.get(instance)?;
+        let beat = beats
+            .get(instance)
+            .filter(|b| lease.owner.as_deref() == Some(b.worker.as_str()))?;
         let (written, duration) = (beat.written_at?, beat.lease_duration?);
         let ago = read_at.duration_since(written).unwrap_or_default();
         Some(Liveness {
@@ -543,6 +548,11 @@ mod tests {
         let watched = Row::new(&handing, State::of(&handing, true), None)
             .with_liveness(Liveness::of(&handing, &beats, read_at));
         assert_eq!(watched.state, State::Handoff);
+        // A Java KCL owner's take leaves the last kcl tenure behind: the
+        // record of that instance names another worker and says nothing.
+        let mut taken = held_by(Some("stale.1"));
+        taken.owner = Some("java-1".into());
+        assert_eq!(Liveness::of(&taken, &beats, read_at), None);
         // Nothing to judge by: no tenure, no record for the instance, or a
         // record that does not say its lease duration.
         for tenure in [None, Some("unknown.1"), Some("old-writer.1")] {
