@@ -102,7 +102,7 @@ async fn setup_run_and_clean_up() -> anyhow::Result<Verdict> {
     // One random suffix names the stream and the application (hence the
     // lease table), so runs never see each other's data or leases.
     let name = format!("kcl-demo-{:08x}", rand::random::<u32>());
-    println!("creating stream {name} ({SHARDS} shards); lease table {name}");
+    say!("creating stream {name} ({SHARDS} shards); lease table {name}");
     create_stream(&kinesis, &name, SHARDS).await?;
 
     let result = produce_and_consume(&sdk, &kinesis, &name).await;
@@ -116,7 +116,7 @@ async fn setup_run_and_clean_up() -> anyhow::Result<Verdict> {
         eprintln!("could not delete table {name}: {e:#}");
     }
     if result.is_ok() {
-        println!("deleted stream and table {name}");
+        say!("deleted stream and table {name}");
     }
     result
 }
@@ -170,7 +170,7 @@ async fn produce_and_consume(
 
     // Phase 2: stop the producer, then wait (bounded) until every record
     // it put was processed.
-    println!(
+    say!(
         "       {}stopping the producer; waiting for the workers to catch up",
         if interrupted { "interrupted: " } else { "" }
     );
@@ -211,7 +211,7 @@ impl Demo<'_> {
             for (index, slot) in self.workers.iter_mut().enumerate() {
                 if slot.running.is_none() && Instant::now() >= slot.starts_at {
                     slot.start(self.sdk, self.name, index, &self.tracker)?;
-                    println!("       {} started", slot.id);
+                    say!("       {} started", slot.id);
                 }
             }
             self.check_and_report().await?;
@@ -255,7 +255,7 @@ impl Demo<'_> {
     /// leases are released. Each worker's last status (`None` for one that
     /// never started), in worker order.
     async fn shut_down(&mut self) -> anyhow::Result<Vec<Option<WorkerStatus>>> {
-        println!("       shutting the workers down");
+        say!("       shutting the workers down");
         for slot in &self.workers {
             if let Some(running) = &slot.running {
                 running.handle.shutdown();
@@ -291,38 +291,41 @@ impl Demo<'_> {
         let missing = tracker.missing(produced_set);
         let duplicates = tracker.duplicates.load(Ordering::Relaxed);
         let unexpected = tracker.unexpected.load(Ordering::Relaxed);
-        println!();
-        println!("summary after {}s", self.started.elapsed().as_secs());
-        println!(
+        say!();
+        say!("summary after {}s", self.started.elapsed().as_secs());
+        say!(
             "  produced   {:>6} records over {PARTITION_KEYS} partition keys",
             produced_set.len()
         );
-        println!("  processed  {processed:>6} distinct");
-        println!("  duplicates {duplicates:>6} (redelivered after a lease moved; at-least-once)");
+        say!("  processed  {processed:>6} distinct");
+        say!("  duplicates {duplicates:>6} (redelivered after a lease moved; at-least-once)");
         for ((slot, total), status) in self.workers.iter().zip(&tracker.per_worker).zip(statuses) {
             let total = total.load(Ordering::Relaxed);
             match status.as_ref().map(|status| &status.leases) {
-                Some(s) => println!(
+                Some(s) => say!(
                     "  {}   {total:>6} records; leases taken {}, stolen {}, handed off {}",
-                    slot.id, s.taken, s.stolen, s.handed_off
+                    slot.id,
+                    s.taken,
+                    s.stolen,
+                    s.handed_off
                 ),
-                None => println!("  {}   never started", slot.id),
+                None => say!("  {}   never started", slot.id),
             }
         }
         let mut verdict = Verdict::Ok;
         if missing > 0 {
             let examples = tracker.missing_examples(produced_set, 5);
-            println!(
+            say!(
                 "MISMATCH: {missing} produced records were never processed (for example {examples})"
             );
             verdict = Verdict::Mismatch;
         }
         if unexpected > 0 {
-            println!("MISMATCH: {unexpected} processed records were not produced by this run");
+            say!("MISMATCH: {unexpected} processed records were not produced by this run");
             verdict = Verdict::Mismatch;
         }
         if verdict == Verdict::Ok {
-            println!("OK: produced = processed ({processed})");
+            say!("OK: produced = processed ({processed})");
         }
         verdict
     }
@@ -542,10 +545,10 @@ impl Report {
                 let shard = short(key);
                 match self.owners.insert(shard.clone(), slot.id.clone()) {
                     Some(previous) if previous != slot.id => {
-                        println!("       shard {shard} moved: {previous} -> {}", slot.id);
+                        say!("       shard {shard} moved: {previous} -> {}", slot.id);
                     }
                     Some(_) => {}
-                    None => println!("       shard {shard} taken by {}", slot.id),
+                    None => say!("       shard {shard} taken by {}", slot.id),
                 }
             }
             let shards: Vec<String> = consuming.iter().map(|k| short(k)).collect();
@@ -556,7 +559,7 @@ impl Report {
                 shards.join(" ")
             ));
         }
-        println!(
+        say!(
             "[{:>3}s] {} | produced {produced:>5}, processed {:>5}",
             started.elapsed().as_secs(),
             columns.join(" | "),

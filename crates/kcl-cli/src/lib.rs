@@ -28,6 +28,18 @@
 //! the lease commands make sequential calls. Ctrl-C ends `watch` at once
 //! and stops `consume` gracefully.
 
+/// `println!` that does not panic when stdout is closed (`kcl leases | head
+/// -1`): what a command prints is a report, and a reader that stopped
+/// reading must not stop the command's work (a reset run over every
+/// shard, the telling of an evicted worker) half-way. Defined before the
+/// modules, which use it.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
 mod args;
 mod aws;
 mod consume;

@@ -199,15 +199,18 @@ pub(crate) async fn list(args: &TableArgs, json: bool, wide: bool) -> anyhow::Re
         .collect();
     let listing = Listing::new(table.name(), asked, rows);
     if json {
-        println!("{}", serde_json::to_string_pretty(&listing)?);
+        say!("{}", serde_json::to_string_pretty(&listing)?);
     } else {
-        print!("{}", listing.render(wide));
+        {
+            use std::io::Write as _;
+            let _ = write!(std::io::stdout().lock(), "{}", listing.render(wide));
+        }
         let unjudged = listing
             .leases
             .iter()
             .any(|r| r.state == State::Active && r.liveness.is_none());
         if unjudged {
-            println!(
+            say!(
                 "\n\"active\" means owned: whether an owner is still alive shows over time \
                  (`kcl leases watch` marks leases whose counter stops moving as expired)."
             );
@@ -341,7 +344,7 @@ fn refuse_any(leases: &[Lease]) -> anyhow::Result<()> {
 /// `--dry-run`: what each reset would change.
 fn print_dry_run(table: &Table, leases: &[Lease], to: &Checkpoint) {
     for lease in leases {
-        println!(
+        say!(
             "would reset shard {} of table {} to {} (now {}, counter {}){}",
             lease.shard_id,
             table.name(),
@@ -355,7 +358,7 @@ fn print_dry_run(table: &Table, leases: &[Lease], to: &Checkpoint) {
                 .unwrap_or_default()
         );
     }
-    println!("dry run: nothing was written");
+    say!("dry run: nothing was written");
 }
 
 /// Why `lease` may not be reset without `--force`, if it may not.
@@ -560,7 +563,7 @@ async fn report_reset(
     keep: Option<(&str, &str)>,
     instance: Option<&str>,
 ) {
-    println!(
+    say!(
         "reset shard {} of table {} to {} (was {}; counter {} -> {})",
         lease.shard_id,
         table.name(),
@@ -571,7 +574,7 @@ async fn report_reset(
     );
     if let (Some((owner, _)), Some(instance)) = (keep, instance) {
         let told = operator::tell(&table.store, instance, &lease.key).await;
-        println!(
+        say!(
             "evicted {owner}: it renews through its liveness record, which now asks it \
              to stop{}; it writes nothing more to the shard, and no worker takes the \
              shard before it let go (or stopped beating); a worker then takes it from \
@@ -583,7 +586,7 @@ async fn report_reset(
             }
         );
     } else if let Some(owner) = &lease.owner {
-        println!(
+        say!(
             "evicted {owner}: it has no liveness record (it renews every lease: a Java \
              KCL worker, or kcl renewing per lease) and stops processing the shard at \
              its next renewal or checkpoint; a worker then takes the shard from the new \
@@ -631,7 +634,7 @@ pub(crate) async fn release(a: ReleaseArgs) -> anyhow::Result<()> {
     let lease = table.find(&a.shard, a.stream.as_deref()).await?;
     let shard = &lease.shard_id;
     let Some(owner) = &lease.owner else {
-        println!("shard {shard} is not owned by any worker; nothing to release");
+        say!("shard {shard} is not owned by any worker; nothing to release");
         return Ok(());
     };
     let beats = table.records_for(std::slice::from_ref(&lease)).await?;
@@ -639,7 +642,7 @@ pub(crate) async fn release(a: ReleaseArgs) -> anyhow::Result<()> {
     // the lease since (a new tenure), nothing is released.
     match operator::release(&table.store, &lease, &beats).await {
         Ok(Released::HandedBack { told, .. }) => {
-            println!(
+            say!(
                 "released shard {shard} (owner was {owner}; counter {}): {owner} renews through \
                  its liveness record, so the release is a handoff to nobody, asked for in that \
                  record: {owner} stops fetching{}, lets its processor checkpoint and hands the \
@@ -654,15 +657,16 @@ pub(crate) async fn release(a: ReleaseArgs) -> anyhow::Result<()> {
             Ok(())
         }
         Ok(Released::Released { lease: now }) => {
-            println!(
+            say!(
                 "released shard {shard} (owner was {owner}; counter {} -> {}): {owner} has no \
                  liveness record (it renews every lease: a Java KCL worker, or kcl renewing per \
                  lease) and stops at its next renewal; a running worker takes the shard at its \
                  next lease-taker tick",
-                lease.counter, now.counter
+                lease.counter,
+                now.counter
             );
             if let Some(from) = &now.checkpoint_owner {
-                println!(
+                say!(
                     "note: a handoff from {from} is in progress; the shard is taken once {from} \
                      completes it, or when the lease expires"
                 );
@@ -670,7 +674,7 @@ pub(crate) async fn release(a: ReleaseArgs) -> anyhow::Result<()> {
             Ok(())
         }
         Ok(_) => {
-            println!("shard {shard} is not owned by any worker; nothing to release");
+            say!("shard {shard} is not owned by any worker; nothing to release");
             Ok(())
         }
         Err(e) if e.is_condition_failed() => {

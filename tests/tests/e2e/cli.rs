@@ -108,6 +108,37 @@ async fn table_in_every_state(env: &TestEnv) -> (String, DynamoDbLeaseStore) {
     (table, store)
 }
 
+/// A listing into a closed pipe (`kcl leases | head -1`, the reader gone)
+/// ends without a panic (exit status 101 before).
+#[tokio::test]
+async fn a_listing_into_a_closed_pipe_does_not_panic() {
+    let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
+    let (table, _) = table_in_every_state(&env).await;
+    for format in [None, Some("--json")] {
+        let mut args = vec!["leases", "--table", &table];
+        args.extend(format);
+        let mut child = Command::new(KCL)
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        // The reader is gone before anything is written.
+        drop(child.stdout.take());
+        let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+            .await
+            .expect("kcl finishes")
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{format:?}: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
 #[tokio::test]
 async fn lists_every_state_as_a_table_and_as_json() {
     let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
