@@ -84,15 +84,21 @@ enum Verdict {
     Mismatch,
 }
 
+/// Whether both services the demo uses have a local endpoint (`set` says
+/// whether a variable is set): with Kinesis's alone, the lease table was
+/// created (and billed) on real DynamoDB.
+fn runs_locally(set: impl Fn(&str) -> bool) -> bool {
+    set("AWS_ENDPOINT_URL") || (set("AWS_ENDPOINT_URL_KINESIS") && set("AWS_ENDPOINT_URL_DYNAMODB"))
+}
+
 async fn setup_run_and_clean_up() -> anyhow::Result<Verdict> {
-    let local = ["AWS_ENDPOINT_URL_KINESIS", "AWS_ENDPOINT_URL"]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()));
-    if !local && std::env::var_os("KCL_DEMO_ALLOW_REAL_AWS").is_none() {
+    let set = |v: &str| std::env::var_os(v).is_some_and(|v| !v.is_empty());
+    if !runs_locally(set) && !set("KCL_DEMO_ALLOW_REAL_AWS") {
         bail!(
-            "no AWS_ENDPOINT_URL_KINESIS / AWS_ENDPOINT_URL: this would run against real AWS \
-             (a 4-shard stream and a DynamoDB table, billed). Run `make demo`, which starts \
-             the local emulators, or set KCL_DEMO_ALLOW_REAL_AWS=1."
+            "no AWS_ENDPOINT_URL, nor both AWS_ENDPOINT_URL_KINESIS and \
+             AWS_ENDPOINT_URL_DYNAMODB: this would run against real AWS (a 4-shard stream \
+             and a DynamoDB table, billed). Run `make demo`, which starts the local \
+             emulators, or set KCL_DEMO_ALLOW_REAL_AWS=1."
         );
     }
     let sdk = aws_config::load_defaults(BehaviorVersion::latest()).await;
@@ -613,6 +619,20 @@ mod tests {
         assert_eq!(parse_payload(payload(3, 17).as_bytes()), Some((3, 17)));
         assert_eq!(parse_payload(b"pk-3"), None);
         assert_eq!(parse_payload(&[0xff]), None);
+    }
+
+    /// Only Kinesis local would create the lease table on real DynamoDB.
+    #[test]
+    fn the_demo_runs_locally_only_with_both_endpoints_local() {
+        let with = |vars: &'static [&'static str]| move |v: &str| vars.contains(&v);
+        assert!(runs_locally(with(&["AWS_ENDPOINT_URL"])));
+        assert!(runs_locally(with(&[
+            "AWS_ENDPOINT_URL_KINESIS",
+            "AWS_ENDPOINT_URL_DYNAMODB"
+        ])));
+        assert!(!runs_locally(with(&["AWS_ENDPOINT_URL_KINESIS"])));
+        assert!(!runs_locally(with(&["AWS_ENDPOINT_URL_DYNAMODB"])));
+        assert!(!runs_locally(with(&[])));
     }
 
     #[test]
