@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
+use futures::StreamExt as _;
 use kcl::core::{Checkpoint, Lease, LeaseStore};
 use kcl::{
     Checkpointer, InitialPosition, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
@@ -135,6 +136,71 @@ async fn a_listing_into_a_closed_pipe_does_not_panic() {
             Some(0),
             "{format:?}: {}",
             text(&out.stderr)
+        );
+    }
+}
+
+/// `reset --all --force` over leases whose owners renew per lease (a Java
+/// KCL fleet: each renewal bumps the counter) resets every one in a single
+/// run: a lease that changed since the scan is read again and reset. Each
+/// write was conditional on the scan alone, so every lease renewed after
+/// it failed (and a second run rewound the others again).
+#[tokio::test]
+async fn a_forced_reset_of_every_shard_resets_leases_renewed_meanwhile() {
+    const SHARDS: usize = 150;
+    let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
+    let table = unique_name("kcl-cli");
+    create_lease_table(env.dynamodb(), &table).await.unwrap();
+    let store = DynamoDbLeaseStore::new(env.dynamodb().clone(), &table);
+    let keys: Vec<String> = (0..SHARDS).map(|i| format!("shardId-{i:012}")).collect();
+    for key in &keys {
+        let held = lease(key, Some("java-1"), 1, Checkpoint::at(SEQ, 0));
+        store.create_if_absent(&held).await.unwrap();
+    }
+    let run = {
+        let table = table.clone();
+        tokio::spawn(async move {
+            let args = [
+                "leases",
+                "reset",
+                "--table",
+                &table,
+                "--all",
+                "--to",
+                "TRIM_HORIZON",
+            ];
+            kcl(&[&args[..], &["--force"]].concat(), &[]).await
+        })
+    };
+    // Once the first shard is reset the scan is behind the command: the
+    // owner renews every lease it still holds, once.
+    loop {
+        let first = store.get(&keys[0]).await.unwrap().unwrap();
+        if first.checkpoint == Checkpoint::TrimHorizon {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let by = kcl::core::store::Holder {
+        owner: "java-1",
+        tenure: None,
+    };
+    // Many at once, so that most land while the command is still early
+    // in its pass (it writes one lease at a time).
+    let renewed = futures::stream::iter(&keys[1..])
+        .map(|key| store.renew(key, by, 1))
+        .buffer_unordered(16)
+        .filter(|renewal| std::future::ready(renewal.is_ok()))
+        .count()
+        .await;
+    ok(&run.await.unwrap());
+    assert!(renewed > 0, "the command finished before any renewal");
+    for key in &keys {
+        let l = store.get(key).await.unwrap().unwrap();
+        assert_eq!(
+            (l.checkpoint, l.owner),
+            (Checkpoint::TrimHorizon, None),
+            "{key}"
         );
     }
 }
