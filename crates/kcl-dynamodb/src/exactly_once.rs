@@ -41,8 +41,10 @@
 //!   [`TransactionError::ConditionFailed`], for the processor to handle.
 //!
 //! Limits: DynamoDB takes 100 items (this checkpoint is one of them) and
-//! 4 MB per transaction, and no two operations on one item. A transaction
-//! past the limits is refused with [`TransactionError::TooLarge`] before it
+//! 4 MB per transaction, 400 KB per item, and no two operations on one
+//! item. A transaction past the limits is refused with
+//! [`TransactionError::TooLarge`] (a Put past the item limit with
+//! [`TransactionError::ItemTooLarge`]) before it
 //! is sent. To commit more, commit at a record inside the batch (the
 //! checkpoint then sits at that record, and the next transaction covers the
 //! records after it): every commit is a consistent cut, so the guarantee
@@ -70,6 +72,8 @@ mod tests;
 pub const MAX_ITEMS: usize = 100;
 /// Bytes a transaction may hold (DynamoDB counts items' sizes).
 pub const MAX_BYTES: usize = 4 * 1024 * 1024;
+/// Bytes one item may hold.
+pub const MAX_ITEM_BYTES: usize = 400 * 1024;
 /// Room kept for the checkpoint item and the request around the items.
 const CHECKPOINT_BYTES: usize = 2 * 1024;
 
@@ -91,6 +95,15 @@ impl Transaction {
     /// pass DynamoDB's limits: commit what is there first.
     pub fn push(&mut self, item: TransactWriteItem) -> Result<(), TransactionError> {
         let bytes = item_bytes(&item);
+        // A Put's whole item is known here; DynamoDB refuses one past its
+        // item limit only when the transaction is sent, as a generic
+        // failure of the whole commit.
+        if item.put().is_some() && bytes > MAX_ITEM_BYTES {
+            return Err(TransactionError::ItemTooLarge {
+                index: self.items.len(),
+                bytes,
+            });
+        }
         if self.items.len() + 1 >= MAX_ITEMS {
             return Err(TransactionError::TooLarge {
                 items: self.items.len() + 2,
@@ -168,6 +181,17 @@ pub enum TransactionError {
     TooLarge {
         /// Items it would hold, the checkpoint included.
         items: usize,
+        /// About how many bytes.
+        bytes: usize,
+    },
+    /// The item put at `index` passes DynamoDB's item limit (400 KB).
+    #[error(
+        "item {index} of about {bytes} bytes passes DynamoDB's limit of {MAX_ITEM_BYTES} bytes \
+         an item: split it, or keep its large part elsewhere (S3) and put a reference"
+    )]
+    ItemTooLarge {
+        /// Its index among the items pushed.
+        index: usize,
         /// About how many bytes.
         bytes: usize,
     },

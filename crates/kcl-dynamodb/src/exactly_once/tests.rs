@@ -434,4 +434,16 @@ fn a_transaction_keeps_room_for_its_checkpoint_and_refuses_what_passes_the_limit
     }
     let e = big.push(put(400_000)).unwrap_err();
     assert!(matches!(e, TransactionError::TooLarge { .. }), "{e}");
+
+    // One item past DynamoDB's item limit is named before anything is
+    // sent (DynamoDB refused the whole commit with a generic failure).
+    let mut one = Transaction::new();
+    one.push(put(10)).unwrap();
+    let e = one.push(put(500_000)).unwrap_err();
+    assert!(
+        matches!(e, TransactionError::ItemTooLarge { index: 1, .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("409600"), "{e}");
+    assert_eq!(one.len(), 1, "left as it was");
 }
