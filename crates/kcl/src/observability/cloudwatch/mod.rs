@@ -152,6 +152,9 @@ const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(10);
 const DEFAULT_MAX_BUFFERED_DATUMS: usize = 10_000;
 /// CloudWatch's limit on a namespace's length.
 const MAX_NAMESPACE_LEN: usize = 255;
+/// How long the flushes after a stop may take together (see
+/// [`CloudWatchPublisher::run_until`]).
+const FINAL_FLUSH_DEADLINE: Duration = Duration::from_secs(10);
 
 /// How kcl's metrics are published to CloudWatch: namespace, level,
 /// dimensions, flush interval, buffer bound and client. Given to
@@ -610,19 +613,44 @@ impl CloudWatchPublisher {
 
     /// Flushes every flush interval until `stop` completes, then once more
     /// (the last flush, with what was recorded up to the stop). A flush
-    /// under way when `stop` completes is finished first.
+    /// under way when `stop` completes is finished first; that and the
+    /// last flush together take at most [`FINAL_FLUSH_DEADLINE`], what is
+    /// left then dropped: CloudWatch not answering (each batch is tried
+    /// for about 44 s) must not hold a stopping worker past the
+    /// orchestrator's grace period, to be killed there.
     pub async fn run_until(&self, stop: impl Future<Output = ()>) {
         let mut stop = std::pin::pin!(stop);
         let start = tokio::time::Instant::now() + self.interval;
         let mut ticks = tokio::time::interval_at(start, self.interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
+        let under_way = loop {
             tokio::select! {
-                () = &mut stop => break,
-                _ = ticks.tick() => self.flush().await,
+                () = &mut stop => break None,
+                _ = ticks.tick() => {
+                    let mut flush = Box::pin(self.flush());
+                    tokio::select! {
+                        () = &mut flush => {}
+                        () = &mut stop => break Some(flush),
+                    }
+                }
             }
+        };
+        let last = async {
+            if let Some(flush) = under_way {
+                flush.await;
+            }
+            self.flush().await;
+        };
+        if tokio::time::timeout(FINAL_FLUSH_DEADLINE, last)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                namespace = %self.namespace,
+                deadline = ?FINAL_FLUSH_DEADLINE,
+                "the last CloudWatch flush did not finish in time; dropped what was left"
+            );
         }
-        self.flush().await;
     }
 
     /// Runs `work` and flushes beside it, with a last flush once it

@@ -606,6 +606,44 @@ async fn the_publisher_flushes_every_interval_and_once_more_at_the_stop() {
     assert_eq!(sums, [1.0, 2.0, 4.0], "two ticks, then the last flush");
 }
 
+/// A stop while CloudWatch does not answer ends the publisher within the
+/// final flush's deadline: the flush under way and the last one took
+/// about 44 s a batch, past an orchestrator's grace period.
+#[tokio::test(start_paused = true)]
+async fn a_stop_while_cloudwatch_does_not_answer_ends_within_the_deadline() {
+    let sink = FakeSink::answering(std::iter::repeat_n(None, 100));
+    let (recorder, publisher) = build(
+        CloudWatchMetrics::new().flush_interval(Duration::from_secs(10)),
+        Arc::clone(&sink),
+        false,
+    );
+    let recorder = Arc::new(recorder);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn({
+        let publisher = publisher.clone();
+        async move {
+            publisher
+                .run_until(async {
+                    let _ = stopped.await;
+                })
+                .await;
+        }
+    });
+    one_record_processed(&recorder);
+    // The first flush is under way, its request unanswered.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    one_record_processed(&recorder);
+    let stopping = tokio::time::Instant::now();
+    stop.send(()).expect("the publisher runs");
+    run.await.expect("no panic");
+    assert!(
+        stopping.elapsed() <= Duration::from_secs(10),
+        "{:?}",
+        stopping.elapsed()
+    );
+    assert!(sink.batches().is_empty());
+}
+
 #[tokio::test(start_paused = true)]
 async fn running_beside_a_worker_flushes_after_it_returns_and_passes_its_output_on() {
     let sink: Arc<FakeSink> = Arc::default();
