@@ -2016,3 +2016,52 @@ async fn a_panicking_processor_leaves_its_shards_gauges_at_zero() {
     assert_eq!(waiting(), Some(0.0));
     fleet.stop_all().await;
 }
+
+/// An application's observer that panics when the lease taker ticks.
+#[derive(Debug)]
+struct PanicsOnTick;
+
+impl kcl_core::observe::Observer for PanicsOnTick {
+    fn observe(&self, _: &str, event: &kcl_core::observe::Event<'_>) {
+        if matches!(event, kcl_core::observe::Event::Tick) {
+            panic!("injected observer panic");
+        }
+    }
+}
+
+/// A panic in one of the worker's own tasks (here the lease taker, through
+/// the application's observer) stops the worker with an error naming the
+/// task, its leases released: the task ended in silence and the worker ran
+/// on taking no lease, its run never ending.
+#[tokio::test(start_paused = true)]
+async fn a_panic_in_a_task_of_the_worker_stops_it_with_an_error() {
+    let source = InMemoryShardSource::new();
+    source.create_stream(STREAM, 2);
+    let store = InMemoryLeaseStore::new();
+    let lease = LeaseConfig::builder("w-a")
+        .taker_interval(TICK)
+        .build()
+        .unwrap();
+    let config = fleet::one_stream(lease, STREAM).build().unwrap();
+    let seen = fleet::Seen::default();
+    let worker = Worker::new(
+        config,
+        Arc::new(store.clone()),
+        Arc::new(source),
+        Arc::new(fleet::Payloads::factory(&seen)),
+    )
+    .with_observer(Arc::new(PanicsOnTick));
+    let run = tokio::time::timeout(Duration::from_secs(3600), worker.run())
+        .await
+        .expect("the worker stops");
+    assert!(
+        matches!(
+            run,
+            Err(WorkerError::TaskFailed {
+                task: "lease taker"
+            })
+        ),
+        "{run:?}"
+    );
+    assert!(store.snapshot().iter().all(|l| l.owner.is_none()));
+}

@@ -9,8 +9,11 @@
 //! soon judge the lease expired (self-fencing, invariant 4), on release,
 //! and on shutdown.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use futures::FutureExt as _;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -22,6 +25,7 @@ use crate::config::LeaseConfig;
 use crate::leases::events::{CoordinatorSnapshot, CoordinatorStats, LeaseEvent};
 use crate::leases::handoff::{Ours, Verdict, judge};
 use crate::leases::held::{EndReason, Held, LeaseHandle, Phase};
+use crate::leases::shared::task_failed::guarded;
 use crate::leases::shared::{HolderJudged, LeaseFilter, Shared, each_unblocked};
 use crate::leases::{renewer, taker, watcher};
 use crate::observe::Observer;
@@ -87,10 +91,23 @@ impl LeaseCoordinator {
         let renewer_stop = CancellationToken::new();
         let tasks = TaskTracker::new();
         let span = info_span!("lease_coordinator", worker = %shared.config.worker_id);
-        tasks.spawn(taker::run(Arc::clone(&shared), taker_stop.clone()).instrument(span.clone()));
+        let task = |name: &'static str, work| {
+            let shared = Arc::clone(&shared);
+            async move { guarded(&shared.task_failed, name, work).await }.instrument(span.clone())
+        };
+        tasks.spawn(task(
+            "lease taker",
+            taker::run(Arc::clone(&shared), taker_stop.clone()).boxed(),
+        ));
         // The watcher stops with the taker: nothing else judges from its reads.
-        tasks.spawn(watcher::run(Arc::clone(&shared), taker_stop.clone()).instrument(span.clone()));
-        tasks.spawn(renewer::run(Arc::clone(&shared), renewer_stop.clone()).instrument(span));
+        tasks.spawn(task(
+            "liveness watcher",
+            watcher::run(Arc::clone(&shared), taker_stop.clone()).boxed(),
+        ));
+        tasks.spawn(task(
+            "lease renewer",
+            renewer::run(Arc::clone(&shared), renewer_stop.clone()).boxed(),
+        ));
         tasks.close();
         (
             LeaseCoordinator {
@@ -101,6 +118,14 @@ impl LeaseCoordinator {
             },
             rx,
         )
+    }
+
+    /// Completes with the task's name once one of the worker's own tasks
+    /// (the lease taker, the liveness watcher, the renewer, or one run with
+    /// [`FleetSignals::guard`]) ended in a panic: the worker cannot go on
+    /// as it should, and stops.
+    pub async fn task_failed(&self) -> &'static str {
+        self.shared.task_failed.wait().await
     }
 
     /// This worker's id.
@@ -368,6 +393,12 @@ pub struct FleetSignals {
 }
 
 impl FleetSignals {
+    /// Runs `work` as the worker's task `task`: a panic in it is noted for
+    /// [`LeaseCoordinator::task_failed`].
+    pub async fn guard(&self, task: &'static str, work: impl Future<Output = ()>) {
+        guarded(&self.shared.task_failed, task, work).await;
+    }
+
     /// True while this worker runs the fleet's periodic shard sync and
     /// finished-lease cleanup: one worker per fleet, chosen from the lease
     /// table itself (the live instance with the smallest id in the liveness

@@ -71,6 +71,16 @@ pub enum WorkerError {
     /// The lease table could not be used at startup.
     #[error("the lease table is not usable")]
     Store(#[source] StoreError),
+    /// One of the worker's own tasks (the lease taker, the liveness
+    /// watcher, the renewer, shard sync) panicked: a fault of kcl's, or of
+    /// the application's `Observer` it called; the panic's message is in
+    /// the log before it. The worker drained its shards and released its
+    /// leases as in a shutdown; run it again.
+    #[error("the worker's {task} panicked; its message is in the log")]
+    TaskFailed {
+        /// The task.
+        task: &'static str,
+    },
 }
 
 /// Pauses between startup attempts that failed in a way retrying can fix:
@@ -248,16 +258,17 @@ impl Worker {
         let (removed_tx, removed) = mpsc::channel::<StreamSpec>(64);
         // Aborted if this future is dropped, like every task the worker owns.
         let sync_now = Arc::new(tokio::sync::Notify::new());
+        let signals = coordinator.signals();
+        let sync_loop = self.sync_loop(
+            coordinator.signals(),
+            Arc::clone(&bounded),
+            sync_stop.clone(),
+            Arc::clone(&live),
+            removed_tx,
+            Arc::clone(&sync_now),
+        );
         let sync_task = AbortOnDropHandle::new(tokio::spawn(
-            self.sync_loop(
-                coordinator.signals(),
-                Arc::clone(&bounded),
-                sync_stop.clone(),
-                Arc::clone(&live),
-                removed_tx,
-                Arc::clone(&sync_now),
-            )
-            .in_current_span(),
+            async move { signals.guard("shard sync", sync_loop).await }.in_current_span(),
         ));
 
         let mut session = Session {
@@ -272,7 +283,7 @@ impl Worker {
             consumers: JoinSet::new(),
             running: Running::new(&self.handle),
         };
-        self.serve(&mut session).await;
+        let failed = self.serve(&mut session).await;
 
         // Graceful shutdown: no new leases, then every processor gets its
         // chance to checkpoint while the leases are still renewed, then the
@@ -287,7 +298,10 @@ impl Worker {
         session.removed.close();
         let _ = sync_task.await;
         self.release_all(session, &mut report).await;
-        Ok(report)
+        match failed {
+            Some(task) => Err(WorkerError::TaskFailed { task }),
+            None => Ok(report),
+        }
     }
 
     /// Startup checks: every stream exists, and the first sync creates the
@@ -338,15 +352,17 @@ impl Worker {
 
     /// Runs consumers for the leases the coordinator acquires, until
     /// shutdown is asked for (or the coordinator's events end).
-    async fn serve(&self, s: &mut Session) {
+    /// Serves until shut down; the task that panicked, if one did.
+    async fn serve(&self, s: &mut Session) -> Option<&'static str> {
         let shutdown = self.handle.shutdown.clone();
         loop {
             tokio::select! {
-                _ = shutdown.cancelled() => break,
+                _ = shutdown.cancelled() => return None,
+                task = s.coordinator.task_failed() => return Some(task),
                 event = s.events.recv() => match event {
                     Some(LeaseEvent::Acquired(lease)) => self.start_consumer(s, lease).await,
                     Some(_) => self.publish(&s.coordinator),
-                    None => break,
+                    None => return None,
                 },
                 Some(done) = s.consumers.join_next_with_id() => {
                     self.consumer_done(&s.coordinator, &mut s.running, done).await;

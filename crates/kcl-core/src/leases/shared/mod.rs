@@ -32,6 +32,7 @@ mod given_up;
 mod latch;
 mod renewal_mode;
 mod sit_out;
+pub(crate) mod task_failed;
 mod turned_down;
 
 use cut_off::CutOff;
@@ -113,6 +114,8 @@ pub(crate) struct Shared {
     sit_out: Mutex<SitOut>,
     /// See [`Shared::table_read`].
     cut_off: Mutex<CutOff>,
+    /// The first of the worker's tasks that panicked.
+    pub(crate) task_failed: task_failed::TaskFailed,
 }
 
 /// The fields of this instance's liveness record that it sets itself.
@@ -180,6 +183,7 @@ impl Shared {
             switched: Mutex::new(None),
             sit_out: Mutex::default(),
             cut_off: Mutex::default(),
+            task_failed: task_failed::TaskFailed::default(),
         }
     }
 
