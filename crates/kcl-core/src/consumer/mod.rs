@@ -194,17 +194,19 @@ pub(crate) async fn run(
     shutdown: CancellationToken,
 ) -> ConsumerExit {
     let c = Consumer::new(setup, lease, shutdown);
-    // However the consumer ends, its shard's gauges of this tenure go to
-    // 0: a processor's panic unwinds through here past the calls below,
-    // and left them at their last values (a lag, records waiting) for a
-    // shard another worker now reads.
-    let _forget = ForgetLag(&c);
     // Held until this consumer returns: the next consumer of the shard in
     // this worker starts after it (see ShardSlots).
     let _slot = match take_slot(&c).await {
         Ok(held) => held,
         Err(exit) => return exit,
     };
+    // However the consumer ends once it holds the shard's slot, its
+    // shard's gauges of this tenure go to 0 (dropped before the slot): a
+    // processor's panic unwinds through here past the calls below, and
+    // left them at their last values (a lag, records waiting) for a shard
+    // another worker now reads. Not before the slot: a consumer that gave
+    // up waiting for it would zero the gauges of the one still holding it.
+    let _forget = ForgetLag(&c);
     let current = match start(&c).await {
         Ok(current) => current,
         Err(exit) => return exit,
