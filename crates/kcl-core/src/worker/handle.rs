@@ -77,10 +77,11 @@ impl WorkerHandle {
         self.progress.snapshot()
     }
 
-    /// The shards of [`Self::shards`] that have work waiting (records
-    /// behind the tip or read and not processed, or a processor call
-    /// running) and neither processed a batch nor wrote a checkpoint for
-    /// longer than `bound`: what a liveness check fails on.
+    /// The shards of [`Self::shards`] that have had work waiting (records
+    /// behind the tip or read and not processed, a processor call running,
+    /// a full lanes' window) for longer than `bound` without processing a
+    /// batch or writing a checkpoint in that time
+    /// ([`ShardProgress::is_stalled`]): what a liveness check fails on.
     pub fn stalled(&self, bound: Duration) -> Vec<ShardProgress> {
         let now = Instant::now();
         self.shards()
