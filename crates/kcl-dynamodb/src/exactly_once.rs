@@ -97,11 +97,14 @@ impl Transaction {
         let bytes = item_bytes(&item);
         // A Put's whole item is known here; DynamoDB refuses one past its
         // item limit only when the transaction is sent, as a generic
-        // failure of the whole commit.
-        if item.put().is_some() && bytes > MAX_ITEM_BYTES {
+        // failure of the whole commit. Judged by what the item holds at
+        // the least, so that no item DynamoDB would take is refused.
+        if let Some(put) = item.put()
+            && put_bytes_at_least(put.item()) > MAX_ITEM_BYTES
+        {
             return Err(TransactionError::ItemTooLarge {
                 index: self.items.len(),
-                bytes,
+                bytes: put_bytes_at_least(put.item()),
             });
         }
         if self.items.len() + 1 >= MAX_ITEMS {
@@ -414,6 +417,26 @@ fn item_bytes(item: &TransactWriteItem) -> usize {
     } else {
         0
     }
+}
+
+/// The bytes DynamoDB counts for an item at the least: its names,
+/// strings and binaries, and one byte for each number and each element of
+/// a list or map (a number takes one byte per two significant digits
+/// more, which its text does not tell exactly).
+fn put_bytes_at_least(item: &HashMap<String, AttributeValue>) -> usize {
+    fn value(v: &AttributeValue) -> usize {
+        match v {
+            AttributeValue::S(s) => s.len(),
+            AttributeValue::B(b) => b.as_ref().len(),
+            AttributeValue::Ss(l) => l.iter().map(String::len).sum(),
+            AttributeValue::Bs(l) => l.iter().map(|b| b.as_ref().len()).sum(),
+            AttributeValue::Ns(l) => l.len(),
+            AttributeValue::M(m) => m.iter().map(|(k, v)| k.len() + value(v) + 1).sum(),
+            AttributeValue::L(l) => l.iter().map(|v| value(v) + 1).sum(),
+            _ => 1,
+        }
+    }
+    item.iter().map(|(k, v)| k.len() + value(v)).sum()
 }
 
 /// One commit's transaction as each attempt sends it.

@@ -446,4 +446,22 @@ fn a_transaction_keeps_room_for_its_checkpoint_and_refuses_what_passes_the_limit
     );
     assert!(e.to_string().contains("409600"), "{e}");
     assert_eq!(one.len(), 1, "left as it was");
+    // Numbers take about one byte per two digits: a set whose text passes
+    // the limit but whose count does not is accepted.
+    let numbers: Vec<String> = (0..41_000u64)
+        .map(|i| format!("{}", 1_000_000_000 + i))
+        .collect();
+    let set = TransactWriteItem::builder()
+        .put(
+            Put::builder()
+                .table_name("t")
+                .item("pk", AttributeValue::S("n".into()))
+                .item("ns", AttributeValue::Ns(numbers))
+                .build()
+                .unwrap(),
+        )
+        .build();
+    Transaction::new()
+        .push(set)
+        .expect("about 250 KB as DynamoDB counts");
 }
