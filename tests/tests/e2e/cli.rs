@@ -174,13 +174,16 @@ async fn a_forced_reset_of_every_shard_resets_leases_renewed_meanwhile() {
     };
     // Once the first shard is reset the scan is behind the command: the
     // owner renews every lease it still holds, once.
-    loop {
-        let first = store.get(&keys[0]).await.unwrap().unwrap();
-        if first.checkpoint == Checkpoint::TrimHorizon {
-            break;
+    let first_reset = async {
+        while store.get(&keys[0]).await.unwrap().unwrap().checkpoint != Checkpoint::TrimHorizon
+            && !run.is_finished()
+        {
+            tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    };
+    tokio::time::timeout(Duration::from_secs(60), first_reset)
+        .await
+        .expect("the command resets the first shard");
     let by = kcl::core::store::Holder {
         owner: "java-1",
         tenure: None,

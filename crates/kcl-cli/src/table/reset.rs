@@ -221,8 +221,11 @@ async fn reset_retrying(
 ) -> anyhow::Result<()> {
     let mut lease = lease.clone();
     let mut tries = 1;
+    // An eviction that landed on an earlier try is not one a later try
+    // sees as its own: the instance to tell is carried over.
+    let mut evicted = None;
     loop {
-        match reset_one(table, &lease, to, force, beats).await {
+        match reset_one(table, &lease, to, force, beats, &mut evicted).await {
             Err(e) if tries < RESET_TRIES && e.is::<Changed>() => {
                 tries += 1;
                 lease = match table.store.get(&lease.key).await? {
@@ -239,20 +242,26 @@ async fn reset_retrying(
 }
 
 /// Resets one lease, conditional on the counter it was seen at (and, without
-/// `force`, on nobody holding it).
+/// `force`, on nobody holding it). `evicted`: the instance this reset (on
+/// any try) evicted, to tell once the reset lands.
 async fn reset_one(
     table: &Table,
     lease: &Lease,
     to: &Checkpoint,
     force: bool,
     beats: &[Beat],
+    evicted: &mut Option<String>,
 ) -> anyhow::Result<()> {
     let shard = &lease.shard_id;
-    let evicted = evict_first(table, lease, force, beats).await?;
-    let (lease, instance) = match &evicted {
-        Some((now, instance)) => (now, Some(instance.as_str())),
-        None => (lease, None),
+    let now = match evict_first(table, lease, force, beats).await? {
+        Some((now, instance)) => {
+            *evicted = Some(instance);
+            Some(now)
+        }
+        None => None,
     };
+    let lease = now.as_ref().unwrap_or(lease);
+    let instance = evicted.as_deref();
     let keep = lease
         .checkpoint_owner
         .as_deref()
