@@ -2017,14 +2017,22 @@ async fn a_panicking_processor_leaves_its_shards_gauges_at_zero() {
     fleet.stop_all().await;
 }
 
-/// An application's observer that panics when the lease taker ticks.
-#[derive(Debug)]
-struct PanicsOnTick;
+/// An application's observer that panics when the lease taker ticks once
+/// it has taken a lease.
+#[derive(Debug, Default)]
+struct PanicsOnTick {
+    acquired: AtomicBool,
+}
 
 impl kcl_core::observe::Observer for PanicsOnTick {
     fn observe(&self, _: &str, event: &kcl_core::observe::Event<'_>) {
-        if matches!(event, kcl_core::observe::Event::Tick) {
-            panic!("injected observer panic");
+        use kcl_core::observe::Event;
+        match event {
+            Event::Acquired { .. } => self.acquired.store(true, Ordering::SeqCst),
+            Event::Tick if self.acquired.load(Ordering::SeqCst) => {
+                panic!("injected observer panic")
+            }
+            _ => {}
         }
     }
 }
@@ -2050,7 +2058,7 @@ async fn a_panic_in_a_task_of_the_worker_stops_it_with_an_error() {
         Arc::new(source),
         Arc::new(fleet::Payloads::factory(&seen)),
     )
-    .with_observer(Arc::new(PanicsOnTick));
+    .with_observer(Arc::new(PanicsOnTick::default()));
     let run = tokio::time::timeout(Duration::from_secs(3600), worker.run())
         .await
         .expect("the worker stops");
@@ -2063,5 +2071,13 @@ async fn a_panic_in_a_task_of_the_worker_stops_it_with_an_error() {
         ),
         "{run:?}"
     );
-    assert!(store.snapshot().iter().all(|l| l.owner.is_none()));
+    let leases = store.snapshot();
+    assert!(
+        leases.iter().all(|l| l.counter > 1),
+        "taken first: {leases:?}"
+    );
+    assert!(
+        leases.iter().all(|l| l.owner.is_none()),
+        "then released: {leases:?}"
+    );
 }

@@ -393,6 +393,12 @@ pub struct FleetSignals {
 }
 
 impl FleetSignals {
+    /// The worker's task that panicked, if one did (see
+    /// [`LeaseCoordinator::task_failed`]).
+    pub fn failed_task(&self) -> Option<&'static str> {
+        self.shared.task_failed.task()
+    }
+
     /// Runs `work` as the worker's task `task`: a panic in it is noted for
     /// [`LeaseCoordinator::task_failed`].
     pub async fn guard(&self, task: &'static str, work: impl Future<Output = ()>) {

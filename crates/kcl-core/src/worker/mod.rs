@@ -283,7 +283,8 @@ impl Worker {
             consumers: JoinSet::new(),
             running: Running::new(&self.handle),
         };
-        let failed = self.serve(&mut session).await;
+        self.serve(&mut session).await;
+        let signals = session.coordinator.signals();
 
         // Graceful shutdown: no new leases, then every processor gets its
         // chance to checkpoint while the leases are still renewed, then the
@@ -298,7 +299,8 @@ impl Worker {
         session.removed.close();
         let _ = sync_task.await;
         self.release_all(session, &mut report).await;
-        match failed {
+        // A task that panicked while serving, or during the drain.
+        match signals.failed_task() {
             Some(task) => Err(WorkerError::TaskFailed { task }),
             None => Ok(report),
         }
@@ -352,17 +354,18 @@ impl Worker {
 
     /// Runs consumers for the leases the coordinator acquires, until
     /// shutdown is asked for (or the coordinator's events end).
-    /// Serves until shut down; the task that panicked, if one did.
-    async fn serve(&self, s: &mut Session) -> Option<&'static str> {
+    /// Serves until shut down, or until one of the worker's tasks panicked.
+    async fn serve(&self, s: &mut Session) {
         let shutdown = self.handle.shutdown.clone();
         loop {
             tokio::select! {
-                _ = shutdown.cancelled() => return None,
-                task = s.coordinator.task_failed() => return Some(task),
+                biased;
+                _ = s.coordinator.task_failed() => return,
+                _ = shutdown.cancelled() => return,
                 event = s.events.recv() => match event {
                     Some(LeaseEvent::Acquired(lease)) => self.start_consumer(s, lease).await,
                     Some(_) => self.publish(&s.coordinator),
-                    None => return None,
+                    None => return,
                 },
                 Some(done) = s.consumers.join_next_with_id() => {
                     self.consumer_done(&s.coordinator, &mut s.running, done).await;

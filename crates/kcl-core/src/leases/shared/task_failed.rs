@@ -29,6 +29,11 @@ impl TaskFailed {
         self.failed.cancel();
     }
 
+    /// The task that panicked, if one did.
+    pub(crate) fn task(&self) -> Option<&'static str> {
+        self.task.get().copied()
+    }
+
     /// Completes with the task's name once one of them panicked.
     pub(crate) async fn wait(&self) -> &'static str {
         self.failed.cancelled().await;
