@@ -613,8 +613,8 @@ impl CloudWatchPublisher {
 
     /// Flushes every flush interval until `stop` completes, then once more
     /// (the last flush, with what was recorded up to the stop). A flush
-    /// under way when `stop` completes is finished first; that and the
-    /// last flush together take at most [`FINAL_FLUSH_DEADLINE`], what is
+    /// under way when `stop` completes is finished beside it; the two
+    /// together take at most [`FINAL_FLUSH_DEADLINE`], what is
     /// left then dropped: CloudWatch not answering (each batch is tried
     /// for about 44 s) must not hold a stopping worker past the
     /// orchestrator's grace period, to be killed there.
@@ -635,11 +635,15 @@ impl CloudWatchPublisher {
                 }
             }
         };
+        // Side by side: a flush under way that used up the deadline left
+        // no time for the last one, which holds what came up to the stop.
         let last = async {
-            if let Some(flush) = under_way {
-                flush.await;
-            }
-            self.flush().await;
+            let under_way = async {
+                if let Some(flush) = under_way {
+                    flush.await;
+                }
+            };
+            tokio::join!(under_way, self.flush());
         };
         if tokio::time::timeout(FINAL_FLUSH_DEADLINE, last)
             .await

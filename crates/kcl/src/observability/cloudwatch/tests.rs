@@ -644,6 +644,67 @@ async fn a_stop_while_cloudwatch_does_not_answer_ends_within_the_deadline() {
     assert!(sink.batches().is_empty());
 }
 
+/// Never answers a batch of one record processed; takes the others.
+#[derive(Debug, Default)]
+struct HangsOnOne {
+    sums: Mutex<Vec<f64>>,
+}
+
+#[async_trait::async_trait]
+impl Sink for HangsOnOne {
+    async fn put(&self, _: &str, data: Vec<MetricDatum>) -> Result<(), SendError> {
+        let sum = data[0]
+            .statistic_values()
+            .and_then(|s| s.sum())
+            .unwrap_or(0.0);
+        if sum == 1.0 {
+            std::future::pending::<()>().await;
+        }
+        self.sums.lock().expect("not poisoned").push(sum);
+        Ok(())
+    }
+}
+
+/// The last flush, with what came up to the stop, is sent beside a flush
+/// still under way, not after it: one that used up the deadline (its
+/// requests unanswered) left the last none.
+#[tokio::test(start_paused = true)]
+async fn the_last_flush_is_sent_beside_one_still_under_way() {
+    let sink = Arc::new(HangsOnOne::default());
+    let (recorder, publisher) = CloudWatchMetrics::new()
+        .flush_interval(Duration::from_secs(10))
+        .build_with(
+            "orders-app".into(),
+            Arc::clone(&sink) as Arc<dyn Sink>,
+            false,
+        )
+        .expect("valid settings");
+    let recorder = Arc::new(recorder);
+    let count = |n: u64| {
+        metrics::with_local_recorder(recorder.as_ref(), || {
+            metrics::counter!(RECORDS_PROCESSED, "stream" => "s", "shard" => "shardId-1")
+                .increment(n);
+        })
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn({
+        let publisher = publisher.clone();
+        async move {
+            publisher
+                .run_until(async {
+                    let _ = stopped.await;
+                })
+                .await;
+        }
+    });
+    count(1);
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    count(5);
+    stop.send(()).expect("the publisher runs");
+    run.await.expect("no panic");
+    assert_eq!(*sink.sums.lock().unwrap(), [5.0], "the last flush was sent");
+}
+
 #[tokio::test(start_paused = true)]
 async fn running_beside_a_worker_flushes_after_it_returns_and_passes_its_output_on() {
     let sink: Arc<FakeSink> = Arc::default();
