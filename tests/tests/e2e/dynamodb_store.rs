@@ -208,7 +208,6 @@ async fn updates_keep_attributes_this_store_does_not_know() {
     assert_eq!(raw.get("checkpoint"), Some(&s("17")));
 }
 
-/// The lease item's raw `kclFencedCommits`, if any.
 /// A Java KCL 3.x take (or a Java leader's assignment) in the middle of a
 /// kcl handoff removes checkpointOwner and leaves kcl's tenures behind. An
 /// operator's hand-back of that lease applies, as on the memory store: it
@@ -237,6 +236,7 @@ async fn a_hand_back_of_a_lease_a_java_take_left_with_kcl_tenures_applies() {
     assert_eq!(back.checkpoint_owner.as_deref(), Some("java-c"));
 }
 
+/// The lease item's raw `kclFencedCommits`, if any.
 async fn fenced(store: &DynamoDbLeaseStore, key: &str) -> Option<AttributeValue> {
     let item = store
         .client()
