@@ -56,11 +56,35 @@ impl Sink for FakeSink {
     }
 }
 
+/// The publisher's `run_until` in a task of its own, and what stops it.
+fn run_until_stopped(
+    publisher: &CloudWatchPublisher,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let publisher = publisher.clone();
+    let run = tokio::spawn(async move {
+        publisher
+            .run_until(async {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    (stop, run)
+}
+
+/// Counts `n` records processed on shard "shardId-1" of stream "s".
+fn records_processed(recorder: &CloudWatchRecorder, n: u64) {
+    metrics::with_local_recorder(recorder, || {
+        metrics::counter!(RECORDS_PROCESSED, "stream" => "s", "shard" => "shardId-1").increment(n);
+    });
+}
+
 /// Counts one record processed on shard "shardId-1" of stream "s".
 fn one_record_processed(recorder: &CloudWatchRecorder) {
-    metrics::with_local_recorder(recorder, || {
-        metrics::counter!(RECORDS_PROCESSED, "stream" => "s", "shard" => "shardId-1").increment(1);
-    });
+    records_processed(recorder, 1);
 }
 
 fn build(
@@ -568,23 +592,8 @@ async fn the_publisher_flushes_every_interval_and_once_more_at_the_stop() {
         false,
     );
     let recorder = Arc::new(recorder);
-    let record = |n: u64| {
-        metrics::with_local_recorder(recorder.as_ref(), || {
-            metrics::counter!(RECORDS_PROCESSED, "stream" => "s", "shard" => "shardId-1")
-                .increment(n);
-        })
-    };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn({
-        let publisher = publisher.clone();
-        async move {
-            publisher
-                .run_until(async {
-                    let _ = stopped.await;
-                })
-                .await;
-        }
-    });
+    let record = |n: u64| records_processed(&recorder, n);
+    let (stop, run) = run_until_stopped(&publisher);
     record(1);
     tokio::time::sleep(Duration::from_millis(9_900)).await;
     assert!(sink.batches().is_empty(), "not before the interval");
@@ -618,17 +627,7 @@ async fn a_stop_while_cloudwatch_does_not_answer_ends_within_the_deadline() {
         false,
     );
     let recorder = Arc::new(recorder);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn({
-        let publisher = publisher.clone();
-        async move {
-            publisher
-                .run_until(async {
-                    let _ = stopped.await;
-                })
-                .await;
-        }
-    });
+    let (stop, run) = run_until_stopped(&publisher);
     one_record_processed(&recorder);
     // The first flush is under way, its request unanswered.
     tokio::time::sleep(Duration::from_secs(11)).await;
@@ -680,23 +679,8 @@ async fn the_last_flush_is_sent_beside_one_still_under_way() {
         )
         .expect("valid settings");
     let recorder = Arc::new(recorder);
-    let count = |n: u64| {
-        metrics::with_local_recorder(recorder.as_ref(), || {
-            metrics::counter!(RECORDS_PROCESSED, "stream" => "s", "shard" => "shardId-1")
-                .increment(n);
-        })
-    };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn({
-        let publisher = publisher.clone();
-        async move {
-            publisher
-                .run_until(async {
-                    let _ = stopped.await;
-                })
-                .await;
-        }
-    });
+    let count = |n: u64| records_processed(&recorder, n);
+    let (stop, run) = run_until_stopped(&publisher);
     count(1);
     tokio::time::sleep(Duration::from_secs(11)).await;
     count(5);
