@@ -156,12 +156,17 @@ fn the_literal_scan_sees_a_name_on_the_line_after_the_macro() {
 fn every_store_operation_label_is_documented() {
     let doc = fs::read_to_string(workspace_root().join("docs/metrics.md")).unwrap();
     const INTRO: &str = "**Lease table** (label `op`:";
-    let start = doc.find(INTRO).expect("the lease table's metrics say their `op` label");
+    let start = doc
+        .find(INTRO)
+        .expect("the lease table's metrics say their `op` label");
     let labels = &doc[start..start + doc[start..].find("):").expect("the list ends")];
     let missing: Vec<&str> = kcl_core::store::StoreOp::ALL
         .iter()
         .map(|op| op.as_str())
         .filter(|op| !labels.contains(&format!("`{op}`")))
         .collect();
-    assert!(missing.is_empty(), "docs/metrics.md does not name op {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "docs/metrics.md does not name op {missing:?}"
+    );
 }

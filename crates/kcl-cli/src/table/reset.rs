@@ -151,14 +151,24 @@ fn print_dry_run(table: &Table, leases: &[Lease], to: &Checkpoint) {
             to,
             lease.checkpoint,
             lease.counter,
-            lease
-                .owner
-                .as_deref()
-                .map(|o| format!(", evicting {o}"))
-                .unwrap_or_default()
+            evicting(lease)
         );
     }
     say!("dry run: nothing was written");
+}
+
+/// Whom a forced reset of `lease` evicts, as the dry run says it: its
+/// owner, or during a handoff the previous owner still draining it and the
+/// owner taking it over (the reset removes both).
+fn evicting(lease: &Lease) -> String {
+    match (&lease.checkpoint_owner, &lease.owner) {
+        (Some(from), Some(to)) => {
+            format!(", evicting {from} (still draining it) and {to} (taking it over)")
+        }
+        (Some(from), None) => format!(", evicting {from} (still draining it)"),
+        (None, Some(owner)) => format!(", evicting {owner}"),
+        (None, None) => String::new(),
+    }
 }
 
 /// Why `lease` may not be reset without `--force`, if it may not.
@@ -168,7 +178,7 @@ fn refusal(lease: &Lease) -> Option<String> {
         return Some(format!(
             "refusing to reset shard {shard}: a handoff from {from} to {} is in progress \
              (counter {}); its workers would overwrite the checkpoint. Stop the application \
-             first, or pass --force to evict both in the same write",
+             first, or pass --force to evict both",
             lease.owner.as_deref().unwrap_or("nobody"),
             lease.counter
         ));
@@ -475,5 +485,28 @@ fn describe(item: Option<&HashMap<String, AttributeValue>>) -> String {
                 .unwrap_or_default()
         ),
         _ => "deleted".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The dry run names whom the reset evicts: during a handoff the
+    /// previous owner, which still processes the shard, first (it named
+    /// only the owner taking it over).
+    #[test]
+    fn a_dry_run_names_the_previous_owner_of_a_handoff() {
+        let mut lease = Lease::new("shardId-1", Checkpoint::TrimHorizon);
+        assert_eq!(evicting(&lease), "");
+        lease.owner = Some("w2".into());
+        assert_eq!(evicting(&lease), ", evicting w2");
+        lease.checkpoint_owner = Some("w1".into());
+        assert_eq!(
+            evicting(&lease),
+            ", evicting w1 (still draining it) and w2 (taking it over)"
+        );
+        lease.owner = None;
+        assert_eq!(evicting(&lease), ", evicting w1 (still draining it)");
     }
 }
