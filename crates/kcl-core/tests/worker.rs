@@ -2081,3 +2081,71 @@ async fn a_panic_in_a_task_of_the_worker_stops_it_with_an_error() {
         "then released: {leases:?}"
     );
 }
+
+/// The lease of `key` taken from under its holder by `ghost`, a worker
+/// that never renews: the holder's next renewal fails, and the lease
+/// expires a lease duration later.
+fn steal_for(store: &InMemoryLeaseStore, key: &str, ghost: &str) {
+    let mut lease = store.snapshot().into_iter().find(|l| l.key == key).unwrap();
+    lease.owner = Some(ghost.into());
+    lease.tenure = None;
+    lease.counter += 1;
+    store.put_raw(lease);
+}
+
+/// A consumer that gives up waiting for its shard's slot (its lease ended
+/// while the previous consumer's call still hung) leaves the shard's gauges
+/// alone: they are the hung consumer's, whose records waiting are what a
+/// hung call shows by. It zeroed them.
+#[tokio::test(start_paused = true)]
+async fn a_consumer_that_gives_up_waiting_for_its_slot_leaves_the_gauges_alone() {
+    let recorded = kcl_core::test_util::metrics::Recorded::new();
+    let _local = metrics::set_default_local_recorder(&recorded);
+    let source = InMemoryShardSource::new();
+    let shard = source.create_stream(STREAM, 1).remove(0);
+    source.put(STREAM, "pk", "r0").unwrap();
+    let mut fleet = fleet::Fleet::new();
+    let store = fleet.table_for_worker();
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let factory = {
+        let (store, entered) = (fleet.store.clone(), Arc::clone(&entered));
+        move |_: &ShardContext| Hangs {
+            store: store.clone(),
+            entered: Arc::clone(&entered),
+            owner_when_dropped: Arc::default(),
+        }
+    };
+    let lease = LeaseConfig::builder("w-a")
+        .renewal(kcl_core::config::LeaseRenewal::PerLease)
+        .build()
+        .unwrap();
+    let config = fleet::one_stream(lease, STREAM).build().unwrap();
+    fleet.run_worker(config, Arc::new(store), Arc::new(source), factory);
+    entered.notified().await;
+    let waiting = || {
+        recorded.gauge(
+            kcl_core::metric_names::SHARD_RECORDS_WAITING,
+            &[("shard", shard.as_str())],
+        )
+    };
+    assert_eq!(waiting(), Some(1.0), "the hung call's record waits");
+    // The hung consumer's tenure ends; the worker takes the lease again
+    // once it expires, and its new consumer waits for the hung one's slot.
+    steal_for(&fleet.store, &shard, "ghost-1");
+    let owner = |fleet: &fleet::Fleet| fleet.owners().into_values().next().flatten();
+    fleet::wait_until(
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || owner(&fleet).as_deref() == Some("w-a"),
+        || format!("not taken back: {:?}", owner(&fleet)),
+    )
+    .await;
+    sleep(Duration::from_secs(1)).await;
+    // Its lease ends too while it waits: it gives up.
+    steal_for(&fleet.store, &shard, "ghost-2");
+    sleep(Duration::from_secs(10)).await;
+    assert_eq!(waiting(), Some(1.0), "the hung call's record still waits");
+    for (_, task) in fleet.workers.drain(..) {
+        task.abort();
+    }
+}
