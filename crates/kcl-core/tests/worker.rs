@@ -1783,6 +1783,22 @@ async fn a_removed_streams_lease_whose_release_failed_is_released_again() {
     t.stop().await;
 }
 
+/// A stream of one shard holding one record, a fleet with no worker yet
+/// and the table handle of its first worker.
+fn one_record_stream() -> (
+    InMemoryShardSource,
+    String,
+    fleet::Fleet,
+    InMemoryLeaseStore,
+) {
+    let source = InMemoryShardSource::new();
+    let shard = source.create_stream(STREAM, 1).remove(0);
+    source.put(STREAM, "pk", "r0").unwrap();
+    let mut fleet = fleet::Fleet::new();
+    let store = fleet.table_for_worker();
+    (source, shard, fleet, store)
+}
+
 /// A processor whose every call waits for good, and which notes, when the
 /// call is dropped, who the table says holds its lease.
 struct Hangs {
@@ -1827,11 +1843,7 @@ impl RecordProcessor for Hangs {
 /// dropped by the thread the drop itself runs on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn a_dropped_worker_releases_a_lease_only_after_its_processor_call_ended() {
-    let source = InMemoryShardSource::new();
-    source.create_stream(STREAM, 1);
-    source.put(STREAM, "pk", "r0");
-    let mut fleet = fleet::Fleet::new();
-    let store = fleet.table_for_worker();
+    let (source, _, mut fleet, store) = one_record_stream();
     let entered = Arc::new(tokio::sync::Notify::new());
     let owners = Arc::new(Mutex::new(Vec::new()));
     let factory = {
@@ -1978,11 +1990,7 @@ impl RecordProcessor for PanicsOnce {
 async fn a_panicking_processor_leaves_its_shards_gauges_at_zero() {
     let recorded = kcl_core::test_util::metrics::Recorded::new();
     let _local = metrics::set_default_local_recorder(&recorded);
-    let source = InMemoryShardSource::new();
-    let shard = source.create_stream(STREAM, 1).remove(0);
-    source.put(STREAM, "pk", "r0").unwrap();
-    let mut fleet = fleet::Fleet::new();
-    let store = fleet.table_for_worker();
+    let (source, shard, mut fleet, store) = one_record_stream();
     let panicked = Arc::new(AtomicBool::new(false));
     let lease = LeaseConfig::builder("w-a")
         .taker_interval(Duration::from_secs(60))
@@ -2101,11 +2109,7 @@ fn steal_for(store: &InMemoryLeaseStore, key: &str, ghost: &str) {
 async fn a_consumer_that_gives_up_waiting_for_its_slot_leaves_the_gauges_alone() {
     let recorded = kcl_core::test_util::metrics::Recorded::new();
     let _local = metrics::set_default_local_recorder(&recorded);
-    let source = InMemoryShardSource::new();
-    let shard = source.create_stream(STREAM, 1).remove(0);
-    source.put(STREAM, "pk", "r0").unwrap();
-    let mut fleet = fleet::Fleet::new();
-    let store = fleet.table_for_worker();
+    let (source, shard, mut fleet, store) = one_record_stream();
     let entered = Arc::new(tokio::sync::Notify::new());
     let factory = {
         let (store, entered) = (fleet.store.clone(), Arc::clone(&entered));
