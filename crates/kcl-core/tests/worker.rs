@@ -2067,6 +2067,7 @@ async fn a_panic_in_a_task_of_the_worker_stops_it_with_an_error() {
         Arc::new(fleet::Payloads::factory(&seen)),
     )
     .with_observer(Arc::new(PanicsOnTick::default()));
+    let handle = worker.handle();
     let run = tokio::time::timeout(Duration::from_secs(3600), worker.run())
         .await
         .expect("the worker stops");
@@ -2088,6 +2089,11 @@ async fn a_panic_in_a_task_of_the_worker_stops_it_with_an_error() {
         leases.iter().all(|l| l.owner.is_none()),
         "then released: {leases:?}"
     );
+    // The report tells what the shutdown still did, not graceful; it
+    // was the default one, as if nothing had been drained or released.
+    let report = handle.stopped().await;
+    assert!(!report.graceful, "{report:?}");
+    assert_eq!((report.drained, report.released), (2, 2), "{report:?}");
 }
 
 /// The lease of `key` taken from under its holder by `ghost`, a worker

@@ -229,8 +229,12 @@ impl Worker {
         // awaiting it in its own `async fn main` overflowed the compiler's
         // layout query depth (`kcl-app` did).
         let result = Box::pin(self.run_inner()).instrument(span).await;
-        // Published however the run ended, so no waiter waits forever.
-        stopped.publish(result.as_ref().copied().unwrap_or_default());
+        // Published however the run ended, so no waiter waits forever: a
+        // run that failed after its drain published that drain's counts.
+        match result {
+            Ok(report) => stopped.publish(report),
+            Err(_) => stopped.publish_unless_published(ShutdownReport::default()),
+        }
         result.map(|_| ())
     }
 
@@ -299,9 +303,16 @@ impl Worker {
         session.removed.close();
         let _ = sync_task.await;
         self.release_all(session, &mut report).await;
-        // A task that panicked while serving, or during the drain.
+        // A task that panicked while serving, or during the drain: the
+        // shards were still drained and released, and the report says so.
         match signals.failed_task() {
-            Some(task) => Err(WorkerError::TaskFailed { task }),
+            Some(task) => {
+                self.handle.stopped.publish(ShutdownReport {
+                    graceful: false,
+                    ..report
+                });
+                Err(WorkerError::TaskFailed { task })
+            }
             None => Ok(report),
         }
     }

@@ -25,7 +25,9 @@ pub struct ShutdownReport {
     /// instead (a lease duration later).
     pub release_failures: usize,
     /// False if the worker stopped with an error rather than a graceful
-    /// shutdown (the counts are then zero).
+    /// shutdown. The counts are then zero, but for a task that failed
+    /// ([`WorkerError::TaskFailed`](super::WorkerError::TaskFailed)): its
+    /// worker still drained and released, and counts what it did.
     pub graceful: bool,
 }
 
