@@ -532,6 +532,23 @@ async fn an_unannounced_shard_end_is_found_by_the_closed_shard_check() {
     assert!(stats.get_records_calls >= 2, "{stats:?}");
 }
 
+/// The closed-shard check takes a GetShardIterator answered with no
+/// iterator as the shard's end, its children from ListShards (as the Java
+/// KCL takes it): it took that for an open shard, and the shard was never
+/// finished.
+#[tokio::test(start_paused = true)]
+async fn the_closed_shard_check_takes_no_iterator_as_the_end() {
+    let s = setup_with(|c| c.closed_shard_check_interval(Some(Duration::from_secs(2))));
+    s.fake.silent_end();
+    put_plain(&s, 0..3);
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    let (records, _) = read_n(reader.as_mut(), 3).await;
+    assert_eq!(payloads(&records), expected(0..3));
+    let kids = s.kinesis.split(STREAM, &s.shard, false);
+    s.kinesis.no_iterator_at_end(STREAM, &s.shard);
+    read_to_the_end(reader.as_mut(), Duration::from_secs(30), 3..3, &kids).await;
+}
+
 /// An event without a continuation sequence number and without children
 /// (Kinesis never sends one on an open shard; another endpoint may) is no
 /// shard end until the shard is found closed: the records after it are

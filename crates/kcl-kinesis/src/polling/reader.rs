@@ -159,21 +159,6 @@ impl Ctx {
 }
 
 impl Ctx {
-    async fn get_iterator(&self, start: &IteratorStart) -> Result<String, Failure> {
-        let iterator = self
-            .shared
-            .shard_iterator(&self.stream, &self.shard_id, start, Some(self.reader()))
-            .await?;
-        iterator.ok_or_else(|| {
-            Failure::Classified(crate::calls::classify::Classified {
-                class: Class::Fatal,
-                code: None,
-                answered: true,
-                error: "GetShardIterator returned no iterator".into(),
-            })
-        })
-    }
-
     fn error(&self, failure: Failure) -> SourceError {
         failure.into_source_error(&self.stream, &self.shard_id)
     }
@@ -188,8 +173,15 @@ impl Ctx {
     async fn first_iterator(&self, start: &mut IteratorStart) -> Result<Next, SourceError> {
         loop {
             let asked = SystemTime::now();
-            match self.get_iterator(start).await {
-                Ok(it) => {
+            let iterator = self
+                .shared
+                .shard_iterator(&self.stream, &self.shard_id, start, Some(self.reader()))
+                .await;
+            match iterator {
+                // No iterator: the shard is closed and read to its end (as
+                // the Java KCL takes it), its children still to look up.
+                Ok(None) => return Ok(Next::Closed),
+                Ok(Some(it)) => {
                     if matches!(start, IteratorStart::Latest) {
                         *start = IteratorStart::AtTimestamp(asked);
                     }
@@ -239,6 +231,9 @@ enum Next {
     Read(String),
     /// The shard is over (it expired): deliver its end with these children.
     End(Vec<ChildShard>),
+    /// The shard is closed and nothing is left to read: deliver its end
+    /// with the children `ListShards` names.
+    Closed,
 }
 
 /// What the fetch loop does after a batch.
@@ -276,13 +271,8 @@ impl Fetcher {
         // a misbehaving endpoint), back off instead of spinning.
         let mut expired_in_a_row: u32 = 0;
         loop {
-            let iterator = match &self.next {
-                Next::Read(it) => it.clone(),
-                Next::End(children) => {
-                    let children = children.clone();
-                    self.end(children).await;
-                    return Ok(());
-                }
+            let Some(iterator) = self.next_iterator().await? else {
+                return Ok(());
             };
             let Some(limit) = self.wait_for_budget().await else {
                 return Ok(());
@@ -373,7 +363,22 @@ impl Fetcher {
         }
     }
 
-    /// Sends the shard's end (it expired: no records are left).
+    /// The iterator to read with next; `None` once the shard's end was
+    /// sent, or the reader went away while its children were looked up.
+    async fn next_iterator(&mut self) -> Result<Option<String>, SourceError> {
+        let children = match &self.next {
+            Next::Read(it) => return Ok(Some(it.clone())),
+            Next::End(children) => Some(children.clone()),
+            Next::Closed => self.children(None).await?,
+        };
+        if let Some(children) = children {
+            self.end(children).await;
+        }
+        Ok(None)
+    }
+
+    /// Sends the shard's end (it expired, or it is closed and read to its
+    /// end: no records are left).
     async fn end(&mut self, children: Vec<ChildShard>) {
         let worker = self.ctx.shared.budget.nothing();
         let batch = Batch {

@@ -215,6 +215,21 @@ async fn shard_end_names_the_children() {
     }
 }
 
+/// A closed shard whose GetShardIterator answers with no iterator (here
+/// at LATEST, past its last record) is at its end: the reader delivers
+/// the end with the children ListShards names, as the Java KCL takes it.
+/// It failed the reader as fatal, every time the shard was taken, so its
+/// children were never read.
+#[tokio::test(start_paused = true)]
+async fn no_iterator_for_a_closed_shard_is_its_end() {
+    let s = setup();
+    put_plain(&s, 0..3);
+    let kids = s.kinesis.split(STREAM, &s.shard, true);
+    s.kinesis.no_iterator_at_end(STREAM, &s.shard);
+    let mut reader = open(&s, StartPosition::Latest).await;
+    read_shard_end(reader.as_mut(), &s.shard, &kids, 3..3).await;
+}
+
 /// Looking a closed shard's children up while ListShards keeps failing
 /// backs off between reports: it listed again at once after each.
 #[tokio::test(start_paused = true)]

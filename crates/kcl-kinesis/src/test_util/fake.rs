@@ -46,6 +46,10 @@ struct FakeShard {
     /// Records before this index were trimmed: a sequence-number start
     /// before it answers InvalidArgument.
     trim_horizon: usize,
+    /// Whether GetShardIterator past the last record of the closed shard
+    /// answers with no iterator (the Java KCL takes that as the shard's
+    /// end) rather than one whose GetRecords ends the shard.
+    no_iterator_at_end: bool,
     /// Most records one GetRecords returns, whatever the limit (as when
     /// Kinesis stops at its 10 MiB response limit, or returns an empty
     /// page while far behind: then 0).
@@ -136,6 +140,7 @@ impl FakeKinesis {
             report_children: true,
             expired: false,
             trim_horizon: 0,
+            no_iterator_at_end: false,
             page_cap: None,
         }
     }
@@ -236,6 +241,12 @@ impl FakeKinesis {
     /// InvalidArgument.
     pub fn trim(&self, stream: &str, shard: &str, n: usize) {
         Self::shard_mut(&mut self.lock(), stream, shard).trim_horizon = n;
+    }
+
+    /// Makes GetShardIterator on `shard`, once it is closed, answer with no
+    /// iterator for a position past its last record.
+    pub fn no_iterator_at_end(&self, stream: &str, shard: &str) {
+        Self::shard_mut(&mut self.lock(), stream, shard).no_iterator_at_end = true;
     }
 
     /// Makes each GetRecords on `shard` return at most `cap` records (0:
@@ -389,6 +400,9 @@ impl KinesisApi for FakeKinesis {
                 .position(|r| r.sequence_number.as_str() > seq.as_str())
                 .unwrap_or(shard.records.len()),
         };
+        if shard.closed && shard.no_iterator_at_end && pos == shard.records.len() {
+            return Ok(GetShardIteratorOutput::builder().build());
+        }
         Ok(GetShardIteratorOutput::builder()
             .shard_iterator(format!("{stream}|{shard_id}|{pos}"))
             .build())

@@ -327,27 +327,33 @@ impl Subscriber {
             .shard_iterator(stream, shard, &start, None)
             .await
         {
-            Ok(Some(it)) => it,
-            Ok(None) => return Ok(Closed::No),
+            Ok(Some(it)) => Some(it),
+            // No iterator: closed and read to its end, as the Java KCL
+            // takes it (the children come from ListShards).
+            Ok(None) => None,
             Err(Failure::LeaseLost) => return Err(self.lease_lost()),
             Err(Failure::Classified(c) | Failure::Exhausted(c)) => return failed(c),
         };
-        let out = match self.shared.peek_records(stream, &iterator, 1, None).await {
-            Ok(out) => out,
-            Err(Failure::LeaseLost) => return Err(self.lease_lost()),
-            Err(Failure::Classified(c) | Failure::Exhausted(c)) => return failed(c),
-        };
-        let open = out
-            .next_shard_iterator
-            .as_deref()
-            .is_some_and(|it| !it.is_empty());
-        if open || !out.records.is_empty() {
-            // Open, or records still to come: the subscription brings them.
-            return Ok(Closed::No);
+        let mut reported = None;
+        if let Some(iterator) = iterator {
+            let out = match self.shared.peek_records(stream, &iterator, 1, None).await {
+                Ok(out) => out,
+                Err(Failure::LeaseLost) => return Err(self.lease_lost()),
+                Err(Failure::Classified(c) | Failure::Exhausted(c)) => return failed(c),
+            };
+            let open = out
+                .next_shard_iterator
+                .as_deref()
+                .is_some_and(|it| !it.is_empty());
+            if open || !out.records.is_empty() {
+                // Open, or records still to come: the subscription brings them.
+                return Ok(Closed::No);
+            }
+            reported = out.child_shards;
         }
         info!(stream = %self.stream, shard = %self.shard_id,
             "shard is closed and fully read, though no event said so");
-        Ok(match self.children(out.child_shards, slot).await? {
+        Ok(match self.children(reported, slot).await? {
             Some(children) => Closed::Yes(children),
             None => Closed::ReaderGone,
         })
