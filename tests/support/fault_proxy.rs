@@ -266,6 +266,17 @@ impl FaultProxy {
             .unwrap_or_else(|e| e.into_inner()) = fragment;
     }
 
+    /// Swallows every later request, as [`Self::set_blackhole`] does those
+    /// of one lease: an endpoint that stopped answering.
+    pub fn set_blackhole_all(&self) {
+        // Every request's body contains the empty fragment.
+        *self
+            .shared
+            .blackhole
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(String::new());
+    }
+
     /// Injects faults only into requests of `operation` (as in
     /// `X-Amz-Target: DynamoDB_20120810.<operation>`); `None` into all.
     pub fn set_only(&self, operation: Option<&str>) {

@@ -190,11 +190,13 @@ fn clock(at: SystemTime) -> String {
 /// `kcl leases watch`.
 pub(crate) async fn run(a: WatchArgs) -> anyhow::Result<()> {
     let table = Table::open(&a.table).await?;
-    let mut watcher = Watcher::new(a.lease_duration.unwrap_or(DEFAULT_LEASE_DURATION));
-    let mut beats = HashMap::new();
+    let mut view = View {
+        watcher: Watcher::new(a.lease_duration.unwrap_or(DEFAULT_LEASE_DURATION)),
+        beats: HashMap::new(),
+        last: None,
+    };
     let mut ticker = tokio::time::interval(a.interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut last: Option<Listing> = None;
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     let mut done = 0u64;
@@ -203,27 +205,53 @@ pub(crate) async fn run(a: WatchArgs) -> anyhow::Result<()> {
             _ = ticker.tick() => {}
             _ = &mut ctrl_c => break,
         }
+        // Ctrl-C also quits during a refresh: a table that answers slowly
+        // (each call bounded at 30 s) held the command that long.
+        let screen = tokio::select! {
+            screen = view.refresh(&table, &a) => screen,
+            _ = &mut ctrl_c => break,
+        };
+        paint(&screen)?;
+        done += 1;
+        if a.count.is_some_and(|c| done >= c) {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// What `watch` keeps between refreshes.
+struct View {
+    watcher: Watcher,
+    beats: HashMap<String, Beat>,
+    last: Option<Listing>,
+}
+
+impl View {
+    /// Reads the table again; the screen to paint.
+    async fn refresh(&mut self, table: &Table, a: &WatchArgs) -> String {
         let now_wall = SystemTime::now();
         // The records are read first, so a lease duration they give
         // judges this scan already; a failed read keeps the last ones.
         if let Ok(read) = table.beats().await {
-            beats = read;
+            self.beats = read;
         }
-        let (lease_duration, said_by) = match (a.lease_duration, recorded_lease_duration(&beats)) {
-            (Some(d), _) => (d, "--lease-duration"),
-            (None, Some(d)) => (d, "the workers' liveness records"),
-            (None, None) => (
-                DEFAULT_LEASE_DURATION,
-                "the default; no liveness record gives one",
-            ),
-        };
-        watcher.lease_duration = lease_duration;
+        let (lease_duration, said_by) =
+            match (a.lease_duration, recorded_lease_duration(&self.beats)) {
+                (Some(d), _) => (d, "--lease-duration"),
+                (None, Some(d)) => (d, "the workers' liveness records"),
+                (None, None) => (
+                    DEFAULT_LEASE_DURATION,
+                    "the default; no liveness record gives one",
+                ),
+            };
+        self.watcher.lease_duration = lease_duration;
         let status = match table.leases().await {
             Ok(leases) => {
-                last = Some(watcher.observe(
+                self.last = Some(self.watcher.observe(
                     table.name(),
                     &leases,
-                    &beats,
+                    &self.beats,
                     Instant::now(),
                     now_wall,
                     &clock(now_wall),
@@ -243,25 +271,20 @@ pub(crate) async fn run(a: WatchArgs) -> anyhow::Result<()> {
             a.interval,
             lease_duration
         );
-        if let Some(listing) = &last {
+        if let Some(listing) = &self.last {
             screen.push_str(&listing.render(a.wide));
         }
         screen.push_str("\nOwner changes (UTC):\n");
         let mut any = false;
-        for event in watcher.moves() {
+        for event in self.watcher.moves() {
             let _ = writeln!(screen, "  {event}");
             any = true;
         }
         if !any {
             screen.push_str("  none yet\n");
         }
-        paint(&screen)?;
-        done += 1;
-        if a.count.is_some_and(|c| done >= c) {
-            break;
-        }
+        screen
     }
-    Ok(())
 }
 
 /// Redraws in place: cursor home, each line cleared to its end, the rest

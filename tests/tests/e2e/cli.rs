@@ -923,6 +923,57 @@ async fn reset_all_rewinds_a_running_application_and_a_dry_run_writes_nothing() 
     );
 }
 
+/// Ctrl-C quits `watch` while a refresh waits on a table that stopped
+/// answering: it was seen only between refreshes, so the command held on
+/// for each call's 30 s bound, one call after another.
+#[tokio::test]
+async fn ctrl_c_quits_watch_while_a_refresh_waits_on_the_table() {
+    use kcl_tests::fault_proxy::{FaultProxy, Faults};
+    use tokio::io::AsyncBufReadExt as _;
+    let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
+    let (table, _) = table_in_every_state(&env).await;
+    let proxy = FaultProxy::start(&dynamodb_endpoint(), Faults::NONE, 5)
+        .await
+        .unwrap();
+    let mut child = Command::new(KCL)
+        .args(["leases", "watch", "--table", &table, "--interval", "100ms"])
+        .env("AWS_ENDPOINT_URL_DYNAMODB", proxy.url())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // The first screen painted, the table stops answering.
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first_screen = async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.contains("Owner changes") {
+                return;
+            }
+        }
+        panic!("watch ended before its first screen");
+    };
+    tokio::time::timeout(Duration::from_secs(60), first_screen)
+        .await
+        .expect("the first screen");
+    proxy.set_blackhole_all();
+    let swallowed = async {
+        while proxy.counts().blackholed == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), swallowed)
+        .await
+        .expect("the next refresh calls the table");
+    signal(&child, "-INT").unwrap();
+    // Far inside the 30 s one unanswered call took before.
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("watch quits on Ctrl-C during a refresh")
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sustained_throttling_shows_at_warn_once_per_interval() {
     use kcl_tests::fault_proxy::{FaultProxy, Faults};
