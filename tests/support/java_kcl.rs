@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Context, bail};
 use tokio::process::Command;
@@ -30,11 +31,7 @@ impl JavaKcl {
     /// worker unless this source was compiled already. Every failure names
     /// what is missing and how to get it.
     pub fn prepare() -> anyhow::Result<JavaKcl> {
-        let jars = match std::env::var_os("KCL_JAVA_KCL_JARS") {
-            Some(dir) => PathBuf::from(dir),
-            None => Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../localstack/.cache/kclpy-ext-3.1.3.post4/jars"),
-        };
+        let jars = jars_dir();
         if !jars.join(KCL_JAR).is_file() {
             bail!(
                 "the Java KCL jars are missing ({} has no {KCL_JAR}); run localstack/install \
@@ -84,10 +81,25 @@ impl JavaKcl {
     }
 }
 
+/// Where the jars are: `KCL_JAVA_KCL_JARS`, else the checkout's
+/// `localstack/.cache`.
+fn jars_dir() -> PathBuf {
+    match std::env::var_os("KCL_JAVA_KCL_JARS") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../localstack/.cache/kclpy-ext-3.1.3.post4/jars"),
+    }
+}
+
 /// Compiles into a fresh directory, then renames it into place, so two
-/// test binaries compiling at once never see half a build.
+/// compiles at once (two test binaries, or two tests of one binary) never
+/// see half a build.
 fn compile(jars: &Path, classes: &Path) -> anyhow::Result<()> {
-    let tmp = classes.with_extension(format!("tmp{}", std::process::id()));
+    // Named after the process and the call: tests of one binary compile
+    // side by side, and one removed the other's directory under its javac.
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    let tmp = classes.with_extension(format!("tmp{}-{call}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp)?;
     let source = tmp.join("KclJavaWorker.java");
@@ -109,7 +121,7 @@ fn compile(jars: &Path, classes: &Path) -> anyhow::Result<()> {
     }
     match std::fs::rename(&tmp, classes) {
         Ok(()) => Ok(()),
-        // Another test binary got there first.
+        // Another compile got there first.
         Err(_) if classes.join("KclJavaWorker.class").is_file() => {
             let _ = std::fs::remove_dir_all(&tmp);
             Ok(())

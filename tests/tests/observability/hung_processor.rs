@@ -174,10 +174,12 @@ async fn a_hung_processor_is_warned_about_fails_healthz_and_its_shard_goes_to_th
         .expect("w-1 stops");
 
     // Warned about once, for that shard, then cut at the timeout, in that
-    // order; nothing else ran long.
+    // order. Only that shard's calls are counted: a healthy call on a busy
+    // machine can run past the 1 s warning too.
     let log = log_lines(&logs, "w-1");
+    let on_hung = |line: &str| line.contains(&format!("shard={hung_shard}"));
     let warned: Vec<usize> = (0..log.len())
-        .filter(|&i| log[i].contains("a processor call is running long"))
+        .filter(|&i| log[i].contains("a processor call is running long") && on_hung(&log[i]))
         .collect();
     let cut: Vec<usize> = (0..log.len())
         .filter(|&i| log[i].contains("ran past processor_timeout"))
@@ -201,11 +203,6 @@ async fn a_hung_processor_is_warned_about_fails_healthz_and_its_shard_goes_to_th
     };
     assert_eq!(calls("kcl_processor_calls_slow_total"), 1.0);
     assert_eq!(calls("kcl_processor_timeouts_total"), 1.0);
-    assert_eq!(
-        metric(&w1_metrics, "kcl_processor_calls_slow_total", &[]),
-        1.0,
-        "no other call ran long"
-    );
 
     // /healthz failed while the call hung, naming the shard and the call,
     // and /status named the stalled shard and its running call.

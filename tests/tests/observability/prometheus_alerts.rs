@@ -250,7 +250,7 @@ async fn a_real_prometheus_fires_only_the_stalled_shard_alert_for_a_hung_shard()
     let dir = out_dir("kcl-e2e-prometheus-server");
     let first = produce(&mut s, 2).await;
     let hang_file = dir.join("hang-shard");
-    let cfg = {
+    let mut cfg = {
         let mut cfg = s.processes(E2E_WORKER, &out, CheckpointMode::EveryBatch);
         cfg.extra_env
             .push(("KCL_E2E_METRICS_ADDR".into(), "127.0.0.1:0".into()));
@@ -265,6 +265,12 @@ async fn a_real_prometheus_fires_only_the_stalled_shard_alert_for_a_hung_shard()
         ),
         ("KCL_E2E_PROCESSOR_WARN_MS".into(), "1000".into()),
     ]);
+    // Balance by count on both: a load figure written during a slow run
+    // could have a lease stolen for load while the stall is observed.
+    for cfg in [&mut cfg, &mut hung_cfg] {
+        cfg.extra_env
+            .push(("KCL_E2E_BALANCE".into(), "by-count".into()));
+    }
     let mut w1 = spawn(&hung_cfg, "w-1", &dir);
     let mut w2 = spawn(&cfg, "w-2", &dir);
     let addrs = [endpoint(&out, &mut w1).await, endpoint(&out, &mut w2).await];
