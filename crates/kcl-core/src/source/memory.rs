@@ -13,6 +13,7 @@ use tokio::sync::Notify;
 use super::{
     Batch, ChildShard, OpenShard, ShardInfo, ShardReader, ShardSource, SourceError, StartPosition,
 };
+use crate::checkpointer::sequence::Position;
 use crate::lease::HashKeyRange;
 use crate::leases::LeaseHandle;
 use crate::record::Record;
@@ -354,13 +355,16 @@ impl ShardSource for InMemoryShardSource {
                 .position(|r| r.approximate_arrival.is_some_and(|a| a >= *t))
                 .unwrap_or(shard.records.len()),
             StartPosition::Latest => shard.records.len(),
-            StartPosition::AfterCheckpoint { seq, sub } => shard
-                .records
-                .iter()
-                .position(|r| {
-                    (r.sequence_number.as_str(), r.sub_sequence_number) > (seq.as_str(), *sub)
-                })
-                .unwrap_or(shard.records.len()),
+            // By value: the checkpointer stores sequence numbers without
+            // this source's leading zeros.
+            StartPosition::AfterCheckpoint { seq, sub } => {
+                let after = Position::new(seq.as_str(), *sub);
+                shard
+                    .records
+                    .iter()
+                    .position(|r| Position::of(r) > after)
+                    .unwrap_or(shard.records.len())
+            }
         };
         Ok(Box::new(MemoryReader {
             source: self.clone(),
@@ -453,5 +457,42 @@ impl ShardReader for MemoryReader {
         // Nothing new: wait a little for an append instead of spinning.
         let _ = tokio::time::timeout(self.source.wait_for_records, appended).await;
         Ok(self.read()?.unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::{Checkpoint, Lease};
+    use crate::source::{OpenShard, ShardSource};
+
+    /// A checkpoint written without the source's leading zeros, as the
+    /// checkpointer stores sequence numbers, resumes after its record:
+    /// compared as text, "17" sorted after every zero-padded number, and
+    /// the reader started at the shard's end, skipping every later record.
+    #[tokio::test]
+    async fn a_checkpoint_without_leading_zeros_resumes_after_its_record() {
+        let source = InMemoryShardSource::new();
+        let shard = source.create_stream("s", 1).remove(0);
+        let seqs: Vec<String> = (0..5)
+            .map(|i| source.put("s", "pk", format!("r{i}")).unwrap().1)
+            .collect();
+        let seq = seqs[2].trim_start_matches('0').to_owned();
+        let lease = Lease::new(&shard, Checkpoint::TrimHorizon);
+        let position = StartPosition::AfterCheckpoint { seq, sub: 0 };
+        let open = OpenShard::new(
+            "s",
+            &shard,
+            position,
+            LeaseHandle::detached(lease, Duration::from_secs(60)),
+        );
+        let mut reader = source.open(open).await.unwrap();
+        let batch = reader.next_batch().await.unwrap();
+        let read: Vec<&str> = batch
+            .records
+            .iter()
+            .map(|r| r.sequence_number.as_str())
+            .collect();
+        assert_eq!(read, seqs[3..]);
     }
 }

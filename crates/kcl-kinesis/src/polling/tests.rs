@@ -215,6 +215,18 @@ async fn shard_end_names_the_children() {
     }
 }
 
+/// A checkpoint stored without leading zeros (as the checkpointer writes
+/// sequence numbers) resumes after its record, numbers compared by value
+/// as Kinesis compares them: the fake compared text, against its padded
+/// numbers, and started past the shard's last record.
+#[tokio::test(start_paused = true)]
+async fn a_checkpoint_without_leading_zeros_resumes_after_its_record() {
+    let s = setup();
+    let seqs = put_plain(&s, 0..5);
+    let mut reader = open(&s, after(seqs[2].trim_start_matches('0'))).await;
+    read_plain(reader.as_mut(), 3..5).await;
+}
+
 /// A closed shard whose GetShardIterator answers with no iterator (here
 /// at LATEST, past its last record) is at its end: the reader delivers
 /// the end with the children ListShards names, as the Java KCL takes it.

@@ -29,6 +29,8 @@ use aws_smithy_runtime_api::http::StatusCode;
 use aws_smithy_types::body::SdkBody;
 use bytes::Bytes;
 
+use kcl_core::checkpointer::sequence::SequenceNumber;
+
 use crate::calls::{IteratorStart, KinesisApi, ListShardsPage};
 
 #[derive(Debug)]
@@ -354,12 +356,11 @@ impl KinesisApi for FakeKinesis {
                 ),
             ));
         };
+        // By value, as Kinesis compares them: a checkpoint keeps no
+        // leading zeros, and this fake's numbers are padded.
+        let order = |r: &Record, seq: &str| SequenceNumber::order(&r.sequence_number, seq);
         let trimmed = |seq: &str| {
-            shard.trim_horizon > 0
-                && shard.records[shard.trim_horizon - 1]
-                    .sequence_number
-                    .as_str()
-                    >= seq
+            shard.trim_horizon > 0 && order(&shard.records[shard.trim_horizon - 1], seq).is_ge()
         };
         if let IteratorStart::AtSequence(seq) | IteratorStart::AfterSequence(seq) = start
             && trimmed(seq)
@@ -392,12 +393,12 @@ impl KinesisApi for FakeKinesis {
             IteratorStart::AtSequence(seq) => shard
                 .records
                 .iter()
-                .position(|r| r.sequence_number.as_str() >= seq.as_str())
+                .position(|r| order(r, seq).is_ge())
                 .unwrap_or(shard.records.len()),
             IteratorStart::AfterSequence(seq) => shard
                 .records
                 .iter()
-                .position(|r| r.sequence_number.as_str() > seq.as_str())
+                .position(|r| order(r, seq).is_gt())
                 .unwrap_or(shard.records.len()),
         };
         if shard.closed && shard.no_iterator_at_end && pos == shard.records.len() {
