@@ -4,6 +4,7 @@
 
 use tracing::warn;
 
+use super::sequence::Position;
 use super::{CheckpointError, Checkpointer};
 use crate::lease::Checkpoint;
 use crate::metric_names::CHECKPOINTS;
@@ -104,8 +105,10 @@ impl Checkpointer {
         // A commit must move the checkpoint forward: its condition is the
         // checkpoint it replaces, and a second commit at the same position
         // would still pass it after the first landed, applying its writes
-        // twice.
-        if target == self.last_checkpoint {
+        // twice. Compared by value: `checkpoint()` stores a record's
+        // number as its source gave it, perhaps with leading zeros.
+        let last = Position::of_checkpoint(&self.last_checkpoint);
+        if last.is_some() && Position::of_checkpoint(&target) == last {
             return Err(self.out_of_range(seq, sub));
         }
         self.ensure_may_checkpoint()?;

@@ -638,6 +638,17 @@ async fn a_sequence_number_with_leading_zeros_is_stored_as_kinesis_gives_it() {
         matches!(again, Err(CheckpointError::OutOfRange { .. })),
         "{again:?}"
     );
+    // A record's own number, padded, checkpointed as delivered: a commit
+    // at it unpadded is at the same position still.
+    cp.delivered_for_test("000124", 0);
+    cp.checkpoint().await.unwrap();
+    let again = cp
+        .commit_with("124", 0, |_| async { Ok::<(), CommitFailure<()>>(()) })
+        .await;
+    assert!(
+        matches!(again, Err(CheckpointError::OutOfRange { .. })),
+        "{again:?}"
+    );
     assert_eq!(sequence::canonical("0"), "0");
     assert_eq!(sequence::canonical("000"), "0");
     assert_eq!(sequence::canonical("LATEST"), "LATEST");
