@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use kcl_core::checkpointer::Checkpointer;
+use kcl_core::checkpointer::{CheckpointPolicy, Checkpointer};
 use kcl_core::poison::{FailureReason, PoisonPolicy};
 use kcl_core::processor::{
     FailurePolicy, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
@@ -45,6 +45,9 @@ struct Log {
     lease_lost_calls: AtomicU32,
     /// Endings given to a processor whose initialize was never called.
     endings_without_initialize: AtomicU32,
+    /// Endings (`shard_ended`, `shutdown_requested`, `lease_lost`) that
+    /// reached a processor which had had one already.
+    second_endings: AtomicU32,
     /// Failures left to inject (shard_ended of lane 1, initialize of lane
     /// 2), fleet-wide.
     shard_ended_failures_left: AtomicU32,
@@ -95,16 +98,22 @@ struct Recorder {
     ctx: ShardContext,
     initialized: bool,
     buffer: Vec<(String, u64)>,
+    /// Endings this processor had.
+    endings: u32,
 }
 
 static PANICS_LEFT: AtomicU32 = AtomicU32::new(1);
 
 impl Recorder {
-    fn ending(&self) {
+    fn ending(&mut self) {
         if !self.initialized {
             self.log
                 .endings_without_initialize
                 .fetch_add(1, Ordering::SeqCst);
+        }
+        self.endings += 1;
+        if self.endings > 1 {
+            self.log.second_endings.fetch_add(1, Ordering::SeqCst);
         }
     }
     fn lane(&self) -> usize {
@@ -180,7 +189,9 @@ impl RecordProcessor for Recorder {
 
     async fn shard_ended(&mut self, cp: &mut Checkpointer) -> Result<(), ProcessorError> {
         self.ending();
-        if self.lane() == 1 && take_one(&self.log.shard_ended_failures_left) {
+        // Lane 1's, or the one processor's of a shard without lanes.
+        let injected = self.lane() == 1 || self.ctx.lane.is_none();
+        if injected && take_one(&self.log.shard_ended_failures_left) {
             return Err("injected shard_ended failure".into());
         }
         cp.checkpoint().await?;
@@ -209,6 +220,7 @@ struct Fleet {
     source: InMemoryShardSource,
     log: Arc<Log>,
     parent_poll: Duration,
+    checkpoint_policy: CheckpointPolicy,
 }
 
 impl Fleet {
@@ -220,6 +232,7 @@ impl Fleet {
             source,
             log: Arc::default(),
             parent_poll: Duration::from_secs(10),
+            checkpoint_policy: CheckpointPolicy::default(),
         }
     }
 
@@ -241,6 +254,7 @@ impl Fleet {
             .parallelism_per_shard(lanes)
             .max_backoff(Duration::from_secs(1))
             .parent_poll_interval(self.parent_poll)
+            .checkpoint_policy(self.checkpoint_policy)
             .build()
             .unwrap();
         let log = Arc::clone(&self.log);
@@ -250,6 +264,7 @@ impl Fleet {
             ctx: ctx.clone(),
             initialized: false,
             buffer: Vec::new(),
+            endings: 0,
         };
         let store = Arc::new(self.base.table_for_worker());
         let source = Arc::new(self.source.clone());
@@ -976,6 +991,86 @@ async fn shard_end_is_written_only_once_every_lane_checkpointed_it() {
         0
     );
     check_every_record(&fleet.log, 8, 10);
+}
+
+/// A failed `shard_ended` is its processor's one ending, with lanes or
+/// without: when the failure gives the shard back (ReleaseShard), or a
+/// shutdown comes while it is retried (Retry), no `lease_lost` or
+/// `shutdown_requested` follows it. Each did, against the promise of
+/// exactly one ending.
+#[tokio::test(start_paused = true)]
+async fn a_failed_shard_ended_is_the_processors_only_ending() {
+    for (lanes, policy) in [
+        (1, FailurePolicy::ReleaseShard),
+        (4, FailurePolicy::ReleaseShard),
+        (1, FailurePolicy::Retry),
+        (4, FailurePolicy::Retry),
+    ] {
+        let what = format!("{lanes} lanes, {policy:?}");
+        let mut fleet = Fleet::with_records(8, 5);
+        fleet.parent_poll = Duration::from_millis(100);
+        let retried = matches!(policy, FailurePolicy::Retry);
+        // Under Retry, shard_ended fails until the worker stops.
+        let failures = if retried { u32::MAX } else { 1 };
+        let left = &fleet.log.shard_ended_failures_left;
+        left.store(failures, Ordering::SeqCst);
+        let w = fleet.start("w-a", lanes, Behaviour::work(1), policy);
+        fleet.wait_for_last(8, 5, Duration::from_secs(60)).await;
+        let parent = fleet.store.snapshot()[0].shard_id.clone();
+        fleet.source.split(STREAM, &parent).unwrap();
+        if retried {
+            while fleet.log.shard_ended_failures_left.load(Ordering::SeqCst) == failures {
+                sleep(Duration::from_millis(10)).await;
+            }
+            fleet.stop(w).await;
+        } else {
+            fleet.produce(8, 5, 5);
+            fleet.wait_for_last(8, 10, Duration::from_secs(120)).await;
+            fleet.stop(w).await;
+            check_every_record(&fleet.log, 8, 10);
+        }
+        let left = fleet.log.shard_ended_failures_left.load(Ordering::SeqCst);
+        assert!(left < failures, "{what}: no failure was injected");
+        assert_eq!(fleet.log.second_endings.load(Ordering::SeqCst), 0, "{what}");
+    }
+}
+
+/// A shard given back while still held (a failing record under
+/// ReleaseShard) first writes the position its checkpoint policy held
+/// back, asked for before the failure: the next owner began at the
+/// checkpoint written before, and processed those records again.
+#[tokio::test(start_paused = true)]
+async fn a_shard_given_back_writes_the_checkpoint_its_policy_held_back() {
+    for lanes in [1, 4] {
+        let mut fleet = Fleet::with_records(2, 3);
+        fleet.checkpoint_policy = CheckpointPolicy::every(Duration::from_secs(3600));
+        let b = Behaviour {
+            poison: poison("pk-0", 6),
+            ..Behaviour::work(1)
+        };
+        let w = fleet.start("w-a", lanes, b, FailurePolicy::ReleaseShard);
+        fleet.wait_for(6, Duration::from_secs(60)).await;
+        // Asked for, and held back by the policy.
+        fleet.produce(2, 3, 3);
+        fleet.wait_for(12, Duration::from_secs(60)).await;
+        // Fails, is given back, is taken again, fails again.
+        fleet.produce(1, 6, 1);
+        fleet::wait_until(
+            Duration::from_secs(120),
+            Duration::from_millis(100),
+            || fleet.log.failures.load(Ordering::SeqCst) >= 2,
+            || "the shard was not taken again".into(),
+        )
+        .await;
+        // Nothing was written before: the policy held every call back.
+        let stored = fleet.store.snapshot()[0].checkpoint.clone();
+        assert!(
+            matches!(stored, Checkpoint::Sequence { .. }),
+            "lanes={lanes}: {stored:?}"
+        );
+        fleet.stop(w).await;
+        assert_eq!(check_every_record(&fleet.log, 2, 6), 0, "lanes={lanes}");
+    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -7,12 +7,14 @@
 //! those calls: a call that comes before the period (or the record count)
 //! is up is remembered, not written, and the latest position asked for is
 //! written once it is up, at the first fetch after that, and always at the
-//! end of the shard's tenure that the processor is told of (a graceful
-//! shutdown, a handoff: `shutdown_requested`) and at SHARD_END. So a policy
-//! only changes how many records a *crash* repeats (those of about one
-//! period: up to two right after a take, see [`Pacing::align_to`], plus
-//! the short wait while a worker's due positions are gathered into one
-//! request), never what a graceful stop or a handoff repeats (none).
+//! end of the shard's tenure while the lease is still held (a graceful
+//! shutdown, a handoff: `shutdown_requested`; a shard given back under
+//! `ReleaseShard`, a processor timeout or an unreadable shard) and at
+//! SHARD_END. So a policy only changes how many records a *crash* or a
+//! lost lease repeats (those of about one period: up to two right after a
+//! take, see [`Pacing::align_to`], plus the short wait while a worker's
+//! due positions are gathered into one request), never what a graceful
+//! stop, a handoff or a give-back repeats.
 //!
 //! Under every policy, writing every call included, a write that fails
 //! (other than for a lost lease) keeps its position as the latest asked

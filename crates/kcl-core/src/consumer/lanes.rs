@@ -30,14 +30,14 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use tokio::task::{JoinError, JoinSet};
-use tracing::{Instrument as _, info, warn};
+use tracing::{Instrument as _, info};
 
 mod stall;
 use stall::wait_for_room;
 
 use super::{
     Consumer, ConsumerExit, Fetch, Stop, deliver, exit_without_processor, finish_shard, initialize,
-    lease_lost, shard_labels, shutdown_requested,
+    lease_lost, shard_labels, shutdown_requested, write_held_back,
 };
 use crate::checkpointer::{Checkpointer, MAX_LANE_RECORDS_IN_FLIGHT, Position, Window};
 use crate::lease::{Checkpoint, Lease};
@@ -319,15 +319,22 @@ async fn end_lanes(
         // checkpointer), and what the policy held back is written last.
         shard.lock().await.write_every_call();
         for (lane, processor, checkpointer) in processors.iter_mut() {
-            shutdown_requested(c, processor.as_mut(), checkpointer, Some(*lane)).await;
+            // A lane `shard_ended` reached had its ending.
+            if !c.had_shard_ended(*lane) {
+                shutdown_requested(c, processor.as_mut(), checkpointer, Some(*lane)).await;
+            }
         }
-        if let Err(e) = shard.lock().await.flush().await {
-            warn!(error = %e, "writing the last checkpoint asked for failed");
-        }
+        write_held_back(&mut *shard.lock().await).await;
     } else {
         info!("lease lost or given back; stopping the lanes' processors");
+        if !matches!(stop, Stop::LeaseLost) {
+            // Still held: as without lanes, what was held back is written.
+            write_held_back(&mut *shard.lock().await).await;
+        }
         for (lane, processor, _) in processors.iter_mut() {
-            lease_lost(c, processor.as_mut(), Some(*lane)).await;
+            if !c.had_shard_ended(*lane) {
+                lease_lost(c, processor.as_mut(), Some(*lane)).await;
+            }
         }
     }
     exit_without_processor(stop)

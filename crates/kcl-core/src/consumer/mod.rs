@@ -7,6 +7,7 @@
 //! overlap with a new owner (invariant 1).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -139,9 +140,23 @@ struct Consumer {
     ctx: ShardContext,
     /// This consumer's shard in the worker's progress registry.
     progress: ShardTracker,
+    /// How many processors (lanes, in order) `shard_ended` reached: that
+    /// was their ending, and a stop while it is retried gives no other.
+    shard_ended_told: Arc<AtomicUsize>,
 }
 
 impl Consumer {
+    /// `shard_ended` is about to reach the processor of `lane` (0 without
+    /// lanes): that is its ending.
+    fn shard_ended_told(&self, lane: usize) {
+        self.shard_ended_told.fetch_max(lane + 1, Ordering::Relaxed);
+    }
+
+    /// Whether `shard_ended` reached the processor of `lane`.
+    fn had_shard_ended(&self, lane: usize) -> bool {
+        lane < self.shard_ended_told.load(Ordering::Relaxed)
+    }
+
     /// Waits `d` unless the lease ends or shutdown is requested first.
     async fn pause(&self, d: Duration) -> Result<(), Stop> {
         tokio::select! {
@@ -245,6 +260,7 @@ impl Consumer {
             lost: CancellationToken::new(),
             halt: CancellationToken::new(),
             ctx,
+            shard_ended_told: Arc::default(),
         }
     }
 }
@@ -341,33 +357,49 @@ async fn run_processor(c: &Consumer, current: &Lease) -> ConsumerExit {
     shut_down(c, processor.as_mut(), &mut checkpointer, outcome).await
 }
 
-/// ShuttingDown: exactly one of the three endings reaches the processor.
+/// ShuttingDown: exactly one of the three endings reaches the processor
+/// (none more if `shard_ended` reached it).
 async fn shut_down(
     c: &Consumer,
     processor: &mut dyn RecordProcessor,
     checkpointer: &mut Checkpointer,
     outcome: Result<(), Stop>,
 ) -> ConsumerExit {
+    let ended = c.had_shard_ended(0);
     match outcome {
         Ok(()) => ConsumerExit::ShardEnded,
         Err(Stop::LeaseLost) => {
             info!("lease lost; stopping the processor");
-            lease_lost(c, processor, None).await;
+            if !ended {
+                lease_lost(c, processor, None).await;
+            }
             ConsumerExit::LeaseLost
         }
         Err(Stop::Shutdown) => {
-            last_checkpoints(c, processor, checkpointer).await;
+            last_checkpoints(c, processor, checkpointer, ended).await;
             ConsumerExit::ShutDown
         }
         Err(Stop::Handoff) => {
             info!("handing the shard over; the processor may checkpoint");
-            last_checkpoints(c, processor, checkpointer).await;
+            last_checkpoints(c, processor, checkpointer, ended).await;
             ConsumerExit::HandedOff
         }
         Err(stop @ (Stop::Release | Stop::TimedOut | Stop::Unreadable)) => {
-            lease_lost(c, processor, None).await;
+            write_held_back(checkpointer).await;
+            if !ended {
+                lease_lost(c, processor, None).await;
+            }
             exit_without_processor(stop)
         }
+    }
+}
+
+/// Before a shard still held is given back: the position the policy held
+/// back (asked for before the failure, so done) is written, or the next
+/// owner repeats up to a policy period of records.
+async fn write_held_back(checkpointer: &mut Checkpointer) {
+    if let Err(e) = checkpointer.flush().await {
+        warn!(error = %e, "writing the last checkpoint asked for failed");
     }
 }
 
@@ -379,18 +411,20 @@ async fn lease_lost(c: &Consumer, processor: &mut dyn RecordProcessor, lane: Opt
 }
 
 /// A graceful end of the tenure: every checkpoint call writes from now on,
-/// the processor's `shutdown_requested` may checkpoint, and the latest
-/// position it asked for before is written if the policy held it back.
+/// the processor's `shutdown_requested` may checkpoint (unless `ended`:
+/// `shard_ended` was its ending), and the latest position it asked for
+/// before is written if the policy held it back.
 async fn last_checkpoints(
     c: &Consumer,
     processor: &mut dyn RecordProcessor,
     checkpointer: &mut Checkpointer,
+    ended: bool,
 ) {
     checkpointer.write_every_call();
-    shutdown_requested(c, processor, checkpointer, None).await;
-    if let Err(e) = checkpointer.flush().await {
-        warn!(error = %e, "writing the last checkpoint asked for failed");
+    if !ended {
+        shutdown_requested(c, processor, checkpointer, None).await;
     }
+    write_held_back(checkpointer).await;
 }
 
 /// The processor's `shutdown_requested` under the call limits. Cut at the

@@ -48,6 +48,7 @@ pub(super) async fn finish_shard(
         for (i, (processor, checkpointer)) in processors.iter_mut().enumerate() {
             // With lanes, each lane is in the slice at its index.
             let call = Call::new("shard_ended", shard.is_some().then_some(i));
+            c.shard_ended_told(i);
             match limited(c, call, processor.shard_ended(checkpointer)).await? {
                 Ok(()) => c.still_ours_after_checkpoint()?,
                 Err(e) => {
