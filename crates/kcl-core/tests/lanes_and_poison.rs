@@ -51,6 +51,8 @@ struct Log {
     /// Failures left to inject (shard_ended of lane 1, initialize of lane
     /// 2), fleet-wide.
     shard_ended_failures_left: AtomicU32,
+    /// Panics left to inject in `shard_ended` (any lane), fleet-wide.
+    shard_ended_panics_left: AtomicU32,
     initialize_failures_left: AtomicU32,
     /// When lane 1's shard_ended first checkpointed, per shard, as a
     /// place in `order` (paused time puts many steps in one instant).
@@ -189,6 +191,9 @@ impl RecordProcessor for Recorder {
 
     async fn shard_ended(&mut self, cp: &mut Checkpointer) -> Result<(), ProcessorError> {
         self.ending();
+        if take_one(&self.log.shard_ended_panics_left) {
+            panic!("injected shard_ended panic");
+        }
         // Lane 1's, or the one processor's of a shard without lanes.
         let injected = self.lane() == 1 || self.ctx.lane.is_none();
         if injected && take_one(&self.log.shard_ended_failures_left) {
@@ -1033,6 +1038,46 @@ async fn a_failed_shard_ended_is_the_processors_only_ending() {
         assert!(left < failures, "{what}: no failure was injected");
         assert_eq!(fleet.log.second_endings.load(Ordering::SeqCst), 0, "{what}");
     }
+}
+
+/// A panic in a lane's `shard_ended` leaves the shard's lane gauge at 0:
+/// it unwound past the lanes' own reset, and the records buffering lanes
+/// held in flight stayed on the gauge of a shard the worker no longer
+/// read.
+#[tokio::test(start_paused = true)]
+async fn a_panic_in_shard_ended_leaves_the_lane_gauge_at_zero() {
+    let recorded = kcl_core::test_util::metrics::Recorded::new();
+    let _local = metrics::set_default_local_recorder(&recorded);
+    let mut fleet = Fleet::with_records(8, 5);
+    fleet.parent_poll = Duration::from_millis(100);
+    fleet.log.shard_ended_panics_left.store(1, Ordering::SeqCst);
+    let b = Behaviour {
+        buffering_lanes: true,
+        ..Behaviour::work(1)
+    };
+    let w = fleet.start("w-a", 4, b, FailurePolicy::Retry);
+    sleep(Duration::from_secs(5)).await;
+    let parent = fleet.store.snapshot()[0].shard_id.clone();
+    fleet.source.split(STREAM, &parent).unwrap();
+    fleet::wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(10),
+        || fleet.log.shard_ended_panics_left.load(Ordering::SeqCst) == 0,
+        || "shard_ended was never called".into(),
+    )
+    .await;
+    sleep(Duration::from_millis(10)).await;
+    let status = fleet.workers[w].0.status();
+    assert!(
+        !status.consuming.contains(&parent),
+        "not taken again yet: {status:?}"
+    );
+    let labels = [("shard", parent.as_str())];
+    assert_eq!(
+        recorded.gauge(kcl_core::metric_names::LANE_RECORDS_IN_FLIGHT, &labels),
+        Some(0.0)
+    );
+    fleet.stop(w).await;
 }
 
 /// A shard given back while still held (a failing record under

@@ -18,7 +18,9 @@ use crate::backoff::Backoff;
 use crate::checkpointer::{CheckpointError, CheckpointPacer, Checkpointer};
 use crate::lease::{Checkpoint, Lease, LeaseLayout};
 use crate::leases::LeaseHandle;
-use crate::metric_names::{BATCH_PROCESSING_SECONDS, MILLIS_BEHIND_LATEST, PROCESSOR_ERRORS};
+use crate::metric_names::{
+    BATCH_PROCESSING_SECONDS, LANE_RECORDS_IN_FLIGHT, MILLIS_BEHIND_LATEST, PROCESSOR_ERRORS,
+};
 use crate::processor::{
     FailurePolicy, InitializeInput, ProcessorFactory, RecordBatch, RecordProcessor, ShardContext,
 };
@@ -453,6 +455,10 @@ fn forget_lag(c: &Consumer) {
         "shard" => c.ctx.shard_id.clone()
     )
     .set(0.0);
+    if c.setup.parallelism > 1 {
+        // A panic in `shard_ended` unwinds past the lanes' own reset.
+        metrics::gauge!(LANE_RECORDS_IN_FLIGHT, &shard_labels(c)).set(0.0);
+    }
 }
 
 /// Calls [`forget_lag`] when dropped (setting the gauges to 0 twice is
