@@ -200,6 +200,10 @@ impl SyncLoop {
             self.signals.leases_created();
         }
         if !leader {
+            // The leader deletes the removed streams' leases; once a
+            // stream's are gone, nothing of it is left to wait for here.
+            self.removed_at
+                .retain(|layout, _| leases.iter().any(|l| layout.owns(l)));
             return created;
         }
         if let RemovedStreamPolicy::DeleteAfter(delay) = self.policy {
@@ -452,5 +456,30 @@ mod tests {
             assert_eq!(cleanups, [spec("a").layout], "{policy:?}");
             assert_eq!(sync.removed_at.len(), waiting, "{policy:?}");
         }
+    }
+
+    /// A worker that does not lead the rounds forgets a removed stream
+    /// once the leader deleted its leases: only the leader's deletions
+    /// took entries out, and a follower kept one for every stream it ever
+    /// saw removed.
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_forgets_a_removed_stream_once_its_leases_are_gone() {
+        let tracker = Arc::new(Listed(Mutex::new(vec![spec("a"), spec("b")])));
+        let policy = RemovedStreamPolicy::DeleteAfter(Duration::from_secs(60));
+        let (mut sync, mut removed, _coordinator) = sync_loop(Arc::clone(&tracker), policy);
+        sync.follow_tracker().await;
+        let lease = spec("b").layout.new_lease(
+            "shardId-000000000000",
+            crate::lease::Checkpoint::TrimHorizon,
+        );
+        let lease = sync.store.create_if_absent(&lease).await.unwrap();
+        tracker.0.lock().unwrap().retain(|s| s.name == "a");
+        sync.follow_tracker().await;
+        assert_eq!(removed.recv().await, Some(spec("b")));
+        sync.round(false).await;
+        assert_eq!(sync.removed_at.len(), 1, "its lease is still there");
+        sync.store.delete(&lease.key, lease.counter).await.unwrap();
+        sync.round(false).await;
+        assert!(sync.removed_at.is_empty(), "{:?}", sync.removed_at);
     }
 }
