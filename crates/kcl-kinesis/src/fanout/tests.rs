@@ -549,6 +549,36 @@ async fn the_closed_shard_check_takes_no_iterator_as_the_end() {
     read_to_the_end(reader.as_mut(), Duration::from_secs(30), 3..3, &kids).await;
 }
 
+/// The closed-shard check does not take an open shard for ended when
+/// GetShardIterator answers with no iterator: ListShards names no child,
+/// and the records written after are delivered.
+#[tokio::test(start_paused = true)]
+async fn the_closed_shard_check_ends_no_open_shard_without_an_iterator() {
+    let s = setup_with(|c| c.closed_shard_check_interval(Some(Duration::from_secs(2))));
+    s.fake.silent_end();
+    put_plain(&s, 0..3);
+    let mut reader = open(&s, StartPosition::TrimHorizon).await;
+    let (records, _) = read_n(reader.as_mut(), 3).await;
+    assert_eq!(payloads(&records), expected(0..3));
+    s.kinesis.no_iterator_at_end(STREAM, &s.shard);
+    // Several checks find no iterator meanwhile.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    put_plain(&s, 3..5);
+    let read = async {
+        let mut records = Vec::new();
+        while records.len() < 2 {
+            let batch = reader.next_batch().await.expect("batch");
+            assert!(batch.shard_end.is_none(), "the shard is open");
+            records.extend(batch.records);
+        }
+        records
+    };
+    let records = tokio::time::timeout(Duration::from_secs(60), read)
+        .await
+        .expect("the later records");
+    assert_eq!(payloads(&records), expected(3..5));
+}
+
 /// An event without a continuation sequence number and without children
 /// (Kinesis never sends one on an open shard; another endpoint may) is no
 /// shard end until the shard is found closed: the records after it are

@@ -231,8 +231,8 @@ enum Next {
     Read(String),
     /// The shard is over (it expired): deliver its end with these children.
     End(Vec<ChildShard>),
-    /// The shard is closed and nothing is left to read: deliver its end
-    /// with the children `ListShards` names.
+    /// No iterator: the shard is closed and nothing is left to read if
+    /// `ListShards` names its children; deliver its end with them.
     Closed,
 }
 
@@ -369,7 +369,17 @@ impl Fetcher {
         let children = match &self.next {
             Next::Read(it) => return Ok(Some(it.clone())),
             Next::End(children) => Some(children.clone()),
-            Next::Closed => self.children(None).await?,
+            Next::Closed => match self.children(None).await? {
+                // A missing iterator alone is no proof: an open shard taken
+                // for ended would never be read again. Its children are.
+                Some(children) if children.is_empty() => {
+                    let (stream, shard) = (&self.ctx.stream, &self.ctx.shard_id);
+                    let why = "GetShardIterator answered with no iterator, but ListShards \
+                               names no child of the shard: not taken for its end";
+                    return Err(retryable(stream, shard, why.into()));
+                }
+                children => children,
+            },
         };
         if let Some(children) = children {
             self.end(children).await;

@@ -242,6 +242,20 @@ async fn no_iterator_for_a_closed_shard_is_its_end() {
     read_shard_end(reader.as_mut(), &s.shard, &kids, 3..3).await;
 }
 
+/// An open shard whose GetShardIterator answers with no iterator is not
+/// taken for ended: ListShards names no child of it, so the reader reports
+/// a retryable error and no end (which would have finished the shard, its
+/// later records never read).
+#[tokio::test(start_paused = true)]
+async fn no_iterator_for_an_open_shard_ends_nothing() {
+    let s = setup();
+    put_plain(&s, 0..3);
+    s.kinesis.no_iterator_at_end(STREAM, &s.shard);
+    let mut reader = open(&s, StartPosition::Latest).await;
+    let err = reader.next_batch().await.expect_err("no batch, no end");
+    assert!(err.is_retryable(), "{err:?}");
+}
+
 /// Looking a closed shard's children up while ListShards keeps failing
 /// backs off between reports: it listed again at once after each.
 #[tokio::test(start_paused = true)]

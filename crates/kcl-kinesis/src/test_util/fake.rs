@@ -48,9 +48,9 @@ struct FakeShard {
     /// Records before this index were trimmed: a sequence-number start
     /// before it answers InvalidArgument.
     trim_horizon: usize,
-    /// Whether GetShardIterator past the last record of the closed shard
-    /// answers with no iterator (the Java KCL takes that as the shard's
-    /// end) rather than one whose GetRecords ends the shard.
+    /// Whether GetShardIterator past the shard's last record answers with
+    /// no iterator (the Java KCL takes that as the shard's end) rather than
+    /// one whose GetRecords ends the shard or waits for records.
     no_iterator_at_end: bool,
     /// Most records one GetRecords returns, whatever the limit (as when
     /// Kinesis stops at its 10 MiB response limit, or returns an empty
@@ -245,10 +245,19 @@ impl FakeKinesis {
         Self::shard_mut(&mut self.lock(), stream, shard).trim_horizon = n;
     }
 
-    /// Makes GetShardIterator on `shard`, once it is closed, answer with no
-    /// iterator for a position past its last record.
+    /// Makes GetShardIterator on `shard` answer with no iterator for a
+    /// position past its last record, open or closed.
     pub fn no_iterator_at_end(&self, stream: &str, shard: &str) {
         Self::shard_mut(&mut self.lock(), stream, shard).no_iterator_at_end = true;
+    }
+
+    /// An iterator past the last record of `shard`, whatever
+    /// GetShardIterator answers there.
+    pub(crate) fn end_iterator(&self, stream: &str, shard: &str) -> String {
+        let len = Self::shard_mut(&mut self.lock(), stream, shard)
+            .records
+            .len();
+        format!("{stream}|{shard}|{len}")
     }
 
     /// Makes each GetRecords on `shard` return at most `cap` records (0:
@@ -401,7 +410,7 @@ impl KinesisApi for FakeKinesis {
                 .position(|r| order(r, seq).is_gt())
                 .unwrap_or(shard.records.len()),
         };
-        if shard.closed && shard.no_iterator_at_end && pos == shard.records.len() {
+        if shard.no_iterator_at_end && pos == shard.records.len() {
             return Ok(GetShardIteratorOutput::builder().build());
         }
         Ok(GetShardIteratorOutput::builder()

@@ -499,7 +499,11 @@ impl FakeFanOut {
             .get_shard_iterator(stream, shard_id, start)
             .await
         {
-            Ok(out) => Ok(out.shard_iterator.expect("iterator")),
+            // A subscription past the last record starts there, whether
+            // GetShardIterator answers with an iterator or none.
+            Ok(out) => Ok(out
+                .shard_iterator
+                .unwrap_or_else(|| self.kinesis.end_iterator(stream, shard_id))),
             Err(e) => {
                 self.lock().active.remove(shard_id);
                 let invalid = matches!(

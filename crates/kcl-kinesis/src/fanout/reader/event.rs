@@ -335,6 +335,7 @@ impl Subscriber {
             Err(Failure::Classified(c) | Failure::Exhausted(c)) => return failed(c),
         };
         let mut reported = None;
+        let no_iterator = iterator.is_none();
         if let Some(iterator) = iterator {
             let out = match self.shared.peek_records(stream, &iterator, 1, None).await {
                 Ok(out) => out,
@@ -351,12 +352,18 @@ impl Subscriber {
             }
             reported = out.child_shards;
         }
+        let children = match self.children(reported, slot).await? {
+            Some(children) => children,
+            None => return Ok(Closed::ReaderGone),
+        };
+        // A missing iterator alone is no proof: an open shard taken for
+        // ended would never be read again. Its children are.
+        if no_iterator && children.is_empty() {
+            return Ok(Closed::No);
+        }
         info!(stream = %self.stream, shard = %self.shard_id,
             "shard is closed and fully read, though no event said so");
-        Ok(match self.children(reported, slot).await? {
-            Some(children) => Closed::Yes(children),
-            None => Closed::ReaderGone,
-        })
+        Ok(Closed::Yes(children))
     }
 
     /// The children of the closed shard (see [`closed_shard_children`]);
