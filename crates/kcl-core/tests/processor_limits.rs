@@ -44,6 +44,8 @@ struct Log {
     initialized: AtomicU32,
     /// How many `initialize` calls still hang (none unless a test sets it).
     initialize_hangs: AtomicU32,
+    /// How many `shard_ended` calls still hang.
+    shard_ended_hangs: AtomicU32,
     lease_lost: AtomicU32,
     shutdown_requested: AtomicU32,
     /// The hung call's drop, with the lease's owner then, and the lease's
@@ -122,6 +124,14 @@ impl RecordProcessor for Processor {
 
     async fn shutdown_requested(&mut self, _: &mut Checkpointer) -> Result<(), ProcessorError> {
         self.log.shutdown_requested.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    async fn shard_ended(&mut self, cp: &mut Checkpointer) -> Result<(), ProcessorError> {
+        if take_one(&self.log.shard_ended_hangs) {
+            self.hang().await;
+        }
+        cp.checkpoint().await?;
         Ok(())
     }
 
@@ -296,6 +306,29 @@ const TIMEOUTS: &str = "kcl_processor_timeouts_total";
 fn warn_then_cut(c: WorkerConfigBuilder) -> WorkerConfigBuilder {
     c.processor_warn_after(Duration::from_secs(10))
         .processor_timeout(Duration::from_secs(30))
+}
+
+/// A `shard_ended` cut at the timeout is followed by `lease_lost`, as the
+/// processor docs promise: a call cut short is no ending. (Taken for one
+/// as it was made, it was followed by nothing.) The shard is taken again
+/// and finished.
+#[tokio::test(start_paused = true)]
+async fn a_shard_ended_cut_at_the_timeout_is_followed_by_lease_lost() {
+    let s = start(warn_then_cut);
+    s.log.shard_ended_hangs.store(1, Ordering::SeqCst);
+    until("the first records", || !s.processed().is_empty()).await;
+    let shard = s.store.snapshot()[0].shard_id.clone();
+    s.source.split(STREAM, &shard).unwrap();
+    until("lease_lost after the cut", || {
+        s.log.lease_lost.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    until("the shard finished", || {
+        let leases = s.store.snapshot();
+        let parent = leases.iter().find(|l| l.shard_id == shard);
+        parent.is_some_and(|l| l.checkpoint == Checkpoint::ShardEnd)
+    })
+    .await;
 }
 
 #[tokio::test(start_paused = true)]

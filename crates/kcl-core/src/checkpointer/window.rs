@@ -223,6 +223,16 @@ impl Window {
     }
 }
 
+impl super::Checkpointer {
+    /// In a lane: whether the lane checkpointed its end after the shard
+    /// ended (it owes nothing), so `shard_ended` is not asked of it again.
+    pub(crate) fn lane_ended(&self) -> bool {
+        self.lane
+            .as_ref()
+            .is_some_and(|link| link.window().ended[link.index])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,7 +24,8 @@
 //! batches are dropped, and each processor gets `lease_lost`. A call cut
 //! at its timeout ends the shard's tenure the same way: the other lanes'
 //! calls finish (each under its own limit), and every processor gets
-//! `lease_lost`.
+//! `lease_lost`. A lane whose `shard_ended` was called had its ending, and
+//! gets neither.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};

@@ -46,10 +46,17 @@ pub(super) async fn finish_shard(
         // failure does not keep the others from theirs.
         let mut failed = false;
         for (i, (processor, checkpointer)) in processors.iter_mut().enumerate() {
+            // A lane that checkpointed its end is done: it is not asked
+            // again while another lane's call is retried.
+            if checkpointer.lane_ended() {
+                continue;
+            }
             // With lanes, each lane is in the slice at its index.
             let call = Call::new("shard_ended", shard.is_some().then_some(i));
+            let answer = limited(c, call, processor.shard_ended(checkpointer)).await?;
+            // Its ending, unless cut short above: then `lease_lost` follows.
             c.shard_ended_told(i);
-            match limited(c, call, processor.shard_ended(checkpointer)).await? {
+            match answer {
                 Ok(()) => c.still_ours_after_checkpoint()?,
                 Err(e) => {
                     processor_error("shard_ended", &c.ctx, &*e);
