@@ -115,9 +115,38 @@ impl SyncLoop {
         // children need leases) runs here at once.
         let leader = self.signals.is_sync_leader();
         if !leader && !wanted {
+            self.forget_deleted_streams().await;
             return None;
         }
         Some(self.round(leader).await)
+    }
+
+    /// On a follower with no round to run: once a removed stream is due
+    /// for deletion, one scan a round tells whether the leader deleted its
+    /// leases, and forgets it then. Only rounds forgot them, which a
+    /// follower runs only when a consumer or the tracker asks.
+    async fn forget_deleted_streams(&mut self) {
+        let RemovedStreamPolicy::DeleteAfter(delay) = self.policy else {
+            return;
+        };
+        if !self
+            .removed_at
+            .values()
+            .any(|(_, at)| at.elapsed() >= delay)
+        {
+            return;
+        }
+        if let Ok(pages) = self.store.scan().try_collect::<Vec<_>>().await {
+            let leases: Vec<Lease> = pages.into_iter().flatten().collect();
+            self.forget_streams_without_leases(&leases);
+        }
+    }
+
+    /// Forgets the removed streams of which `leases`, a scan of the whole
+    /// table, holds no lease: the leader deleted them all.
+    fn forget_streams_without_leases(&mut self, leases: &[Lease]) {
+        self.removed_at
+            .retain(|layout, _| leases.iter().any(|l| layout.owns(l)));
     }
 
     /// Waits for the next round: `Some(true)` when a consumer asked for
@@ -202,8 +231,7 @@ impl SyncLoop {
         if !leader {
             // The leader deletes the removed streams' leases; once a
             // stream's are gone, nothing of it is left to wait for here.
-            self.removed_at
-                .retain(|layout, _| leases.iter().any(|l| layout.owns(l)));
+            self.forget_streams_without_leases(&leases);
             return created;
         }
         if let RemovedStreamPolicy::DeleteAfter(delay) = self.policy {
@@ -480,6 +508,26 @@ mod tests {
         assert_eq!(sync.removed_at.len(), 1, "its lease is still there");
         sync.store.delete(&lease.key, lease.counter).await.unwrap();
         sync.round(false).await;
+        assert!(sync.removed_at.is_empty(), "{:?}", sync.removed_at);
+    }
+
+    /// A follower that runs no rounds (no consumer asks, the tracker adds
+    /// nothing) forgets a removed stream too, once it is due for deletion
+    /// and the leader deleted its leases: one scan a round until then,
+    /// none before it is due.
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_without_rounds_forgets_a_deleted_stream_once_due() {
+        let tracker = Arc::new(Listed(Mutex::new(vec![spec("a"), spec("b")])));
+        let policy = RemovedStreamPolicy::DeleteAfter(Duration::from_secs(60));
+        let (mut sync, mut removed, _coordinator) = sync_loop(Arc::clone(&tracker), policy);
+        sync.follow_tracker().await;
+        tracker.0.lock().unwrap().retain(|s| s.name == "a");
+        sync.follow_tracker().await;
+        assert_eq!(removed.recv().await, Some(spec("b")));
+        sync.forget_deleted_streams().await;
+        assert_eq!(sync.removed_at.len(), 1, "not due yet");
+        tokio::time::sleep(Duration::from_secs(61)).await;
+        sync.forget_deleted_streams().await;
         assert!(sync.removed_at.is_empty(), "{:?}", sync.removed_at);
     }
 }
