@@ -173,18 +173,20 @@ async fn a_hung_processor_is_warned_about_fails_healthz_and_its_shard_goes_to_th
         .await
         .expect("w-1 stops");
 
-    // Warned about once, for that shard, then cut at the timeout, in that
-    // order. Only that shard's calls are counted: a healthy call on a busy
-    // machine can run past the 1 s warning too.
+    // Warned about, for that shard, then cut at the timeout, in that
+    // order. Only the hung call's warning is sure to come: a healthy call
+    // on a busy machine (of that shard too) can run past the 1 s warning.
     let log = log_lines(&logs, "w-1");
-    let on_hung = |line: &str| line.contains(&format!("shard={hung_shard}"));
+    let on_hung = |line: &str| {
+        line.contains(&format!("shard={hung_shard}")) && line.contains("process_records")
+    };
     let warned: Vec<usize> = (0..log.len())
         .filter(|&i| log[i].contains("a processor call is running long") && on_hung(&log[i]))
         .collect();
     let cut: Vec<usize> = (0..log.len())
         .filter(|&i| log[i].contains("ran past processor_timeout"))
         .collect();
-    assert_eq!(warned.len(), 1, "one warning: {:?}", pick(&log, &warned));
+    assert!(!warned.is_empty(), "no warning for the hung shard");
     assert_eq!(cut.len(), 1, "one cancellation: {:?}", pick(&log, &cut));
     for i in warned.iter().chain(&cut) {
         assert!(
@@ -193,7 +195,10 @@ async fn a_hung_processor_is_warned_about_fails_healthz_and_its_shard_goes_to_th
             log[*i]
         );
     }
-    assert!(warned[0] < cut[0], "warned before it was cut");
+    assert!(
+        warned.iter().any(|w| *w < cut[0]),
+        "warned before it was cut"
+    );
     let calls = |name| {
         metric(
             &w1_metrics,
@@ -201,7 +206,7 @@ async fn a_hung_processor_is_warned_about_fails_healthz_and_its_shard_goes_to_th
             &[("shard", &hung_shard), ("stage", "process_records")],
         )
     };
-    assert_eq!(calls("kcl_processor_calls_slow_total"), 1.0);
+    assert!(calls("kcl_processor_calls_slow_total") >= 1.0);
     assert_eq!(calls("kcl_processor_timeouts_total"), 1.0);
 
     // /healthz failed while the call hung, naming the shard and the call,
