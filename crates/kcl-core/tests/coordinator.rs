@@ -698,3 +698,42 @@ async fn a_hung_consumer_holds_an_evicted_lease_back_for_at_most_the_handoff_tim
     }
     drop(hung);
 }
+
+/// Reading the leases peers asked for is slow (the lease table throttled
+/// while the workers table answers): a beat renews the leases nobody asked
+/// for at once. It renewed nothing until every asked one was read, one
+/// read after another, and two slow reads let every tenure lapse: the
+/// worker fenced leases no peer wanted.
+#[tokio::test(start_paused = true)]
+async fn slow_reads_of_asked_leases_hold_back_no_other_renewal() {
+    let table = table_with(3).await;
+    let a = SimWorker::start(&table, config("a", 1).build().unwrap());
+    sleep(Duration::from_millis(10)).await;
+    let keys: Vec<String> = (0..3).map(|i| format!("shardId-{i:012}")).collect();
+    let handles: Vec<LeaseHandle> = keys
+        .iter()
+        .map(|k| a.coordinator().handle(k).expect("taken on the first tick"))
+        .collect();
+    let instance = table
+        .beats_snapshot()
+        .into_iter()
+        .find(|r| r.worker == "a")
+        .expect("a beats")
+        .instance;
+    for key in &keys[..2] {
+        a.store
+            .inject_on(StoreOp::Get, key, Fault::Delay(Duration::from_secs(6)));
+        table.poke(&instance, Some(key)).await.unwrap();
+    }
+    sleep(LEASE * 2).await;
+    assert_eq!(
+        handles[2].end_reason(),
+        None,
+        "{:?}",
+        a.coordinator().stats()
+    );
+    assert!(handles[2].is_valid());
+    // The asked ones are renewed by no beat before they are read: a read
+    // slower than their validity fences them (a peer wants them anyway).
+    assert!(a.coordinator().stats().fenced <= 2);
+}

@@ -168,8 +168,18 @@ async fn beat_once(shared: &Shared, next_round: Instant) {
     };
     shared.beat_landed(sent);
     note_beat(shared, &beat, &answered);
+    // The leases no peer asked for are renewed at once: judging the asked
+    // ones reads the lease table, and slow reads (a throttled table) let
+    // every tenure lapse while they waited.
+    let asked: HashSet<&str> = beat.asked.iter().map(|e| asked_lease(e)).collect();
+    let (others, asked_held): (Vec<_>, Vec<_>) = renewed
+        .iter()
+        .partition(|(key, _)| !asked.contains(key.as_str()));
+    for (key, held) in others {
+        shared.extended(key, held, sent).await;
+    }
     let unjudged = judge_asked(shared, &beat).await;
-    for (key, held) in &renewed {
+    for (key, held) in asked_held {
         if !unjudged.contains(key.as_str()) {
             shared.extended(key, held, sent).await;
         }
@@ -259,22 +269,26 @@ async fn judge_asked<'a>(shared: &Shared, beat: &'a Beat) -> HashSet<&'a str> {
     // for is never renewed by a beat until it was judged (still ours, or
     // handing off), so a thief that forces the handoff a timeout after its
     // request landed never overlaps us, even when we could not read the item.
-    let mut unjudged: HashSet<&str> = HashSet::new();
-    for entry in &beat.asked {
+    // Read side by side: one slow read does not hold back the others.
+    let judged = beat.asked.iter().map(|entry| async move {
         let key = asked_lease(entry);
         if let Some(held) = shared.held(key) {
             match shared.store.get(key).await {
                 Ok(item) => observe_one(shared, key, &held, item.as_ref()).await,
                 Err(e) => {
                     debug!(lease = %key, error = %e, "reading a lease a peer asked for failed; not renewing it until it is read");
-                    unjudged.insert(key);
-                    continue;
+                    return Some(key);
                 }
             }
         }
         shared.beat_state().answered.push(entry.clone());
-    }
-    unjudged
+        None
+    });
+    futures::future::join_all(judged)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
 /// Applies the judgement of one read of a held, active lease: lost to
