@@ -1071,6 +1071,48 @@ async fn a_removed_streams_lease_the_leader_still_holds_costs_no_scan() {
     t.task.abort();
 }
 
+/// A fenced tenure of a removed stream's lease is not released while its
+/// consumer's call still runs (up to the handoff timeout): released at the
+/// taker's next scan, a peer still reading the stream took the shard while
+/// the call ran on. The lease stays this worker's meanwhile.
+#[tokio::test(start_paused = true)]
+async fn a_fenced_removed_streams_lease_waits_for_its_running_call() {
+    use kcl_core::store::memory::Fault;
+    let (source, b) = streams_a_and_b();
+    let hung = Behaviour {
+        slow_shard: Some((b.clone().leak(), Duration::from_secs(100_000))),
+        ..Behaviour::default()
+    };
+    let t = start_tracked_with(&source, hung);
+    sleep(TICK * 2).await;
+    source.put("b", "pk-b", "pk-b:0").unwrap();
+    t.tracker.0.lock().unwrap().push(multi("b"));
+    let in_call = || usize::from(t.log.first_record_at.lock().unwrap().contains_key(&b));
+    fleet::wait_for_records(Duration::from_secs(120), TICK / 100, 1, in_call).await;
+    t.tracker.0.lock().unwrap().retain(|spec| spec.name == "a");
+    sleep(TICK).await;
+    // The beats go unanswered past the tenures' validity: fenced.
+    for _ in 0..10 {
+        t.store.inject(StoreOp::Beat, Fault::Hang);
+    }
+    let fenced = || usize::from(t.handle.status().leases.fenced > 0);
+    fleet::wait_for_records(Duration::from_secs(120), TICK / 100, 1, fenced).await;
+    let key = multi("b").layout.new_lease(&b, Checkpoint::TrimHorizon).key;
+    // Past the taker's next scan (about 4 s here), inside the handoff
+    // timeout (a lease duration, 10 s), while the call still runs.
+    sleep(Duration::from_secs(7)).await;
+    let lease = t.store.get(&key).await.unwrap().expect("not deleted");
+    assert_eq!(lease.owner.as_deref(), Some("w"), "released under the call");
+    // Past the handoff timeout it goes all the same: a hung call keeps no
+    // shard unread for good.
+    // (Released, then deleted as the removed stream's.)
+    sleep(Duration::from_secs(10)).await;
+    let owner = t.store.get(&key).await.unwrap().and_then(|l| l.owner);
+    assert_eq!(owner, None, "released once the handoff timeout passed");
+    t.handle.shutdown();
+    t.task.abort();
+}
+
 /// A removed stream's leases are deleted together, once none is held: its
 /// released parent stays while a live worker still holds the child. Before,
 /// the parent went at once, and the stream, added back meanwhile, found

@@ -153,12 +153,26 @@ pub(super) async fn reclaim_given_up(shared: &Shared) {
 /// the taker reclaims only leases it may take, so such a lease, naming
 /// this instance, which beats, was held and read by nobody for as long as
 /// this process ran, and held its stream's deletion back.
-pub(super) async fn release_turned_down(shared: &Shared, leases: &[Lease]) {
+///
+/// Not while the consumer of an ended tenure of the lease still runs a
+/// call (up to the handoff timeout), as a handoff left behind waits:
+/// released, the lease went to a peer still reading the stream, beside
+/// that call. Those tenures are returned, for the taker to look again as
+/// soon as one stops.
+pub(super) async fn release_turned_down(shared: &Shared, leases: &[Lease]) -> Vec<Arc<Held>> {
+    let now = Instant::now();
+    let mut running = Vec::new();
     let turned_down: Vec<(String, Arc<Held>)> = shared
         .given_up()
         .entries()
         .into_iter()
         .filter(|(key, _)| leases.iter().any(|l| l.key == *key && !shared.accepts(l)))
+        .filter(|(key, _)| {
+            let still = shared.still_processing(key, now);
+            let done = still.is_empty();
+            running.extend(still);
+            done
+        })
         .collect();
     futures::stream::iter(turned_down)
         .for_each_concurrent(TAKE_CONCURRENCY, |(key, held)| async move {
@@ -167,6 +181,7 @@ pub(super) async fn release_turned_down(shared: &Shared, leases: &[Lease]) {
             }
         })
         .await;
+    running
 }
 
 /// One take, reclaim or steal, in a fresh tenure. A write whose outcome is

@@ -207,13 +207,14 @@ impl Taker {
         };
         shared.table_read(true, scan.now);
         shared.given_up().retain_named(&scan.leases);
-        claims::release_turned_down(shared, &scan.leases).await;
+        let releases_waiting = claims::release_turned_down(shared, &scan.leases).await;
         self.track_expiry(shared, &scan);
         observe_held(shared, &scan.leases).await;
         let active = scan.active(shared);
         let decision = self.decision(shared, &scan, &active, asked, digest);
         claims::apply(shared, &scan.leases, &decision, &scan.asked_at).await;
-        self.finish_orphaned_handoffs(shared, &scan.leases).await;
+        self.finish_orphaned_handoffs(shared, &scan.leases, releases_waiting)
+            .await;
         self.elect(shared, Some(&scan.leases));
         if shared.sync_leader.load(Ordering::Relaxed) {
             cleanup::forget_the_dead(shared, &scan.leases).await;
@@ -387,10 +388,17 @@ impl Taker {
 
     /// After step 7: handoffs left behind on leases no tenure here runs any
     /// more complete now (`finish_orphaned_handoffs`); those still held back
-    /// by a running consumer are looked at again when it stops, and at the
-    /// latest once the handoff timeout since its tenure ended has passed.
-    async fn finish_orphaned_handoffs(&mut self, shared: &Shared, leases: &[Lease]) {
+    /// by a running consumer, and the releases `releases_waiting` holds back
+    /// (`release_turned_down`), are looked at again when it stops, and at
+    /// the latest once the handoff timeout since its tenure ended has passed.
+    async fn finish_orphaned_handoffs(
+        &mut self,
+        shared: &Shared,
+        leases: &[Lease],
+        releases_waiting: Vec<Arc<Held>>,
+    ) {
         self.stopping = cleanup::finish_orphaned_handoffs(shared, leases).await;
+        self.stopping.extend(releases_waiting);
         // And at the latest once the handoff timeout since such a tenure
         // ended has passed: a hung processor keeps no shard unread.
         let timeout = shared.config.handoff_timeout;
