@@ -1038,13 +1038,9 @@ async fn a_removed_streams_leases_live_workers_hold_stay_and_cost_no_second_scan
     t.stop().await;
 }
 
-/// A removed stream's lease the sync leader itself still holds (its
-/// processor hangs in a call, so its consumer cannot stop yet) is left to
-/// that consumer, at no cost. Before, each sync round found it unjudged
-/// (the taker judges only leases other workers hold) and asked the taker
-/// for a scan of the whole table, for as long as the call hung.
-#[tokio::test(start_paused = true)]
-async fn a_removed_streams_lease_the_leader_still_holds_costs_no_scan() {
+/// Streams "a" and "b" tracked, "b" removed while its processor hangs in
+/// a call on its first record; the id of b's shard.
+async fn b_removed_during_a_hung_call() -> (InMemoryShardSource, String, Tracked) {
     let (source, b) = streams_a_and_b();
     let hung = Behaviour {
         slow_shard: Some((b.clone().leak(), Duration::from_secs(100_000))),
@@ -1057,6 +1053,17 @@ async fn a_removed_streams_lease_the_leader_still_holds_costs_no_scan() {
     let in_call = || usize::from(t.log.first_record_at.lock().unwrap().contains_key(&b));
     fleet::wait_for_records(Duration::from_secs(120), TICK / 100, 1, in_call).await;
     t.tracker.0.lock().unwrap().retain(|spec| spec.name == "a");
+    (source, b, t)
+}
+
+/// A removed stream's lease the sync leader itself still holds (its
+/// processor hangs in a call, so its consumer cannot stop yet) is left to
+/// that consumer, at no cost. Before, each sync round found it unjudged
+/// (the taker judges only leases other workers hold) and asked the taker
+/// for a scan of the whole table, for as long as the call hung.
+#[tokio::test(start_paused = true)]
+async fn a_removed_streams_lease_the_leader_still_holds_costs_no_scan() {
+    let (source, b, t) = b_removed_during_a_hung_call().await;
     // Past the deletion's delay (20 s).
     sleep(Duration::from_secs(40)).await;
     let (scans, rounds) = scans_and_rounds(&t, &source).await;
@@ -1078,18 +1085,7 @@ async fn a_removed_streams_lease_the_leader_still_holds_costs_no_scan() {
 #[tokio::test(start_paused = true)]
 async fn a_fenced_removed_streams_lease_waits_for_its_running_call() {
     use kcl_core::store::memory::Fault;
-    let (source, b) = streams_a_and_b();
-    let hung = Behaviour {
-        slow_shard: Some((b.clone().leak(), Duration::from_secs(100_000))),
-        ..Behaviour::default()
-    };
-    let t = start_tracked_with(&source, hung);
-    sleep(TICK * 2).await;
-    source.put("b", "pk-b", "pk-b:0").unwrap();
-    t.tracker.0.lock().unwrap().push(multi("b"));
-    let in_call = || usize::from(t.log.first_record_at.lock().unwrap().contains_key(&b));
-    fleet::wait_for_records(Duration::from_secs(120), TICK / 100, 1, in_call).await;
-    t.tracker.0.lock().unwrap().retain(|spec| spec.name == "a");
+    let (_source, b, t) = b_removed_during_a_hung_call().await;
     sleep(TICK).await;
     // The beats go unanswered past the tenures' validity: fenced.
     for _ in 0..10 {

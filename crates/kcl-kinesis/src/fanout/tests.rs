@@ -515,14 +515,21 @@ async fn read_to_the_end(
     assert_eq!(ids, kids);
 }
 
-#[tokio::test(start_paused = true)]
-async fn an_unannounced_shard_end_is_found_by_the_closed_shard_check() {
+/// A shard of records 0..3 read to its end through a subscription that
+/// never announces a shard's end, closed-shard checks every 2 s.
+async fn caught_up_with_silent_ends() -> (Setup, Box<dyn kcl_core::source::ShardReader>) {
     let s = setup_with(|c| c.closed_shard_check_interval(Some(Duration::from_secs(2))));
     s.fake.silent_end();
     put_plain(&s, 0..3);
     let mut reader = open(&s, StartPosition::TrimHorizon).await;
     let (records, _) = read_n(reader.as_mut(), 3).await;
     assert_eq!(payloads(&records), expected(0..3));
+    (s, reader)
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unannounced_shard_end_is_found_by_the_closed_shard_check() {
+    let (s, mut reader) = caught_up_with_silent_ends().await;
     // While the shard is open the checks find nothing.
     tokio::time::sleep(Duration::from_secs(5)).await;
     put_plain(&s, 3..5);
@@ -538,12 +545,7 @@ async fn an_unannounced_shard_end_is_found_by_the_closed_shard_check() {
 /// finished.
 #[tokio::test(start_paused = true)]
 async fn the_closed_shard_check_takes_no_iterator_as_the_end() {
-    let s = setup_with(|c| c.closed_shard_check_interval(Some(Duration::from_secs(2))));
-    s.fake.silent_end();
-    put_plain(&s, 0..3);
-    let mut reader = open(&s, StartPosition::TrimHorizon).await;
-    let (records, _) = read_n(reader.as_mut(), 3).await;
-    assert_eq!(payloads(&records), expected(0..3));
+    let (s, mut reader) = caught_up_with_silent_ends().await;
     let kids = s.kinesis.split(STREAM, &s.shard, false);
     s.kinesis.no_iterator_at_end(STREAM, &s.shard);
     read_to_the_end(reader.as_mut(), Duration::from_secs(30), 3..3, &kids).await;
@@ -554,12 +556,7 @@ async fn the_closed_shard_check_takes_no_iterator_as_the_end() {
 /// and the records written after are delivered.
 #[tokio::test(start_paused = true)]
 async fn the_closed_shard_check_ends_no_open_shard_without_an_iterator() {
-    let s = setup_with(|c| c.closed_shard_check_interval(Some(Duration::from_secs(2))));
-    s.fake.silent_end();
-    put_plain(&s, 0..3);
-    let mut reader = open(&s, StartPosition::TrimHorizon).await;
-    let (records, _) = read_n(reader.as_mut(), 3).await;
-    assert_eq!(payloads(&records), expected(0..3));
+    let (s, mut reader) = caught_up_with_silent_ends().await;
     s.kinesis.no_iterator_at_end(STREAM, &s.shard);
     // Several checks find no iterator meanwhile.
     tokio::time::sleep(Duration::from_secs(7)).await;
