@@ -1052,6 +1052,30 @@ async fn a_failed_shard_ended_is_the_processors_only_ending() {
     }
 }
 
+/// A SHARD_END write that fails after every lane checkpointed its end is
+/// written again, and the children start: the lanes, all ended, were
+/// asked no more, nothing wrote it again, and the children never started.
+#[tokio::test(start_paused = true)]
+async fn a_failed_shard_end_write_after_every_lane_ended_is_written_again() {
+    use kcl_core::store::memory::Fault;
+    use kcl_core::store::{StoreErrorKind, StoreOp};
+    let mut fleet = Fleet::with_records(8, 5);
+    fleet.parent_poll = Duration::from_millis(100);
+    let w = fleet.start("w-a", 4, Behaviour::work(1), FailurePolicy::Retry);
+    fleet.wait_for_last(8, 5, Duration::from_secs(60)).await;
+    let parent = fleet.store.snapshot()[0].shard_id.clone();
+    // Every checkpoint from here fails until the faults run out: the
+    // lanes' last ones, and the SHARD_END write with its retries.
+    for _ in 0..12 {
+        fleet.base.stores[w].inject(StoreOp::Checkpoint, Fault::Error(StoreErrorKind::Retryable));
+    }
+    fleet.source.split(STREAM, &parent).unwrap();
+    fleet.produce(8, 5, 5);
+    fleet.wait_for_last(8, 10, Duration::from_secs(300)).await;
+    fleet.stop(w).await;
+    check_every_record(&fleet.log, 8, 10);
+}
+
 /// A panic in a lane's `shard_ended` leaves the shard's lane gauge at 0:
 /// it unwound past the lanes' own reset, and the records buffering lanes
 /// held in flight stayed on the gauge of a shard the worker no longer

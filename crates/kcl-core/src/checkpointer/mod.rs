@@ -415,7 +415,7 @@ impl Checkpointer {
 
     /// Checkpoints the last record delivered, or SHARD_END once the shard
     /// ended.
-    async fn checkpoint_delivered(&mut self) -> Result<(), CheckpointError> {
+    pub(crate) async fn checkpoint_delivered(&mut self) -> Result<(), CheckpointError> {
         if !self.shard_ended {
             return self.checkpoint_position().await;
         }

@@ -42,28 +42,19 @@ pub(super) async fn finish_shard(
     }
     let mut backoff = c.setup.backoff.pauses();
     loop {
-        // Every processor gets its call in each round, so that a lane's
-        // failure does not keep the others from theirs.
+        let every_lane_ended = shard.is_some() && processors.iter().all(|(_, cp)| cp.lane_ended());
         let mut failed = false;
-        for (i, (processor, checkpointer)) in processors.iter_mut().enumerate() {
-            // A lane that checkpointed its end is done: it is not asked
-            // again while another lane's call is retried.
-            if checkpointer.lane_ended() {
-                continue;
+        let mut write_failed = false;
+        if let (true, Some(shard)) = (every_lane_ended, shard) {
+            // Every lane checkpointed its end and only the SHARD_END write
+            // failed: written again here, with no processor asked again.
+            if let Err(e) = shard.lock().await.checkpoint_delivered().await {
+                warn!(error = %e, "writing SHARD_END failed; retrying");
+                c.still_ours()?;
+                write_failed = true;
             }
-            // With lanes, each lane is in the slice at its index.
-            let call = Call::new("shard_ended", shard.is_some().then_some(i));
-            let answer = limited(c, call, processor.shard_ended(checkpointer)).await?;
-            // Its ending, unless cut short above: then `lease_lost` follows.
-            c.shard_ended_told(i);
-            match answer {
-                Ok(()) => c.still_ours_after_checkpoint()?,
-                Err(e) => {
-                    processor_error("shard_ended", &c.ctx, &*e);
-                    c.still_ours()?;
-                    failed = true;
-                }
-            }
+        } else {
+            failed = ask_processors(c, processors, shard.is_some()).await?;
         }
         let ended = match shard {
             Some(shard) => *shard.lock().await.last_checkpoint() == Checkpoint::ShardEnd,
@@ -78,7 +69,7 @@ pub(super) async fn finish_shard(
         if failed && c.setup.policy.releases() {
             return Err(Stop::Release);
         }
-        if !failed {
+        if !failed && !write_failed {
             error!(
                 "the processor returned from shard_ended without checkpointing; the shard's children cannot start until it does"
             );
@@ -91,6 +82,37 @@ pub(super) async fn finish_shard(
         }
         c.pause(backoff.next_or_max()).await?;
     }
+}
+
+/// One round of `shard_ended` calls; whether one failed. Every processor
+/// gets its call in each round, so that a lane's failure does not keep the
+/// others from theirs, but a lane that checkpointed its end: it is done,
+/// and not asked again while another lane's call is retried.
+async fn ask_processors(
+    c: &Consumer,
+    processors: &mut [(&mut dyn RecordProcessor, &mut Checkpointer)],
+    lanes: bool,
+) -> Result<bool, Stop> {
+    let mut failed = false;
+    for (i, (processor, checkpointer)) in processors.iter_mut().enumerate() {
+        if checkpointer.lane_ended() {
+            continue;
+        }
+        // With lanes, each lane is in the slice at its index.
+        let call = Call::new("shard_ended", lanes.then_some(i));
+        let answer = limited(c, call, processor.shard_ended(checkpointer)).await?;
+        // Its ending, unless cut short above: then `lease_lost` follows.
+        c.shard_ended_told(i);
+        match answer {
+            Ok(()) => c.still_ours_after_checkpoint()?,
+            Err(e) => {
+                processor_error("shard_ended", &c.ctx, &*e);
+                c.still_ours()?;
+                failed = true;
+            }
+        }
+    }
+    Ok(failed)
 }
 
 /// Creates the children's leases, retrying failures until each exists.
