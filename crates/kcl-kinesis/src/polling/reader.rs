@@ -366,25 +366,44 @@ impl Fetcher {
     /// The iterator to read with next; `None` once the shard's end was
     /// sent, or the reader went away while its children were looked up.
     async fn next_iterator(&mut self) -> Result<Option<String>, SourceError> {
-        let children = match &self.next {
-            Next::Read(it) => return Ok(Some(it.clone())),
-            Next::End(children) => Some(children.clone()),
-            Next::Closed => match self.children(None).await? {
-                // A missing iterator alone is no proof: an open shard taken
-                // for ended would never be read again. Its children are.
-                Some(children) if children.is_empty() => {
-                    let (stream, shard) = (&self.ctx.stream, &self.ctx.shard_id);
-                    let why = "GetShardIterator answered with no iterator, but ListShards \
-                               names no child of the shard: not taken for its end";
-                    return Err(retryable(stream, shard, why.into()));
-                }
-                children => children,
-            },
-        };
-        if let Some(children) = children {
-            self.end(children).await;
+        loop {
+            let children = match &self.next {
+                Next::Read(it) => return Ok(Some(it.clone())),
+                Next::End(children) => Some(children.clone()),
+                Next::Closed => match self.children(None).await? {
+                    // A missing iterator alone is no proof: an open shard
+                    // taken for ended would never be read again. Its
+                    // children are.
+                    Some(children) if children.is_empty() => {
+                        if !self.no_end_after_all().await? {
+                            return Ok(None);
+                        }
+                        continue;
+                    }
+                    children => children,
+                },
+            };
+            if let Some(children) = children {
+                self.end(children).await;
+            }
+            return Ok(None);
         }
-        Ok(None)
+    }
+
+    /// No iterator, and no child of the shard listed: reported, and after
+    /// a pause an iterator is asked for again, the task reading on (ended,
+    /// it made the consumer reopen the shard, and give it back after a few
+    /// rounds). False if the reader is gone.
+    async fn no_end_after_all(&mut self) -> Result<bool, SourceError> {
+        let (stream, shard) = (&self.ctx.stream, &self.ctx.shard_id);
+        let why = "GetShardIterator answered with no iterator, but ListShards names no \
+                   child of the shard: not taken for its end";
+        if !self.report(retryable(stream, shard, why.into())).await {
+            return Ok(false);
+        }
+        self.pause_after_failure().await;
+        self.new_iterator().await?;
+        Ok(true)
     }
 
     /// Sends the shard's end (it expired, or it is closed and read to its
@@ -474,12 +493,18 @@ impl Fetcher {
     async fn replace_iterator(&mut self) -> Result<(), SourceError> {
         self.ctx.shared.stats.expired_iterator();
         self.ctx.meters.expired_iterators.increment(1);
+        debug!(stream = %self.ctx.stream, shard = %self.ctx.shard_id,
+            "shard iterator expired; getting a new one");
+        self.new_iterator().await
+    }
+
+    /// A new iterator, where [`Fetcher::replace_iterator`] says, retried
+    /// (each failure reported) until one is had or the reader is gone.
+    async fn new_iterator(&mut self) -> Result<(), SourceError> {
         let mut start = match self.pipeline.last_sequence() {
             Some(seq) => IteratorStart::AfterSequence(seq.to_owned()),
             None => self.start.clone(),
         };
-        debug!(stream = %self.ctx.stream, shard = %self.ctx.shard_id, ?start,
-            "shard iterator expired; getting a new one");
         loop {
             match self.ctx.first_iterator(&mut start).await {
                 Ok(next) => {

@@ -245,15 +245,31 @@ async fn no_iterator_for_a_closed_shard_is_its_end() {
 /// An open shard whose GetShardIterator answers with no iterator is not
 /// taken for ended: ListShards names no child of it, so the reader reports
 /// a retryable error and no end (which would have finished the shard, its
-/// later records never read).
+/// later records never read), and reads on: the records written later
+/// come from the same reader. (Its fetch task ended with the error, and
+/// the consumer gave the shard back after a few reopens.)
 #[tokio::test(start_paused = true)]
 async fn no_iterator_for_an_open_shard_ends_nothing() {
     let s = setup();
     put_plain(&s, 0..3);
     s.kinesis.no_iterator_at_end(STREAM, &s.shard);
-    let mut reader = open(&s, StartPosition::Latest).await;
+    // After the last record: where the endpoint answers with no iterator.
+    let from = StartPosition::AtTimestamp(std::time::SystemTime::now());
+    let mut reader = open(&s, from).await;
     let err = reader.next_batch().await.expect_err("no batch, no end");
     assert!(err.is_retryable(), "{err:?}");
+    put_plain(&s, 3..5);
+    let mut records = Vec::new();
+    while records.len() < 2 {
+        match reader.next_batch().await {
+            Ok(batch) => {
+                assert!(batch.shard_end.is_none(), "the shard is open");
+                records.extend(batch.records);
+            }
+            Err(e) => assert!(e.is_retryable(), "{e:?}"),
+        }
+    }
+    assert_eq!(payloads(&records), expected(3..5));
 }
 
 /// Looking a closed shard's children up while ListShards keeps failing
