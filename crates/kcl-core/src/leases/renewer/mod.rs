@@ -265,30 +265,43 @@ fn note_beat(shared: &Shared, beat: &Beat, answered: &[String]) {
 /// could not be read: the beat renews none of them.
 async fn judge_asked<'a>(shared: &Shared, beat: &'a Beat) -> HashSet<&'a str> {
     // Peers that stole a lease from us asked in our record. Each is judged
-    // from the lease item before this beat renews anything: a lease asked
-    // for is never renewed by a beat until it was judged (still ours, or
-    // handing off), so a thief that forces the handoff a timeout after its
-    // request landed never overlaps us, even when we could not read the item.
-    // Read side by side: one slow read does not hold back the others.
-    let judged = beat.asked.iter().map(|entry| async move {
-        let key = asked_lease(entry);
-        if let Some(held) = shared.held(key) {
-            match shared.store.get(key).await {
-                Ok(item) => observe_one(shared, key, &held, item.as_ref()).await,
-                Err(e) => {
-                    debug!(lease = %key, error = %e, "reading a lease a peer asked for failed; not renewing it until it is read");
-                    return Some(key);
-                }
+    // from the lease item before this beat renews it: a lease asked for is
+    // never renewed by a beat until it was judged (still ours, or handing
+    // off), so a thief that forces the handoff a timeout after its request
+    // landed never overlaps us, even when we could not read the item. Read
+    // side by side, as many at once as renewals: one slow read does not
+    // hold back the others.
+    let entries: Vec<&String> = beat.asked.iter().collect();
+    let mut unjudged = HashSet::new();
+    for asked in entries.chunks(shared.config.renew_concurrency.max(1)) {
+        let judged = asked
+            .iter()
+            .map(|entry| judge_one_asked(shared, entry.as_str()));
+        unjudged.extend(
+            futures::future::join_all(judged)
+                .await
+                .into_iter()
+                .flatten(),
+        );
+    }
+    unjudged
+}
+
+/// Judges one lease a peer asked for (`entry` of our record); the lease,
+/// if it could not be read.
+async fn judge_one_asked<'a>(shared: &Shared, entry: &'a str) -> Option<&'a str> {
+    let key = asked_lease(entry);
+    if let Some(held) = shared.held(key) {
+        match shared.store.get(key).await {
+            Ok(item) => observe_one(shared, key, &held, item.as_ref()).await,
+            Err(e) => {
+                debug!(lease = %key, error = %e, "reading a lease a peer asked for failed; not renewing it until it is read");
+                return Some(key);
             }
         }
-        shared.beat_state().answered.push(entry.clone());
-        None
-    });
-    futures::future::join_all(judged)
-        .await
-        .into_iter()
-        .flatten()
-        .collect()
+    }
+    shared.beat_state().answered.push(entry.to_owned());
+    None
 }
 
 /// Applies the judgement of one read of a held, active lease: lost to
