@@ -624,6 +624,7 @@ impl Worker {
             cleanups: HashMap::new(),
             removed_at: HashMap::new(),
             follow_up: None,
+            forget_check: None,
         }
         .run()
     }

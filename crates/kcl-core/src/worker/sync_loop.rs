@@ -51,7 +51,16 @@ pub(super) struct SyncLoop {
     /// When to sync again after a round a consumer asked for created
     /// nothing, and how many such rounds ran (see [`FOLLOW_UPS`]).
     pub(super) follow_up: Option<(Instant, u32)>,
+    /// On a follower: when it may scan next for removed streams the
+    /// leader deleted, and the wait after that scan if one still has
+    /// leases (see [`SyncLoop::forget_deleted_streams`]).
+    pub(super) forget_check: Option<(Instant, Duration)>,
 }
+
+/// The longest wait between a follower's scans for removed streams the
+/// leader deleted: a leader that keeps them (another deletion policy, or a
+/// peer still reading one) costs a scan an hour.
+const FORGET_CHECK_MAX: Duration = Duration::from_secs(3600);
 
 /// The follow-up after a round: none once a round created leases; the next
 /// (or none, past [`FOLLOW_UPS`]) after one asked for that created none;
@@ -122,24 +131,34 @@ impl SyncLoop {
     }
 
     /// On a follower with no round to run: once a removed stream is due
-    /// for deletion, one scan a round tells whether the leader deleted its
-    /// leases, and forgets it then. Only rounds forgot them, which a
-    /// follower runs only when a consumer or the tracker asks.
+    /// for deletion, a scan tells whether the leader deleted its leases,
+    /// and forgets it then. Only rounds forgot them, which a follower runs
+    /// only when a consumer or the tracker asks. While one stays, the
+    /// scans come at waits doubling from the sync interval up to
+    /// [`FORGET_CHECK_MAX`].
     async fn forget_deleted_streams(&mut self) {
         let RemovedStreamPolicy::DeleteAfter(delay) = self.policy else {
             return;
         };
-        if !self
+        let now = Instant::now();
+        let due = self
             .removed_at
             .values()
-            .any(|(_, at)| at.elapsed() >= delay)
-        {
+            .any(|(_, at)| at.elapsed() >= delay);
+        if !due || self.forget_check.is_some_and(|(at, _)| now < at) {
             return;
         }
-        if let Ok(pages) = self.store.scan().try_collect::<Vec<_>>().await {
-            let leases: Vec<Lease> = pages.into_iter().flatten().collect();
-            self.forget_streams_without_leases(&leases);
-        }
+        let Ok(pages) = self.store.scan().try_collect::<Vec<_>>().await else {
+            return;
+        };
+        let leases: Vec<Lease> = pages.into_iter().flatten().collect();
+        let before = self.removed_at.len();
+        self.forget_streams_without_leases(&leases);
+        let wait = match self.forget_check {
+            Some((_, wait)) if self.removed_at.len() == before => (wait * 2).min(FORGET_CHECK_MAX),
+            _ => self.interval,
+        };
+        self.forget_check = (!self.removed_at.is_empty()).then_some((now + wait, wait));
     }
 
     /// Forgets the removed streams of which `leases`, a scan of the whole
@@ -354,6 +373,7 @@ mod tests {
             cleanups: HashMap::new(),
             removed_at: HashMap::new(),
             follow_up: None,
+            forget_check: None,
         };
         (sync, removed, coordinator)
     }
@@ -529,5 +549,36 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(61)).await;
         sync.forget_deleted_streams().await;
         assert!(sync.removed_at.is_empty(), "{:?}", sync.removed_at);
+    }
+
+    /// A removed stream the leader never deletes (it keeps them, or a peer
+    /// still reads one) costs a follower scans at waits doubling up to an
+    /// hour, not one each interval for as long as it runs.
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_checks_a_stream_the_leader_keeps_ever_less_often() {
+        use crate::store::metered::MeteredStore;
+        let tracker = Arc::new(Listed(Mutex::new(vec![spec("a"), spec("b")])));
+        let policy = RemovedStreamPolicy::DeleteAfter(Duration::from_secs(60));
+        let (mut sync, mut removed, _coordinator) = sync_loop(Arc::clone(&tracker), policy);
+        let metered = Arc::new(MeteredStore::new(InMemoryLeaseStore::new()));
+        sync.store = Arc::clone(&metered) as Arc<dyn LeaseStore>;
+        sync.follow_tracker().await;
+        let lease = spec("b").layout.new_lease(
+            "shardId-000000000000",
+            crate::lease::Checkpoint::TrimHorizon,
+        );
+        sync.store.create_if_absent(&lease).await.unwrap();
+        tracker.0.lock().unwrap().retain(|s| s.name == "a");
+        sync.follow_tracker().await;
+        assert_eq!(removed.recv().await, Some(spec("b")));
+        // Six hours of periodic ticks, one a sync interval (60 s).
+        for _ in 0..360 {
+            tokio::time::sleep(sync.interval).await;
+            sync.forget_deleted_streams().await;
+        }
+        assert_eq!(sync.removed_at.len(), 1, "its lease is still there");
+        let scans = metered.stats().scans();
+        // 1, 2, 4 ... 32 minutes apart, then hourly: 12 in six hours.
+        assert!((6..=14).contains(&scans), "{scans} scans");
     }
 }
