@@ -269,22 +269,24 @@ async fn judge_asked<'a>(shared: &Shared, beat: &'a Beat) -> HashSet<&'a str> {
     // never renewed by a beat until it was judged (still ours, or handing
     // off), so a thief that forces the handoff a timeout after its request
     // landed never overlaps us, even when we could not read the item. Read
-    // side by side, as many at once as renewals: one slow read does not
-    // hold back the others.
+    // side by side, as renewals are: at most `renew_concurrency` starting
+    // at once, and a slow read gives its place back, so that reads hung on
+    // a throttled table hold back no other.
     let entries: Vec<&String> = beat.asked.iter().collect();
-    let mut unjudged = HashSet::new();
-    for asked in entries.chunks(shared.config.renew_concurrency.max(1)) {
-        let judged = asked
-            .iter()
-            .map(|entry| judge_one_asked(shared, entry.as_str()));
-        unjudged.extend(
-            futures::future::join_all(judged)
-                .await
-                .into_iter()
-                .flatten(),
-        );
-    }
-    unjudged
+    let unjudged = std::sync::Mutex::new(HashSet::new());
+    each_unblocked(entries, shared.config.renew_concurrency, |entry| {
+        let unjudged = &unjudged;
+        async move {
+            if let Some(key) = judge_one_asked(shared, entry.as_str()).await {
+                unjudged
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(key);
+            }
+        }
+    })
+    .await;
+    unjudged.into_inner().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Judges one lease a peer asked for (`entry` of our record); the lease,
