@@ -177,16 +177,16 @@ impl Ctx {
                 .shared
                 .shard_iterator(&self.stream, &self.shard_id, start, Some(self.reader()))
                 .await;
+            // "Latest" is fixed by the first answer, an iterator or none:
+            // asked again, LATEST would always be past what came meanwhile.
+            if iterator.is_ok() && matches!(start, IteratorStart::Latest) {
+                *start = IteratorStart::AtTimestamp(asked);
+            }
             match iterator {
                 // No iterator: the shard is closed and read to its end (as
-                // the Java KCL takes it), its children still to look up.
+                // the Java KCL takes it) if ListShards names its children.
                 Ok(None) => return Ok(Next::Closed),
-                Ok(Some(it)) => {
-                    if matches!(start, IteratorStart::Latest) {
-                        *start = IteratorStart::AtTimestamp(asked);
-                    }
-                    return Ok(Next::Read(it));
-                }
+                Ok(Some(it)) => return Ok(Next::Read(it)),
                 Err(Failure::Classified(c)) if c.class == Class::NotFound => {
                     return self.missing(c.error).await;
                 }
