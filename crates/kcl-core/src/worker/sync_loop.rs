@@ -214,6 +214,9 @@ impl SyncLoop {
                     if matches!(self.policy, RemovedStreamPolicy::DeleteAfter(_)) {
                         self.removed_at
                             .insert(spec.layout.clone(), (spec.name.clone(), Instant::now()));
+                        // A stream newly removed is checked at the usual
+                        // pace, not at the wait a kept one has grown to.
+                        self.forget_check = None;
                     }
                     let _ = self.removed_tx.send(spec).await;
                 }
@@ -557,7 +560,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_follower_checks_a_stream_the_leader_keeps_ever_less_often() {
         use crate::store::metered::MeteredStore;
-        let tracker = Arc::new(Listed(Mutex::new(vec![spec("a"), spec("b")])));
+        let all = vec![spec("a"), spec("b"), spec("c")];
+        let tracker = Arc::new(Listed(Mutex::new(all)));
         let policy = RemovedStreamPolicy::DeleteAfter(Duration::from_secs(60));
         let (mut sync, mut removed, _coordinator) = sync_loop(Arc::clone(&tracker), policy);
         let metered = Arc::new(MeteredStore::new(InMemoryLeaseStore::new()));
@@ -568,7 +572,7 @@ mod tests {
             crate::lease::Checkpoint::TrimHorizon,
         );
         sync.store.create_if_absent(&lease).await.unwrap();
-        tracker.0.lock().unwrap().retain(|s| s.name == "a");
+        tracker.0.lock().unwrap().retain(|s| s.name != "b");
         sync.follow_tracker().await;
         assert_eq!(removed.recv().await, Some(spec("b")));
         // Six hours of periodic ticks, one a sync interval (60 s).
@@ -578,7 +582,22 @@ mod tests {
         }
         assert_eq!(sync.removed_at.len(), 1, "its lease is still there");
         let scans = metered.stats().scans();
-        // 1, 2, 4 ... 32 minutes apart, then hourly: 12 in six hours.
+        // 1, 2, 4 ... 32 minutes apart, then hourly: 11 in six hours.
         assert!((6..=14).contains(&scans), "{scans} scans");
+        // A stream removed now (no lease left) is forgotten at the usual
+        // pace, not after the hour the kept one's checks have grown to.
+        tracker.0.lock().unwrap().retain(|s| s.name == "a");
+        sync.follow_tracker().await;
+        assert_eq!(removed.recv().await, Some(spec("c")));
+        for _ in 0..3 {
+            tokio::time::sleep(sync.interval).await;
+            sync.forget_deleted_streams().await;
+        }
+        let left: Vec<_> = sync
+            .removed_at
+            .values()
+            .map(|(name, _)| name.clone())
+            .collect();
+        assert_eq!(left, ["b"]);
     }
 }
