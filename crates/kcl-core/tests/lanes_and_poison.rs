@@ -1055,13 +1055,22 @@ async fn a_failed_shard_ended_is_the_processors_only_ending() {
 /// A SHARD_END write that fails after every lane checkpointed its end is
 /// written again, and the children start: the lanes, all ended, were
 /// asked no more, nothing wrote it again, and the children never started.
+/// Nor is the shard given back for it under ReleaseShard (the last lane's
+/// `shard_ended` returned the write's error): no processor failed.
 #[tokio::test(start_paused = true)]
 async fn a_failed_shard_end_write_after_every_lane_ended_is_written_again() {
+    for policy in [FailurePolicy::Retry, FailurePolicy::ReleaseShard] {
+        shard_end_write_fails_under(policy).await;
+    }
+}
+
+async fn shard_end_write_fails_under(policy: FailurePolicy) {
     use kcl_core::store::memory::Fault;
     use kcl_core::store::{StoreErrorKind, StoreOp};
     let mut fleet = Fleet::with_records(8, 5);
     fleet.parent_poll = Duration::from_millis(100);
-    let w = fleet.start("w-a", 4, Behaviour::work(1), FailurePolicy::Retry);
+    let what = format!("{policy:?}");
+    let w = fleet.start("w-a", 4, Behaviour::work(1), policy);
     fleet.wait_for_last(8, 5, Duration::from_secs(60)).await;
     let parent = fleet.store.snapshot()[0].shard_id.clone();
     // Every checkpoint from here fails until the faults run out: the
@@ -1072,6 +1081,7 @@ async fn a_failed_shard_end_write_after_every_lane_ended_is_written_again() {
     fleet.source.split(STREAM, &parent).unwrap();
     fleet.produce(8, 5, 5);
     fleet.wait_for_last(8, 10, Duration::from_secs(300)).await;
+    assert_eq!(fleet.base.given_back(), 0, "{what}");
     fleet.stop(w).await;
     check_every_record(&fleet.log, 8, 10);
 }

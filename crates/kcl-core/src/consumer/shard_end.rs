@@ -55,6 +55,12 @@ pub(super) async fn finish_shard(
             }
         } else {
             failed = ask_processors(c, processors, shard.is_some()).await?;
+            // The last lane's checkpoint ended every lane, but its SHARD_END
+            // write failed: the next round writes it, and no processor is
+            // to blame (nor is the shard given back for it).
+            if shard.is_some() && processors.iter().all(|(_, cp)| cp.lane_ended()) {
+                (failed, write_failed) = (false, true);
+            }
         }
         let ended = match shard {
             Some(shard) => *shard.lock().await.last_checkpoint() == Checkpoint::ShardEnd,
