@@ -1078,10 +1078,12 @@ async fn a_removed_streams_lease_the_leader_still_holds_costs_no_scan() {
     t.task.abort();
 }
 
-/// A fenced tenure of a removed stream's lease is not released while its
-/// consumer's call still runs (up to the handoff timeout): released at the
-/// taker's next scan, a peer still reading the stream took the shard while
-/// the call ran on. The lease stays this worker's meanwhile.
+/// A fenced tenure of a removed stream's lease is not released, nor
+/// deleted, while its consumer's call still runs (up to the handoff
+/// timeout): released at the taker's next scan, or deleted by the leader
+/// (this worker, whose failing beats made it look gone: 15 runs in 200), a
+/// peer still reading the stream took the shard while the call ran on.
+/// The lease stays this worker's meanwhile.
 #[tokio::test(start_paused = true)]
 async fn a_fenced_removed_streams_lease_waits_for_its_running_call() {
     use kcl_core::store::memory::Fault;

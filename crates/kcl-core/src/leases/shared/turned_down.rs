@@ -2,6 +2,8 @@
 //! filter turns down: the sync leader deletes a removed stream's lease that
 //! a gone holder left behind (`worker::streams`).
 
+use tokio::time::Instant;
+
 use super::Shared;
 use crate::lease::Lease;
 
@@ -27,6 +29,13 @@ impl Shared {
     /// consumer's to release (the taker judges only others' leases).
     pub(crate) fn judged(&self, lease: &Lease) -> HolderJudged {
         if self.is_held(&lease.key) {
+            return HolderJudged::Holding;
+        }
+        // An ended tenure here whose consumer still runs a call (up to the
+        // handoff timeout) holds it too, whatever the scan judged of the
+        // holder (this instance, its beats failing, looks gone): deleted,
+        // the lease was created again and taken beside that call.
+        if !self.still_processing(&lease.key, Instant::now()).is_empty() {
             return HolderJudged::Holding;
         }
         let judged = self.turned_down.lock().unwrap_or_else(|e| e.into_inner());
