@@ -8,10 +8,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_sdk_kinesis::error::SdkError;
+use aws_sdk_kinesis::types::StreamStatus;
 use kcl_core::LeaseLayout;
 use kcl_core::source::SourceError;
 use kcl_core::worker::{StreamSpec, StreamTracker};
 use kcl_kinesis::StreamArn;
+use tokio::time::Instant;
+use tracing::warn;
 
 use crate::error::{Error, ErrorKind, Repr};
 
@@ -27,8 +30,16 @@ pub(crate) type StreamNames = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
 pub(crate) struct StreamResolver {
     kinesis: aws_sdk_kinesis::Client,
     pub(crate) multi_stream: bool,
-    identifiers: Mutex<HashMap<String, String>>,
+    /// Each name's identifier, and when it was described.
+    identifiers: Mutex<HashMap<String, (String, Instant)>>,
 }
+
+/// How long a stream's identifier is trusted before the stream is
+/// described again: a stream deleted and created again under a name the
+/// application keeps listing has a new creation epoch, and so a new lease
+/// prefix, which only a new describe tells. Kept, it was read under the
+/// old stream's leases and checkpoints until the process restarted.
+const DESCRIBED_FOR: Duration = Duration::from_secs(300);
 
 impl StreamResolver {
     pub(crate) fn new(kinesis: aws_sdk_kinesis::Client, multi_stream: bool) -> Self {
@@ -45,7 +56,7 @@ impl StreamResolver {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(name)
-            .cloned()
+            .map(|(id, _)| id.clone())
     }
 
     /// Forgets the identifiers of every stream but `names`: an
@@ -67,15 +78,8 @@ impl StreamResolver {
             .get(name)
             .cloned();
         let identifier = match known {
-            Some(id) => id,
-            None => {
-                let id = stream_identifier(&self.kinesis, name).await?;
-                self.identifiers
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(name.to_owned(), id.clone());
-                id
-            }
+            Some((id, at)) if at.elapsed() < DESCRIBED_FOR => id,
+            known => self.describe(name, known.map(|(id, _)| id)).await?,
         };
         let layout = if self.multi_stream {
             LeaseLayout::MultiStream { identifier }
@@ -86,6 +90,28 @@ impl StreamResolver {
             name: name.to_owned(),
             layout,
         })
+    }
+
+    /// Describes `name` and remembers its identifier. A describe that
+    /// fails keeps the one `known` (a live stream is not dropped for a
+    /// passing error); a stream not found (or being deleted) is forgotten.
+    async fn describe(&self, name: &str, known: Option<String>) -> Result<String, Error> {
+        let described = stream_identifier(&self.kinesis, name).await;
+        let mut identifiers = self.identifiers.lock().unwrap_or_else(|e| e.into_inner());
+        match (described, known) {
+            (Ok(id), _) => {
+                identifiers.insert(name.to_owned(), (id.clone(), Instant::now()));
+                Ok(id)
+            }
+            (Err(e), Some(known)) if e.kind() != ErrorKind::StreamNotFound => {
+                warn!(stream = name, error = %e, "describing the stream again failed; keeping its identifier");
+                Ok(known)
+            }
+            (Err(e), _) => {
+                identifiers.remove(name);
+                Err(e)
+            }
+        }
     }
 }
 
@@ -113,12 +139,13 @@ impl StreamTracker for NameTracker {
                 Ok(spec) => specs.push(spec),
                 // A stream not created yet is simply not consumed yet.
                 Err(e) if e.kind() == ErrorKind::StreamNotFound => continue,
+                // Nor one that cannot be described (access denied, another
+                // region, a name Kinesis refuses): only a name not known yet
+                // fails here, so no stream consumed is dropped. Failing the
+                // whole answer froze every other change, removals too.
                 Err(e) => {
-                    return Err(SourceError::Fatal {
-                        stream: name,
-                        message: e.to_string(),
-                        source: None,
-                    });
+                    warn!(stream = %name, error = %e, "not consuming a listed stream that cannot be described");
+                    continue;
                 }
             }
         }
@@ -168,6 +195,13 @@ async fn stream_identifier(
             stream: stream.to_owned(),
             source: "DescribeStreamSummary returned no summary".into(),
         })?;
+    // Being deleted: its epoch is the old stream's, soon gone.
+    if *summary.stream_status() == StreamStatus::Deleting {
+        return Err(Repr::StreamNotFound {
+            stream: stream.to_owned(),
+        }
+        .into());
+    }
     // The stream's own account and name (a stream given by ARN may be of
     // another account): arn:aws:kinesis:REGION:ACCOUNT:stream/NAME.
     let described = StreamArn::parse(summary.stream_arn()).ok().flatten();
@@ -220,16 +254,114 @@ mod tests {
         assert!(err.is_retryable(), "{err}");
     }
 
+    /// A listed name that cannot be described (here: no credentials) is
+    /// left out, with a warning, and the other streams are kept. The
+    /// whole answer failed, and the worker kept its streams as they were:
+    /// no stream was added, and none removed, for as long as it stayed.
+    #[tokio::test]
+    async fn a_name_that_cannot_be_described_is_left_out_and_the_others_kept() {
+        let kinesis = aws_sdk_kinesis::Client::new(&crate::test_support::offline_sdk());
+        let resolver = Arc::new(StreamResolver::new(kinesis, true));
+        resolver
+            .identifiers
+            .lock()
+            .unwrap()
+            .insert("a".into(), ("123456789012:a:1".to_owned(), Instant::now()));
+        let tracker = NameTracker {
+            names: Arc::new(|| vec!["a".to_owned(), "bad".to_owned()]),
+            resolver,
+        };
+        let specs = tracker.streams().await.expect("the others are kept");
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["a"]);
+    }
+
+    /// Answers each `DescribeStreamSummary` with stream "orders" created at
+    /// `epochs[i]` for the i-th request (the last one after that); counts
+    /// the requests.
+    async fn describe_stub(epochs: Vec<i64>) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let asked = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&asked);
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let (epochs, count) = (epochs.clone(), Arc::clone(&count));
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    // One request a read (small, and answered before the next).
+                    while let Ok(n) = conn.read(&mut buf).await {
+                        if n == 0 {
+                            return;
+                        }
+                        let i = count.fetch_add(1, Ordering::SeqCst);
+                        let epoch = epochs[i.min(epochs.len() - 1)];
+                        let body = format!(
+                            r#"{{"StreamDescriptionSummary":{{"StreamName":"orders","StreamARN":"arn:aws:kinesis:us-east-1:123456789012:stream/orders","StreamStatus":"ACTIVE","RetentionPeriodHours":24,"StreamCreationTimestamp":{epoch},"EnhancedMonitoring":[],"OpenShardCount":1}}}}"#
+                        );
+                        let answer = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/x-amz-json-1.1\r\ncontent-length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        if conn.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (url, asked)
+    }
+
+    /// A stream deleted and created again under a name the application
+    /// keeps listing gets its new identifier (a new creation epoch, a new
+    /// lease prefix) once its last describe is `DESCRIBED_FOR` old. The
+    /// name was described once for the life of the process, and the new
+    /// stream read under the old one's leases and checkpoints.
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_created_again_under_a_listed_name_is_described_again() {
+        let (url, asked) = describe_stub(vec![1_700_000_000, 1_800_000_000]).await;
+        let config = aws_sdk_kinesis::Config::builder()
+            .behavior_version(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new("us-east-1"))
+            .credentials_provider(aws_sdk_kinesis::config::Credentials::new(
+                "test", "test", None, None, "test",
+            ))
+            .endpoint_url(url)
+            .build();
+        let resolver = Arc::new(StreamResolver::new(
+            aws_sdk_kinesis::Client::from_conf(config),
+            true,
+        ));
+        let tracker = NameTracker {
+            names: Arc::new(|| vec!["orders".to_owned()]),
+            resolver: Arc::clone(&resolver),
+        };
+        let identifier = || resolver.known_identifier("orders").unwrap();
+        tracker.streams().await.unwrap();
+        assert_eq!(identifier(), "123456789012:orders:1700000000");
+        tracker.streams().await.unwrap();
+        assert_eq!(
+            asked.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "still fresh"
+        );
+        tokio::time::sleep(DESCRIBED_FOR).await;
+        tracker.streams().await.unwrap();
+        assert_eq!(identifier(), "123456789012:orders:1800000000");
+    }
+
     #[tokio::test]
     async fn a_stream_no_longer_listed_is_forgotten_and_the_others_kept() {
         let kinesis = aws_sdk_kinesis::Client::new(&crate::test_support::offline_sdk());
         let resolver = Arc::new(StreamResolver::new(kinesis, true));
         for name in ["a", "b"] {
-            resolver
-                .identifiers
-                .lock()
-                .unwrap()
-                .insert(name.into(), format!("123456789012:{name}:1"));
+            resolver.identifiers.lock().unwrap().insert(
+                name.into(),
+                (format!("123456789012:{name}:1"), Instant::now()),
+            );
         }
         let tracker = NameTracker {
             names: Arc::new(|| vec!["a".to_owned()]),
