@@ -54,23 +54,34 @@ pub(super) fn read(live: &LiveStreams) -> std::sync::RwLockReadGuard<'_, Vec<Str
 }
 
 /// Replaces the live streams; returns the removed ones and whether any
-/// was added.
+/// was added. A stream is its lease layout: listed twice, or under
+/// another name (its ARN for its name), it is one stream, read once and
+/// not removed. Compared by name too, a stream listed by its ARN instead
+/// had every consumer stopped and every lease released, fleet-wide.
 pub(super) fn update_streams(
     live: &LiveStreams,
     wanted: Vec<StreamSpec>,
 ) -> (Vec<StreamSpec>, bool) {
+    let mut once: Vec<StreamSpec> = Vec::with_capacity(wanted.len());
+    for spec in wanted {
+        if !once.iter().any(|s| s.layout == spec.layout) {
+            once.push(spec);
+        }
+    }
+    let listed =
+        |specs: &[StreamSpec], spec: &StreamSpec| specs.iter().any(|s| s.layout == spec.layout);
     let mut current = live.write().unwrap_or_else(|e| e.into_inner());
     let removed: Vec<StreamSpec> = current
         .iter()
-        .filter(|s| !wanted.contains(s))
+        .filter(|s| !listed(&once, s))
         .cloned()
         .collect();
     let mut added = false;
-    for spec in wanted.iter().filter(|s| !current.contains(s)) {
+    for spec in once.iter().filter(|s| !listed(&current, s)) {
         info!(stream = %spec.name, "stream added");
         added = true;
     }
-    *current = wanted;
+    *current = once;
     (removed, added)
 }
 

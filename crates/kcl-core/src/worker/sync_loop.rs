@@ -509,6 +509,26 @@ mod tests {
         }
     }
 
+    /// A stream listed again under another name (its ARN for its name),
+    /// or twice, is one stream: nothing is removed, and it is live once.
+    /// Compared by name, the stream was removed (its consumers stopped and
+    /// leases released) while it was still listed.
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_listed_under_another_name_is_not_removed() {
+        let tracker = Arc::new(Listed(Mutex::new(vec![spec("a")])));
+        let (mut sync, mut removed, _coordinator) =
+            sync_loop(Arc::clone(&tracker), RemovedStreamPolicy::Keep);
+        sync.follow_tracker().await;
+        let by_arn = StreamSpec {
+            name: "arn:aws:kinesis:us-east-1:123456789012:stream/a".into(),
+            layout: spec("a").layout,
+        };
+        *tracker.0.lock().unwrap() = vec![by_arn.clone(), spec("a")];
+        sync.follow_tracker().await;
+        assert!(removed.try_recv().is_err(), "nothing removed");
+        assert_eq!(*read(&sync.live), [by_arn]);
+    }
+
     /// A worker that does not lead the rounds forgets a removed stream
     /// once the leader deleted its leases: only the leader's deletions
     /// took entries out, and a follower kept one for every stream it ever
