@@ -1,6 +1,6 @@
 //! Stream names to lease layouts: the resolver that describes each stream
-//! once, and the tracker of the stream names an application supplies at
-//! runtime.
+//! (again every [`DESCRIBED_FOR`]), and the tracker of the stream names an
+//! application supplies at runtime.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -24,9 +24,9 @@ pub(crate) type StreamNames = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
 /// The one place a stream name becomes a lease layout: the configured
 /// streams at startup and the tracker's at every shard sync. A
 /// multi-stream layout needs the Java KCL's identifier,
-/// `account:stream:creationEpoch`, which Kinesis is asked for once per
-/// stream; a single-stream worker still describes its stream, so a
-/// misspelt name fails at startup.
+/// `account:stream:creationEpoch`, which Kinesis is asked for when a
+/// stream is first seen and again every [`DESCRIBED_FOR`]; a single-stream
+/// worker still describes its stream, so a misspelt name fails at startup.
 pub(crate) struct StreamResolver {
     kinesis: aws_sdk_kinesis::Client,
     pub(crate) multi_stream: bool,
