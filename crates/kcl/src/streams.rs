@@ -30,7 +30,7 @@ pub(crate) type StreamNames = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
 pub(crate) struct StreamResolver {
     kinesis: aws_sdk_kinesis::Client,
     pub(crate) multi_stream: bool,
-    /// Each name's identifier, and when it was described.
+    /// Each name's identifier, and until when it is trusted.
     identifiers: Mutex<HashMap<String, (String, Instant)>>,
 }
 
@@ -39,7 +39,19 @@ pub(crate) struct StreamResolver {
 /// application keeps listing has a new creation epoch, and so a new lease
 /// prefix, which only a new describe tells. Kept, it was read under the
 /// old stream's leases and checkpoints until the process restarted.
+/// Each name's is spread by up to a fifth either way, so that names
+/// described together are not all described again in one round.
 const DESCRIBED_FOR: Duration = Duration::from_secs(300);
+
+/// After a describe of a known name failed, when it is tried again.
+const DESCRIBE_RETRY: Duration = Duration::from_secs(60);
+
+/// How long one tracker answer may spend describing: then known names keep
+/// their identifiers and names not known yet wait for the next answer.
+/// The tracker's whole answer is given up at 30 s, and with it every
+/// change of streams: many names described one after another (each up to
+/// `DESCRIBE_TIMEOUT`) froze them.
+const DESCRIBE_BUDGET: Duration = Duration::from_secs(15);
 
 impl StreamResolver {
     pub(crate) fn new(kinesis: aws_sdk_kinesis::Client, multi_stream: bool) -> Self {
@@ -71,6 +83,18 @@ impl StreamResolver {
     }
 
     pub(crate) async fn spec(&self, name: &str) -> Result<StreamSpec, Error> {
+        self.spec_within(name, true)
+            .await?
+            .ok_or_else(|| unreachable_spec(name))
+    }
+
+    /// The spec of `name`, described again if its identifier is stale and
+    /// `may_describe`; `None` if it is not known and may not be described.
+    async fn spec_within(
+        &self,
+        name: &str,
+        may_describe: bool,
+    ) -> Result<Option<StreamSpec>, Error> {
         let known = self
             .identifiers
             .lock()
@@ -78,7 +102,8 @@ impl StreamResolver {
             .get(name)
             .cloned();
         let identifier = match known {
-            Some((id, at)) if at.elapsed() < DESCRIBED_FOR => id,
+            Some((id, until)) if Instant::now() < until || !may_describe => id,
+            None if !may_describe => return Ok(None),
             known => self.describe(name, known.map(|(id, _)| id)).await?,
         };
         let layout = if self.multi_stream {
@@ -86,10 +111,10 @@ impl StreamResolver {
         } else {
             LeaseLayout::SingleStream
         };
-        Ok(StreamSpec {
+        Ok(Some(StreamSpec {
             name: name.to_owned(),
             layout,
-        })
+        }))
     }
 
     /// Describes `name` and remembers its identifier. A describe that
@@ -100,11 +125,14 @@ impl StreamResolver {
         let mut identifiers = self.identifiers.lock().unwrap_or_else(|e| e.into_inner());
         match (described, known) {
             (Ok(id), _) => {
-                identifiers.insert(name.to_owned(), (id.clone(), Instant::now()));
+                let spread = DESCRIBED_FOR.mul_f64(rand::random_range(0.8..=1.2));
+                identifiers.insert(name.to_owned(), (id.clone(), Instant::now() + spread));
                 Ok(id)
             }
             (Err(e), Some(known)) if e.kind() != ErrorKind::StreamNotFound => {
                 warn!(stream = name, error = %e, "describing the stream again failed; keeping its identifier");
+                let retry = Instant::now() + DESCRIBE_RETRY;
+                identifiers.insert(name.to_owned(), (known.clone(), retry));
                 Ok(known)
             }
             (Err(e), _) => {
@@ -134,9 +162,16 @@ impl StreamTracker for NameTracker {
         let mut specs = Vec::new();
         let names = (self.names)();
         self.resolver.retain(&names);
+        let budget = Instant::now() + DESCRIBE_BUDGET;
         for name in names {
-            match self.resolver.spec(&name).await {
-                Ok(spec) => specs.push(spec),
+            match self
+                .resolver
+                .spec_within(&name, Instant::now() < budget)
+                .await
+            {
+                Ok(Some(spec)) => specs.push(spec),
+                // Not known yet, and this answer's describing is done.
+                Ok(None) => continue,
                 // A stream not created yet is simply not consumed yet.
                 Err(e) if e.kind() == ErrorKind::StreamNotFound => continue,
                 // Nor one that cannot be described (access denied, another
@@ -151,6 +186,15 @@ impl StreamTracker for NameTracker {
         }
         Ok(specs)
     }
+}
+
+/// What [`StreamResolver::spec`] never returns (it may always describe).
+fn unreachable_spec(name: &str) -> Error {
+    Repr::DescribeStream {
+        stream: name.to_owned(),
+        source: "the stream was not described".into(),
+    }
+    .into()
 }
 
 /// The longest one `DescribeStreamSummary` may take before it counts as
@@ -348,9 +392,59 @@ mod tests {
             1,
             "still fresh"
         );
-        tokio::time::sleep(DESCRIBED_FOR).await;
+        tokio::time::sleep(DESCRIBED_FOR.mul_f64(1.2)).await;
         tracker.streams().await.unwrap();
         assert_eq!(identifier(), "123456789012:orders:1800000000");
+    }
+
+    /// One answer spends at most `DESCRIBE_BUDGET` describing, far inside
+    /// the 30 s after which the worker gives a tracker's answer up (and
+    /// every change with it): names not known yet wait for the next answer,
+    /// a known one keeps its identifier. Four names whose describes go
+    /// unanswered took 40 s.
+    #[tokio::test(start_paused = true)]
+    async fn one_answer_spends_at_most_its_budget_describing() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Accepts, reads nothing, answers nothing.
+        let _held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                open.push(stream);
+            }
+        });
+        let config = aws_sdk_kinesis::Config::builder()
+            .behavior_version(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new("us-east-1"))
+            .credentials_provider(aws_sdk_kinesis::config::Credentials::new(
+                "test", "test", None, None, "test",
+            ))
+            .endpoint_url(format!("http://{addr}"))
+            .build();
+        let resolver = Arc::new(StreamResolver::new(
+            aws_sdk_kinesis::Client::from_conf(config),
+            true,
+        ));
+        // Known, but due for a describe.
+        let stale = ("123456789012:k:1".to_owned(), Instant::now());
+        resolver
+            .identifiers
+            .lock()
+            .unwrap()
+            .insert("k".into(), stale);
+        let tracker = NameTracker {
+            names: Arc::new(|| ["a", "b", "c", "d", "k"].map(String::from).to_vec()),
+            resolver,
+        };
+        let started = Instant::now();
+        let specs = tracker.streams().await.unwrap();
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["k"]);
+        assert!(
+            started.elapsed() < DESCRIBE_BUDGET + DESCRIBE_TIMEOUT,
+            "{:?} describing",
+            started.elapsed()
+        );
     }
 
     #[tokio::test]
@@ -360,7 +454,10 @@ mod tests {
         for name in ["a", "b"] {
             resolver.identifiers.lock().unwrap().insert(
                 name.into(),
-                (format!("123456789012:{name}:1"), Instant::now()),
+                (
+                    format!("123456789012:{name}:1"),
+                    Instant::now() + DESCRIBED_FOR,
+                ),
             );
         }
         let tracker = NameTracker {
