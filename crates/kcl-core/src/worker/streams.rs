@@ -54,23 +54,27 @@ pub(super) fn read(live: &LiveStreams) -> std::sync::RwLockReadGuard<'_, Vec<Str
 }
 
 /// Replaces the live streams; returns the removed ones and whether any
-/// was added. A stream is its lease layout: listed twice, or under
-/// another name (its ARN for its name), it is one stream, read once and
-/// not removed. Compared by name too, a stream listed by its ARN instead
-/// had every consumer stopped and every lease released, fleet-wide.
+/// was added. A multi-stream stream is its lease layout: listed twice, or
+/// under another name (its ARN for its name), it is one stream, read once
+/// under the name it has been read by, and not removed. Compared by name
+/// too, a stream listed by its ARN instead had every consumer stopped and
+/// every lease released, fleet-wide. (Single-stream specs share a layout:
+/// their names tell them apart.)
 pub(super) fn update_streams(
     live: &LiveStreams,
     wanted: Vec<StreamSpec>,
 ) -> (Vec<StreamSpec>, bool) {
+    let mut current = live.write().unwrap_or_else(|e| e.into_inner());
     let mut once: Vec<StreamSpec> = Vec::with_capacity(wanted.len());
     for spec in wanted {
-        if !once.iter().any(|s| s.layout == spec.layout) {
-            once.push(spec);
+        if once.iter().any(|s| same_stream(s, &spec)) {
+            continue;
         }
+        let read_as = current.iter().find(|s| same_stream(s, &spec));
+        once.push(read_as.cloned().unwrap_or(spec));
     }
     let listed =
-        |specs: &[StreamSpec], spec: &StreamSpec| specs.iter().any(|s| s.layout == spec.layout);
-    let mut current = live.write().unwrap_or_else(|e| e.into_inner());
+        |specs: &[StreamSpec], spec: &StreamSpec| specs.iter().any(|s| same_stream(s, spec));
     let removed: Vec<StreamSpec> = current
         .iter()
         .filter(|s| !listed(&once, s))
@@ -83,6 +87,13 @@ pub(super) fn update_streams(
     }
     *current = once;
     (removed, added)
+}
+
+/// Whether `a` and `b` are one stream: one multi-stream layout (its
+/// identifier names the stream), or one name in the single-stream layout.
+fn same_stream(a: &StreamSpec, b: &StreamSpec) -> bool {
+    a.layout == b.layout
+        && (matches!(a.layout, LeaseLayout::MultiStream { .. }) || a.name == b.name)
 }
 
 /// What one round's deletion of removed streams' leases did.

@@ -523,10 +523,22 @@ mod tests {
             name: "arn:aws:kinesis:us-east-1:123456789012:stream/a".into(),
             layout: spec("a").layout,
         };
-        *tracker.0.lock().unwrap() = vec![by_arn.clone(), spec("a")];
+        *tracker.0.lock().unwrap() = vec![by_arn, spec("a")];
         sync.follow_tracker().await;
         assert!(removed.try_recv().is_err(), "nothing removed");
-        assert_eq!(*read(&sync.live), [by_arn]);
+        // Under the name its consumers read it by (and label it with).
+        assert_eq!(*read(&sync.live), [spec("a")]);
+        // Single-stream specs share a layout: their names tell them apart.
+        let single = |name: &str| StreamSpec {
+            name: name.into(),
+            layout: LeaseLayout::SingleStream,
+        };
+        *tracker.0.lock().unwrap() = vec![single("x")];
+        sync.follow_tracker().await;
+        assert_eq!(removed.recv().await, Some(spec("a")));
+        *tracker.0.lock().unwrap() = vec![single("y")];
+        sync.follow_tracker().await;
+        assert_eq!(removed.recv().await, Some(single("x")));
     }
 
     /// A worker that does not lead the rounds forgets a removed stream
