@@ -39,7 +39,7 @@ pub(crate) struct StreamResolver {
 /// application keeps listing has a new creation epoch, and so a new lease
 /// prefix, which only a new describe tells. Kept, it was read under the
 /// old stream's leases and checkpoints until the process restarted.
-/// Each name's is spread by up to a fifth either way, so that names
+/// Spread by up to a fifth either way for each name, so that names
 /// described together are not all described again in one round.
 const DESCRIBED_FOR: Duration = Duration::from_secs(300);
 
