@@ -261,33 +261,14 @@ async fn stream_identifier(
 mod tests {
     use super::*;
 
-    /// A name the application no longer lists is described again if it
-    /// comes back (the stream may have been created anew); the ones still
-    /// listed are not described again.
     /// A `DescribeStreamSummary` that is never answered fails after
     /// `DESCRIBE_TIMEOUT`, retryably, so that startup retries it while the
     /// readiness probe says why. Before, the call had no bound (the SDK's
     /// defaults set none) and the worker never started.
     #[tokio::test(start_paused = true)]
     async fn a_describe_that_is_never_answered_fails_retryably() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        // Accepts, reads nothing, answers nothing.
-        let _held = tokio::spawn(async move {
-            let mut open = Vec::new();
-            while let Ok((stream, _)) = listener.accept().await {
-                open.push(stream);
-            }
-        });
-        let config = aws_sdk_kinesis::Config::builder()
-            .behavior_version(aws_config::BehaviorVersion::latest())
-            .region(aws_config::Region::new("us-east-1"))
-            .credentials_provider(aws_sdk_kinesis::config::Credentials::new(
-                "test", "test", None, None, "test",
-            ))
-            .endpoint_url(format!("http://{addr}"))
-            .build();
-        let kinesis = aws_sdk_kinesis::Client::from_conf(config);
+        let url = unanswering_endpoint().await;
+        let kinesis = client_at(&url);
         let answer = tokio::time::timeout(
             Duration::from_secs(600),
             stream_identifier(&kinesis, "orders"),
@@ -296,6 +277,33 @@ mod tests {
         .expect("the describe is still waiting after 600 s");
         let err = answer.expect_err("nothing answered");
         assert!(err.is_retryable(), "{err}");
+    }
+
+    /// A Kinesis client of test credentials for the endpoint at `url`.
+    fn client_at(url: &str) -> aws_sdk_kinesis::Client {
+        let config = aws_sdk_kinesis::Config::builder()
+            .behavior_version(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new("us-east-1"))
+            .credentials_provider(aws_sdk_kinesis::config::Credentials::new(
+                "test", "test", None, None, "test",
+            ))
+            .endpoint_url(url)
+            .build();
+        aws_sdk_kinesis::Client::from_conf(config)
+    }
+
+    /// An endpoint that accepts connections, reads nothing and answers
+    /// nothing; its URL.
+    async fn unanswering_endpoint() -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                open.push(stream);
+            }
+        });
+        url
     }
 
     /// A listed name that cannot be described (here: no credentials) is
@@ -367,18 +375,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_stream_created_again_under_a_listed_name_is_described_again() {
         let (url, asked) = describe_stub(vec![1_700_000_000, 1_800_000_000]).await;
-        let config = aws_sdk_kinesis::Config::builder()
-            .behavior_version(aws_config::BehaviorVersion::latest())
-            .region(aws_config::Region::new("us-east-1"))
-            .credentials_provider(aws_sdk_kinesis::config::Credentials::new(
-                "test", "test", None, None, "test",
-            ))
-            .endpoint_url(url)
-            .build();
-        let resolver = Arc::new(StreamResolver::new(
-            aws_sdk_kinesis::Client::from_conf(config),
-            true,
-        ));
+        let resolver = Arc::new(StreamResolver::new(client_at(&url), true));
         let tracker = NameTracker {
             names: Arc::new(|| vec!["orders".to_owned()]),
             resolver: Arc::clone(&resolver),
@@ -404,27 +401,8 @@ mod tests {
     /// unanswered took 40 s.
     #[tokio::test(start_paused = true)]
     async fn one_answer_spends_at_most_its_budget_describing() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        // Accepts, reads nothing, answers nothing.
-        let _held = tokio::spawn(async move {
-            let mut open = Vec::new();
-            while let Ok((stream, _)) = listener.accept().await {
-                open.push(stream);
-            }
-        });
-        let config = aws_sdk_kinesis::Config::builder()
-            .behavior_version(aws_config::BehaviorVersion::latest())
-            .region(aws_config::Region::new("us-east-1"))
-            .credentials_provider(aws_sdk_kinesis::config::Credentials::new(
-                "test", "test", None, None, "test",
-            ))
-            .endpoint_url(format!("http://{addr}"))
-            .build();
-        let resolver = Arc::new(StreamResolver::new(
-            aws_sdk_kinesis::Client::from_conf(config),
-            true,
-        ));
+        let url = unanswering_endpoint().await;
+        let resolver = Arc::new(StreamResolver::new(client_at(&url), true));
         // Known, but due for a describe.
         let stale = ("123456789012:k:1".to_owned(), Instant::now());
         resolver
@@ -447,6 +425,9 @@ mod tests {
         );
     }
 
+    /// A name the application no longer lists is described again if it
+    /// comes back (the stream may have been created anew); the ones still
+    /// listed are not described again.
     #[tokio::test]
     async fn a_stream_no_longer_listed_is_forgotten_and_the_others_kept() {
         let kinesis = aws_sdk_kinesis::Client::new(&crate::test_support::offline_sdk());
