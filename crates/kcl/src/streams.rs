@@ -64,11 +64,7 @@ impl StreamResolver {
 
     /// The identifier of `name`, if [`Self::spec`] resolved it.
     pub(crate) fn known_identifier(&self, name: &str) -> Option<String> {
-        self.identifiers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(name)
-            .map(|(id, _)| id.clone())
+        self.cached(name).map(|(id, _)| id)
     }
 
     /// Forgets the identifiers of every stream but `names`: an
@@ -82,39 +78,41 @@ impl StreamResolver {
             .retain(|name, _| names.contains(name));
     }
 
+    /// The spec of `name`, described if its identifier is not known or
+    /// stale.
     pub(crate) async fn spec(&self, name: &str) -> Result<StreamSpec, Error> {
-        self.spec_within(name, true)
-            .await?
-            .ok_or_else(|| unreachable_spec(name))
+        let known = self.cached(name);
+        let identifier = match known {
+            Some((id, until)) if Instant::now() < until => id,
+            known => self.describe(name, known.map(|(id, _)| id)).await?,
+        };
+        Ok(self.spec_of(name, identifier))
     }
 
-    /// The spec of `name`, described again if its identifier is stale and
-    /// `may_describe`; `None` if it is not known and may not be described.
-    async fn spec_within(
-        &self,
-        name: &str,
-        may_describe: bool,
-    ) -> Result<Option<StreamSpec>, Error> {
-        let known = self
-            .identifiers
+    /// The spec of `name` from its identifier known, stale or not, with no
+    /// call to Kinesis.
+    fn cached_spec(&self, name: &str) -> Option<StreamSpec> {
+        self.cached(name).map(|(id, _)| self.spec_of(name, id))
+    }
+
+    fn cached(&self, name: &str) -> Option<(String, Instant)> {
+        self.identifiers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(name)
-            .cloned();
-        let identifier = match known {
-            Some((id, until)) if Instant::now() < until || !may_describe => id,
-            None if !may_describe => return Ok(None),
-            known => self.describe(name, known.map(|(id, _)| id)).await?,
-        };
+            .cloned()
+    }
+
+    fn spec_of(&self, name: &str, identifier: String) -> StreamSpec {
         let layout = if self.multi_stream {
             LeaseLayout::MultiStream { identifier }
         } else {
             LeaseLayout::SingleStream
         };
-        Ok(Some(StreamSpec {
+        StreamSpec {
             name: name.to_owned(),
             layout,
-        }))
+        }
     }
 
     /// Describes `name` and remembers its identifier. A describe that
@@ -164,14 +162,14 @@ impl StreamTracker for NameTracker {
         self.resolver.retain(&names);
         let budget = Instant::now() + DESCRIBE_BUDGET;
         for name in names {
-            match self
-                .resolver
-                .spec_within(&name, Instant::now() < budget)
-                .await
-            {
-                Ok(Some(spec)) => specs.push(spec),
-                // Not known yet, and this answer's describing is done.
-                Ok(None) => continue,
+            if Instant::now() >= budget {
+                // This answer's describing is done: a known name keeps its
+                // identifier, one not known yet waits for the next answer.
+                specs.extend(self.resolver.cached_spec(&name));
+                continue;
+            }
+            match self.resolver.spec(&name).await {
+                Ok(spec) => specs.push(spec),
                 // A stream not created yet is simply not consumed yet.
                 Err(e) if e.kind() == ErrorKind::StreamNotFound => continue,
                 // Nor one that cannot be described (access denied, another
@@ -186,15 +184,6 @@ impl StreamTracker for NameTracker {
         }
         Ok(specs)
     }
-}
-
-/// What [`StreamResolver::spec`] never returns (it may always describe).
-fn unreachable_spec(name: &str) -> Error {
-    Repr::DescribeStream {
-        stream: name.to_owned(),
-        source: "the stream was not described".into(),
-    }
-    .into()
 }
 
 /// The longest one `DescribeStreamSummary` may take before it counts as
