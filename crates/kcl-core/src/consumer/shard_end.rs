@@ -42,10 +42,9 @@ pub(super) async fn finish_shard(
     }
     let mut backoff = c.setup.backoff.pauses();
     loop {
-        let every_lane_ended = shard.is_some() && processors.iter().all(|(_, cp)| cp.lane_ended());
         let mut failed = false;
         let mut write_failed = false;
-        if let (true, Some(shard)) = (every_lane_ended, shard) {
+        if let Some(shard) = shard.filter(|_| every_lane_ended(processors)) {
             // Every lane checkpointed its end and only the SHARD_END write
             // failed: written again here, with no processor asked again.
             if let Err(e) = shard.lock().await.checkpoint_delivered().await {
@@ -58,7 +57,7 @@ pub(super) async fn finish_shard(
             // The last lane's checkpoint ended every lane, but its SHARD_END
             // write failed: the next round writes it, and no processor is
             // to blame (nor is the shard given back for it).
-            if shard.is_some() && processors.iter().all(|(_, cp)| cp.lane_ended()) {
+            if shard.is_some() && every_lane_ended(processors) {
                 (failed, write_failed) = (false, true);
             }
         }
@@ -88,6 +87,11 @@ pub(super) async fn finish_shard(
         }
         c.pause(backoff.next_or_max()).await?;
     }
+}
+
+/// With lanes: whether every lane checkpointed its end (false without).
+fn every_lane_ended(processors: &[(&mut dyn RecordProcessor, &mut Checkpointer)]) -> bool {
+    processors.iter().all(|(_, cp)| cp.lane_ended())
 }
 
 /// One round of `shard_ended` calls; whether one failed. Every processor
