@@ -76,9 +76,20 @@ async fn list_after(
     Ok(shards.into_iter().map(|s| shard_info(stream, s)).collect())
 }
 
+/// What made a reader look for a shard's children.
+pub(crate) enum EndSeen {
+    /// A response or event ended the shard, with the children it reported
+    /// (if any).
+    Response(Option<Vec<aws_sdk_kinesis::types::ChildShard>>),
+    /// `GetShardIterator` answered with no iterator: the shard may be
+    /// closed, or the endpoint may answer so for an open shard. The
+    /// caller judges an empty answer; it is no oddity to warn of here.
+    NoIterator,
+}
+
 /// The children of the closed shard `shard_id`: as its last response or
-/// event `reported` them, or, when those are missing or incomplete, from
-/// `ListShards`, asked again while the lease lasts. Each retryable failure
+/// event reported them (`seen`), or, when those are missing or incomplete,
+/// from `ListShards`, asked again while the lease lasts. Each retryable failure
 /// of the listing goes to `report`, which tells the reader and answers
 /// false if it is gone: then the answer is `None`. Shared by the polling
 /// and fan-out readers.
@@ -87,20 +98,25 @@ pub(crate) async fn closed_shard_children<R, Fut>(
     stream: &str,
     shard_id: &str,
     lease: &LeaseHandle,
-    reported: Option<Vec<aws_sdk_kinesis::types::ChildShard>>,
+    seen: EndSeen,
     mut report: R,
 ) -> Result<Option<Vec<ChildShard>>, SourceError>
 where
     R: FnMut(SourceError) -> Fut,
     Fut: Future<Output = bool>,
 {
-    if let Some(children) = reported_children(reported) {
-        return Ok(Some(children));
-    }
+    let ended = match seen {
+        EndSeen::Response(reported) => match reported_children(reported) {
+            Some(children) => return Ok(Some(children)),
+            None => true,
+        },
+        EndSeen::NoIterator => false,
+    };
     debug!(
         stream,
         shard = shard_id,
-        "shard ended without ChildShards; looking its children up"
+        ended,
+        "no ChildShards to go by; looking the shard's children up"
     );
     let mut pauses = shared.retry.backoff.pauses();
     loop {
@@ -112,7 +128,9 @@ where
         match list_after(shared, stream, shard_id).await {
             Ok(shards) => {
                 let children = children_in(shards, shard_id);
-                if children.is_empty() {
+                // An ended shard always has children; an open one answered
+                // with no iterator has none, and its reader reports that.
+                if children.is_empty() && ended {
                     warn!(
                         stream,
                         shard = shard_id,

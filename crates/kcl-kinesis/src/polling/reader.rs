@@ -24,7 +24,7 @@ use crate::calls::IteratorStart;
 use crate::calls::Shared;
 use crate::calls::classify::{Class, classify};
 use crate::calls::retry::{Failure, ForReader, Op, retryable, retrying_holding};
-use crate::discovery::closed_shard_children;
+use crate::discovery::{EndSeen, closed_shard_children};
 use crate::gone::{Missing, past_trim_horizon, why_missing};
 use crate::records::{Records, Start, Taken, held_bytes};
 use crate::task_reader::{self, Delivery, TaskReader, run_task};
@@ -370,7 +370,7 @@ impl Fetcher {
             let children = match &self.next {
                 Next::Read(it) => return Ok(Some(it.clone())),
                 Next::End(children) => Some(children.clone()),
-                Next::Closed => match self.children(None).await? {
+                Next::Closed => match self.children(EndSeen::NoIterator).await? {
                     // A missing iterator alone is no proof: an open shard
                     // taken for ended would never be read again. Its
                     // children are.
@@ -579,7 +579,7 @@ impl Fetcher {
                 None
             }
             // No next iterator: the shard is closed and this was its end.
-            _ => match self.children(child_shards).await? {
+            _ => match self.children(EndSeen::Response(child_shards)).await? {
                 Some(children) => Some(children),
                 None => return Ok(Flow::Stop),
             },
@@ -626,17 +626,14 @@ impl Fetcher {
 
     /// The children of the closed shard (see [`closed_shard_children`]);
     /// `None` if the reader went away while retrying.
-    async fn children(
-        &self,
-        from_response: Option<Vec<aws_sdk_kinesis::types::ChildShard>>,
-    ) -> Result<Option<Vec<ChildShard>>, SourceError> {
+    async fn children(&self, seen: EndSeen) -> Result<Option<Vec<ChildShard>>, SourceError> {
         let ctx = &self.ctx;
         closed_shard_children(
             &ctx.shared,
             &ctx.stream,
             &ctx.shard_id,
             &ctx.lease,
-            from_response,
+            seen,
             |e| self.report(e),
         )
         .await

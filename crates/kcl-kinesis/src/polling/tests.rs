@@ -6,6 +6,7 @@ use kcl_core::source::{ShardReader, StartPosition};
 use crate::calls::KinesisApi;
 use crate::fake::FakeKinesis;
 use crate::faults::{Call, Fault, FaultInjector, Faulty};
+use crate::test_util::logs::warnings_while;
 use crate::test_util::readers;
 pub(super) use crate::test_util::readers::{
     STREAM, after, assert_elapsed, assert_lease_expiry_stops_the_reader, assert_reads_in_order,
@@ -248,9 +249,18 @@ async fn no_iterator_for_a_closed_shard_is_its_end() {
 /// later records never read), and reads on: the records written later
 /// come from the same reader, from where LATEST was when first asked.
 /// (Its fetch task ended with the error, and the consumer gave the shard
-/// back after a few reopens; asked again, LATEST never read them.)
-#[tokio::test(start_paused = true)]
-async fn no_iterator_for_an_open_shard_ends_nothing() {
+/// back after a few reopens; asked again, LATEST never read them.) Nor is
+/// it warned of as a closed shard without children.
+#[test]
+fn no_iterator_for_an_open_shard_ends_nothing() {
+    let ((), warned) = warnings_while(NO_CHILDREN, no_iterator_for_an_open_shard());
+    assert_eq!(warned, 0, "an open shard was warned of as closed");
+}
+
+/// The warning a closed shard without children gets.
+const NO_CHILDREN: &str = "closed shard has no children";
+
+async fn no_iterator_for_an_open_shard() {
     let s = setup();
     put_plain(&s, 0..3);
     s.kinesis.no_iterator_at_end(STREAM, &s.shard);

@@ -16,7 +16,7 @@ use super::{Flow, MAX_STALL, Message, Room, Subscriber, UNANNOUNCED_END_CHECK};
 use crate::budget::HeldBudget;
 use crate::calls::classify::Classified;
 use crate::calls::retry::Failure;
-use crate::discovery::closed_shard_children;
+use crate::discovery::{EndSeen, closed_shard_children};
 use crate::records::{Taken, held_bytes};
 use crate::task_reader::Delivery;
 
@@ -165,10 +165,15 @@ impl Subscriber {
         let announced =
             continuation.is_empty() && child_shards.as_ref().is_some_and(|c| !c.is_empty());
         if announced {
-            Ok(match self.children(child_shards, &mut batch.slot).await? {
-                Some(children) => Closed::Yes(children),
-                None => Closed::ReaderGone,
-            })
+            Ok(
+                match self
+                    .children(EndSeen::Response(child_shards), &mut batch.slot)
+                    .await?
+                {
+                    Some(children) => Closed::Yes(children),
+                    None => Closed::ReaderGone,
+                },
+            )
         } else if continuation.is_empty() {
             // No continuation and no children: Kinesis never sends that on
             // an open shard, but another endpoint (or an SDK reading a
@@ -334,7 +339,7 @@ impl Subscriber {
             Err(Failure::LeaseLost) => return Err(self.lease_lost()),
             Err(Failure::Classified(c) | Failure::Exhausted(c)) => return failed(c),
         };
-        let mut reported = None;
+        let mut seen = EndSeen::NoIterator;
         let no_iterator = iterator.is_none();
         if let Some(iterator) = iterator {
             let out = match self.shared.peek_records(stream, &iterator, 1, None).await {
@@ -350,9 +355,9 @@ impl Subscriber {
                 // Open, or records still to come: the subscription brings them.
                 return Ok(Closed::No);
             }
-            reported = out.child_shards;
+            seen = EndSeen::Response(out.child_shards);
         }
-        let children = match self.children(reported, slot).await? {
+        let children = match self.children(seen, slot).await? {
             Some(children) => children,
             None => return Ok(Closed::ReaderGone),
         };
@@ -376,7 +381,7 @@ impl Subscriber {
     /// report.
     async fn children(
         &self,
-        reported: Option<Vec<aws_sdk_kinesis::types::ChildShard>>,
+        seen: EndSeen,
         slot: &mut Option<OwnedPermit<Message>>,
     ) -> Result<Option<Vec<ChildShard>>, SourceError> {
         drop(slot.take());
@@ -390,7 +395,7 @@ impl Subscriber {
             &self.stream,
             &self.shard_id,
             &self.lease,
-            reported,
+            seen,
             report,
         )
         .await
