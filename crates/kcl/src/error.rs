@@ -37,6 +37,12 @@ pub(crate) enum Repr {
     Config(#[from] ConfigError),
     #[error("stream {stream:?} does not exist (check the name, the region and the endpoint)")]
     StreamNotFound { stream: String },
+    /// Of kind [`ErrorKind::StreamNotFound`]: its leases would be the old
+    /// stream's, and it is soon gone.
+    #[error(
+        "stream {stream:?} is being deleted (wait for the deletion to finish, then create it again)"
+    )]
+    StreamDeleting { stream: String },
     #[error("cannot describe stream {stream:?}")]
     DescribeStream {
         stream: String,
@@ -72,7 +78,7 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match &self.0 {
             Repr::Config(_) => ErrorKind::Config,
-            Repr::StreamNotFound { .. } => ErrorKind::StreamNotFound,
+            Repr::StreamNotFound { .. } | Repr::StreamDeleting { .. } => ErrorKind::StreamNotFound,
             Repr::DescribeStream { .. } => ErrorKind::DescribeStream,
             Repr::LeaseTable { .. } => ErrorKind::LeaseTable,
             Repr::Worker(_) => ErrorKind::Worker,
@@ -92,7 +98,9 @@ impl Error {
     /// [`ErrorKind::DescribeStream`].
     pub fn stream(&self) -> Option<&str> {
         match &self.0 {
-            Repr::StreamNotFound { stream } | Repr::DescribeStream { stream, .. } => Some(stream),
+            Repr::StreamNotFound { stream }
+            | Repr::StreamDeleting { stream }
+            | Repr::DescribeStream { stream, .. } => Some(stream),
             _ => None,
         }
     }

@@ -230,7 +230,7 @@ async fn stream_identifier(
         })?;
     // Being deleted: its epoch is the old stream's, soon gone.
     if *summary.stream_status() == StreamStatus::Deleting {
-        return Err(Repr::StreamNotFound {
+        return Err(Repr::StreamDeleting {
             stream: stream.to_owned(),
         }
         .into());
@@ -321,6 +321,14 @@ mod tests {
     /// `epochs[i]` for the i-th request (the last one after that); counts
     /// the requests.
     async fn describe_stub(epochs: Vec<i64>) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        describe_stub_with_status(epochs, "ACTIVE").await
+    }
+
+    /// [`describe_stub`], the stream in `status`.
+    async fn describe_stub_with_status(
+        epochs: Vec<i64>,
+        status: &'static str,
+    ) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
         use std::sync::atomic::{AtomicUsize, Ordering};
         use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -340,7 +348,7 @@ mod tests {
                         let i = count.fetch_add(1, Ordering::SeqCst);
                         let epoch = epochs[i.min(epochs.len() - 1)];
                         let body = format!(
-                            r#"{{"StreamDescriptionSummary":{{"StreamName":"orders","StreamARN":"arn:aws:kinesis:us-east-1:123456789012:stream/orders","StreamStatus":"ACTIVE","RetentionPeriodHours":24,"StreamCreationTimestamp":{epoch},"EnhancedMonitoring":[],"OpenShardCount":1}}}}"#
+                            r#"{{"StreamDescriptionSummary":{{"StreamName":"orders","StreamARN":"arn:aws:kinesis:us-east-1:123456789012:stream/orders","StreamStatus":"{status}","RetentionPeriodHours":24,"StreamCreationTimestamp":{epoch},"EnhancedMonitoring":[],"OpenShardCount":1}}}}"#
                         );
                         let answer = format!(
                             "HTTP/1.1 200 OK\r\ncontent-type: application/x-amz-json-1.1\r\ncontent-length: {}\r\n\r\n{body}",
@@ -381,6 +389,20 @@ mod tests {
         tokio::time::sleep(DESCRIBED_FOR.mul_f64(1.2)).await;
         tracker.streams().await.unwrap();
         assert_eq!(identifier(), "123456789012:orders:1800000000");
+    }
+
+    /// A stream being deleted is not taken (its leases would be the old
+    /// stream's), and the error says it is being deleted: it said the
+    /// stream did not exist, and to check its name, region and endpoint.
+    #[tokio::test]
+    async fn a_stream_being_deleted_is_refused_as_being_deleted() {
+        let (url, _) = describe_stub_with_status(vec![1_700_000_000], "DELETING").await;
+        let err = stream_identifier(&client_at(&url), "orders")
+            .await
+            .expect_err("a stream being deleted");
+        assert_eq!(err.kind(), ErrorKind::StreamNotFound);
+        assert_eq!(err.stream(), Some("orders"));
+        assert!(err.to_string().contains("is being deleted"), "{err}");
     }
 
     /// One answer spends at most `DESCRIBE_BUDGET` describing, far inside
