@@ -22,8 +22,20 @@ use crate::view::{Listing, Liveness, Row, State, stream_name};
 use crate::{TableArgs, aws};
 
 mod reset;
+mod sequence;
 
 pub(crate) use reset::{ResetArgs, reset};
+
+/// Whether `lease` is of `stream` (`--stream`: a name or an identifier),
+/// if one is given. The leases of a single-stream table name no stream:
+/// they are of the one it serves, whichever `--stream` names (it filtered
+/// every one of them out).
+fn of_stream(lease: &Lease, stream: Option<&str>) -> bool {
+    match (stream, lease.stream.as_deref()) {
+        (Some(s), Some(id)) => id == s || stream_name(id) == s,
+        _ => true,
+    }
+}
 
 /// A lease table that exists and has a lease table's key.
 pub(crate) struct Table {
@@ -137,13 +149,7 @@ impl Table {
         let matches: Vec<&Lease> = leases
             .iter()
             .filter(|l| l.key == shard || l.shard_id == shard)
-            .filter(|l| {
-                stream.is_none_or(|s| {
-                    l.stream
-                        .as_deref()
-                        .is_some_and(|id| id == s || stream_name(id) == s)
-                })
-            })
+            .filter(|l| of_stream(l, stream))
             .collect();
         match matches.as_slice() {
             [one] => Ok((*one).clone()),

@@ -356,14 +356,58 @@ async fn reset_is_refused_while_held_and_done_with_force() {
     let err = failed(&reset("shardId-000000000002", "LATEST", false).await);
     assert!(err.contains("completed"), "{err}");
 
-    // Unowned: done, to a sequence number with a sub-sequence, the
-    // counter bumped.
-    let out = ok(&reset("shardId-000000000001", "1234/5", false).await);
+    // Unowned, to a sequence number: checked against the shard first. The
+    // table records no stream it serves (no worker started), so the stream
+    // is asked for; one of another shard, or of none, is refused.
+    let err = failed(&reset("shardId-000000000001", "1234/5", false).await);
+    assert!(err.contains("add --stream"), "{err}");
+    let stream = unique_name("kcl-cli-reset");
+    create_stream(env.kinesis(), &stream, 2).await.unwrap();
+    let seq = put_to_second_shard(&env, &stream).await;
+    let to_seq = |to: String| {
+        let (table, stream) = (table.clone(), stream.clone());
+        async move {
+            let shard = "shardId-000000000001";
+            let args = ["leases", "reset", "--table", &table, "--shard", shard];
+            let args = [&args[..], &["--stream", &stream, "--to", &to]].concat();
+            kcl(&args, &[]).await
+        }
+    };
+    let err = failed(&to_seq("1234/5".into()).await);
+    assert!(
+        err.contains("Kinesis starts no read of shard shardId-000000000001"),
+        "{err}"
+    );
+    assert_eq!(get("shardId-000000000001").await.counter, 3, "written");
+    // Of the shard: done, with its sub-sequence, the counter bumped.
+    let out = ok(&to_seq(format!("{seq}/5")).await);
     assert!(out.contains("reset shard shardId-000000000001"), "{out}");
     let l1 = get("shardId-000000000001").await;
     assert_eq!(
         (l1.counter, &l1.checkpoint, &l1.owner),
-        (4, &Checkpoint::at("1234", 5), &None)
+        (4, &Checkpoint::at(&seq, 5), &None)
+    );
+    // Once a worker has recorded the stream the table serves, no --stream.
+    let workers = kcl_dynamodb::table::workers_table_for(&table);
+    kcl_dynamodb::ensure_workers_table(env.dynamodb(), &workers, kcl_dynamodb::Capacity::OnDemand)
+        .await
+        .unwrap();
+    let identifier = format!("000000000000:{stream}:1700000000");
+    kcl_dynamodb::claim_stream(env.dynamodb(), &table, &workers, &identifier)
+        .await
+        .unwrap();
+    let to = format!("{seq}/6");
+    let shard = "shardId-000000000001";
+    ok(&kcl(
+        &[
+            "leases", "reset", "--table", &table, "--shard", shard, "--to", &to,
+        ],
+        &[],
+    )
+    .await);
+    assert_eq!(
+        get("shardId-000000000001").await.checkpoint,
+        Checkpoint::at(&seq, 6)
     );
 
     // Held, with --force: the owner is evicted in the same write.
@@ -390,6 +434,23 @@ async fn reset_is_refused_while_held_and_done_with_force() {
         "usage error: {}",
         text(&out.stderr)
     );
+}
+
+/// Writes one record to `stream`'s second shard (the upper half of the
+/// hash range, of a stream of two shards); its sequence number.
+async fn put_to_second_shard(env: &TestEnv, stream: &str) -> String {
+    let put = env
+        .kinesis()
+        .put_record()
+        .stream_name(stream)
+        .partition_key("k")
+        .explicit_hash_key("340282366920938463463374607431768211455")
+        .data(aws_sdk_kinesis::primitives::Blob::new("x"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.shard_id(), "shardId-000000000001");
+    put.sequence_number().to_owned()
 }
 
 #[tokio::test]

@@ -15,8 +15,7 @@ use kcl::core::store::{Beat, is_evicted_tenure};
 use kcl::core::{Lease, LeaseStore as _};
 use kcl_dynamodb::item::{ReadItem, attr, from_item};
 
-use super::Table;
-use crate::view::stream_name;
+use super::{Table, of_stream, sequence};
 use crate::{TableArgs, args, aws};
 
 /// Arguments of `kcl leases reset`.
@@ -53,10 +52,14 @@ pub(crate) struct ResetArgs {
 /// `kcl leases reset`: one shard, or every shard with `--all`. Every lease
 /// is checked before anything is written, so a refusal writes nothing.
 pub(crate) async fn reset(a: ResetArgs) -> anyhow::Result<()> {
+    refuse_one_number_for_all(&a)?;
     let table = Table::open(&a.table).await?;
     let leases = leases_to_reset(&table, &a).await?;
     if !a.force {
         refuse_any(&leases)?;
+    }
+    if let (Checkpoint::Sequence { seq, .. }, [lease]) = (&a.to, leases.as_slice()) {
+        sequence::check_in_shard(&table, lease, seq, a.stream.as_deref()).await?;
     }
     if a.dry_run {
         print_dry_run(&table, &leases, &a.to);
@@ -98,13 +101,7 @@ async fn leases_to_reset(table: &Table, a: &ResetArgs) -> anyhow::Result<Vec<Lea
                 .leases()
                 .await?
                 .into_iter()
-                .filter(|l| {
-                    a.stream.as_deref().is_none_or(|s| {
-                        l.stream
-                            .as_deref()
-                            .is_some_and(|id| id == s || stream_name(id) == s)
-                    })
-                })
+                .filter(|l| of_stream(l, a.stream.as_deref()))
                 .filter(|l| a.force || !l.is_finished())
                 .collect();
             all.sort_by(|x, y| (&x.stream, &x.shard_id).cmp(&(&y.stream, &y.shard_id)));
@@ -121,6 +118,20 @@ async fn leases_to_reset(table: &Table, a: &ResetArgs) -> anyhow::Result<Vec<Lea
             all
         }
     })
+}
+
+/// Fails if `a` resets every shard to one sequence number: a number is of
+/// one shard's records, and taken for another's, it made each shard's next
+/// owner fail its reads (or read the shard from its start again).
+fn refuse_one_number_for_all(a: &ResetArgs) -> anyhow::Result<()> {
+    if let (true, Checkpoint::Sequence { seq, .. }) = (a.all, &a.to) {
+        bail!(
+            "refusing to reset every shard to sequence number {seq}: a sequence number is of \
+             one shard; reset that shard with --shard, or the others to TRIM_HORIZON, LATEST \
+             or AT_TIMESTAMP; nothing was written"
+        );
+    }
+    Ok(())
 }
 
 /// Fails, naming every refusal, if any of `leases` may not be reset
@@ -491,6 +502,22 @@ fn describe(item: Option<&HashMap<String, AttributeValue>>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--all` with a sequence number is refused before anything is read
+    /// or written; with a sentinel it is taken.
+    #[test]
+    fn one_sequence_number_for_every_shard_is_refused() {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            reset: ResetArgs,
+        }
+        let args = |to: &str| Cli::parse_from(["kcl", "--app", "a", "--all", "--to", to]).reset;
+        let err = refuse_one_number_for_all(&args("4959/2")).expect_err("refused");
+        assert!(err.to_string().contains("--shard"), "{err}");
+        refuse_one_number_for_all(&args("TRIM_HORIZON")).expect("a sentinel suits every shard");
+    }
 
     /// The dry run names whom the reset evicts: during a handoff the
     /// previous owner, which still processes the shard, first (it named
