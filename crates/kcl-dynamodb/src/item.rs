@@ -47,8 +47,9 @@
 //! become unreadable over it.
 //!
 //! Multi-stream keys are `account:stream:creationEpoch:shardId`. Newer Java
-//! KCLs also keep non-lease entities in the table (marked by `entityType`);
-//! those are not leases and are skipped without complaint.
+//! KCLs also keep non-lease entities in the table (marked by an `entityType`
+//! other than `LEASE`, which the Java KCL 3.5 writes on its leases); those
+//! are not leases and are skipped without complaint.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -177,8 +178,13 @@ pub fn from_item(item: &HashMap<String, AttributeValue>) -> Result<ReadItem, Ite
             });
         }
     };
-    if item.contains_key(attr::ENTITY_TYPE) {
-        return Ok(ReadItem::NotALease);
+    // The Java KCL 3.5 marks the leases it creates too: taken for other
+    // entities, a table it made (or the children it created at a reshard)
+    // had shards that no kcl worker ever read, and no error said why.
+    match item.get(attr::ENTITY_TYPE) {
+        None => {}
+        Some(AttributeValue::S(t)) if t == attr::LEASE_ENTITY => {}
+        Some(_) => return Ok(ReadItem::NotALease),
     }
     let r = Reader { item, key: &key };
     let counter = r

@@ -47,8 +47,12 @@ pub mod lease {
     pub const SHARD_ID: &str = "shardId";
     /// What the shard carries, KB/s (the Java KCL 3.x's lease throughput).
     pub const THROUGHPUT_KBPS: &str = "throughputKBps";
-    /// Marks non-lease entities written by newer Java KCLs.
+    /// The kind of item: absent or [`LEASE_ENTITY`] on a lease (the Java
+    /// KCL 3.5 marks the leases it creates), another value on the other
+    /// entities newer Java KCLs keep in the table.
     pub const ENTITY_TYPE: &str = "entityType";
+    /// The [`ENTITY_TYPE`] of a lease.
+    pub const LEASE_ENTITY: &str = "LEASE";
     /// kcl only: the owner's tenure.
     pub const TENURE: &str = "kclTenure";
     /// kcl only: the previous owner's tenure during a graceful handoff.

@@ -112,6 +112,23 @@ fn reads_java_kcl_single_stream_items() {
     assert_eq!(from_item(&items[4]), Ok(ReadItem::NotALease));
 }
 
+/// The Java KCL 3.5 writes `entityType: LEASE` on the leases it creates:
+/// they are leases. Any `entityType` made an item another entity, so kcl
+/// never read the shards of a table the Java KCL 3.5 had made.
+#[test]
+fn java_kcl_leases_marked_as_leases_are_leases() {
+    let items = fixture(SINGLE_STREAM);
+    let marked = lease(&items[5]);
+    assert_eq!(marked.shard_id, "shardId-000000000005");
+    assert_eq!(
+        (marked.owner.as_deref(), marked.counter),
+        (Some("worker-b"), 4)
+    );
+    let mut other = items[5].clone();
+    other.insert("entityType".into(), AttributeValue::S("COORDINATOR".into()));
+    assert_eq!(from_item(&other), Ok(ReadItem::NotALease));
+}
+
 #[test]
 fn reads_java_kcl_multi_stream_items() {
     let items = fixture(MULTI_STREAM);
