@@ -163,6 +163,34 @@ fn java_items_survive_a_round_trip_through_our_layout() {
     }
 }
 
+/// A NULL where the writes' conditions test for absence is an error
+/// naming the attribute. Read as absent, a lease with a NULL owner looked
+/// free but no take could land, and one with a NULL checkpoint owner had
+/// every checkpoint refused, each without a word of why.
+#[test]
+fn a_null_the_conditions_would_refuse_is_an_error_naming_it() {
+    for attribute in [
+        "leaseOwner",
+        "kclTenure",
+        "checkpointOwner",
+        "kclCheckpointOwnerTenure",
+        "checkpointSubSequenceNumber",
+        "ownerSwitchesSinceCheckpoint",
+    ] {
+        let mut item = fixture(SINGLE_STREAM).remove(1);
+        item.insert(attribute.into(), AttributeValue::Null(true));
+        let err = from_item(&item).unwrap_err();
+        assert!(
+            err.reason.contains(attribute) && err.reason.contains("NULL"),
+            "{attribute}: {err}"
+        );
+    }
+    // Elsewhere NULL is still no value.
+    let mut item = fixture(SINGLE_STREAM).remove(1);
+    item.insert("pendingCheckpoint".into(), AttributeValue::Null(true));
+    assert_eq!(lease(&item).pending_checkpoint, None);
+}
+
 #[test]
 fn malformed_items_are_errors_that_name_key_and_attribute() {
     let base = || fixture(SINGLE_STREAM).remove(1);
