@@ -300,7 +300,8 @@ impl WorkerBuilder {
     });
 
     forward!(engine (WorkerConfigBuilder) {
-        /// Where shards without a checkpoint start.
+        /// Where shards without a checkpoint start. An `AT_TIMESTAMP` more
+        /// than a day ahead of the clock is refused by `build()`.
         initial_position: InitialPosition,
         /// What happens when a processor returns an error.
         failure_policy: FailurePolicy,

@@ -2,7 +2,7 @@
 //! [`WorkerConfigBuilder`], the stream-name check and the limits and
 //! defaults they apply.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use super::{RemovedStreamPolicy, StreamSpec};
 use crate::checkpointer::CheckpointPolicy;
@@ -104,7 +104,8 @@ impl WorkerConfigBuilder {
     }
     crate::setters!(self {
         /// Where shards without a checkpoint start (default LATEST, as the Java
-        /// KCL).
+        /// KCL). An `AT_TIMESTAMP` more than a day ahead of the clock is
+        /// refused: every shard would skip the records written until then.
         initial_position(p: InitialPosition),
         /// What happens when a processor returns an error (default: retry the
         /// same batch with backoff).
@@ -235,6 +236,7 @@ impl WorkerConfigBuilder {
             );
         }
         self.validate_processor_limits()?;
+        validate_initial_position(self.initial_position, SystemTime::now())?;
         if let FailurePolicy::Isolate(p) = &self.failure_policy
             && let Some(problem) = p.problem()
         {
@@ -316,9 +318,69 @@ pub fn check_stream_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Resul
 /// The most lanes a shard can be processed in.
 pub const MAX_PARALLELISM_PER_SHARD: usize = 100;
 
+/// How far ahead of the clock an `AT_TIMESTAMP` may be: clock skew, or a
+/// start planned a little ahead.
+pub(crate) const MAX_INITIAL_TIMESTAMP_AHEAD: Duration = Duration::from_secs(24 * 3600);
+
+/// Refuses an `AT_TIMESTAMP` more than [`MAX_INITIAL_TIMESTAMP_AHEAD`]
+/// after `now`: every shard would skip the records written until then,
+/// silently. Epoch milliseconds read as seconds land there (the year
+/// 56,000), so the reason says so.
+fn validate_initial_position(
+    position: InitialPosition,
+    now: SystemTime,
+) -> Result<(), ConfigError> {
+    let InitialPosition::AtTimestamp(at) = position else {
+        return Ok(());
+    };
+    let Ok(ahead) = at.duration_since(now) else {
+        return Ok(());
+    };
+    if ahead <= MAX_INITIAL_TIMESTAMP_AHEAD {
+        return Ok(());
+    }
+    let secs = at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    invalid(
+        "initial_position",
+        format!(
+            "AT_TIMESTAMP is {secs} s after the epoch, {} days from now: every shard would skip \
+             the records written until then (a time in epoch milliseconds taken for seconds \
+             lands thousands of years ahead; give seconds or RFC 3339)",
+            ahead.as_secs() / 86_400
+        ),
+    )
+}
+
 /// How long a held shard may go with no read succeeding and no call
 /// answered before it is given back, by default
 /// ([`WorkerConfigBuilder::max_read_failure_time`]): above the fan-out
 /// reader's 30 s event timeout plus a new subscription, so that a
 /// connection that died unnoticed is replaced before the shard is given up.
 pub const DEFAULT_MAX_READ_FAILURE_TIME: Duration = Duration::from_secs(45);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An `AT_TIMESTAMP` far ahead (epoch milliseconds read as seconds) is
+    /// refused, naming the setting and the likely slip; one in the past or
+    /// within a day ahead is taken. It was taken, and every shard skipped
+    /// what was written until then.
+    #[test]
+    fn an_initial_timestamp_far_ahead_is_refused() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_765_000_000);
+        let at = |secs: u64| {
+            InitialPosition::AtTimestamp(SystemTime::UNIX_EPOCH + Duration::from_secs(secs))
+        };
+        let err = validate_initial_position(at(1_765_000_000_000), now).expect_err("milliseconds");
+        assert_eq!(err.field, "initial_position");
+        assert!(err.reason.contains("milliseconds"), "{}", err.reason);
+        validate_initial_position(at(1_765_000_000 + 2 * 86_400), now).expect_err("two days ahead");
+        for fine in [1_700_000_000, 1_765_000_000 + 3600] {
+            validate_initial_position(at(fine), now).expect("in the past, or an hour ahead");
+        }
+        validate_initial_position(InitialPosition::Latest, now).expect("no time");
+    }
+}

@@ -228,6 +228,28 @@ fn a_setting_build_refuses_is_blamed_on_its_variable() {
     );
 }
 
+/// `AT_TIMESTAMP` in epoch milliseconds, read as seconds (the year
+/// 56,000), is refused by `build()` and blamed on its variable; every shard
+/// skipped what was written until then.
+#[test]
+fn an_initial_timestamp_in_milliseconds_is_blamed_on_its_variable() {
+    let settings = Settings::from_lookup("APP", |var| {
+        (var == "APP_INITIAL_POSITION").then(|| "AT_TIMESTAMP=1714564800000".to_owned())
+    })
+    .expect("parses");
+    let error = settings
+        .apply(Worker::builder("orders").stream("orders"))
+        .expect("applies")
+        .sdk_config(&offline_sdk())
+        .processor(|_: &crate::ShardContext| NoOp)
+        .build()
+        .expect_err("a time thousands of years ahead");
+    let blamed = settings.blame(&error).expect("a setting");
+    let (origin, problem) = blamed.problems().next().expect("one problem");
+    assert_eq!(origin, "APP_INITIAL_POSITION");
+    assert!(problem.contains("milliseconds"), "{problem}");
+}
+
 #[test]
 fn an_empty_variable_is_unset() {
     let settings = Settings::from_lookup("KCL", env(&[("lease_duration", "  ")])).expect("valid");
