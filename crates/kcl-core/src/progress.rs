@@ -121,11 +121,21 @@ impl ShardProgress {
 /// Every held shard's progress; cloning shares it.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ProgressRegistry {
-    shards: Arc<Mutex<BTreeMap<String, Arc<Mutex<Shard>>>>>,
+    shards: Arc<Mutex<Consumers>>,
+}
+
+#[derive(Debug, Default)]
+struct Consumers {
+    /// The newest consumer of each lease, by lease key.
+    newest: BTreeMap<String, Arc<Mutex<Shard>>>,
+    /// Consumers a newer one of their lease replaced, still running: a
+    /// call hung past its tenure (no `processor_timeout` cuts it) stays in
+    /// sight of [`ProgressRegistry::stalled`] while the lease is read anew.
+    replaced: Vec<Arc<Mutex<Shard>>>,
 }
 
 impl ProgressRegistry {
-    fn map(&self) -> MutexGuard<'_, BTreeMap<String, Arc<Mutex<Shard>>>> {
+    fn map(&self) -> MutexGuard<'_, Consumers> {
         self.shards.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -134,7 +144,14 @@ impl ProgressRegistry {
     /// the newest consumer's progress.
     pub(crate) fn track(&self, lease_key: &str, stream: &str, shard_id: &str) -> ShardTracker {
         let shard = Arc::new(Mutex::new(Shard::new(lease_key, stream, shard_id)));
-        self.map().insert(lease_key.to_owned(), Arc::clone(&shard));
+        let mut consumers = self.map();
+        if let Some(old) = consumers
+            .newest
+            .insert(lease_key.to_owned(), Arc::clone(&shard))
+        {
+            consumers.replaced.push(old);
+        }
+        drop(consumers);
         ShardTracker(Arc::new(Tracked {
             registry: self.clone(),
             shard,
@@ -143,8 +160,28 @@ impl ProgressRegistry {
 
     /// Every tracked shard, by lease key.
     pub(crate) fn snapshot(&self) -> Vec<ShardProgress> {
-        let shards: Vec<Arc<Mutex<Shard>>> = self.map().values().cloned().collect();
+        let shards: Vec<Arc<Mutex<Shard>>> = self.map().newest.values().cloned().collect();
         shards.iter().map(|s| lock(s).view()).collect()
+    }
+
+    /// The consumers stalled for longer than `bound` as of `now` (see
+    /// [`ShardProgress::is_stalled`]): the newest of each lease, and a
+    /// replaced one whose processor call still runs.
+    pub(crate) fn stalled(&self, bound: Duration, now: Instant) -> Vec<ShardProgress> {
+        let shards: Vec<Arc<Mutex<Shard>>> = {
+            let consumers = self.map();
+            consumers
+                .newest
+                .values()
+                .chain(&consumers.replaced)
+                .cloned()
+                .collect()
+        };
+        shards
+            .iter()
+            .map(|s| lock(s).view())
+            .filter(|s| s.is_stalled(bound, now))
+            .collect()
     }
 }
 
@@ -204,8 +241,8 @@ impl Shard {
     }
 }
 
-/// One consumer's handle on its shard's progress; the shard leaves the
-/// registry when the last clone drops (unless a newer consumer replaced it).
+/// One consumer's handle on its shard's progress; the consumer leaves the
+/// registry when the last clone drops.
 #[derive(Debug, Clone)]
 pub(crate) struct ShardTracker(Arc<Tracked>);
 
@@ -218,10 +255,15 @@ struct Tracked {
 impl Drop for Tracked {
     fn drop(&mut self) {
         let key = lock(&self.shard).progress.lease_key.clone();
-        let mut map = self.registry.map();
-        if map.get(&key).is_some_and(|s| Arc::ptr_eq(s, &self.shard)) {
-            map.remove(&key);
+        let mut consumers = self.registry.map();
+        if consumers
+            .newest
+            .get(&key)
+            .is_some_and(|s| Arc::ptr_eq(s, &self.shard))
+        {
+            consumers.newest.remove(&key);
         }
+        consumers.replaced.retain(|s| !Arc::ptr_eq(s, &self.shard));
     }
 }
 

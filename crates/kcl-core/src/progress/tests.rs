@@ -131,3 +131,31 @@ fn a_finishing_consumer_leaves_the_newer_tenures_progress_in_place() {
     drop(clone);
     assert!(registry.snapshot().is_empty());
 }
+
+/// A consumer whose processor call hangs past its tenure stays stalled in
+/// sight when a newer consumer of its lease starts (the lease fenced in a
+/// lease-table outage, then taken back): the newer one replaced it in the
+/// registry, and the hung call, which holds its read buffers for good,
+/// was seen by no liveness check. It leaves once its call ends.
+#[tokio::test(start_paused = true)]
+async fn a_call_hung_past_its_tenure_stays_stalled_after_a_newer_consumer_starts() {
+    let registry = ProgressRegistry::default();
+    let bound = Duration::from_secs(60);
+    let hung = registry.track("k", "s", "shard-1");
+    let call = hung.call_started("process_records");
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    let newer = registry.track("k", "s", "shard-1");
+    newer.fetched(0, Some(0));
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    let stalled = registry.stalled(bound, Instant::now());
+    assert_eq!(stalled.len(), 1, "{stalled:?}");
+    assert_eq!(
+        stalled[0].processor_call.map(|c| c.stage),
+        Some("process_records")
+    );
+    assert_eq!(registry.snapshot().len(), 1, "the newest consumer is shown");
+    drop(call);
+    assert!(registry.stalled(bound, Instant::now()).is_empty());
+    drop(hung);
+    assert!(registry.map().replaced.is_empty(), "gone with its consumer");
+}

@@ -82,12 +82,10 @@ impl WorkerHandle {
     /// a full lanes' window) for longer than `bound` without processing a
     /// batch or writing a checkpoint in that time
     /// ([`ShardProgress::is_stalled`]): what a liveness check fails on.
+    /// A consumer whose processor call hung past its tenure is among them
+    /// while the call runs, though a newer consumer reads the shard now.
     pub fn stalled(&self, bound: Duration) -> Vec<ShardProgress> {
-        let now = Instant::now();
-        self.shards()
-            .into_iter()
-            .filter(|s| s.is_stalled(bound, now))
-            .collect()
+        self.progress.stalled(bound, Instant::now())
     }
 
     /// Asks the worker to stop gracefully: stop taking leases, let every
