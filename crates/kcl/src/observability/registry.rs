@@ -11,7 +11,9 @@
 //! to 0 as its consumer stopped, and the alerts rely on seeing that 0 (a
 //! stall or lag alert on the shard ends with it). So the series are
 //! exported at least once more, and for [`KEEP_RETIRED`] after, before
-//! they go, unless a consumer reads the shard again by then.
+//! they go, unless a consumer reads the shard again by then. Nothing may
+//! export them (no scraper): then they go half an hour after, as new
+//! series come.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,6 +32,10 @@ use tracing::warn;
 /// are exported) before they go: two minutes, so that every scraper with
 /// an interval up to that sees the gauges at 0 at least once.
 pub(crate) const KEEP_RETIRED: Duration = Duration::from_secs(120);
+
+/// How many times `keep_retired` a retired shard's series stay when no
+/// snapshot exports them (see [`Registry::forget_long_retired`]).
+const UNEXPORTED_KEEP: u32 = 15;
 
 /// The OpenTelemetry SDKs' default explicit buckets, for histograms kcl
 /// has no buckets of its own for (an application's histograms).
@@ -204,17 +210,35 @@ impl Registry {
     /// exported, unless a consumer reads them again; marks the others
     /// exported by the snapshot about to be taken.
     fn sweep(&self, now: Instant) {
+        self.forget_retired(|r| r.exported && now.duration_since(r.at) >= self.keep_retired);
+        lock(&self.retired)
+            .values_mut()
+            .for_each(|r| r.exported = true);
+    }
+
+    /// Forgets the shards retired [`UNEXPORTED_KEEP`] times `keep_retired`
+    /// ago, exported or not: with nothing scraping `/metrics` (only the
+    /// probes asked, or the scraper was down) no snapshot swept, and every
+    /// shard the process ever read kept its series. Called as a series is
+    /// made, which is what grows the registry.
+    fn forget_long_retired(&self, now: Instant) {
+        let limit = self.keep_retired * UNEXPORTED_KEEP;
+        self.forget_retired(|r| now.duration_since(r.at) >= limit);
+    }
+
+    /// Forgets the series of the retired shards `due` picks, unless a
+    /// consumer reads them again.
+    fn forget_retired(&self, due: impl Fn(&Retired) -> bool) {
         let due: Vec<(String, String)> = {
             let mut retired = lock(&self.retired);
             let due = retired
                 .iter()
-                .filter(|(_, r)| r.exported && now.duration_since(r.at) >= self.keep_retired)
+                .filter(|(_, r)| due(r))
                 .map(|(key, _)| key.clone())
                 .collect::<Vec<_>>();
             for key in &due {
                 retired.remove(key);
             }
-            retired.values_mut().for_each(|r| r.exported = true);
             due
         };
         if due.is_empty() {
@@ -319,6 +343,8 @@ impl Registry {
         if let Some(cell) = map(&read(&self.series)).get(key) {
             return Some(Arc::clone(cell));
         }
+        // Before the write lock: forgetting takes it.
+        self.forget_long_retired(Instant::now());
         let mut series = write(&self.series);
         if let Some(cell) = map(&series).get(key) {
             return Some(Arc::clone(cell));
@@ -686,5 +712,36 @@ mod tests {
                 .any(|(stream, _)| stream == "keep-retired"),
             "the forgotten shard is no longer retired"
         );
+    }
+
+    /// With nothing scraping, a shard retired long ago loses its series
+    /// once a new series is made: only a snapshot forgot them, so a
+    /// process whose `/metrics` nobody read kept every shard it ever read.
+    #[test]
+    fn a_retired_shards_series_go_without_a_scrape_as_new_series_come() {
+        let keep = Duration::from_secs(120);
+        let (registry, forgets) = Registry::new(usize::MAX, Buckets::default(), keep);
+        drop(forgets);
+        let record = |shard: &'static str| {
+            metrics::with_local_recorder(&*registry, || {
+                let labels = [("stream", "unscraped"), ("shard", shard)];
+                metrics::gauge!(SHARD_RECORDS_WAITING, &labels).set(0.0);
+            });
+        };
+        record("old");
+        record("recent");
+        let now = Instant::now();
+        let long_ago = now - keep * (UNEXPORTED_KEEP + 1);
+        registry.retire("unscraped", "old", long_ago);
+        registry.retire("unscraped", "recent", now);
+        record("new");
+        let shards: Vec<String> = read(&registry.series)
+            .gauges
+            .keys()
+            .filter_map(|key| label(key, "shard").map(str::to_owned))
+            .collect();
+        assert!(!shards.contains(&"old".to_owned()), "{shards:?}");
+        assert!(shards.contains(&"recent".to_owned()), "kept a while");
+        assert_eq!(shards.len(), 2, "{shards:?}");
     }
 }
