@@ -232,10 +232,22 @@ impl View {
     async fn refresh(&mut self, table: &Table, a: &WatchArgs) -> String {
         let now_wall = SystemTime::now();
         // The records are read first, so a lease duration they give
-        // judges this scan already; a failed read keeps the last ones.
-        if let Ok(read) = table.beats().await {
-            self.beats = read;
-        }
+        // judges this scan already; a failed read keeps the last ones, and
+        // says so: without them a lease renewed through its holder's record
+        // (its counter still) shows expired, as if nobody held it.
+        let beats_status = match table.beats().await {
+            Ok(read) => {
+                self.beats = read;
+                String::new()
+            }
+            Err(e) => format!(
+                "reading the liveness records failed, judging by the last ones read ({} \
+                 records): a lease renewed through a record shows expired while they are \
+                 missing: {}\n",
+                self.beats.len(),
+                aws::explain(&e)
+            ),
+        };
         let (lease_duration, said_by) =
             match (a.lease_duration, recorded_lease_duration(&self.beats)) {
                 (Some(d), _) => (d, "--lease-duration"),
@@ -265,7 +277,7 @@ impl View {
         };
         let mut screen = format!(
             "kcl leases watch: table {} at {} UTC, every {:?}; expired = counter unchanged for \
-             {:?}, the lease duration from {said_by} (Ctrl-C quits)\n{status}\n",
+             {:?}, the lease duration from {said_by} (Ctrl-C quits)\n{beats_status}{status}\n",
             table.name(),
             clock(now_wall),
             a.interval,

@@ -1036,6 +1036,30 @@ async fn ctrl_c_quits_watch_while_a_refresh_waits_on_the_table() {
     assert_eq!(status.code(), Some(0), "{status:?}");
 }
 
+/// A refresh whose read of the liveness records fails says so on the
+/// screen: it was dropped without a word, and leases renewed through their
+/// holders' records (their counters still) showed expired, the header
+/// blaming the lack of any record.
+#[tokio::test]
+async fn watch_says_when_the_liveness_records_cannot_be_read() {
+    use kcl_tests::fault_proxy::{FaultProxy, Faults};
+    let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
+    let (table, _) = table_in_every_state(&env).await;
+    let proxy = FaultProxy::start(&dynamodb_endpoint(), Faults::OUTAGE, 5)
+        .await
+        .unwrap();
+    // Scans fail (the records' and the leases'); the table is described.
+    proxy.set_only(Some("Scan"));
+    let watch = ["leases", "watch", "--table", &table, "--count", "1"];
+    let out = kcl(&watch, &[("AWS_ENDPOINT_URL_DYNAMODB", &proxy.url())]).await;
+    let screen = text(&out.stdout);
+    assert!(
+        screen.contains("reading the liveness records failed"),
+        "{screen}\n{}",
+        text(&out.stderr)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sustained_throttling_shows_at_warn_once_per_interval() {
     use kcl_tests::fault_proxy::{FaultProxy, Faults};
