@@ -28,6 +28,7 @@ pub mod exactly_once;
 mod fake;
 pub mod item;
 pub mod java;
+mod java_reports;
 pub mod liveness;
 pub mod schema;
 pub mod store;

@@ -103,6 +103,9 @@ pub mod java_workers {
     pub const WORKER_ID: &str = "wid";
     /// When the worker last reported, epoch seconds.
     pub const LAST_UPDATE: &str = "lut";
+    /// The `entityType` of a report kept in the lease table (Java KCL
+    /// 3.5), whose `leaseKey` is then the worker id.
+    pub const ENTITY: &str = "WORKER_METRIC_STATS";
 }
 
 /// The default name of the liveness records' table for `lease_table`.

@@ -13,7 +13,7 @@ use aws_sdk_dynamodb::types::{
     ReturnValuesOnConditionCheckFailure,
 };
 use aws_smithy_runtime_api::http::Response;
-use futures::stream::{self, BoxStream, StreamExt};
+use futures::stream::BoxStream;
 use kcl_core::metric_names::LEASE_ITEMS_MALFORMED;
 use kcl_core::store::metered::StoreStats;
 use kcl_core::store::{
@@ -25,9 +25,11 @@ use tracing::warn;
 
 use crate::error::{ClassifiedError, ConditionalError, classify, unconditional_error};
 use crate::item::{ReadItem, from_item, throughput_value, to_item};
+use crate::java_reports::ScannedReports;
 use crate::schema::{lease as attr, workers_table_for};
 
 mod partiql;
+mod scan;
 mod update;
 
 pub(crate) use update::Update;
@@ -60,6 +62,8 @@ pub struct DynamoDbLeaseStore {
     /// Set once the table refused a `BatchExecuteStatement` (no
     /// `dynamodb:PartiQLUpdate`): checkpoints then go one by one.
     partiql_refused: Arc<AtomicBool>,
+    /// The Java KCL 3.5 reports the last whole scan saw (see [`crate::java`]).
+    scanned_reports: ScannedReports,
 }
 
 impl DynamoDbLeaseStore {
@@ -73,6 +77,7 @@ impl DynamoDbLeaseStore {
             page_size: None,
             stats: None,
             partiql_refused: Arc::default(),
+            scanned_reports: ScannedReports::default(),
         }
     }
 
@@ -105,48 +110,6 @@ impl DynamoDbLeaseStore {
     /// The table of liveness records (see [`crate::liveness`]).
     pub fn workers_table(&self) -> &str {
         &self.workers_table
-    }
-
-    /// Every item of `table` in one paginated scan (strongly consistent
-    /// when `consistent`, only the attributes of `projection` when given),
-    /// or `None` when the table does not exist. Billed to `op`.
-    pub(crate) async fn scan_all(
-        &self,
-        op: StoreOp,
-        table: &str,
-        consistent: bool,
-        projection: Option<&str>,
-    ) -> Result<Option<Vec<HashMap<String, AttributeValue>>>, StoreError> {
-        let mut items = Vec::new();
-        let mut start = None;
-        loop {
-            let result = self
-                .client
-                .scan()
-                .table_name(table)
-                .consistent_read(consistent)
-                .set_projection_expression(projection.map(str::to_owned))
-                .set_exclusive_start_key(start)
-                .return_consumed_capacity(ReturnConsumedCapacity::Total)
-                .send()
-                .await;
-            let out = match result {
-                Ok(out) => out,
-                Err(e)
-                    if e.as_service_error()
-                        .is_some_and(|s| s.is_resource_not_found_exception()) =>
-                {
-                    return Ok(None);
-                }
-                Err(e) => return Err(unconditional_error(op, table, "", e)),
-            };
-            self.record_capacity(op, out.consumed_capacity());
-            items.extend_from_slice(out.items());
-            match out.last_evaluated_key().filter(|k| !k.is_empty()) {
-                Some(next) => start = Some(next.clone()),
-                None => return Ok(Some(items)),
-            }
-        }
     }
 
     /// The DynamoDB client.
@@ -325,41 +288,7 @@ impl LeaseStore for DynamoDbLeaseStore {
     }
 
     fn scan(&self) -> BoxStream<'_, Result<Page, StoreError>> {
-        // `None` = done; `Some(None)` = first page; `Some(Some(k))` = resume.
-        stream::unfold(
-            Some(None),
-            move |state: Option<Option<HashMap<String, AttributeValue>>>| async move {
-                let start = state?;
-                let result = self
-                    .client
-                    .scan()
-                    .table_name(&self.table)
-                    .consistent_read(true)
-                    .set_limit(self.page_size)
-                    .set_exclusive_start_key(start)
-                    .return_consumed_capacity(ReturnConsumedCapacity::Total)
-                    .send()
-                    .await;
-                match result {
-                    Ok(out) => {
-                        self.record_capacity(StoreOp::ScanPage, out.consumed_capacity());
-                        let page = out
-                            .items()
-                            .iter()
-                            .filter_map(|item| read_lenient(&self.table, item))
-                            .collect();
-                        let next = out.last_evaluated_key().filter(|k| !k.is_empty()).cloned();
-                        Some((Ok(page), next.map(Some)))
-                    }
-                    // A failed page ends the scan; the caller retries it whole.
-                    Err(e) => Some((
-                        Err(unconditional_error(StoreOp::ScanPage, &self.table, "", e)),
-                        None,
-                    )),
-                }
-            },
-        )
-        .boxed()
+        self.lease_pages()
     }
 
     async fn get(&self, key: &str) -> Result<Option<Lease>, StoreError> {

@@ -167,6 +167,51 @@ fn n(v: u64) -> AttributeValue {
     AttributeValue::N(v.to_string())
 }
 
+/// The Java KCL 3.5 keeps its workers' reports in the lease table (items
+/// of `entityType` `WORKER_METRIC_STATS`, the worker id in `leaseKey`), not
+/// in `<table>-WorkerMetricStats`: kcl reads them there, as the last whole
+/// scan of the leases saw them, and still reads the old table. It read
+/// only the old table, so a Java 3.5 fleet's workers were invisible: their
+/// leases judged expired at one lease duration, not two, and none handed
+/// to them.
+#[tokio::test]
+async fn java_kcl_3_5_workers_reporting_in_the_lease_table_are_seen() {
+    let store = new_store().await;
+    let report = |id: &str, lut: u64| {
+        HashMap::from([
+            ("leaseKey".into(), s(id)),
+            ("entityType".into(), s("WORKER_METRIC_STATS")),
+            ("lut".into(), n(lut)),
+        ])
+    };
+    put_raw(&store, report("java-1", 1_765_000_000)).await;
+    let scan = || async { store.scan().try_concat().await.unwrap() };
+    let leases: Vec<Lease> = scan().await;
+    assert!(leases.is_empty(), "reports are not leases: {leases:?}");
+    let ids = |workers: Vec<kcl_core::store::JavaWorker>| {
+        let mut ids: Vec<(String, u64)> = workers
+            .into_iter()
+            .map(|w| (w.id, w.last_update_secs))
+            .collect();
+        ids.sort();
+        ids
+    };
+    let seen = ids(store.java_workers().await.unwrap());
+    assert_eq!(seen, [("java-1".to_owned(), 1_765_000_000)]);
+    // Newer reports: seen once a scan has.
+    put_raw(&store, report("java-1", 1_765_000_030)).await;
+    put_raw(&store, report("java-2", 1_765_000_030)).await;
+    scan().await;
+    let seen = ids(store.java_workers().await.unwrap());
+    assert_eq!(
+        seen,
+        [
+            ("java-1".to_owned(), 1_765_000_030),
+            ("java-2".to_owned(), 1_765_000_030)
+        ]
+    );
+}
+
 #[tokio::test]
 async fn updates_keep_attributes_this_store_does_not_know() {
     let store = new_store().await;
