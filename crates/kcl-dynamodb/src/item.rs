@@ -187,7 +187,6 @@ pub fn from_item(item: &HashMap<String, AttributeValue>) -> Result<ReadItem, Ite
         Some(_) => return Ok(ReadItem::NotALease),
     }
     let r = Reader { item, key: &key };
-    r.no_null_in_conditions()?;
     let counter = r
         .number(attr::LEASE_COUNTER)?
         .ok_or_else(|| r.err(format!("`{}` is missing", attr::LEASE_COUNTER)))?;
@@ -216,6 +215,27 @@ pub fn from_item(item: &HashMap<String, AttributeValue>) -> Result<ReadItem, Ite
     })))
 }
 
+/// The first attribute of `item` that the store's conditional writes test
+/// for absence (or count from) and that is NULL, a value other tools write
+/// (a script setting an owner to None; kcl and the Java KCL never do). The
+/// reader takes a NULL for absent, DynamoDB's `attribute_not_exists` for
+/// present: a write that needs it absent is refused until it is removed.
+/// A take removes the handoff's attributes and so heals those; a NULL
+/// owner or switch count it cannot.
+pub(crate) fn null_in_conditions(item: &HashMap<String, AttributeValue>) -> Option<&'static str> {
+    const IN_CONDITIONS: [&str; 6] = [
+        attr::LEASE_OWNER,
+        attr::TENURE,
+        attr::CHECKPOINT_OWNER,
+        attr::CHECKPOINT_OWNER_TENURE,
+        attr::CHECKPOINT_SUB,
+        attr::OWNER_SWITCHES,
+    ];
+    IN_CONDITIONS
+        .into_iter()
+        .find(|name| matches!(item.get(*name), Some(AttributeValue::Null(_))))
+}
+
 struct Reader<'a> {
     item: &'a HashMap<String, AttributeValue>,
     key: &'a str,
@@ -226,34 +246,6 @@ impl<'a> Reader<'a> {
         ItemError {
             key: self.key.to_owned(),
             reason,
-        }
-    }
-
-    /// Fails naming the first attribute the writes' conditions test for
-    /// absence (or count from) that is NULL. Read as absent, the lease
-    /// looked free, or checkpointable by its owner, and every write was
-    /// refused: `attribute_not_exists` is false for a NULL, so a free lease
-    /// was never taken and an owner's checkpoints all failed, silently or
-    /// as if another worker had the shard. Other tools write NULL (a
-    /// script setting an owner to None); kcl and the Java KCL never do.
-    fn no_null_in_conditions(&self) -> Result<(), ItemError> {
-        const IN_CONDITIONS: [&str; 6] = [
-            attr::LEASE_OWNER,
-            attr::TENURE,
-            attr::CHECKPOINT_OWNER,
-            attr::CHECKPOINT_OWNER_TENURE,
-            attr::CHECKPOINT_SUB,
-            attr::OWNER_SWITCHES,
-        ];
-        match IN_CONDITIONS
-            .into_iter()
-            .find(|name| matches!(self.item.get(*name), Some(AttributeValue::Null(_))))
-        {
-            Some(name) => Err(self.err(format!(
-                "`{name}` is NULL, which the lease's conditional writes do not take for \
-                 absent: remove the attribute (REMOVE {name})"
-            ))),
-            None => Ok(()),
         }
     }
 

@@ -24,7 +24,7 @@ use kcl_core::{Lease, Throughput};
 use tracing::warn;
 
 use crate::error::{ClassifiedError, ConditionalError, classify, unconditional_error};
-use crate::item::{ReadItem, from_item, throughput_value, to_item};
+use crate::item::{ReadItem, from_item, null_in_conditions, throughput_value, to_item};
 use crate::java_reports::ScannedReports;
 use crate::schema::{lease as attr, workers_table_for};
 
@@ -614,7 +614,15 @@ impl LeaseStore for DynamoDbLeaseStore {
 /// error for the caller (a shard sync, a worker's startup).
 pub(crate) fn read_lenient(table: &str, item: &HashMap<String, AttributeValue>) -> Option<Lease> {
     match from_item(item) {
-        Ok(ReadItem::Lease(l)) => Some(*l),
+        Ok(ReadItem::Lease(l)) => {
+            if let Some(attribute) = null_in_conditions(item) {
+                warn!(table, lease = %l.key, attribute,
+                    "a lease attribute is NULL, which DynamoDB's conditions take for present: \
+                     writes that need it absent are refused until it is removed (kcl leases \
+                     reset --force removes it)");
+            }
+            Some(*l)
+        }
         Ok(ReadItem::NotALease) => None,
         Err(e) => {
             warn!(table, lease = %e.key, reason = %e.reason, "skipping a malformed lease item");

@@ -212,6 +212,40 @@ async fn java_kcl_3_5_workers_reporting_in_the_lease_table_are_seen() {
     );
 }
 
+/// A free lease whose handoff attributes are NULL (another tool wrote
+/// them) is still read, taken, and healed by the take, which removes them.
+/// Refusing such an item as malformed left its shard unread for good, out
+/// of the reach of `kcl leases reset` too.
+#[tokio::test]
+async fn a_free_lease_with_null_handoff_attributes_is_taken_and_healed() {
+    let store = new_store().await;
+    let mut item =
+        kcl_dynamodb::item::to_item(&Lease::new("shardId-000000000000", Checkpoint::TrimHorizon));
+    for attribute in ["checkpointOwner", "kclCheckpointOwnerTenure"] {
+        item.insert(attribute.into(), AttributeValue::Null(true));
+    }
+    put_raw(&store, item).await;
+    let leases: Vec<Lease> = store.scan().try_concat().await.unwrap();
+    assert_eq!(leases.len(), 1, "the lease is read");
+    let taken = store
+        .take(&leases[0], Holder::new("a", "t-a"))
+        .await
+        .expect("the take lands");
+    assert_eq!(taken.owner.as_deref(), Some("a"));
+    let raw = store
+        .client()
+        .get_item()
+        .table_name(store.table())
+        .key("leaseKey", s("shardId-000000000000"))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item
+        .unwrap();
+    assert!(!raw.contains_key("checkpointOwner"), "{raw:?}");
+}
+
 #[tokio::test]
 async fn updates_keep_attributes_this_store_does_not_know() {
     let store = new_store().await;
