@@ -103,6 +103,29 @@ pub fn with_unread(shards: &[(String, String)], forget: impl FnOnce(&[&(String, 
     }
 }
 
+/// [`with_unread`], unless another call of this module holds its lock:
+/// then nothing is called, and the answer is false. For a caller that may
+/// run under that lock itself (a recorder making a series, recorded into
+/// by a subscriber's `forget`), where waiting would never end.
+pub fn try_with_unread(
+    shards: &[(String, String)],
+    forget: impl FnOnce(&[&(String, String)]),
+) -> bool {
+    let registry = match REGISTRY.try_lock() {
+        Ok(registry) => registry,
+        Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return false,
+    };
+    let unread: Vec<&(String, String)> = shards
+        .iter()
+        .filter(|key| !registry.readers.contains_key(*key))
+        .collect();
+    if !unread.is_empty() {
+        forget(&unread);
+    }
+    true
+}
+
 /// A consumer reads `shard` of `stream` for as long as the returned guard
 /// lives; it is taken before the consumer records anything.
 pub(crate) fn reading(stream: &str, shard: &str) -> Reading {

@@ -210,7 +210,14 @@ impl Registry {
     /// exported, unless a consumer reads them again; marks the others
     /// exported by the snapshot about to be taken.
     fn sweep(&self, now: Instant) {
-        self.forget_retired(|r| r.exported && now.duration_since(r.at) >= self.keep_retired);
+        let due =
+            self.take_retired(|r| r.exported && now.duration_since(r.at) >= self.keep_retired);
+        if !due.is_empty() {
+            let keys: Vec<(String, String)> = due.into_iter().map(|(key, _)| key).collect();
+            // Outside the retired lock: `with_unread` holds the consumers'
+            // lock, which the subscription holds as it takes ours.
+            shard_series::with_unread(&keys, |unread| self.forget_shards(unread));
+        }
         lock(&self.retired)
             .values_mut()
             .for_each(|r| r.exported = true);
@@ -220,33 +227,36 @@ impl Registry {
     /// ago, exported or not: with nothing scraping `/metrics` (only the
     /// probes asked, or the scraper was down) no snapshot swept, and every
     /// shard the process ever read kept its series. Called as a series is
-    /// made, which is what grows the registry.
+    /// made, which is what grows the registry; so maybe under the
+    /// consumers' lock (an application's subscriber recording a new
+    /// series), where waiting for it would never end: then it is left for
+    /// the next series.
     fn forget_long_retired(&self, now: Instant) {
         let limit = self.keep_retired * UNEXPORTED_KEEP;
-        self.forget_retired(|r| now.duration_since(r.at) >= limit);
-    }
-
-    /// Forgets the series of the retired shards `due` picks, unless a
-    /// consumer reads them again.
-    fn forget_retired(&self, due: impl Fn(&Retired) -> bool) {
-        let due: Vec<(String, String)> = {
-            let mut retired = lock(&self.retired);
-            let due = retired
-                .iter()
-                .filter(|(_, r)| due(r))
-                .map(|(key, _)| key.clone())
-                .collect::<Vec<_>>();
-            for key in &due {
-                retired.remove(key);
-            }
-            due
-        };
+        let due = self.take_retired(|r| now.duration_since(r.at) >= limit);
         if due.is_empty() {
             return;
         }
-        // Outside the lock above: `with_unread` holds the consumers'
-        // lock, which the subscription holds as it takes ours.
-        shard_series::with_unread(&due, |unread| self.forget_shards(unread));
+        let keys: Vec<(String, String)> = due.iter().map(|(key, _)| key.clone()).collect();
+        if !shard_series::try_with_unread(&keys, |unread| self.forget_shards(unread)) {
+            let mut retired = lock(&self.retired);
+            for (key, r) in due {
+                retired.entry(key).or_insert(r);
+            }
+        }
+    }
+
+    /// Removes and returns the retired shards `due` picks.
+    fn take_retired(&self, due: impl Fn(&Retired) -> bool) -> Vec<((String, String), Retired)> {
+        let mut retired = lock(&self.retired);
+        let keys: Vec<(String, String)> = retired
+            .iter()
+            .filter(|(_, r)| due(r))
+            .map(|(key, _)| key.clone())
+            .collect();
+        keys.into_iter()
+            .filter_map(|key| retired.remove_entry(&key))
+            .collect()
     }
 
     /// Drops every series labelled with the stream and shard of one of
@@ -743,5 +753,41 @@ mod tests {
         assert!(!shards.contains(&"old".to_owned()), "{shards:?}");
         assert!(shards.contains(&"recent".to_owned()), "kept a while");
         assert_eq!(shards.len(), 2, "{shards:?}");
+    }
+
+    /// A series made under the consumers' lock (an application's
+    /// subscriber recording as a shard retires) while a long-retired
+    /// shard is due does not wait for that lock, which its own thread
+    /// holds: it deadlocked. The shard goes with a later series.
+    #[test]
+    fn a_series_made_under_the_consumers_lock_does_not_wait_for_it() {
+        let keep = Duration::from_secs(120);
+        let (registry, forgets) = Registry::new(usize::MAX, Buckets::default(), keep);
+        drop(forgets);
+        let record = |registry: &Registry, shard: &'static str| {
+            metrics::with_local_recorder(registry, || {
+                let labels = [("stream", "under-lock"), ("shard", shard)];
+                metrics::gauge!(SHARD_RECORDS_WAITING, &labels).set(0.0);
+            });
+        };
+        record(&registry, "old");
+        registry.retire(
+            "under-lock",
+            "old",
+            Instant::now() - keep * (UNEXPORTED_KEEP + 1),
+        );
+        let (done, finished) = std::sync::mpsc::channel();
+        let inside = Arc::clone(&registry);
+        std::thread::spawn(move || {
+            let nobody_reads = [("under-lock".to_owned(), "nobody".to_owned())];
+            shard_series::with_unread(&nobody_reads, |_| record(&inside, "new"));
+            done.send(()).unwrap();
+        });
+        finished
+            .recv_timeout(Duration::from_secs(60))
+            .expect("a series made under the consumers' lock waited for it");
+        assert_eq!(registry.series_count(), 2, "the old shard waits for later");
+        record(&registry, "later");
+        assert_eq!(registry.series_count(), 2, "gone with a later series");
     }
 }
