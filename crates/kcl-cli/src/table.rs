@@ -23,16 +23,18 @@ use crate::{TableArgs, aws};
 
 mod reset;
 mod sequence;
+mod streams;
 
 pub(crate) use reset::{ResetArgs, reset};
 
-/// Whether `lease` is of `stream` (`--stream`: a name or an identifier),
-/// if one is given. The leases of a single-stream table name no stream:
-/// they are of the one it serves, whichever `--stream` names (it filtered
-/// every one of them out).
+/// Whether `lease` is of `stream` (`--stream`: a name, an identifier or
+/// an ARN), if one is given. The leases of a single-stream table name no
+/// stream: they are of the one it serves, which
+/// [`Table::check_serves`] compares with `--stream` (it filtered every one
+/// of them out).
 fn of_stream(lease: &Lease, stream: Option<&str>) -> bool {
     match (stream, lease.stream.as_deref()) {
-        (Some(s), Some(id)) => id == s || stream_name(id) == s,
+        (Some(s), Some(id)) => streams::names(id, s),
         _ => true,
     }
 }
@@ -142,10 +144,70 @@ impl Table {
             })
     }
 
+    /// The identifier of the stream a single-stream table serves, as its
+    /// first worker recorded it beside the liveness records; `None` when
+    /// none is recorded.
+    async fn served_stream(&self) -> anyhow::Result<Option<String>> {
+        let workers = kcl_dynamodb::schema::workers_table_for(&self.name);
+        let read = self
+            .store
+            .client()
+            .get_item()
+            .table_name(&workers)
+            .key(
+                kcl_dynamodb::schema::liveness::INSTANCE,
+                aws_sdk_dynamodb::types::AttributeValue::S(
+                    kcl_dynamodb::schema::STREAM_CLAIM_KEY.into(),
+                ),
+            )
+            .consistent_read(true)
+            .send()
+            .await;
+        match read {
+            Ok(out) => Ok(out
+                .item
+                .and_then(|mut item| item.remove(kcl_dynamodb::schema::liveness::SERVES_STREAM))
+                .and_then(|v| v.as_s().ok().cloned())),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|s| s.is_resource_not_found_exception()) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(aws::sdk_error(
+                "DYNAMODB",
+                format!(
+                    "reading the stream table {} serves, in {workers}",
+                    self.name
+                ),
+                e,
+            )),
+        }
+    }
+
+    /// Fails if `stream` (`--stream`) is given for `leases` of a
+    /// single-stream table that records serving another stream: they are
+    /// that stream's, and a command meant for `stream` must not move them.
+    async fn check_serves(&self, leases: &[Lease], stream: Option<&str>) -> anyhow::Result<()> {
+        let Some(given) = stream else { return Ok(()) };
+        if leases.iter().all(|l| l.stream.is_some()) {
+            return Ok(());
+        }
+        match self.served_stream().await? {
+            Some(served) if !streams::names(&served, given) => bail!(
+                "table {} serves stream {} ({served}), not {given}; nothing was written",
+                self.name,
+                stream_name(&served)
+            ),
+            _ => Ok(()),
+        }
+    }
+
     /// The lease of `shard` (a shard id or a lease key), in `stream` when
     /// the table holds several streams.
     async fn find(&self, shard: &str, stream: Option<&str>) -> anyhow::Result<Lease> {
         let leases = self.leases().await?;
+        self.check_serves(&leases, stream).await?;
         let matches: Vec<&Lease> = leases
             .iter()
             .filter(|l| l.key == shard || l.shard_id == shard)

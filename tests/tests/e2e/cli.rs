@@ -387,28 +387,52 @@ async fn reset_is_refused_while_held_and_done_with_force() {
         (l1.counter, &l1.checkpoint, &l1.owner),
         (4, &Checkpoint::at(&seq, 5), &None)
     );
-    // Once a worker has recorded the stream the table serves, no --stream.
+    // Once a worker has recorded the stream the table serves, no --stream;
+    // recorded as created at another time (deleted and created again since),
+    // the number is refused: it is not of the stream the leases are of.
     let workers = kcl_dynamodb::table::workers_table_for(&table);
     kcl_dynamodb::ensure_workers_table(env.dynamodb(), &workers, kcl_dynamodb::Capacity::OnDemand)
         .await
         .unwrap();
-    let identifier = format!("000000000000:{stream}:1700000000");
-    kcl_dynamodb::claim_stream(env.dynamodb(), &table, &workers, &identifier)
-        .await
-        .unwrap();
-    let to = format!("{seq}/6");
     let shard = "shardId-000000000001";
-    ok(&kcl(
-        &[
-            "leases", "reset", "--table", &table, "--shard", shard, "--to", &to,
-        ],
-        &[],
-    )
-    .await);
-    assert_eq!(
-        get("shardId-000000000001").await.checkpoint,
-        Checkpoint::at(&seq, 6)
-    );
+    let to = format!("{seq}/6");
+    let no_stream = [
+        "leases", "reset", "--table", &table, "--shard", shard, "--to", &to,
+    ];
+    let created = env
+        .kinesis()
+        .describe_stream_summary()
+        .stream_name(&stream)
+        .send()
+        .await
+        .unwrap()
+        .stream_description_summary()
+        .unwrap()
+        .stream_creation_timestamp()
+        .secs();
+    for (epoch, accepted) in [(created - 3600, false), (created, true)] {
+        serve(
+            &env,
+            &workers,
+            &table,
+            &format!("000000000000:{stream}:{epoch}"),
+        )
+        .await;
+        let out = kcl(&no_stream, &[]).await;
+        if accepted {
+            ok(&out);
+        } else {
+            let err = failed(&out);
+            assert!(err.contains("deleted and created again"), "{err}");
+        }
+    }
+    assert_eq!(get(shard).await.checkpoint, Checkpoint::at(&seq, 6));
+    // Another stream named is refused, a sentinel for every shard too.
+    let other = [
+        "leases", "reset", "--table", &table, "--all", "--stream", "payments",
+    ];
+    let err = failed(&kcl(&[&other[..], &["--to", "TRIM_HORIZON"]].concat(), &[]).await);
+    assert!(err.contains(&format!("serves stream {stream}")), "{err}");
 
     // Held, with --force: the owner is evicted in the same write.
     let out = ok(&reset("shardId-000000000000", "LATEST", true).await);
@@ -434,6 +458,26 @@ async fn reset_is_refused_while_held_and_done_with_force() {
         "usage error: {}",
         text(&out.stderr)
     );
+}
+
+/// Records, as a single-stream table's first worker does, that `table`
+/// serves the stream of `identifier` (replacing any earlier record).
+async fn serve(env: &TestEnv, workers: &str, table: &str, identifier: &str) {
+    env.dynamodb()
+        .delete_item()
+        .table_name(workers)
+        .key(
+            "instance",
+            aws_sdk_dynamodb::types::AttributeValue::S(
+                kcl_dynamodb::table::STREAM_CLAIM_KEY.into(),
+            ),
+        )
+        .send()
+        .await
+        .unwrap();
+    kcl_dynamodb::claim_stream(env.dynamodb(), table, workers, identifier)
+        .await
+        .unwrap();
 }
 
 /// Writes one record to `stream`'s second shard (the upper half of the

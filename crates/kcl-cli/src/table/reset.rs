@@ -97,9 +97,9 @@ async fn leases_to_reset(table: &Table, a: &ResetArgs) -> anyhow::Result<Vec<Lea
     Ok(match &a.shard {
         Some(shard) => vec![table.find(shard, a.stream.as_deref()).await?],
         None => {
-            let mut all: Vec<Lease> = table
-                .leases()
-                .await?
+            let leases = table.leases().await?;
+            table.check_serves(&leases, a.stream.as_deref()).await?;
+            let mut all: Vec<Lease> = leases
                 .into_iter()
                 .filter(|l| of_stream(l, a.stream.as_deref()))
                 .filter(|l| a.force || !l.is_finished())

@@ -5,45 +5,52 @@
 //! again ("DATA LOSS"), otherwise the shard was given back every few reads
 //! by every worker, and never read again.
 
-use anyhow::{Context as _, bail};
-use aws_sdk_dynamodb::types::AttributeValue;
+use anyhow::bail;
 use aws_sdk_kinesis::types::ShardIteratorType;
 use kcl::core::Lease;
-use kcl_dynamodb::schema::{STREAM_CLAIM_KEY, liveness, workers_table_for};
 
 use super::Table;
+use super::streams::{Target, target};
 use crate::aws;
-use crate::view::stream_name;
 
 /// Fails, naming the shard and the stream, unless Kinesis starts a read of
-/// `lease`'s shard at `seq`. The stream is `stream` (`--stream`: a name or
-/// an ARN) if given, else the one the lease key names (multi-stream
-/// tables), else the one the table serves (single-stream tables record it
-/// beside their workers' liveness records).
+/// `lease`'s shard at `seq` in the lease's own stream: the one the lease
+/// key names (multi-stream tables), else the one the table records
+/// serving, else `stream` (`--stream`: a name, an identifier or an ARN).
+/// A stream known by its identifier must still be the one created then:
+/// the positions of a stream deleted and created again under its name are
+/// not the new one's.
 pub(super) async fn check_in_shard(
     table: &Table,
     lease: &Lease,
     seq: &str,
     stream: Option<&str>,
 ) -> anyhow::Result<()> {
-    let stream = match stream {
-        Some(s) => s.to_owned(),
-        None => match &lease.stream {
-            Some(id) => stream_name(id),
-            None => served_stream(table).await?,
-        },
+    let identifier = match &lease.stream {
+        Some(id) => Some(id.clone()),
+        None => table.served_stream().await?,
     };
+    let sdk = aws::sdk_config(true).await;
+    let target = target(
+        identifier.as_deref(),
+        stream,
+        sdk.region().map(|r| r.as_ref()),
+    )?;
+    let kinesis = aws_sdk_kinesis::Client::new(&sdk);
+    if let Some(created) = target.created {
+        same_stream(&kinesis, &target, created).await?;
+    }
     let shard = &lease.shard_id;
-    let kinesis = aws_sdk_kinesis::Client::new(&aws::sdk_config(true).await);
+    let stream = &target.address;
     let request = kinesis
         .get_shard_iterator()
         .shard_id(shard)
         .shard_iterator_type(ShardIteratorType::AtSequenceNumber)
         .starting_sequence_number(seq);
     let request = if stream.starts_with("arn:") {
-        request.stream_arn(&stream)
+        request.stream_arn(stream)
     } else {
-        request.stream_name(&stream)
+        request.stream_name(stream)
     };
     let err = match request.send().await {
         Ok(_) => return Ok(()),
@@ -73,52 +80,42 @@ pub(super) async fn check_in_shard(
     ))
 }
 
-/// The stream a single-stream lease table serves, by name: an error
-/// asking for `--stream` when the table records none.
-async fn served_stream(table: &Table) -> anyhow::Result<String> {
-    let workers = workers_table_for(table.name());
-    let read = table
-        .store
-        .client()
-        .get_item()
-        .table_name(&workers)
-        .key(
-            liveness::INSTANCE,
-            AttributeValue::S(STREAM_CLAIM_KEY.into()),
-        )
-        .consistent_read(true)
-        .send()
-        .await;
-    let claim = match read {
-        Ok(out) => out
-            .item
-            .and_then(|mut item| item.remove(liveness::SERVES_STREAM))
-            .and_then(|v| v.as_s().ok().cloned()),
-        Err(e)
-            if e.as_service_error()
-                .is_some_and(|s| s.is_resource_not_found_exception()) =>
-        {
-            None
-        }
-        Err(e) => {
-            return Err(aws::sdk_error(
-                "DYNAMODB",
-                format!(
-                    "reading the stream table {} serves, in {workers}",
-                    table.name()
-                ),
-                e,
-            ))
-            .context("add --stream to name the stream");
-        }
+/// Fails unless the stream at `target` was created at `created` (epoch
+/// seconds): the one the lease is of, not another made since under its
+/// name.
+async fn same_stream(
+    kinesis: &aws_sdk_kinesis::Client,
+    target: &Target,
+    created: i64,
+) -> anyhow::Result<()> {
+    let stream = &target.address;
+    let request = kinesis.describe_stream_summary();
+    let request = if stream.starts_with("arn:") {
+        request.stream_arn(stream)
+    } else {
+        request.stream_name(stream)
     };
-    match claim {
-        Some(identifier) => Ok(stream_name(&identifier)),
-        None => bail!(
-            "table {} records no stream it serves (it does once a kcl worker has started): \
-             add --stream so that the sequence number can be checked against the shard; \
-             nothing was written",
-            table.name()
-        ),
+    let described = request.send().await.map_err(|e| {
+        aws::sdk_error(
+            "KINESIS",
+            format!(
+                "cannot describe stream {stream} to check the lease is of it (the role needs \
+                 kinesis:DescribeStreamSummary); nothing was written"
+            ),
+            e,
+        )
+    })?;
+    let now = described
+        .stream_description_summary()
+        .map(|s| s.stream_creation_timestamp().secs());
+    if now != Some(created) {
+        bail!(
+            "refusing to reset to a sequence number: stream {stream} is not the one this lease \
+             is of (created at {created}, epoch seconds; the stream there now was created at \
+             {}): it was deleted and created again, and the old stream's positions mean \
+             nothing in the new one; nothing was written",
+            now.map_or_else(|| "an unknown time".to_owned(), |t| t.to_string())
+        );
     }
+    Ok(())
 }
