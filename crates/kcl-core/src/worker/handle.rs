@@ -77,13 +77,15 @@ impl WorkerHandle {
         self.progress.snapshot()
     }
 
-    /// The shards of [`Self::shards`] that have had work waiting (records
-    /// behind the tip or read and not processed, a processor call running,
-    /// a full lanes' window) for longer than `bound` without processing a
-    /// batch or writing a checkpoint in that time
-    /// ([`ShardProgress::is_stalled`]): what a liveness check fails on.
-    /// A consumer whose processor call hung past its tenure is among them
-    /// while the call runs, though a newer consumer reads the shard now.
+    /// The consumers that have had work waiting (records behind the tip
+    /// or read and not processed, a processor call running, a full lanes'
+    /// window) for longer than `bound` without processing a batch or
+    /// writing a checkpoint in that time ([`ShardProgress::is_stalled`]):
+    /// what a liveness check fails on. Those of [`Self::shards`], and one
+    /// whose processor call hung past its tenure, while the call runs:
+    /// [`Self::shards`] shows the newer consumer of its lease instead (or,
+    /// once that one ended too, nothing), so a stalled lease key may be
+    /// missing from it or shown there moving.
     pub fn stalled(&self, bound: Duration) -> Vec<ShardProgress> {
         self.progress.stalled(bound, Instant::now())
     }
