@@ -95,14 +95,21 @@ pub(crate) async fn past_trim_horizon(
         _ => return Ok(None),
     };
     match oldest_record(shared, stream, shard, reader).await? {
-        Some(oldest) if SequenceNumber::order(&oldest, seq).is_le() => {
+        Oldest::Record(oldest) if SequenceNumber::order(&oldest, seq).is_le() => {
             warn!(stream, shard, sequence_number = %seq, oldest_retained = %oldest,
                 "Kinesis rejected the starting sequence number, which is not behind the trim \
                  horizon: it is not of this shard");
             return Ok(None);
         }
+        Oldest::Unknown => {
+            warn!(stream, shard, sequence_number = %seq,
+                "Kinesis rejected the starting sequence number, and the shard's oldest record \
+                 was not reached within {OLDEST_PAGES} pages: not taken for trimmed, as \
+                 re-reading the shard from its start would be a guess");
+            return Ok(None);
+        }
         // Nothing retained, or the oldest record is after the checkpoint.
-        _ => {}
+        Oldest::Record(_) | Oldest::Nothing => {}
     }
     shared.stats.trimmed_start();
     count(KINESIS_TRIMMED_CHECKPOINTS, stream, shard);
@@ -117,36 +124,54 @@ pub(crate) async fn past_trim_horizon(
     Ok(Some(IteratorStart::TrimHorizon))
 }
 
-/// The sequence number of the oldest record `shard` retains, if any: a
-/// `TRIM_HORIZON` iterator and the first non-empty page of one record
-/// (a few empty pages at most; a shard whose retained records start far
-/// behind can answer empty pages first).
+/// What a shard retains at its start.
+enum Oldest {
+    /// The sequence number of its oldest record.
+    Record(String),
+    /// No record: the shard ended, or the tip was reached.
+    Nothing,
+    /// Not found within [`OLDEST_PAGES`] empty pages, the tip not reached.
+    Unknown,
+}
+
+/// Most empty pages read looking for a shard's oldest record.
+const OLDEST_PAGES: usize = 100;
+
+/// The oldest record `shard` retains: a `TRIM_HORIZON` iterator and the
+/// first non-empty page of one record. A shard whose retained records
+/// start far behind can answer empty pages first, so an empty page means
+/// nothing is retained only at the tip (`MillisBehindLatest` 0) or the
+/// shard's end; short of either within [`OLDEST_PAGES`], the answer is
+/// unknown (it was taken for "nothing retained", and the checkpoint for
+/// trimmed).
 async fn oldest_record(
     shared: &Shared,
     stream: &str,
     shard: &str,
     reader: ForReader<'_>,
-) -> Result<Option<String>, SourceError> {
-    const MAX_PAGES: usize = 20;
+) -> Result<Oldest, SourceError> {
     let fail = |f: Failure| f.into_source_error(stream, shard);
     let mut iterator = shared
         .shard_iterator(stream, shard, &IteratorStart::TrimHorizon, Some(reader))
         .await
         .map_err(fail)?;
-    for _ in 0..MAX_PAGES {
+    for _ in 0..OLDEST_PAGES {
         let Some(it) = iterator.take() else {
-            return Ok(None);
+            return Ok(Oldest::Nothing);
         };
         let out = shared
             .peek_records(stream, &it, 1, Some(reader))
             .await
             .map_err(fail)?;
         if let Some(first) = out.records.first() {
-            return Ok(Some(first.sequence_number.clone()));
+            return Ok(Oldest::Record(first.sequence_number.clone()));
+        }
+        if out.millis_behind_latest == Some(0) {
+            return Ok(Oldest::Nothing);
         }
         iterator = out.next_shard_iterator.filter(|it| !it.is_empty());
     }
-    Ok(None)
+    Ok(Oldest::Unknown)
 }
 
 /// Adds one to the metric `name`, labelled with the stream and shard.
