@@ -8,26 +8,57 @@ use std::sync::{Arc, Mutex, PoisonError};
 use aws_sdk_dynamodb::types::AttributeValue;
 use kcl_core::store::JavaWorker;
 
+use crate::schema::java_migration::{CLIENT_VERSION, MIGRATION_ENTITY};
 use crate::schema::java_workers::{ENTITY, LAST_UPDATE};
 use crate::schema::lease::{ENTITY_TYPE, LEASE_KEY};
 
-/// The Java workers' reports the last whole scan of the lease table saw;
-/// shared by the clones of a store.
+/// What the last whole scan of the lease table saw of the Java KCL 3.5:
+/// its workers' reports and its fleet's client version.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct ScannedReports(Arc<Mutex<Vec<JavaWorker>>>);
+pub(crate) struct Seen {
+    pub(crate) reports: Vec<JavaWorker>,
+    pub(crate) client_version: Option<String>,
+}
+
+impl Seen {
+    /// Notes what of the Java KCL `item` (of the lease table) is.
+    pub(crate) fn note(&mut self, item: &HashMap<String, AttributeValue>) {
+        if let Some(report) = report_in_lease_table(item) {
+            self.reports.push(report);
+        } else if let Some(version) = client_version_in_lease_table(item) {
+            self.client_version = Some(version);
+        }
+    }
+}
+
+/// What the last whole scan of the lease table saw; shared by the clones
+/// of a store.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ScannedReports(Arc<Mutex<Seen>>);
 
 impl ScannedReports {
-    /// A whole scan ended, having seen `reports`.
-    pub(crate) fn scanned(&self, reports: Vec<JavaWorker>) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = reports;
+    /// A whole scan ended, having seen `seen`.
+    pub(crate) fn scanned(&self, seen: Seen) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = seen;
     }
 
-    /// The reports of the last whole scan (none before one).
-    pub(crate) fn last(&self) -> Vec<JavaWorker> {
+    /// What the last whole scan saw (nothing before one).
+    pub(crate) fn last(&self) -> Seen {
         self.0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+}
+
+/// The client version the Java KCL 3.5's migration item `item` of the
+/// lease table records, if it is that item.
+fn client_version_in_lease_table(item: &HashMap<String, AttributeValue>) -> Option<String> {
+    match item.get(ENTITY_TYPE) {
+        Some(AttributeValue::S(kind)) if kind == MIGRATION_ENTITY => {
+            item.get(CLIENT_VERSION)?.as_s().ok().cloned()
+        }
+        _ => None,
     }
 }
 

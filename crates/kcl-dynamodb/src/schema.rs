@@ -108,6 +108,30 @@ pub mod java_workers {
     pub const ENTITY: &str = "WORKER_METRIC_STATS";
 }
 
+/// Names of the Java KCL 3.x's migration state: one item, in
+/// `<lease table>-CoordinatorState` (hash key `key`) or, from the Java KCL
+/// 3.5 on, in the lease table (hash key `leaseKey`, `entityType`
+/// [`MIGRATION_ENTITY`](java_migration::MIGRATION_ENTITY)).
+pub mod java_migration {
+    /// The item's key.
+    pub const MIGRATION_KEY: &str = "Migration3.0";
+    /// The coordinator state table's hash key.
+    pub const STATE_KEY: &str = "key";
+    /// The fleet's client version (`CLIENT_VERSION_2X`, ...).
+    pub const CLIENT_VERSION: &str = "cv";
+    /// The `entityType` of the item in the lease table.
+    pub const MIGRATION_ENTITY: &str = "CLIENT_VERSION_MIGRATION";
+    /// The client versions in which Java workers take leases themselves,
+    /// as the Java KCL 2.x does, though they report (upgrading from 2.x).
+    pub const SELF_TAKING: [&str; 2] = ["CLIENT_VERSION_2X", "CLIENT_VERSION_UPGRADE_FROM_2X"];
+}
+
+/// The Java KCL 3.x's coordinator state table for `lease_table` (its
+/// default name: the application name, which is the lease table's).
+pub fn coordinator_state_table_for(lease_table: &str) -> String {
+    format!("{lease_table}-CoordinatorState")
+}
+
 /// The default name of the liveness records' table for `lease_table`.
 pub fn workers_table_for(lease_table: &str) -> String {
     format!("{lease_table}-workers")

@@ -246,6 +246,71 @@ async fn a_free_lease_with_null_handoff_attributes_is_taken_and_healed() {
     assert!(!raw.contains_key("checkpointOwner"), "{raw:?}");
 }
 
+/// Java workers whose fleet runs 2.x-compatible (upgrading from the Java
+/// KCL 2.x) report, but take leases themselves and never pick up one
+/// assigned to them: they are no workers to hand leases to, whichever
+/// table records the client version. kcl handed them leases, which stood
+/// unrenewed until taken back, and then again after their next report.
+#[tokio::test]
+async fn java_workers_running_2x_compatible_are_not_handed_leases() {
+    use aws_sdk_dynamodb::types::ScalarAttributeType;
+    let store = new_store().await;
+    let scan = || async {
+        let _: Vec<Lease> = store.scan().try_concat().await.unwrap();
+    };
+    let ids = || async {
+        let workers = store.java_workers().await.unwrap();
+        workers.into_iter().map(|w| w.id).collect::<Vec<_>>()
+    };
+    put_raw(
+        &store,
+        HashMap::from([
+            ("leaseKey".into(), s("java-1")),
+            ("entityType".into(), s("WORKER_METRIC_STATS")),
+            ("lut".into(), n(1_765_000_000)),
+        ]),
+    )
+    .await;
+    scan().await;
+    assert_eq!(ids().await, ["java-1"], "no migration state: 3.x");
+    // The state in <table>-CoordinatorState (the Java KCL 3.0-3.4).
+    let state_table = kcl_dynamodb::java::coordinator_state_table_for(store.table());
+    kcl_tests::create_keyed_table(store.client(), &state_table, "key", ScalarAttributeType::S)
+        .await
+        .unwrap();
+    let record = |version: &'static str| {
+        let state_table = state_table.clone();
+        let client = store.client().clone();
+        async move {
+            client
+                .put_item()
+                .table_name(state_table)
+                .item("key", s("Migration3.0"))
+                .item("cv", s(version))
+                .send()
+                .await
+                .unwrap();
+        }
+    };
+    record("CLIENT_VERSION_UPGRADE_FROM_2X").await;
+    assert!(ids().await.is_empty(), "2.x-compatible");
+    record("CLIENT_VERSION_3X_WITH_ROLLBACK").await;
+    assert_eq!(ids().await, ["java-1"], "3.x");
+    // The state in the lease table (the Java KCL 3.5), seen by a scan.
+    put_raw(
+        &store,
+        HashMap::from([
+            ("leaseKey".into(), s("Migration3.0")),
+            ("entityType".into(), s("CLIENT_VERSION_MIGRATION")),
+            ("cv".into(), s("CLIENT_VERSION_2X")),
+        ]),
+    )
+    .await;
+    scan().await;
+    assert!(ids().await.is_empty(), "2.x-compatible, by the lease table");
+    delete_table(store.client(), &state_table).await.unwrap();
+}
+
 #[tokio::test]
 async fn updates_keep_attributes_this_store_does_not_know() {
     let store = new_store().await;

@@ -212,10 +212,11 @@ pub trait LeaseStore: Send + Sync + fmt::Debug {
     /// counter is still that (a record that beat since is alive).
     async fn forget(&self, instance: &str, counter: Option<u64>) -> Result<(), StoreError>;
 
-    /// Reads the Java KCL 3.x workers that share this lease table: their
-    /// entries in the application's `WorkerMetricStats` table (written by
-    /// the Java workers, only read here). None where there is no such
-    /// table.
+    /// Reads the Java KCL 3.x workers that share this lease table and
+    /// whose leader assigns them leases: their reports (written by the
+    /// Java workers, only read here). None where there are none, or while
+    /// their fleet runs 2.x-compatible (its workers take leases
+    /// themselves, as any owner does).
     async fn java_workers(&self) -> Result<Vec<JavaWorker>, StoreError> {
         Ok(Vec::new())
     }

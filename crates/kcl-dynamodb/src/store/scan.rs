@@ -6,15 +6,15 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
 use futures::stream::{self, BoxStream, StreamExt};
-use kcl_core::store::{JavaWorker, Page, StoreError, StoreOp};
+use kcl_core::store::{Page, StoreError, StoreOp};
 
 use super::{DynamoDbLeaseStore, read_lenient};
 use crate::error::unconditional_error;
-use crate::java_reports::{ScannedReports, report_in_lease_table};
+use crate::java_reports::{ScannedReports, Seen};
 
 /// Where a scan of the lease table stands: the key to resume after
-/// (`None` for the first page) and the Java workers' reports seen so far.
-type Resume = (Option<HashMap<String, AttributeValue>>, Vec<JavaWorker>);
+/// (`None` for the first page) and what of the Java KCL it saw so far.
+type Resume = (Option<HashMap<String, AttributeValue>>, Seen);
 
 impl DynamoDbLeaseStore {
     /// The lease table's pages, strongly consistent. A failed page ends
@@ -22,9 +22,9 @@ impl DynamoDbLeaseStore {
     /// reports it saw in [`Self::scanned_reports`].
     pub(super) fn lease_pages(&self) -> BoxStream<'_, Result<Page, StoreError>> {
         // `None` = done.
-        let first: Option<Resume> = Some((None, Vec::new()));
+        let first: Option<Resume> = Some((None, Seen::default()));
         stream::unfold(first, move |state| async move {
-            let (start, mut reports) = state?;
+            let (start, mut seen) = state?;
             let result = self
                 .client
                 .scan()
@@ -38,16 +38,16 @@ impl DynamoDbLeaseStore {
             match result {
                 Ok(out) => {
                     self.record_capacity(StoreOp::ScanPage, out.consumed_capacity());
-                    reports.extend(out.items().iter().filter_map(report_in_lease_table));
+                    out.items().iter().for_each(|item| seen.note(item));
                     let page = out
                         .items()
                         .iter()
                         .filter_map(|item| read_lenient(&self.table, item))
                         .collect();
                     let next = match out.last_evaluated_key().filter(|k| !k.is_empty()) {
-                        Some(key) => Some((Some(key.clone()), reports)),
+                        Some(key) => Some((Some(key.clone()), seen)),
                         None => {
-                            self.scanned_reports.scanned(reports);
+                            self.scanned_reports.scanned(seen);
                             None
                         }
                     };
