@@ -94,6 +94,9 @@ macro_rules! settings {
             origins: BTreeMap<&'static str, String>,
             /// Variables under the prefix that are close to a setting.
             near_misses: Vec<NearMiss>,
+            /// The variables' prefix, when read from the environment: an
+            /// error about a setting left unset names its variable.
+            prefix: Option<String>,
         }
 
         /// Every field's name, in declaration order.
@@ -116,6 +119,7 @@ macro_rules! settings {
                 $( if over.$fname.is_some() { self.$fname = over.$fname; } )*
                 self.origins.extend(over.origins);
                 self.near_misses.extend(over.near_misses);
+                self.prefix = over.prefix.or(self.prefix);
                 self
             }
 
@@ -312,7 +316,10 @@ impl Settings {
         prefix: &str,
         lookup: impl Fn(&str) -> Option<Result<String, String>>,
     ) -> Result<Settings, SettingsError> {
-        let mut settings = Settings::default();
+        let mut settings = Settings {
+            prefix: Some(prefix.to_owned()),
+            ..Settings::default()
+        };
         let mut problems = Vec::new();
         for &field in FIELDS {
             let var = variable(prefix, field);
@@ -402,7 +409,7 @@ impl Settings {
     pub fn worker_builder(&self) -> Result<WorkerBuilder, SettingsError> {
         let app = self.application_name.clone().ok_or_else(|| {
             SettingsError::one(
-                "application_name",
+                self.named("application_name"),
                 "is required: the application name, which also names the lease table",
             )
         })?;
@@ -489,13 +496,23 @@ impl Settings {
         }
     }
 
+    /// Where `field` came from, or, unset, the variable that would set it
+    /// (the field's name without a prefix): what an error names.
+    fn named(&self, field: &str) -> String {
+        match (self.origins.get(field), &self.prefix) {
+            (Some(origin), _) => origin.clone(),
+            (None, Some(prefix)) => variable(prefix, field),
+            (None, None) => field.to_owned(),
+        }
+    }
+
     /// Names where the setting that `build()` refused came from, so an
     /// operator sees `KCL_LEASE_DURATION`, not the builder's field name.
     /// `None` if `error` is not about a setting.
     pub fn blame(&self, error: &Error) -> Option<SettingsError> {
         if let Some(setting) = error.bind_setting() {
             return Some(SettingsError::one(
-                self.origin(setting).to_owned(),
+                self.named(setting),
                 format!("is rejected: {error}"),
             ));
         }
@@ -514,7 +531,7 @@ impl Settings {
             other => other,
         };
         Some(SettingsError::one(
-            self.origin(source).to_owned(),
+            self.named(source),
             format!("is rejected: {error}"),
         ))
     }

@@ -265,6 +265,31 @@ fn the_application_name_is_required_for_a_builder() {
     );
 }
 
+/// A required setting left unset is named by the variable that sets it,
+/// as a setting that is set is: it said `application_name` and `streams`,
+/// names an operator sets no variable by.
+#[test]
+fn a_required_setting_left_unset_is_named_by_its_variable() {
+    let settings = Settings::from_lookup("APP", |_| None).expect("nothing set");
+    let error = settings.worker_builder().expect_err("no name");
+    assert_eq!(
+        error.problems().next().map(|(o, _)| o),
+        Some("APP_APPLICATION_NAME")
+    );
+    let error = settings
+        .apply(Worker::builder("orders"))
+        .expect("applies")
+        .sdk_config(&offline_sdk())
+        .processor(|_: &crate::ShardContext| NoOp)
+        .build()
+        .expect_err("no stream");
+    let blamed = settings.blame(&error).expect("a setting");
+    assert_eq!(
+        blamed.problems().next().map(|(o, _)| o),
+        Some("APP_STREAMS")
+    );
+}
+
 #[test]
 fn a_toml_file_gives_the_same_builder_as_the_environment() {
     let mut document = String::new();
