@@ -102,11 +102,13 @@ pub(crate) async fn past_trim_horizon(
             return Ok(None);
         }
         Oldest::Unknown => {
+            // Maybe trimmed, maybe another shard's: a shard never read
+            // again would be worse than one read again.
             warn!(stream, shard, sequence_number = %seq,
                 "Kinesis rejected the starting sequence number, and the shard's oldest record \
-                 was not reached within {OLDEST_PAGES} pages: not taken for trimmed, as \
-                 re-reading the shard from its start would be a guess");
-            return Ok(None);
+                 was not reached within {OLDEST_PAGES} pages, so whether it was trimmed is \
+                 unknown: resuming at TRIM_HORIZON (records may be delivered again)");
+            return Ok(Some(IteratorStart::TrimHorizon));
         }
         // Nothing retained, or the oldest record is after the checkpoint.
         Oldest::Record(_) | Oldest::Nothing => {}
@@ -130,7 +132,8 @@ enum Oldest {
     Record(String),
     /// No record: the shard ended, or the tip was reached.
     Nothing,
-    /// Not found within [`OLDEST_PAGES`] empty pages, the tip not reached.
+    /// Not found within [`OLDEST_PAGES`] empty pages, the tip not reached
+    /// (a sparse shard of long retention).
     Unknown,
 }
 
@@ -142,8 +145,8 @@ const OLDEST_PAGES: usize = 100;
 /// start far behind can answer empty pages first, so an empty page means
 /// nothing is retained only at the tip (`MillisBehindLatest` 0) or the
 /// shard's end; short of either within [`OLDEST_PAGES`], the answer is
-/// unknown (it was taken for "nothing retained", and the checkpoint for
-/// trimmed).
+/// unknown (it was taken for "nothing retained", and the checkpoint
+/// reported trimmed, DATA LOSS, though it may have been another shard's).
 async fn oldest_record(
     shared: &Shared,
     stream: &str,
