@@ -15,10 +15,12 @@
 //! migration completes): items whose `entityType` is
 //! `WORKER_METRIC_STATS`, the worker id in `leaseKey`, `lut` as above.
 //! kcl reads both places. The lease table's reports are the ones its last
-//! whole scan saw, at no cost of their own: the lease taker scans every
-//! tick while it renews per lease (the mode a table shared with Java
-//! workers runs in), and a report too old for its worker to count as
-//! alive is judged so by its `lut`.
+//! whole scan saw, at no cost of their own, while that scan is recent: the
+//! lease taker scans every tick while it renews per lease (the mode a table
+//! shared with Java workers runs in). Otherwise (a worker renewing by
+//! liveness record scans seldom) one read of the Java KCL's migration item
+//! tells whether a Java 3.5 fleet ran on the table, and only then are the
+//! reports read by a scan of their own.
 //!
 //! A fleet upgrading from the Java KCL 2.x reports as well, but its workers
 //! take leases themselves and pick up none assigned to them: while its
@@ -28,16 +30,23 @@
 //! workers is returned: kcl judges their leases as any owner's and hands
 //! them none (a lease handed over stood unrenewed until taken back).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use aws_sdk_dynamodb::types::AttributeValue;
 use kcl_core::store::{JavaWorker, StoreError, StoreOp};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::error::unconditional_error;
-use crate::java_reports::report;
+use crate::java_reports::{Seen, client_version_in_lease_table, report, report_in_lease_table};
 use crate::schema::java_migration::{CLIENT_VERSION, MIGRATION_KEY, SELF_TAKING, STATE_KEY};
 use crate::schema::java_workers::{LAST_UPDATE, WORKER_ID};
+use crate::schema::lease::{ENTITY_TYPE, LEASE_KEY};
 pub use crate::schema::{coordinator_state_table_for, worker_metric_stats_table_for};
 use crate::store::DynamoDbLeaseStore;
+
+/// Whether a failed read of the client version was warned of (once per
+/// process: it is tried again at every read of the reports).
+static VERSION_UNREAD_WARNED: AtomicBool = AtomicBool::new(false);
 
 impl DynamoDbLeaseStore {
     pub(crate) async fn read_java_workers(&self) -> Result<Vec<JavaWorker>, StoreError> {
@@ -50,7 +59,10 @@ impl DynamoDbLeaseStore {
             .unwrap_or_default();
         let mut workers: Vec<JavaWorker> =
             items.iter().filter_map(|i| report(i, WORKER_ID)).collect();
-        let seen = self.scanned_reports().last();
+        let seen = match self.scanned_reports().fresh() {
+            Some(seen) => seen,
+            None => self.read_java_in_lease_table().await?,
+        };
         // A worker migrating between the layouts may report in both: its
         // newest report counts.
         for report in seen.reports {
@@ -64,7 +76,7 @@ impl DynamoDbLeaseStore {
         }
         let version = match seen.client_version {
             Some(version) => Some(version),
-            None => self.read_client_version().await?,
+            None => self.read_client_version().await,
         };
         match version {
             Some(version) if SELF_TAKING.contains(&version.as_str()) => {
@@ -79,8 +91,46 @@ impl DynamoDbLeaseStore {
         }
     }
 
-    /// The client version `<table>-CoordinatorState` records, if any.
-    async fn read_client_version(&self) -> Result<Option<String>, StoreError> {
+    /// What the lease table holds of the Java KCL 3.5, when no recent scan
+    /// says (a worker in the liveness mode scans seldom): its migration
+    /// item, read alone, and only where there is one (a Java 3.5 fleet
+    /// ran here) the reports, by a scan of their own. A table no Java 3.5
+    /// worker touched costs one read.
+    async fn read_java_in_lease_table(&self) -> Result<Seen, StoreError> {
+        let read = self
+            .client()
+            .get_item()
+            .table_name(self.table())
+            .key(LEASE_KEY, AttributeValue::S(MIGRATION_KEY.into()))
+            .send()
+            .await
+            .map_err(|e| unconditional_error(StoreOp::ReadJavaWorkers, self.table(), "", e))?;
+        let Some(migration) = read.item else {
+            return Ok(Seen::default());
+        };
+        let mut seen = Seen {
+            reports: Vec::new(),
+            client_version: client_version_in_lease_table(&migration),
+        };
+        let projection = format!("{LEASE_KEY}, {ENTITY_TYPE}, {LAST_UPDATE}");
+        let items = self
+            .scan_all(
+                StoreOp::ReadJavaWorkers,
+                self.table(),
+                false,
+                Some(&projection),
+            )
+            .await?
+            .unwrap_or_default();
+        seen.reports = items.iter().filter_map(report_in_lease_table).collect();
+        Ok(seen)
+    }
+
+    /// The client version `<table>-CoordinatorState` records, if any. A
+    /// failed read (a role without `dynamodb:GetItem` on that table, a
+    /// throttle) is warned of once and taken for none: the workers then
+    /// count, as they did before the version was read.
+    async fn read_client_version(&self) -> Option<String> {
         let table = coordinator_state_table_for(self.table());
         let read = self
             .client()
@@ -91,19 +141,27 @@ impl DynamoDbLeaseStore {
             .send()
             .await;
         match read {
-            Ok(out) => Ok(out
+            Ok(out) => out
                 .item
                 .and_then(|mut item| item.remove(CLIENT_VERSION))
-                .and_then(|v| v.as_s().ok().cloned())),
+                .and_then(|v| v.as_s().ok().cloned()),
             // No such table: a fleet of the Java KCL 3.5 layout (the item
             // is then in the lease table), or of no 3.x migration.
             Err(e)
                 if e.as_service_error()
                     .is_some_and(|s| s.is_resource_not_found_exception()) =>
             {
-                Ok(None)
+                None
             }
-            Err(e) => Err(unconditional_error(StoreOp::ReadJavaWorkers, &table, "", e)),
+            Err(e) => {
+                if !VERSION_UNREAD_WARNED.swap(true, Ordering::Relaxed) {
+                    let e = unconditional_error(StoreOp::ReadJavaWorkers, &table, "", e);
+                    warn!(table, error = %e,
+                        "cannot read the Java KCL fleet's client version; counting its \
+                         reporting workers as 3.x ones, which take leases handed to them");
+                }
+                None
+            }
         }
     }
 }

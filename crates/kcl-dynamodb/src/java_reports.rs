@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use kcl_core::store::JavaWorker;
@@ -31,29 +32,37 @@ impl Seen {
     }
 }
 
-/// What the last whole scan of the lease table saw; shared by the clones
-/// of a store.
+/// How old the last whole scan may be and still stand for the lease
+/// table: a Java worker reports every 30 s and counts as gone after 75 s
+/// without a report, so an older scan could only show it gone.
+const SCAN_FRESH: Duration = Duration::from_secs(60);
+
+/// What the last whole scan of the lease table saw, and when it ended;
+/// shared by the clones of a store.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct ScannedReports(Arc<Mutex<Seen>>);
+pub(crate) struct ScannedReports(Arc<Mutex<Option<(Instant, Seen)>>>);
 
 impl ScannedReports {
     /// A whole scan ended, having seen `seen`.
     pub(crate) fn scanned(&self, seen: Seen) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = seen;
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some((Instant::now(), seen));
     }
 
-    /// What the last whole scan saw (nothing before one).
-    pub(crate) fn last(&self) -> Seen {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+    /// What the last whole scan saw, if it ended in the last
+    /// [`SCAN_FRESH`].
+    pub(crate) fn fresh(&self) -> Option<Seen> {
+        match &*self.0.lock().unwrap_or_else(PoisonError::into_inner) {
+            Some((at, seen)) if at.elapsed() <= SCAN_FRESH => Some(seen.clone()),
+            _ => None,
+        }
     }
 }
 
 /// The client version the Java KCL 3.5's migration item `item` of the
 /// lease table records, if it is that item.
-fn client_version_in_lease_table(item: &HashMap<String, AttributeValue>) -> Option<String> {
+pub(crate) fn client_version_in_lease_table(
+    item: &HashMap<String, AttributeValue>,
+) -> Option<String> {
     match item.get(ENTITY_TYPE) {
         Some(AttributeValue::S(kind)) if kind == MIGRATION_ENTITY => {
             item.get(CLIENT_VERSION)?.as_s().ok().cloned()

@@ -210,6 +210,21 @@ async fn java_kcl_3_5_workers_reporting_in_the_lease_table_are_seen() {
             ("java-2".to_owned(), 1_765_000_030)
         ]
     );
+    // A worker that has not scanned lately (one renewing by liveness
+    // record scans seldom) reads them itself once the Java KCL's migration
+    // item says a 3.5 fleet ran here; without it, it reads no further.
+    let unscanned = || DynamoDbLeaseStore::new(store.client().clone(), store.table());
+    assert!(unscanned().java_workers().await.unwrap().is_empty());
+    put_raw(
+        &store,
+        HashMap::from([
+            ("leaseKey".into(), s("Migration3.0")),
+            ("entityType".into(), s("CLIENT_VERSION_MIGRATION")),
+            ("cv".into(), s("CLIENT_VERSION_3X")),
+        ]),
+    )
+    .await;
+    assert_eq!(ids(unscanned().java_workers().await.unwrap()).len(), 2);
 }
 
 /// A free lease whose handoff attributes are NULL (another tool wrote
@@ -309,6 +324,47 @@ async fn java_workers_running_2x_compatible_are_not_handed_leases() {
     scan().await;
     assert!(ids().await.is_empty(), "2.x-compatible, by the lease table");
     delete_table(store.client(), &state_table).await.unwrap();
+}
+
+/// A client version that cannot be read (a role without GetItem on
+/// `<app>-CoordinatorState`, a throttle) leaves the reporting workers
+/// counted, as before the version was read: it failed the whole read,
+/// and no Java worker counted at all.
+#[tokio::test]
+async fn an_unreadable_client_version_leaves_the_java_workers_counted() {
+    let env = env().await;
+    let store = new_store().await;
+    put_raw(
+        &store,
+        HashMap::from([
+            ("leaseKey".into(), s("java-1")),
+            ("entityType".into(), s("WORKER_METRIC_STATS")),
+            ("lut".into(), n(1_765_000_000)),
+        ]),
+    )
+    .await;
+    let proxy = FaultProxy::start(&dynamodb_endpoint(), Faults::OUTAGE, 4)
+        .await
+        .unwrap();
+    // Scans pass (the one below fills the store's view of the table);
+    // every GetItem fails.
+    proxy.set_only(Some("GetItem"));
+    let client = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(env.sdk_config())
+            .endpoint_url(proxy.url())
+            .build(),
+    );
+    let through = DynamoDbLeaseStore::new(client, store.table());
+    let _: Vec<Lease> = through.scan().try_concat().await.unwrap();
+    let workers = through
+        .java_workers()
+        .await
+        .expect("the workers, unfiltered");
+    assert_eq!(workers.len(), 1);
+    assert!(
+        proxy.counts().internal_errors > 0,
+        "the version was asked for"
+    );
 }
 
 #[tokio::test]
