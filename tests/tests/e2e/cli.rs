@@ -448,6 +448,14 @@ async fn reset_is_refused_while_held_and_done_with_force() {
     let l3 = get("shardId-000000000003").await;
     assert_eq!((&l3.owner, &l3.checkpoint_owner), (&None, &None));
 
+    // AT_TIMESTAMP: the workers' own time, as the command says.
+    let out = ok(&reset("shardId-000000000000", "AT_TIMESTAMP", false).await);
+    assert!(out.contains("AT_TIMESTAMP stores no time"), "{out}");
+    assert_eq!(
+        get("shardId-000000000000").await.checkpoint,
+        Checkpoint::AtTimestamp
+    );
+
     // Unknown shard, bad position.
     let err = failed(&reset("shardId-9", "LATEST", false).await);
     assert!(err.contains("no lease for shard shardId-9"), "{err}");

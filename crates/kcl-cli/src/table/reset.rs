@@ -61,6 +61,15 @@ pub(crate) async fn reset(a: ResetArgs) -> anyhow::Result<()> {
     if let (Checkpoint::Sequence { seq, .. }, [lease]) = (&a.to, leases.as_slice()) {
         sequence::check_in_shard(&table, lease, seq, a.stream.as_deref()).await?;
     }
+    if a.to == Checkpoint::AtTimestamp {
+        // The sentinel stores no time: read as the workers' own setting,
+        // it quietly meant TRIM_HORIZON to a worker configured otherwise.
+        say!(
+            "note: AT_TIMESTAMP stores no time: each worker starts at the initial timestamp it \
+             is configured with, and one configured with another initial position starts at \
+             TRIM_HORIZON"
+        );
+    }
     if a.dry_run {
         print_dry_run(&table, &leases, &a.to);
         return Ok(());
