@@ -185,6 +185,16 @@ impl Table {
         }
     }
 
+    /// [`Self::served_stream`], a failed read warned of and taken for none
+    /// (for a caller that has `--stream` to go by: a role without access
+    /// to `<table>-workers` could use it before the record was read).
+    async fn served_stream_or_warn(&self) -> Option<String> {
+        self.served_stream().await.unwrap_or_else(|e| {
+            eprintln!("warning: {}; going by --stream alone", aws::explain(&e));
+            None
+        })
+    }
+
     /// Fails if `stream` (`--stream`) is given for `leases` of a
     /// single-stream table that records serving another stream: they are
     /// that stream's, and a command meant for `stream` must not move them.
@@ -193,7 +203,7 @@ impl Table {
         if leases.iter().all(|l| l.stream.is_some()) {
             return Ok(());
         }
-        match self.served_stream().await? {
+        match self.served_stream_or_warn().await {
             Some(served) if !streams::names(&served, given) => bail!(
                 "table {} serves stream {} ({served}), not {given}; nothing was written",
                 self.name,

@@ -424,6 +424,9 @@ async fn reset_is_refused_while_held_and_done_with_force() {
         } else {
             let err = failed(&out);
             assert!(err.contains("deleted and created again"), "{err}");
+            // A key's time the Java KCL took unchecked: --force goes on.
+            let forced = ok(&kcl(&[&no_stream[..], &["--force"]].concat(), &[]).await);
+            assert!(forced.contains("checking in it as it is"), "{forced}");
         }
     }
     assert_eq!(get(shard).await.checkpoint, Checkpoint::at(&seq, 6));

@@ -59,7 +59,7 @@ pub(crate) async fn reset(a: ResetArgs) -> anyhow::Result<()> {
         refuse_any(&leases)?;
     }
     if let (Checkpoint::Sequence { seq, .. }, [lease]) = (&a.to, leases.as_slice()) {
-        sequence::check_in_shard(&table, lease, seq, a.stream.as_deref()).await?;
+        sequence::check_in_shard(&table, lease, seq, a.stream.as_deref(), a.force).await?;
     }
     if a.to == Checkpoint::AtTimestamp {
         // The sentinel stores no time: read as the workers' own setting,

@@ -20,15 +20,21 @@ use crate::aws;
 /// A stream known by its identifier must still be the one created then:
 /// the positions of a stream deleted and created again under its name are
 /// not the new one's.
+///
+/// With `force`, a stream created at another time than the identifier says
+/// is warned of and checked in as it is: the Java KCL takes a multi-stream
+/// lease's creation time from its application, unchecked.
 pub(super) async fn check_in_shard(
     table: &Table,
     lease: &Lease,
     seq: &str,
     stream: Option<&str>,
+    force: bool,
 ) -> anyhow::Result<()> {
-    let identifier = match &lease.stream {
-        Some(id) => Some(id.clone()),
-        None => table.served_stream().await?,
+    let identifier = match (&lease.stream, stream) {
+        (Some(id), _) => Some(id.clone()),
+        (None, Some(_)) => table.served_stream_or_warn().await,
+        (None, None) => table.served_stream().await?,
     };
     let sdk = aws::sdk_config(true).await;
     let target = target(
@@ -38,7 +44,10 @@ pub(super) async fn check_in_shard(
     )?;
     let kinesis = aws_sdk_kinesis::Client::new(&sdk);
     if let Some(created) = target.created {
-        same_stream(&kinesis, &target, created).await?;
+        match same_stream(&kinesis, &target, created).await {
+            Err(e) if force => say!("warning: {e:#}; --force: checking in it as it is"),
+            checked => checked?,
+        }
     }
     let shard = &lease.shard_id;
     let stream = &target.address;
@@ -110,10 +119,11 @@ async fn same_stream(
         .map(|s| s.stream_creation_timestamp().secs());
     if now != Some(created) {
         bail!(
-            "refusing to reset to a sequence number: stream {stream} is not the one this lease \
-             is of (created at {created}, epoch seconds; the stream there now was created at \
-             {}): it was deleted and created again, and the old stream's positions mean \
-             nothing in the new one; nothing was written",
+            "refusing to reset to a sequence number: stream {stream} was created at {}, not at \
+             {created} as this lease's key says (epoch seconds): if it was deleted and created \
+             again, the old stream's positions mean nothing in the new one; if the key's time \
+             was made up (the Java KCL takes it from the application), pass --force; nothing \
+             was written",
             now.map_or_else(|| "an unknown time".to_owned(), |t| t.to_string())
         );
     }
