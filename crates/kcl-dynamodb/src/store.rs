@@ -616,10 +616,7 @@ pub(crate) fn read_lenient(table: &str, item: &HashMap<String, AttributeValue>) 
     match from_item(item) {
         Ok(ReadItem::Lease(l)) => {
             if let Some(attribute) = null_in_conditions(item) {
-                warn!(table, lease = %l.key, attribute,
-                    "a lease attribute is NULL, which DynamoDB's conditions take for present: \
-                     writes that need it absent are refused until it is removed (kcl leases \
-                     reset --force removes it)");
+                warn_of_null_once(table, &l.key, attribute);
             }
             Some(*l)
         }
@@ -629,5 +626,41 @@ pub(crate) fn read_lenient(table: &str, item: &HashMap<String, AttributeValue>) 
             metrics::counter!(LEASE_ITEMS_MALFORMED, "lease" => e.key.clone()).increment(1);
             None
         }
+    }
+}
+
+/// Warns that lease `key` of `table` has a NULL `attribute` (see
+/// [`null_in_conditions`]), once per lease and process: every scan of
+/// every worker reads it, each taker tick. Whether it warned.
+fn warn_of_null_once(table: &str, key: &str, attribute: &str) -> bool {
+    static WARNED: std::sync::Mutex<std::collections::BTreeSet<(String, String)>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let first = WARNED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert((table.to_owned(), key.to_owned()));
+    if first {
+        warn!(
+            table,
+            lease = key,
+            attribute,
+            "a lease attribute is NULL, which DynamoDB's conditions take for present: writes \
+             that need it absent are refused until it is removed (kcl leases reset --force \
+             removes it)"
+        );
+    }
+    first
+}
+
+#[cfg(test)]
+mod tests {
+    /// A NULL attribute is warned of once per lease, not at every scan
+    /// of every worker (each taker tick).
+    #[test]
+    fn a_null_attribute_is_warned_of_once_per_lease() {
+        let warn = |key| super::warn_of_null_once("null-once", key, "leaseOwner");
+        assert!(warn("shardId-1"));
+        assert!(!warn("shardId-1"), "again at the next scan");
+        assert!(warn("shardId-2"), "another lease");
     }
 }
