@@ -497,12 +497,13 @@ impl Settings {
     }
 
     /// Where `field` came from, or, unset, the variable that would set it
-    /// (the field's name without a prefix): what an error names.
+    /// (the field's own name without a prefix, and for a field no setting
+    /// has, set in code): what an error names.
     fn named(&self, field: &str) -> String {
         match (self.origins.get(field), &self.prefix) {
             (Some(origin), _) => origin.clone(),
-            (None, Some(prefix)) => variable(prefix, field),
-            (None, None) => field.to_owned(),
+            (None, Some(prefix)) if FIELDS.contains(&field) => variable(prefix, field),
+            (None, _) => field.to_owned(),
         }
     }
 

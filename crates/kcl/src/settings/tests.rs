@@ -288,6 +288,16 @@ fn a_required_setting_left_unset_is_named_by_its_variable() {
         blamed.problems().next().map(|(o, _)| o),
         Some("APP_STREAMS")
     );
+    // A field no setting has was set in code: its own name, no variable.
+    let error = crate::Error::from(kcl_core::ConfigError {
+        field: "retry_min_delay",
+        reason: "must be above zero".into(),
+    });
+    let blamed = settings.blame(&error).expect("a setting");
+    assert_eq!(
+        blamed.problems().next().map(|(o, _)| o),
+        Some("retry_min_delay")
+    );
 }
 
 #[test]
