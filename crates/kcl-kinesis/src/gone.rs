@@ -82,7 +82,9 @@ fn compare_shard_ids(a: &str, b: &str) -> std::cmp::Ordering {
 /// lies after the checkpoint was the checkpoint trimmed. `Ok(None)` when
 /// it was not (or `start` is no sequence number): the argument is wrong
 /// for another reason, and re-reading the shard from its start would be
-/// a guess.
+/// a guess. When the oldest record cannot be found (see [`oldest_record`])
+/// reading resumes at `TRIM_HORIZON` too, counted as trimmed but warned
+/// of as unknown: a shard never read again would be worse.
 pub(crate) async fn past_trim_horizon(
     shared: &Shared,
     stream: &str,
@@ -103,11 +105,15 @@ pub(crate) async fn past_trim_horizon(
         }
         Oldest::Unknown => {
             // Maybe trimmed, maybe another shard's: a shard never read
-            // again would be worse than one read again.
+            // again would be worse than one read again. Counted as
+            // trimmed, for the alert on lost records, as it may be.
+            shared.stats.trimmed_start();
+            count(KINESIS_TRIMMED_CHECKPOINTS, stream, shard);
             warn!(stream, shard, sequence_number = %seq,
                 "Kinesis rejected the starting sequence number, and the shard's oldest record \
                  was not reached within {OLDEST_PAGES} pages, so whether it was trimmed is \
-                 unknown: resuming at TRIM_HORIZON (records may be delivered again)");
+                 unknown (counted as trimmed): resuming at TRIM_HORIZON, records may be \
+                 delivered again or have been lost");
             return Ok(Some(IteratorStart::TrimHorizon));
         }
         // Nothing retained, or the oldest record is after the checkpoint.
