@@ -36,7 +36,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use kcl_core::store::{JavaWorker, StoreError, StoreOp};
 use tracing::{debug, warn};
 
-use crate::error::unconditional_error;
+use crate::error::{is_access_denied, unconditional_error};
 use crate::java_reports::{Seen, client_version_in_lease_table, report, report_in_lease_table};
 use crate::schema::java_migration::{CLIENT_VERSION, MIGRATION_KEY, SELF_TAKING, STATE_KEY};
 use crate::schema::java_workers::{LAST_UPDATE, WORKER_ID};
@@ -44,9 +44,12 @@ use crate::schema::lease::{ENTITY_TYPE, LEASE_KEY};
 pub use crate::schema::{coordinator_state_table_for, worker_metric_stats_table_for};
 use crate::store::DynamoDbLeaseStore;
 
-/// Whether a failed read of the client version was warned of (once per
+/// Whether a denied read of the client version was warned of (once per
 /// process: it is tried again at every read of the reports).
 static VERSION_UNREAD_WARNED: AtomicBool = AtomicBool::new(false);
+
+/// Whether a denied read of `<table>-WorkerMetricStats` was warned of.
+static TABLE_DENIED_WARNED: AtomicBool = AtomicBool::new(false);
 
 impl DynamoDbLeaseStore {
     pub(crate) async fn read_java_workers(&self) -> Result<Vec<JavaWorker>, StoreError> {
@@ -54,7 +57,12 @@ impl DynamoDbLeaseStore {
         // No such table: no Java KCL 3.0-3.4 worker ever ran here.
         let projection = format!("{WORKER_ID}, {LAST_UPDATE}");
         let items = self
-            .scan_all(StoreOp::ReadJavaWorkers, &table, false, Some(&projection))
+            .scan_if_allowed(
+                StoreOp::ReadJavaWorkers,
+                &table,
+                &projection,
+                &TABLE_DENIED_WARNED,
+            )
             .await?
             .unwrap_or_default();
         let mut workers: Vec<JavaWorker> =
@@ -76,7 +84,7 @@ impl DynamoDbLeaseStore {
         }
         let version = match seen.client_version {
             Some(version) => Some(version),
-            None => self.read_client_version().await,
+            None => self.read_client_version().await?,
         };
         match version {
             Some(version) if SELF_TAKING.contains(&version.as_str()) => {
@@ -127,10 +135,12 @@ impl DynamoDbLeaseStore {
     }
 
     /// The client version `<table>-CoordinatorState` records, if any. A
-    /// failed read (a role without `dynamodb:GetItem` on that table, a
-    /// throttle) is warned of once and taken for none: the workers then
-    /// count, as they did before the version was read.
-    async fn read_client_version(&self) -> Option<String> {
+    /// failed read stands on the last answer: a role denied the table
+    /// (warned of once) counts the workers as 3.x ones if no answer ever
+    /// came; another failure with no answer yet fails the read, and the
+    /// taker keeps what it last saw. A throttle once counted a
+    /// 2.x-compatible fleet's workers, and handed them leases.
+    async fn read_client_version(&self) -> Result<Option<String>, StoreError> {
         let table = coordinator_state_table_for(self.table());
         let read = self
             .client()
@@ -140,7 +150,7 @@ impl DynamoDbLeaseStore {
             .projection_expression(CLIENT_VERSION)
             .send()
             .await;
-        match read {
+        let answer = match read {
             Ok(out) => out
                 .item
                 .and_then(|mut item| item.remove(CLIENT_VERSION))
@@ -154,14 +164,23 @@ impl DynamoDbLeaseStore {
                 None
             }
             Err(e) => {
-                if !VERSION_UNREAD_WARNED.swap(true, Ordering::Relaxed) {
-                    let e = unconditional_error(StoreOp::ReadJavaWorkers, &table, "", e);
+                let last = self.scanned_reports().last_version();
+                let denied = is_access_denied(&e);
+                let e = unconditional_error(StoreOp::ReadJavaWorkers, &table, "", e);
+                if denied && !VERSION_UNREAD_WARNED.swap(true, Ordering::Relaxed) {
                     warn!(table, error = %e,
-                        "cannot read the Java KCL fleet's client version; counting its \
-                         reporting workers as 3.x ones, which take leases handed to them");
+                        "cannot read the Java KCL fleet's client version (the role needs \
+                         dynamodb:GetItem on it); counting its reporting workers as 3.x ones, \
+                         which take leases handed to them");
                 }
-                None
+                return match (last, denied) {
+                    (Some(version), _) => Ok(version),
+                    (None, true) => Ok(None),
+                    (None, false) => Err(e),
+                };
             }
-        }
+        };
+        self.scanned_reports().read_version(answer.clone());
+        Ok(answer)
     }
 }

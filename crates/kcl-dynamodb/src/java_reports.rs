@@ -37,24 +37,43 @@ impl Seen {
 /// without a report, so an older scan could only show it gone.
 const SCAN_FRESH: Duration = Duration::from_secs(60);
 
-/// What the last whole scan of the lease table saw, and when it ended;
+/// What the last whole scan of the lease table saw, and when it ended,
+/// and the last client version read from `<table>-CoordinatorState`;
 /// shared by the clones of a store.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct ScannedReports(Arc<Mutex<Option<(Instant, Seen)>>>);
+pub(crate) struct ScannedReports {
+    scan: Arc<Mutex<Option<(Instant, Seen)>>>,
+    /// `None` until a read answered; then its answer (`Some(None)`: no
+    /// version recorded).
+    version: Arc<Mutex<Option<Option<String>>>>,
+}
 
 impl ScannedReports {
     /// A whole scan ended, having seen `seen`.
     pub(crate) fn scanned(&self, seen: Seen) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some((Instant::now(), seen));
+        *self.scan.lock().unwrap_or_else(PoisonError::into_inner) = Some((Instant::now(), seen));
     }
 
     /// What the last whole scan saw, if it ended in the last
     /// [`SCAN_FRESH`].
     pub(crate) fn fresh(&self) -> Option<Seen> {
-        match &*self.0.lock().unwrap_or_else(PoisonError::into_inner) {
+        match &*self.scan.lock().unwrap_or_else(PoisonError::into_inner) {
             Some((at, seen)) if at.elapsed() <= SCAN_FRESH => Some(seen.clone()),
             _ => None,
         }
+    }
+
+    /// A read of the coordinator state answered `version`.
+    pub(crate) fn read_version(&self, version: Option<String>) {
+        *self.version.lock().unwrap_or_else(PoisonError::into_inner) = Some(version);
+    }
+
+    /// The last answer of a read of the coordinator state, if any came.
+    pub(crate) fn last_version(&self) -> Option<Option<String>> {
+        self.version
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 

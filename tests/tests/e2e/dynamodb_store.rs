@@ -326,12 +326,14 @@ async fn java_workers_running_2x_compatible_are_not_handed_leases() {
     delete_table(store.client(), &state_table).await.unwrap();
 }
 
-/// A client version that cannot be read (a role without GetItem on
-/// `<app>-CoordinatorState`, a throttle) leaves the reporting workers
-/// counted, as before the version was read: it failed the whole read,
-/// and no Java worker counted at all.
+/// A client version that cannot be read for a while (a throttle, a 5xx)
+/// stands on the last answer: a 2.x-compatible fleet's workers stay
+/// uncounted. Taken for "none", they counted, and were handed leases they
+/// never pick up; with no answer yet, the read fails (the taker keeps what
+/// it saw).
 #[tokio::test]
-async fn an_unreadable_client_version_leaves_the_java_workers_counted() {
+async fn an_unreadable_client_version_stands_on_the_last_answer() {
+    use aws_sdk_dynamodb::types::ScalarAttributeType;
     let env = env().await;
     let store = new_store().await;
     put_raw(
@@ -343,28 +345,52 @@ async fn an_unreadable_client_version_leaves_the_java_workers_counted() {
         ]),
     )
     .await;
-    let proxy = FaultProxy::start(&dynamodb_endpoint(), Faults::OUTAGE, 4)
+    let state_table = kcl_dynamodb::java::coordinator_state_table_for(store.table());
+    kcl_tests::create_keyed_table(store.client(), &state_table, "key", ScalarAttributeType::S)
         .await
         .unwrap();
-    // Scans pass (the one below fills the store's view of the table);
-    // every GetItem fails.
-    proxy.set_only(Some("GetItem"));
+    store
+        .client()
+        .put_item()
+        .table_name(&state_table)
+        .item("key", s("Migration3.0"))
+        .item("cv", s("CLIENT_VERSION_UPGRADE_FROM_2X"))
+        .send()
+        .await
+        .unwrap();
+    let proxy = FaultProxy::start(&dynamodb_endpoint(), Faults::NONE, 4)
+        .await
+        .unwrap();
     let client = aws_sdk_dynamodb::Client::from_conf(
         aws_sdk_dynamodb::config::Builder::from(env.sdk_config())
             .endpoint_url(proxy.url())
             .build(),
     );
-    let through = DynamoDbLeaseStore::new(client, store.table());
-    let _: Vec<Lease> = through.scan().try_concat().await.unwrap();
-    let workers = through
+    let through = || DynamoDbLeaseStore::new(client.clone(), store.table());
+    let (answered, unanswered) = (through(), through());
+    for s in [&answered, &unanswered] {
+        let _: Vec<Lease> = s.scan().try_concat().await.unwrap();
+    }
+    assert!(
+        answered.java_workers().await.unwrap().is_empty(),
+        "2.x-compatible"
+    );
+    // Every GetItem fails from now on; scans pass.
+    proxy.set_faults(Faults::OUTAGE);
+    proxy.set_only(Some("GetItem"));
+    assert!(
+        answered.java_workers().await.unwrap().is_empty(),
+        "still 2.x-compatible, by the last answer"
+    );
+    unanswered
         .java_workers()
         .await
-        .expect("the workers, unfiltered");
-    assert_eq!(workers.len(), 1);
+        .expect_err("no answer yet: the read fails");
     assert!(
         proxy.counts().internal_errors > 0,
         "the version was asked for"
     );
+    delete_table(store.client(), &state_table).await.unwrap();
 }
 
 #[tokio::test]

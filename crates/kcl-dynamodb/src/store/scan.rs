@@ -3,14 +3,19 @@
 //! any table whole.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::scan::ScanError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
+use aws_smithy_runtime_api::http::Response;
 use futures::stream::{self, BoxStream, StreamExt};
 use kcl_core::store::{Page, StoreError, StoreOp};
 
 use super::{DynamoDbLeaseStore, read_lenient};
-use crate::error::unconditional_error;
+use crate::error::{is_access_denied, unconditional_error};
 use crate::java_reports::{ScannedReports, Seen};
+use tracing::warn;
 
 /// Where a scan of the lease table stands: the key to resume after
 /// (`None` for the first page) and what of the Java KCL it saw so far.
@@ -77,6 +82,42 @@ impl DynamoDbLeaseStore {
         consistent: bool,
         projection: Option<&str>,
     ) -> Result<Option<Vec<HashMap<String, AttributeValue>>>, StoreError> {
+        self.scan_whole(op, table, consistent, projection)
+            .await
+            .map_err(|e| unconditional_error(op, table, "", e))
+    }
+
+    /// [`Self::scan_all`] of another application's table, which this one
+    /// may not be allowed to read: denied, it is taken for absent, and
+    /// warned of once (`warned`).
+    pub(crate) async fn scan_if_allowed(
+        &self,
+        op: StoreOp,
+        table: &str,
+        projection: &str,
+        warned: &AtomicBool,
+    ) -> Result<Option<Vec<HashMap<String, AttributeValue>>>, StoreError> {
+        match self.scan_whole(op, table, false, Some(projection)).await {
+            Ok(items) => Ok(items),
+            Err(e) if is_access_denied(&e) => {
+                if !warned.swap(true, Ordering::Relaxed) {
+                    let e = unconditional_error(op, table, "", e);
+                    warn!(table, error = %e, "cannot read the Java KCL's table: its workers there \
+                        are not seen (the role needs dynamodb:Scan on it)");
+                }
+                Ok(None)
+            }
+            Err(e) => Err(unconditional_error(op, table, "", e)),
+        }
+    }
+
+    async fn scan_whole(
+        &self,
+        op: StoreOp,
+        table: &str,
+        consistent: bool,
+        projection: Option<&str>,
+    ) -> Result<Option<Vec<HashMap<String, AttributeValue>>>, SdkError<ScanError, Response>> {
         let mut items = Vec::new();
         let mut start = None;
         loop {
@@ -98,7 +139,7 @@ impl DynamoDbLeaseStore {
                 {
                     return Ok(None);
                 }
-                Err(e) => return Err(unconditional_error(op, table, "", e)),
+                Err(e) => return Err(e),
             };
             self.record_capacity(op, out.consumed_capacity());
             items.extend_from_slice(out.items());
