@@ -148,6 +148,19 @@ impl Table {
     /// first worker recorded it beside the liveness records; `None` when
     /// none is recorded.
     async fn served_stream(&self) -> anyhow::Result<Option<String>> {
+        self.read_served_stream(false).await
+    }
+
+    /// [`Self::served_stream`], a denied read warned of and taken for
+    /// none, for a caller that has `--stream` to go by: a role without
+    /// access to `<table>-workers` could use it before the record was
+    /// read. Any other failure (a throttle, an outage) is an error: going
+    /// on without the record could rewind another stream's table.
+    async fn served_stream_or_warn(&self) -> anyhow::Result<Option<String>> {
+        self.read_served_stream(true).await
+    }
+
+    async fn read_served_stream(&self, denied_is_none: bool) -> anyhow::Result<Option<String>> {
         let workers = kcl_dynamodb::schema::workers_table_for(&self.name);
         let read = self
             .store
@@ -163,36 +176,38 @@ impl Table {
             .consistent_read(true)
             .send()
             .await;
-        match read {
-            Ok(out) => Ok(out
-                .item
-                .and_then(|mut item| item.remove(kcl_dynamodb::schema::liveness::SERVES_STREAM))
-                .and_then(|v| v.as_s().ok().cloned())),
+        let err = match read {
+            Ok(out) => {
+                return Ok(out
+                    .item
+                    .and_then(|mut item| item.remove(kcl_dynamodb::schema::liveness::SERVES_STREAM))
+                    .and_then(|v| v.as_s().ok().cloned()));
+            }
             Err(e)
                 if e.as_service_error()
                     .is_some_and(|s| s.is_resource_not_found_exception()) =>
             {
-                Ok(None)
+                return Ok(None);
             }
-            Err(e) => Err(aws::sdk_error(
-                "DYNAMODB",
-                format!(
-                    "reading the stream table {} serves, in {workers}",
-                    self.name
-                ),
-                e,
-            )),
+            Err(e) => e,
+        };
+        let denied = err
+            .as_service_error()
+            .and_then(|s| s.meta().code())
+            .is_some_and(|code| code == "AccessDeniedException");
+        let err = aws::sdk_error(
+            "DYNAMODB",
+            format!(
+                "reading the stream table {} serves, in {workers}",
+                self.name
+            ),
+            err,
+        );
+        if denied && denied_is_none {
+            eprintln!("warning: {}; going by --stream alone", aws::explain(&err));
+            return Ok(None);
         }
-    }
-
-    /// [`Self::served_stream`], a failed read warned of and taken for none
-    /// (for a caller that has `--stream` to go by: a role without access
-    /// to `<table>-workers` could use it before the record was read).
-    async fn served_stream_or_warn(&self) -> Option<String> {
-        self.served_stream().await.unwrap_or_else(|e| {
-            eprintln!("warning: {}; going by --stream alone", aws::explain(&e));
-            None
-        })
+        Err(err)
     }
 
     /// Fails if `stream` (`--stream`) is given for `leases` of a
@@ -203,7 +218,7 @@ impl Table {
         if leases.iter().all(|l| l.stream.is_some()) {
             return Ok(());
         }
-        match self.served_stream_or_warn().await {
+        match self.served_stream_or_warn().await? {
             Some(served) if !streams::names(&served, given) => bail!(
                 "table {} serves stream {} ({served}), not {given}; nothing was written",
                 self.name,

@@ -471,6 +471,33 @@ async fn reset_is_refused_while_held_and_done_with_force() {
     );
 }
 
+/// A `--stream` the table's stream record cannot be read to check (the
+/// workers table answers 500s) is refused, not gone by: the table could
+/// serve another stream, whose shards `reset --all` would rewind.
+#[tokio::test]
+async fn a_stream_that_cannot_be_checked_against_the_table_is_refused() {
+    use kcl_tests::fault_proxy::{FaultProxy, Faults};
+    let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
+    let (table, store) = table_in_every_state(&env).await;
+    let workers = kcl_dynamodb::table::workers_table_for(&table);
+    kcl_dynamodb::ensure_workers_table(env.dynamodb(), &workers, kcl_dynamodb::Capacity::OnDemand)
+        .await
+        .unwrap();
+    serve(&env, &workers, &table, "000000000000:orders:1700000000").await;
+    let proxy = FaultProxy::start(&dynamodb_endpoint(), Faults::OUTAGE, 6)
+        .await
+        .unwrap();
+    proxy.set_only(Some("GetItem"));
+    let rewind = [
+        "leases", "reset", "--table", &table, "--all", "--stream", "payments", "--to", "LATEST",
+        "--force",
+    ];
+    let err = failed(&kcl(&rewind, &[("AWS_ENDPOINT_URL_DYNAMODB", &proxy.url())]).await);
+    assert!(err.contains("reading the stream table"), "{err}");
+    let l1 = store.get("shardId-000000000001").await.unwrap().unwrap();
+    assert_eq!(l1.checkpoint, Checkpoint::TrimHorizon, "nothing rewound");
+}
+
 /// Records, as a single-stream table's first worker does, that `table`
 /// serves the stream of `identifier` (replacing any earlier record).
 async fn serve(env: &TestEnv, workers: &str, table: &str, identifier: &str) {

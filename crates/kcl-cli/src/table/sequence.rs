@@ -33,7 +33,7 @@ pub(super) async fn check_in_shard(
 ) -> anyhow::Result<()> {
     let identifier = match (&lease.stream, stream) {
         (Some(id), _) => Some(id.clone()),
-        (None, Some(_)) => table.served_stream_or_warn().await,
+        (None, Some(_)) => table.served_stream_or_warn().await?,
         (None, None) => table.served_stream().await?,
     };
     let sdk = aws::sdk_config(true).await;
