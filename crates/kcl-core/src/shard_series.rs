@@ -93,7 +93,15 @@ impl Drop for Subscription {
 /// forgets them later, unless the shard came back meanwhile. `forget` must
 /// not start or stop a consumer, nor call into this module.
 pub fn with_unread(shards: &[(String, String)], forget: impl FnOnce(&[&(String, String)])) {
-    let registry = registry();
+    forget_unread(&registry(), shards, forget);
+}
+
+/// Calls `forget` with those of `shards` no consumer reads, if any.
+fn forget_unread(
+    registry: &Registry,
+    shards: &[(String, String)],
+    forget: impl FnOnce(&[&(String, String)]),
+) {
     let unread: Vec<&(String, String)> = shards
         .iter()
         .filter(|key| !registry.readers.contains_key(*key))
@@ -116,13 +124,7 @@ pub fn try_with_unread(
         Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
         Err(std::sync::TryLockError::WouldBlock) => return false,
     };
-    let unread: Vec<&(String, String)> = shards
-        .iter()
-        .filter(|key| !registry.readers.contains_key(*key))
-        .collect();
-    if !unread.is_empty() {
-        forget(&unread);
-    }
+    forget_unread(&registry, shards, forget);
     true
 }
 

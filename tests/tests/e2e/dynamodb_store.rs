@@ -167,6 +167,39 @@ fn n(v: u64) -> AttributeValue {
     AttributeValue::N(v.to_string())
 }
 
+/// A Java KCL 3.5 worker's report in the lease table.
+fn java_report(id: &str, lut: u64) -> HashMap<String, AttributeValue> {
+    HashMap::from([
+        ("leaseKey".into(), s(id)),
+        ("entityType".into(), s("WORKER_METRIC_STATS")),
+        ("lut".into(), n(lut)),
+    ])
+}
+
+/// The item of lease `key` as stored, every attribute.
+async fn raw_item(store: &DynamoDbLeaseStore, key: &str) -> HashMap<String, AttributeValue> {
+    store
+        .client()
+        .get_item()
+        .table_name(store.table())
+        .key("leaseKey", s(key))
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("GetItem")
+        .item
+        .expect("the item")
+}
+
+/// A DynamoDB client whose calls go through `proxy`.
+fn client_through(env: &TestEnv, proxy: &FaultProxy) -> aws_sdk_dynamodb::Client {
+    aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(env.sdk_config())
+            .endpoint_url(proxy.url())
+            .build(),
+    )
+}
+
 /// The Java KCL 3.5 keeps its workers' reports in the lease table (items
 /// of `entityType` `WORKER_METRIC_STATS`, the worker id in `leaseKey`), not
 /// in `<table>-WorkerMetricStats`: kcl reads them there, as the last whole
@@ -177,13 +210,7 @@ fn n(v: u64) -> AttributeValue {
 #[tokio::test]
 async fn java_kcl_3_5_workers_reporting_in_the_lease_table_are_seen() {
     let store = new_store().await;
-    let report = |id: &str, lut: u64| {
-        HashMap::from([
-            ("leaseKey".into(), s(id)),
-            ("entityType".into(), s("WORKER_METRIC_STATS")),
-            ("lut".into(), n(lut)),
-        ])
-    };
+    let report = java_report;
     put_raw(&store, report("java-1", 1_765_000_000)).await;
     let scan = || async { store.scan().try_concat().await.unwrap() };
     let leases: Vec<Lease> = scan().await;
@@ -247,17 +274,7 @@ async fn a_free_lease_with_null_handoff_attributes_is_taken_and_healed() {
         .await
         .expect("the take lands");
     assert_eq!(taken.owner.as_deref(), Some("a"));
-    let raw = store
-        .client()
-        .get_item()
-        .table_name(store.table())
-        .key("leaseKey", s("shardId-000000000000"))
-        .consistent_read(true)
-        .send()
-        .await
-        .unwrap()
-        .item
-        .unwrap();
+    let raw = raw_item(&store, "shardId-000000000000").await;
     assert!(!raw.contains_key("checkpointOwner"), "{raw:?}");
 }
 
@@ -277,15 +294,7 @@ async fn java_workers_running_2x_compatible_are_not_handed_leases() {
         let workers = store.java_workers().await.unwrap();
         workers.into_iter().map(|w| w.id).collect::<Vec<_>>()
     };
-    put_raw(
-        &store,
-        HashMap::from([
-            ("leaseKey".into(), s("java-1")),
-            ("entityType".into(), s("WORKER_METRIC_STATS")),
-            ("lut".into(), n(1_765_000_000)),
-        ]),
-    )
-    .await;
+    put_raw(&store, java_report("java-1", 1_765_000_000)).await;
     scan().await;
     assert_eq!(ids().await, ["java-1"], "no migration state: 3.x");
     // The state in <table>-CoordinatorState (the Java KCL 3.0-3.4).
@@ -336,15 +345,7 @@ async fn an_unreadable_client_version_stands_on_the_last_answer() {
     use aws_sdk_dynamodb::types::ScalarAttributeType;
     let env = env().await;
     let store = new_store().await;
-    put_raw(
-        &store,
-        HashMap::from([
-            ("leaseKey".into(), s("java-1")),
-            ("entityType".into(), s("WORKER_METRIC_STATS")),
-            ("lut".into(), n(1_765_000_000)),
-        ]),
-    )
-    .await;
+    put_raw(&store, java_report("java-1", 1_765_000_000)).await;
     let state_table = kcl_dynamodb::java::coordinator_state_table_for(store.table());
     kcl_tests::create_keyed_table(store.client(), &state_table, "key", ScalarAttributeType::S)
         .await
@@ -361,11 +362,7 @@ async fn an_unreadable_client_version_stands_on_the_last_answer() {
     let proxy = FaultProxy::start(&dynamodb_endpoint(), Faults::NONE, 4)
         .await
         .unwrap();
-    let client = aws_sdk_dynamodb::Client::from_conf(
-        aws_sdk_dynamodb::config::Builder::from(env.sdk_config())
-            .endpoint_url(proxy.url())
-            .build(),
-    );
+    let client = client_through(&env, &proxy);
     let through = || DynamoDbLeaseStore::new(client.clone(), store.table());
     let (answered, unanswered) = (through(), through());
     for s in [&answered, &unanswered] {
@@ -415,17 +412,7 @@ async fn updates_keep_attributes_this_store_does_not_know() {
     store.complete_handoff(&h.key, a).await.unwrap();
     store.release(&h.key, b).await.unwrap();
 
-    let raw = store
-        .client()
-        .get_item()
-        .table_name(store.table())
-        .key("leaseKey", s("shardId-000000000000"))
-        .consistent_read(true)
-        .send()
-        .await
-        .unwrap()
-        .item
-        .unwrap();
+    let raw = raw_item(&store, "shardId-000000000000").await;
     assert_eq!(
         raw.get("throughputKBps"),
         Some(&AttributeValue::N("12.5".into()))
@@ -794,11 +781,7 @@ async fn thirty_checkpoints_written_together_are_two_requests() {
     let proxy = FaultProxy::start(&dynamodb_endpoint(), Faults::NONE, 3)
         .await
         .unwrap();
-    let client = aws_sdk_dynamodb::Client::from_conf(
-        aws_sdk_dynamodb::config::Builder::from(env.sdk_config())
-            .endpoint_url(proxy.url())
-            .build(),
-    );
+    let client = client_through(&env, &proxy);
     let through = DynamoDbLeaseStore::new(client, store.table());
     let updates: Vec<CheckpointUpdate> = (0..keys.len())
         .map(|i| {

@@ -208,24 +208,29 @@ fn every_problem_is_reported_at_once() {
     assert_eq!(vars, ["KCL_STREAMS", "KCL_LEASE_DURATION", "KCL_RENEWAL"]);
 }
 
+/// What `build()` refuses of a builder `settings` apply to, and where
+/// `settings` say its first problem came from.
+fn refused(settings: &Settings, builder: WorkerBuilder) -> (crate::Error, String) {
+    let error = settings
+        .apply(builder)
+        .expect("applies")
+        .sdk_config(&offline_sdk())
+        .processor(|_: &crate::ShardContext| NoOp)
+        .build()
+        .expect_err("refused");
+    let blamed = settings.blame(&error).expect("a setting");
+    let origin = blamed.problems().next().expect("a problem").0.to_owned();
+    (error, origin)
+}
+
 #[test]
 fn a_setting_build_refuses_is_blamed_on_its_variable() {
     let settings = Settings::from_lookup("APP", |var| {
         (var == "APP_TABLE_NAME").then(|| "x".to_owned())
     })
     .expect("parses");
-    let error = settings
-        .apply(Worker::builder("orders").stream("orders"))
-        .expect("applies")
-        .sdk_config(&offline_sdk())
-        .processor(|_: &crate::ShardContext| NoOp)
-        .build()
-        .expect_err("a one-letter table name");
-    let blamed = settings.blame(&error).expect("a setting");
-    assert_eq!(
-        blamed.problems().next().map(|(o, _)| o),
-        Some("APP_TABLE_NAME")
-    );
+    let (_, origin) = refused(&settings, Worker::builder("orders").stream("orders"));
+    assert_eq!(origin, "APP_TABLE_NAME", "a one-letter table name");
 }
 
 /// `AT_TIMESTAMP` in epoch milliseconds, read as seconds (the year
@@ -237,17 +242,12 @@ fn an_initial_timestamp_in_milliseconds_is_blamed_on_its_variable() {
         (var == "APP_INITIAL_POSITION").then(|| "AT_TIMESTAMP=1714564800000".to_owned())
     })
     .expect("parses");
-    let error = settings
-        .apply(Worker::builder("orders").stream("orders"))
-        .expect("applies")
-        .sdk_config(&offline_sdk())
-        .processor(|_: &crate::ShardContext| NoOp)
-        .build()
-        .expect_err("a time thousands of years ahead");
-    let blamed = settings.blame(&error).expect("a setting");
-    let (origin, problem) = blamed.problems().next().expect("one problem");
-    assert_eq!(origin, "APP_INITIAL_POSITION");
-    assert!(problem.contains("milliseconds"), "{problem}");
+    let (error, origin) = refused(&settings, Worker::builder("orders").stream("orders"));
+    assert_eq!(
+        origin, "APP_INITIAL_POSITION",
+        "a time thousands of years ahead"
+    );
+    assert!(error.to_string().contains("milliseconds"), "{error}");
 }
 
 #[test]
@@ -276,18 +276,8 @@ fn a_required_setting_left_unset_is_named_by_its_variable() {
         error.problems().next().map(|(o, _)| o),
         Some("APP_APPLICATION_NAME")
     );
-    let error = settings
-        .apply(Worker::builder("orders"))
-        .expect("applies")
-        .sdk_config(&offline_sdk())
-        .processor(|_: &crate::ShardContext| NoOp)
-        .build()
-        .expect_err("no stream");
-    let blamed = settings.blame(&error).expect("a setting");
-    assert_eq!(
-        blamed.problems().next().map(|(o, _)| o),
-        Some("APP_STREAMS")
-    );
+    let (_, origin) = refused(&settings, Worker::builder("orders"));
+    assert_eq!(origin, "APP_STREAMS", "no stream");
     // A field no setting has was set in code: its own name, no variable.
     let error = crate::Error::from(kcl_core::ConfigError {
         field: "retry_min_delay",
