@@ -193,7 +193,7 @@ metrics! {
     KINESIS_EXPIRED_SHARDS = "kcl_kinesis_expired_shards_total", Counter, ["stream", "shard"],
         "Shards found past the stream's retention before they were read to their end (unread records lost)";
     KINESIS_TRIMMED_CHECKPOINTS = "kcl_kinesis_trimmed_checkpoints_total", Counter, ["stream", "shard"],
-        "Starting positions behind the trim horizon (records lost; reading resumed at TRIM_HORIZON)";
+        "Starting positions behind the trim horizon, or refused with their trim unproven (records lost, or maybe; reading resumed at TRIM_HORIZON)";
     KINESIS_FANOUT_CONSUMERS_REGISTERED = "kcl_kinesis_fanout_consumers_registered_total", Counter, ["stream"],
         "Enhanced fan-out stream consumers this worker registered";
     KINESIS_FANOUT_SUBSCRIPTIONS = "kcl_kinesis_fanout_subscriptions_total", Counter, ["stream"],

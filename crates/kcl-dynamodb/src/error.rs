@@ -67,14 +67,14 @@ pub(crate) fn classify<E: ConditionalError>(
     ClassifiedError::Store(unconditional_error(op, table, key, err))
 }
 
-/// Classifies the error of a call without a condition (a read, a scan, a
-/// describe), which cannot fail one.
 /// Whether DynamoDB refused `err`'s call to this caller's role or
 /// credentials (a lasting answer, unlike a throttle or a 5xx).
 pub(crate) fn is_access_denied<E: ProvideErrorMetadata>(err: &SdkError<E, Response>) -> bool {
     matches!(err, SdkError::ServiceError(service) if service.err().code() == Some("AccessDeniedException"))
 }
 
+/// Classifies the error of a call without a condition (a read, a scan, a
+/// describe), which cannot fail one.
 pub(crate) fn unconditional_error<E>(
     op: StoreOp,
     table: &str,

@@ -30,7 +30,7 @@
 //! workers is returned: kcl judges their leases as any owner's and hands
 //! them none (a lease handed over stood unrenewed until taken back).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use kcl_core::store::{JavaWorker, StoreError, StoreOp};
@@ -44,13 +44,6 @@ use crate::schema::lease::{ENTITY_TYPE, LEASE_KEY};
 pub use crate::schema::{coordinator_state_table_for, worker_metric_stats_table_for};
 use crate::store::DynamoDbLeaseStore;
 
-/// Whether a denied read of the client version was warned of (once per
-/// process: it is tried again at every read of the reports).
-static VERSION_UNREAD_WARNED: AtomicBool = AtomicBool::new(false);
-
-/// Whether a denied read of `<table>-WorkerMetricStats` was warned of.
-static TABLE_DENIED_WARNED: AtomicBool = AtomicBool::new(false);
-
 impl DynamoDbLeaseStore {
     pub(crate) async fn read_java_workers(&self) -> Result<Vec<JavaWorker>, StoreError> {
         let table = worker_metric_stats_table_for(self.table());
@@ -61,7 +54,7 @@ impl DynamoDbLeaseStore {
                 StoreOp::ReadJavaWorkers,
                 &table,
                 &projection,
-                &TABLE_DENIED_WARNED,
+                &self.scanned_reports().denied_warned.reports,
             )
             .await?
             .unwrap_or_default();
@@ -167,14 +160,25 @@ impl DynamoDbLeaseStore {
                 let last = self.scanned_reports().last_version();
                 let denied = is_access_denied(&e);
                 let e = unconditional_error(StoreOp::ReadJavaWorkers, &table, "", e);
-                if denied && !VERSION_UNREAD_WARNED.swap(true, Ordering::Relaxed) {
+                let warned = &self.scanned_reports().denied_warned.version;
+                if denied && !warned.swap(true, Ordering::Relaxed) {
+                    let judged = match &last {
+                        Some(version) => format!("going by the last one read, {version:?}"),
+                        None => "counting its reporting workers as 3.x ones, which take \
+                                 leases handed to them"
+                            .to_owned(),
+                    };
                     warn!(table, error = %e,
                         "cannot read the Java KCL fleet's client version (the role needs \
-                         dynamodb:GetItem on it); counting its reporting workers as 3.x ones, \
-                         which take leases handed to them");
+                         dynamodb:GetItem on it); {judged}");
                 }
                 return match (last, denied) {
-                    (Some(version), _) => Ok(version),
+                    (Some(version), _) => {
+                        debug!(table, error = %e, ?version,
+                            "reading the Java KCL fleet's client version failed; going by \
+                             the last one read");
+                        Ok(version)
+                    }
                     (None, true) => Ok(None),
                     (None, false) => Err(e),
                 };
@@ -182,5 +186,119 @@ impl DynamoDbLeaseStore {
         };
         self.scanned_reports().read_version(answer.clone());
         Ok(answer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::fake::FakeDynamoDb;
+    use kcl_core::store::LeaseStore as _;
+
+    fn denied() -> (u16, Value) {
+        let body = json!({
+            "__type": "com.amazonaws.dynamodb.v20120810#AccessDeniedException",
+            "message": "not authorized"
+        });
+        (400, body)
+    }
+
+    /// A table of application "app" whose legacy tables answer as
+    /// `legacy` does (the operation and the table), holding one Java 3.5
+    /// report and its migration item with client version `version`.
+    fn lease_table_with_a_report(
+        version: &'static str,
+        legacy: impl Fn(&str, &str) -> Option<(u16, Value)> + Send + Sync + 'static,
+    ) -> FakeDynamoDb {
+        FakeDynamoDb::new(move |op, body| {
+            let table = body["TableName"].as_str().unwrap_or_default().to_owned();
+            if table != "app" {
+                return legacy(op, &table);
+            }
+            Some(match op {
+                "GetItem" => (
+                    200,
+                    json!({"Item": {
+                    "leaseKey": {"S": "Migration3.0"},
+                    "entityType": {"S": "CLIENT_VERSION_MIGRATION"},
+                    "cv": {"S": version}}}),
+                ),
+                _ => (
+                    200,
+                    json!({"Items": [{
+                    "leaseKey": {"S": "java-1"},
+                    "entityType": {"S": "WORKER_METRIC_STATS"},
+                    "lut": {"N": "1765000000"}}]}),
+                ),
+            })
+        })
+    }
+
+    /// A role denied `<app>-WorkerMetricStats` (the Java KCL 3.0-3.4's)
+    /// still sees the Java 3.5 workers in the lease table: the denied scan
+    /// failed the whole read, every time.
+    #[tokio::test]
+    async fn a_denied_legacy_table_leaves_the_lease_tables_workers_seen() {
+        let fake = lease_table_with_a_report("CLIENT_VERSION_3X", |_, _| Some(denied()));
+        let store = DynamoDbLeaseStore::new(fake.client(), "app");
+        let workers = store.java_workers().await.expect("read, the denial aside");
+        assert_eq!(workers.len(), 1);
+    }
+
+    /// A client version whose table is denied stands on the last answer
+    /// (a 2.x-compatible fleet stays uncounted) and, with none, counts the
+    /// workers as 3.x ones.
+    #[tokio::test]
+    async fn a_denied_client_version_stands_on_the_last_answer() {
+        let reads = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&reads);
+        let legacy = move |op: &str, table: &str| match (op, table) {
+            ("Scan", "app-WorkerMetricStats") => Some((
+                200,
+                json!({"Items": [{
+                "wid": {"S": "java-2"}, "lut": {"N": "1765000000"}}]}),
+            )),
+            ("GetItem", "app-CoordinatorState") => {
+                Some(if counted.fetch_add(1, Ordering::SeqCst) == 0 {
+                    (
+                        200,
+                        json!({"Item": {"cv": {"S": "CLIENT_VERSION_UPGRADE_FROM_2X"}}}),
+                    )
+                } else {
+                    denied()
+                })
+            }
+            _ => Some((400, json!({"__type": "ResourceNotFoundException"}))),
+        };
+        // No 3.5 migration item: the version comes from the legacy table.
+        let fake = FakeDynamoDb::new(move |op, body| {
+            let table = body["TableName"].as_str().unwrap_or_default().to_owned();
+            match (op, table.as_str()) {
+                ("GetItem", "app") => Some((200, json!({}))),
+                (_, "app") => Some((200, json!({"Items": []}))),
+                _ => legacy(op, &table),
+            }
+        });
+        let store = DynamoDbLeaseStore::new(fake.client(), "app");
+        assert!(
+            store.java_workers().await.unwrap().is_empty(),
+            "2.x-compatible"
+        );
+        assert!(
+            store.java_workers().await.unwrap().is_empty(),
+            "denied: the last answer stands"
+        );
+        assert_eq!(reads.load(Ordering::SeqCst), 2);
+        let fresh = DynamoDbLeaseStore::new(fake.client(), "app");
+        assert_eq!(
+            fresh.java_workers().await.unwrap().len(),
+            1,
+            "no answer yet"
+        );
     }
 }

@@ -3,6 +3,7 @@
 //! of the lease table saw (see [`crate::java`]).
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -46,6 +47,16 @@ pub(crate) struct ScannedReports {
     /// `None` until a read answered; then its answer (`Some(None)`: no
     /// version recorded).
     version: Arc<Mutex<Option<Option<String>>>>,
+    /// Whether a denied read of the Java KCL's tables was warned of: once
+    /// per store (so per lease table) and table, as reads repeat.
+    pub(crate) denied_warned: Arc<DeniedWarned>,
+}
+
+/// See [`ScannedReports::denied_warned`].
+#[derive(Debug, Default)]
+pub(crate) struct DeniedWarned {
+    pub(crate) reports: AtomicBool,
+    pub(crate) version: AtomicBool,
 }
 
 impl ScannedReports {
