@@ -371,7 +371,7 @@ mod tests {
     #[test]
     fn a_missing_name_or_a_bad_interval_names_its_variable() {
         let e = Config::from_env(&env(&[("KCL_STREAMS", "s")])).unwrap_err();
-        assert!(e.to_string().contains("application_name"), "{e:#}");
+        assert!(e.to_string().contains("KCL_APPLICATION_NAME"), "{e:#}");
         let e = Config::from_env(&env(&[
             ("KCL_APPLICATION_NAME", "orders-app"),
             ("KCL_SUMMARY_INTERVAL", "30"),
