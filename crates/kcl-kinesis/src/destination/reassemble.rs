@@ -2,7 +2,7 @@
 //! [`KinesisDestination`](super::KinesisDestination) wrote: each record's
 //! parts put together again (see the format in `document`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use aws_smithy_types::base64;
 use bytes::Bytes;
@@ -53,9 +53,38 @@ pub enum DeadLetterError {
 
 /// Puts failed records back together from a dead-letter stream's records,
 /// fed in any order, repeats included (a retried send writes parts again).
-#[derive(Debug, Default)]
+///
+/// The parts of records not yet complete are held, up to
+/// [`Self::with_max_partial_bytes`] (64 MiB by default): a long-lived
+/// reader meets records whose other parts never come (trimmed, or read
+/// from `LATEST` mid-record, or a send cut off after some parts), and held
+/// them all for good. Past the bound the records that started longest ago
+/// are dropped, counted by [`Self::dropped`]; [`Self::take_incomplete`]
+/// lets their reader give them up itself.
+#[derive(Debug)]
 pub struct DeadLetterReassembler {
     partial: HashMap<String, Partial>,
+    /// The records of `partial`, in the order their first part came.
+    arrival: VecDeque<String>,
+    /// Bytes of the parts held.
+    held: usize,
+    max_held: usize,
+    dropped: u64,
+}
+
+/// The parts a reassembler holds by default, in bytes.
+const DEFAULT_MAX_PARTIAL_BYTES: usize = 64 << 20;
+
+impl Default for DeadLetterReassembler {
+    fn default() -> Self {
+        DeadLetterReassembler {
+            partial: HashMap::new(),
+            arrival: VecDeque::new(),
+            held: 0,
+            max_held: DEFAULT_MAX_PARTIAL_BYTES,
+            dropped: 0,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -85,6 +114,18 @@ impl DeadLetterReassembler {
         Self::default()
     }
 
+    /// Holds at most `bytes` of the parts of records not yet complete
+    /// (the record being completed is never dropped, whatever its size).
+    pub fn with_max_partial_bytes(mut self, bytes: usize) -> Self {
+        self.max_held = bytes;
+        self
+    }
+
+    /// Records dropped unfinished to keep within the bound.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
     /// Takes one dead-letter record's data: the failed record it completes,
     /// if it was its last missing part. Once complete, a record is
     /// forgotten, so its parts written again by a retried send start it
@@ -92,6 +133,9 @@ impl DeadLetterReassembler {
     pub fn push(&mut self, record_data: &[u8]) -> Result<Option<DeadLetter>, DeadLetterError> {
         let part = Part::parse(record_data)?;
         let id = part.id.clone();
+        if !self.partial.contains_key(&id) {
+            self.arrival.push_back(id.clone());
+        }
         let partial = self.partial.entry(id.clone()).or_insert_with(|| Partial {
             document: part.document.clone(),
             data_bytes: part.data_bytes,
@@ -103,14 +147,55 @@ impl DeadLetterReassembler {
                 "its parts disagree on how many parts or bytes it has",
             ));
         }
-        partial.slices[part.index].get_or_insert(part.slice);
+        let slot = &mut partial.slices[part.index];
+        if slot.is_none() {
+            self.held += part.slice.len();
+            *slot = Some(part.slice);
+        }
         if partial.slices.iter().any(Option::is_none) {
+            self.drop_oldest_but(&id);
             return Ok(None);
         }
-        match self.partial.remove(&id) {
+        match self.forget(&id) {
             Some(done) => done.finish(id).map(Some),
             None => Ok(None),
         }
+    }
+
+    /// Drops the records started longest ago, but `keep`, while more than
+    /// the bound is held.
+    fn drop_oldest_but(&mut self, keep: &str) {
+        while self.held > self.max_held {
+            let Some(oldest) = self.arrival.iter().find(|id| *id != keep).cloned() else {
+                return;
+            };
+            if let Some(dropped) = self.forget(&oldest) {
+                self.dropped += 1;
+                tracing::warn!(id = %oldest, held = dropped.slices.iter().flatten().count(),
+                    parts = dropped.slices.len(),
+                    "dropping a dead letter whose other parts did not come, to stay within \
+                     the reassembler's bound");
+            }
+        }
+    }
+
+    /// Removes record `id`, its parts and its place in the arrival order.
+    fn forget(&mut self, id: &str) -> Option<Partial> {
+        let partial = self.partial.remove(id)?;
+        self.arrival.retain(|other| other != id);
+        self.held -= partial.slices.iter().flatten().map(Vec::len).sum::<usize>();
+        Some(partial)
+    }
+
+    /// The records some of whose parts were pushed, but not all, given up:
+    /// for a long-lived reader, to call now and then (say, once its reads
+    /// are past the point where the missing parts could still come).
+    pub fn take_incomplete(&mut self) -> Vec<DeadLetterError> {
+        let incomplete = self.incomplete();
+        self.partial.clear();
+        self.arrival.clear();
+        self.held = 0;
+        incomplete
     }
 
     /// The records some of whose parts were pushed, but not all.
@@ -217,5 +302,60 @@ fn invalid(id: &str, problem: &str) -> DeadLetterError {
     DeadLetterError::Invalid {
         id: id.to_owned(),
         problem: problem.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Part `index` of `parts` of record `id`, each part `len` bytes.
+    fn part(id: &str, index: u64, parts: u64, len: usize) -> Vec<u8> {
+        let data = vec![b'x'; len];
+        serde_json::to_vec(&serde_json::json!({
+            "id": id,
+            "part": index,
+            "parts": parts,
+            "data_bytes": len as u64 * parts,
+            "data_base64": base64::encode(&data),
+        }))
+        .unwrap()
+    }
+
+    /// Records whose other parts never come are held up to the bound, the
+    /// oldest dropped first and counted: a long-lived reader held every one
+    /// for good. A record completing meanwhile is still put together.
+    #[test]
+    fn records_whose_parts_never_come_are_held_up_to_the_bound() {
+        let mut r = DeadLetterReassembler::new().with_max_partial_bytes(10_000);
+        for i in 0..1000 {
+            assert_eq!(
+                r.push(&part(&format!("orphan-{i}"), 0, 2, 1000)).unwrap(),
+                None
+            );
+        }
+        assert!(r.held <= 10_000, "{} bytes held", r.held);
+        assert_eq!(r.incomplete().len(), 10);
+        assert_eq!(r.dropped(), 990);
+        assert!(r.partial.contains_key("orphan-999"), "the newest are kept");
+        r.push(&part("whole", 0, 2, 1000)).unwrap();
+        let letter = r
+            .push(&part("whole", 1, 2, 1000))
+            .unwrap()
+            .expect("complete");
+        assert_eq!(letter.data.len(), 2000);
+        assert_eq!(r.arrival.len(), r.partial.len());
+    }
+
+    /// Its reader can give the unfinished records up itself.
+    #[test]
+    fn unfinished_records_can_be_given_up() {
+        let mut r = DeadLetterReassembler::new();
+        r.push(&part("a", 0, 3, 10)).unwrap();
+        r.push(&part("b", 1, 2, 10)).unwrap();
+        let given_up = r.take_incomplete();
+        assert_eq!(given_up.len(), 2);
+        assert!(r.incomplete().is_empty());
+        assert_eq!((r.held, r.arrival.len()), (0, 0));
     }
 }
