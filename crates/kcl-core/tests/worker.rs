@@ -921,6 +921,22 @@ fn start_tracked_with(source: &InMemoryShardSource, b: Behaviour) -> Tracked {
     }
 }
 
+/// A run dropped before it ends (its task aborted) publishes a report,
+/// not graceful, so that `stopped` and `shutdown_and_wait` return: they
+/// waited for good.
+#[tokio::test(start_paused = true)]
+async fn a_dropped_run_still_tells_its_waiters_it_stopped() {
+    let source = InMemoryShardSource::new();
+    source.create_stream("a", 2);
+    let t = start_tracked(&source);
+    sleep(Duration::from_secs(5)).await;
+    t.task.abort();
+    let report = tokio::time::timeout(Duration::from_secs(600), t.handle.clone().stopped())
+        .await
+        .expect("a report");
+    assert!(!report.graceful, "{report:?}");
+}
+
 /// Streams may come and go for as long as a worker runs: once a removed
 /// stream's consumers have stopped, the worker keeps nothing of it (its
 /// consumers' shared setup went with them). Before, each stream ever

@@ -225,6 +225,9 @@ impl Worker {
     pub async fn run(self) -> Result<(), WorkerError> {
         let span = info_span!("worker", worker = %self.config.lease.worker_id());
         let stopped = self.handle.stopped.clone();
+        // A run dropped before it ends (its task aborted, an outer
+        // timeout) publishes nothing below: its waiters waited for good.
+        let _dropped = shutdown::PublishOnDrop(stopped.clone());
         // Boxed: the run's state machine nests deep enough that a binary
         // awaiting it in its own `async fn main` overflowed the compiler's
         // layout query depth (`kcl-app` did).

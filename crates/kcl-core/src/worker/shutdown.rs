@@ -71,3 +71,13 @@ impl Stopped {
         }
     }
 }
+
+/// Publishes the default report (graceful false) as it drops, unless a
+/// report was published already: a run dropped before its end.
+pub(crate) struct PublishOnDrop(pub(crate) Stopped);
+
+impl Drop for PublishOnDrop {
+    fn drop(&mut self) {
+        self.0.publish_unless_published(ShutdownReport::default());
+    }
+}
