@@ -186,6 +186,42 @@ async fn a_sigtermed_process_releases_its_shards_and_nothing_repeats() {
     );
 }
 
+/// A second SIGTERM during a drain stuck in a hung processor call ends the
+/// process at once, with SIGTERM's status (143), as without a handler: the
+/// first installed one for good, and the second was swallowed, the process
+/// waiting out the drain (25 s) and exiting 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_cuts_a_drain_stuck_in_a_hung_call() {
+    let mut s = Scenario::new(1).await;
+    let out = out_dir("kcl-e2e-twice");
+    let mut cfg = s.processes(E2E_WORKER, &out, CheckpointMode::EveryBatch);
+    cfg.extra_env.push(("KCL_E2E_HANG_AT".into(), "1".into()));
+    let mut hung = cfg.spawn("twice-1").unwrap();
+    s.produce(5).await;
+    let marker = out.join("twice-1.jsonl.hang");
+    let started = tokio::time::Instant::now();
+    while !marker.exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "twice-1 never hung"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Again each second until it exits: two signals sent close together
+    // may reach the handler as one.
+    let exit = loop {
+        kcl_tests::e2e::signal(&hung.child, "-TERM").unwrap();
+        match tokio::time::timeout(Duration::from_secs(1), hung.child.wait()).await {
+            Ok(exit) => break exit.unwrap(),
+            Err(_) => assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "twice-1 never exited"
+            ),
+        }
+    };
+    assert_eq!(exit.code(), Some(143), "{exit}");
+}
+
 /// A checkpoint policy changes only what a crash repeats: the processor
 /// here asks for a checkpoint after every batch, the policy writes at most
 /// one every 5 s per shard, and `shutdown_requested` does not checkpoint,
