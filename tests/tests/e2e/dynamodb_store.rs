@@ -451,18 +451,7 @@ async fn a_hand_back_of_a_lease_a_java_take_left_with_kcl_tenures_applies() {
 
 /// The lease item's raw `kclFencedCommits`, if any.
 async fn fenced(store: &DynamoDbLeaseStore, key: &str) -> Option<AttributeValue> {
-    let item = store
-        .client()
-        .get_item()
-        .table_name(store.table())
-        .key("leaseKey", s(key))
-        .consistent_read(true)
-        .send()
-        .await
-        .expect("GetItem")
-        .item
-        .expect("the lease item");
-    item.get("kclFencedCommits").cloned()
+    raw_item(store, key).await.get("kclFencedCommits").cloned()
 }
 
 #[tokio::test]
