@@ -2,6 +2,7 @@
 //! lease-key identifier (`account:name:creationEpoch`) or by ARN.
 
 use anyhow::bail;
+use kcl_kinesis::StreamArn;
 
 /// A stream identifier's parts: account (empty when unknown), name and
 /// creation time (epoch seconds). `None` if `id` is not one.
@@ -15,23 +16,9 @@ pub(super) fn identifier_parts(id: &str) -> Option<(&str, &str, i64)> {
     }
 }
 
-/// An ARN's account and stream name:
-/// `arn:PARTITION:kinesis:REGION:ACCOUNT:stream/NAME`.
-fn arn_parts(arn: &str) -> Option<(&str, &str)> {
-    let mut parts = arn.splitn(6, ':');
-    match (
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-    ) {
-        (Some("arn"), Some(_), Some("kinesis"), Some(_), Some(account), Some(resource)) => {
-            Some((account, resource.strip_prefix("stream/")?))
-        }
-        _ => None,
-    }
+/// `given` as a stream ARN, if it is one.
+fn arn(given: &str) -> Option<StreamArn> {
+    StreamArn::parse(given).ok().flatten()
 }
 
 /// Whether `given` (`--stream`: a name, an identifier or an ARN) names
@@ -43,8 +30,8 @@ pub(super) fn names(id: &str, given: &str) -> bool {
     let Some((account, name, _)) = identifier_parts(id) else {
         return false;
     };
-    match arn_parts(given) {
-        Some((arn_account, arn_name)) => arn_name == name && arn_account == account,
+    match arn(given) {
+        Some(arn) => arn.name() == name && arn.account() == account,
         None => given == name,
     }
 }
@@ -85,7 +72,7 @@ pub(super) fn target(
 ) -> anyhow::Result<Target> {
     let known = identifier.or(given.filter(|g| identifier_parts(g).is_some()));
     let created = known.and_then(identifier_parts).map(|(_, _, epoch)| epoch);
-    if let Some(arn) = given.filter(|g| arn_parts(g).is_some()) {
+    if let Some(arn) = given.filter(|g| arn(g).is_some()) {
         return Ok(Target {
             address: arn.to_owned(),
             created,
