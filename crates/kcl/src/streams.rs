@@ -32,6 +32,8 @@ pub(crate) struct StreamResolver {
     pub(crate) multi_stream: bool,
     /// Each name's identifier, and until when it is trusted.
     identifiers: Mutex<HashMap<String, (String, Instant)>>,
+    /// Names not known whose describe failed, and when to try again.
+    undescribed: Mutex<HashMap<String, Instant>>,
 }
 
 /// How long a stream's identifier is trusted before the stream is
@@ -43,7 +45,7 @@ pub(crate) struct StreamResolver {
 /// described together are not all described again in one round.
 const DESCRIBED_FOR: Duration = Duration::from_secs(300);
 
-/// After a describe of a known name failed, when it is tried again.
+/// After a describe of a name failed, when it is tried again.
 const DESCRIBE_RETRY: Duration = Duration::from_secs(60);
 
 /// How long one tracker answer may spend describing: then known names keep
@@ -59,6 +61,7 @@ impl StreamResolver {
             kinesis,
             multi_stream,
             identifiers: Mutex::default(),
+            undescribed: Mutex::default(),
         }
     }
 
@@ -76,6 +79,22 @@ impl StreamResolver {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|name, _| names.contains(name));
+        self.undescribed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|name, _| names.contains(name));
+    }
+
+    /// Whether `name`, not known, failed to be described less than
+    /// [`DESCRIBE_RETRY`] ago; with `failed`, that it just did.
+    fn undescribed(&self, name: &str, failed: bool) -> bool {
+        let mut undescribed = self.undescribed.lock().unwrap_or_else(|e| e.into_inner());
+        if failed {
+            undescribed.insert(name.to_owned(), Instant::now() + DESCRIBE_RETRY);
+        }
+        undescribed
+            .get(name)
+            .is_some_and(|retry| Instant::now() < *retry)
     }
 
     /// The spec of `name`, described if its identifier is not known or
@@ -168,6 +187,13 @@ impl StreamTracker for NameTracker {
                 specs.extend(self.resolver.cached_spec(&name));
                 continue;
             }
+            // Tried again a while after it failed, not at each answer: a
+            // describe that hangs took its 10 s every time, and two such
+            // names spent the budget of every answer, so names listed
+            // after them were never added.
+            if self.resolver.undescribed(&name, false) {
+                continue;
+            }
             match self.resolver.spec(&name).await {
                 Ok(spec) => specs.push(spec),
                 // A stream not created yet is simply not consumed yet.
@@ -177,8 +203,8 @@ impl StreamTracker for NameTracker {
                 // fails here, so no stream consumed is dropped. Failing the
                 // whole answer froze every other change, removals too.
                 Err(e) => {
-                    warn!(stream = %name, error = %e, "not consuming a listed stream that cannot be described");
-                    continue;
+                    warn!(stream = %name, error = %e, "not consuming a listed stream that cannot be described; trying again in a minute");
+                    self.resolver.undescribed(&name, true);
                 }
             }
         }
@@ -434,6 +460,30 @@ mod tests {
             "{:?} describing",
             started.elapsed()
         );
+    }
+
+    /// A listed name that cannot be described is tried again a minute
+    /// later, not at each answer: a describe that hangs took its 10 s at
+    /// every answer (each sync round, each round a consumer asked for),
+    /// and two such names spent the budget, so that names listed after
+    /// them were never added.
+    #[tokio::test(start_paused = true)]
+    async fn a_name_that_cannot_be_described_is_tried_again_a_minute_later() {
+        let url = unanswering_endpoint().await;
+        let resolver = Arc::new(StreamResolver::new(client_at(&url), true));
+        let tracker = NameTracker {
+            names: Arc::new(|| vec!["silent".to_owned()]),
+            resolver,
+        };
+        let took = || async {
+            let started = Instant::now();
+            assert!(tracker.streams().await.unwrap().is_empty());
+            started.elapsed()
+        };
+        assert!(took().await >= DESCRIBE_TIMEOUT, "described");
+        assert_eq!(took().await, Duration::ZERO, "not again at once");
+        tokio::time::sleep(DESCRIBE_RETRY).await;
+        assert!(took().await >= DESCRIBE_TIMEOUT, "again a minute later");
     }
 
     /// A name the application no longer lists is described again if it
