@@ -43,6 +43,12 @@ fn of_stream(lease: &Lease, stream: Option<&str>) -> bool {
 pub(crate) struct Table {
     store: DynamoDbLeaseStore,
     name: String,
+    /// The stream the table records serving, once read.
+    served: std::sync::Mutex<Option<Option<String>>>,
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Table {
@@ -94,6 +100,7 @@ impl Table {
         Ok(Table {
             store: DynamoDbLeaseStore::new(client, &name),
             name,
+            served: std::sync::Mutex::default(),
         })
     }
 
@@ -161,33 +168,15 @@ impl Table {
     }
 
     async fn read_served_stream(&self, denied_is_none: bool) -> anyhow::Result<Option<String>> {
+        if let Some(served) = lock(&self.served).clone() {
+            return Ok(served);
+        }
         let workers = kcl_dynamodb::schema::workers_table_for(&self.name);
-        let read = self
-            .store
-            .client()
-            .get_item()
-            .table_name(&workers)
-            .key(
-                kcl_dynamodb::schema::liveness::INSTANCE,
-                aws_sdk_dynamodb::types::AttributeValue::S(
-                    kcl_dynamodb::schema::STREAM_CLAIM_KEY.into(),
-                ),
-            )
-            .consistent_read(true)
-            .send()
-            .await;
-        let err = match read {
-            Ok(out) => {
-                return Ok(out
-                    .item
-                    .and_then(|mut item| item.remove(kcl_dynamodb::schema::liveness::SERVES_STREAM))
-                    .and_then(|v| v.as_s().ok().cloned()));
-            }
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|s| s.is_resource_not_found_exception()) =>
-            {
-                return Ok(None);
+        let err = match kcl_dynamodb::table::served_stream(self.store.client(), &workers).await {
+            Ok(served) => {
+                // One read per command: a reset checks the stream twice.
+                *lock(&self.served) = Some(served.clone());
+                return Ok(served);
             }
             Err(e) => e,
         };
@@ -205,6 +194,7 @@ impl Table {
         );
         if denied && denied_is_none {
             eprintln!("warning: {}; going by --stream alone", aws::explain(&err));
+            *lock(&self.served) = Some(None);
             return Ok(None);
         }
         Err(err)

@@ -403,6 +403,47 @@ pub async fn claim_stream(
     }
 }
 
+/// The identifier of the stream the single-stream lease table whose
+/// liveness records' table is `workers_table` serves, as
+/// [`claim_stream`] recorded it; `None` when none is recorded or the table
+/// does not exist. The SDK's error otherwise, for the caller to judge (an
+/// operator's tool may go on without it when the role is denied it).
+pub async fn served_stream(
+    client: &Client,
+    workers_table: &str,
+) -> Result<
+    Option<String>,
+    aws_sdk_dynamodb::error::SdkError<
+        aws_sdk_dynamodb::operation::get_item::GetItemError,
+        aws_smithy_runtime_api::http::Response,
+    >,
+> {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let read = client
+        .get_item()
+        .table_name(workers_table)
+        .key(
+            liveness::INSTANCE,
+            AttributeValue::S(STREAM_CLAIM_KEY.into()),
+        )
+        .consistent_read(true)
+        .send()
+        .await;
+    match read {
+        Ok(out) => Ok(out
+            .item
+            .and_then(|mut item| item.remove(liveness::SERVES_STREAM))
+            .and_then(|v| v.as_s().ok().cloned())),
+        Err(e)
+            if e.as_service_error()
+                .is_some_and(|s| s.is_resource_not_found_exception()) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Continuous backups on: one call once the table is ACTIVE, which
 /// DynamoDB requires.
 async fn enable_point_in_time_recovery(client: &Client, table: &str) -> Result<(), StoreError> {
