@@ -2,7 +2,7 @@
 //! [`KinesisDestination`](super::KinesisDestination) wrote: each record's
 //! parts put together again (see the format in `document`).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use aws_smithy_types::base64;
 use bytes::Bytes;
@@ -64,8 +64,11 @@ pub enum DeadLetterError {
 #[derive(Debug)]
 pub struct DeadLetterReassembler {
     partial: HashMap<String, Partial>,
-    /// The records of `partial`, in the order their first part came.
-    arrival: VecDeque<String>,
+    /// The records of `partial` by when their first part came: removed
+    /// by key as a record completes, in no pass over the others.
+    arrival: BTreeMap<u64, String>,
+    /// The arrival number of the next record.
+    next_arrival: u64,
     /// Bytes of the parts held.
     held: usize,
     max_held: usize,
@@ -79,7 +82,8 @@ impl Default for DeadLetterReassembler {
     fn default() -> Self {
         DeadLetterReassembler {
             partial: HashMap::new(),
-            arrival: VecDeque::new(),
+            arrival: BTreeMap::new(),
+            next_arrival: 0,
             held: 0,
             max_held: DEFAULT_MAX_PARTIAL_BYTES,
             dropped: 0,
@@ -92,6 +96,8 @@ struct Partial {
     document: Value,
     data_bytes: u64,
     slices: Vec<Option<Vec<u8>>>,
+    /// Its key in `arrival`.
+    arrived: u64,
 }
 
 /// More parts than any record has (a part holds about 750 KiB), so that a
@@ -133,13 +139,15 @@ impl DeadLetterReassembler {
     pub fn push(&mut self, record_data: &[u8]) -> Result<Option<DeadLetter>, DeadLetterError> {
         let part = Part::parse(record_data)?;
         let id = part.id.clone();
-        if !self.partial.contains_key(&id) {
-            self.arrival.push_back(id.clone());
-        }
-        let partial = self.partial.entry(id.clone()).or_insert_with(|| Partial {
-            document: part.document.clone(),
-            data_bytes: part.data_bytes,
-            slices: vec![None; part.parts],
+        let partial = self.partial.entry(id.clone()).or_insert_with(|| {
+            self.arrival.insert(self.next_arrival, id.clone());
+            self.next_arrival += 1;
+            Partial {
+                document: part.document.clone(),
+                data_bytes: part.data_bytes,
+                slices: vec![None; part.parts],
+                arrived: self.next_arrival - 1,
+            }
         });
         if partial.slices.len() != part.parts || partial.data_bytes != part.data_bytes {
             return Err(invalid(
@@ -166,7 +174,7 @@ impl DeadLetterReassembler {
     /// the bound is held.
     fn drop_oldest_but(&mut self, keep: &str) {
         while self.held > self.max_held {
-            let Some(oldest) = self.arrival.iter().find(|id| *id != keep).cloned() else {
+            let Some(oldest) = self.arrival.values().find(|id| *id != keep).cloned() else {
                 return;
             };
             if let Some(dropped) = self.forget(&oldest) {
@@ -182,7 +190,7 @@ impl DeadLetterReassembler {
     /// Removes record `id`, its parts and its place in the arrival order.
     fn forget(&mut self, id: &str) -> Option<Partial> {
         let partial = self.partial.remove(id)?;
-        self.arrival.retain(|other| other != id);
+        self.arrival.remove(&partial.arrived);
         self.held -= partial.slices.iter().flatten().map(Vec::len).sum::<usize>();
         Some(partial)
     }
