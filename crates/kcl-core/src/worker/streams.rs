@@ -65,16 +65,16 @@ pub(super) fn update_streams(
     wanted: Vec<StreamSpec>,
 ) -> (Vec<StreamSpec>, bool) {
     let mut current = live.write().unwrap_or_else(|e| e.into_inner());
+    let listed =
+        |specs: &[StreamSpec], spec: &StreamSpec| specs.iter().any(|s| same_stream(s, spec));
     let mut once: Vec<StreamSpec> = Vec::with_capacity(wanted.len());
     for spec in wanted {
-        if once.iter().any(|s| same_stream(s, &spec)) {
+        if listed(&once, &spec) {
             continue;
         }
         let read_as = current.iter().find(|s| same_stream(s, &spec));
         once.push(read_as.cloned().unwrap_or(spec));
     }
-    let listed =
-        |specs: &[StreamSpec], spec: &StreamSpec| specs.iter().any(|s| same_stream(s, spec));
     let removed: Vec<StreamSpec> = current
         .iter()
         .filter(|s| !listed(&once, s))

@@ -165,11 +165,12 @@ impl Ctx {
 
     /// An iterator at `start`, or the shard's end if the shard expired.
     /// A start behind the trim horizon is moved to `TRIM_HORIZON`, and a
-    /// `LATEST` start, once it has an iterator, to `AT_TIMESTAMP` of when
-    /// that iterator was asked for (both in `start`, where a replacement
-    /// starts while nothing was fetched): "latest" is fixed by the first
-    /// iterator, and one that expires (an outage longer than an iterator
-    /// lives) must not move it on past what was written meanwhile.
+    /// `LATEST` start, at the first answer (an iterator or none), to
+    /// `AT_TIMESTAMP` of when it was asked for (both in `start`, where a
+    /// replacement starts while nothing was fetched): "latest" is fixed by
+    /// the first answer, and a later one (after an iterator expired in an
+    /// outage longer than it lives) must not move it on past what was
+    /// written meanwhile.
     async fn first_iterator(&self, start: &mut IteratorStart) -> Result<Next, SourceError> {
         loop {
             let asked = SystemTime::now();
