@@ -37,7 +37,9 @@ pub struct RecordBatch {
 /// The worker calls these methods from one task per shard, never
 /// concurrently, in this order: `initialize`, then `process_records` for
 /// each batch, then exactly one of `shard_ended`, `shutdown_requested` or
-/// `lease_lost`.
+/// `lease_lost` as its ending. A `shard_ended` or `shutdown_requested`
+/// cancelled before it returned (see [`RecordProcessor::lease_lost`]) is
+/// no ending: `lease_lost` follows it.
 ///
 /// Delivery is at-least-once: after a crash or a lost lease, records after
 /// the last checkpoint are delivered again, possibly to another worker.
@@ -97,8 +99,10 @@ pub trait RecordProcessor: Send {
 
     /// Another worker owns the shard now (or this worker could not renew
     /// its lease in time), or this worker gives the shard back: the failure
-    /// policy released it, or a call ran past `processor_timeout` and was
-    /// cancelled. Checkpointing is no longer possible; release resources
+    /// policy released it, or a call ran past `processor_timeout`, or was
+    /// still running at the worker's shutdown timeout, and was cancelled
+    /// (`shutdown_requested` and `shard_ended` included: a call cut short
+    /// is no ending). Checkpointing is no longer possible; release resources
     /// and stop side effects. The processor is dropped after.
     async fn lease_lost(&mut self) {}
 }

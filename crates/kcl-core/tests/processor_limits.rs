@@ -19,7 +19,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::processing::{STREAM, Texts, take_one, until};
 use common::{Lines, capture_warnings, single_stream_config};
-use kcl_core::checkpointer::Checkpointer;
+use kcl_core::checkpointer::{CheckpointPolicy, Checkpointer};
 use kcl_core::observe::{Event, Observer};
 use kcl_core::processor::{
     InitializeInput, ProcessorError, RecordBatch, RecordProcessor, ShardContext,
@@ -46,6 +46,8 @@ struct Log {
     initialize_hangs: AtomicU32,
     /// How many `shard_ended` calls still hang.
     shard_ended_hangs: AtomicU32,
+    /// How many `shutdown_requested` calls still hang.
+    shutdown_hangs: AtomicU32,
     lease_lost: AtomicU32,
     shutdown_requested: AtomicU32,
     /// The hung call's drop, with the lease's owner then, and the lease's
@@ -124,6 +126,9 @@ impl RecordProcessor for Processor {
 
     async fn shutdown_requested(&mut self, _: &mut Checkpointer) -> Result<(), ProcessorError> {
         self.log.shutdown_requested.fetch_add(1, Ordering::SeqCst);
+        if take_one(&self.log.shutdown_hangs) {
+            self.hang().await;
+        }
         Ok(())
     }
 
@@ -498,4 +503,73 @@ async fn a_lane_call_cut_during_a_shutdown_drain_ends_every_lane_with_lease_lost
     );
     assert_eq!(events.lease_lost.load(Ordering::SeqCst), 2);
     assert_dropped_then_released(&events.events.lock().unwrap(), 2);
+}
+
+/// A worker whose checkpoints the policy holds back for ten minutes, with
+/// `lanes` lanes and a shutdown timeout of 20 s: "0" and "1" processed
+/// (the period's first checkpoint written), then "9" (its checkpoint held
+/// back), then "2", whose batch hangs.
+async fn held_back_then_hung(lanes: usize) -> Setup {
+    let mut s = start(|c| {
+        c.parallelism_per_shard(lanes)
+            .checkpoint_policy(CheckpointPolicy::every(Duration::from_secs(600)))
+            .shutdown_timeout(Duration::from_secs(20))
+    });
+    until("0 and 1 processed", || s.processed().len() == 2).await;
+    s.put(&["9"]);
+    until("9 processed", || s.processed().len() == 3).await;
+    s.put(&["2"]);
+    until("the hung call under way", || {
+        s.worker.shards().iter().any(|p| p.processor_call.is_some())
+    })
+    .await;
+    s
+}
+
+/// A processor call still under way at the shutdown timeout is cut: its
+/// future is dropped while the lease is held, the position the processor
+/// asked for before it (held back by the policy) is written, the
+/// processor is told `lease_lost`, and the lease is released after. The
+/// drain used to abort the consumer instead: the held-back position was
+/// never written (the next owner repeated "9") and no ending reached the
+/// processor.
+#[tokio::test(start_paused = true)]
+async fn a_call_under_way_at_the_shutdown_timeout_is_cut_and_its_asked_position_written() {
+    for lanes in [1, 2] {
+        let mut s = held_back_then_hung(lanes).await;
+        let held_back = Checkpoint::at(s.seqs[2].clone(), 0);
+        assert_ne!(s.checkpoint(), held_back, "{lanes} lanes");
+        let report = s.worker.shutdown_and_wait().await;
+        (&mut s.task).await.unwrap().unwrap();
+        assert_eq!(
+            (report.drained, report.cut_off, report.released),
+            (0, 1, 1),
+            "{lanes} lanes: {report:?}"
+        );
+        assert_eq!(
+            s.checkpoint(),
+            held_back,
+            "{lanes} lanes: the position asked for before the cut call"
+        );
+        let events = s.log.events.lock().unwrap().clone();
+        assert_dropped_then_released(&events, lanes);
+        assert_eq!(s.log.lease_lost.load(Ordering::SeqCst), lanes as u32);
+        assert_eq!(s.log.shutdown_requested.load(Ordering::SeqCst), 0);
+    }
+}
+
+/// A `shutdown_requested` still running at the shutdown timeout is cut,
+/// and, as a call cut short is no ending, `lease_lost` follows; the shard
+/// counts as cut off, not drained.
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_requested_cut_at_the_shutdown_timeout_is_followed_by_lease_lost() {
+    let mut s = start(|c| c.shutdown_timeout(Duration::from_secs(20)));
+    s.log.shutdown_hangs.store(1, Ordering::SeqCst);
+    until("the first records", || s.processed().len() == 2).await;
+    let report = s.worker.shutdown_and_wait().await;
+    (&mut s.task).await.unwrap().unwrap();
+    assert_eq!((report.drained, report.cut_off), (0, 1), "{report:?}");
+    assert_eq!(s.log.shutdown_requested.load(Ordering::SeqCst), 1);
+    assert_eq!(s.log.lease_lost.load(Ordering::SeqCst), 1);
+    assert_dropped_then_released(&s.log.events.lock().unwrap(), 1);
 }

@@ -1691,6 +1691,79 @@ async fn shutdown_and_wait_reports_drained_cut_off_and_released_shards() {
     );
 }
 
+/// A shard whose processor finished draining has its lease released at
+/// once, while a slower shard still drains: peers take it at their next
+/// tick. Every lease used to wait for the slowest shard (up to the
+/// shutdown timeout), and so did a handoff a peer asked for meanwhile.
+#[tokio::test(start_paused = true)]
+async fn a_drained_shards_lease_is_released_while_a_slower_shard_still_drains() {
+    let mut fleet = Fleet::new(4);
+    let slow = Behaviour {
+        slow_shard: Some(("shardId-000000000001", Duration::from_secs(600))),
+        ..Behaviour::default()
+    };
+    let a = fleet.start("w-a", slow, FailurePolicy::Retry);
+    fleet.produce(8, 0, 10);
+    sleep(TICK * 3).await;
+    assert_eq!(fleet.consuming(a), 4);
+    let (handle, _) = &fleet.workers[a];
+    handle.shutdown();
+    sleep(Duration::from_secs(5)).await;
+    let owners: BTreeMap<String, Option<String>> = fleet
+        .store
+        .snapshot()
+        .into_iter()
+        .map(|l| (l.shard_id, l.owner))
+        .collect();
+    for (shard, owner) in &owners {
+        let draining = shard == "shardId-000000000001";
+        assert_eq!(owner.is_some(), draining, "{shard}: {owners:?}");
+    }
+    let (handle, task) = &mut fleet.workers[a];
+    let report = handle.stopped().await;
+    task.await.unwrap().unwrap();
+    assert_eq!(
+        (report.drained, report.cut_off, report.released),
+        (3, 1, 4),
+        "{report:?}"
+    );
+}
+
+/// A shard whose lease a peer takes while it drains counts as lost, not
+/// drained: its checkpoints are refused, and the peer resumes from the
+/// last one written. Every consumer that ended in the drain counted as
+/// drained.
+#[tokio::test(start_paused = true)]
+async fn a_lease_lost_while_draining_is_reported_lost_not_drained() {
+    let mut fleet = Fleet::new(4);
+    let slow = Behaviour {
+        slow_shard: Some(("shardId-000000000001", Duration::from_secs(15))),
+        ..Behaviour::default()
+    };
+    let a = fleet.start("w-a", slow, FailurePolicy::Retry);
+    fleet.produce(8, 0, 10);
+    sleep(TICK * 6).await;
+    assert_eq!(fleet.consuming(a), 4);
+    // A batch of the slow shard under way.
+    fleet.produce(8, 10, 10);
+    sleep(Duration::from_secs(2)).await;
+    fleet.workers[a].0.shutdown();
+    steal_for(&fleet.store, "shardId-000000000001", "ghost");
+    let (handle, task) = &mut fleet.workers[a];
+    let report = handle.stopped().await;
+    task.await.unwrap().unwrap();
+    assert_eq!(
+        (report.drained, report.lost, report.cut_off),
+        (3, 1, 0),
+        "{report:?}"
+    );
+    assert_eq!(
+        (report.released, report.release_failures),
+        (3, 0),
+        "{report:?}"
+    );
+}
+
 /// A shutdown asked for while the lease taker's pass takes thousands of
 /// leases completes, and releases them all: the pass reports each take on
 /// the worker's event channel, which the worker reads until the

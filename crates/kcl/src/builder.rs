@@ -319,7 +319,9 @@ impl WorkerBuilder {
         shard_sync_interval: Duration,
         /// How often a child shard checks its parents.
         parent_poll_interval: Duration,
-        /// How long a graceful shutdown waits for processors.
+        /// How long a graceful shutdown waits for processors (default
+        /// 25 s); then their calls are cancelled, the positions they asked
+        /// for written and `lease_lost` called, within 2 s more.
         shutdown_timeout: Duration,
         /// How long a finished shard's lease stays before it is deleted.
         completed_lease_retention: Duration,

@@ -8,7 +8,8 @@
 //! running past `processor_timeout`, when set, is cancelled: its future is
 //! dropped, and the consumer stops with [`Stop::TimedOut`], which gives the
 //! shard back only after that drop, so the call can never run beside the
-//! shard's next owner.
+//! shard's next owner. A worker's shutdown that runs past its timeout cuts
+//! the calls under way the same way ([`Stop::Cut`]).
 //!
 //! The limit is a timer in the consumer's own task, so it fires only while
 //! the call yields: a call blocked outside an await point (a synchronous
@@ -54,11 +55,14 @@ enum Ended<T> {
     Returned(T),
     /// Cut at the timeout; the call's future is dropped by then.
     TimedOut,
+    /// Cut by the worker's shutdown timeout; dropped by then too.
+    Cut,
 }
 
 /// Runs `call` (the processor's future) under the consumer's limits: its
-/// output, or `Err(Stop::TimedOut)` once it ran past the timeout, by when
-/// its future has been dropped.
+/// output, or `Err(Stop::TimedOut)` once it ran past the timeout, or
+/// `Err(Stop::Cut)` once the worker's shutdown timeout cut it, by when its
+/// future has been dropped.
 pub(super) async fn limited<F: Future>(
     c: &Consumer,
     call: Call,
@@ -73,26 +77,46 @@ pub(super) async fn limited<F: Future>(
             timed_out(c, call, started.elapsed());
             Err(Stop::TimedOut)
         }
+        Ended::Cut => {
+            cut(c, call, started.elapsed());
+            Err(Stop::Cut)
+        }
     }
 }
 
-/// Awaits `fut` against the warning and the timeout. It owns the future,
-/// so returning drops it: the cancellation is done once this returns.
+/// Awaits `fut` against the warning, the timeout and the shutdown's cut.
+/// It owns the future, so returning drops it: the cancellation is done
+/// once this returns.
 async fn race<F: Future>(c: &Consumer, call: Call, started: Instant, fut: F) -> Ended<F::Output> {
     let limits = c.setup.call_limits;
     let mut fut = std::pin::pin!(fut);
+    // A call made after the cut (the ending that follows it) is not cut:
+    // the worker stops waiting for it a grace period later.
+    let armed = !c.cut.is_cancelled();
+    let mut cut = std::pin::pin!(async {
+        if armed {
+            c.cut.cancelled().await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    });
     tokio::select! {
         biased;
         out = &mut fut => return Ended::Returned(out),
+        () = &mut cut => return Ended::Cut,
         () = sleep_until(started + limits.warn_after) => slow(c, call, started.elapsed()),
     }
-    let Some(timeout) = limits.timeout else {
-        return Ended::Returned(fut.await);
+    let timeout = async {
+        match limits.timeout {
+            Some(timeout) => sleep_until(started + timeout).await,
+            None => std::future::pending().await,
+        }
     };
     tokio::select! {
         biased;
         out = &mut fut => Ended::Returned(out),
-        () = sleep_until(started + timeout) => Ended::TimedOut,
+        () = &mut cut => Ended::Cut,
+        () = timeout => Ended::TimedOut,
     }
 }
 
@@ -138,5 +162,16 @@ fn timed_out(c: &Consumer, call: Call, elapsed: Duration) {
         call,
         elapsed,
         "a processor call ran past processor_timeout and was cancelled; the shard is given back"
+    );
+}
+
+fn cut(c: &Consumer, call: Call, elapsed: Duration) {
+    warn!(
+        stream = %c.ctx.stream,
+        shard = %c.ctx.shard_id,
+        lane = ?call.lane,
+        call = call.stage,
+        elapsed = ?elapsed,
+        "a processor call was still running at the shutdown timeout and was cancelled"
     );
 }

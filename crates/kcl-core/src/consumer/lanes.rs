@@ -37,8 +37,8 @@ mod stall;
 use stall::wait_for_room;
 
 use super::{
-    Consumer, ConsumerExit, Fetch, Stop, deliver, exit_without_processor, finish_shard, initialize,
-    lease_lost, shard_labels, shutdown_requested, write_held_back,
+    Consumer, ConsumerExit, Fetch, Stop, deliver, exit_without_processor, finish_shard,
+    graceful_exit, initialize, lease_lost, shard_labels, shutdown_requested, write_held_back,
 };
 use crate::checkpointer::{Checkpointer, MAX_LANE_RECORDS_IN_FLIGHT, Position, Window};
 use crate::lease::{Checkpoint, Lease};
@@ -207,7 +207,7 @@ impl Lanes {
                 Ok(()) => self.start(c, lane),
                 // The shard goes back: no lane's processor is asked to
                 // checkpoint beside a call that was cut off.
-                Err(Stop::TimedOut) => return Err(Stop::TimedOut),
+                Err(stop @ (Stop::TimedOut | Stop::Cut)) => return Err(stop),
                 Err(_) => self.queues[lane].clear(),
             }
         }
@@ -319,13 +319,28 @@ async fn end_lanes(
         // Every lane's checkpoint writes from now on (through the shard's
         // checkpointer), and what the policy held back is written last.
         shard.lock().await.write_every_call();
+        let mut cut = Vec::new();
         for (lane, processor, checkpointer) in processors.iter_mut() {
             // A lane `shard_ended` reached had its ending.
-            if !c.had_shard_ended(*lane) {
-                shutdown_requested(c, processor.as_mut(), checkpointer, Some(*lane)).await;
+            if !c.had_shard_ended(*lane)
+                && shutdown_requested(c, processor.as_mut(), checkpointer, Some(*lane))
+                    .await
+                    .is_err()
+            {
+                cut.push(*lane);
             }
         }
         write_held_back(&mut *shard.lock().await).await;
+        // A call cut short is no ending.
+        for (lane, processor, _) in processors.iter_mut() {
+            if cut.contains(lane) {
+                lease_lost(c, processor.as_mut(), Some(*lane)).await;
+            }
+        }
+        return match graceful_exit(c, !cut.is_empty()) {
+            ConsumerExit::ShutDown => exit_without_processor(stop),
+            other => other,
+        };
     } else {
         info!("lease lost or given back; stopping the lanes' processors");
         if !matches!(stop, Stop::LeaseLost) {

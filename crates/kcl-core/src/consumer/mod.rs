@@ -113,6 +113,10 @@ pub(crate) enum ConsumerExit {
     /// Another worker asked for the shard; the processor had its chance to
     /// checkpoint: complete the handoff.
     HandedOff,
+    /// A processor call was still running when the worker's shutdown
+    /// timeout cut it: the position asked for before it is written, the
+    /// processor told `lease_lost`; the worker releases the lease.
+    CutOff,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -127,6 +131,9 @@ enum Stop {
     /// The shard could not be read (see [`ConsumerExit::Unreadable`]): it
     /// is given back as under [`Stop::Release`], and the worker sits out.
     Unreadable,
+    /// The worker's shutdown ran past its timeout and cut the processor
+    /// call under way: the shard ends as under [`Stop::TimedOut`].
+    Cut,
 }
 
 #[derive(Clone)]
@@ -134,6 +141,9 @@ struct Consumer {
     setup: Arc<ConsumerSetup>,
     lease: LeaseHandle,
     shutdown: CancellationToken,
+    /// Cancelled when the worker's shutdown timeout is up: the processor
+    /// call then under way is cancelled (see [`call_limit`]).
+    cut: CancellationToken,
     /// Cancelled by the checkpointer when a checkpoint is rejected.
     lost: CancellationToken,
     /// Cancelled when a shard processed in lanes stops, for the lanes still
@@ -204,13 +214,21 @@ impl Consumer {
     }
 }
 
+/// How the worker stops a consumer: `shutdown` asks it to end gracefully,
+/// `cut` (the shutdown timeout) cancels the processor call it is waiting on.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Stops {
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) cut: CancellationToken,
+}
+
 /// Runs one shard to its end, its lease's end, or shutdown.
 pub(crate) async fn run(
     setup: Arc<ConsumerSetup>,
     lease: LeaseHandle,
-    shutdown: CancellationToken,
+    stops: Stops,
 ) -> ConsumerExit {
-    let c = Consumer::new(setup, lease, shutdown);
+    let c = Consumer::new(setup, lease, stops);
     // Held until this consumer returns: the next consumer of the shard in
     // this worker starts after it (see ShardSlots).
     let _slot = match take_slot(&c).await {
@@ -243,7 +261,7 @@ pub(crate) async fn run(
 impl Consumer {
     /// The consumer of `lease`'s shard, registered in the worker's
     /// progress registry.
-    fn new(setup: Arc<ConsumerSetup>, lease: LeaseHandle, shutdown: CancellationToken) -> Self {
+    fn new(setup: Arc<ConsumerSetup>, lease: LeaseHandle, stops: Stops) -> Self {
         let held = lease.lease();
         let ctx = ShardContext {
             stream: setup.stream.clone(),
@@ -258,7 +276,8 @@ impl Consumer {
                 .track(&ctx.lease_key, &ctx.stream, &ctx.shard_id),
             setup,
             lease,
-            shutdown,
+            shutdown: stops.shutdown,
+            cut: stops.cut,
             lost: CancellationToken::new(),
             halt: CancellationToken::new(),
             ctx,
@@ -377,16 +396,15 @@ async fn shut_down(
             }
             ConsumerExit::LeaseLost
         }
-        Err(Stop::Shutdown) => {
-            last_checkpoints(c, processor, checkpointer, ended).await;
-            ConsumerExit::ShutDown
-        }
+        Err(Stop::Shutdown) => last_checkpoints(c, processor, checkpointer, ended).await,
         Err(Stop::Handoff) => {
             info!("handing the shard over; the processor may checkpoint");
-            last_checkpoints(c, processor, checkpointer, ended).await;
-            ConsumerExit::HandedOff
+            match last_checkpoints(c, processor, checkpointer, ended).await {
+                ConsumerExit::ShutDown => ConsumerExit::HandedOff,
+                other => other,
+            }
         }
-        Err(stop @ (Stop::Release | Stop::TimedOut | Stop::Unreadable)) => {
+        Err(stop @ (Stop::Release | Stop::TimedOut | Stop::Unreadable | Stop::Cut)) => {
             write_held_back(checkpointer).await;
             if !ended {
                 lease_lost(c, processor, None).await;
@@ -415,33 +433,55 @@ async fn lease_lost(c: &Consumer, processor: &mut dyn RecordProcessor, lane: Opt
 /// A graceful end of the tenure: every checkpoint call writes from now on,
 /// the processor's `shutdown_requested` may checkpoint (unless `ended`:
 /// `shard_ended` was its ending), and the latest position it asked for
-/// before is written if the policy held it back.
+/// before is written if the policy held it back. See [`graceful_exit`]
+/// for its exit.
 async fn last_checkpoints(
     c: &Consumer,
     processor: &mut dyn RecordProcessor,
     checkpointer: &mut Checkpointer,
     ended: bool,
-) {
+) -> ConsumerExit {
     checkpointer.write_every_call();
-    if !ended {
-        shutdown_requested(c, processor, checkpointer, None).await;
-    }
+    let cut = !ended
+        && shutdown_requested(c, processor, checkpointer, None)
+            .await
+            .is_err();
     write_held_back(checkpointer).await;
+    if cut {
+        lease_lost(c, processor, None).await;
+    }
+    graceful_exit(c, cut)
+}
+
+/// How a graceful end went: the lease was lost if a checkpoint found it
+/// gone (a peer took it meanwhile), the shard was cut off if the worker's
+/// shutdown timeout `cut` a call, else it shut down.
+fn graceful_exit(c: &Consumer, cut: bool) -> ConsumerExit {
+    if c.lost.is_cancelled() {
+        ConsumerExit::LeaseLost
+    } else if cut && c.cut.is_cancelled() {
+        ConsumerExit::CutOff
+    } else {
+        ConsumerExit::ShutDown
+    }
 }
 
 /// The processor's `shutdown_requested` under the call limits. Cut at the
-/// timeout, it checkpointed what it did before: the positions it asked
-/// for in earlier calls are still written after it.
+/// timeout (or the worker's shutdown timeout), it checkpointed what it did
+/// before: the positions it asked for in earlier calls are still written
+/// after it, and, as a call cut short is no ending, `lease_lost` follows.
+/// `Err` if it was cut.
 async fn shutdown_requested(
     c: &Consumer,
     processor: &mut dyn RecordProcessor,
     checkpointer: &mut Checkpointer,
     lane: Option<usize>,
-) {
+) -> Result<(), Stop> {
     let call = Call::new("shutdown_requested", lane);
-    if let Ok(Err(e)) = limited(c, call, processor.shutdown_requested(checkpointer)).await {
+    if let Err(e) = limited(c, call, processor.shutdown_requested(checkpointer)).await? {
         warn!(error = %e, "processor failed in shutdown_requested");
     }
+    Ok(())
 }
 
 /// This worker no longer reads the shard: its lag drops out of the fleet's
@@ -478,6 +518,7 @@ fn exit_without_processor(stop: Stop) -> ConsumerExit {
         Stop::Release | Stop::TimedOut => ConsumerExit::Release,
         Stop::Unreadable => ConsumerExit::Unreadable,
         Stop::Handoff => ConsumerExit::HandedOff,
+        Stop::Cut => ConsumerExit::CutOff,
     }
 }
 

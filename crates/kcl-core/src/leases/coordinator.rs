@@ -171,13 +171,19 @@ impl LeaseCoordinator {
     /// Releases a held lease in the table so that another worker takes it.
     /// Returns false if this worker did not hold that tenure.
     pub async fn release(&self, lease: &LeaseHandle) -> Result<bool, StoreError> {
+        self.let_go(lease).await.map(|done| done != LetGo::NotHeld)
+    }
+
+    /// Releases a held lease, or completes its handoff if another worker
+    /// asked for it: which of the two it did.
+    pub async fn let_go(&self, lease: &LeaseHandle) -> Result<LetGo, StoreError> {
         let key = lease.key();
         let Some(held) = self.shared.tenure_of(lease) else {
-            return Ok(false);
+            return Ok(LetGo::NotHeld);
         };
         // Another worker asked for it: hand it to that worker instead.
         if held.phase() == Phase::HandingOff {
-            return self.complete_handoff(lease).await;
+            return self.complete_handoff(lease).await.map(LetGo::handed_off);
         }
         // End the handle first: the consumer must stop before the lease is
         // visible as free to peers.
@@ -196,7 +202,7 @@ impl LeaseCoordinator {
                 self.shared.given_up().insert(key, &held);
             }
         }
-        released.map(|()| true)
+        released.map(|()| LetGo::Released)
     }
 
     /// Releases a held lease whose shard this worker could not read for
@@ -204,13 +210,13 @@ impl LeaseCoordinator {
     /// none of its calls. With a peer that could take it (one that beats
     /// and is not stopping), this worker sits out: it takes no lease for a
     /// while and tells its peers so, so that a worker that can read takes
-    /// the shard (see `Shared::sit_out` for how long). Returns whether
-    /// this worker held that tenure.
+    /// the shard (see `Shared::sit_out` for how long). Returns what it did
+    /// with the lease (see [`Self::let_go`]).
     pub async fn give_back_unreadable(
         &self,
         lease: &LeaseHandle,
         limit: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<LetGo, StoreError> {
         let now = Instant::now();
         // Alone (or with every peer sitting out or stopping), nobody would
         // take the shard: sitting out would only leave it unread after
@@ -224,19 +230,19 @@ impl LeaseCoordinator {
             warn!(lease = %lease.key(),
                 "giving back a shard this worker cannot read; no other worker is there to take it, so this one tries again");
         }
-        self.release(lease).await
+        self.let_go(lease).await
     }
 
     /// Releases the lease of a shard processed to SHARD_END, whose
     /// consumer created its children's leases: this worker's taker reads
     /// the table now, and peers learn it from this instance's next beat
     /// (its change counter), so the children start within a beat interval
-    /// instead of at the next shard sync. Returns false if this worker did
-    /// not hold that tenure.
-    pub async fn shard_finished(&self, lease: &LeaseHandle) -> Result<bool, StoreError> {
+    /// instead of at the next shard sync. Returns what it did with the
+    /// lease (see [`Self::let_go`]).
+    pub async fn shard_finished(&self, lease: &LeaseHandle) -> Result<LetGo, StoreError> {
         // The release (or the handoff it completes) bumps this instance's
         // change counter, which wakes peers; this worker's taker looks now.
-        let released = self.release(lease).await;
+        let released = self.let_go(lease).await;
         self.shared.want_rescan();
         released
     }
@@ -369,6 +375,28 @@ impl LeaseCoordinator {
         }
         info!(mode = ?mode, "lease coordinator stopped");
         released.into_inner().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What [`LeaseCoordinator::let_go`] did with a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LetGo {
+    /// Released in the table, for peers to take.
+    Released,
+    /// Handed to the worker that asked for it.
+    HandedOff,
+    /// This worker no longer held that tenure: nothing was written.
+    NotHeld,
+}
+
+impl LetGo {
+    /// What [`LeaseCoordinator::complete_handoff`]'s answer means.
+    pub(crate) fn handed_off(done: bool) -> Self {
+        if done {
+            LetGo::HandedOff
+        } else {
+            LetGo::NotHeld
+        }
     }
 }
 

@@ -138,7 +138,10 @@ impl WorkerConfigBuilder {
         parent_poll_interval(d: Duration),
         /// How long a graceful shutdown waits for processors to finish before
         /// it stops them and releases the leases anyway (default 25 s, inside
-        /// the 30 s that ECS and Kubernetes give by default).
+        /// the 30 s that ECS and Kubernetes give by default). Stopping takes
+        /// up to 2 s more: the calls under way are cancelled, the positions
+        /// their processors asked for before are written, and each is told
+        /// `lease_lost`.
         shutdown_timeout(d: Duration),
         /// Longest pause between retries of a failing processor or read
         /// (default 30 s).

@@ -19,9 +19,7 @@ use crate::backoff::Backoff;
 use crate::checkpointer::CheckpointPacer;
 use crate::consumer::{self, ConsumerExit, ConsumerSetup, ShardSlots};
 use crate::lease::{Lease, LeaseLayout};
-use crate::leases::{
-    FleetSignals, LeaseCoordinator, LeaseEvent, LeaseFilter, LeaseHandle, ShutdownMode,
-};
+use crate::leases::{FleetSignals, LeaseCoordinator, LeaseEvent, LeaseFilter, LeaseHandle, LetGo};
 use crate::metric_names::CONSUMER_PANICS;
 use crate::observe::Observer;
 use crate::processor::ProcessorFactory;
@@ -44,6 +42,7 @@ pub use config::{
 };
 pub use handle::{WorkerHandle, WorkerStatus};
 use running::Running;
+use shutdown::Done;
 pub use shutdown::ShutdownReport;
 use streams::{LiveStreams, read};
 pub use streams::{RemovedStreamPolicy, StreamSpec, StreamTracker};
@@ -289,6 +288,7 @@ impl Worker {
             slots: Arc::default(),
             consumers: JoinSet::new(),
             running: Running::new(&self.handle),
+            cut: CancellationToken::new(),
         };
         self.serve(&mut session).await;
         let signals = session.coordinator.signals();
@@ -382,7 +382,7 @@ impl Worker {
                     None => return,
                 },
                 Some(done) = s.consumers.join_next_with_id() => {
-                    self.consumer_done(&s.coordinator, &mut s.running, done).await;
+                    let _ = self.consumer_done(&s.coordinator, &mut s.running, done).await;
                 }
                 Some(spec) = s.removed.recv() => {
                     // Processors of a removed stream checkpoint and stop; their
@@ -415,17 +415,21 @@ impl Worker {
             .entry(spec.layout.clone())
             .or_insert_with(|| self.consumer_setup(&spec, &s.bounded, &s.sync_now, &s.slots));
         let key = lease.key().to_owned();
-        let stop = CancellationToken::new();
+        let stops = consumer::Stops {
+            shutdown: CancellationToken::new(),
+            cut: s.cut.clone(),
+        };
+        let stop = stops.shutdown.clone();
         let span = info_span!("shard", stream = %setup.stream, shard = %held.shard_id);
         let setup = Arc::clone(setup);
-        let (task_key, task_stop, tenure) = (key.clone(), stop.clone(), lease.clone());
+        let (task_key, tenure) = (key.clone(), lease.clone());
         // Held for the whole task, aborted or not: the shard's series go
         // once no consumer of the process records into them.
         let reading = shard_series::reading(&setup.stream, &held.shard_id);
         let task = s.consumers.spawn(
             async move {
                 let _reading = reading;
-                (task_key, consumer::run(setup, lease, task_stop).await)
+                (task_key, consumer::run(setup, lease, stops).await)
             }
             .instrument(span),
         );
@@ -433,122 +437,73 @@ impl Worker {
         self.publish(&s.coordinator);
     }
 
-    /// Waits for the stopped consumers until the shutdown timeout, then
-    /// cuts off the rest; the report of the shutdown so far.
-    async fn drain(&self, s: &mut Session) -> ShutdownReport {
-        let deadline = tokio::time::sleep(self.config.shutdown_timeout);
-        tokio::pin!(deadline);
-        let mut report = ShutdownReport {
-            graceful: true,
-            ..ShutdownReport::default()
-        };
-        loop {
-            tokio::select! {
-                done = s.consumers.join_next_with_id() => match done {
-                    Some(done) => {
-                        report.drained += 1;
-                        self.consumer_done(&s.coordinator, &mut s.running, done).await;
-                    }
-                    None => break,
-                },
-                _ = &mut deadline => {
-                    report.cut_off = s.consumers.len();
-                    warn!(remaining = s.consumers.len(), "processors did not finish within the shutdown timeout; stopping them");
-                    s.consumers.shutdown().await;
-                    break;
-                }
-                // Keep the event channel flowing so no coordinator task waits on it.
-                Some(_) = s.events.recv() => {}
-            }
-        }
-        report
-    }
-
-    /// Releases every lease (or hands it off), and marks the worker
-    /// stopped.
-    async fn release_all(&self, s: Session, report: &mut ShutdownReport) {
-        let Session {
-            coordinator,
-            mut events,
-            ..
-        } = s;
-        // Read until the coordinator is shut down: a taker pass under way
-        // reports each take (the shutdown releases them all), and with the
-        // channel full it waited for good, and so did the shutdown.
-        let shutdown = coordinator.shutdown(ShutdownMode::Release);
-        tokio::pin!(shutdown);
-        let released = loop {
-            tokio::select! {
-                released = &mut shutdown => break released,
-                Some(_) = events.recv() => {}
-            }
-        };
-        report.released = released.released;
-        report.handed_off = released.handed_off;
-        report.release_failures = released.failed;
-        self.handle.update(|s| s.ready = false);
-        self.handle
-            .consuming
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
-        info!(?report, "worker stopped");
-    }
-
+    /// Acts on a consumer's end (releases, hands off or gives back its
+    /// lease as its exit says): what it did, for the shutdown report.
     async fn consumer_done(
         &self,
         coordinator: &LeaseCoordinator,
         running: &mut Running,
         done: Result<(tokio::task::Id, (String, ConsumerExit)), tokio::task::JoinError>,
-    ) {
-        match done {
-            Ok((id, (key, exit))) => {
-                // Every action below applies to the tenure this consumer ran
-                // with, not to a later one of the same lease.
-                let Some(entry) = running.remove(id) else {
-                    return;
-                };
-                let lease = &entry.lease;
-                match exit {
-                    ConsumerExit::ShutDown if entry.retired => release(coordinator, lease).await,
-                    ConsumerExit::ShardEnded => {
-                        self.handle.update(|s| s.shards_finished += 1);
-                        if let Err(e) = coordinator.shard_finished(lease).await {
-                            warn!(lease = %key, error = %e, "releasing a finished shard's lease failed; it expires instead");
-                        }
-                    }
-                    ConsumerExit::Release => release(coordinator, lease).await,
-                    ConsumerExit::Unreadable => {
-                        let limit = self.config.max_read_failure_time;
-                        if let Err(e) = coordinator.give_back_unreadable(lease, limit).await {
-                            warn!(lease = %key, error = %e, "releasing an unreadable shard's lease failed; it expires instead");
-                        }
-                    }
-                    ConsumerExit::HandedOff => {
-                        if let Err(e) = coordinator.complete_handoff(lease).await {
-                            warn!(lease = %key, error = %e, "completing the handoff failed; the new owner will force it");
-                        }
-                    }
-                    // The consumer stopped on its own: its tenure is not
-                    // renewed on without a reader (invariant 12).
-                    ConsumerExit::LeaseLost => coordinator.consumer_stopped(lease).await,
-                    // Released with every other lease by the shutdown.
-                    ConsumerExit::ShutDown => {}
-                }
-            }
+    ) -> Option<Done> {
+        let id = match &done {
+            Ok((id, _)) => *id,
+            Err(e) => e.id(),
+        };
+        // Every action below applies to the tenure this consumer ran with,
+        // not to a later one of the same lease.
+        let entry = running.remove(id)?;
+        let lease = &entry.lease;
+        // A newer tenure of the lease has its own consumer, which counts.
+        let superseded = coordinator
+            .handle(lease.key())
+            .is_some_and(|current| current.tenure() != lease.tenure());
+        let exit = match done {
+            Ok((_, (_, exit))) => Some(exit),
             Err(e) => {
                 // A processor panicked. Its shard is given back, to be
                 // retried from the last checkpoint, rather than left held
                 // and unprocessed.
-                if let Some(entry) = running.remove(e.id()) {
-                    error!(lease = %entry.lease.key(), error = %e, "a shard consumer panicked; releasing its lease");
-                    metrics::counter!(CONSUMER_PANICS, "worker" => self.config.lease.worker_id().to_owned())
-                        .increment(1);
-                    release(coordinator, &entry.lease).await;
-                }
+                error!(lease = %lease.key(), error = %e, "a shard consumer panicked; releasing its lease");
+                metrics::counter!(CONSUMER_PANICS, "worker" => self.config.lease.worker_id().to_owned())
+                    .increment(1);
+                None
             }
+        };
+        let let_go = match exit {
+            // The consumer stopped on its own: its tenure is not renewed on
+            // without a reader (invariant 12).
+            Some(ConsumerExit::LeaseLost) => {
+                coordinator.consumer_stopped(lease).await;
+                Ok(LetGo::NotHeld)
+            }
+            Some(ConsumerExit::ShardEnded) => {
+                self.handle.update(|s| s.shards_finished += 1);
+                coordinator.shard_finished(lease).await
+            }
+            Some(ConsumerExit::Unreadable) => {
+                let limit = self.config.max_read_failure_time;
+                coordinator.give_back_unreadable(lease, limit).await
+            }
+            Some(ConsumerExit::HandedOff) => coordinator
+                .complete_handoff(lease)
+                .await
+                .map(LetGo::handed_off),
+            // Its processor is done: peers may take the shard now, and a
+            // peer's handoff asked during a shutdown need not wait for the
+            // slowest shard of the drain.
+            Some(ConsumerExit::ShutDown | ConsumerExit::Release | ConsumerExit::CutOff) | None => {
+                coordinator.let_go(lease).await
+            }
+        };
+        if let Err(e) = &let_go {
+            warn!(lease = %lease.key(), ?exit, error = %e, "letting the lease go failed; it expires instead (or the handoff is forced)");
         }
         self.publish(coordinator);
+        Some(Done {
+            exit,
+            superseded,
+            let_go: let_go.ok(),
+        })
     }
 
     fn consumer_setup(
@@ -652,6 +607,9 @@ struct Session {
     /// new setup, and its shards must still wait for those consumers.
     slots: Arc<ShardSlots>,
     running: Running,
+    /// Cancelled at the shutdown timeout: every consumer's processor call
+    /// under way is cut.
+    cut: CancellationToken,
     /// Last, so that a session dropped without a shutdown (the run future
     /// dropped) aborts its consumers and drops every lease handle it has
     /// before the coordinator's drop releases the leases: released first,

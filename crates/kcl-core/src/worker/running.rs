@@ -23,8 +23,6 @@ pub(super) struct RunningConsumer {
     pub(super) lease: LeaseHandle,
     layout: LeaseLayout,
     stop: CancellationToken,
-    /// Stopped because its stream was removed: release the lease after.
-    pub(super) retired: bool,
 }
 
 impl Running {
@@ -53,7 +51,6 @@ impl Running {
                 lease,
                 layout,
                 stop,
-                retired: false,
             },
         );
     }
@@ -68,16 +65,21 @@ impl Running {
         }
         Some(removed)
     }
+    /// The lease keys of the running consumers (a key twice if a newer
+    /// tenure's consumer runs beside an older one).
+    pub(super) fn keys(&self) -> impl Iterator<Item = &str> {
+        self.by_task.values().map(|c| c.lease.key())
+    }
     pub(super) fn stop_all(&self) {
         for c in self.by_task.values() {
             c.stop.cancel();
         }
     }
-    /// Stops the consumers of one stream; returns how many.
-    pub(super) fn retire(&mut self, layout: &LeaseLayout) -> usize {
+    /// Stops the consumers of one stream (their leases are released as
+    /// each ends); returns how many.
+    pub(super) fn retire(&self, layout: &LeaseLayout) -> usize {
         let mut n = 0;
-        for c in self.by_task.values_mut().filter(|c| &c.layout == layout) {
-            c.retired = true;
+        for c in self.by_task.values().filter(|c| &c.layout == layout) {
             c.stop.cancel();
             n += 1;
         }

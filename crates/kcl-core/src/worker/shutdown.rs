@@ -1,23 +1,45 @@
-//! What a worker's graceful shutdown did, for
+//! A worker's graceful shutdown: the drain of its consumers, the release
+//! of its leases, and the report of what it did, for
 //! [`WorkerHandle::shutdown_and_wait`](super::WorkerHandle::shutdown_and_wait).
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::watch;
+use tracing::{info, warn};
+
+use super::{Session, Worker};
+use crate::consumer::ConsumerExit;
+use crate::leases::{LetGo, ShutdownMode};
+
+/// How long consumers whose processor calls were cut at the shutdown
+/// timeout get to write the positions their processors asked for and to
+/// tell them `lease_lost`, before they are stopped where they are.
+pub(crate) const CUT_GRACE: Duration = Duration::from_secs(2);
 
 /// What a worker's shutdown did with its shards and leases.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ShutdownReport {
     /// Shards whose processors finished within the shutdown timeout
-    /// (`shutdown_requested` called, lanes drained): the next owner
-    /// resumes where they checkpointed.
+    /// (`shutdown_requested` called, lanes drained; or the shard ended or
+    /// was given back): the next owner resumes where they checkpointed.
+    /// Each shard counts once, in this field or one of the next two.
     pub drained: usize,
-    /// Shards whose processors were still running at the shutdown timeout
-    /// and were stopped: records since their last checkpoint are delivered
-    /// again to the next owner.
+    /// Shards whose processors were still running at the shutdown timeout,
+    /// or panicked while draining, and were stopped: the call under way is
+    /// cancelled, the position the processor asked for before is written,
+    /// and it is told `lease_lost` (within a grace of 2 s, after which the
+    /// shard is stopped where it is). Records past that position are
+    /// delivered again to the next owner.
     pub cut_off: usize,
-    /// Leases released in the table, for peers to take at once.
+    /// Shards whose lease ended under them while draining (taken by a
+    /// peer, or a checkpoint refused): their processors were told
+    /// `lease_lost`, and the next owner resumes from the last checkpoint.
+    pub lost: usize,
+    /// Leases released in the table, for peers to take at once: each as
+    /// its shard's consumer finished, the rest after the drain.
     pub released: usize,
     /// Handoffs completed to the worker that asked for the lease.
     pub handed_off: usize,
@@ -81,3 +103,116 @@ impl Drop for PublishOnDrop {
         self.0.publish_unless_published(ShutdownReport::default());
     }
 }
+
+/// What the worker did as a consumer ended, for the shutdown report.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Done {
+    /// How the consumer ended; `None` if its processor panicked.
+    pub(super) exit: Option<ConsumerExit>,
+    /// A newer tenure of its lease has its own consumer, which counts
+    /// the shard.
+    pub(super) superseded: bool,
+    /// What became of the lease; `None` if the table refused or did not
+    /// answer.
+    pub(super) let_go: Option<LetGo>,
+}
+
+impl ShutdownReport {
+    /// Counts a consumer that ended during the drain; `cut` once the
+    /// shutdown timeout was up.
+    fn count(&mut self, done: Done, cut: bool) {
+        match done.let_go {
+            Some(LetGo::Released) => self.released += 1,
+            Some(LetGo::HandedOff) => self.handed_off += 1,
+            Some(LetGo::NotHeld) => {}
+            None => self.release_failures += 1,
+        }
+        if done.superseded {
+            return;
+        }
+        match done.exit {
+            Some(ConsumerExit::LeaseLost) => self.lost += 1,
+            None | Some(ConsumerExit::CutOff) => self.cut_off += 1,
+            Some(_) if cut => self.cut_off += 1,
+            Some(_) => self.drained += 1,
+        }
+    }
+}
+
+impl Worker {
+    /// Waits for the stopped consumers until the shutdown timeout, then
+    /// cuts the processor calls still under way and waits [`CUT_GRACE`]
+    /// for those consumers to end, then stops the rest where they are; the
+    /// report of the shutdown so far.
+    pub(super) async fn drain(&self, s: &mut Session) -> ShutdownReport {
+        let mut report = ShutdownReport {
+            graceful: true,
+            ..ShutdownReport::default()
+        };
+        let deadline = tokio::time::sleep(self.config.shutdown_timeout);
+        tokio::pin!(deadline);
+        let mut cut = false;
+        loop {
+            tokio::select! {
+                done = s.consumers.join_next_with_id() => match done {
+                    Some(done) => {
+                        if let Some(done) = self.consumer_done(&s.coordinator, &mut s.running, done).await {
+                            report.count(done, cut);
+                        }
+                    }
+                    None => break,
+                },
+                () = &mut deadline => {
+                    if cut {
+                        // Counted once per shard: a superseded consumer
+                        // may still run beside its lease's newer one.
+                        let stopped: BTreeSet<&str> = s.running.keys().collect();
+                        report.cut_off += stopped.len();
+                        warn!(remaining = s.consumers.len(), "consumers did not end within the grace after the cut; stopping them");
+                        s.consumers.shutdown().await;
+                        break;
+                    }
+                    warn!(remaining = s.consumers.len(), "processors did not finish within the shutdown timeout; cutting their calls");
+                    s.cut.cancel();
+                    cut = true;
+                    deadline.as_mut().reset(tokio::time::Instant::now() + CUT_GRACE);
+                }
+                // Keep the event channel flowing so no coordinator task waits on it.
+                Some(_) = s.events.recv() => {}
+            }
+        }
+        report
+    }
+
+    /// Releases every lease still held (or hands it off), and marks the
+    /// worker stopped.
+    pub(super) async fn release_all(&self, s: Session, report: &mut ShutdownReport) {
+        let Session {
+            coordinator,
+            mut events,
+            ..
+        } = s;
+        // Read until the coordinator is shut down: a taker pass under way
+        // reports each take (the shutdown releases them all), and with the
+        // channel full it waited for good, and so did the shutdown.
+        let shutdown = coordinator.shutdown(ShutdownMode::Release);
+        tokio::pin!(shutdown);
+        let released = loop {
+            tokio::select! {
+                released = &mut shutdown => break released,
+                Some(_) = events.recv() => {}
+            }
+        };
+        report.released += released.released;
+        report.handed_off += released.handed_off;
+        report.release_failures += released.failed;
+        self.handle.update(|s| s.ready = false);
+        self.handle
+            .consuming
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        info!(?report, "worker stopped");
+    }
+}
+
