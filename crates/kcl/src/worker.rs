@@ -197,6 +197,10 @@ impl Worker {
         #[allow(unused_mut)] mut self,
         signal: impl Future<Output = ()> + Send,
     ) -> Result<(), Error> {
+        // Waiters get the report once the run is over, the stream
+        // consumers' deregistration and the last metrics flush included:
+        // a `main` that returns after `shutdown_and_wait` cut those short.
+        let _hold = self.handle.hold_report();
         // Boxed: the run's state machine nests deep enough that a binary
         // awaiting it in its own `async fn main` overflowed the compiler's
         // layout query depth (`kcl-app` did).

@@ -13,7 +13,7 @@ use anyhow::{Context, bail, ensure};
 use aws_sdk_kinesis::types::{
     ConsumerStatus, ShardIteratorType, StartingPosition, SubscribeToShardEventStream,
 };
-use kcl::{FanOutConfig, Retrieval, SourceStats, Worker};
+use kcl::{DeregisterConsumer, FanOutConfig, Retrieval, SourceStats, Worker};
 use kcl_tests::e2e::{
     BatchLog, KEYS, RecordedBatches, Running, Scenario, complete_then_shut_down, shard_span_ns,
     start,
@@ -319,6 +319,57 @@ async fn a_split_during_fan_out_is_followed_from_parent_to_children() {
     assert!(
         child_batches.iter().all(|b| b.start_ns >= parent_last),
         "a child was processed before its parent's end"
+    );
+}
+
+/// With [`DeregisterConsumer::OnShutdown`], `shutdown_and_wait` returns
+/// only once the stream consumer is deregistered, so a `main` that
+/// returns then leaves none behind. The run is polled here beside the
+/// wait, on one thread, and dropped the moment the wait returns, as a
+/// returning `main` drops it. The report used to come first: the run was
+/// dropped before its deregistration and the consumer stayed ACTIVE.
+#[tokio::test]
+async fn shutdown_and_wait_returns_after_the_stream_consumer_is_deregistered() {
+    let mut s = Scenario::new(1).await;
+    s.produce(5).await;
+    let log = RecordedBatches::default();
+    let fan_out = FanOutConfig::builder()
+        .closed_shard_check_interval(None)
+        .deregister(DeregisterConsumer::OnShutdown)
+        .build()
+        .unwrap();
+    let worker = s
+        .worker("d-1")
+        .retrieval(Retrieval::FanOut(fan_out))
+        .processor(log.factory())
+        .build()
+        .unwrap();
+    let handle = worker.handle();
+    let mut run = Box::pin(worker.run());
+    let read = async {
+        while log.all().is_empty() || consumer_status(&s).await != Some(ConsumerStatus::Active) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    tokio::select! {
+        ended = &mut run => panic!("the worker ended before reading: {ended:?}"),
+        () = read => {}
+    }
+    let report = tokio::select! {
+        biased;
+        report = handle.shutdown_and_wait() => report,
+        ended = &mut run => {
+            ended.unwrap();
+            handle.stopped().await
+        }
+    };
+    drop(run);
+    assert!(report.graceful, "{report:?}");
+    let status = consumer_status(&s).await;
+    assert_ne!(
+        status,
+        Some(ConsumerStatus::Active),
+        "the stream consumer is still registered once shutdown_and_wait returned"
     );
 }
 

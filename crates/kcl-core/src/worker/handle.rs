@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::shutdown::Stopped;
+use super::shutdown::{ReportHold, Stopped};
 use super::{ShardProgress, ShutdownReport};
 use crate::leases::{CoordinatorSnapshot, CoordinatorStats};
 use crate::progress::ProgressRegistry;
@@ -114,6 +114,16 @@ impl WorkerHandle {
             graceful,
             ..ShutdownReport::default()
         });
+    }
+
+    /// For a wrapper with work to do after the worker stops (the `kcl`
+    /// facade deregisters its fan-out consumers and flushes its metrics):
+    /// the worker's report reaches [`Self::stopped`] and
+    /// [`Self::shutdown_and_wait`] only once the returned hold drops, so
+    /// that a `main` returning after them cuts none of that work short.
+    #[doc(hidden)]
+    pub fn hold_report(&self) -> ReportHold {
+        self.stopped.hold()
     }
 
     /// Waits until the worker has stopped, however it stopped, and

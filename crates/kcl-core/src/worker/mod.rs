@@ -43,7 +43,7 @@ pub use config::{
 pub use handle::{WorkerHandle, WorkerStatus};
 use running::Running;
 use shutdown::Done;
-pub use shutdown::ShutdownReport;
+pub use shutdown::{ReportHold, ShutdownReport};
 use streams::{LiveStreams, read};
 pub use streams::{RemovedStreamPolicy, StreamSpec, StreamTracker};
 use sync_loop::SyncLoop;

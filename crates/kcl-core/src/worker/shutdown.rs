@@ -53,24 +53,58 @@ pub struct ShutdownReport {
     pub graceful: bool,
 }
 
-/// Where the worker publishes its report, once, for every handle.
+/// Where the worker publishes its report, once, for every handle. While
+/// a wrapper holds it back ([`Stopped::hold`]), what the worker publishes
+/// waits for the last hold to drop.
 #[derive(Debug, Clone)]
-pub(crate) struct Stopped(Arc<watch::Sender<Option<ShutdownReport>>>);
+pub(crate) struct Stopped(Arc<Published>);
+
+#[derive(Debug)]
+struct Published {
+    report: watch::Sender<Option<ShutdownReport>>,
+    held: std::sync::Mutex<Held>,
+}
+
+/// The holds on a report, and the report they hold back.
+#[derive(Debug, Default)]
+struct Held {
+    holds: usize,
+    pending: Option<ShutdownReport>,
+}
 
 impl Default for Stopped {
     fn default() -> Self {
-        Stopped(Arc::new(watch::channel(None).0))
+        Stopped(Arc::new(Published {
+            report: watch::channel(None).0,
+            held: std::sync::Mutex::default(),
+        }))
     }
 }
 
 impl Stopped {
+    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.0.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub(crate) fn publish(&self, report: ShutdownReport) {
-        self.0.send_replace(Some(report));
+        let mut held = self.held();
+        if held.holds > 0 {
+            held.pending = Some(report);
+        } else {
+            self.0.report.send_replace(Some(report));
+        }
     }
 
     /// Publishes `report` unless a report was published already.
     pub(crate) fn publish_unless_published(&self, report: ShutdownReport) {
-        self.0.send_if_modified(|published| {
+        let mut held = self.held();
+        if held.holds > 0 {
+            if held.pending.is_none() && self.0.report.borrow().is_none() {
+                held.pending = Some(report);
+            }
+            return;
+        }
+        self.0.report.send_if_modified(|published| {
             let first = published.is_none();
             if first {
                 *published = Some(report);
@@ -79,9 +113,15 @@ impl Stopped {
         });
     }
 
+    /// Holds back what the worker publishes until the hold drops.
+    pub(crate) fn hold(&self) -> ReportHold {
+        self.held().holds += 1;
+        ReportHold(self.clone())
+    }
+
     /// The report, once the worker stopped.
     pub(crate) async fn wait(&self) -> ShutdownReport {
-        let mut rx = self.0.subscribe();
+        let mut rx = self.0.report.subscribe();
         loop {
             if let Some(report) = *rx.borrow_and_update() {
                 return report;
@@ -90,6 +130,26 @@ impl Stopped {
             if rx.changed().await.is_err() {
                 return ShutdownReport::default();
             }
+        }
+    }
+}
+
+/// Holds back a worker's shutdown report (see
+/// [`WorkerHandle::hold_report`](super::WorkerHandle::hold_report)) until
+/// dropped.
+#[derive(Debug)]
+#[doc(hidden)]
+#[must_use = "the report is held back only while this lives"]
+pub struct ReportHold(Stopped);
+
+impl Drop for ReportHold {
+    fn drop(&mut self) {
+        let mut held = self.0.held();
+        held.holds -= 1;
+        if held.holds == 0
+            && let Some(report) = held.pending.take()
+        {
+            self.0.0.report.send_replace(Some(report));
         }
     }
 }
@@ -216,3 +276,32 @@ impl Worker {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(drained: usize) -> ShutdownReport {
+        ShutdownReport {
+            drained,
+            graceful: true,
+            ..ShutdownReport::default()
+        }
+    }
+
+    /// What the worker publishes under a hold reaches the waiters once the
+    /// last hold drops, the first of two unless-published reports winning.
+    #[tokio::test]
+    async fn a_held_report_reaches_its_waiters_when_the_last_hold_drops() {
+        let stopped = Stopped::default();
+        let (first, second) = (stopped.hold(), stopped.hold());
+        stopped.publish_unless_published(report(1));
+        stopped.publish_unless_published(report(2));
+        drop(first);
+        assert_eq!(*stopped.0.report.borrow(), None, "still held");
+        drop(second);
+        assert_eq!(stopped.wait().await, report(1));
+        // Unheld, an unless-published report changes nothing.
+        stopped.publish_unless_published(report(3));
+        assert_eq!(stopped.wait().await, report(1));
+    }
+}
