@@ -1660,19 +1660,29 @@ async fn an_evicted_holders_batch_in_flight_returns_before_a_peer_processes_the_
     fleet.stop(a).await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn shutdown_and_wait_reports_drained_cut_off_and_released_shards() {
+/// The shard [`one_slow_shard`] slows down.
+const SLOW_SHARD: &str = "shardId-000000000001";
+
+/// Worker w-a on four shards, each batch of [`SLOW_SHARD`] taking `batch`,
+/// consuming all four after 80 records: the fleet and w-a's index.
+async fn one_slow_shard(batch: Duration, settle: Duration) -> (Fleet, usize) {
     let mut fleet = Fleet::new(4);
-    // One shard's batches outlast the shutdown timeout (25 s): it is cut
-    // off; the other three drain.
     let slow = Behaviour {
-        slow_shard: Some(("shardId-000000000001", Duration::from_secs(600))),
+        slow_shard: Some((SLOW_SHARD, batch)),
         ..Behaviour::default()
     };
     let a = fleet.start("w-a", slow, FailurePolicy::Retry);
     fleet.produce(8, 0, 10);
-    sleep(TICK * 3).await;
+    sleep(settle).await;
     assert_eq!(fleet.consuming(a), 4);
+    (fleet, a)
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_and_wait_reports_drained_cut_off_and_released_shards() {
+    // One shard's batches outlast the shutdown timeout (25 s): it is cut
+    // off; the other three drain.
+    let (mut fleet, a) = one_slow_shard(Duration::from_secs(600), TICK * 3).await;
     let (handle, task) = &mut fleet.workers[a];
     let report = handle.shutdown_and_wait().await;
     task.await.unwrap().unwrap();
@@ -1697,15 +1707,7 @@ async fn shutdown_and_wait_reports_drained_cut_off_and_released_shards() {
 /// shutdown timeout), and so did a handoff a peer asked for meanwhile.
 #[tokio::test(start_paused = true)]
 async fn a_drained_shards_lease_is_released_while_a_slower_shard_still_drains() {
-    let mut fleet = Fleet::new(4);
-    let slow = Behaviour {
-        slow_shard: Some(("shardId-000000000001", Duration::from_secs(600))),
-        ..Behaviour::default()
-    };
-    let a = fleet.start("w-a", slow, FailurePolicy::Retry);
-    fleet.produce(8, 0, 10);
-    sleep(TICK * 3).await;
-    assert_eq!(fleet.consuming(a), 4);
+    let (mut fleet, a) = one_slow_shard(Duration::from_secs(600), TICK * 3).await;
     let (handle, _) = &fleet.workers[a];
     handle.shutdown();
     sleep(Duration::from_secs(5)).await;
@@ -1716,7 +1718,7 @@ async fn a_drained_shards_lease_is_released_while_a_slower_shard_still_drains() 
         .map(|l| (l.shard_id, l.owner))
         .collect();
     for (shard, owner) in &owners {
-        let draining = shard == "shardId-000000000001";
+        let draining = shard == SLOW_SHARD;
         assert_eq!(owner.is_some(), draining, "{shard}: {owners:?}");
     }
     let (handle, task) = &mut fleet.workers[a];
@@ -1735,20 +1737,12 @@ async fn a_drained_shards_lease_is_released_while_a_slower_shard_still_drains() 
 /// drained.
 #[tokio::test(start_paused = true)]
 async fn a_lease_lost_while_draining_is_reported_lost_not_drained() {
-    let mut fleet = Fleet::new(4);
-    let slow = Behaviour {
-        slow_shard: Some(("shardId-000000000001", Duration::from_secs(15))),
-        ..Behaviour::default()
-    };
-    let a = fleet.start("w-a", slow, FailurePolicy::Retry);
-    fleet.produce(8, 0, 10);
-    sleep(TICK * 6).await;
-    assert_eq!(fleet.consuming(a), 4);
+    let (mut fleet, a) = one_slow_shard(Duration::from_secs(15), TICK * 6).await;
     // A batch of the slow shard under way.
     fleet.produce(8, 10, 10);
     sleep(Duration::from_secs(2)).await;
     fleet.workers[a].0.shutdown();
-    steal_for(&fleet.store, "shardId-000000000001", "ghost");
+    steal_for(&fleet.store, SLOW_SHARD, "ghost");
     let (handle, task) = &mut fleet.workers[a];
     let report = handle.stopped().await;
     task.await.unwrap().unwrap();
