@@ -35,6 +35,9 @@ pub(crate) struct CallLimits {
     pub(crate) timeout: Option<Duration>,
 }
 
+/// The stage of the ending that follows a cut call, which is not cut.
+pub(super) const LEASE_LOST: &str = "lease_lost";
+
 /// One processor call, as the logs and metrics name it.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Call {
@@ -90,9 +93,11 @@ pub(super) async fn limited<F: Future>(
 async fn race<F: Future>(c: &Consumer, call: Call, started: Instant, fut: F) -> Ended<F::Output> {
     let limits = c.setup.call_limits;
     let mut fut = std::pin::pin!(fut);
-    // A call made after the cut (the ending that follows it) is not cut:
-    // the worker stops waiting for it a grace period later.
-    let armed = !c.cut.is_cancelled();
+    // Every call is cut, one made after the cut too (a lane's
+    // `shutdown_requested` after another lane's call was cut, a batch
+    // queued behind it), but for `lease_lost`, the ending that follows a
+    // cut: the worker stops waiting for it a grace period later.
+    let armed = call.stage != LEASE_LOST;
     let mut cut = std::pin::pin!(async {
         if armed {
             c.cut.cancelled().await;

@@ -25,7 +25,10 @@
 //! at its timeout ends the shard's tenure the same way: the other lanes'
 //! calls finish (each under its own limit), and every processor gets
 //! `lease_lost`. A lane whose `shard_ended` was called had its ending, and
-//! gets neither.
+//! gets neither. The worker's shutdown timeout cuts every lane's call under
+//! way, and every call made after it, but `lease_lost`: a drain cut so
+//! ends like a call cut at its timeout, and a lane whose
+//! `shutdown_requested` is cut gets `lease_lost` after it.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -319,15 +322,19 @@ async fn end_lanes(
         // Every lane's checkpoint writes from now on (through the shard's
         // checkpointer), and what the policy held back is written last.
         shard.lock().await.write_every_call();
-        let mut cut = Vec::new();
+        // The lanes whose `shutdown_requested` was cut short, and whether
+        // the worker's shutdown timeout cut one.
+        let (mut cut, mut at_timeout) = (Vec::new(), false);
         for (lane, processor, checkpointer) in processors.iter_mut() {
             // A lane `shard_ended` reached had its ending.
-            if !c.had_shard_ended(*lane)
-                && shutdown_requested(c, processor.as_mut(), checkpointer, Some(*lane))
-                    .await
-                    .is_err()
+            if c.had_shard_ended(*lane) {
+                continue;
+            }
+            if let Err(stop) =
+                shutdown_requested(c, processor.as_mut(), checkpointer, Some(*lane)).await
             {
                 cut.push(*lane);
+                at_timeout |= matches!(stop, Stop::Cut);
             }
         }
         write_held_back(&mut *shard.lock().await).await;
@@ -337,7 +344,7 @@ async fn end_lanes(
                 lease_lost(c, processor.as_mut(), Some(*lane)).await;
             }
         }
-        return match graceful_exit(c, !cut.is_empty()) {
+        return match graceful_exit(c, at_timeout) {
             ConsumerExit::ShutDown => exit_without_processor(stop),
             other => other,
         };

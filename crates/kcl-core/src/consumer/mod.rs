@@ -37,7 +37,7 @@ use crate::progress::{ProgressRegistry, ShardTracker};
 use crate::source::{InitialPosition, ShardSource};
 use crate::store::LeaseStore;
 pub(crate) use call_limit::CallLimits;
-use call_limit::{Call, limited};
+use call_limit::{Call, LEASE_LOST, limited};
 use delivery::deliver;
 use fetch::{Fetch, shard_labels};
 use shard_end::finish_shard;
@@ -427,7 +427,7 @@ async fn write_held_back(checkpointer: &mut Checkpointer) {
 /// lane, if any); the processor is dropped after. A call that hangs is cut
 /// at the timeout like any other: the shard goes back either way.
 async fn lease_lost(c: &Consumer, processor: &mut dyn RecordProcessor, lane: Option<usize>) {
-    let _ = limited(c, Call::new("lease_lost", lane), processor.lease_lost()).await;
+    let _ = limited(c, Call::new(LEASE_LOST, lane), processor.lease_lost()).await;
 }
 
 /// A graceful end of the tenure: every checkpoint call writes from now on,
@@ -442,15 +442,16 @@ async fn last_checkpoints(
     ended: bool,
 ) -> ConsumerExit {
     checkpointer.write_every_call();
-    let cut = !ended
-        && shutdown_requested(c, processor, checkpointer, None)
-            .await
-            .is_err();
+    let stopped = if ended {
+        Ok(())
+    } else {
+        shutdown_requested(c, processor, checkpointer, None).await
+    };
     write_held_back(checkpointer).await;
-    if cut {
+    if stopped.is_err() {
         lease_lost(c, processor, None).await;
     }
-    graceful_exit(c, cut)
+    graceful_exit(c, matches!(stopped, Err(Stop::Cut)))
 }
 
 /// How a graceful end went: the lease was lost if a checkpoint found it
@@ -459,7 +460,7 @@ async fn last_checkpoints(
 fn graceful_exit(c: &Consumer, cut: bool) -> ConsumerExit {
     if c.lost.is_cancelled() {
         ConsumerExit::LeaseLost
-    } else if cut && c.cut.is_cancelled() {
+    } else if cut {
         ConsumerExit::CutOff
     } else {
         ConsumerExit::ShutDown
