@@ -25,7 +25,7 @@ use kcl_core::processor::{
 use kcl_core::source::InitialPosition;
 use kcl_core::source::memory::InMemoryShardSource;
 use kcl_core::store::StoreOp;
-use kcl_core::store::memory::InMemoryLeaseStore;
+use kcl_core::store::memory::{Fault, InMemoryLeaseStore};
 use kcl_core::store::metered::{MeteredStore, StoreStats};
 use kcl_core::test_util::fleet;
 use kcl_core::worker::{StreamSpec, Worker, WorkerConfig, WorkerError};
@@ -1102,7 +1102,6 @@ async fn a_removed_streams_lease_the_leader_still_holds_costs_no_scan() {
 /// The lease stays this worker's meanwhile.
 #[tokio::test(start_paused = true)]
 async fn a_fenced_removed_streams_lease_waits_for_its_running_call() {
-    use kcl_core::store::memory::Fault;
     let (_source, b, t) = b_removed_during_a_hung_call().await;
     sleep(TICK).await;
     // The beats go unanswered past the tenures' validity: fenced.
@@ -1663,10 +1662,11 @@ async fn an_evicted_holders_batch_in_flight_returns_before_a_peer_processes_the_
 /// The shard [`one_slow_shard`] slows down.
 const SLOW_SHARD: &str = "shardId-000000000001";
 
-/// Worker w-a on four shards, each batch of [`SLOW_SHARD`] taking `batch`,
-/// consuming all four after 80 records: the fleet and w-a's index.
-async fn one_slow_shard(batch: Duration, settle: Duration) -> (Fleet, usize) {
-    let mut fleet = Fleet::new(4);
+/// Worker w-a on `shards` shards, each batch of [`SLOW_SHARD`] taking
+/// `batch`, consuming all of them `settle` after 80 records: the fleet and
+/// w-a's index.
+async fn one_slow_shard(shards: usize, batch: Duration, settle: Duration) -> (Fleet, usize) {
+    let mut fleet = Fleet::new(shards);
     let slow = Behaviour {
         slow_shard: Some((SLOW_SHARD, batch)),
         ..Behaviour::default()
@@ -1674,7 +1674,7 @@ async fn one_slow_shard(batch: Duration, settle: Duration) -> (Fleet, usize) {
     let a = fleet.start("w-a", slow, FailurePolicy::Retry);
     fleet.produce(8, 0, 10);
     sleep(settle).await;
-    assert_eq!(fleet.consuming(a), 4);
+    assert_eq!(fleet.consuming(a), shards);
     (fleet, a)
 }
 
@@ -1682,7 +1682,7 @@ async fn one_slow_shard(batch: Duration, settle: Duration) -> (Fleet, usize) {
 async fn shutdown_and_wait_reports_drained_cut_off_and_released_shards() {
     // One shard's batches outlast the shutdown timeout (25 s): it is cut
     // off; the other three drain.
-    let (mut fleet, a) = one_slow_shard(Duration::from_secs(600), TICK * 3).await;
+    let (mut fleet, a) = one_slow_shard(4, Duration::from_secs(600), TICK * 3).await;
     let (handle, task) = &mut fleet.workers[a];
     let report = handle.shutdown_and_wait().await;
     task.await.unwrap().unwrap();
@@ -1707,7 +1707,7 @@ async fn shutdown_and_wait_reports_drained_cut_off_and_released_shards() {
 /// shutdown timeout), and so did a handoff a peer asked for meanwhile.
 #[tokio::test(start_paused = true)]
 async fn a_drained_shards_lease_is_released_while_a_slower_shard_still_drains() {
-    let (mut fleet, a) = one_slow_shard(Duration::from_secs(600), TICK * 3).await;
+    let (mut fleet, a) = one_slow_shard(4, Duration::from_secs(600), TICK * 3).await;
     let (handle, _) = &fleet.workers[a];
     handle.shutdown();
     sleep(Duration::from_secs(5)).await;
@@ -1731,13 +1731,44 @@ async fn a_drained_shards_lease_is_released_while_a_slower_shard_still_drains() 
     );
 }
 
+/// Leases are let go beside each other as their shards drain, and beside
+/// the wait for the rest: releases the table answers slowly delay neither
+/// each other nor the cut at the shutdown timeout. Awaited one by one in
+/// the drain's loop, 39 releases of 1.5 s (each within the store's call
+/// timeout) held the cut back by a minute.
+#[tokio::test(start_paused = true)]
+async fn slow_releases_during_the_drain_delay_no_cut() {
+    let (mut fleet, a) = one_slow_shard(40, Duration::from_secs(600), TICK * 3).await;
+    // Records on every shard, the slow one's batch under way.
+    fleet.produce(400, 100, 1);
+    sleep(Duration::from_secs(2)).await;
+    for lease in fleet.store.snapshot() {
+        if lease.shard_id != SLOW_SHARD {
+            let slow = Fault::Delay(Duration::from_millis(1500));
+            fleet.stores[a].inject_on(StoreOp::Release, &lease.key, slow);
+        }
+    }
+    let started = Instant::now();
+    let (handle, task) = &mut fleet.workers[a];
+    let report = handle.shutdown_and_wait().await;
+    task.await.unwrap().unwrap();
+    let took = started.elapsed();
+    assert_eq!(
+        (report.drained, report.cut_off, report.released),
+        (39, 1, 40),
+        "{report:?}"
+    );
+    // The cut at 25 s, 2 s of grace, then the last release.
+    assert!(took < Duration::from_secs(35), "{took:?}");
+}
+
 /// A shard whose lease a peer takes while it drains counts as lost, not
 /// drained: its checkpoints are refused, and the peer resumes from the
 /// last one written. Every consumer that ended in the drain counted as
 /// drained.
 #[tokio::test(start_paused = true)]
 async fn a_lease_lost_while_draining_is_reported_lost_not_drained() {
-    let (mut fleet, a) = one_slow_shard(Duration::from_secs(15), TICK * 6).await;
+    let (mut fleet, a) = one_slow_shard(4, Duration::from_secs(15), TICK * 6).await;
     // A batch of the slow shard under way.
     fleet.produce(8, 10, 10);
     sleep(Duration::from_secs(2)).await;
@@ -1999,6 +2030,58 @@ async fn a_dropped_worker_releases_a_lease_only_after_its_processor_call_ended()
         [Some("w-a".to_owned())],
         "the call ended while the lease was still held"
     );
+}
+
+/// A shutdown lets a lease go only once every consumer of it ended: with
+/// an older tenure's call still hung (its tenure ended, the lease taken
+/// back, the newer consumer waiting for the shard's slot), the newer
+/// consumer's end at the shutdown used to release the lease at once, and a
+/// peer could take the shard beside the hung call. The call is cut at the
+/// shutdown timeout, and the lease released after.
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_frees_a_lease_only_once_an_older_consumers_hung_call_ended() {
+    let (source, shard, mut fleet, store) = one_record_stream();
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let owners = Arc::new(Mutex::new(Vec::new()));
+    let factory = {
+        let (store, entered, owners) = (
+            fleet.store.clone(),
+            Arc::clone(&entered),
+            Arc::clone(&owners),
+        );
+        move |_: &ShardContext| Hangs {
+            store: store.clone(),
+            entered: Arc::clone(&entered),
+            owner_when_dropped: Arc::clone(&owners),
+        }
+    };
+    let lease = LeaseConfig::builder("w-a")
+        .renewal(kcl_core::config::LeaseRenewal::PerLease)
+        .build()
+        .unwrap();
+    let config = fleet::one_stream(lease, STREAM).build().unwrap();
+    fleet.run_worker(config, Arc::new(store), Arc::new(source), factory);
+    entered.notified().await;
+    steal_for(&fleet.store, &shard, "ghost-1");
+    let owner = |fleet: &fleet::Fleet| fleet.owners().into_values().next().flatten();
+    fleet::wait_until(
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || owner(&fleet).as_deref() == Some("w-a"),
+        || format!("not taken back: {:?}", owner(&fleet)),
+    )
+    .await;
+    sleep(Duration::from_secs(1)).await;
+    let (handle, task) = fleet.workers.pop().unwrap();
+    let report = handle.shutdown_and_wait().await;
+    task.await.unwrap().unwrap();
+    assert_eq!(
+        *owners.lock().unwrap(),
+        [Some("w-a".to_owned())],
+        "the hung call ended while the lease was still held"
+    );
+    assert_eq!(owner(&fleet), None, "released after: {report:?}");
+    assert_eq!((report.drained, report.released), (1, 1), "{report:?}");
 }
 
 /// A source whose shard ends name no children, as when ListShards does not

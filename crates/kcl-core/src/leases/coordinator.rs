@@ -10,6 +10,7 @@
 //! and on shutdown.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ use tracing::{Instrument, info, info_span, warn};
 use crate::config::LeaseConfig;
 use crate::leases::events::{CoordinatorSnapshot, CoordinatorStats, LeaseEvent};
 use crate::leases::handoff::{Ours, Verdict, judge};
-use crate::leases::held::{EndReason, Held, LeaseHandle, Phase};
+use crate::leases::held::{EndReason, Held, LeaseHandle, LetGo, Phase};
 use crate::leases::shared::task_failed::guarded;
 use crate::leases::shared::{HolderJudged, LeaseFilter, Shared, each_unblocked};
 use crate::leases::{renewer, taker, watcher};
@@ -64,6 +65,9 @@ pub struct LeaseCoordinator {
     taker_stop: CancellationToken,
     renewer_stop: CancellationToken,
     tasks: TaskTracker,
+    /// Leases held when taking stopped: a worker releases them as its
+    /// shards drain, and its shutdown then wakes that many peers.
+    held_when_stopped: AtomicUsize,
 }
 
 impl LeaseCoordinator {
@@ -115,6 +119,7 @@ impl LeaseCoordinator {
                 taker_stop,
                 renewer_stop,
                 tasks,
+                held_when_stopped: AtomicUsize::new(0),
             },
             rx,
         )
@@ -165,6 +170,8 @@ impl LeaseCoordinator {
 
     /// Stops taking and stealing leases; held leases stay renewed.
     pub fn stop_taking(&self) {
+        self.held_when_stopped
+            .fetch_max(self.shared.held_count(), Ordering::Relaxed);
         self.taker_stop.cancel();
     }
 
@@ -195,14 +202,12 @@ impl LeaseCoordinator {
             // it runs: the taker reads the table again and reclaims it
             // (without the read, when it cannot scan) rather than leave a
             // lease held and read by nobody.
-            self.shared
-                .rescan
-                .store(true, std::sync::atomic::Ordering::Relaxed);
+            self.shared.rescan.store(true, Ordering::Relaxed);
             if self.shared.liveness_mode() {
                 self.shared.given_up().insert(key, &held);
             }
         }
-        released.map(|()| LetGo::Released)
+        released
     }
 
     /// Releases a held lease whose shard this worker could not read for
@@ -337,7 +342,11 @@ impl LeaseCoordinator {
         self.renewer_stop.cancel();
         self.tasks.wait().await;
         let shared = &self.shared;
-        let releasing = shared.held_count();
+        // It wakes as many peers as it held leases when it stopped
+        // taking, those its drain released already included.
+        let releasing = shared
+            .held_count()
+            .max(self.held_when_stopped.load(Ordering::Relaxed));
         let released = Mutex::new(Released::default());
         let released_ref = &released;
         each_unblocked(shared.held_snapshot(), RELEASE_CONCURRENCY, |(key, held)| async move {
@@ -360,7 +369,9 @@ impl LeaseCoordinator {
                     // The consumer stops before peers can see the lease free.
                     shared.ended(&key, &held, EndReason::Released).await;
                     match shared.release_in_table(&key, held.holder()).await {
-                        Ok(_) => count(|r| r.released += 1),
+                        Ok(LetGo::Released) => count(|r| r.released += 1),
+                        Ok(LetGo::HandedOff) => count(|r| r.handed_off += 1),
+                        Ok(LetGo::NotHeld) => {}
                         Err(e) => {
                             count(|r| r.failed += 1);
                             warn!(lease = %key, error = %e, "release at shutdown failed; the lease will expire instead");
@@ -375,28 +386,6 @@ impl LeaseCoordinator {
         }
         info!(mode = ?mode, "lease coordinator stopped");
         released.into_inner().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-/// What [`LeaseCoordinator::let_go`] did with a lease.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LetGo {
-    /// Released in the table, for peers to take.
-    Released,
-    /// Handed to the worker that asked for it.
-    HandedOff,
-    /// This worker no longer held that tenure: nothing was written.
-    NotHeld,
-}
-
-impl LetGo {
-    /// What [`LeaseCoordinator::complete_handoff`]'s answer means.
-    pub(crate) fn handed_off(done: bool) -> Self {
-        if done {
-            LetGo::HandedOff
-        } else {
-            LetGo::NotHeld
-        }
     }
 }
 
@@ -441,9 +430,7 @@ impl FleetSignals {
     /// so at a change of leader two may sync in one round, which is safe
     /// (creates are conditional) and rare.
     pub fn is_sync_leader(&self) -> bool {
-        self.shared
-            .sync_leader
-            .load(std::sync::atomic::Ordering::Relaxed)
+        self.shared.sync_leader.load(Ordering::Relaxed)
     }
 
     /// This worker created leases (a shard sync): peers learn it from its

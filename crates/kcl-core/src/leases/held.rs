@@ -37,6 +37,30 @@ pub enum EndReason {
     Abandoned,
 }
 
+/// What [`LeaseCoordinator::let_go`](super::LeaseCoordinator::let_go) did
+/// with a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LetGo {
+    /// Released in the table, for peers to take.
+    Released,
+    /// Handed to the worker that asked for it.
+    HandedOff,
+    /// This worker no longer held that tenure: nothing was written.
+    NotHeld,
+}
+
+impl LetGo {
+    /// What [`LeaseCoordinator::complete_handoff`](super::LeaseCoordinator::complete_handoff)'s
+    /// answer means.
+    pub(crate) fn handed_off(done: bool) -> Self {
+        if done {
+            LetGo::HandedOff
+        } else {
+            LetGo::NotHeld
+        }
+    }
+}
+
 impl fmt::Display for EndReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

@@ -54,7 +54,7 @@ pub(crate) mod taker;
 pub(crate) mod tenure;
 pub(crate) mod watcher;
 
-pub use coordinator::{FleetSignals, LeaseCoordinator, LetGo, Released, ShutdownMode};
+pub use coordinator::{FleetSignals, LeaseCoordinator, Released, ShutdownMode};
 pub use events::{CoordinatorSnapshot, CoordinatorStats, LeaseEvent};
-pub use held::{EndReason, LeaseHandle};
+pub use held::{EndReason, LeaseHandle, LetGo};
 pub use shared::LeaseFilter;

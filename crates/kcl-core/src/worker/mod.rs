@@ -13,14 +13,13 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
-use tracing::{Instrument, error, info, info_span, warn};
+use tracing::{Instrument, info, info_span, warn};
 
 use crate::backoff::Backoff;
 use crate::checkpointer::CheckpointPacer;
 use crate::consumer::{self, ConsumerExit, ConsumerSetup, ShardSlots};
 use crate::lease::{Lease, LeaseLayout};
-use crate::leases::{FleetSignals, LeaseCoordinator, LeaseEvent, LeaseFilter, LeaseHandle, LetGo};
-use crate::metric_names::CONSUMER_PANICS;
+use crate::leases::{FleetSignals, LeaseCoordinator, LeaseEvent, LeaseFilter, LeaseHandle};
 use crate::observe::Observer;
 use crate::processor::ProcessorFactory;
 use crate::shard_series;
@@ -30,6 +29,7 @@ use crate::store::timeout::TimeoutStore;
 use crate::store::{LeaseStore, StoreError};
 
 mod config;
+mod ended;
 mod handle;
 mod running;
 mod shutdown;
@@ -42,7 +42,6 @@ pub use config::{
 };
 pub use handle::{WorkerHandle, WorkerStatus};
 use running::Running;
-use shutdown::Done;
 pub use shutdown::{ReportHold, ShutdownReport};
 use streams::{LiveStreams, read};
 pub use streams::{RemovedStreamPolicy, StreamSpec, StreamTracker};
@@ -288,6 +287,7 @@ impl Worker {
             slots: Arc::default(),
             consumers: JoinSet::new(),
             running: Running::new(&self.handle),
+            deferred: ended::Deferred::new(),
             cut: CancellationToken::new(),
         };
         self.serve(&mut session).await;
@@ -382,7 +382,10 @@ impl Worker {
                     None => return,
                 },
                 Some(done) = s.consumers.join_next_with_id() => {
-                    let _ = self.consumer_done(&s.coordinator, &mut s.running, done).await;
+                    let ended = self.consumer_ended(&s.coordinator, &mut s.running, &mut s.deferred, done);
+                    for due in ended.map(|e| e.due).unwrap_or_default() {
+                        let _ = self.settle(&s.coordinator, due).await;
+                    }
                 }
                 Some(spec) = s.removed.recv() => {
                     // Processors of a removed stream checkpoint and stop; their
@@ -435,75 +438,6 @@ impl Worker {
         );
         s.running.insert(task.id(), tenure, spec.layout, stop);
         self.publish(&s.coordinator);
-    }
-
-    /// Acts on a consumer's end (releases, hands off or gives back its
-    /// lease as its exit says): what it did, for the shutdown report.
-    async fn consumer_done(
-        &self,
-        coordinator: &LeaseCoordinator,
-        running: &mut Running,
-        done: Result<(tokio::task::Id, (String, ConsumerExit)), tokio::task::JoinError>,
-    ) -> Option<Done> {
-        let id = match &done {
-            Ok((id, _)) => *id,
-            Err(e) => e.id(),
-        };
-        // Every action below applies to the tenure this consumer ran with,
-        // not to a later one of the same lease.
-        let entry = running.remove(id)?;
-        let lease = &entry.lease;
-        // A newer tenure of the lease has its own consumer, which counts.
-        let superseded = coordinator
-            .handle(lease.key())
-            .is_some_and(|current| current.tenure() != lease.tenure());
-        let exit = match done {
-            Ok((_, (_, exit))) => Some(exit),
-            Err(e) => {
-                // A processor panicked. Its shard is given back, to be
-                // retried from the last checkpoint, rather than left held
-                // and unprocessed.
-                error!(lease = %lease.key(), error = %e, "a shard consumer panicked; releasing its lease");
-                metrics::counter!(CONSUMER_PANICS, "worker" => self.config.lease.worker_id().to_owned())
-                    .increment(1);
-                None
-            }
-        };
-        let let_go = match exit {
-            // The consumer stopped on its own: its tenure is not renewed on
-            // without a reader (invariant 12).
-            Some(ConsumerExit::LeaseLost) => {
-                coordinator.consumer_stopped(lease).await;
-                Ok(LetGo::NotHeld)
-            }
-            Some(ConsumerExit::ShardEnded) => {
-                self.handle.update(|s| s.shards_finished += 1);
-                coordinator.shard_finished(lease).await
-            }
-            Some(ConsumerExit::Unreadable) => {
-                let limit = self.config.max_read_failure_time;
-                coordinator.give_back_unreadable(lease, limit).await
-            }
-            Some(ConsumerExit::HandedOff) => coordinator
-                .complete_handoff(lease)
-                .await
-                .map(LetGo::handed_off),
-            // Its processor is done: peers may take the shard now, and a
-            // peer's handoff asked during a shutdown need not wait for the
-            // slowest shard of the drain.
-            Some(ConsumerExit::ShutDown | ConsumerExit::Release | ConsumerExit::CutOff) | None => {
-                coordinator.let_go(lease).await
-            }
-        };
-        if let Err(e) = &let_go {
-            warn!(lease = %lease.key(), ?exit, error = %e, "letting the lease go failed; it expires instead (or the handoff is forced)");
-        }
-        self.publish(coordinator);
-        Some(Done {
-            exit,
-            superseded,
-            let_go: let_go.ok(),
-        })
     }
 
     fn consumer_setup(
@@ -607,6 +541,8 @@ struct Session {
     /// new setup, and its shards must still wait for those consumers.
     slots: Arc<ShardSlots>,
     running: Running,
+    /// Lease actions put off until an older consumer of the lease ends.
+    deferred: ended::Deferred,
     /// Cancelled at the shutdown timeout: every consumer's processor call
     /// under way is cut.
     cut: CancellationToken,

@@ -1,14 +1,14 @@
 //! The worker's running consumers, and the handle's count of consumers
 //! per lease key.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 
 use super::WorkerHandle;
 use crate::lease::LeaseLayout;
-use crate::leases::LeaseHandle;
+use crate::leases::{LeaseCoordinator, LeaseHandle};
 
 /// The running consumers: task id to lease key, stream, and stop token.
 #[derive(Debug)]
@@ -65,10 +65,26 @@ impl Running {
         }
         Some(removed)
     }
-    /// The lease keys of the running consumers (a key twice if a newer
-    /// tenure's consumer runs beside an older one).
-    pub(super) fn keys(&self) -> impl Iterator<Item = &str> {
-        self.by_task.values().map(|c| c.lease.key())
+    /// Whether a consumer of lease `key` still runs.
+    pub(super) fn has_key(&self, key: &str) -> bool {
+        self.keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(key)
+    }
+
+    /// The lease keys whose current tenure's consumer still runs (not an
+    /// older tenure's beside a newer one), each once.
+    pub(super) fn current_keys(&self, coordinator: &LeaseCoordinator) -> BTreeSet<&str> {
+        self.by_task
+            .values()
+            .filter(|c| {
+                coordinator
+                    .handle(c.lease.key())
+                    .is_none_or(|current| current.tenure() == c.lease.tenure())
+            })
+            .map(|c| c.lease.key())
+            .collect()
     }
     pub(super) fn stop_all(&self) {
         for c in self.by_task.values() {

@@ -2,16 +2,20 @@
 //! of its leases, and the report of what it did, for
 //! [`WorkerHandle::shutdown_and_wait`](super::WorkerHandle::shutdown_and_wait).
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+
+use super::ended::Ended;
 use super::{Session, Worker};
 use crate::consumer::ConsumerExit;
 use crate::leases::{LetGo, ShutdownMode};
+use crate::store::StoreError;
 
 /// How long consumers whose processor calls were cut at the shutdown
 /// timeout get to write the positions their processors asked for and to
@@ -164,37 +168,27 @@ impl Drop for PublishOnDrop {
     }
 }
 
-/// What the worker did as a consumer ended, for the shutdown report.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Done {
-    /// How the consumer ended; `None` if its processor panicked.
-    pub(super) exit: Option<ConsumerExit>,
-    /// A newer tenure of its lease has its own consumer, which counts
-    /// the shard.
-    pub(super) superseded: bool,
-    /// What became of the lease; `None` if the table refused or did not
-    /// answer.
-    pub(super) let_go: Option<LetGo>,
-}
-
 impl ShutdownReport {
-    /// Counts a consumer that ended during the drain; `cut` once the
-    /// shutdown timeout was up.
-    fn count(&mut self, done: Done, cut: bool) {
-        match done.let_go {
-            Some(LetGo::Released) => self.released += 1,
-            Some(LetGo::HandedOff) => self.handed_off += 1,
-            Some(LetGo::NotHeld) => {}
-            None => self.release_failures += 1,
-        }
-        if done.superseded {
+    /// Counts a consumer that ended during the drain.
+    fn count_end(&mut self, ended: &Ended) {
+        if ended.superseded {
             return;
         }
-        match done.exit {
+        match ended.exit {
+            _ if ended.lost => self.lost += 1,
             Some(ConsumerExit::LeaseLost) => self.lost += 1,
             None | Some(ConsumerExit::CutOff) => self.cut_off += 1,
-            Some(_) if cut => self.cut_off += 1,
             Some(_) => self.drained += 1,
+        }
+    }
+
+    /// Counts what became of a lease as its consumer ended.
+    fn count_let_go(&mut self, let_go: &Result<LetGo, StoreError>) {
+        match let_go {
+            Ok(LetGo::Released) => self.released += 1,
+            Ok(LetGo::HandedOff) => self.handed_off += 1,
+            Ok(LetGo::NotHeld) => {}
+            Err(_) => self.release_failures += 1,
         }
     }
 }
@@ -203,39 +197,42 @@ impl Worker {
     /// Waits for the stopped consumers until the shutdown timeout, then
     /// cuts the processor calls still under way and waits [`CUT_GRACE`]
     /// for those consumers to end, then stops the rest where they are; the
-    /// report of the shutdown so far.
+    /// report of the shutdown so far. Each lease is let go as its
+    /// consumer ends, beside the others: a slow table delays no cut.
     pub(super) async fn drain(&self, s: &mut Session) -> ShutdownReport {
         let mut report = ShutdownReport {
             graceful: true,
             ..ShutdownReport::default()
         };
+        let coordinator = &s.coordinator;
+        let mut settling = FuturesUnordered::new();
         let deadline = tokio::time::sleep(self.config.shutdown_timeout);
         tokio::pin!(deadline);
         let mut cut = false;
-        loop {
+        while !(s.consumers.is_empty() && settling.is_empty()) {
             tokio::select! {
-                done = s.consumers.join_next_with_id() => match done {
-                    Some(done) => {
-                        if let Some(done) = self.consumer_done(&s.coordinator, &mut s.running, done).await {
-                            report.count(done, cut);
-                        }
+                Some(done) = s.consumers.join_next_with_id() => {
+                    let ended = self.consumer_ended(coordinator, &mut s.running, &mut s.deferred, done);
+                    if let Some(ended) = ended {
+                        report.count_end(&ended);
+                        settling.extend(ended.due.into_iter().map(|due| self.settle(coordinator, due)));
                     }
-                    None => break,
-                },
-                () = &mut deadline => {
+                }
+                Some(let_go) = settling.next() => report.count_let_go(&let_go),
+                () = &mut deadline, if !s.consumers.is_empty() => {
                     if cut {
-                        // Counted once per shard: a superseded consumer
-                        // may still run beside its lease's newer one.
-                        let stopped: BTreeSet<&str> = s.running.keys().collect();
-                        report.cut_off += stopped.len();
+                        // Counted once per shard: an older tenure's
+                        // consumer may still run beside its lease's newer
+                        // one.
+                        report.cut_off += s.running.current_keys(coordinator).len();
                         warn!(remaining = s.consumers.len(), "consumers did not end within the grace after the cut; stopping them");
                         s.consumers.shutdown().await;
-                        break;
+                    } else {
+                        warn!(remaining = s.consumers.len(), "processors did not finish within the shutdown timeout; cutting their calls");
+                        s.cut.cancel();
+                        cut = true;
+                        deadline.as_mut().reset(tokio::time::Instant::now() + CUT_GRACE);
                     }
-                    warn!(remaining = s.consumers.len(), "processors did not finish within the shutdown timeout; cutting their calls");
-                    s.cut.cancel();
-                    cut = true;
-                    deadline.as_mut().reset(tokio::time::Instant::now() + CUT_GRACE);
                 }
                 // Keep the event channel flowing so no coordinator task waits on it.
                 Some(_) = s.events.recv() => {}

@@ -19,7 +19,7 @@ use tracing::{error, info, warn};
 use crate::config::LeaseConfig;
 use crate::lease::Lease;
 use crate::leases::events::{CoordinatorStats, LeaseEvent};
-use crate::leases::held::{EndReason, Held, LeaseHandle, Phase};
+use crate::leases::held::{EndReason, Held, LeaseHandle, LetGo, Phase};
 use crate::leases::liveness::LivenessTracker;
 use crate::leases::tenure::Tenures;
 use crate::observe::{Event, Observer, record_metric};
@@ -523,18 +523,19 @@ impl Shared {
     /// Releases one tenure in the table. A release that finds a peer's
     /// handoff started from under it (the peer's steal landed first) does
     /// not leave the peer waiting for the handoff timeout: this worker is
-    /// the checkpoint owner, so it completes the handoff instead.
+    /// the checkpoint owner, so it completes the handoff instead. What it
+    /// did: released, handed off, or nothing (a peer owns the lease).
     pub(crate) async fn release_in_table(
         &self,
         key: &str,
         by: Holder<'_>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<LetGo, StoreError> {
         let current = match self.store.release(key, by).await {
             Ok(_) => {
                 // Peers see a free lease only by reading the table: the
                 // next beat tells them to.
                 self.beat_state().changes += 1;
-                return Ok(());
+                return Ok(LetGo::Released);
             }
             Err(StoreError::ConditionFailed { current, .. }) => current,
             Err(e) => return Err(e),
@@ -543,10 +544,10 @@ impl Shared {
             Some(current) if by.hands_off(&current) => {
                 self.complete_in_table(key, by).await?;
                 info!(lease = %key, to = ?current.owner, "a peer's handoff started under our release; completed it");
-                Ok(())
+                Ok(LetGo::HandedOff)
             }
             // Someone else owns it already: nothing left to release.
-            _ => Ok(()),
+            _ => Ok(LetGo::NotHeld),
         }
     }
 
