@@ -147,12 +147,25 @@ impl Stopped {
 pub struct ReportHold(Stopped);
 
 impl Drop for ReportHold {
+    /// The last hold publishes what was held back, or, if nothing was
+    /// published at all (the wrapper's run was dropped before the worker
+    /// ran), the default report (graceful false), so no waiter waits for
+    /// good.
     fn drop(&mut self) {
         let mut held = self.0.held();
         held.holds -= 1;
-        if held.holds == 0
-            && let Some(report) = held.pending.take()
-        {
+        if held.holds > 0 {
+            return;
+        }
+        let report = held.pending.take().or_else(|| {
+            self.0
+                .0
+                .report
+                .borrow()
+                .is_none()
+                .then(ShutdownReport::default)
+        });
+        if let Some(report) = report {
             self.0.0.report.send_replace(Some(report));
         }
     }

@@ -182,3 +182,27 @@ async fn a_shutdown_during_startup_is_reported_to_its_waiters() {
         .expect("no panic")
         .expect("a shutdown, not an error");
 }
+
+/// A run dropped while its startup checks still retry (an aborted task,
+/// an outer timeout) still tells its waiters it stopped, not gracefully:
+/// neither the engine nor the startup's end published a report, and
+/// `stopped` waited forever.
+#[tokio::test]
+async fn a_run_dropped_during_startup_is_reported_to_its_waiters() {
+    let sdk = offline_sdk()
+        .into_builder()
+        .endpoint_url("http://127.0.0.1:9")
+        .build();
+    let worker = offline_builder().sdk_config(&sdk).build().expect("valid");
+    let handle = worker.handle();
+    let run = tokio::spawn(worker.run());
+    while handle.status().starting.is_none() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    run.abort();
+    // A guard against a hang, not a bound on how long it takes.
+    let report = tokio::time::timeout(Duration::from_secs(120), handle.stopped())
+        .await
+        .expect("the waiter is told the worker stopped");
+    assert!(!report.graceful, "{report:?}");
+}
