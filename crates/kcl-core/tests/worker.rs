@@ -1974,6 +1974,34 @@ impl Drop for OwnerAtDrop {
     }
 }
 
+/// Who the table said held the lease as each hung call was dropped.
+type OwnersAtDrop = Arc<Mutex<Vec<Option<String>>>>;
+
+impl Hangs {
+    /// A factory of [`Hangs`] over `store`, the notice of a call entered,
+    /// and the owners noted as calls were dropped.
+    fn factory(
+        store: &InMemoryLeaseStore,
+    ) -> (
+        impl Fn(&ShardContext) -> Hangs + Send + Sync + 'static,
+        Arc<tokio::sync::Notify>,
+        OwnersAtDrop,
+    ) {
+        let entered = Arc::new(tokio::sync::Notify::new());
+        let owners = OwnersAtDrop::default();
+        let factory = {
+            let (store, entered, owners) =
+                (store.clone(), Arc::clone(&entered), Arc::clone(&owners));
+            move |_: &ShardContext| Hangs {
+                store: store.clone(),
+                entered: Arc::clone(&entered),
+                owner_when_dropped: Arc::clone(&owners),
+            }
+        };
+        (factory, entered, owners)
+    }
+}
+
 #[async_trait]
 impl RecordProcessor for Hangs {
     async fn process_records(
@@ -1998,20 +2026,7 @@ impl RecordProcessor for Hangs {
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn a_dropped_worker_releases_a_lease_only_after_its_processor_call_ended() {
     let (source, _, mut fleet, store) = one_record_stream();
-    let entered = Arc::new(tokio::sync::Notify::new());
-    let owners = Arc::new(Mutex::new(Vec::new()));
-    let factory = {
-        let (store, entered, owners) = (
-            fleet.store.clone(),
-            Arc::clone(&entered),
-            Arc::clone(&owners),
-        );
-        move |_: &ShardContext| Hangs {
-            store: store.clone(),
-            entered: Arc::clone(&entered),
-            owner_when_dropped: Arc::clone(&owners),
-        }
-    };
+    let (factory, entered, owners) = Hangs::factory(&fleet.store);
     let lease = LeaseConfig::builder("w-a")
         .release_on_drop(true)
         .build()
@@ -2032,6 +2047,26 @@ async fn a_dropped_worker_releases_a_lease_only_after_its_processor_call_ended()
     );
 }
 
+/// The owner of the only lease in `fleet`'s table.
+fn owner(fleet: &fleet::Fleet) -> Option<String> {
+    fleet.owners().into_values().next().flatten()
+}
+
+/// Ends the tenure of w-a's hung consumer of `shard` (a ghost takes the
+/// lease and never renews it), waits until w-a takes the lease back, and
+/// a second more: its new consumer waits for the hung one's slot.
+async fn taken_back_beside_the_hung_call(fleet: &fleet::Fleet, shard: &str) {
+    steal_for(&fleet.store, shard, "ghost-1");
+    fleet::wait_until(
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || owner(fleet).as_deref() == Some("w-a"),
+        || format!("not taken back: {:?}", owner(fleet)),
+    )
+    .await;
+    sleep(Duration::from_secs(1)).await;
+}
+
 /// A shutdown lets a lease go only once every consumer of it ended: with
 /// an older tenure's call still hung (its tenure ended, the lease taken
 /// back, the newer consumer waiting for the shard's slot), the newer
@@ -2041,20 +2076,7 @@ async fn a_dropped_worker_releases_a_lease_only_after_its_processor_call_ended()
 #[tokio::test(start_paused = true)]
 async fn a_shutdown_frees_a_lease_only_once_an_older_consumers_hung_call_ended() {
     let (source, shard, mut fleet, store) = one_record_stream();
-    let entered = Arc::new(tokio::sync::Notify::new());
-    let owners = Arc::new(Mutex::new(Vec::new()));
-    let factory = {
-        let (store, entered, owners) = (
-            fleet.store.clone(),
-            Arc::clone(&entered),
-            Arc::clone(&owners),
-        );
-        move |_: &ShardContext| Hangs {
-            store: store.clone(),
-            entered: Arc::clone(&entered),
-            owner_when_dropped: Arc::clone(&owners),
-        }
-    };
+    let (factory, entered, owners) = Hangs::factory(&fleet.store);
     let lease = LeaseConfig::builder("w-a")
         .renewal(kcl_core::config::LeaseRenewal::PerLease)
         .build()
@@ -2062,16 +2084,7 @@ async fn a_shutdown_frees_a_lease_only_once_an_older_consumers_hung_call_ended()
     let config = fleet::one_stream(lease, STREAM).build().unwrap();
     fleet.run_worker(config, Arc::new(store), Arc::new(source), factory);
     entered.notified().await;
-    steal_for(&fleet.store, &shard, "ghost-1");
-    let owner = |fleet: &fleet::Fleet| fleet.owners().into_values().next().flatten();
-    fleet::wait_until(
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || owner(&fleet).as_deref() == Some("w-a"),
-        || format!("not taken back: {:?}", owner(&fleet)),
-    )
-    .await;
-    sleep(Duration::from_secs(1)).await;
+    taken_back_beside_the_hung_call(&fleet, &shard).await;
     let (handle, task) = fleet.workers.pop().unwrap();
     let report = handle.shutdown_and_wait().await;
     task.await.unwrap().unwrap();
@@ -2347,16 +2360,7 @@ async fn a_consumer_that_gives_up_waiting_for_its_slot_leaves_the_gauges_alone()
     assert_eq!(waiting(), Some(1.0), "the hung call's record waits");
     // The hung consumer's tenure ends; the worker takes the lease again
     // once it expires, and its new consumer waits for the hung one's slot.
-    steal_for(&fleet.store, &shard, "ghost-1");
-    let owner = |fleet: &fleet::Fleet| fleet.owners().into_values().next().flatten();
-    fleet::wait_until(
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || owner(&fleet).as_deref() == Some("w-a"),
-        || format!("not taken back: {:?}", owner(&fleet)),
-    )
-    .await;
-    sleep(Duration::from_secs(1)).await;
+    taken_back_beside_the_hung_call(&fleet, &shard).await;
     // Its lease ends too while it waits: it gives up.
     steal_for(&fleet.store, &shard, "ghost-2");
     sleep(Duration::from_secs(10)).await;

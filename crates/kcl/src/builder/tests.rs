@@ -157,11 +157,12 @@ fn a_given_lease_table_client_gets_the_timeouts_it_leaves_unset() {
     );
 }
 
-/// A shutdown asked for while the startup checks still retry (no endpoint
-/// answers) ends the run, and its waiters get a report: only the engine
-/// published one, so `shutdown_and_wait` waited forever.
-#[tokio::test]
-async fn a_shutdown_during_startup_is_reported_to_its_waiters() {
+/// A worker run in a task of its own against endpoints nobody answers,
+/// once its startup checks retry: its handle and its task.
+async fn retrying_startup() -> (
+    WorkerHandle,
+    tokio::task::JoinHandle<Result<(), crate::Error>>,
+) {
     let sdk = offline_sdk()
         .into_builder()
         .endpoint_url("http://127.0.0.1:9")
@@ -172,6 +173,15 @@ async fn a_shutdown_during_startup_is_reported_to_its_waiters() {
     while handle.status().starting.is_none() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    (handle, run)
+}
+
+/// A shutdown asked for while the startup checks still retry (no endpoint
+/// answers) ends the run, and its waiters get a report: only the engine
+/// published one, so `shutdown_and_wait` waited forever.
+#[tokio::test]
+async fn a_shutdown_during_startup_is_reported_to_its_waiters() {
+    let (handle, run) = retrying_startup().await;
     // A guard against a hang, not a bound on how long it takes.
     let report = tokio::time::timeout(Duration::from_secs(120), handle.shutdown_and_wait())
         .await
@@ -189,16 +199,7 @@ async fn a_shutdown_during_startup_is_reported_to_its_waiters() {
 /// `stopped` waited forever.
 #[tokio::test]
 async fn a_run_dropped_during_startup_is_reported_to_its_waiters() {
-    let sdk = offline_sdk()
-        .into_builder()
-        .endpoint_url("http://127.0.0.1:9")
-        .build();
-    let worker = offline_builder().sdk_config(&sdk).build().expect("valid");
-    let handle = worker.handle();
-    let run = tokio::spawn(worker.run());
-    while handle.status().starting.is_none() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let (handle, run) = retrying_startup().await;
     run.abort();
     // A guard against a hang, not a bound on how long it takes.
     let report = tokio::time::timeout(Duration::from_secs(120), handle.stopped())
