@@ -43,6 +43,9 @@ fn of_stream(lease: &Lease, stream: Option<&str>) -> bool {
 pub(crate) struct Table {
     store: DynamoDbLeaseStore,
     name: String,
+    /// The AWS settings the table was opened with, for the command's other
+    /// clients (a checked reset's Kinesis client).
+    sdk: aws_config::SdkConfig,
     /// The stream the table records serving, once read.
     served: std::sync::Mutex<Option<Option<String>>>,
 }
@@ -100,8 +103,14 @@ impl Table {
         Ok(Table {
             store: DynamoDbLeaseStore::new(client, &name),
             name,
+            sdk,
             served: std::sync::Mutex::default(),
         })
+    }
+
+    /// The AWS settings the table was opened with.
+    pub(crate) fn sdk(&self) -> &aws_config::SdkConfig {
+        &self.sdk
     }
 
     pub(crate) fn name(&self) -> &str {

@@ -36,13 +36,13 @@ pub(super) async fn check_in_shard(
         (None, Some(_)) => table.served_stream_or_warn().await?,
         (None, None) => table.served_stream().await?,
     };
-    let sdk = aws::sdk_config(true).await;
+    let sdk = table.sdk();
     let target = target(
         identifier.as_deref(),
         stream,
         sdk.region().map(|r| r.as_ref()),
     )?;
-    let kinesis = aws_sdk_kinesis::Client::new(&sdk);
+    let kinesis = aws_sdk_kinesis::Client::new(sdk);
     if let Some(created) = target.created {
         match same_stream(&kinesis, &target, created).await {
             Err(e) if force => say!("warning: {e:#}; --force: checking in it as it is"),
