@@ -43,23 +43,15 @@ pub(super) async fn finish_shard(
     let mut backoff = c.setup.backoff.pauses();
     loop {
         let mut failed = false;
-        let mut write_failed = false;
         if let Some(shard) = shard.filter(|_| every_lane_ended(processors)) {
             // Every lane checkpointed its end and only the SHARD_END write
             // failed: written again here, with no processor asked again.
             if let Err(e) = shard.lock().await.checkpoint_delivered().await {
                 warn!(error = %e, "writing SHARD_END failed; retrying");
                 c.still_ours()?;
-                write_failed = true;
             }
         } else {
             failed = ask_processors(c, processors, shard.is_some()).await?;
-            // The last lane's checkpoint ended every lane, but its SHARD_END
-            // write failed: the next round writes it, and no processor is
-            // to blame (nor is the shard given back for it).
-            if shard.is_some() && every_lane_ended(processors) {
-                (failed, write_failed) = (false, true);
-            }
         }
         let ended = match shard {
             Some(shard) => *shard.lock().await.last_checkpoint() == Checkpoint::ShardEnd,
@@ -71,6 +63,11 @@ pub(super) async fn finish_shard(
             info!("shard finished");
             return Ok(());
         }
+        // Every lane ended (the last lane's checkpoint, or this round's
+        // write), but the SHARD_END write failed: the next round writes it,
+        // and no processor is to blame (nor is the shard given back for it).
+        let write_failed = shard.is_some() && every_lane_ended(processors);
+        failed &= !write_failed;
         if failed && c.setup.policy.releases() {
             return Err(Stop::Release);
         }
