@@ -16,6 +16,7 @@ use tracing::warn;
 
 use super::streams::{LiveStreams, delete_removed_leases, read, update_streams};
 use super::{RemovedStreamPolicy, StreamSpec, StreamTracker};
+use crate::backoff::{Backoff, Pauses};
 use crate::lease::{Lease, LeaseLayout};
 use crate::leases::FleetSignals;
 use crate::shard_sync;
@@ -54,7 +55,7 @@ pub(super) struct SyncLoop {
     /// On a follower: when it may scan next for removed streams the
     /// leader deleted, and the wait after that scan if one still has
     /// leases (see [`SyncLoop::forget_deleted_streams`]).
-    pub(super) forget_check: Option<(Instant, Duration)>,
+    pub(super) forget_check: Option<(Instant, Pauses)>,
 }
 
 /// The longest wait between a follower's scans for removed streams the
@@ -145,7 +146,7 @@ impl SyncLoop {
             .removed_at
             .values()
             .any(|(_, at)| at.elapsed() >= delay);
-        if !due || self.forget_check.is_some_and(|(at, _)| now < at) {
+        if !due || self.forget_check.as_ref().is_some_and(|(at, _)| now < *at) {
             return;
         }
         let Ok(pages) = self.store.scan().try_collect::<Vec<_>>().await else {
@@ -154,11 +155,15 @@ impl SyncLoop {
         let leases: Vec<Lease> = pages.into_iter().flatten().collect();
         let before = self.removed_at.len();
         self.forget_streams_without_leases(&leases);
-        let wait = match self.forget_check {
-            Some((_, wait)) if self.removed_at.len() == before => (wait * 2).min(FORGET_CHECK_MAX),
-            _ => self.interval,
+        // Exact doubling from the sync interval while nothing changes.
+        let mut pauses = match self.forget_check.take() {
+            Some((_, pauses)) if self.removed_at.len() == before => pauses,
+            _ => Backoff::new(self.interval, FORGET_CHECK_MAX)
+                .without_jitter()
+                .pauses(),
         };
-        self.forget_check = (!self.removed_at.is_empty()).then_some((now + wait, wait));
+        let wait = pauses.next_or_max();
+        self.forget_check = (!self.removed_at.is_empty()).then(|| (now + wait, pauses));
     }
 
     /// Forgets the removed streams of which `leases`, a scan of the whole
