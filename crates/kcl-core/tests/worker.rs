@@ -2067,14 +2067,11 @@ async fn taken_back_beside_the_hung_call(fleet: &fleet::Fleet, shard: &str) {
     sleep(Duration::from_secs(1)).await;
 }
 
-/// A shutdown lets a lease go only once every consumer of it ended: with
-/// an older tenure's call still hung (its tenure ended, the lease taken
-/// back, the newer consumer waiting for the shard's slot), the newer
-/// consumer's end at the shutdown used to release the lease at once, and a
-/// peer could take the shard beside the hung call. The call is cut at the
-/// shutdown timeout, and the lease released after.
-#[tokio::test(start_paused = true)]
-async fn a_shutdown_frees_a_lease_only_once_an_older_consumers_hung_call_ended() {
+/// One worker (renewing per lease) on one shard whose first call hangs,
+/// its lease then taken back beside the hung call (see
+/// [`taken_back_beside_the_hung_call`]): the fleet, the shard, and the
+/// owners noted as hung calls were dropped.
+async fn hung_then_taken_back() -> (fleet::Fleet, String, OwnersAtDrop) {
     let (source, shard, mut fleet, store) = one_record_stream();
     let (factory, entered, owners) = Hangs::factory(&fleet.store);
     let lease = LeaseConfig::builder("w-a")
@@ -2085,6 +2082,39 @@ async fn a_shutdown_frees_a_lease_only_once_an_older_consumers_hung_call_ended()
     fleet.run_worker(config, Arc::new(store), Arc::new(source), factory);
     entered.notified().await;
     taken_back_beside_the_hung_call(&fleet, &shard).await;
+    (fleet, shard, owners)
+}
+
+/// A shard counts once in the shutdown report: here the newer tenure's
+/// consumer ends at the shutdown (drained), its lease is then lost during
+/// the drain, and the older consumer's hung call is cut at the timeout.
+/// That older consumer, no longer superseded by a held tenure, was counted
+/// again (cut off).
+#[tokio::test(start_paused = true)]
+async fn a_shard_whose_consumers_end_apart_counts_once_in_the_report() {
+    let (mut fleet, shard, _) = hung_then_taken_back().await;
+    let (handle, task) = fleet.workers.pop().unwrap();
+    handle.shutdown();
+    sleep(Duration::from_secs(1)).await;
+    steal_for(&fleet.store, &shard, "ghost-2");
+    let report = handle.stopped().await;
+    task.await.unwrap().unwrap();
+    assert_eq!(
+        (report.drained, report.cut_off, report.lost),
+        (1, 0, 0),
+        "{report:?}"
+    );
+}
+
+/// A shutdown lets a lease go only once every consumer of it ended: with
+/// an older tenure's call still hung (its tenure ended, the lease taken
+/// back, the newer consumer waiting for the shard's slot), the newer
+/// consumer's end at the shutdown used to release the lease at once, and a
+/// peer could take the shard beside the hung call. The call is cut at the
+/// shutdown timeout, and the lease released after.
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_frees_a_lease_only_once_an_older_consumers_hung_call_ended() {
+    let (mut fleet, _, owners) = hung_then_taken_back().await;
     let (handle, task) = fleet.workers.pop().unwrap();
     let report = handle.shutdown_and_wait().await;
     task.await.unwrap().unwrap();
@@ -2095,6 +2125,84 @@ async fn a_shutdown_frees_a_lease_only_once_an_older_consumers_hung_call_ended()
     );
     assert_eq!(owner(&fleet), None, "released after: {report:?}");
     assert_eq!((report.drained, report.released), (1, 1), "{report:?}");
+}
+
+/// The first processor hangs (a [`Hangs`]), every later one fails each
+/// batch.
+struct FirstHangs<F> {
+    hangs: F,
+    made: AtomicU32,
+}
+
+/// Fails every batch.
+struct Fails;
+
+#[async_trait]
+impl RecordProcessor for Fails {
+    async fn process_records(
+        &mut self,
+        _: &RecordBatch,
+        _: &mut Checkpointer,
+    ) -> Result<(), ProcessorError> {
+        Err("injected processor failure".into())
+    }
+}
+
+impl<F: Fn(&ShardContext) -> Hangs + Send + Sync + 'static> kcl_core::processor::ProcessorFactory
+    for FirstHangs<F>
+{
+    fn create(&self, ctx: &ShardContext) -> Box<dyn RecordProcessor> {
+        if self.made.fetch_add(1, Ordering::SeqCst) == 0 {
+            Box::new((self.hangs)(ctx))
+        } else {
+            Box::new(Fails)
+        }
+    }
+}
+
+/// A consumer that gave up waiting for an older consumer's hung call and
+/// ran beside it lets its lease go as it ends (here given back by the
+/// `ReleaseShard` policy): put off until the hung call ended, the lease
+/// stood held and read by nobody for as long as that call hung.
+#[tokio::test(start_paused = true)]
+async fn a_consumer_that_ran_beside_a_hung_one_lets_its_lease_go_as_it_ends() {
+    let (source, shard, mut fleet, store) = one_record_stream();
+    let (hangs, entered, owners) = Hangs::factory(&fleet.store);
+    let factory = FirstHangs {
+        hangs,
+        made: AtomicU32::new(0),
+    };
+    let lease = LeaseConfig::builder("w-a")
+        .renewal(kcl_core::config::LeaseRenewal::PerLease)
+        .build()
+        .unwrap();
+    let config = fleet::one_stream(lease, STREAM)
+        .failure_policy(FailurePolicy::ReleaseShard)
+        .build()
+        .unwrap();
+    fleet.run_worker(config, Arc::new(store), Arc::new(source), factory);
+    entered.notified().await;
+    taken_back_beside_the_hung_call(&fleet, &shard).await;
+    let released = || {
+        let changes = fleet.store.owner_changes();
+        changes
+            .iter()
+            .any(|c| c.from.as_deref() == Some("w-a") && c.to.is_none())
+    };
+    fleet::wait_until(
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        released,
+        || format!("never released: {:?}", fleet.store.owner_changes()),
+    )
+    .await;
+    assert!(
+        owners.lock().unwrap().is_empty(),
+        "the first call still hangs"
+    );
+    for (_, task) in fleet.workers.drain(..) {
+        task.abort();
+    }
 }
 
 /// A source whose shard ends name no children, as when ListShards does not

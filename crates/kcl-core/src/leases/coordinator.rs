@@ -176,7 +176,8 @@ impl LeaseCoordinator {
     }
 
     /// Releases a held lease in the table so that another worker takes it.
-    /// Returns false if this worker did not hold that tenure.
+    /// Returns false if this worker did not hold that tenure, or the table
+    /// showed a peer owning the lease already.
     pub async fn release(&self, lease: &LeaseHandle) -> Result<bool, StoreError> {
         self.let_go(lease).await.map(|done| done != LetGo::NotHeld)
     }

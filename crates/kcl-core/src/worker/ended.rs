@@ -23,12 +23,17 @@ pub(super) type Due = (LeaseHandle, Option<ConsumerExit>);
 /// Actions on leases put off while an older consumer of the same lease
 /// still runs (its call hung past its tenure's end, and the newer tenure's
 /// consumer ended while it waited for the shard's slot): freed then, a
-/// peer could process the shard beside that call. By lease key.
+/// peer could process the shard beside that call. A newer consumer that
+/// gave up waiting and ran beside the older one protected nothing by
+/// waiting: its action is not put off, or the lease would stand held and
+/// unread for as long as the older call hangs. By lease key.
 pub(super) type Deferred = HashMap<String, Due>;
 
 /// A consumer that ended, taken off the running set.
 #[derive(Debug)]
 pub(super) struct Ended {
+    /// Its lease key.
+    pub(super) key: String,
     /// How it ended; `None` if its processor panicked.
     pub(super) exit: Option<ConsumerExit>,
     /// A newer tenure of its lease has its own consumer, which counts the
@@ -36,9 +41,9 @@ pub(super) struct Ended {
     pub(super) superseded: bool,
     /// Its tenure ended under it (lost or fenced) before the worker acted.
     pub(super) lost: bool,
-    /// The actions due now: its own, and one a newer consumer of the lease
-    /// put off until this one ended. None while another consumer of the
-    /// lease still runs.
+    /// The actions due now: its own (put off while an older consumer of
+    /// the lease still runs, see [`Deferred`]), and one a newer consumer
+    /// of the lease put off until this one ended.
     pub(super) due: Vec<Due>,
 }
 
@@ -59,6 +64,7 @@ impl Worker {
         // Every action applies to the tenure this consumer ran with, not
         // to a later one of the same lease.
         let entry = running.remove(id)?;
+        let beside_older = entry.ran_beside_older();
         let lease = entry.lease;
         let exit = match done {
             Ok((_, (_, exit))) => Some(exit),
@@ -83,7 +89,7 @@ impl Worker {
         let mut due = Vec::new();
         // A tenure nobody reads is not renewed on (invariant 12): its end
         // is never put off.
-        if exit == Some(ConsumerExit::LeaseLost) {
+        if exit == Some(ConsumerExit::LeaseLost) || beside_older {
             due.push((lease, exit));
         } else if !superseded {
             deferred.insert(key.clone(), (lease, exit));
@@ -92,6 +98,7 @@ impl Worker {
             due.extend(deferred.remove(&key));
         }
         Some(Ended {
+            key,
             exit,
             superseded,
             lost,

@@ -121,6 +121,9 @@ impl WorkerHandle {
     /// the worker's report reaches [`Self::stopped`] and
     /// [`Self::shutdown_and_wait`] only once the returned hold drops, so
     /// that a `main` returning after them cuts none of that work short.
+    /// The last hold to drop with no report published or held back (the
+    /// wrapper's run dropped before the worker ran) publishes the default
+    /// report, not graceful.
     #[doc(hidden)]
     pub fn hold_report(&self) -> ReportHold {
         self.stopped.hold()

@@ -419,10 +419,10 @@ impl Worker {
             .or_insert_with(|| self.consumer_setup(&spec, &s.bounded, &s.sync_now, &s.slots));
         let key = lease.key().to_owned();
         let stops = consumer::Stops {
-            shutdown: CancellationToken::new(),
             cut: s.cut.clone(),
+            ..consumer::Stops::default()
         };
-        let stop = stops.shutdown.clone();
+        let running = stops.clone();
         let span = info_span!("shard", stream = %setup.stream, shard = %held.shard_id);
         let setup = Arc::clone(setup);
         let (task_key, tenure) = (key.clone(), lease.clone());
@@ -436,7 +436,7 @@ impl Worker {
             }
             .instrument(span),
         );
-        s.running.insert(task.id(), tenure, spec.layout, stop);
+        s.running.insert(task.id(), tenure, spec.layout, &running);
         self.publish(&s.coordinator);
     }
 

@@ -2,11 +2,13 @@
 //! per lease key.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 
 use super::WorkerHandle;
+use crate::consumer::Stops;
 use crate::lease::LeaseLayout;
 use crate::leases::{LeaseCoordinator, LeaseHandle};
 
@@ -23,6 +25,16 @@ pub(super) struct RunningConsumer {
     pub(super) lease: LeaseHandle,
     layout: LeaseLayout,
     stop: CancellationToken,
+    /// Set once the consumer started beside an older one of its lease.
+    beside_older: Arc<AtomicBool>,
+}
+
+impl RunningConsumer {
+    /// Whether the consumer started processing beside an older consumer
+    /// of its lease (it gave up waiting for the shard's slot).
+    pub(super) fn ran_beside_older(&self) -> bool {
+        self.beside_older.load(Ordering::Relaxed)
+    }
 }
 
 impl Running {
@@ -37,7 +49,7 @@ impl Running {
         id: tokio::task::Id,
         lease: LeaseHandle,
         layout: LeaseLayout,
-        stop: CancellationToken,
+        stops: &Stops,
     ) {
         *self
             .keys
@@ -50,7 +62,8 @@ impl Running {
             RunningConsumer {
                 lease,
                 layout,
-                stop,
+                stop: stops.shutdown.clone(),
+                beside_older: Arc::clone(&stops.beside_older),
             },
         );
     }

@@ -2,6 +2,7 @@
 //! of its leases, and the report of what it did, for
 //! [`WorkerHandle::shutdown_and_wait`](super::WorkerHandle::shutdown_and_wait).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -182,9 +183,10 @@ impl Drop for PublishOnDrop {
 }
 
 impl ShutdownReport {
-    /// Counts a consumer that ended during the drain.
-    fn count_end(&mut self, ended: &Ended) {
-        if ended.superseded {
+    /// Counts a consumer that ended during the drain, unless its shard
+    /// was counted (in `counted`) or a newer tenure's consumer counts it.
+    fn count_end(&mut self, ended: &Ended, counted: &mut HashSet<String>) {
+        if ended.superseded || !counted.insert(ended.key.clone()) {
             return;
         }
         match ended.exit {
@@ -210,8 +212,9 @@ impl Worker {
     /// Waits for the stopped consumers until the shutdown timeout, then
     /// cuts the processor calls still under way and waits [`CUT_GRACE`]
     /// for those consumers to end, then stops the rest where they are; the
-    /// report of the shutdown so far. Each lease is let go as its
-    /// consumer ends, beside the others: a slow table delays no cut.
+    /// report of the shutdown so far. Each lease is let go as its last
+    /// consumer ends (see [`super::ended::Deferred`]), beside the others:
+    /// a slow table delays no cut.
     pub(super) async fn drain(&self, s: &mut Session) -> ShutdownReport {
         let mut report = ShutdownReport {
             graceful: true,
@@ -222,12 +225,15 @@ impl Worker {
         let deadline = tokio::time::sleep(self.config.shutdown_timeout);
         tokio::pin!(deadline);
         let mut cut = false;
+        // Each shard counts once: an older tenure's consumer may end after
+        // the newer one.
+        let mut counted = HashSet::new();
         while !(s.consumers.is_empty() && settling.is_empty()) {
             tokio::select! {
                 Some(done) = s.consumers.join_next_with_id() => {
                     let ended = self.consumer_ended(coordinator, &mut s.running, &mut s.deferred, done);
                     if let Some(ended) = ended {
-                        report.count_end(&ended);
+                        report.count_end(&ended, &mut counted);
                         settling.extend(ended.due.into_iter().map(|due| self.settle(coordinator, due)));
                     }
                 }
@@ -236,8 +242,9 @@ impl Worker {
                     if cut {
                         // Counted once per shard: an older tenure's
                         // consumer may still run beside its lease's newer
-                        // one.
-                        report.cut_off += s.running.current_keys(coordinator).len();
+                        // one, or after the newer one ended.
+                        let stopped = s.running.current_keys(coordinator);
+                        report.cut_off += stopped.iter().filter(|k| !counted.contains(**k)).count();
                         warn!(remaining = s.consumers.len(), "consumers did not end within the grace after the cut; stopping them");
                         s.consumers.shutdown().await;
                     } else {
