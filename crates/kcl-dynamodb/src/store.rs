@@ -133,17 +133,29 @@ impl DynamoDbLeaseStore {
         )])
     }
 
-    fn parse(&self, item: &HashMap<String, AttributeValue>) -> Result<Lease, StoreError> {
+    /// The lease in `item`, which `op` read or returned: a failure is
+    /// `op`'s, so that an update whose write landed is not reported as a
+    /// failed read.
+    fn parse(
+        &self,
+        op: StoreOp,
+        item: &HashMap<String, AttributeValue>,
+    ) -> Result<Lease, StoreError> {
+        // An update's write landed before its answer was read.
+        let landed = |what: String| match op {
+            StoreOp::Get => what,
+            _ => format!("{op} landed, but the item it returned: {what}"),
+        };
         match from_item(item) {
             Ok(ReadItem::Lease(l)) => Ok(*l),
             Ok(ReadItem::NotALease) => Err(StoreError::Fatal {
-                op: StoreOp::Get,
-                message: format!("item in table {:?} is not a lease", self.table),
+                op,
+                message: landed(format!("item in table {:?} is not a lease", self.table)),
                 source: None,
             }),
             Err(e) => Err(StoreError::Fatal {
-                op: StoreOp::Get,
-                message: e.to_string(),
+                op,
+                message: landed(e.to_string()),
                 source: Some(Box::new(e)),
             }),
         }
@@ -235,7 +247,7 @@ impl DynamoDbLeaseStore {
                     message: format!("{op} on {key:?} returned no attributes"),
                     source: None,
                 })?;
-                self.parse(&item)
+                self.parse(op, &item)
             }
             Err(c) => self.condition_failed(key, c, intent),
         }
@@ -304,7 +316,7 @@ impl LeaseStore for DynamoDbLeaseStore {
         match result {
             Ok(out) => {
                 self.record_capacity(StoreOp::Get, out.consumed_capacity());
-                out.item().map(|i| self.parse(i)).transpose()
+                out.item().map(|i| self.parse(StoreOp::Get, i)).transpose()
             }
             Err(e) => Err(unconditional_error(StoreOp::Get, &self.table, key, e)),
         }
@@ -654,6 +666,33 @@ fn warn_of_null_once(table: &str, key: &str, attribute: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use kcl_core::LeaseStore as _;
+    use kcl_core::store::{Holder, StoreError, StoreOp};
+    use serde_json::json;
+
+    use crate::fake::FakeDynamoDb;
+
+    /// An update whose write landed but whose returned item cannot be read
+    /// fails as that update, saying it landed: it was reported as a failed
+    /// read (`get`), which sent an operator after the wrong call.
+    #[tokio::test]
+    async fn an_unreadable_item_returned_by_a_landed_update_is_that_updates_error() {
+        let dynamodb = FakeDynamoDb::new(|_, _| {
+            let item = json!({"leaseKey": {"S": "shardId-1"}, "leaseCounter": {"S": "x"}});
+            Some((200, json!({ "Attributes": item })))
+        });
+        let store = super::DynamoDbLeaseStore::new(dynamodb.client(), "leases");
+        let e = store
+            .release("shardId-1", Holder::new("w-a", "t1"))
+            .await
+            .unwrap_err();
+        let StoreError::Fatal { op, message, .. } = &e else {
+            panic!("{e:?}");
+        };
+        assert_eq!(*op, StoreOp::Release, "{e}");
+        assert!(message.starts_with("release landed"), "{message}");
+    }
+
     /// A NULL attribute is warned of once per lease, not at every scan
     /// of every worker (each taker tick).
     #[test]
