@@ -215,25 +215,15 @@ pub fn from_item(item: &HashMap<String, AttributeValue>) -> Result<ReadItem, Ite
     })))
 }
 
-/// The first attribute of `item` that the store's conditional writes test
-/// for absence (or count from) and that is NULL, a value other tools write
-/// (a script setting an owner to None; kcl and the Java KCL never do). The
-/// reader takes a NULL for absent, DynamoDB's `attribute_not_exists` for
-/// present: a write that needs it absent is refused until it is removed.
-/// A take removes the handoff's attributes and so heals those; a NULL
-/// owner or switch count it cannot.
+/// The attribute of `item` the store's writes cannot take NULL in (a value
+/// other tools write, as a script setting a field to None; kcl and the
+/// Java KCL never do), if it is NULL: a take adds to the owner switch
+/// count, and DynamoDB refuses to add to a NULL. The reader takes a NULL
+/// for absent, and every condition that an attribute be absent takes a
+/// NULL for absent too (see the store's `absent_or_null`).
 pub(crate) fn null_in_conditions(item: &HashMap<String, AttributeValue>) -> Option<&'static str> {
-    const IN_CONDITIONS: [&str; 6] = [
-        attr::LEASE_OWNER,
-        attr::TENURE,
-        attr::CHECKPOINT_OWNER,
-        attr::CHECKPOINT_OWNER_TENURE,
-        attr::CHECKPOINT_SUB,
-        attr::OWNER_SWITCHES,
-    ];
-    IN_CONDITIONS
-        .into_iter()
-        .find(|name| matches!(item.get(*name), Some(AttributeValue::Null(_))))
+    let name = attr::OWNER_SWITCHES;
+    matches!(item.get(name), Some(AttributeValue::Null(_))).then_some(name)
 }
 
 struct Reader<'a> {

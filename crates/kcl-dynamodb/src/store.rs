@@ -656,9 +656,8 @@ fn warn_of_null_once(table: &str, key: &str, attribute: &str) -> bool {
             table,
             lease = key,
             attribute,
-            "a lease attribute is NULL, which DynamoDB's conditions take for present: writes \
-             that need it absent are refused until it is removed (kcl leases reset --force \
-             removes it)"
+            "a lease attribute is NULL, which a take cannot count from: takes of the lease \
+             fail until it is removed (kcl leases reset --force removes it)"
         );
     }
     first

@@ -278,6 +278,74 @@ async fn a_free_lease_with_null_handoff_attributes_is_taken_and_healed() {
     assert!(!raw.contains_key("checkpointOwner"), "{raw:?}");
 }
 
+/// `item` with each of `attributes` written NULL, as another tool (a
+/// script writing `None`) may write them.
+fn with_nulls(
+    mut item: HashMap<String, AttributeValue>,
+    attributes: &[&str],
+) -> HashMap<String, AttributeValue> {
+    for attribute in attributes {
+        item.insert((*attribute).into(), AttributeValue::Null(true));
+    }
+    item
+}
+
+/// A free lease whose owner and tenure are NULL is read as free (as the
+/// reader takes a NULL) and taken: the take's condition that the lease has
+/// no owner took the NULL for an owner, so every take was refused and the
+/// shard stood unread for good.
+#[tokio::test]
+async fn a_free_lease_with_a_null_owner_and_tenure_is_taken() {
+    let store = new_store().await;
+    let lease = Lease::new("shardId-000000000000", Checkpoint::TrimHorizon);
+    let item = kcl_dynamodb::item::to_item(&lease);
+    put_raw(&store, with_nulls(item, &["leaseOwner", "kclTenure"])).await;
+    let seen = store.get(&lease.key).await.unwrap().unwrap();
+    assert_eq!(seen.owner, None, "read as free");
+    let taken = store
+        .take(&seen, Holder::new("a", "t-a"))
+        .await
+        .expect("the take lands");
+    assert_eq!(taken.owner.as_deref(), Some("a"));
+}
+
+/// A held lease whose handoff attributes and sub-sequence number are NULL
+/// (no handoff, sub-sequence 0, as read) takes its holder's checkpoints,
+/// alone and written together: their conditions took each NULL for a
+/// handoff or a sub-sequence number, and refused every write.
+#[tokio::test]
+async fn a_held_lease_with_null_handoff_attributes_takes_checkpoints() {
+    let store = new_store().await;
+    let a = Holder::new("a", "t-a");
+    for key in ["s0", "s1"] {
+        let lease = store
+            .create_if_absent(&Lease::new(key, Checkpoint::TrimHorizon))
+            .await
+            .unwrap();
+        store.take(&lease, a).await.unwrap();
+        let mut item = raw_item(&store, key).await;
+        item.insert("checkpoint".into(), AttributeValue::S("100".into()));
+        let nulls = [
+            "checkpointOwner",
+            "kclCheckpointOwnerTenure",
+            "checkpointSubSequenceNumber",
+        ];
+        put_raw(&store, with_nulls(item, &nulls)).await;
+    }
+    let to_200 = CheckpointUpdate::to(Checkpoint::at("200", 0)).replacing(Checkpoint::at("100", 0));
+    let one = store.checkpoint("s0", a, &to_200).await.expect("lands");
+    assert_eq!(one.checkpoint, Checkpoint::at("200", 0));
+    let writes = [CheckpointWrite {
+        key: "s1",
+        by: a,
+        update: &to_200,
+    }];
+    let answers = store.checkpoint_many(&writes).await.unwrap();
+    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    let s1 = store.get("s1").await.unwrap().unwrap();
+    assert_eq!(s1.checkpoint, Checkpoint::at("200", 0));
+}
+
 /// Java workers whose fleet runs 2.x-compatible (upgrading from the Java
 /// KCL 2.x) report, but take leases themselves and never pick up one
 /// assigned to them: they are no workers to hand leases to, whichever

@@ -27,6 +27,7 @@ use aws_sdk_dynamodb::types::{
 use kcl_core::store::{CheckpointWrite, StoreError, StoreOp};
 use tracing::warn;
 
+use super::update::NULL_TYPE;
 use super::{DynamoDbLeaseStore, Update, checkpoint_update};
 use crate::error::unconditional_error;
 use crate::schema::lease as attr;
@@ -266,6 +267,14 @@ fn condition(
                 names.get(&format!("#{}", &inner[..end]))?
             ));
             rest = inner[end..].strip_prefix(')')?;
+        } else if let Some(inner) = rest.strip_prefix("attribute_type(#") {
+            // Only the NULL test of `absent_or_null`, with its type as a
+            // literal: PartiQL's attribute_type takes one.
+            let end = token_end(inner);
+            let name = names.get(&format!("#{}", &inner[..end]))?;
+            let tail = format!(", {NULL_TYPE})");
+            rest = inner[end..].strip_prefix(tail.as_str())?;
+            out.push_str(&format!("attribute_type(\"{name}\", 'NULL')"));
         } else if let Some(inner) = rest.strip_prefix('#') {
             let end = token_end(inner);
             out.push_str(&format!(
@@ -324,10 +333,13 @@ mod tests {
              SET \"ownerSwitchesSinceCheckpoint\" = ? REMOVE \"pendingCheckpoint\" \
              REMOVE \"pendingCheckpointSubSequenceNumber\" REMOVE \"pendingCheckpointState\" \
              REMOVE \"kclFencedCommits\" WHERE \"leaseKey\" = ? AND (((\"checkpointOwner\" = ? \
-             AND (\"kclCheckpointOwnerTenure\" = ? OR \"kclCheckpointOwnerTenure\" IS MISSING)) \
-             OR (\"checkpointOwner\" IS MISSING AND \"leaseOwner\" = ? AND \"kclTenure\" = ?)) \
+             AND (\"kclCheckpointOwnerTenure\" = ? OR (\"kclCheckpointOwnerTenure\" IS MISSING \
+             OR attribute_type(\"kclCheckpointOwnerTenure\", 'NULL')))) \
+             OR ((\"checkpointOwner\" IS MISSING OR attribute_type(\"checkpointOwner\", 'NULL')) \
+             AND \"leaseOwner\" = ? AND \"kclTenure\" = ?)) \
              AND \"checkpoint\" = ? AND (\"checkpointSubSequenceNumber\" = ? \
-             OR \"checkpointSubSequenceNumber\" IS MISSING))"
+             OR (\"checkpointSubSequenceNumber\" IS MISSING \
+             OR attribute_type(\"checkpointSubSequenceNumber\", 'NULL'))))"
         );
         assert_eq!(
             parameters,

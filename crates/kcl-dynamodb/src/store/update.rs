@@ -21,13 +21,50 @@ pub(crate) struct Update {
     pub(crate) values: HashMap<String, AttributeValue>,
 }
 
+/// The value [`absent_or_null`] compares an attribute's type with.
+pub(crate) const NULL_TYPE: &str = ":kclNullType";
+
+/// `condition` with each `attribute_not_exists(#a)` of a lease attribute
+/// (not the key) widened to `(attribute_not_exists(#a) OR
+/// attribute_type(#a, :kclNullType))`: the reader takes a NULL attribute
+/// (another tool's `None`) for absent, DynamoDB's `attribute_not_exists`
+/// for present, so without this a lease whose owner is NULL is free to
+/// every reader and refuses every take, and one whose handoff attributes
+/// are NULL refuses its holder's checkpoints.
+fn absent_or_null(condition: &str) -> String {
+    const NOT_EXISTS: &str = "attribute_not_exists(#";
+    let mut out = String::with_capacity(condition.len());
+    let mut rest = condition;
+    while let Some(at) = rest.find(NOT_EXISTS) {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + NOT_EXISTS.len()..];
+        let Some(end) = after.find(')') else {
+            break;
+        };
+        let name = &after[..end];
+        if name == attr::LEASE_KEY {
+            out.push_str(&rest[at..at + NOT_EXISTS.len() + end + 1]);
+        } else {
+            out.push_str(&format!(
+                "(attribute_not_exists(#{name}) OR attribute_type(#{name}, {NULL_TYPE}))"
+            ));
+        }
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
 impl Update {
     pub(super) fn new(expression: &str, condition: &str) -> Self {
         let mut u = Update {
             expression: expression.to_owned(),
-            condition: condition.to_owned(),
+            condition: absent_or_null(condition),
             ..Update::default()
         };
+        // Bound whatever the condition; sent only if it is used.
+        u.values
+            .insert(NULL_TYPE.to_owned(), AttributeValue::S("NULL".to_owned()));
         // Every expression below names attributes as #attributeName.
         for a in [
             attr::LEASE_KEY,
