@@ -294,8 +294,9 @@ impl Worker {
         let signals = session.coordinator.signals();
 
         // Graceful shutdown: no new leases, then every processor gets its
-        // chance to checkpoint while the leases are still renewed, then the
-        // leases are released so peers take them on their next tick.
+        // chance to checkpoint while the leases are still renewed, each
+        // lease released as its shard drains so peers take it on their
+        // next tick, and the rest after the drain.
         info!("shutting down: stopping the lease taker and the processors");
         session.coordinator.stop_taking();
         sync_stop.cancel();

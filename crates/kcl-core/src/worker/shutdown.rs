@@ -30,7 +30,9 @@ pub struct ShutdownReport {
     /// Shards whose processors finished within the shutdown timeout
     /// (`shutdown_requested` called, lanes drained; or the shard ended or
     /// was given back): the next owner resumes where they checkpointed.
-    /// Each shard counts once, in this field or one of the next two.
+    /// Each shard counts once, in this field or one of the next two, by
+    /// the consumer of its current tenure (not by an older consumer whose
+    /// call outlived its tenure).
     pub drained: usize,
     /// Shards whose processors were still running at the shutdown timeout,
     /// or panicked while draining, and were stopped: the call under way is
