@@ -36,6 +36,20 @@ use tokio::time::sleep;
 /// The record whose batch hangs.
 const HANGS_ON: &str = "2";
 
+/// The record whose batch blocks its thread.
+const BLOCKS_ON: &str = "7";
+
+/// How long a blocking call blocks its thread.
+const BLOCKS_FOR: Duration = Duration::from_secs(5);
+
+/// Whether `batch` holds the record `data`.
+fn holds(batch: &RecordBatch, data: &str) -> bool {
+    batch
+        .records
+        .iter()
+        .any(|r| r.data.as_ref() == data.as_bytes())
+}
+
 /// What the processors and the worker did.
 #[derive(Default)]
 struct Log {
@@ -48,6 +62,9 @@ struct Log {
     shard_ended_hangs: AtomicU32,
     /// How many `shutdown_requested` calls still hang.
     shutdown_hangs: AtomicU32,
+    /// How many batches holding [`BLOCKS_ON`] still block their thread for
+    /// [`BLOCKS_FOR`] (a synchronous call no cancellation reaches).
+    blocks: AtomicU32,
     lease_lost: AtomicU32,
     shutdown_requested: AtomicU32,
     /// The hung call's drop, with the lease's owner then, and the lease's
@@ -93,11 +110,7 @@ impl Processor {
     }
 
     fn hangs_now(&self, batch: &RecordBatch) -> bool {
-        batch
-            .records
-            .iter()
-            .any(|r| r.data.as_ref() == HANGS_ON.as_bytes())
-            && take_one(&self.hangs)
+        holds(batch, HANGS_ON) && take_one(&self.hangs)
     }
 }
 
@@ -118,6 +131,12 @@ impl RecordProcessor for Processor {
     ) -> Result<(), ProcessorError> {
         if self.hangs_now(batch) {
             self.hang().await;
+        }
+        if holds(batch, BLOCKS_ON) && take_one(&self.log.blocks) {
+            std::thread::sleep(BLOCKS_FOR);
+            let owner = self.store.snapshot()[0].owner.clone();
+            self.log
+                .event(format!("blocking call returned, owner {owner:?}"));
         }
         self.log.processed.extend(batch);
         cp.checkpoint().await?;
@@ -595,4 +614,43 @@ async fn a_shutdown_requested_cut_at_the_shutdown_timeout_is_followed_by_lease_l
     assert_eq!(s.log.shutdown_requested.load(Ordering::SeqCst), 1);
     assert_eq!(s.log.lease_lost.load(Ordering::SeqCst), 1);
     assert_dropped_then_released(&s.log.events.lock().unwrap(), 1);
+}
+
+/// A lane call that blocks its thread past the shutdown timeout and the
+/// grace after the cut (no cancellation reaches it) keeps the lease held
+/// until it returns: the worker stopped the shard's consumer where it was,
+/// which left the lane's task running, and released the lease beside it.
+/// The shutdown now waits a while for the lease's last handle, and would
+/// leave the lease to expire rather than free it beside the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_call_blocking_its_thread_through_the_shutdown_keeps_its_lease_held() {
+    let mut s = start(|c| {
+        c.parallelism_per_shard(2)
+            .shutdown_timeout(Duration::from_secs(1))
+    });
+    s.log.blocks.store(1, Ordering::SeqCst);
+    until("0 and 1 processed", || s.processed().len() == 2).await;
+    s.put(&[BLOCKS_ON]);
+    until("the blocking call under way", || {
+        s.worker.shards().iter().any(|p| p.processor_call.is_some())
+    })
+    .await;
+    s.worker.shutdown_and_wait().await;
+    (&mut s.task).await.unwrap().unwrap();
+    let returned =
+        |events: &[String]| (events.iter()).position(|e| e.starts_with("blocking call returned"));
+    until("the blocking call returned", || {
+        returned(&s.events()).is_some()
+    })
+    .await;
+    let events = s.events();
+    let returned = returned(&events).unwrap();
+    assert_eq!(
+        events[returned], "blocking call returned, owner Some(\"w-a\")",
+        "{events:?}"
+    );
+    // Released once it returned, or left to expire.
+    if let Some(released) = events.iter().position(|e| e == "lease released") {
+        assert!(released > returned, "{events:?}");
+    }
 }

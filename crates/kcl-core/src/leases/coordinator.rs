@@ -52,6 +52,18 @@ const EVENT_CAPACITY: usize = 1024;
 /// leases, all of them together.
 const DROP_RELEASE_DEADLINE: Duration = Duration::from_secs(2);
 
+/// How long a shutdown waits for the consumers of a lease it releases to
+/// let go of it (they normally have: the worker drained them).
+const CONSUMER_STOP_WAIT: Duration = Duration::from_secs(2);
+
+/// Whether no consumer of `held`'s tenure runs, waiting
+/// [`CONSUMER_STOP_WAIT`] at most.
+async fn consumer_stopped(held: &Held) -> bool {
+    tokio::time::timeout(CONSUMER_STOP_WAIT, held.consumer_stopped())
+        .await
+        .is_ok()
+}
+
 /// Runs the lease taker and renewer of one worker.
 ///
 /// Dropping it without [`LeaseCoordinator::shutdown`] (a panic, a runtime
@@ -354,6 +366,15 @@ impl LeaseCoordinator {
             let count = |f: fn(&mut Released)| {
                 f(&mut released_ref.lock().unwrap_or_else(|e| e.into_inner()));
             };
+            if mode == ShutdownMode::Release && !consumer_stopped(&held).await {
+                // A consumer of this tenure still runs (a call blocking its
+                // thread, which no cancellation reaches): freed now, a peer
+                // would process the shard beside it.
+                warn!(lease = %key, wait = ?CONSUMER_STOP_WAIT, "a consumer of the lease still runs; leaving the lease to expire rather than free it beside its call");
+                shared.ended(&key, &held, EndReason::Abandoned).await;
+                count(|r| r.failed += 1);
+                return;
+            }
             match mode {
                 ShutdownMode::Abandon => shared.ended(&key, &held, EndReason::Abandoned).await,
                 ShutdownMode::Release if held.phase() == Phase::HandingOff => {

@@ -295,8 +295,7 @@ impl Worker {
 
         // Graceful shutdown: no new leases, then every processor gets its
         // chance to checkpoint while the leases are still renewed, each
-        // lease released as its shard drains so peers take it on their
-        // next tick, and the rest after the drain.
+        // lease released as its shard drains (peers take it at once).
         info!("shutting down: stopping the lease taker and the processors");
         session.coordinator.stop_taking();
         sync_stop.cancel();

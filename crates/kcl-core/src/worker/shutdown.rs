@@ -269,8 +269,16 @@ impl Worker {
         let Session {
             coordinator,
             mut events,
+            running,
+            deferred,
+            consumers,
             ..
         } = s;
+        // The last lease handles of this side: the coordinator releases a
+        // lease only once no handle of it is left (a consumer stopped where
+        // it was at the grace's end may have left lane tasks behind that
+        // still hold one).
+        drop((running, deferred, consumers));
         // Read until the coordinator is shut down: a taker pass under way
         // reports each take (the shutdown releases them all), and with the
         // channel full it waited for good, and so did the shutdown.
