@@ -31,6 +31,8 @@ use crate::schema::{lease as attr, workers_table_for};
 mod partiql;
 mod scan;
 mod update;
+#[doc(hidden)]
+pub use update::{NULL_TYPE, absent_or_null};
 
 pub(crate) use update::Update;
 pub(crate) use update::{checkpoint_transact_item, fence_item};

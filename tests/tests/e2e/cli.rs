@@ -109,6 +109,35 @@ async fn table_in_every_state(env: &TestEnv) -> (String, DynamoDbLeaseStore) {
     (table, store)
 }
 
+/// A free lease whose owner and handoff attributes are NULL (another
+/// tool's None) reads as free, and a reset without `--force` takes it:
+/// its condition took each NULL for present, so the reset retried, then
+/// failed saying the lease kept changing.
+#[tokio::test]
+async fn a_reset_takes_a_lease_whose_owner_is_null_for_free() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let env = TestEnv::connect().await.unwrap_or_else(|e| panic!("{e:#}"));
+    let (table, store) = table_in_every_state(&env).await;
+    let key = "shardId-000000000001";
+    let mut item = kcl_dynamodb::item::to_item(&store.get(key).await.unwrap().unwrap());
+    for attribute in ["leaseOwner", "checkpointOwner"] {
+        item.insert(attribute.into(), AttributeValue::Null(true));
+    }
+    env.dynamodb()
+        .put_item()
+        .table_name(&table)
+        .set_item(Some(item))
+        .send()
+        .await
+        .unwrap();
+    let args = [
+        "leases", "reset", "--table", &table, "--shard", key, "--to", "LATEST",
+    ];
+    ok(&kcl(&args, &[]).await);
+    let reset = store.get(key).await.unwrap().unwrap();
+    assert_eq!(reset.checkpoint, Checkpoint::Latest);
+}
+
 /// A listing into a closed pipe (`kcl leases | head -1`, the reader gone)
 /// ends without a panic (exit status 101 before).
 #[tokio::test]

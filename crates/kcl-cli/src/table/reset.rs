@@ -14,6 +14,7 @@ use kcl::core::operator;
 use kcl::core::store::{Beat, is_evicted_tenure};
 use kcl::core::{Lease, LeaseStore as _};
 use kcl_dynamodb::item::{ReadItem, attr, from_item};
+use kcl_dynamodb::store::{NULL_TYPE, absent_or_null};
 
 use super::{Table, of_stream, sequence};
 use crate::{TableArgs, args, aws};
@@ -400,8 +401,11 @@ impl ResetWrite {
         // flight fails its condition instead of overwriting the reset.
         let mut condition = "#counter = :seen".to_owned();
         if !force {
-            condition
-                .push_str(" AND attribute_not_exists(#owner) AND attribute_not_exists(#cpOwner)");
+            // A NULL (another tool's None) reads as absent, so it counts as
+            // absent here too.
+            condition.push_str(&absent_or_null(
+                " AND attribute_not_exists(#owner) AND attribute_not_exists(#cpOwner)",
+            ));
         }
         let mut remove = "#owner, #pcp, #psub, #pstate, #tenure".to_owned();
         if keep.is_some() {
@@ -435,6 +439,9 @@ impl ResetWrite {
             ]
             .map(|(k, v)| (k.to_owned(), v)),
         );
+        if !force {
+            values.insert(NULL_TYPE.to_owned(), s("NULL"));
+        }
         if let Some((owner, tenure)) = keep {
             values.insert(":cpOwner".to_owned(), s(owner));
             values.insert(":cpTenure".to_owned(), s(tenure));

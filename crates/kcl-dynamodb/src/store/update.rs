@@ -21,8 +21,9 @@ pub(crate) struct Update {
     pub(crate) values: HashMap<String, AttributeValue>,
 }
 
-/// The value [`absent_or_null`] compares an attribute's type with.
-pub(crate) const NULL_TYPE: &str = ":kclNullType";
+/// The value [`absent_or_null`] compares an attribute's type with: bind
+/// it to the string `NULL` wherever the condition uses it.
+pub const NULL_TYPE: &str = ":kclNullType";
 
 /// `condition` with each `attribute_not_exists(#a)` of a lease attribute
 /// (not the key) widened to `(attribute_not_exists(#a) OR
@@ -31,7 +32,7 @@ pub(crate) const NULL_TYPE: &str = ":kclNullType";
 /// for present, so without this a lease whose owner is NULL is free to
 /// every reader and refuses every take, and one whose handoff attributes
 /// are NULL refuses its holder's checkpoints.
-fn absent_or_null(condition: &str) -> String {
+pub fn absent_or_null(condition: &str) -> String {
     const NOT_EXISTS: &str = "attribute_not_exists(#";
     let mut out = String::with_capacity(condition.len());
     let mut rest = condition;
