@@ -39,8 +39,10 @@ const HANGS_ON: &str = "2";
 /// The record whose batch blocks its thread.
 const BLOCKS_ON: &str = "7";
 
-/// How long a blocking call blocks its thread.
-const BLOCKS_FOR: Duration = Duration::from_secs(5);
+/// How long a blocking call blocks its thread: past the shutdown timeout
+/// (1 s in the test), the grace after the cut (2 s) and the wait for the
+/// lease's last handle (2 s), with room for a slow machine.
+const BLOCKS_FOR: Duration = Duration::from_secs(12);
 
 /// Whether `batch` holds the record `data`.
 fn holds(batch: &RecordBatch, data: &str) -> bool {
@@ -616,12 +618,13 @@ async fn a_shutdown_requested_cut_at_the_shutdown_timeout_is_followed_by_lease_l
     assert_dropped_then_released(&s.log.events.lock().unwrap(), 1);
 }
 
-/// A lane call that blocks its thread past the shutdown timeout and the
-/// grace after the cut (no cancellation reaches it) keeps the lease held
-/// until it returns: the worker stopped the shard's consumer where it was,
-/// which left the lane's task running, and released the lease beside it.
-/// The shutdown now waits a while for the lease's last handle, and would
-/// leave the lease to expire rather than free it beside the call.
+/// A lane call that blocks its thread through the shutdown (no
+/// cancellation reaches it) keeps the lease held until it returns: the
+/// worker stopped the shard's consumer where it was, which left the lane's
+/// task running, and released the lease beside it. The shutdown now waits
+/// a while for the lease's last handle, then leaves the lease to expire,
+/// and keeps the worker's liveness record (its last beat), by which peers
+/// judge the lease: deleted, a peer would take the lease at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lane_call_blocking_its_thread_through_the_shutdown_keeps_its_lease_held() {
     let mut s = start(|c| {
@@ -635,8 +638,16 @@ async fn a_lane_call_blocking_its_thread_through_the_shutdown_keeps_its_lease_he
         s.worker.shards().iter().any(|p| p.processor_call.is_some())
     })
     .await;
-    s.worker.shutdown_and_wait().await;
+    let report = s.worker.shutdown_and_wait().await;
     (&mut s.task).await.unwrap().unwrap();
+    assert_eq!(
+        (report.released, report.release_failures),
+        (0, 1),
+        "{report:?}"
+    );
+    assert_eq!(s.owner().as_deref(), Some("w-a"), "left to expire");
+    let beats = s.store.beats_snapshot();
+    assert!(beats.iter().any(|b| b.worker == "w-a"), "{beats:?}");
     let returned =
         |events: &[String]| (events.iter()).position(|e| e.starts_with("blocking call returned"));
     until("the blocking call returned", || {
@@ -645,8 +656,6 @@ async fn a_lane_call_blocking_its_thread_through_the_shutdown_keeps_its_lease_he
     .await;
     let events = s.events();
     let returned = returned(&events).unwrap();
-    // Released in the table once it returned, or left to expire (its
-    // tenure ended before, so that nothing new starts on it).
     assert_eq!(
         events[returned], "blocking call returned, owner Some(\"w-a\")",
         "{events:?}"

@@ -10,7 +10,7 @@
 //! and on shutdown.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -362,6 +362,9 @@ impl LeaseCoordinator {
             .max(self.held_when_stopped.load(Ordering::Relaxed));
         let released = Mutex::new(Released::default());
         let released_ref = &released;
+        // A lease left to expire beside a consumer still running.
+        let left = AtomicBool::new(false);
+        let left_ref = &left;
         each_unblocked(shared.held_snapshot(), RELEASE_CONCURRENCY, |(key, held)| async move {
             let count = |f: fn(&mut Released)| {
                 f(&mut released_ref.lock().unwrap_or_else(|e| e.into_inner()));
@@ -381,6 +384,7 @@ impl LeaseCoordinator {
                 // would process the shard beside it.
                 warn!(lease = %key, wait = ?CONSUMER_STOP_WAIT, "a consumer of the lease still runs; leaving the lease to expire rather than free it beside its call");
                 count(|r| r.failed += 1);
+                left_ref.store(true, Ordering::Relaxed);
                 return;
             }
             let done = if handoff {
@@ -401,7 +405,10 @@ impl LeaseCoordinator {
         })
         .await;
         if mode == ShutdownMode::Release {
-            leave_the_fleet(shared, releasing).await;
+            // A lease left to expire is judged by this instance's liveness
+            // record: deleted, a peer would take the lease at once.
+            let stay = left.load(Ordering::Relaxed);
+            leave_the_fleet(shared, releasing, !stay).await;
         }
         info!(mode = ?mode, "lease coordinator stopped");
         released.into_inner().unwrap_or_else(|e| e.into_inner())
@@ -487,13 +494,15 @@ impl FleetSignals {
     }
 }
 
-/// After a graceful release: this instance's liveness record goes, and
-/// the least loaded live peers (as many as there were leases to pick up,
+/// After a graceful release: this instance's liveness record goes (unless
+/// `forget` is false: a lease left to expire is judged by it), and the
+/// least loaded live peers (as many as there were leases to pick up,
 /// at least one) are woken to read the table at their next beat instead of
 /// their next tick.
-async fn leave_the_fleet(shared: &Shared, released: usize) {
+async fn leave_the_fleet(shared: &Shared, released: usize, forget: bool) {
     let released = released.max(1);
-    if let Err(e) = shared.store.forget(shared.instance(), None).await
+    if forget
+        && let Err(e) = shared.store.forget(shared.instance(), None).await
         && !e.is_condition_failed()
     {
         warn!(error = %e, "deleting this worker's liveness record failed; peers see it stop beating instead");
@@ -601,7 +610,7 @@ fn release_on_drop(shared: &Shared, running: Vec<(String, Arc<Held>)>, wait_for_
     let done = runtime.block_on(async {
         tokio::time::timeout(DROP_RELEASE_DEADLINE, async {
             releases.await;
-            leave_the_fleet(shared, count).await;
+            leave_the_fleet(shared, count, true).await;
         })
         .await
     });
