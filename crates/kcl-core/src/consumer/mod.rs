@@ -144,8 +144,8 @@ struct Consumer {
     /// Cancelled when the worker's shutdown timeout is up: the processor
     /// call then under way is cancelled (see [`call_limit`]).
     cut: CancellationToken,
-    /// Set once this consumer starts beside an older one of its shard.
-    beside_older: Arc<std::sync::atomic::AtomicBool>,
+    /// Set once this consumer got past waiting for its shard's slot.
+    past_slot: Arc<std::sync::atomic::AtomicBool>,
     /// Cancelled by the checkpointer when a checkpoint is rejected.
     lost: CancellationToken,
     /// Cancelled when a shard processed in lanes stops, for the lanes still
@@ -218,14 +218,14 @@ impl Consumer {
 
 /// How the worker stops a consumer: `shutdown` asks it to end gracefully,
 /// `cut` (the shutdown timeout) cancels the processor call it is waiting on.
-/// `beside_older` is set by the consumer if it starts processing while an
-/// older consumer of its shard still runs (it gave up waiting for the
-/// shard's slot).
+/// `past_slot` is set by the consumer once it got past waiting for its
+/// shard's slot (it holds it, or gave up waiting for an older consumer):
+/// from then on it may have processed beside whatever else runs.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Stops {
     pub(crate) shutdown: CancellationToken,
     pub(crate) cut: CancellationToken,
-    pub(crate) beside_older: Arc<std::sync::atomic::AtomicBool>,
+    pub(crate) past_slot: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Runs one shard to its end, its lease's end, or shutdown.
@@ -284,7 +284,7 @@ impl Consumer {
             lease,
             shutdown: stops.shutdown,
             cut: stops.cut,
-            beside_older: stops.beside_older,
+            past_slot: stops.past_slot,
             lost: CancellationToken::new(),
             halt: CancellationToken::new(),
             ctx,
@@ -311,13 +311,13 @@ async fn take_slot(c: &Consumer) -> Result<HeldSlot, ConsumerExit> {
         guard = slot.mutex().lock_owned() => Some(guard),
         _ = tokio::time::sleep(PREVIOUS_CONSUMER_GRACE) => {
             warn!(grace = ?PREVIOUS_CONSUMER_GRACE, "the previous consumer of this shard has not finished; starting anyway");
-            c.beside_older.store(true, Ordering::Relaxed);
             None
         }
         _ = c.lease.ended() => return Err(ConsumerExit::LeaseLost),
         _ = c.lease.handoff_requested() => return Err(ConsumerExit::HandedOff),
         _ = c.shutdown.cancelled() => return Err(ConsumerExit::ShutDown),
     };
+    c.past_slot.store(true, Ordering::Relaxed);
     Ok(HeldSlot {
         _guard: guard,
         _slot: slot,

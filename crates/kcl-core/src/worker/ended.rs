@@ -23,10 +23,12 @@ pub(super) type Due = (LeaseHandle, Option<ConsumerExit>);
 /// Actions on leases put off while an older consumer of the same lease
 /// still runs (its call hung past its tenure's end, and the newer tenure's
 /// consumer ended while it waited for the shard's slot): freed then, a
-/// peer could process the shard beside that call. A newer consumer that
-/// gave up waiting and ran beside the older one protected nothing by
-/// waiting: its action is not put off, or the lease would stand held and
-/// unread for as long as the older call hangs. By lease key.
+/// peer could process the shard beside that call. Only the action of a
+/// consumer that never got past that wait is put off: one that did may
+/// have processed beside the older one already (it gave up waiting, or
+/// took the slot from a third that had), so waiting protects nothing, and
+/// the lease would stand held and unread for as long as the older call
+/// hangs. By lease key.
 pub(super) type Deferred = HashMap<String, Due>;
 
 /// A consumer that ended, taken off the running set.
@@ -64,7 +66,7 @@ impl Worker {
         // Every action applies to the tenure this consumer ran with, not
         // to a later one of the same lease.
         let entry = running.remove(id)?;
-        let beside_older = entry.ran_beside_older();
+        let past_slot = entry.got_past_slot();
         let lease = entry.lease;
         let exit = match done {
             Ok((_, (_, exit))) => Some(exit),
@@ -89,7 +91,7 @@ impl Worker {
         let mut due = Vec::new();
         // A tenure nobody reads is not renewed on (invariant 12): its end
         // is never put off.
-        if exit == Some(ConsumerExit::LeaseLost) || beside_older {
+        if exit == Some(ConsumerExit::LeaseLost) || past_slot {
             due.push((lease, exit));
         } else if !superseded {
             deferred.insert(key.clone(), (lease, exit));

@@ -25,15 +25,15 @@ pub(super) struct RunningConsumer {
     pub(super) lease: LeaseHandle,
     layout: LeaseLayout,
     stop: CancellationToken,
-    /// Set once the consumer started beside an older one of its lease.
-    beside_older: Arc<AtomicBool>,
+    /// Set once the consumer got past waiting for its shard's slot.
+    past_slot: Arc<AtomicBool>,
 }
 
 impl RunningConsumer {
-    /// Whether the consumer started processing beside an older consumer
-    /// of its lease (it gave up waiting for the shard's slot).
-    pub(super) fn ran_beside_older(&self) -> bool {
-        self.beside_older.load(Ordering::Relaxed)
+    /// Whether the consumer got past waiting for its shard's slot: it may
+    /// have processed, beside an older consumer of its lease or not.
+    pub(super) fn got_past_slot(&self) -> bool {
+        self.past_slot.load(Ordering::Relaxed)
     }
 }
 
@@ -63,7 +63,7 @@ impl Running {
                 lease,
                 layout,
                 stop: stops.shutdown.clone(),
-                beside_older: Arc::clone(&stops.beside_older),
+                past_slot: Arc::clone(&stops.past_slot),
             },
         );
     }
