@@ -737,3 +737,40 @@ async fn slow_reads_of_asked_leases_hold_back_no_other_renewal() {
     // slower than their validity fences them (a peer wants them anyway).
     assert!(a.coordinator().stats().fenced <= 2);
 }
+
+/// A shutdown frees a lease only once no consumer of it runs, of its
+/// current tenure or of an older one whose call outlived it (the lease
+/// lost, then taken back). It released the taken-back tenure while a call
+/// of the older one still ran, and a peer could process the shard beside
+/// it. Here a handle of the older tenure stays alive, as a call blocking
+/// its thread keeps one: the lease is left to expire.
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_leaves_a_lease_whose_older_tenure_still_runs_to_expire() {
+    let (table, mut a, first) = one_lease_taken().await;
+    let current = table.get(first.key()).await.unwrap().unwrap();
+    table
+        .take(&current, kcl_core::Holder::new("thief", "t-thief"))
+        .await
+        .unwrap();
+    timeout(RENEW * 2, first.ended()).await.expect("lost");
+    // The thief never renews: a takes the lease back once it expires.
+    let taken_back = async {
+        while a
+            .coordinator()
+            .handle(first.key())
+            .is_none_or(|h| h.tenure() == first.tenure())
+        {
+            sleep(Duration::from_millis(100)).await;
+        }
+    };
+    timeout(LEASE * 3 + tick_max() * 2, taken_back)
+        .await
+        .expect("taken back");
+    a.stop_gracefully().await;
+    assert_eq!(
+        table.snapshot()[0].owner.as_deref(),
+        Some("a"),
+        "left to expire while the older tenure's consumer runs"
+    );
+    drop(first);
+}

@@ -56,12 +56,19 @@ const DROP_RELEASE_DEADLINE: Duration = Duration::from_secs(2);
 /// let go of it (they normally have: the worker drained them).
 const CONSUMER_STOP_WAIT: Duration = Duration::from_secs(2);
 
-/// Whether no consumer of `held`'s tenure runs, waiting
-/// [`CONSUMER_STOP_WAIT`] at most.
-async fn consumer_stopped(held: &Held) -> bool {
-    tokio::time::timeout(CONSUMER_STOP_WAIT, held.consumer_stopped())
-        .await
-        .is_ok()
+/// Whether no consumer of lease `key` runs, of `held`'s tenure or of an
+/// older one whose call outlived it, waiting [`CONSUMER_STOP_WAIT`] at
+/// most.
+async fn consumers_stopped(shared: &Shared, key: &str, held: &Held) -> bool {
+    let older = shared.older_tenures_running(key);
+    tokio::time::timeout(CONSUMER_STOP_WAIT, async {
+        held.consumer_stopped().await;
+        for tenure in older {
+            tenure.consumer_stopped().await;
+        }
+    })
+    .await
+    .is_ok()
 }
 
 /// Runs the lease taker and renewer of one worker.
@@ -378,10 +385,11 @@ impl LeaseCoordinator {
             // checkpoint write queued for it stops retrying.
             let reason = if handoff { EndReason::HandedOff } else { EndReason::Released };
             shared.ended(&key, &held, reason).await;
-            if !consumer_stopped(&held).await {
-                // A consumer of this tenure still runs (a call blocking its
-                // thread, which no cancellation reaches): freed now, a peer
-                // would process the shard beside it.
+            if !consumers_stopped(shared, &key, &held).await {
+                // A consumer of the lease still runs (a call blocking its
+                // thread, which no cancellation reaches; of this tenure or an
+                // older one): freed now, a peer would process the shard
+                // beside it.
                 warn!(lease = %key, wait = ?CONSUMER_STOP_WAIT, "a consumer of the lease still runs; leaving the lease to expire rather than free it beside its call");
                 count(|r| r.failed += 1);
                 left_ref.store(true, Ordering::Relaxed);

@@ -451,13 +451,12 @@ impl Shared {
     /// Remembers a tenure that ended while its consumer still ran: its
     /// consumer stops only once the processor's call in flight returns.
     fn ended_while_running(&self, key: &str, held: &Arc<Held>) {
-        let now = Instant::now();
-        let timeout = self.config.handoff_timeout;
         let mut ended = self.ended_running.lock().unwrap_or_else(|e| e.into_inner());
-        // Forget the tenures nothing waits for any more, so the map stays
-        // as small as the consumers still stopping.
+        // Forget the tenures whose consumers stopped, so the map stays as
+        // small as the consumers still stopping (a shutdown waits for each
+        // of those however long ago it ended).
         ended.retain(|_, tenures| {
-            tenures.retain(|t| processing(t, now, timeout).is_some());
+            tenures.retain(|t| t.upgrade().is_some_and(|h| h.consumer_running()));
             !tenures.is_empty()
         });
         ended
@@ -482,6 +481,23 @@ impl Shared {
                 tenures
                     .iter()
                     .filter_map(|t| processing(t, now, timeout))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Every ended tenure of `key` whose consumer may still be processing
+    /// the shard, however long ago it ended: a shutdown frees `key` only
+    /// once none is.
+    pub(crate) fn older_tenures_running(&self, key: &str) -> Vec<Arc<Held>> {
+        self.ended_running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .map(|tenures| {
+                (tenures.iter())
+                    .filter_map(Weak::upgrade)
+                    .filter(|h| h.consumer_running())
                     .collect()
             })
             .unwrap_or_default()
