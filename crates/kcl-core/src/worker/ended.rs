@@ -24,11 +24,12 @@ pub(super) type Due = (LeaseHandle, Option<ConsumerExit>);
 /// still runs (its call hung past its tenure's end, and the newer tenure's
 /// consumer ended while it waited for the shard's slot): freed then, a
 /// peer could process the shard beside that call. Only the action of a
-/// consumer that never got past that wait is put off: one that did may
-/// have processed beside the older one already (it gave up waiting, or
-/// took the slot from a third that had), so waiting protects nothing, and
-/// the lease would stand held and unread for as long as the older call
-/// hangs. By lease key.
+/// consumer that never got past that wait is put off. One that did may
+/// have processed beside the older call already (it gave up waiting, or
+/// took the slot from a third that had); putting its action off would
+/// leave the lease held and unread for as long as that call hangs, and
+/// the shard is kept read instead: a peer may then run beside the hung
+/// call, as beside any call hung past its tenure's end. By lease key.
 pub(super) type Deferred = HashMap<String, Due>;
 
 /// A consumer that ended, taken off the running set.
